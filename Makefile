@@ -1,0 +1,52 @@
+# fleetd: `make run` (the daemon on the embedded dev default) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DEV_CONFIG := conf/fleetd.dev.toml
+# System packages: building tpm2-pytss, and the real peers the tests drive.
+APT_BUILD := libtss2-dev pkg-config gcc
+APT_TEST := swtpm swtpm-tools tpm2-tools prometheus bind9-dnsutils openssl curl
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint types unit rules system-build system-test devpki clean bench
+
+run: system-build $(STAMP) devpki
+	exec $(BIN)/twistd -n --pidfile= fleetd --config $(DEV_CONFIG)
+
+devpki: $(STAMP)
+	$(BIN)/fleetd-devpki --config $(DEV_CONFIG)
+
+test: system-test $(STAMP) lint types rules unit
+
+system-build:
+	@./.ci/apt-ensure $(APT_BUILD)
+
+system-test:
+	@./.ci/apt-ensure $(APT_BUILD) $(APT_TEST)
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
+	# compat editable mode: twistd finds twisted/plugins/fleetd_plugin.py
+	$(BIN)/python -m pip install --quiet --config-settings editable_mode=compat -e '.[test,dev]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+types: $(STAMP)
+	$(BIN)/mypy
+
+rules:
+	promtool check rules conf/alerts.yml
+	promtool test rules tests/rules/*.yml
+
+unit: $(STAMP)
+	$(BIN)/python -m twisted.trial $(TRIAL_ARGS) tests
+
+bench: $(STAMP)
+	@echo "see bench/README.md"
+
+clean:
+	rm -rf $(VENV) .dev _trial_temp* build *.egg-info

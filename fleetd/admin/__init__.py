@@ -1,0 +1,1 @@
+"""The admin listener: health, metrics and the owner API [A3]."""

@@ -1,0 +1,1 @@
+"""The boot listener: device flow and configuration delivery only [A2]."""

@@ -1,0 +1,1 @@
+"""Command-line clients: fleetctl (owner) and fleetd-agent (node)."""

@@ -1,0 +1,405 @@
+"""
+Load fleetd's TOML configuration and the site topology into frozen settings.
+
+Every problem is reported as one L{ConfigError} whose message starts with the
+dotted key it concerns, so start-up can print a single clear line.
+Relative paths are resolved against the directory of the config file.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from twisted.internet.endpoints import (
+    TCP4ServerEndpoint,
+    TCP6ServerEndpoint,
+    UNIXServerEndpoint,
+    serverFromString,
+)
+
+
+class ConfigError(Exception):
+    """A configuration or topology value is missing or invalid."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """One anchor system whose CoreDNS answers the enrollment name."""
+
+    name: str
+    dns: str
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The site topology file [A1]."""
+
+    spore_ip: str
+    spore_bootstrap_ip: str
+    enrollment_name: str
+    anchors: tuple[Anchor, ...]
+    spore_bootstrap_ipv6: str | None = None
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Twisted endpoint descriptions for each listener."""
+
+    boot: str
+    device: str
+    admin: str
+    tink: str
+    dns_port: int
+    dns_interface: str
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Connection and request limits applied to every listener."""
+
+    max_connections: int = 1024
+    idle_timeout: float = 30.0
+    max_header_bytes: int = 8192
+    max_headers: int = 64
+    max_body_bytes: int = 65536
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """The public certificate presented on boot, device, admin and tink."""
+
+    cert: Path
+    key: Path
+    chain: Path | None = None
+
+
+@dataclass(frozen=True)
+class PKIFiles:
+    """The LDevID issuer and the trust bundle [T4]."""
+
+    issuer_cert: Path
+    issuer_key: Path
+    bundle: Path
+
+
+@dataclass(frozen=True)
+class OwnerFiles:
+    """The owner CA, and the client credentials fleetctl presents."""
+
+    client_ca: Path
+    client_cert: Path | None
+    client_key: Path | None
+    server: str
+    server_ca: Path | None
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    api: str
+    ca: Path | None
+    token_file: Path | None
+    client_cert: Path | None
+    client_key: Path | None
+
+
+@dataclass(frozen=True)
+class NetBoxSettings:
+    url: str
+    token_file: Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything fleetd reads from its configuration file."""
+
+    source: Path
+    site_name: str
+    topology_file: Path
+    topology: Topology
+    state: Path
+    vault: Path
+    vault_allow_any_fs: bool
+    listen: Listen
+    limits: Limits
+    tls: TLSFiles
+    pki: PKIFiles
+    ek_roots: Path
+    owner: OwnerFiles
+    tink_upstream: str
+    dev_pki: bool
+    dns_ttl: int = 60
+    kubernetes: KubernetesSettings | None = None
+    netbox: NetBoxSettings | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class _Table:
+    """Typed access to one TOML table, naming keys by their dotted path."""
+
+    def __init__(self, data: Mapping[str, Any], prefix: str, base: Path) -> None:
+        self._data = data
+        self._prefix = prefix
+        self._base = base
+
+    def key(self, name: str) -> str:
+        return f"{self._prefix}.{name}" if self._prefix else name
+
+    def table(self, name: str, required: bool = True) -> _Table | None:
+        value = self._data.get(name)
+        if value is None:
+            if required:
+                raise ConfigError(self.key(name), "missing table")
+            return None
+        if not isinstance(value, dict):
+            raise ConfigError(self.key(name), "must be a table")
+        return _Table(value, self.key(name), self._base)
+
+    def str(self, name: str, default: str | None = None) -> str:
+        value = self._data.get(name, default)
+        if value is None:
+            raise ConfigError(self.key(name), "missing")
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(self.key(name), "must be a non-empty string")
+        return value
+
+    def optstr(self, name: str) -> str | None:
+        if name not in self._data:
+            return None
+        return self.str(name)
+
+    def int(self, name: str, default: int, low: int, high: int) -> int:
+        value = self._data.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(self.key(name), "must be an integer")
+        if not low <= value <= high:
+            raise ConfigError(self.key(name), f"must be between {low} and {high}")
+        return value
+
+    def float(self, name: str, default: float, low: float, high: float) -> float:
+        value = self._data.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(self.key(name), "must be a number")
+        if not low <= value <= high:
+            raise ConfigError(self.key(name), f"must be between {low} and {high}")
+        return float(value)
+
+    def bool(self, name: str, default: bool) -> bool:
+        value = self._data.get(name, default)
+        if not isinstance(value, bool):
+            raise ConfigError(self.key(name), "must be true or false")
+        return value
+
+    def path(self, name: str, default: str | None = None) -> Path:
+        return self._resolve(self.str(name, default))
+
+    def optpath(self, name: str) -> Path | None:
+        value = self.optstr(name)
+        return None if value is None else self._resolve(value)
+
+    def endpoint(self, name: str) -> str:
+        description = self.str(name)
+        kind = description.split(":", 1)[0].strip().lower()
+        if kind not in ("tcp", "tcp6", "unix"):
+            raise ConfigError(
+                self.key(name),
+                "only tcp:, tcp6: and unix: endpoints; TLS is configured in [tls]",
+            )
+        try:
+            # Parsing only: no reactor is touched until listen() is called.
+            endpoint = serverFromString(None, description)
+        except Exception as e:  # the parsers raise many kinds
+            raise ConfigError(self.key(name), f"bad endpoint description: {e}") from e
+        allowed = (TCP4ServerEndpoint, TCP6ServerEndpoint, UNIXServerEndpoint)
+        if not isinstance(endpoint, allowed):
+            raise ConfigError(
+                self.key(name),
+                "only tcp:, tcp6: and unix: endpoints; TLS is configured in [tls]",
+            )
+        return description
+
+    def _resolve(self, value: str) -> Path:
+        p = Path(value)
+        return p if p.is_absolute() else (self._base / p)
+
+
+def _ip(key: str, value: Any, version: int | None = None) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(key, "missing or not a string")
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError as e:
+        raise ConfigError(key, f"not an IP address: {value!r}") from e
+    if version is not None and address.version != version:
+        raise ConfigError(key, f"not an IPv{version} address: {value!r}")
+    if address.is_unspecified or address.is_multicast:
+        raise ConfigError(key, f"not a usable host address: {value!r}")
+    return str(address)
+
+
+def _dnsName(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(key, "missing or not a string")
+    name = value.rstrip(".").lower()
+    labels = name.split(".")
+    if len(name) > 253 or len(labels) < 2:
+        raise ConfigError(key, f"not a fully qualified DNS name: {value!r}")
+    for label in labels:
+        if not (
+            0 < len(label) <= 63
+            and label[0] != "-"
+            and label[-1] != "-"
+            and all(c.isascii() and (c.isalnum() or c == "-") for c in label)
+        ):
+            raise ConfigError(key, f"not a valid DNS name: {value!r}")
+    return name
+
+
+def parseTopology(data: bytes, where: str = "topology") -> Topology:
+    """
+    Parse the site topology JSON [A1].
+
+    @param where: the name used in error messages for the file.
+    """
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(where, f"not valid JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise ConfigError(where, "must be a JSON object")
+    spore = _ip(f"{where}.SPORE_IP", doc.get("SPORE_IP"), 4)
+    bootstrap = _ip(f"{where}.SPORE_BOOTSTRAP_IP", doc.get("SPORE_BOOTSTRAP_IP"), 4)
+    v6 = doc.get("SPORE_BOOTSTRAP_IPV6")
+    bootstrap6 = None if v6 is None else _ip(f"{where}.SPORE_BOOTSTRAP_IPV6", v6, 6)
+    name = _dnsName(f"{where}.enrollment_name", doc.get("enrollment_name"))
+    rawAnchors = doc.get("anchors", [])
+    if not isinstance(rawAnchors, list):
+        raise ConfigError(f"{where}.anchors", "must be a list")
+    anchors = []
+    for i, a in enumerate(rawAnchors):
+        key = f"{where}.anchors[{i}]"
+        if not isinstance(a, dict):
+            raise ConfigError(key, "must be an object")
+        anchorName = a.get("name")
+        if not isinstance(anchorName, str) or not anchorName:
+            raise ConfigError(f"{key}.name", "missing or not a string")
+        anchors.append(Anchor(anchorName, _ip(f"{key}.dns", a.get("dns"))))
+    return Topology(spore, bootstrap, name, tuple(anchors), bootstrap6)
+
+
+def loadTopology(path: Path) -> Topology:
+    """Read and parse the topology file at C{path}."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigError("site.topology", f"cannot read {path}: {e.strerror}") from e
+    return parseTopology(data, "site.topology")
+
+
+def _dnsListen(table: _Table) -> tuple[int, str]:
+    raw = table.str("dns")
+    port, _, rest = raw.partition(":")
+    interface = ""
+    if rest:
+        if not rest.startswith("interface="):
+            raise ConfigError(table.key("dns"), "must be PORT or PORT:interface=ADDR")
+        interface = _ip(table.key("dns"), rest[len("interface=") :])
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(table.key("dns"), f"bad port {port!r}")
+    return int(port), interface
+
+
+def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
+    """Turn a parsed TOML document into L{Settings}."""
+    base = source.parent
+    root = _Table(data, "", base)
+    site = root.table("site")
+    paths = root.table("paths")
+    listen = root.table("listen")
+    tls = root.table("tls")
+    pki = root.table("pki")
+    attest = root.table("attest")
+    owner = root.table("owner")
+    tink = root.table("tink")
+    assert site and paths and listen and tls and pki and attest and owner and tink
+    limits = root.table("limits", required=False) or _Table({}, "limits", base)
+    dev = root.table("dev", required=False) or _Table({}, "dev", base)
+    dnsTable = root.table("dns", required=False) or _Table({}, "dns", base)
+
+    topologyFile = site.path("topology")
+    dnsPort, dnsInterface = _dnsListen(listen)
+    kube = root.table("kubernetes", required=False)
+    netbox = root.table("netbox", required=False)
+    return Settings(
+        source=source,
+        site_name=site.str("name"),
+        topology_file=topologyFile,
+        topology=loadTopology(topologyFile),
+        state=paths.path("state"),
+        vault=paths.path("vault"),
+        vault_allow_any_fs=paths.bool("vault_allow_any_fs", False),
+        listen=Listen(
+            boot=listen.endpoint("boot"),
+            device=listen.endpoint("device"),
+            admin=listen.endpoint("admin"),
+            tink=listen.endpoint("tink"),
+            dns_port=dnsPort,
+            dns_interface=dnsInterface,
+        ),
+        limits=Limits(
+            max_connections=limits.int("max_connections", 1024, 1, 1_000_000),
+            idle_timeout=limits.float("idle_timeout", 30.0, 0.1, 86400.0),
+            max_header_bytes=limits.int("max_header_bytes", 8192, 512, 1 << 20),
+            max_headers=limits.int("max_headers", 64, 4, 1000),
+            max_body_bytes=limits.int("max_body_bytes", 65536, 0, 64 << 20),
+        ),
+        tls=TLSFiles(tls.path("cert"), tls.path("key"), tls.optpath("chain")),
+        pki=PKIFiles(pki.path("issuer_cert"), pki.path("issuer_key"), pki.path("bundle")),
+        ek_roots=attest.path("ek_roots"),
+        owner=OwnerFiles(
+            client_ca=owner.path("client_ca"),
+            client_cert=owner.optpath("client_cert"),
+            client_key=owner.optpath("client_key"),
+            server=owner.str("server", "https://localhost:8446"),
+            server_ca=owner.optpath("server_ca"),
+        ),
+        tink_upstream=tink.str("upstream"),
+        dev_pki=dev.bool("generate_pki", False),
+        dns_ttl=dnsTable.int("ttl", 60, 0, 86400),
+        kubernetes=None
+        if kube is None
+        else KubernetesSettings(
+            api=kube.str("api"),
+            ca=kube.optpath("ca"),
+            token_file=kube.optpath("token_file"),
+            client_cert=kube.optpath("client_cert"),
+            client_key=kube.optpath("client_key"),
+        ),
+        netbox=None
+        if netbox is None
+        else NetBoxSettings(url=netbox.str("url"), token_file=netbox.path("token_file")),
+        extra=data,
+    )
+
+
+def loadSettings(path: Path) -> Settings:
+    """Read the TOML file at C{path} and its topology file."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError("config", f"cannot read {path}: {e.strerror}") from e
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError("config", f"{path} is not valid TOML: {e}") from e
+    return parseSettings(data, path.resolve())

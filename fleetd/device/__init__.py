@@ -1,0 +1,1 @@
+"""The device listener: attestation, lookups, renewal, disk check [A3]."""

@@ -1,0 +1,1 @@
+"""The DNS fallback responder for the enrollment name [A5]."""

@@ -1,0 +1,196 @@
+"""
+TLS contexts and connection limits for fleetd's listeners.
+
+Each TLS listener gets its own L{CertificateOptions}; every stream listener
+is wrapped in L{LimitedFactory}, which caps concurrent connections and
+closes connections idle (no byte in or out) for too long, TLS handshakes
+included.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from OpenSSL import crypto
+from twisted.internet import ssl
+from twisted.internet.interfaces import IAddress, IDelayedCall, IProtocol, IReactorTime
+from twisted.internet.protocol import Factory
+from twisted.logger import Logger
+from twisted.protocols import policies
+from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.python.failure import Failure
+
+from fleetd.config import ConfigError, TLSFiles
+
+
+def _readPEM(key: str, path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ConfigError(key, f"cannot read {path}: {e.strerror}") from e
+
+
+def loadCertificates(key: str, path: Path) -> list[crypto.X509]:
+    """Load every PEM certificate in C{path}; at least one must be there."""
+    data = _readPEM(key, path)
+    certs = []
+    marker = b"-----BEGIN CERTIFICATE-----"
+    for chunk in data.split(marker)[1:]:
+        try:
+            certs.append(crypto.load_certificate(crypto.FILETYPE_PEM, marker + chunk))
+        except crypto.Error as e:
+            raise ConfigError(key, f"{path} holds an unreadable certificate") from e
+    if not certs:
+        raise ConfigError(key, f"{path} holds no PEM certificate")
+    return certs
+
+
+def loadTLSOptions(
+    tls: TLSFiles,
+    *,
+    alpn: list[bytes] | None = None,
+    clientCA: Path | None = None,
+) -> ssl.CertificateOptions:
+    """
+    Build server TLS options from the configured public certificate.
+
+    TLS 1.2 is the minimum; ECDSA and RSA keys both work. With C{clientCA},
+    clients are asked for a certificate issued by it but not required to
+    send one: the admin resource decides per request [A3].
+    """
+    leaf, *_ = loadCertificates("tls.cert", tls.cert)
+    keyData = _readPEM("tls.key", tls.key)
+    try:
+        privateKey = crypto.load_privatekey(crypto.FILETYPE_PEM, keyData)
+    except crypto.Error as e:
+        raise ConfigError("tls.key", f"{tls.key} is not a PEM private key") from e
+    if leaf.get_pubkey().to_cryptography_key().public_numbers() != (
+        privateKey.to_cryptography_key().public_key().public_numbers()
+    ):
+        raise ConfigError("tls.key", f"{tls.key} does not match {tls.cert}")
+    chain = [] if tls.chain is None else loadCertificates("tls.chain", tls.chain)
+    kwargs: dict[str, Any] = {}
+    if clientCA is not None:
+        kwargs.update(
+            verify=True,
+            requireCertificate=False,
+            caCerts=loadCertificates("owner.client_ca", clientCA),
+        )
+    if alpn is not None:
+        kwargs["acceptableProtocols"] = alpn
+    return ssl.CertificateOptions(
+        privateKey=privateKey,
+        certificate=leaf,
+        extraCertChain=[c for c in chain if c.get_subject() != c.get_issuer()],
+        raiseMinimumTo=ssl.TLSVersion.TLSv1_2,
+        **kwargs,
+    )
+
+
+class _LimitedProtocol(policies.ProtocolWrapper):
+    """Resets the idle timer on every byte either way."""
+
+    factory: LimitedFactory
+    _timer: IDelayedCall | None = None
+
+    def makeConnection(self, transport: Any) -> None:
+        self._arm()
+        super().makeConnection(transport)
+
+    def _arm(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.reset(self.factory.idleTimeout)
+        else:
+            self._timer = self.factory.clock.callLater(
+                self.factory.idleTimeout, self._idle
+            )
+
+    def _idle(self) -> None:
+        self._timer = None
+        self.factory.log.info(
+            "listen.idle-timeout {listener}", listener=self.factory.name
+        )
+        self.transport.abortConnection()
+
+    def dataReceived(self, data: bytes) -> None:
+        self._arm()
+        super().dataReceived(data)
+
+    def write(self, data: bytes) -> None:
+        self._arm()
+        super().write(data)
+
+    def writeSequence(self, data: Any) -> None:
+        self._arm()
+        super().writeSequence(data)
+
+    def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        super().connectionLost(reason)
+
+
+class LimitedFactory(policies.WrappingFactory):
+    """
+    Cap concurrent connections and drop idle ones.
+
+    Connections over C{maxConnections} are closed as soon as they are
+    accepted, before any TLS work, so a flood costs little.
+    """
+
+    protocol = _LimitedProtocol
+    log = Logger()
+    noisy = False
+
+    def __init__(
+        self,
+        wrappedFactory: Factory,
+        *,
+        name: str,
+        clock: IReactorTime,
+        maxConnections: int,
+        idleTimeout: float,
+    ) -> None:
+        super().__init__(wrappedFactory)
+        self.name = name
+        self.clock = clock
+        self.maxConnections = maxConnections
+        self.idleTimeout = idleTimeout
+        self.refused = 0
+
+    def buildProtocol(self, addr: IAddress) -> IProtocol | None:
+        if len(self.protocols) >= self.maxConnections:
+            self.refused += 1
+            self.log.warn(
+                "listen.connection-refused {listener} {limit}",
+                listener=self.name,
+                limit=self.maxConnections,
+            )
+            return None
+        return super().buildProtocol(addr)  # type: ignore[no-any-return]
+
+    def openConnections(self) -> int:
+        return len(self.protocols)
+
+
+def tlsFactory(
+    options: ssl.CertificateOptions,
+    factory: Factory,
+    *,
+    name: str,
+    clock: IReactorTime,
+    maxConnections: int,
+    idleTimeout: float,
+) -> LimitedFactory:
+    """Wrap C{factory} in TLS, then in connection limits."""
+    wrapped = TLSMemoryBIOFactory(options, False, factory)
+    wrapped.noisy = False
+    return LimitedFactory(
+        wrapped,
+        name=name,
+        clock=clock,
+        maxConnections=maxConnections,
+        idleTimeout=idleTimeout,
+    )

@@ -1,0 +1,404 @@
+"""
+The development PKI: every CA, certificate and key the dev config names.
+
+Generated with C{cryptography} on the first dev run (and in tests), never
+committed. One directory holds a stand-in public CA and the listeners' leaf,
+the LDevID issuer plus the legacy capsule and forge software CAs and their
+concatenated trust bundle [T4], and an owner CA with one fleetctl client
+certificate. Generation is all-or-nothing: a complete set is left alone (a
+running daemon keeps its certificates), anything less is regenerated whole.
+
+C{fleetd-devpki --config FILE} runs it from the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import stat
+import sys
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from secrets import token_hex
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+__all__ = ["DevPKIPaths", "ensureDevPKI", "main"]
+
+CA_VALIDITY = timedelta(days=3650)
+LEAF_VALIDITY = timedelta(days=365)
+BACKDATE = timedelta(hours=1)
+
+KEY_MODE = 0o600
+CERT_MODE = 0o644
+DIR_MODE = 0o700
+
+_PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+
+
+@dataclass(frozen=True)
+class DevPKIPaths:
+    """Every file the dev PKI writes, all inside one directory."""
+
+    directory: Path
+    public_ca: Path
+    public_ca_key: Path
+    public_cert: Path
+    public_key: Path
+    devid_issuer: Path
+    devid_issuer_key: Path
+    capsule_ca: Path
+    capsule_ca_key: Path
+    forge_ca: Path
+    forge_ca_key: Path
+    bundle: Path
+    owner_ca: Path
+    owner_ca_key: Path
+    owner_cert: Path
+    owner_key: Path
+    ek_roots: Path
+
+    @classmethod
+    def inside(cls, directory: Path) -> DevPKIPaths:
+        """The standard file names under C{directory}."""
+        d = directory
+        return cls(
+            directory=d,
+            public_ca=d / "public-ca.pem",
+            public_ca_key=d / "public-ca.key",
+            public_cert=d / "public.pem",
+            public_key=d / "public.key",
+            devid_issuer=d / "devid-issuer.pem",
+            devid_issuer_key=d / "devid-issuer.key",
+            capsule_ca=d / "capsule-ca.pem",
+            capsule_ca_key=d / "capsule-ca.key",
+            forge_ca=d / "forge-ca.pem",
+            forge_ca_key=d / "forge-ca.key",
+            bundle=d / "folly-devid-ca.pem",
+            owner_ca=d / "owner-ca.pem",
+            owner_ca_key=d / "owner-ca.key",
+            owner_cert=d / "owner.pem",
+            owner_key=d / "owner.key",
+            ek_roots=d / "ek-roots",
+        )
+
+    def files(self) -> tuple[Path, ...]:
+        """Every regular file of the set (not the directories)."""
+        skip = {"directory", "ek_roots"}
+        return tuple(getattr(self, f.name) for f in fields(self) if f.name not in skip)
+
+    def complete(self) -> bool:
+        """Whether every file of the set exists."""
+        return all(p.is_file() for p in self.files())
+
+
+def ensureDevPKI(
+    directory: Path,
+    enrollmentName: str,
+    *,
+    now: datetime | None = None,
+    keyType: str = "ecdsa",
+) -> DevPKIPaths:
+    """
+    Make sure a complete dev PKI exists in C{directory}.
+
+    A complete set is returned untouched; a partial one (a crash mid-way,
+    a deleted file) is discarded and generated again as a whole, so the
+    files always belong together.
+
+    @param enrollmentName: the DNS name the public leaf covers, beside
+        C{localhost}, 127.0.0.1 and ::1.
+    @param now: the issuing time (UTC); certificates start one hour before.
+    @param keyType: C{"ecdsa"} (P-256) or C{"rsa"} (2048 bits).
+    @raise ValueError: on a bad name or key type.
+    @raise OSError: when the files cannot be written.
+    """
+    paths = DevPKIPaths.inside(directory)
+    if paths.complete():
+        _makeDirectory(paths.ek_roots)
+        return paths
+    name = _checkName(enrollmentName)
+    if keyType not in ("ecdsa", "rsa"):
+        raise ValueError(f"keyType must be 'ecdsa' or 'rsa', not {keyType!r}")
+    when = datetime.now(UTC) if now is None else now
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    contents = _generate(paths, name, when, keyType)
+    _makeDirectory(directory)
+    os.chmod(directory, DIR_MODE)
+    _makeDirectory(paths.ek_roots)
+    for stale in [*paths.files(), *directory.glob(".*.tmp")]:
+        stale.unlink(missing_ok=True)
+    for path, (data, mode) in contents.items():
+        _writeAtomic(path, data, mode)
+    fd = os.open(directory, os.O_RDONLY)  # make the renames durable
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return paths
+
+
+def _checkName(name: str) -> str:
+    cleaned = name.strip().rstrip(".").lower()
+    if not cleaned or not cleaned.isascii() or any(c.isspace() for c in cleaned):
+        raise ValueError(f"not a usable DNS name: {name!r}")
+    return cleaned
+
+
+# The CAs of the set: the DevPKIPaths attribute of each certificate (its key
+# is the same attribute + "_key") and its common name.
+_CAS = (
+    ("public_ca", "fleetd dev public CA"),
+    ("devid_issuer", "folly devid issuer (dev)"),
+    ("capsule_ca", "capsule software CA (dev)"),
+    ("forge_ca", "forge software CA (dev)"),
+    ("owner_ca", "fleetd dev owner CA"),
+)
+
+
+def _generate(
+    paths: DevPKIPaths, name: str, now: datetime, keyType: str
+) -> dict[Path, tuple[bytes, int]]:
+    """Create every key and certificate in memory; nothing touches disk."""
+    out: dict[Path, tuple[bytes, int]] = {}
+    cas: dict[str, tuple[x509.Certificate, _PrivateKey]] = {}
+    for attribute, cn in _CAS:
+        key = _newKey(keyType)
+        cert = _certificate(cn, key, now)
+        cas[attribute] = (cert, key)
+        out[getattr(paths, attribute)] = (_certPEM(cert), CERT_MODE)
+        out[getattr(paths, attribute + "_key")] = (_keyPEM(key), KEY_MODE)
+    bundle = [cas[a][0] for a in ("devid_issuer", "capsule_ca", "forge_ca")]
+    out[paths.bundle] = (b"".join(map(_certPEM, bundle)), CERT_MODE)
+
+    sans: tuple[x509.GeneralName, ...] = (
+        x509.DNSName(name),
+        x509.DNSName("localhost"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("::1")),
+    )
+    leaves = (
+        (paths.public_cert, paths.public_key, name, ExtendedKeyUsageOID.SERVER_AUTH,
+         sans, cas["public_ca"]),
+        (paths.owner_cert, paths.owner_key, "owner", ExtendedKeyUsageOID.CLIENT_AUTH,
+         (), cas["owner_ca"]),
+    )  # fmt: skip
+    for certPath, keyPath, cn, eku, names, issuer in leaves:
+        key = _newKey(keyType)
+        cert = _certificate(cn, key, now, issuer, eku, names)
+        out[certPath] = (_certPEM(cert), CERT_MODE)
+        out[keyPath] = (_keyPEM(key), KEY_MODE)
+    return out
+
+
+def _newKey(keyType: str) -> _PrivateKey:
+    if keyType == "rsa":
+        return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _keyUsage(*, signer: bool, rsaKey: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=not signer,
+        content_commitment=False,
+        key_encipherment=rsaKey and not signer,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=signer,
+        crl_sign=signer,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _certificate(
+    cn: str,
+    key: _PrivateKey,
+    now: datetime,
+    issuer: tuple[x509.Certificate, _PrivateKey] | None = None,
+    eku: x509.ObjectIdentifier | None = None,
+    sans: Sequence[x509.GeneralName] = (),
+) -> x509.Certificate:
+    """A self-signed CA for leaves only (no C{issuer}), or a leaf it signs."""
+    public = key.public_key()
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+    if issuer is None:
+        issuerName, signer, validity = subject, key, CA_VALIDITY
+        aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(public)
+    else:
+        (issuerCert, signer), validity = issuer, LEAF_VALIDITY
+        issuerName = issuerCert.subject
+        ski = issuerCert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier)
+        aki = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski.value)
+    isCA, isRSA = issuer is None, isinstance(key, rsa.RSAPrivateKey)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuerName)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + validity)
+        .add_extension(x509.BasicConstraints(isCA, 0 if isCA else None), critical=True)
+        .add_extension(_keyUsage(signer=isCA, rsaKey=isRSA), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), False)
+        .add_extension(aki, critical=False)
+    )
+    if eku is not None:
+        builder = builder.add_extension(x509.ExtendedKeyUsage([eku]), False)
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), False)
+    return builder.sign(signer, hashes.SHA256())
+
+
+def _certPEM(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _keyPEM(key: _PrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _makeDirectory(path: Path) -> None:
+    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+
+
+def _writeAtomic(path: Path, data: bytes, mode: int) -> None:
+    """Write C{data} to a temporary file with C{mode}, fsync, rename over."""
+    tmp = path.with_name(f".{path.name}.{token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        os.fchmod(fd, mode)  # the umask may have cleared bits of 0644
+        actual = stat.S_IMODE(os.fstat(fd).st_mode)
+        if actual != mode:
+            raise PermissionError(f"{tmp} has mode {actual:o}, wanted {mode:o}")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+
+
+# The command line: fleetd-devpki --config FILE
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:
+        raise _UsageError(message)
+
+
+# Config keys that name dev PKI files, and which file each must be.
+_CONFIG_FILES = {
+    "tls.cert": "public_cert",
+    "tls.key": "public_key",
+    "tls.chain": "public_ca",
+    "pki.issuer_cert": "devid_issuer",
+    "pki.issuer_key": "devid_issuer_key",
+    "pki.bundle": "bundle",
+    "attest.ek_roots": "ek_roots",
+    "owner.client_ca": "owner_ca",
+    "owner.client_cert": "owner_cert",
+    "owner.client_key": "owner_key",
+    "owner.server_ca": "public_ca",
+}
+
+
+def _readConfig(source: Path) -> tuple[str, DevPKIPaths]:
+    """The enrollment name and the dev PKI placement a fleetd config names."""
+    try:
+        data = tomllib.loads(source.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise ValueError(f"config: cannot read {source}: {e.strerror}") from e
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"config: {source} is not valid TOML: {e}") from e
+    base = source.resolve().parent
+
+    def path(dotted: str) -> Path | None:
+        table, _, key = dotted.partition(".")
+        section = data.get(table)
+        value = section.get(key) if isinstance(section, dict) else None
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ValueError(f"{dotted}: must be a non-empty string")
+        return None if value is None else Path(os.path.normpath(base / value))
+
+    topology, cert = path("site.topology"), path("tls.cert")
+    if topology is None or cert is None:
+        raise ValueError(
+            f"{'site.topology' if topology is None else 'tls.cert'}: missing"
+        )
+    paths = DevPKIPaths.inside(cert.parent)
+    for key, attribute in _CONFIG_FILES.items():
+        configured, expected = path(key), getattr(paths, attribute)
+        if configured is not None and configured != expected:
+            raise ValueError(f"{key}: the dev PKI writes {expected}, not {configured}")
+    return _enrollmentName(topology), paths
+
+
+def _enrollmentName(topology: Path) -> str:
+    try:
+        doc = json.loads(topology.read_bytes())
+    except OSError as e:
+        raise ValueError(f"site.topology: cannot read {topology}: {e.strerror}") from e
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"site.topology: {topology} is not valid JSON: {e}") from e
+    name = doc.get("enrollment_name") if isinstance(doc, dict) else None
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("site.topology.enrollment_name: missing or not a string")
+    return name
+
+
+def _run(argv: Sequence[str]) -> str:
+    parser = _Parser(
+        prog="fleetd-devpki",
+        description="Create the development PKI named by a fleetd config.",
+    )
+    parser.add_argument("--config", required=True, type=Path, help="fleetd TOML file")
+    parser.add_argument(
+        "--key-type", choices=("ecdsa", "rsa"), default="ecdsa", help="key algorithm"
+    )
+    options = parser.parse_args(argv)
+    name, paths = _readConfig(options.config)
+    existed = paths.complete()
+    ensureDevPKI(paths.directory, name, keyType=options.key_type)
+    return f"dev PKI {'ready' if existed else 'created'} in {paths.directory}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console script C{fleetd-devpki}: 0 on success, 2 with one line on error."""
+    try:
+        line = _run(sys.argv[1:] if argv is None else argv)
+    except SystemExit as e:  # --help
+        return e.code if isinstance(e.code, int) else 0
+    except (_UsageError, ValueError, OSError) as e:
+        message = str(e).replace("\n", " ")
+        print(f"fleetd-devpki: {message}", file=sys.stderr)
+        return 2
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,304 @@
+"""
+Assemble fleetd from its settings: one reactor, separate listeners.
+
+L{prepare} reads and checks every file the daemon needs (TLS material,
+vault directory, state database) before anything listens, so a bad
+configuration stops start-up with one line and nothing half-started.
+L{FleetdService} then binds the listeners in C{privilegedStartService}
+and starts the workers in C{startService}.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from collections.abc import Callable
+from typing import IO, Any
+
+from prometheus_client import CollectorRegistry
+from twisted.application.service import IService, MultiService, Service
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IListeningPort
+from twisted.internet.protocol import Factory
+from twisted.logger import ILogObserver, Logger
+from twisted.python.components import Componentized
+from twisted.python.failure import Failure
+from twisted.web.resource import Resource
+
+from fleetd import __version__
+from fleetd.admin.resource import adminRoot
+from fleetd.config import ConfigError, Settings, loadTopology
+from fleetd.dns.service import DNSService
+from fleetd.listen import LimitedFactory, loadTLSOptions, tlsFactory
+from fleetd.logs import makeObserver
+from fleetd.metrics import listenerGauges, makeRegistry
+from fleetd.pki.dev import ensureDevPKI
+from fleetd.store.db import Database
+from fleetd.store.journal import AsyncJournal, Journal
+from fleetd.store.keys import deriveKey, loadOrCreateKey
+from fleetd.store.runner import DatabaseRunner
+from fleetd.tink.h2server import TinkListenerFactory
+from fleetd.vault import DirectoryVault, VaultError
+from fleetd.boot.resource import bootRoot
+from fleetd.device.resource import deviceRoot
+from fleetd.web import BoundedSite
+
+
+class StartupError(Exception):
+    """fleetd cannot start; the message is one line naming the cause."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything read from disk before the listeners bind."""
+
+    settings: Settings
+    vault: DirectoryVault
+    database: Database
+    masterKey: bytes
+
+
+def prepare(settings: Settings) -> Prepared:
+    """
+    Read and check the files fleetd needs; raise L{ConfigError} on the first
+    problem.
+
+    With C{[dev] generate_pki}, the dev PKI is created first when missing.
+    """
+    if settings.dev_pki:
+        ensureDevPKI(settings.tls.cert.parent, settings.topology.enrollment_name)
+    # Parse the TLS material now so its errors name their keys.
+    loadTLSOptions(settings.tls)
+    loadTLSOptions(settings.tls, clientCA=settings.owner.client_ca)
+    try:
+        vault = DirectoryVault.open(settings.vault, settings.vault_allow_any_fs)
+    except VaultError as e:
+        raise ConfigError("paths.vault", str(e)) from e
+    try:
+        settings.state.mkdir(mode=0o700, parents=True, exist_ok=True)
+        database = Database.open(settings.state / "fleetd.sqlite3")
+        masterKey = loadOrCreateKey(settings.state / "master.key")
+    except (OSError, Exception) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError("paths.state", str(e)) from e
+    return Prepared(settings, vault, database, masterKey)
+
+
+class ListenerService(Service):
+    """Bind one stream endpoint in C{privilegedStartService}."""
+
+    log = Logger()
+
+    def __init__(self, reactor: Any, name: str, description: str, factory: Factory):
+        self.reactor = reactor
+        self.setName(name)
+        self.description = description
+        self.factory = factory
+        self.port: IListeningPort | None = None
+
+    def privilegedStartService(self) -> None:
+        endpoint = serverFromString(self.reactor, self.description)
+        outcome: list[Any] = []
+        endpoint.listen(self.factory).addBoth(outcome.append)
+        if not outcome or isinstance(outcome[0], Failure):
+            reason = outcome[0].getErrorMessage() if outcome else "did not bind"
+            raise StartupError(
+                f"listen.{self.name}: cannot listen on {self.description}: {reason}"
+            )
+        self.port = outcome[0]
+        self.log.info(
+            "listen.started {listener} {address}",
+            listener=self.name,
+            address=str(self.port.getHost()),
+        )
+        super().privilegedStartService()
+
+    def stopService(self) -> Deferred[None] | None:
+        super().stopService()
+        port, self.port = self.port, None
+        if port is None:
+            return None
+        d = maybeDeferred(port.stopListening)
+        if isinstance(self.factory, LimitedFactory):
+            for proto in list(self.factory.protocols):
+                proto.transport.abortConnection()  # type: ignore[attr-defined]
+        return d
+
+
+class _RunnerService(Service):
+    """Start and stop the database thread with the daemon."""
+
+    def __init__(self, runner: DatabaseRunner) -> None:
+        self.runner = runner
+
+    def startService(self) -> None:
+        super().startService()
+        self.runner.start()
+
+    def stopService(self) -> None:
+        super().stopService()
+        self.runner.stop()
+
+
+class FleetdService(MultiService):
+    """The whole daemon: listeners, DNS, database worker, journal."""
+
+    log = Logger()
+
+    def __init__(
+        self,
+        prepared: Prepared,
+        reactor: Any,
+        *,
+        logFormat: str = "text",
+        logOutput: IO[Any] | None = None,
+        handleSignals: bool = False,
+        onStartupError: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__()
+        settings = prepared.settings
+        self.settings = settings
+        self.reactor = reactor
+        self.vault = prepared.vault
+        self.logFormat = logFormat
+        self.logOutput = logOutput
+        self.handleSignals = handleSignals
+        self.onStartupError = onStartupError
+        self.registry: CollectorRegistry = makeRegistry(__version__, settings.site_name)
+        self.runner = DatabaseRunner(reactor, prepared.database)
+        self.journal = AsyncJournal(
+            self.runner,
+            Journal(deriveKey(prepared.masterKey, "journal")),
+            reactor,
+        )
+        _RunnerService(self.runner).setServiceParent(self)
+        self.listeners: dict[str, ListenerService] = {}
+        self._buildListeners()
+
+    def _web(self, name: str, root: Resource, clientCA: bool = False) -> None:
+        s = self.settings
+        site = BoundedSite(
+            root,
+            maxHeaderBytes=s.limits.max_header_bytes,
+            maxHeaders=s.limits.max_headers,
+            maxBodyBytes=s.limits.max_body_bytes,
+            idleTimeout=s.limits.idle_timeout,
+            clock=self.reactor,
+        )
+        options = loadTLSOptions(
+            s.tls, clientCA=s.owner.client_ca if clientCA else None
+        )
+        self._listen(name, getattr(s.listen, name), options, site)
+
+    def _listen(self, name: str, description: str, options: Any, factory: Factory) -> None:
+        limited = tlsFactory(
+            options,
+            factory,
+            name=name,
+            clock=self.reactor,
+            maxConnections=self.settings.limits.max_connections,
+            idleTimeout=self.settings.limits.idle_timeout,
+        )
+        self._openGauge.labels(name).set_function(limited.openConnections)
+        self._maxGauge.labels(name).set(limited.maxConnections)
+        listener = ListenerService(self.reactor, name, description, limited)
+        listener.setServiceParent(self)
+        self.listeners[name] = listener
+
+    def _buildListeners(self) -> None:
+        s = self.settings
+        self._openGauge, self._maxGauge = listenerGauges(self.registry)
+        self._web("boot", bootRoot())
+        self._web("device", deviceRoot())
+        self._web(
+            "admin",
+            adminRoot(
+                clock=self.reactor,
+                registry=self.registry,
+                journal=self.journal,
+                site=s.site_name,
+                version=__version__,
+            ),
+            clientCA=True,
+        )
+        tink = TinkListenerFactory(
+            clock=self.reactor, idleTimeout=s.limits.idle_timeout
+        )
+        self._listen("tink", s.listen.tink, loadTLSOptions(s.tls, alpn=[b"h2"]), tink)
+        self.dns = DNSService(
+            self.reactor,
+            s.topology,
+            port=s.listen.dns_port,
+            interface=s.listen.dns_interface,
+            ttl=s.dns_ttl,
+            registry=self.registry,
+            topologyLoader=lambda: loadTopology(s.topology_file),
+        )
+        self.dns.setName("dns")
+        self.dns.setServiceParent(self)
+
+    def setServiceParent(self, parent: Any) -> None:
+        """
+        Under twistd the parent is the Application: give it fleetd's log
+        observer so every line, twistd's own included, has one format.
+        """
+        if isinstance(parent, Componentized) and self.logOutput is not None:
+            parent.setComponent(ILogObserver, makeObserver(self.logFormat, self.logOutput))
+        super().setServiceParent(parent)
+
+    def privilegedStartService(self) -> None:
+        started: list[IService] = []
+        try:
+            for child in self:
+                child.privilegedStartService()
+                started.append(child)
+        except StartupError as e:
+            for child in reversed(started):
+                if isinstance(child, ListenerService):
+                    child.stopService()
+            if self.onStartupError is not None:
+                self.onStartupError(str(e))
+            raise
+
+    def startService(self) -> None:
+        Service.startService(self)
+        for child in self:
+            child.startService()
+        if self.handleSignals:
+            signal.signal(signal.SIGHUP, self._sighup)
+        self.log.info(
+            "fleetd.started {version} {site} vault={entries}",
+            version=__version__,
+            site=self.settings.site_name,
+            entries=len(self.vault),
+        )
+        self.journal.append(
+            "fleetd.started", actor="fleetd", fields={"version": __version__}
+        ).addErrback(self._journalFailed)
+
+    def _journalFailed(self, f: Failure) -> None:
+        self.log.failure("journal.append.failed", failure=f)
+
+    def _sighup(self, signum: int, frame: Any) -> None:
+        self.reactor.callFromThread(self.dns.reloadTopology)
+
+    def stopService(self) -> Deferred[Any]:
+        if self.handleSignals:
+            signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        self.log.info("fleetd.stopping")
+        Service.stopService(self)
+        # Listeners first, the database worker last.
+        pending = []
+        for child in reversed(list(self)):
+            if isinstance(child, _RunnerService):
+                continue
+            pending.append(maybeDeferred(child.stopService))
+
+        def stopRunner(_: object) -> None:
+            for child in self:
+                if isinstance(child, _RunnerService):
+                    child.stopService()
+
+        return DeferredList(pending, consumeErrors=True).addCallback(stopRunner)

@@ -1,0 +1,185 @@
+"""
+The persistent SQLite database under C{paths.state}, and its migrations.
+
+One L{Database} wraps one connection in WAL mode with C{synchronous=FULL},
+so a committed transaction survives a power cut.  It is used from exactly
+one thread at a time (see L{fleetd.store.runner}); transactions are
+explicit (C{isolation_level=None}).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from twisted.logger import Logger
+
+FILE_MODE = 0o600
+DIRECTORY_MODE = 0o700
+
+MIGRATIONS: tuple[tuple[int, str], ...] = (
+    (
+        1,
+        """
+        CREATE TABLE meta (
+            key TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        ) STRICT;
+        CREATE TABLE journal (
+            seq INTEGER PRIMARY KEY,
+            at REAL NOT NULL,
+            event TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            device TEXT,
+            run TEXT,
+            fields TEXT NOT NULL,
+            digest TEXT NOT NULL
+        ) STRICT;
+        CREATE INDEX journal_by_device ON journal (device, seq);
+        CREATE INDEX journal_by_run ON journal (run, seq);
+        CREATE TABLE journal_head (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            seq INTEGER NOT NULL,
+            digest TEXT NOT NULL,
+            mac TEXT NOT NULL
+        ) STRICT;
+        """,
+    ),
+    # New migrations go here as (2, "..."), (3, "..."), ...: append only,
+    # never edit or renumber one that has shipped.
+)
+"""Schema migrations in order; C{PRAGMA user_version} records the last one."""
+
+
+class StoreError(Exception):
+    """The persistent store cannot be used as asked; one-line message."""
+
+
+def _checkMigrations(migrations: Sequence[tuple[int, str]]) -> None:
+    numbers = [number for number, _ in migrations]
+    if numbers != list(range(1, len(numbers) + 1)):
+        raise StoreError(f"migrations must be numbered 1, 2, ...; got {numbers}")
+
+
+class Database:
+    """One SQLite connection with explicit transactions."""
+
+    log = Logger()
+
+    def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
+        """Use L{Database.open}."""
+        self.connection = connection
+        self.path = path
+
+    @classmethod
+    def open(
+        cls, path: Path, migrations: Sequence[tuple[int, str]] = MIGRATIONS
+    ) -> Database:
+        """
+        Open (creating if needed) the database at C{path} and migrate it.
+
+        @raise StoreError: the file cannot be opened, a migration fails, or
+            the database was written by a newer fleetd.
+        """
+        _checkMigrations(migrations)
+        try:
+            _prepareFile(path)
+            connection = sqlite3.connect(
+                os.fspath(path), isolation_level=None, check_same_thread=False
+            )
+        except (OSError, sqlite3.Error) as e:
+            raise StoreError(f"cannot open database {path}: {e}") from e
+        db = cls(connection, path)
+        try:
+            db._configure()
+            db._migrate(migrations)
+        except BaseException:
+            connection.close()
+            raise
+        return db
+
+    def _configure(self) -> None:
+        try:
+            (mode,) = self.connection.execute("PRAGMA journal_mode=WAL").fetchone()
+            self.connection.execute("PRAGMA synchronous=FULL")
+            self.connection.execute("PRAGMA foreign_keys=ON")
+            self.connection.execute("PRAGMA busy_timeout=5000")
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot configure database {self.path}: {e}") from e
+        if mode != "wal":
+            raise StoreError(f"database {self.path} refuses WAL mode ({mode})")
+
+    @property
+    def userVersion(self) -> int:
+        """The number of the last migration applied."""
+        (version,) = self.connection.execute("PRAGMA user_version").fetchone()
+        return int(version)
+
+    def _migrate(self, migrations: Sequence[tuple[int, str]]) -> None:
+        current = self.userVersion
+        known = len(migrations)
+        if current > known:
+            raise StoreError(
+                f"database {self.path} has schema version {current}; "
+                f"this fleetd knows up to {known}"
+            )
+        for number, sql in migrations[current:]:
+            # executescript() would commit an open transaction, so the
+            # script carries its own; user_version changes inside it.
+            script = f"BEGIN IMMEDIATE;\n{sql}\n;PRAGMA user_version = {number};"
+            try:
+                self.connection.executescript(script)
+                self.connection.execute("COMMIT")
+            except sqlite3.Error as e:
+                if self.connection.in_transaction:
+                    self.connection.execute("ROLLBACK")
+                raise StoreError(
+                    f"migration {number} of database {self.path} failed: {e}"
+                ) from e
+            self.log.info("store.migrated {version}", version=number)
+
+    @contextmanager
+    def transaction(self, *, write: bool = True) -> Iterator[sqlite3.Connection]:
+        """
+        Run the block in one transaction: commit on success, roll back on
+        any exception.  C{write=False} takes a read snapshot instead of the
+        write lock.
+        """
+        if self.connection.in_transaction:
+            raise StoreError("transactions do not nest")
+        self.connection.execute("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED")
+        try:
+            yield self.connection
+            self.connection.execute("COMMIT")
+        except BaseException:
+            if self.connection.in_transaction:
+                self.connection.execute("ROLLBACK")
+            raise
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ()) -> sqlite3.Cursor:
+        """Run one statement outside or inside the current transaction."""
+        return self.connection.execute(sql, parameters)
+
+    def close(self) -> None:
+        """Close the connection; later use raises L{sqlite3.ProgrammingError}."""
+        self.connection.close()
+
+
+def _prepareFile(path: Path) -> None:
+    """Create the parent (0700) and the database file (0600) if missing."""
+    if not path.parent.exists():
+        path.parent.mkdir(mode=DIRECTORY_MODE, parents=True, exist_ok=True)
+        os.chmod(path.parent, DIRECTORY_MODE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if stat.S_IMODE(os.fstat(fd).st_mode) != FILE_MODE:
+            os.fchmod(fd, FILE_MODE)
+    finally:
+        os.close(fd)

@@ -1,0 +1,89 @@
+"""Shared test helpers: temporary dev configurations."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+TOPOLOGY = {
+    "SPORE_IP": "10.20.0.5",
+    "SPORE_BOOTSTRAP_IP": "10.20.0.6",
+    "enrollment_name": "enroll.lolwtf.ca",
+    "anchors": [
+        {"name": "anchor-a", "dns": "127.0.0.2"},
+        {"name": "anchor-b", "dns": "127.0.0.3"},
+    ],
+}
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(value)
+
+
+def writeConfig(
+    directory: Path,
+    overrides: dict[str, dict[str, Any]] | None = None,
+    topology: dict[str, Any] | None = None,
+    port: int = 0,
+) -> Path:
+    """
+    Write a dev-style config (loopback, port 0 unless C{port}, dev PKI,
+    vault on any filesystem) into C{directory}; return the file's path.
+
+    C{overrides} maps table names to keys; a value of L{None} removes it.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "topology.json").write_text(json.dumps(topology or TOPOLOGY))
+    listen = "tcp:{}:interface=127.0.0.1"
+    tables: dict[str, dict[str, Any]] = {
+        "site": {"name": "test", "topology": "topology.json"},
+        "paths": {"state": "state", "vault": "vault", "vault_allow_any_fs": True},
+        "listen": {
+            "boot": listen.format(port),
+            "device": listen.format(port),
+            "admin": listen.format(port),
+            "tink": listen.format(port),
+            "dns": f"{port}:interface=127.0.0.1",
+        },
+        "limits": {"idle_timeout": 30, "max_connections": 64},
+        "dev": {"generate_pki": True},
+        "tls": {
+            "cert": "pki/public.pem",
+            "key": "pki/public.key",
+            "chain": "pki/public-ca.pem",
+        },
+        "pki": {
+            "issuer_cert": "pki/devid-issuer.pem",
+            "issuer_key": "pki/devid-issuer.key",
+            "bundle": "pki/folly-devid-ca.pem",
+        },
+        "attest": {"ek_roots": "pki/ek-roots"},
+        "owner": {
+            "client_ca": "pki/owner-ca.pem",
+            "client_cert": "pki/owner.pem",
+            "client_key": "pki/owner.key",
+            "server": "https://localhost:8446",
+            "server_ca": "pki/public-ca.pem",
+        },
+        "tink": {"upstream": "tcp:127.0.0.1:1"},
+    }
+    for table, keys in (overrides or {}).items():
+        target = tables.setdefault(table, {})
+        for key, value in keys.items():
+            if value is None:
+                target.pop(key, None)
+            else:
+                target[key] = value
+    lines = []
+    for table, keys in tables.items():
+        lines.append(f"[{table}]")
+        lines.extend(f"{k} = {_toml(v)}" for k, v in keys.items())
+        lines.append("")
+    path = directory / "fleetd.toml"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,165 @@
+"""Tests for L{fleetd.config}."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from fleetd.config import ConfigError, loadSettings, parseTopology
+from tests.support import TOPOLOGY, writeConfig
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class SettingsTests(SynchronousTestCase):
+    def configError(self, overrides: dict[str, dict[str, Any]]) -> ConfigError:
+        path = writeConfig(Path(self.mktemp()), overrides)
+        return self.assertRaises(ConfigError, loadSettings, path)
+
+    def test_loadSettings_devConfig(self) -> None:
+        """The shipped dev config loads: loopback listeners, dns on 10053."""
+        s = loadSettings(REPO / "conf" / "fleetd.dev.toml")
+        self.assertEqual(s.listen.boot, "tcp:8443:interface=127.0.0.1")
+        self.assertEqual((s.listen.dns_port, s.listen.dns_interface), (10053, "127.0.0.1"))
+        self.assertTrue(s.dev_pki)
+        self.assertEqual(s.topology.enrollment_name, "enroll.lolwtf.ca")
+        self.assertEqual(s.state.resolve(), REPO / ".dev" / "state")
+
+    def test_loadSettings_referenceConfig(self) -> None:
+        """
+        The reference config names the folly ports and paths; it fails only on
+        its topology file, which lives on spore, and says so by key.
+        """
+        e = self.assertRaises(
+            ConfigError, loadSettings, REPO / "conf" / "fleetd.toml"
+        )
+        self.assertEqual(e.key, "site.topology")
+
+    def test_relativePaths_resolvedAgainstConfigDirectory(self) -> None:
+        """Relative paths are relative to the config file's directory."""
+        directory = Path(self.mktemp()).resolve()
+        s = loadSettings(writeConfig(directory))
+        self.assertEqual(s.state, directory / "state")
+        self.assertEqual(s.tls.cert, directory / "pki" / "public.pem")
+
+    def test_missingTable_namesIt(self) -> None:
+        """A missing required table is named in the error."""
+        path = writeConfig(Path(self.mktemp()))
+        text = path.read_text().replace("[tink]", "[tinkk]")
+        path.write_text(text)
+        e = self.assertRaises(ConfigError, loadSettings, path)
+        self.assertEqual(str(e), "tink: missing table")
+
+    def test_badEndpoint_namesKey(self) -> None:
+        """A bad endpoint description names listen.<name>."""
+        e = self.configError({"listen": {"boot": "tcp:notaport"}})
+        self.assertEqual(e.key, "listen.boot")
+
+    def test_sslEndpoint_refused(self) -> None:
+        """TLS comes from [tls]; an ssl: endpoint is refused by key."""
+        e = self.configError({"listen": {"admin": "ssl:8446"}})
+        self.assertEqual(e.key, "listen.admin")
+        self.assertIn("[tls]", e.problem)
+
+    def test_badDNSListen_namesKey(self) -> None:
+        """listen.dns must be PORT or PORT:interface=ADDR."""
+        for bad in ["x53", "53:iface=1.2.3.4", "70000", "53:interface=nope"]:
+            e = self.configError({"listen": {"dns": bad}})
+            self.assertEqual(e.key, "listen.dns", bad)
+
+    def test_wrongType_namesKey(self) -> None:
+        """Wrong types and out-of-range numbers name their keys."""
+        self.assertEqual(self.configError({"limits": {"max_connections": "9"}}).key,
+                         "limits.max_connections")
+        self.assertEqual(self.configError({"limits": {"idle_timeout": 0}}).key,
+                         "limits.idle_timeout")
+        self.assertEqual(self.configError({"paths": {"vault_allow_any_fs": 1}}).key,
+                         "paths.vault_allow_any_fs")
+        self.assertEqual(self.configError({"dns": {"ttl": -1}}).key, "dns.ttl")
+
+    def test_missingKey_namesKey(self) -> None:
+        """A missing required key is named."""
+        self.assertEqual(self.configError({"tls": {"cert": None}}).key, "tls.cert")
+        self.assertEqual(self.configError({"paths": {"state": None}}).key, "paths.state")
+
+    def test_invalidTOML(self) -> None:
+        """Invalid TOML is one error under the key 'config'."""
+        path = Path(self.mktemp())
+        path.write_text("[site\nname=")
+        e = self.assertRaises(ConfigError, loadSettings, path)
+        self.assertEqual(e.key, "config")
+        self.assertNotIn("\n", str(e))
+
+    def test_missingFile(self) -> None:
+        """A config file that does not exist is one clear error."""
+        e = self.assertRaises(ConfigError, loadSettings, Path("/nonexistent/x.toml"))
+        self.assertIn("cannot read", str(e))
+
+    def test_optionalTables(self) -> None:
+        """[kubernetes] and [netbox] are optional; present, they are parsed."""
+        s = loadSettings(writeConfig(Path(self.mktemp())))
+        self.assertIsNone(s.kubernetes)
+        self.assertIsNone(s.netbox)
+        s = loadSettings(writeConfig(Path(self.mktemp()), {
+            "kubernetes": {"api": "https://10.20.0.10:6443", "token_file": "t"},
+            "netbox": {"url": "https://netbox.example", "token_file": "n"},
+        }))
+        assert s.kubernetes is not None and s.netbox is not None
+        self.assertEqual(s.kubernetes.api, "https://10.20.0.10:6443")
+        self.assertEqual(s.netbox.url, "https://netbox.example")
+
+
+class TopologyTests(SynchronousTestCase):
+    def parse(self, **changes: Any) -> Any:
+        doc = dict(TOPOLOGY)
+        for k, v in changes.items():
+            if v is None:
+                doc.pop(k, None)
+            else:
+                doc[k] = v
+        return parseTopology(json.dumps(doc).encode())
+
+    def test_parse_valid(self) -> None:
+        """[A1] SPORE_IP and SPORE_BOOTSTRAP_IP are read from the topology."""
+        t = self.parse()
+        self.assertEqual((t.spore_ip, t.spore_bootstrap_ip), ("10.20.0.5", "10.20.0.6"))
+        self.assertEqual([a.name for a in t.anchors], ["anchor-a", "anchor-b"])
+
+    def test_parse_missingOrInvalidAddresses(self) -> None:
+        """[A1] Missing or invalid SPORE_IP/SPORE_BOOTSTRAP_IP stop start-up by key."""
+        cases = {
+            "SPORE_IP": [None, "", "10.20.0", "::1", 5, "0.0.0.0", "224.0.0.1"],
+            "SPORE_BOOTSTRAP_IP": [None, "host.example", "256.1.1.1"],
+        }
+        for key, values in cases.items():
+            for value in values:
+                e = self.assertRaises(ConfigError, self.parse, **{key: value})
+                self.assertEqual(e.key, f"topology.{key}", value)
+
+    def test_parse_enrollmentName(self) -> None:
+        """The enrollment name must be a DNS name; it is lower-cased."""
+        self.assertEqual(self.parse(enrollment_name="Enroll.LolWTF.ca.").enrollment_name,
+                         "enroll.lolwtf.ca")
+        for bad in ["", "localhost", "a..b", "-a.b", "a_b.c", "x" * 64 + ".ca"]:
+            e = self.assertRaises(ConfigError, self.parse, enrollment_name=bad)
+            self.assertEqual(e.key, "topology.enrollment_name", bad)
+
+    def test_parse_notJSON(self) -> None:
+        """[A1] A topology file that is not JSON is one clear error."""
+        e = self.assertRaises(ConfigError, parseTopology, b"{nope")
+        self.assertEqual(e.key, "topology")
+
+    def test_parse_badAnchor(self) -> None:
+        """A bad anchor entry names its index."""
+        e = self.assertRaises(ConfigError, self.parse, anchors=[{"name": "a", "dns": "x"}])
+        self.assertEqual(e.key, "topology.anchors[0].dns")
+
+    def test_loadSettings_badTopologyFile(self) -> None:
+        """[A1] A bad topology file stops loading with site.topology.* keys."""
+        directory = Path(self.mktemp())
+        path = writeConfig(directory, topology={**TOPOLOGY, "SPORE_BOOTSTRAP_IP": "x"})
+        e = self.assertRaises(ConfigError, loadSettings, path)
+        self.assertEqual(e.key, "site.topology.SPORE_BOOTSTRAP_IP")
