@@ -14,6 +14,7 @@ from typing import Any
 
 from OpenSSL import crypto
 from twisted.internet import ssl
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IAddress, IDelayedCall, IProtocol, IReactorTime
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
@@ -98,7 +99,11 @@ class _LimitedProtocol(policies.ProtocolWrapper):
         self._arm()
         super().makeConnection(transport)
 
+    _lost = False
+
     def _arm(self) -> None:
+        if self._lost:
+            return
         if self._timer is not None and self._timer.active():
             self._timer.reset(self.factory.idleTimeout)
         else:
@@ -126,6 +131,7 @@ class _LimitedProtocol(policies.ProtocolWrapper):
         super().writeSequence(data)
 
     def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
+        self._lost = True
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
@@ -159,6 +165,7 @@ class LimitedFactory(policies.WrappingFactory):
         self.maxConnections = maxConnections
         self.idleTimeout = idleTimeout
         self.refused = 0
+        self._drained: list[Deferred[None]] = []
 
     def buildProtocol(self, addr: IAddress) -> IProtocol | None:
         if len(self.protocols) >= self.maxConnections:
@@ -173,6 +180,23 @@ class LimitedFactory(policies.WrappingFactory):
 
     def openConnections(self) -> int:
         return len(self.protocols)
+
+    def unregisterProtocol(self, p: Any) -> None:
+        super().unregisterProtocol(p)
+        if not self.protocols:
+            waiters, self._drained = self._drained, []
+            for d in waiters:
+                d.callback(None)
+
+    def closeAll(self) -> Deferred[None]:
+        """Abort every open connection; fire once all of them are gone."""
+        if not self.protocols:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._drained.append(d)
+        for proto in list(self.protocols):
+            proto.transport.abortConnection()
+        return d
 
 
 def tlsFactory(

@@ -120,11 +120,10 @@ class ListenerService(Service):
         port, self.port = self.port, None
         if port is None:
             return None
-        d = maybeDeferred(port.stopListening)
+        stopped = [maybeDeferred(port.stopListening)]
         if isinstance(self.factory, LimitedFactory):
-            for proto in list(self.factory.protocols):
-                proto.transport.abortConnection()  # type: ignore[attr-defined]
-        return d
+            stopped.append(self.factory.closeAll())
+        return DeferredList(stopped, consumeErrors=True).addCallback(lambda _: None)
 
 
 class _RunnerService(Service):

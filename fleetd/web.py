@@ -59,16 +59,16 @@ class Endpoint(resource.Resource):
 
     def render(self, request: IRequest) -> Any:
         method = request.method.decode("ascii", "replace")
-        handler = getattr(self, f"render_{method}", None)
-        if handler is None and method == "HEAD":
-            handler = getattr(self, "render_GET", None)
+        allowed = {
+            name[len("render_") :]
+            for name in dir(self)
+            if name.startswith("render_") and name[len("render_") :].isupper()
+        }
+        if "GET" not in allowed:
+            allowed.discard("HEAD")  # resource.Resource's HEAD needs a GET
+        handler = getattr(self, f"render_{method}", None) if method in allowed else None
         if handler is None:
-            allowed = sorted(
-                name[len("render_") :]
-                for name in dir(self)
-                if name.startswith("render_") and name[len("render_") :].isupper()
-            )
-            request.setHeader(b"allow", ", ".join(allowed).encode("ascii"))
+            request.setHeader(b"allow", ", ".join(sorted(allowed)).encode("ascii"))
             return textResponse(request, http.NOT_ALLOWED, "method not allowed")
         return handler(request)
 
@@ -132,11 +132,7 @@ class BoundedRequest(server.Request):
 
     def _refuse(self) -> None:
         self._refused = True
-        self._log.warn(
-            "http.body.too-large {method} {path}",
-            method=self.method.decode("ascii", "replace"),
-            path=self.path.split(b"?", 1)[0][:128].decode("ascii", "replace"),
-        )
+        self._log.warn("http.body.too-large {limit}", limit=self._maxBody())
         body = b"request body too large\n"
         self.channel.transport.write(
             b"HTTP/1.1 413 Content Too Large\r\n"
@@ -192,9 +188,11 @@ class BoundedSite(server.Site):
 
     def buildProtocol(self, addr: Any) -> Any:
         channel = super().buildProtocol(addr)
-        channel.totalHeadersSize = self.maxHeaderBytes
-        channel.maxHeaders = self.maxHeaders
-        channel.MAX_LENGTH = self.maxHeaderBytes
+        # Site wraps HTTPChannel in a protocol-negotiating shim.
+        http1 = getattr(channel, "_channel", channel)
+        http1.totalHeadersSize = self.maxHeaderBytes
+        http1.maxHeaders = self.maxHeaders
+        http1.MAX_LENGTH = self.maxHeaderBytes
         return channel
 
     def log(self, request: Any) -> None:

@@ -207,9 +207,7 @@ class DirectoryVaultTests(SynchronousTestCase):
         with capturedLogs() as events:
             vault = self.open()
         self.assertEqual(vault.names(), [])
-        self.assertEqual(
-            sorted(os.listdir(self.path)), ["bad name", "link", "subdir"]
-        )
+        self.assertEqual(sorted(os.listdir(self.path)), ["bad name", "link", "subdir"])
         ignored = sorted(
             e["name"] for e in events if e.get("log_format") == "vault.ignored {name}"
         )

@@ -66,7 +66,7 @@ QTYPE_LABELS: Final = frozenset(
 NO_QTYPE: Final = "none"
 OTHER_QTYPE: Final = "other"
 
-_RCODE_TEXT: Final = {
+_RCODE_TEXT: Final[dict[dns.rcode.Rcode, str]] = {
     dns.rcode.NOERROR: "NOERROR",
     dns.rcode.FORMERR: "FORMERR",
     dns.rcode.NXDOMAIN: "NXDOMAIN",
@@ -90,7 +90,7 @@ class Reply(NamedTuple):
     """The packet was not a well-formed query."""
 
 
-def qtypeLabel(rdtype: int) -> str:
+def qtypeLabel(rdtype: dns.rdatatype.RdataType) -> str:
     """The metric label for C{rdtype}: its mnemonic if common, else C{other}."""
     text = dns.rdatatype.to_text(rdtype)
     return text if text in QTYPE_LABELS else OTHER_QTYPE
@@ -158,7 +158,8 @@ class Responder:
         try:
             query = dns.message.from_wire(data)
         except dns.message.UnknownTSIGKey:
-            return Reply(headerOnly(data, dns.rcode.NOTAUTH), NO_QTYPE, "NOTAUTH", False)
+            reply = headerOnly(data, dns.rcode.NOTAUTH)
+            return Reply(reply, NO_QTYPE, "NOTAUTH", False)
         except Exception:  # any parse failure is the sender's problem
             return self._formerr(data)
         question = query.question[0]
@@ -189,7 +190,7 @@ class Responder:
         query: dns.message.Message,
         question: dns.rrset.RRset,
         response: dns.message.Message,
-    ) -> int:
+    ) -> dns.rcode.Rcode:
         """Fill C{response}'s sections and return its rcode."""
         if query.edns > 0:
             return dns.rcode.BADVERS

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from functools import partial
 from typing import Protocol as TypingProtocol
 
 from h2.config import H2Configuration
@@ -35,8 +35,6 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 Headers = list[tuple[bytes, bytes]]
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
 
 
 class GRPCStatus(enum.IntEnum):
@@ -62,10 +60,8 @@ class GRPCStatus(enum.IntEnum):
 
 
 def encodeGrpcMessage(message: str) -> bytes:
-    """Percent-encode C{message} for ``grpc-message`` (gRPC PROTOCOL-HTTP2).
-
-    UTF-8 bytes outside printable ASCII, and ``%`` itself, become ``%XX``.
-    """
+    """Percent-encode C{message} for ``grpc-message`` (gRPC PROTOCOL-HTTP2):
+    UTF-8 bytes outside printable ASCII, and ``%``, become ``%XX``."""
     return b"".join(
         bytes([b]) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b
         for b in message.encode("utf-8")
@@ -73,11 +69,8 @@ def encodeGrpcMessage(message: str) -> bytes:
 
 
 class MessageSizeGuard:
-    """Follow gRPC length-prefixed message boundaries in a request body.
-
-    Frame boundaries are unrelated to message boundaries, so the 5-byte
-    prefixes (flag, 4-byte big-endian length) are tracked across calls.
-    """
+    """Track gRPC message prefixes (flag, 4-byte length) across DATA frames,
+    whose boundaries are unrelated to message boundaries."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
@@ -121,54 +114,108 @@ class IStreamHandler(TypingProtocol):
         """The stream was reset by the peer or the connection went away."""
 
 
-class _Stream:
-    """Per-stream state kept by L{H2ServerProtocol}."""
-
-    def __init__(self, streamId: int, maxMessageBytes: int) -> None:
-        self.streamId = streamId
-        self.handler: IStreamHandler | None = None
-        self.headersSent = False
-        self.outbound = bytearray()
-        self.trailers: Headers | None = None
-        self.guard = MessageSizeGuard(maxMessageBytes)
-
-
 class StreamResponder:
     """The sending half of one stream, handed to its L{IStreamHandler}.
 
-    Calls after the stream has ended or been reset are ignored.
+    Calls after the stream has ended or been reset are ignored, so a handler
+    finishing late (e.g. after an upstream answer) never has to check.
     """
 
     def __init__(self, protocol: H2ServerProtocol, streamId: int) -> None:
-        self._protocol = protocol
         self.streamId = streamId
+        self._protocol = protocol
+        self._handler: IStreamHandler | None = None
+        self._headersSent = False
+        self._outbound = bytearray()
+        self._trailers: Headers | None = None
+        self._guard = MessageSizeGuard(protocol.maxMessageBytes)
 
     def sendHeaders(self, headers: Headers, endStream: bool = False) -> None:
         """Send the response headers, ending the stream if C{endStream}."""
-        self._protocol._sendHeaders(self.streamId, headers, endStream)
+        if self._live() and not self._headersSent:
+            self._headersSent = True
+            self._send(self._conn.send_headers, headers, end_stream=endStream)
+            if endStream:
+                self._protocol._ended(self)
 
     def sendData(self, data: bytes) -> None:
         """Queue body bytes; they leave as the peer's windows allow."""
-        self._protocol._sendData(self.streamId, data)
+        if self._live() and self._trailers is None:
+            self._outbound += data
+            self.resumeSending()
 
     def sendTrailers(self, trailers: Headers) -> None:
         """End the stream with trailers once queued data has been sent."""
-        self._protocol._sendTrailers(self.streamId, trailers)
+        if self._live() and self._trailers is None:
+            self._trailers = trailers
+            self.resumeSending()
 
     def trailersOnly(self, status: GRPCStatus, message: str = "") -> None:
         """Answer with a gRPC status alone (Trailers-Only if nothing was sent)."""
         trailers = [(b"grpc-status", b"%d" % status)]
         if message:
             trailers.append((b"grpc-message", encodeGrpcMessage(message)))
-        if self._protocol._headersSent(self.streamId):
+        if self._headersSent:
             self.sendTrailers(trailers)
         else:
             head = [(b":status", b"200"), (b"content-type", b"application/grpc")]
             self.sendHeaders(head + trailers, endStream=True)
 
     def reset(self, errorCode: int = ErrorCodes.CANCEL) -> None:
-        """Send RST_STREAM with C{errorCode}."""
-        self._protocol._resetStream(self.streamId, errorCode)
+        """Send RST_STREAM with C{errorCode} and forget the stream."""
+        if self._live():
+            self._send(self._conn.reset_stream, errorCode)
+            self._protocol._forget(self)
+
+    def resumeSending(self) -> None:
+        """Send what the windows allow, then the trailers once drained."""
+        while self._outbound and self._live():
+            try:
+                window = self._conn.local_flow_control_window(self.streamId)
+            except ProtocolError:
+                window = 0
+            size = min(window, self._conn.max_outbound_frame_size)
+            if size <= 0:
+                return
+            chunk = bytes(self._outbound[:size])
+            del self._outbound[:size]
+            self._send(self._conn.send_data, chunk)
+        if self._trailers is not None and self._live():
+            self._send(self._conn.send_headers, self._trailers, end_stream=True)
+            self._protocol._ended(self)
+
+    @property
+    def _conn(self) -> H2Connection:
+        return self._protocol.h2
+
+    def _live(self) -> bool:
+        return self._protocol._streams.get(self.streamId) is self
+
+    def _send(self, fn: Callable[..., object], *args: object, **kw: object) -> None:
+        """Call C{fn(streamId, ...)} on h2 and flush; if h2 refuses (the
+        stream or connection is already gone), forget the stream."""
+        try:
+            fn(self.streamId, *args, **kw)
+        except ProtocolError as e:
+            self._protocol.log.debug("tink.h2.send-refused {error}", error=str(e))
+            self._protocol._forget(self)
+        self._protocol._flush()
+
+
+def _refusal(method: bytes, contentType: bytes) -> Headers | None:
+    """The response to a request that is not gRPC, like grpc-go's."""
+    if method != b"POST":
+        status, code, text = b"405", GRPCStatus.INTERNAL, "method must be POST"
+    elif not contentType.startswith(b"application/grpc"):
+        status, code, text = b"415", GRPCStatus.INVALID_ARGUMENT, "not gRPC"
+    else:
+        return None
+    return [
+        (b":status", status),
+        (b"content-type", b"application/grpc"),
+        (b"grpc-status", b"%d" % code),
+        (b"grpc-message", encodeGrpcMessage(text)),
+    ]
 
 
 class H2ServerProtocol(Protocol):
@@ -186,32 +233,31 @@ class H2ServerProtocol(Protocol):
         maxMessageBytes: int = 4 * 1024 * 1024,
         idleTimeout: float = 30.0,
     ) -> None:
+        self.maxMessageBytes = maxMessageBytes
         self._handlerFactory = handlerFactory
         self._clock = clock
-        self._maxMessageBytes = maxMessageBytes
         self._idleTimeout = idleTimeout
         self._idleCall: IDelayedCall | None = None
-        self._streams: dict[int, _Stream] = {}
+        self._streams: dict[int, StreamResponder] = {}
         self._closing = False
-        config = H2Configuration(
-            client_side=False, header_encoding=None, validate_inbound_headers=True
+        self.h2 = H2Connection(
+            H2Configuration(
+                client_side=False, header_encoding=None, validate_inbound_headers=True
+            )
         )
-        self._conn = H2Connection(config=config)
         # Replaced before initiate_connection so the limits hold from the
-        # first frame instead of after the client ACKs a second SETTINGS.
-        self._conn.local_settings = Settings(
+        # first frame rather than once the client ACKs a second SETTINGS.
+        self.h2.local_settings = Settings(
             client=False,
             initial_values={
                 SettingCodes.MAX_CONCURRENT_STREAMS: maxConcurrentStreams,
                 SettingCodes.MAX_HEADER_LIST_SIZE: maxHeaderListSize,
             },
         )
-        self._conn.decoder.max_header_list_size = maxHeaderListSize
-
-    # Twisted side
+        self.h2.decoder.max_header_list_size = maxHeaderListSize
 
     def connectionMade(self) -> None:
-        self._conn.initiate_connection()
+        self.h2.initiate_connection()
         self._flush()
         self._updateIdleTimer()
 
@@ -219,8 +265,9 @@ class H2ServerProtocol(Protocol):
         if self._closing:
             return
         try:
-            events = self._conn.receive_data(data)
+            events = self.h2.receive_data(data)
         except ProtocolError as e:
+            # h2 has queued GOAWAY with the matching error code.
             self.log.warn(
                 "tink.h2.protocol-error {error}", error=str(e), peer=self._peer()
             )
@@ -238,26 +285,28 @@ class H2ServerProtocol(Protocol):
         self._cancelIdleTimer()
         streams, self._streams = self._streams, {}
         for stream in streams.values():
-            self._callHandler(stream, "reset", ErrorCodes.CANCEL)
-
-    # h2 events
+            self._call(stream, "reset", ErrorCodes.CANCEL)
 
     def _dispatch(self, event: Event) -> None:
+        stream = self._streams.get(getattr(event, "stream_id", 0))
         if isinstance(event, RequestReceived):
-            self._requestReceived(event.stream_id, event.headers)  # type: ignore[arg-type]
+            self._requestReceived(event.stream_id, event.headers)
         elif isinstance(event, DataReceived):
-            self._dataReceived(event)
-        elif isinstance(event, StreamEnded):
-            stream = self._streams.get(event.stream_id)
             if stream is not None:
-                self._callHandler(stream, "endReceived")
-        elif isinstance(event, StreamReset):
-            stream = self._streams.pop(event.stream_id, None)
-            if stream is not None:
-                self._callHandler(stream, "reset", event.error_code or 0)
+                self._dataReceived(stream, event.data)
+            # Credit goes back even for streams already answered, so a
+            # client still sending a body is never stalled.
+            self.h2.acknowledge_received_data(
+                event.flow_controlled_length, event.stream_id
+            )
+        elif isinstance(event, StreamEnded) and stream is not None:
+            self._call(stream, "endReceived")
+        elif isinstance(event, StreamReset) and stream is not None:
+            self._forget(stream)
+            self._call(stream, "reset", event.error_code or 0)
         elif isinstance(event, WindowUpdated | RemoteSettingsChanged):
-            for stream in list(self._streams.values()):
-                self._flushStream(stream)
+            for each in list(self._streams.values()):
+                each.resumeSending()
         elif isinstance(event, ConnectionTerminated):
             self.log.info(
                 "tink.h2.goaway-received {errorCode}",
@@ -268,170 +317,79 @@ class H2ServerProtocol(Protocol):
         # PING is ACKed by h2 itself; other events need nothing.
 
     def _requestReceived(self, streamId: int, headers: Headers) -> None:
-        stream = self._streams[streamId] = _Stream(streamId, self._maxMessageBytes)
+        stream = self._streams[streamId] = StreamResponder(self, streamId)
         fields = dict(headers)
         method = fields.get(b":method", b"")
         contentType = fields.get(b"content-type", b"")
-        if method != b"POST" or not contentType.startswith(b"application/grpc"):
+        refusal = _refusal(method, contentType)
+        if refusal is not None:
             self.log.warn(
                 "tink.h2.not-grpc {method} {contentType}",
                 method=method.decode("ascii", "replace"),
                 contentType=contentType.decode("ascii", "replace"),
                 peer=self._peer(),
             )
-            status, code, text = (
-                (b"405", GRPCStatus.INTERNAL, "method must be POST")
-                if method != b"POST"
-                else (b"415", GRPCStatus.INVALID_ARGUMENT, "content-type not gRPC")
-            )
-            self._sendHeaders(
-                streamId,
-                [
-                    (b":status", status),
-                    (b"content-type", b"application/grpc"),
-                    (b"grpc-status", b"%d" % code),
-                    (b"grpc-message", encodeGrpcMessage(text)),
-                ],
-                endStream=True,
-            )
+            stream.sendHeaders(refusal, endStream=True)
             return
-        responder = StreamResponder(self, streamId)
         try:
-            stream.handler = self._handlerFactory(responder)
+            stream._handler = self._handlerFactory(stream)
         except Exception:
             self.log.failure("tink.h2.handler-failed", streamId=streamId)
-            self._resetStream(streamId, ErrorCodes.INTERNAL_ERROR)
+            stream.reset(ErrorCodes.INTERNAL_ERROR)
             return
-        self._callHandler(stream, "headersReceived", headers)
+        self._call(stream, "headersReceived", headers)
 
-    def _dataReceived(self, event: DataReceived) -> None:
-        stream = self._streams.get(event.stream_id)
-        if stream is not None:
-            tooLarge = stream.guard.feed(event.data)
-            if tooLarge is not None:
-                self.log.warn(
-                    "tink.h2.message-too-large {size} {limit}",
-                    size=tooLarge,
-                    limit=self._maxMessageBytes,
-                    peer=self._peer(),
-                )
-                StreamResponder(self, stream.streamId).trailersOnly(
-                    GRPCStatus.RESOURCE_EXHAUSTED,
-                    f"grpc: received message larger than max "
-                    f"({tooLarge} vs. {self._maxMessageBytes})",
-                )
-                self._callHandler(stream, "reset", ErrorCodes.CANCEL)
-            else:
-                self._callHandler(stream, "dataReceived", event.data)
-        # Credit is returned even for streams already answered, so a client
-        # still sending a body is never stalled.
-        self._guarded(
-            self._conn.acknowledge_received_data,
-            event.flow_controlled_length,
-            event.stream_id,
+    def _dataReceived(self, stream: StreamResponder, data: bytes) -> None:
+        tooLarge = stream._guard.feed(data)
+        if tooLarge is None:
+            self._call(stream, "dataReceived", data)
+            return
+        self.log.warn(
+            "tink.h2.message-too-large {size} {limit}",
+            size=tooLarge,
+            limit=self.maxMessageBytes,
+            peer=self._peer(),
         )
+        stream.trailersOnly(
+            GRPCStatus.RESOURCE_EXHAUSTED,
+            f"grpc: received message larger than max "
+            f"({tooLarge} vs. {self.maxMessageBytes})",
+        )
+        self._call(stream, "reset", ErrorCodes.CANCEL)
 
-    def _callHandler(self, stream: _Stream, name: str, *args: object) -> None:
-        if stream.handler is None:
+    def _call(self, stream: StreamResponder, name: str, *args: object) -> None:
+        """Deliver one event to the stream's handler; a handler that raises
+        is a bug: log it and reset its stream."""
+        if stream._handler is None:
             return
         try:
-            getattr(stream.handler, name)(*args)
+            getattr(stream._handler, name)(*args)
         except Exception:
             self.log.failure(
                 "tink.h2.handler-failed", streamId=stream.streamId, call=name
             )
-            stream.handler = None
-            self._resetStream(stream.streamId, ErrorCodes.INTERNAL_ERROR)
+            stream._handler = None
+            stream.reset(ErrorCodes.INTERNAL_ERROR)
 
-    # Sending, used by StreamResponder
+    def _ended(self, stream: StreamResponder) -> None:
+        """We sent END_STREAM: forget the stream, resetting an unfinished
+        request with NO_ERROR as gRPC asks (and grpc-go does)."""
+        h2stream = self.h2.streams.get(stream.streamId)
+        if h2stream is not None and not h2stream.closed:
+            stream.reset(ErrorCodes.NO_ERROR)
+        self._forget(stream)
 
-    def _headersSent(self, streamId: int) -> bool:
-        stream = self._streams.get(streamId)
-        return stream is not None and stream.headersSent
-
-    def _sendHeaders(self, streamId: int, headers: Headers, endStream: bool) -> None:
-        stream = self._streams.get(streamId)
-        if stream is None or stream.headersSent:
-            return
-        stream.headersSent = True
-        if self._guarded(
-            self._conn.send_headers, streamId, headers, end_stream=endStream
-        ):
-            if endStream:
-                self._ended(stream)
-            self._flush()
-
-    def _sendData(self, streamId: int, data: bytes) -> None:
-        stream = self._streams.get(streamId)
-        if stream is None or stream.trailers is not None:
-            return
-        stream.outbound += data
-        self._flushStream(stream)
-        self._flush()
-
-    def _sendTrailers(self, streamId: int, trailers: Headers) -> None:
-        stream = self._streams.get(streamId)
-        if stream is None or stream.trailers is not None:
-            return
-        stream.trailers = trailers
-        self._flushStream(stream)
-        self._flush()
-
-    def _resetStream(self, streamId: int, errorCode: int) -> None:
-        if self._streams.pop(streamId, None) is not None:
-            self._guarded(self._conn.reset_stream, streamId, errorCode)
-            self._flush()
+    def _forget(self, stream: StreamResponder) -> None:
+        if self._streams.get(stream.streamId) is stream:
+            del self._streams[stream.streamId]
             self._updateIdleTimer()
 
-    def _flushStream(self, stream: _Stream) -> None:
-        """Send what the windows allow, then any trailers once drained."""
-        sid = stream.streamId
-        while stream.outbound:
-            window = self._guarded(self._conn.local_flow_control_window, sid)
-            size = min(window or 0, self._conn.max_outbound_frame_size)
-            if size <= 0:
-                return
-            chunk = bytes(stream.outbound[:size])
-            del stream.outbound[:size]
-            if not self._guarded(self._conn.send_data, sid, chunk):
-                return
-        if stream.trailers is not None and self._streams.get(sid) is stream:
-            if self._guarded(
-                self._conn.send_headers, sid, stream.trailers, end_stream=True
-            ):
-                self._ended(stream)
-
-    def _ended(self, stream: _Stream) -> None:
-        """We sent END_STREAM: forget the stream, resetting an unfinished body.
-
-        A server that answers before the client's END_STREAM follows with
-        RST_STREAM(NO_ERROR) (gRPC PROTOCOL-HTTP2), as grpc-go does.
-        """
-        self._streams.pop(stream.streamId, None)
-        h2stream = self._conn.streams.get(stream.streamId)
-        if h2stream is not None and not h2stream.closed:
-            self._guarded(self._conn.reset_stream, stream.streamId, ErrorCodes.NO_ERROR)
-        self._updateIdleTimer()
-
-    def _guarded(
-        self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs
-    ) -> _R | None:
-        """Call into h2, turning a refused send on a dead stream into L{None}."""
-        try:
-            return fn(*args, **kwargs)
-        except ProtocolError as e:
-            self.log.debug("tink.h2.send-refused {error}", error=str(e))
-            return None
-
     def _flush(self) -> None:
-        data = self._conn.data_to_send()
+        data = self.h2.data_to_send()
         if data and self.transport is not None:
             self.transport.write(data)
 
-    # Lifecycle
-
     def _close(self) -> None:
-        """Flush (h2 queues GOAWAY on its own errors) and drop the connection."""
         self._closing = True
         self._cancelIdleTimer()
         self._flush()
@@ -445,13 +403,13 @@ class H2ServerProtocol(Protocol):
             timeout=self._idleTimeout,
             peer=self._peer(),
         )
-        self._guarded(self._conn.close_connection, ErrorCodes.NO_ERROR)
+        self.h2.close_connection(ErrorCodes.NO_ERROR)
         self._close()
 
     def _updateIdleTimer(self) -> None:
         if self._streams or self._closing:
             self._cancelIdleTimer()
-        elif self._idleCall is not None and self._idleCall.active():
+        elif self._idleCall is not None:
             self._idleCall.reset(self._idleTimeout)
         else:
             self._idleCall = self._clock.callLater(
@@ -459,15 +417,12 @@ class H2ServerProtocol(Protocol):
             )
 
     def _cancelIdleTimer(self) -> None:
-        if self._idleCall is not None and self._idleCall.active():
+        if self._idleCall is not None:
             self._idleCall.cancel()
-        self._idleCall = None
+            self._idleCall = None
 
     def _peer(self) -> str:
-        peer: IAddress | None = (
-            self.transport.getPeer() if self.transport is not None else None
-        )
-        return str(peer)
+        return str(self.transport.getPeer()) if self.transport is not None else "?"
 
 
 class UnimplementedHandler:
@@ -513,19 +468,17 @@ class TinkListenerFactory(Factory):
         idleTimeout: float = 30.0,
     ) -> None:
         self.clock = clock
-        self.maxConcurrentStreams = maxConcurrentStreams
-        self.maxHeaderListSize = maxHeaderListSize
-        self.maxMessageBytes = maxMessageBytes
-        self.idleTimeout = idleTimeout
-
-    def buildProtocol(self, addr: IAddress) -> H2ServerProtocol:
-        protocol = H2ServerProtocol(
+        self._build = partial(
+            H2ServerProtocol,
             UnimplementedHandler,
-            clock=self.clock,
-            maxConcurrentStreams=self.maxConcurrentStreams,
-            maxHeaderListSize=self.maxHeaderListSize,
-            maxMessageBytes=self.maxMessageBytes,
-            idleTimeout=self.idleTimeout,
+            clock=clock,
+            maxConcurrentStreams=maxConcurrentStreams,
+            maxHeaderListSize=maxHeaderListSize,
+            maxMessageBytes=maxMessageBytes,
+            idleTimeout=idleTimeout,
         )
+
+    def buildProtocol(self, addr: IAddress | None) -> H2ServerProtocol:
+        protocol = self._build()
         protocol.factory = self
         return protocol

@@ -1,0 +1,156 @@
+"""
+The DNS fallback responder as a Twisted service: UDP and TCP on one port [A5].
+
+The topology given at construction was validated at start-up [A1];
+L{DNSService.reloadTopology} (SIGHUP) swaps in a new one, or keeps the old
+answers and logs why when the new file is bad.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from twisted.application.service import Service
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
+from twisted.internet.error import CannotListenError
+from twisted.internet.interfaces import (
+    IListeningPort,
+    IReactorTCP,
+    IReactorTime,
+    IReactorUDP,
+)
+from twisted.logger import Logger
+
+from fleetd.config import ConfigError, Topology
+from fleetd.dns.metrics import DNSMetrics
+from fleetd.dns.protocol import DNSDatagramProtocol, DNSStreamFactory
+from fleetd.dns.responder import Responder
+
+
+def _portOf(port: IListeningPort) -> int:
+    host = port.getHost()
+    assert isinstance(host, IPv4Address | IPv6Address)
+    return host.port
+
+
+class DNSService(Service):
+    """
+    Serve the enrollment name on UDP and TCP C{port} of C{interface}.
+
+    With C{port} 0 the TCP listener takes the port UDP got when it is free,
+    else another; C{udpPort} and C{tcpPort} tell which.
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        reactor: IReactorUDP,
+        topology: Topology,
+        *,
+        port: int,
+        interface: str,
+        ttl: int,
+        registry: CollectorRegistry,
+        topologyLoader: Callable[[], Topology],
+        maxConnections: int = 256,
+        idleTimeout: float = 10.0,
+        maxMessage: int = 4096,
+    ) -> None:
+        self._udpReactor = reactor
+        self._tcpReactor = IReactorTCP(reactor)
+        self._clock = IReactorTime(reactor)
+        self._port = port
+        self._interface = interface
+        self._ttl = ttl
+        self._loader = topologyLoader
+        metrics = DNSMetrics(registry)
+        self.responder = self._responderFor(topology)
+        self._udp = DNSDatagramProtocol(self.responder, metrics.forTransport("udp"))
+        self._tcp = DNSStreamFactory(
+            self.responder,
+            metrics.forTransport("tcp"),
+            self._clock,
+            maxConnections=maxConnections,
+            idleTimeout=idleTimeout,
+            maxMessage=maxMessage,
+        )
+        self.udpPort: IListeningPort | None = None
+        self.tcpPort: IListeningPort | None = None
+
+    def _responderFor(self, topology: Topology) -> Responder:
+        return Responder(topology, self._ttl, serial=int(self._clock.seconds()))
+
+    @property
+    def topology(self) -> Topology:
+        """The topology currently answered from."""
+        return self.responder.topology
+
+    def startService(self) -> None:
+        udpPort = self._udpReactor.listenUDP(
+            self._port, self._udp, interface=self._interface, maxPacketSize=8192
+        )
+        try:
+            tcpPort = self._tcpReactor.listenTCP(
+                _portOf(udpPort), self._tcp, interface=self._interface
+            )
+        except CannotListenError:
+            if self._port != 0:
+                udpPort.stopListening()
+                raise
+            tcpPort = self._tcpReactor.listenTCP(
+                0, self._tcp, interface=self._interface
+            )
+        self.udpPort, self.tcpPort = udpPort, tcpPort
+        super().startService()  # type: ignore[no-untyped-call]
+        self.log.info(
+            "dns.listening {interface} udp {udp} tcp {tcp} for {name}",
+            interface=self._interface or "*",
+            udp=_portOf(udpPort),
+            tcp=_portOf(tcpPort),
+            name=self.topology.enrollment_name,
+        )
+
+    def stopService(self) -> Deferred[None]:
+        """Close both ports and drop every TCP connection."""
+        super().stopService()  # type: ignore[no-untyped-call]
+        waiting: list[Deferred[Any]] = []
+        for port in (self.udpPort, self.tcpPort):
+            if port is not None:
+                waiting.append(maybeDeferred(port.stopListening))
+        self.udpPort = self.tcpPort = None
+        waiting.append(self._tcp.dropAll())
+        return gatherResults(waiting).addCallback(lambda _: None)
+
+    def reloadTopology(self) -> None:
+        """
+        Answer from the topology C{topologyLoader} returns now.
+
+        A file that does not load keeps the current answers; the reason is
+        logged as C{dns.reload.rejected}.
+        """
+        try:
+            topology = self._loader()
+            responder = self._responderFor(topology)
+        except ConfigError as e:
+            self.log.warn(
+                "dns.reload.rejected {problem}",
+                problem=str(e),
+                key=e.key,
+                kept=self.topology.spore_bootstrap_ip,
+            )
+            return
+        except Exception:
+            self.log.failure("dns.reload.failed")
+            return
+        old = self.topology
+        self.responder = self._udp.responder = self._tcp.responder = responder
+        self.log.info(
+            "dns.reload.accepted {name} {address}",
+            name=topology.enrollment_name,
+            address=topology.spore_bootstrap_ip,
+            previous=old.spore_bootstrap_ip,
+        )

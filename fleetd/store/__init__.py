@@ -1,0 +1,29 @@
+"""The persistent store: SQLite database, its thread, keys and the journal."""
+
+from fleetd.store.db import MIGRATIONS, Database, StoreError
+from fleetd.store.journal import (
+    AsyncJournal,
+    FieldValue,
+    Journal,
+    JournalEntry,
+    JournalVerification,
+)
+from fleetd.store.keys import JOURNAL_PURPOSE, deriveKey, loadOrCreateKey
+from fleetd.store.runner import DatabaseRunner, InlineRunner, IRunner
+
+__all__ = [
+    "JOURNAL_PURPOSE",
+    "MIGRATIONS",
+    "AsyncJournal",
+    "Database",
+    "DatabaseRunner",
+    "FieldValue",
+    "IRunner",
+    "InlineRunner",
+    "Journal",
+    "JournalEntry",
+    "JournalVerification",
+    "StoreError",
+    "deriveKey",
+    "loadOrCreateKey",
+]

@@ -1,0 +1,411 @@
+"""
+The append-only, durable, hash-chained journal (DESIGN.md section 4).
+
+Entry C{n} carries C{digest_n = HMAC-SHA256(key, digest_(n-1) ||
+canonical_json(seq, at, event, actor, device, run, fields))}, with 32 zero
+bytes before the first entry; seqs run 1, 2, 3, ... without gaps.  The
+single C{journal_head} row holds the last C{(seq, digest)}, authenticated by
+C{HMAC(key, "head" || seq || digest)}, and changes in the same transaction
+as the entry.  L{Journal.verify} therefore detects an edited entry (any
+column), a deleted entry (first, middle or last: the head catches a
+truncated tail), an inserted or reordered entry, and a forged or missing
+head.  L{Journal.append} refuses to extend a journal whose head is not
+authentic or does not match its last entry.
+
+What this does not defend against:
+  - anyone holding the key (the key file, or fleetd's memory): they can
+    rewrite the chain and the head consistently;
+  - replay of an older copy of the whole database file, or deletion of
+    every entry together with the head, which looks like a fresh install:
+    only an off-host copy (the NetBox mirror) shows that;
+  - reading: entries are authenticated, not encrypted, hence the secret
+    guard in L{Journal.append}, which refuses secret-looking field names,
+    long strings and PEM blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import json
+import math
+import re
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from fleetd.store.db import Database, StoreError
+from fleetd.store.runner import IRunner
+
+FieldValue = str | int | float | bool | None
+
+SECRET_WORDS = tuple("code token config body key secret password cert_pem".split())
+"""A field whose name contains one of these (any case) is refused."""
+
+MAX_STRING = 512
+MAX_NAME = 128
+MAX_FIELDS = 64
+MAX_QUERY = 10_000
+
+_EVENT = re.compile(r"[a-z0-9][a-z0-9_.-]{0,127}")
+_ACTOR = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
+_FIELD_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_GENESIS = bytes(32)
+_SELECT = "SELECT seq, at, event, actor, device, run, fields, digest FROM journal"
+_INSERT = (
+    "INSERT INTO journal (seq, at, event, actor, device, run, fields, digest)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_SELECT_HEAD = "SELECT seq, digest, mac FROM journal_head WHERE id = 1"
+_UPSERT_HEAD = (
+    "INSERT INTO journal_head (id, seq, digest, mac) VALUES (1, ?, ?, ?)"
+    " ON CONFLICT (id) DO UPDATE SET"
+    " seq = excluded.seq, digest = excluded.digest, mac = excluded.mac"
+)
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One journal entry, as appended or read back."""
+
+    seq: int
+    at: float
+    event: str
+    actor: str
+    device: str | None
+    run: str | None
+    fields: Mapping[str, FieldValue]
+    digest: str
+
+    def toJSON(self) -> dict[str, Any]:
+        """Return a JSON-serialisable dict (for C{fleetctl journal})."""
+        result = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        result["fields"] = dict(self.fields)
+        return result
+
+
+@dataclass(frozen=True)
+class JournalVerification:
+    """
+    The outcome of L{Journal.verify}.
+
+    @ivar entries: how many entries, from the first, were found intact.
+    @ivar problem: what is wrong, if anything.
+    @ivar seq: the seq of the first bad or missing entry, if known.
+    """
+
+    ok: bool
+    entries: int
+    problem: str | None = None
+    seq: int | None = None
+
+
+def canonicalJSON(value: object) -> str:
+    """The one JSON encoding the chain is computed over."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
+
+
+def _checkFields(fields: Mapping[str, FieldValue] | None) -> dict[str, FieldValue]:
+    """Return a copy of C{fields}, refusing anything that may be a secret."""
+    if fields is None:
+        return {}
+    if len(fields) > MAX_FIELDS:
+        raise ValueError(f"journal entries take at most {MAX_FIELDS} fields")
+    checked: dict[str, FieldValue] = {}
+    for name, value in fields.items():
+        if not isinstance(name, str) or _FIELD_NAME.fullmatch(name) is None:
+            raise ValueError(f"bad journal field name {str(name)[:64]!r}")
+        lowered = name.lower()
+        for word in SECRET_WORDS:
+            if word in lowered:
+                raise ValueError(
+                    f"journal field {name!r} may hold a secret ({word!r}); "
+                    "journal a reference instead"
+                )
+        if isinstance(value, str):
+            if len(value) > MAX_STRING:
+                raise ValueError(f"journal field {name!r} exceeds {MAX_STRING} chars")
+            if "-----BEGIN" in value:
+                raise ValueError(f"journal field {name!r} holds PEM data")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise ValueError(f"journal field {name!r} is not finite")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            if not -(2**63) <= value < 2**63:
+                raise ValueError(f"journal field {name!r} is out of range")
+        elif value is not None and not isinstance(value, bool):
+            raise ValueError(
+                f"journal field {name!r} must be str, int, float, bool or None"
+            )
+        checked[name] = value
+    return checked
+
+
+def _checkName(what: str, value: str | None) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME:
+        raise ValueError(f"journal {what} must be 1 to {MAX_NAME} characters")
+    if not value.isprintable():
+        raise ValueError(f"journal {what} must be printable")
+
+
+def _entryFromRow(row: Sequence[Any]) -> JournalEntry:
+    """Rebuild an entry from a row, checking every column's type."""
+    seq, at, event, actor, device, run, fieldsText, digest = row
+    fields = json.loads(fieldsText)
+    if not (
+        type(seq) is int
+        and type(at) is float
+        and isinstance(event, str)
+        and isinstance(actor, str)
+        and (device is None or isinstance(device, str))
+        and (run is None or isinstance(run, str))
+        and isinstance(fields, dict)
+        and fieldsText == canonicalJSON(fields)
+        and isinstance(digest, str)
+        and len(bytes.fromhex(digest)) == 32
+    ):
+        raise ValueError("malformed journal row")
+    return JournalEntry(
+        seq, at, event, actor, device, run, MappingProxyType(fields), digest
+    )
+
+
+class Journal:
+    """
+    The journal's rules; every method takes the L{Database} and runs on
+    the database thread (see L{AsyncJournal} for the reactor side).
+    """
+
+    log = Logger()
+
+    def __init__(self, key: bytes) -> None:
+        """
+        @param key: the chain key, e.g. C{deriveKey(master, JOURNAL_PURPOSE)}.
+        """
+        if len(key) < 32:
+            raise ValueError("journal key must be at least 32 bytes")
+        self._key = key
+
+    def _digest(self, previous: bytes, entry: JournalEntry) -> bytes:
+        """Chain C{entry} (its C{digest} aside) onto the C{previous} digest."""
+        body = entry.toJSON()
+        del body["digest"]
+        message = previous + canonicalJSON(body).encode("ascii")
+        return hmac.new(self._key, message, hashlib.sha256).digest()
+
+    def _headMac(self, seq: int, digest: bytes) -> str:
+        message = b"head" + str(seq).encode("ascii") + digest
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
+
+    def append(
+        self,
+        db: Database,
+        event: str,
+        *,
+        at: float,
+        actor: str,
+        device: str | None = None,
+        run: str | None = None,
+        fields: Mapping[str, FieldValue] | None = None,
+    ) -> JournalEntry:
+        """
+        Durably append one entry (one transaction with the head).
+
+        @raise ValueError: a name is malformed or a field may be a secret.
+        @raise StoreError: the journal head is missing, forged or stale.
+        """
+        if not isinstance(event, str) or _EVENT.fullmatch(event) is None:
+            raise ValueError(f"bad journal event name {str(event)[:MAX_NAME]!r}")
+        if not isinstance(actor, str) or _ACTOR.fullmatch(actor) is None:
+            raise ValueError(f"bad journal actor {str(actor)[:MAX_NAME]!r}")
+        _checkName("device", device)
+        _checkName("run", run)
+        checked = _checkFields(fields)
+        at = float(at)
+        if not math.isfinite(at):
+            raise ValueError("journal time is not finite")
+        with db.transaction() as conn:
+            previousSeq, previous = self._currentHead(conn)
+            seq = previousSeq + 1
+            unsigned = JournalEntry(
+                seq, at, event, actor, device, run, MappingProxyType(checked), ""
+            )
+            digest = self._digest(previous, unsigned)
+            entry = replace(unsigned, digest=digest.hex())
+            row = (seq, at, event, actor, device, run, canonicalJSON(checked))
+            conn.execute(_INSERT, (*row, entry.digest))
+            conn.execute(_UPSERT_HEAD, (seq, entry.digest, self._headMac(seq, digest)))
+        return entry
+
+    def _currentHead(self, conn: sqlite3.Connection) -> tuple[int, bytes]:
+        """Return the authenticated (seq, digest) to chain the next entry to."""
+        head = conn.execute(_SELECT_HEAD).fetchone()
+        last = conn.execute(f"{_SELECT} ORDER BY seq DESC LIMIT 1").fetchone()
+        if head is None and last is None:
+            return 0, _GENESIS
+        advice = "run 'fleetctl journal verify'"
+        if head is None:
+            raise StoreError(f"journal head is missing; {advice}")
+        seq, digestHex, mac = head
+        try:
+            digest = bytes.fromhex(digestHex)
+            authentic = hmac.compare_digest(self._headMac(seq, digest), mac)
+        except (TypeError, ValueError):
+            authentic = False
+        if not authentic:
+            raise StoreError(f"journal head is not authentic; {advice}")
+        if last is None or (last[0], last[7]) != (seq, digestHex):
+            raise StoreError(f"journal head does not match the last entry; {advice}")
+        return seq, digest
+
+    def query(
+        self,
+        db: Database,
+        *,
+        device: str | None = None,
+        run: str | None = None,
+        since_seq: int = 0,
+        limit: int = 1000,
+    ) -> list[JournalEntry]:
+        """Return up to C{limit} entries after C{since_seq}, ascending."""
+        if not 0 < limit <= MAX_QUERY:
+            raise ValueError(f"journal query limit must be 1 to {MAX_QUERY}")
+        clauses = ["seq > ?"]
+        parameters: list[object] = [since_seq]
+        if device is not None:
+            clauses.append("device = ?")
+            parameters.append(device)
+        if run is not None:
+            clauses.append("run = ?")
+            parameters.append(run)
+        where = " AND ".join(clauses)  # constant fragments only
+        sql = f"{_SELECT} WHERE {where} ORDER BY seq LIMIT ?"
+        rows = db.execute(sql, (*parameters, limit)).fetchall()
+        entries = []
+        for row in rows:
+            try:
+                entries.append(_entryFromRow(row))
+            except (TypeError, ValueError) as e:
+                raise StoreError(f"journal entry {row[0]} is malformed") from e
+        return entries
+
+    def verify(self, db: Database) -> JournalVerification:
+        """Check the whole chain and the head, in one read snapshot."""
+        with db.transaction(write=False) as conn:
+            result = self._verify(conn)
+        if result.ok:
+            self.log.info("journal.verified {entries}", entries=result.entries)
+        else:
+            self.log.error(
+                "journal.verify_failed {problem}",
+                problem=result.problem,
+                seq=result.seq,
+            )
+        return result
+
+    def _verify(self, conn: sqlite3.Connection) -> JournalVerification:
+        previous, count = _GENESIS, 0
+        for row in conn.execute(f"{_SELECT} ORDER BY seq"):
+            expected = count + 1
+            seq = row[0]
+            if seq != expected:
+                if isinstance(seq, int) and seq > expected:
+                    return _bad(count, f"entry {expected} is missing", expected)
+                return _bad(count, f"entry {seq} is out of sequence", expected)
+            try:
+                entry = _entryFromRow(row)
+            except (TypeError, ValueError):
+                return _bad(count, f"entry {seq} is malformed", seq)
+            digest = self._digest(previous, entry)
+            if not hmac.compare_digest(digest.hex(), entry.digest):
+                return _bad(
+                    count, f"entry {seq} fails its digest (edited or moved)", seq
+                )
+            previous, count = digest, expected
+        return self._verifyHead(conn, count, previous)
+
+    def _verifyHead(
+        self, conn: sqlite3.Connection, count: int, last: bytes
+    ) -> JournalVerification:
+        head = conn.execute(_SELECT_HEAD).fetchone()
+        if head is None:
+            if count == 0:
+                return JournalVerification(ok=True, entries=0)
+            return _bad(count, "journal head is missing", None)
+        seq, digestHex, mac = head
+        try:
+            authentic = type(seq) is int and hmac.compare_digest(
+                self._headMac(seq, bytes.fromhex(digestHex)), mac
+            )
+        except (TypeError, ValueError):
+            authentic = False
+        if not authentic:
+            return _bad(count, "journal head is not authentic", None)
+        if seq > count:
+            return _bad(count, f"entries after {count} are missing", count + 1)
+        if seq < count:
+            return _bad(count, f"entries after {seq} are not in the head", seq + 1)
+        if not hmac.compare_digest(digestHex, last.hex()):
+            return _bad(count, f"journal head does not match entry {count}", count)
+        return JournalVerification(ok=True, entries=count)
+
+
+def _bad(entries: int, problem: str, seq: int | None) -> JournalVerification:
+    return JournalVerification(ok=False, entries=entries, problem=problem, seq=seq)
+
+
+class AsyncJournal:
+    """The journal for reactor-side callers: work goes through a runner."""
+
+    def __init__(self, runner: IRunner, journal: Journal, clock: IReactorTime) -> None:
+        self._runner = runner
+        self._journal = journal
+        self._clock = clock
+
+    def append(
+        self,
+        event: str,
+        *,
+        actor: str,
+        device: str | None = None,
+        run: str | None = None,
+        fields: Mapping[str, FieldValue] | None = None,
+    ) -> Deferred[JournalEntry]:
+        """Append an entry stamped with the clock's current time."""
+        at = self._clock.seconds()
+        snapshot = None if fields is None else dict(fields)
+        return self._runner.run(
+            lambda db: self._journal.append(
+                db, event, at=at, actor=actor, device=device, run=run, fields=snapshot
+            )
+        )
+
+    def query(
+        self,
+        *,
+        device: str | None = None,
+        run: str | None = None,
+        since_seq: int = 0,
+        limit: int = 1000,
+    ) -> Deferred[list[JournalEntry]]:
+        """See L{Journal.query}."""
+        return self._runner.run(
+            lambda db: self._journal.query(
+                db, device=device, run=run, since_seq=since_seq, limit=limit
+            )
+        )
+
+    def verify(self) -> Deferred[JournalVerification]:
+        """See L{Journal.verify}."""
+        return self._runner.run(self._journal.verify)

@@ -1,0 +1,284 @@
+"""
+Integration tests: the whole daemon on loopback with real TLS clients.
+
+Each test builds L{FleetdService} from a temporary dev-style config with
+port 0 everywhere, starts it on the real reactor and talks to it with
+Python's C{ssl} (in a thread, so the reactor keeps serving).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import ssl
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import dns.message
+import dns.query
+import dns.rdatatype
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import TestCase
+
+from fleetd.config import Settings, loadSettings
+from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
+from fleetd.service import FleetdService, StartupError, prepare
+from tests.support import writeConfig
+
+
+def httpsGet(
+    port: int,
+    path: str,
+    ca: Path,
+    clientCert: tuple[Path, Path] | None = None,
+    method: str = "GET",
+) -> tuple[int, bytes, bytes]:
+    """One HTTPS request; return (status, content-type, body)."""
+    context = ssl.create_default_context(cafile=str(ca))
+    if clientCert is not None:
+        context.load_cert_chain(str(clientCert[0]), str(clientCert[1]))
+    conn = http.client.HTTPSConnection("localhost", port, timeout=10, context=context)
+    try:
+        conn.request(method, path)
+        response = conn.getresponse()
+        return (
+            response.status,
+            (response.getheader("content-type") or "").encode(),
+            response.read(),
+        )
+    finally:
+        conn.close()
+
+
+def peerCertificate(port: int, alpn: list[str] | None = None) -> tuple[bytes, str | None]:
+    """The DER certificate presented on C{port} and the ALPN protocol chosen."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    if alpn:
+        context.set_alpn_protocols(alpn)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="enroll.lolwtf.ca") as tls:
+            der = tls.getpeercert(binary_form=True)
+            assert der is not None
+            return der, tls.selected_alpn_protocol()
+
+
+class DaemonTestMixin:
+    """Start and stop a real daemon over a temporary directory."""
+
+    directory: Path
+    settings: Settings
+    pki: DevPKIPaths
+
+    def makeSettings(self, overrides: dict[str, dict[str, Any]] | None = None) -> None:
+        self.directory = Path(self.mktemp()).resolve()  # type: ignore[attr-defined]
+        self.settings = loadSettings(writeConfig(self.directory, overrides))
+        self.pki = DevPKIPaths.inside(self.directory / "pki")
+
+    def startDaemon(self) -> FleetdService:
+        service = FleetdService(prepare(self.settings), reactor)
+        service.privilegedStartService()
+        service.startService()
+        self.addCleanup(self.stopDaemon, service)  # type: ignore[attr-defined]
+        return service
+
+    def stopDaemon(self, service: FleetdService) -> Deferred[Any] | None:
+        if service.running:
+            return service.stopService()
+        return None
+
+    def port(self, service: FleetdService, name: str) -> int:
+        listener = service.listeners[name]
+        assert listener.port is not None
+        return int(listener.port.getHost().port)
+
+    def get(
+        self, service: FleetdService, listener: str, path: str, owner: bool = False
+    ) -> Deferred[tuple[int, bytes, bytes]]:
+        cert = (self.pki.owner_cert, self.pki.owner_key) if owner else None
+        return deferToThread(
+            httpsGet, self.port(service, listener), path, self.pki.public_ca, cert
+        )
+
+
+class DaemonTests(DaemonTestMixin, TestCase):
+    def setUp(self) -> None:
+        self.makeSettings()
+
+    async def _healthz(self) -> None:
+        service = self.startDaemon()
+        status, ctype, body = await self.get(service, "admin", "/healthz")
+        self.assertEqual((status, ctype), (200, b"application/json"))
+        self.assertEqual(json.loads(body)["status"], "ok")
+
+    def test_healthz_onAdmin(self) -> None:
+        """[A3] /healthz answers on the admin listener over TLS, dev CA verified."""
+        return ensureDeferred(self._healthz())  # type: ignore[return-value]
+
+    async def _metrics(self) -> None:
+        service = self.startDaemon()
+        status, ctype, body = await self.get(service, "admin", "/metrics")
+        self.assertEqual(status, 200)
+        self.assertTrue(ctype.startswith(b"text/plain"))
+        text = body.decode()
+        self.assertIn('fleetd_listener_max_connections{listener="boot"} 64.0', text)
+        self.assertIn("process_resident_memory_bytes", text)
+        result = await deferToThread(
+            subprocess.run,
+            ["promtool", "check", "metrics"],
+            input=body,
+            capture_output=True,
+            timeout=60,
+        )
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+
+    def test_metrics_onAdmin_promtoolClean(self) -> None:
+        """[A3] /metrics is on the admin listener and passes promtool check metrics."""
+        return ensureDeferred(self._metrics())  # type: ignore[return-value]
+
+    async def _bootRefuses(self) -> None:
+        service = self.startDaemon()
+        for listener in ("boot", "device"):
+            for path in ("/metrics", "/healthz", "/v1/admin/journal"):
+                status, ctype, body = await self.get(service, listener, path, owner=True)
+                self.assertEqual((status, body), (404, b"not found\n"), (listener, path))
+
+    def test_bootAndDevice_404ForMetrics(self) -> None:
+        """[A2][A3] The boot and device listeners answer 404 for /metrics and admin."""
+        return ensureDeferred(self._bootRefuses())  # type: ignore[return-value]
+
+    async def _ownerGate(self) -> None:
+        service = self.startDaemon()
+        status, _, body = await self.get(service, "admin", "/v1/admin/journal")
+        self.assertEqual((status, body), (403, b"owner client certificate required\n"))
+        status, _, body = await self.get(service, "admin", "/v1/admin/whoami", owner=True)
+        self.assertEqual((status, json.loads(body)), (200, {"owner": "owner"}))
+        status, _, body = await self.get(service, "admin", "/v1/admin/journal", owner=True)
+        self.assertEqual(status, 200)
+        events = [e["event"] for e in json.loads(body)["entries"]]
+        self.assertIn("fleetd.started", events)
+
+    def test_adminAPI_needsOwnerCertificate(self) -> None:
+        """/v1/admin/* without an owner client certificate is refused with 403."""
+        return ensureDeferred(self._ownerGate())  # type: ignore[return-value]
+
+    async def _foreignOwner(self) -> None:
+        service = self.startDaemon()
+        other = ensureDevPKI(Path(self.mktemp()), "enroll.lolwtf.ca")
+        port = self.port(service, "admin")
+        with self.assertRaises((ssl.SSLError, ConnectionError, OSError)):
+            await deferToThread(
+                httpsGet,
+                port,
+                "/v1/admin/journal",
+                self.pki.public_ca,
+                (other.owner_cert, other.owner_key),
+            )
+
+    def test_adminAPI_foreignCertificateRefused(self) -> None:
+        """A client certificate from another CA does not get through the handshake."""
+        return ensureDeferred(self._foreignOwner())  # type: ignore[return-value]
+
+    async def _sameCertificate(self) -> None:
+        service = self.startDaemon()
+        boot, _ = await deferToThread(peerCertificate, self.port(service, "boot"))
+        tink, alpn = await deferToThread(
+            peerCertificate, self.port(service, "tink"), ["h2", "http/1.1"]
+        )
+        self.assertEqual(boot, tink)
+        self.assertEqual(boot, ssl.PEM_cert_to_DER_cert(self.pki.public_cert.read_text()))
+        self.assertEqual(alpn, "h2")
+
+    def test_tink_sameCertificateAndALPN(self) -> None:
+        """[A4] The tink listener presents the boot listener's certificate, ALPN h2."""
+        return ensureDeferred(self._sameCertificate())  # type: ignore[return-value]
+
+    async def _dns(self) -> None:
+        service = self.startDaemon()
+        port = service.dns.udpPort.getHost().port
+        query = dns.message.make_query("enroll.lolwtf.ca", dns.rdatatype.A)
+        answer = await deferToThread(dns.query.udp, query, "127.0.0.1", 5, port)
+        self.assertEqual([str(r) for r in answer.answer[0]], ["10.20.0.6"])
+
+    def test_dns_answersEnrollmentName(self) -> None:
+        """[A5] The daemon's DNS listener answers the enrollment name."""
+        return ensureDeferred(self._dns())  # type: ignore[return-value]
+
+    async def _stopCloses(self) -> None:
+        service = self.startDaemon()
+        ports = {name: self.port(service, name) for name in service.listeners}
+        await service.stopService()
+        for name, port in ports.items():
+            with self.assertRaises(ConnectionRefusedError, msg=name):
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+    def test_stop_closesPorts(self) -> None:
+        """Stopping the service closes every listening port."""
+        return ensureDeferred(self._stopCloses())  # type: ignore[return-value]
+
+    async def _restart(self) -> None:
+        first = self.startDaemon()
+        first.vault.put("run-1.yaml", b"machine: {}\n")
+        first.vault.put("run-2.yaml", b"cluster: {}\n")
+        before = {n: first.vault.get(n) for n in first.vault.names()}
+        await first.stopService()
+        second = self.startDaemon()
+        self.assertEqual({n: second.vault.get(n) for n in second.vault.names()}, before)
+        status, _, body = await self.get(second, "admin", "/v1/admin/journal", owner=True)
+        events = [e["event"] for e in json.loads(body)["entries"]]
+        self.assertEqual(events.count("fleetd.started"), 2)
+        status, _, body = await self.get(
+            second, "admin", "/v1/admin/journal/verify", owner=True
+        )
+        self.assertTrue(json.loads(body)["ok"])
+
+    def test_restart_rebuildsVault(self) -> None:
+        """[V2] A restart over the same directories rebuilds the vault unchanged."""
+        return ensureDeferred(self._restart())  # type: ignore[return-value]
+
+
+class ConnectionLimitTests(DaemonTestMixin, TestCase):
+    def setUp(self) -> None:
+        self.makeSettings({"limits": {"max_connections": 2}})
+
+    async def _limit(self) -> None:
+        service = self.startDaemon()
+        port = self.port(service, "boot")
+
+        def third() -> bytes:
+            held = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+            try:
+                extra = socket.create_connection(("127.0.0.1", port), timeout=5)
+                with extra:
+                    return extra.recv(10)  # b"" once the server closes it
+            finally:
+                for s in held:
+                    s.close()
+
+        self.assertEqual(await deferToThread(third), b"")
+
+    def test_maxConnections_closesExtra(self) -> None:
+        """A connection beyond limits.max_connections is closed at once."""
+        return ensureDeferred(self._limit())  # type: ignore[return-value]
+
+
+class StartupFailureTests(DaemonTestMixin, TestCase):
+    def test_portInUse_oneLineAndNothingLeft(self) -> None:
+        """A listener that cannot bind stops start-up and closes the others."""
+        busy = socket.socket()
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        self.addCleanup(busy.close)
+        port = busy.getsockname()[1]
+        self.makeSettings({"listen": {"admin": f"tcp:{port}:interface=127.0.0.1"}})
+        service = FleetdService(prepare(self.settings), reactor)
+        e = self.assertRaises(StartupError, service.privilegedStartService)
+        self.assertIn("listen.admin", str(e))
+        self.assertNotIn("\n", str(e))
+        boot = service.listeners["boot"]
+        self.assertIsNone(boot.port)
