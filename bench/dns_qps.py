@@ -43,6 +43,7 @@ class Run:
     latency: float
     completed: str
     rcodes: str
+    cpuPerQuery: float
 
 
 def serve(port: int, profile: str | None) -> None:
@@ -105,6 +106,7 @@ def startFleetd(port: int, profile: str | None) -> subprocess.Popen[str]:
 def startKnot(directory: Path, port: int, workers: int) -> subprocess.Popen[str]:
     """knotd serving the same name on 127.0.0.1:C{port}, as the current user."""
     (directory / "run").mkdir()
+    (directory / "db").mkdir()
     (directory / f"{NAME}.zone").write_text(
         f"$ORIGIN {NAME}.\n$TTL {TTL}\n"
         f"@ SOA {NAME}. hostmaster.{NAME}. 1 3600 600 86400 {TTL}\n"
@@ -145,13 +147,21 @@ def waitForAnswer(port: int, process: subprocess.Popen[str]) -> None:
     raise SystemExit(f"server on port {port} did not answer")
 
 
+def cpuSeconds(pid: int) -> float:
+    """User plus system CPU time of process C{pid}, all threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def dnsperf(
-    server: str, port: int, queries: Path, args: argparse.Namespace
+    server: str, port: int, pid: int, queries: Path, args: argparse.Namespace
 ) -> tuple[list[str], Run]:
     argv = ["dnsperf", "-s", "127.0.0.1", "-p", str(port), "-d", str(queries)]
     argv += ["-l", str(args.duration), "-c", str(args.clients), "-T", "1"]
     argv += ["-q", str(args.outstanding), "-Q", str(args.max_qps)]
+    before = cpuSeconds(pid)
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    cpu = cpuSeconds(pid) - before
 
     def field(pattern: str) -> str:
         match = re.search(pattern, out)
@@ -159,12 +169,14 @@ def dnsperf(
             raise SystemExit(f"cannot parse dnsperf output:\n{out}")
         return match.group(1).strip()
 
+    completed = int(field(r"Queries completed:\s+(\d+)"))
     return argv, Run(
         server,
         float(field(r"Queries per second:\s+([\d.]+)")),
         float(field(r"Average Latency \(s\):\s+([\d.]+)")),
         field(r"Queries completed:\s+\d+ \(([\d.]+%)\)"),
         field(r"Response codes:\s+(.*)"),
+        cpu / completed if completed else 0.0,
     )
 
 
@@ -179,14 +191,14 @@ def machine() -> str:
 
 def table(runs: list[Run], fleetd: Run) -> str:
     lines = [
-        "| server | qps | mean latency | completed | fleetd/server |",
-        "|---|---:|---:|---:|---:|",
+        "| server | qps | mean latency | CPU per query | completed | fleetd/server |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
         ratio = fleetd.qps / r.qps if r.qps else 0.0
         lines.append(
             f"| {r.server} | {r.qps:,.0f} | {r.latency * 1e6:.0f} µs "
-            f"| {r.completed} | {ratio:.2f}× |"
+            f"| {r.cpuPerQuery * 1e6:.1f} µs | {r.completed} | {ratio:.2f}× |"
         )
     return "\n".join(lines)
 
@@ -216,7 +228,7 @@ def main(argv: list[str]) -> int:
         process = startFleetd(port, args.profile)
         try:
             waitForAnswer(port, process)
-            command, fleetd = dnsperf("fleetd", port, queries, args)
+            command, fleetd = dnsperf("fleetd", port, process.pid, queries, args)
         finally:
             process.terminate()
             process.wait(10)
@@ -228,12 +240,14 @@ def main(argv: list[str]) -> int:
             knot = startKnot(directory, port, workers)
             try:
                 waitForAnswer(port, knot)
-                runs.append(dnsperf(f"knot ({workers} udp-workers)", port, queries, args)[1])
+                label = f"knot ({workers} udp-workers)"
+                runs.append(dnsperf(label, port, knot.pid, queries, args)[1])
             finally:
                 knot.terminate()
                 knot.wait(10)
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    shown = " ".join("PORT" if a.isdigit() and a == str(port) else a for a in command)
+    shown = " ".join(command).replace(tmp, "TMP")
+    shown = re.sub(r"-p \d+", "-p PORT", shown)
     report = (
         f"{table(runs, fleetd)}\n\nMachine: {machine()}. Date: {when}.\n"
         f"Query: `{NAME} A`, every run: `{shown}`.\n"

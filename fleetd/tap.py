@@ -38,8 +38,11 @@ class Options(usage.Options):
 
 
 def _fail(message: str) -> SystemExit:
-    sys.stderr.write(f"fleetd: {message}\n")
-    sys.stderr.flush()
+    # Once twistd has begun logging, sys.stderr feeds the log; the operator
+    # still gets the one line on the process's real stderr.
+    err = sys.__stderr__ or sys.stderr
+    err.write(f"fleetd: {message}\n")
+    err.flush()
     return SystemExit(2)
 
 

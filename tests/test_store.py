@@ -121,7 +121,7 @@ class DatabaseOpenTests(SynchronousTestCase):
     def test_open_fixesFileMode(self) -> None:
         """A database file found with mode 0644 is tightened to 0600."""
         self.open().close()
-        os.chmod(self.path, 0o644)  # noqa: S103
+        os.chmod(self.path, 0o644)
         self.open()
         self.assertEqual(mode(self.path), 0o600)
 
@@ -192,7 +192,7 @@ class KeyTests(SynchronousTestCase):
     def test_loadOrCreateKey_refusesReadable(self) -> None:
         """A key file readable by group or others is refused, naming the path."""
         loadOrCreateKey(self.path)
-        os.chmod(self.path, 0o644)  # noqa: S103
+        os.chmod(self.path, 0o644)
         error = self.assertRaises(StoreError, loadOrCreateKey, self.path)
         self.assertIn(str(self.path), str(error))
         self.assertIn("0644", str(error))

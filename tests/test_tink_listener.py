@@ -27,6 +27,7 @@ from h2.events import (
     TrailersReceived,
     WindowUpdated,
 )
+from h2.settings import SettingCodes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from OpenSSL import crypto
@@ -216,14 +217,16 @@ class UnimplementedTests(SynchronousTestCase):
 
     def test_streamingCall_answeredBeforeClientEnds(self) -> None:
         """A streaming call that has not half-closed is answered at once,
-        then reset with NO_ERROR as the gRPC spec asks [A4]."""
-        h = Harness()
-        sid = h.call(body=grpcMessage(b"one"), end=False)
-        h.pump()
-        self.assertUnimplemented(h, sid)
-        [reset] = h.of(StreamReset, sid)
-        self.assertEqual(reset.error_code, ErrorCodes.NO_ERROR)
-        h.close()
+        then reset with NO_ERROR as the gRPC spec asks, whole or fed one
+        byte at a time [A4]."""
+        for byteWise in (False, True):
+            h = Harness(byteWise=byteWise)
+            sid = h.call(body=grpcMessage(b"one"), end=False)
+            h.pump()
+            self.assertUnimplemented(h, sid)
+            [reset] = h.of(StreamReset, sid)
+            self.assertEqual(reset.error_code, ErrorCodes.NO_ERROR)
+            h.close()
 
     def test_manyCalls_oneConnection(self) -> None:
         """Successive polls on one connection each get their answer, as
@@ -328,8 +331,8 @@ class ConnectionTests(SynchronousTestCase):
         self.assertEqual(clock.getDelayedCalls(), [])
 
     def test_garbageFrame_closed(self) -> None:
-        """A frame header announcing an unknown-length junk frame on stream 0
-        after the preface is a protocol error: the connection closes."""
+        """A malformed SETTINGS frame (length not a multiple of 6) after the
+        preface is a connection error: GOAWAY, then close."""
         h = Harness()
         h.server.dataReceived(b"\x00\x00\x04\x04\x00\x00\x00\x00\x00junk")
         self.assertTrue(h.transport.disconnecting)
@@ -477,6 +480,32 @@ class StreamTests(SynchronousTestCase):
         self.assertEqual(data, payload)
         [trailers] = h.of(TrailersReceived, sid)
         self.assertEqual(dict(trailers.headers)[b"grpc-status"], b"0")
+        h.close()
+
+    def test_settingsAndConnectionWindow_resumeSending(self) -> None:
+        """Buffered response data waits for both windows: a connection
+        WINDOW_UPDATE alone does not release it, a larger
+        SETTINGS_INITIAL_WINDOW_SIZE then does."""
+        h = Harness(RecordingHandler)
+        sid = h.call()
+        h.pump()
+        responder = h.handlers[0].responder
+        responder.sendHeaders([(b":status", b"200")])
+        responder.sendData(b"s" * 100_000)
+        responder.sendTrailers([(b"grpc-status", b"0")])
+        h.pump()
+
+        def received() -> int:
+            return sum(len(e.data) for e in h.of(DataReceived, sid))
+
+        self.assertEqual(received(), 65535)
+        h.client.increment_flow_control_window(1 << 20)
+        h.pump()
+        self.assertEqual(received(), 65535)
+        h.client.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20})
+        h.pump()
+        self.assertEqual(received(), 100_000)
+        self.assertEqual(len(h.of(TrailersReceived, sid)), 1)
         h.close()
 
     def test_clientReset_handlerReset(self) -> None:
@@ -649,7 +678,7 @@ def grpcUnaryCode(port: int, certPEM: bytes) -> Any:
     channel = grpc.secure_channel(f"localhost:{port}", credentials)
     try:
         call = channel.unary_unary(
-            str(PATH.decode()),
+            PATH.decode(),
             request_serializer=lambda b: b,
             response_deserializer=lambda b: b,
         )

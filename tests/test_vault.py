@@ -230,7 +230,7 @@ class DirectoryVaultTests(SynchronousTestCase):
     def test_open_fixesDirectoryMode(self) -> None:
         """A pre-existing 0755 directory is tightened to 0700 [V1]."""
         self.path.mkdir()
-        os.chmod(self.path, 0o755)
+        os.chmod(self.path, 0o755)  # noqa: S103
         self.open()
         self.assertEqual(stat.S_IMODE(os.stat(self.path).st_mode), 0o700)
 

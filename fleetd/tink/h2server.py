@@ -292,7 +292,7 @@ class H2ServerProtocol(Protocol):
         if isinstance(event, RequestReceived):
             self._requestReceived(event.stream_id, event.headers)
         elif isinstance(event, DataReceived):
-            if stream is not None:
+            if stream is not None and stream._handler is not None:
                 self._dataReceived(stream, event.data)
             # Credit goes back even for streams already answered, so a
             # client still sending a body is never stalled.
@@ -356,6 +356,7 @@ class H2ServerProtocol(Protocol):
             f"({tooLarge} vs. {self.maxMessageBytes})",
         )
         self._call(stream, "reset", ErrorCodes.CANCEL)
+        stream._handler = None
 
     def _call(self, stream: StreamResponder, name: str, *args: object) -> None:
         """Deliver one event to the stream's handler; a handler that raises

@@ -310,15 +310,15 @@ class DirectoryVault:
                 try:
                     os.unlink(name, dir_fd=dirFd)
                 except FileNotFoundError:
-                    pass
-                else:
                     self._entries.pop(name, None)
-                    self._fsync(dirFd)
+                    return
+                # The file is gone from what a restart sees; memory follows.
+                self._entries.pop(name, None)
+                self._fsync(dirFd)
             finally:
                 os.close(dirFd)
         except OSError as e:
             raise VaultError(f"cannot delete vault entry {name}: {e.strerror}") from e
-        self._entries.pop(name, None)
 
     def names(self) -> list[str]:
         return sorted(self._entries)
