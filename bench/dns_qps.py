@@ -19,7 +19,6 @@ import datetime
 import os
 import platform
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -65,15 +64,14 @@ def serve(port: int, profile: str | None) -> None:
         topologyLoader=lambda: topology,
     )
     service.startService()
-    signal.signal(signal.SIGTERM, lambda *_: reactor.callFromThread(reactor.stop))  # type: ignore[attr-defined]
     print("ready", flush=True)
     if profile is None:
-        reactor.run()  # type: ignore[attr-defined]
+        reactor.run()  # Twisted's own SIGTERM handler stops it
         return
     import cProfile
 
     profiler = cProfile.Profile()
-    profiler.runcall(reactor.run)  # type: ignore[attr-defined]
+    profiler.runcall(reactor.run)
     profiler.dump_stats(profile)
 
 
@@ -198,7 +196,7 @@ def table(runs: list[Run], fleetd: Run) -> str:
         ratio = fleetd.qps / r.qps if r.qps else 0.0
         lines.append(
             f"| {r.server} | {r.qps:,.0f} | {r.latency * 1e6:.0f} µs "
-            f"| {r.cpuPerQuery * 1e6:.1f} µs | {r.completed} | {ratio:.2f}× |"
+            f"| {r.cpuPerQuery * 1e6:.1f} µs | {r.completed} | {ratio:.2f}x |"
         )
     return "\n".join(lines)
 

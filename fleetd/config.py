@@ -9,6 +9,7 @@ Relative paths are resolved against the directory of the config file.
 from __future__ import annotations
 
 import ipaddress
+import os
 import json
 import tomllib
 from collections.abc import Mapping
@@ -229,8 +230,7 @@ class _Table:
         return description
 
     def _resolve(self, value: str) -> Path:
-        p = Path(value)
-        return p if p.is_absolute() else (self._base / p)
+        return Path(os.path.normpath(self._base / value))
 
 
 def _ip(key: str, value: Any, version: int | None = None) -> str:

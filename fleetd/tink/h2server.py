@@ -459,6 +459,8 @@ class UnimplementedHandler:
 class TinkListenerFactory(Factory):
     """Build L{H2ServerProtocol}s that answer UNIMPLEMENTED, with limits."""
 
+    noisy = False
+
     def __init__(
         self,
         clock: IReactorTime,
