@@ -25,11 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fleetd.pki.dev import DevPKIPaths, ensureDevPKI  # noqa: E402
-from tests.support import writeConfig  # noqa: E402
-from tests.test_daemon import httpsGet  # noqa: E402
+from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
+from tests.support import writeConfig
+from tests.test_daemon import httpsGet
 
-LISTEN = re.compile(rb"listen\.started admin IPv4Address\(type='TCP', host='[\d.]+', port=(\d+)\)")
+LISTEN = re.compile(
+    rb"listen\.started admin IPv4Address\(type='TCP', host='[\d.]+', port=(\d+)\)"
+)
 
 
 def rssKiB(pid: int) -> int:
@@ -44,7 +46,7 @@ def once(directory: Path, idle: float) -> tuple[float, int]:
     ensureDevPKI(directory / "pki", "enroll.lolwtf.ca")
     pki = DevPKIPaths.inside(directory / "pki")
     twistd = str(Path(sys.executable).parent / "twistd")
-    log = open(directory / "out.log", "wb")  # noqa: SIM115
+    log = open(directory / "out.log", "wb")
     start = time.monotonic()
     proc = subprocess.Popen(
         [twistd, "-n", "--pidfile=", "fleetd", "--config", str(config)],
@@ -87,7 +89,10 @@ def main() -> None:
             ready, rss = once(Path(d), args.idle)
         readies.append(ready)
         rsses.append(rss)
-        print(f"run {i + 1}: ready in {ready * 1000:.0f} ms, idle RSS {rss / 1024:.1f} MiB")
+        print(
+            f"run {i + 1}: ready in {ready * 1000:.0f} ms,"
+            f" idle RSS {rss / 1024:.1f} MiB"
+        )
     print(
         f"median: ready in {statistics.median(readies) * 1000:.0f} ms, "
         f"idle RSS {statistics.median(rsses) / 1024:.1f} MiB "

@@ -9,8 +9,8 @@ Relative paths are resolved against the directory of the config file.
 from __future__ import annotations
 
 import ipaddress
-import os
 import json
+import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -166,7 +166,7 @@ class _Table:
             raise ConfigError(self.key(name), "must be a table")
         return _Table(value, self.key(name), self._base)
 
-    def str(self, name: str, default: str | None = None) -> str:
+    def text(self, name: str, default: str | None = None) -> str:
         value = self._data.get(name, default)
         if value is None:
             raise ConfigError(self.key(name), "missing")
@@ -177,9 +177,9 @@ class _Table:
     def optstr(self, name: str) -> str | None:
         if name not in self._data:
             return None
-        return self.str(name)
+        return self.text(name)
 
-    def int(self, name: str, default: int, low: int, high: int) -> int:
+    def integer(self, name: str, default: int, low: int, high: int) -> int:
         value = self._data.get(name, default)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(self.key(name), "must be an integer")
@@ -187,7 +187,7 @@ class _Table:
             raise ConfigError(self.key(name), f"must be between {low} and {high}")
         return value
 
-    def float(self, name: str, default: float, low: float, high: float) -> float:
+    def number(self, name: str, default: float, low: float, high: float) -> float:
         value = self._data.get(name, default)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(self.key(name), "must be a number")
@@ -195,21 +195,21 @@ class _Table:
             raise ConfigError(self.key(name), f"must be between {low} and {high}")
         return float(value)
 
-    def bool(self, name: str, default: bool) -> bool:
+    def flag(self, name: str, default: bool) -> bool:
         value = self._data.get(name, default)
         if not isinstance(value, bool):
             raise ConfigError(self.key(name), "must be true or false")
         return value
 
     def path(self, name: str, default: str | None = None) -> Path:
-        return self._resolve(self.str(name, default))
+        return self._resolve(self.text(name, default))
 
     def optpath(self, name: str) -> Path | None:
         value = self.optstr(name)
         return None if value is None else self._resolve(value)
 
     def endpoint(self, name: str) -> str:
-        description = self.str(name)
+        description = self.text(name)
         kind = description.split(":", 1)[0].strip().lower()
         if kind not in ("tcp", "tcp6", "unix"):
             raise ConfigError(
@@ -307,7 +307,7 @@ def loadTopology(path: Path) -> Topology:
 
 
 def _dnsListen(table: _Table) -> tuple[int, str]:
-    raw = table.str("dns")
+    raw = table.text("dns")
     port, _, rest = raw.partition(":")
     interface = ""
     if rest:
@@ -342,12 +342,12 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
     netbox = root.table("netbox", required=False)
     return Settings(
         source=source,
-        site_name=site.str("name"),
+        site_name=site.text("name"),
         topology_file=topologyFile,
         topology=loadTopology(topologyFile),
         state=paths.path("state"),
         vault=paths.path("vault"),
-        vault_allow_any_fs=paths.bool("vault_allow_any_fs", False),
+        vault_allow_any_fs=paths.flag("vault_allow_any_fs", False),
         listen=Listen(
             boot=listen.endpoint("boot"),
             device=listen.endpoint("device"),
@@ -357,29 +357,31 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
             dns_interface=dnsInterface,
         ),
         limits=Limits(
-            max_connections=limits.int("max_connections", 1024, 1, 1_000_000),
-            idle_timeout=limits.float("idle_timeout", 30.0, 0.1, 86400.0),
-            max_header_bytes=limits.int("max_header_bytes", 8192, 512, 1 << 20),
-            max_headers=limits.int("max_headers", 64, 4, 1000),
-            max_body_bytes=limits.int("max_body_bytes", 65536, 0, 64 << 20),
+            max_connections=limits.integer("max_connections", 1024, 1, 1_000_000),
+            idle_timeout=limits.number("idle_timeout", 30.0, 0.1, 86400.0),
+            max_header_bytes=limits.integer("max_header_bytes", 8192, 512, 1 << 20),
+            max_headers=limits.integer("max_headers", 64, 4, 1000),
+            max_body_bytes=limits.integer("max_body_bytes", 65536, 0, 64 << 20),
         ),
         tls=TLSFiles(tls.path("cert"), tls.path("key"), tls.optpath("chain")),
-        pki=PKIFiles(pki.path("issuer_cert"), pki.path("issuer_key"), pki.path("bundle")),
+        pki=PKIFiles(
+            pki.path("issuer_cert"), pki.path("issuer_key"), pki.path("bundle")
+        ),
         ek_roots=attest.path("ek_roots"),
         owner=OwnerFiles(
             client_ca=owner.path("client_ca"),
             client_cert=owner.optpath("client_cert"),
             client_key=owner.optpath("client_key"),
-            server=owner.str("server", "https://localhost:8446"),
+            server=owner.text("server", "https://localhost:8446"),
             server_ca=owner.optpath("server_ca"),
         ),
-        tink_upstream=tink.str("upstream"),
-        dev_pki=dev.bool("generate_pki", False),
-        dns_ttl=dnsTable.int("ttl", 60, 0, 86400),
+        tink_upstream=tink.text("upstream"),
+        dev_pki=dev.flag("generate_pki", False),
+        dns_ttl=dnsTable.integer("ttl", 60, 0, 86400),
         kubernetes=None
         if kube is None
         else KubernetesSettings(
-            api=kube.str("api"),
+            api=kube.text("api"),
             ca=kube.optpath("ca"),
             token_file=kube.optpath("token_file"),
             client_cert=kube.optpath("client_cert"),
@@ -387,7 +389,9 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
         ),
         netbox=None
         if netbox is None
-        else NetBoxSettings(url=netbox.str("url"), token_file=netbox.path("token_file")),
+        else NetBoxSettings(
+            url=netbox.text("url"), token_file=netbox.path("token_file")
+        ),
         extra=data,
     )
 

@@ -15,8 +15,7 @@ from typing import Any
 from OpenSSL import crypto
 from twisted.internet import ssl
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IAddress, IDelayedCall, IProtocol, IReactorTime
-from twisted.internet.protocol import Factory
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.protocols import policies
 from twisted.protocols.tls import TLSMemoryBIOFactory
@@ -47,6 +46,23 @@ def loadCertificates(key: str, path: Path) -> list[crypto.X509]:
     return certs
 
 
+def _sameKey(cert: crypto.X509, key: crypto.PKey) -> bool:
+    """Whether C{key} is the private half of C{cert}'s public key."""
+    from cryptography.hazmat.primitives.serialization import (
+        Encoding,
+        PublicFormat,
+    )
+
+    private = key.to_cryptography_key()
+    public = getattr(private, "public_key", None)
+    if public is None:
+        return False
+    der = (Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    mine: bytes = public().public_bytes(*der)
+    theirs: bytes = cert.to_cryptography().public_key().public_bytes(*der)
+    return mine == theirs
+
+
 def loadTLSOptions(
     tls: TLSFiles,
     *,
@@ -66,9 +82,7 @@ def loadTLSOptions(
         privateKey = crypto.load_privatekey(crypto.FILETYPE_PEM, keyData)
     except crypto.Error as e:
         raise ConfigError("tls.key", f"{tls.key} is not a PEM private key") from e
-    if leaf.get_pubkey().to_cryptography_key().public_numbers() != (
-        privateKey.to_cryptography_key().public_key().public_numbers()
-    ):
+    if not _sameKey(leaf, privateKey):
         raise ConfigError("tls.key", f"{tls.key} does not match {tls.cert}")
     chain = [] if tls.chain is None else loadCertificates("tls.chain", tls.chain)
     kwargs: dict[str, Any] = {}
@@ -116,7 +130,8 @@ class _LimitedProtocol(policies.ProtocolWrapper):
         self.factory.log.info(
             "listen.idle-timeout {listener}", listener=self.factory.name
         )
-        self.transport.abortConnection()
+        transport: Any = self.transport
+        transport.abortConnection()
 
     def dataReceived(self, data: bytes) -> None:
         self._arm()
@@ -152,7 +167,7 @@ class LimitedFactory(policies.WrappingFactory):
 
     def __init__(
         self,
-        wrappedFactory: Factory,
+        wrappedFactory: Any,
         *,
         name: str,
         clock: IReactorTime,
@@ -167,7 +182,7 @@ class LimitedFactory(policies.WrappingFactory):
         self.refused = 0
         self._drained: list[Deferred[None]] = []
 
-    def buildProtocol(self, addr: IAddress) -> IProtocol | None:
+    def buildProtocol(self, addr: IAddress | None) -> Any:
         if len(self.protocols) >= self.maxConnections:
             self.refused += 1
             self.log.warn(
@@ -176,7 +191,7 @@ class LimitedFactory(policies.WrappingFactory):
                 limit=self.maxConnections,
             )
             return None
-        return super().buildProtocol(addr)  # type: ignore[no-any-return]
+        return super().buildProtocol(addr)
 
     def openConnections(self) -> int:
         return len(self.protocols)
@@ -201,7 +216,7 @@ class LimitedFactory(policies.WrappingFactory):
 
 def tlsFactory(
     options: ssl.CertificateOptions,
-    factory: Factory,
+    factory: Any,
     *,
     name: str,
     clock: IReactorTime,

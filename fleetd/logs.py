@@ -27,9 +27,23 @@ SECRET_FIELD = re.compile(
     r"(^|_)(code|token|secret|password|passphrase|key|body|config|authorization)s?($|_)",
     re.IGNORECASE,
 )
-_KEEP = {"log_format", "log_namespace", "log_level", "log_time", "log_source",
-         "log_logger", "log_failure", "log_io", "log_system", "log_text",
-         "log_trace", "log_flattened", "log_legacy", "log_id", "log_observer"}
+_KEEP = {
+    "log_format",
+    "log_namespace",
+    "log_level",
+    "log_time",
+    "log_source",
+    "log_logger",
+    "log_failure",
+    "log_io",
+    "log_system",
+    "log_text",
+    "log_trace",
+    "log_flattened",
+    "log_legacy",
+    "log_id",
+    "log_observer",
+}
 REDACTED = "<redacted>"
 
 

@@ -64,4 +64,5 @@ class MetricsResource(Endpoint):
     def render_GET(self, request: IRequest) -> bytes:
         request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode("ascii"))
         request.setHeader(b"cache-control", b"no-store")
-        return generate_latest(self._registry)  # type: ignore[no-any-return]
+        body: bytes = generate_latest(self._registry)
+        return body

@@ -11,8 +11,8 @@ and starts the workers in C{startService}.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import IO, Any
 
 from prometheus_client import CollectorRegistry
@@ -20,7 +20,6 @@ from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort
-from twisted.internet.protocol import Factory
 from twisted.logger import ILogObserver, Logger
 from twisted.python.components import Componentized
 from twisted.python.failure import Failure
@@ -28,7 +27,9 @@ from twisted.web.resource import Resource
 
 from fleetd import __version__
 from fleetd.admin.resource import adminRoot
+from fleetd.boot.resource import bootRoot
 from fleetd.config import ConfigError, Settings, loadTopology
+from fleetd.device.resource import deviceRoot
 from fleetd.dns.service import DNSService
 from fleetd.listen import LimitedFactory, loadTLSOptions, tlsFactory
 from fleetd.logs import makeObserver
@@ -40,8 +41,6 @@ from fleetd.store.keys import deriveKey, loadOrCreateKey
 from fleetd.store.runner import DatabaseRunner
 from fleetd.tink.h2server import TinkListenerFactory
 from fleetd.vault import DirectoryVault, VaultError
-from fleetd.boot.resource import bootRoot
-from fleetd.device.resource import deviceRoot
 from fleetd.web import BoundedSite
 
 
@@ -91,7 +90,7 @@ class ListenerService(Service):
 
     log = Logger()
 
-    def __init__(self, reactor: Any, name: str, description: str, factory: Factory):
+    def __init__(self, reactor: Any, name: str, description: str, factory: Any):
         self.reactor = reactor
         self.setName(name)
         self.description = description
@@ -120,7 +119,7 @@ class ListenerService(Service):
         port, self.port = self.port, None
         if port is None:
             return None
-        stopped = [maybeDeferred(port.stopListening)]
+        stopped: list[Deferred[Any]] = [maybeDeferred(port.stopListening)]
         if isinstance(self.factory, LimitedFactory):
             stopped.append(self.factory.closeAll())
         return DeferredList(stopped, consumeErrors=True).addCallback(lambda _: None)
@@ -191,7 +190,7 @@ class FleetdService(MultiService):
         )
         self._listen(name, getattr(s.listen, name), options, site)
 
-    def _listen(self, name: str, description: str, options: Any, factory: Factory) -> None:
+    def _listen(self, name: str, description: str, options: Any, factory: Any) -> None:
         limited = tlsFactory(
             options,
             factory,
@@ -244,7 +243,9 @@ class FleetdService(MultiService):
         observer so every line, twistd's own included, has one format.
         """
         if isinstance(parent, Componentized) and self.logOutput is not None:
-            parent.setComponent(ILogObserver, makeObserver(self.logFormat, self.logOutput))
+            parent.setComponent(
+                ILogObserver, makeObserver(self.logFormat, self.logOutput)
+            )
         super().setServiceParent(parent)
 
     def privilegedStartService(self) -> None:

@@ -27,8 +27,12 @@ class Options(usage.Options):
         "admin, tink and DNS listeners on one reactor."
     )
     optParameters = [
-        ["config", "c", os.environ.get("FLEETD_CONFIG", DEFAULT_CONFIG),
-         "fleetd TOML configuration file (env FLEETD_CONFIG)."],
+        [
+            "config",
+            "c",
+            os.environ.get("FLEETD_CONFIG", DEFAULT_CONFIG),
+            "fleetd TOML configuration file (env FLEETD_CONFIG).",
+        ],
         ["log-format", None, "text", "Log line format: text or json (journald)."],
     ]
 

@@ -111,7 +111,7 @@ class BoundedRequest(server.Request):
     _received = 0
 
     def _maxBody(self) -> int:
-        site = self.channel.site
+        site = getattr(self.channel, "site", None)
         return int(getattr(site, "maxBodyBytes", 65536))
 
     def gotLength(self, length: int | None) -> None:
@@ -134,7 +134,8 @@ class BoundedRequest(server.Request):
         self._refused = True
         self._log.warn("http.body.too-large {limit}", limit=self._maxBody())
         body = b"request body too large\n"
-        self.channel.transport.write(
+        transport: Any = self.channel.transport
+        transport.write(
             b"HTTP/1.1 413 Content Too Large\r\n"
             b"content-type: text/plain; charset=utf-8\r\n"
             b"connection: close\r\n"
@@ -148,7 +149,7 @@ class BoundedRequest(server.Request):
         self.setHeader(b"x-content-type-options", b"nosniff")
         super().process()
 
-    def processingFailed(self, reason: Failure) -> None:  # type: ignore[override]
+    def processingFailed(self, reason: Failure) -> None:
         self._log.failure("http.request.failed", failure=reason)
         if self.finished or self._disconnected:
             return

@@ -17,13 +17,16 @@ REPO = Path(__file__).resolve().parent.parent
 class SettingsTests(SynchronousTestCase):
     def configError(self, overrides: dict[str, dict[str, Any]]) -> ConfigError:
         path = writeConfig(Path(self.mktemp()), overrides)
-        return self.assertRaises(ConfigError, loadSettings, path)
+        error: ConfigError = self.assertRaises(ConfigError, loadSettings, path)
+        return error
 
     def test_loadSettings_devConfig(self) -> None:
         """The shipped dev config loads: loopback listeners, dns on 10053."""
         s = loadSettings(REPO / "conf" / "fleetd.dev.toml")
         self.assertEqual(s.listen.boot, "tcp:8443:interface=127.0.0.1")
-        self.assertEqual((s.listen.dns_port, s.listen.dns_interface), (10053, "127.0.0.1"))
+        self.assertEqual(
+            (s.listen.dns_port, s.listen.dns_interface), (10053, "127.0.0.1")
+        )
         self.assertTrue(s.dev_pki)
         self.assertEqual(s.topology.enrollment_name, "enroll.lolwtf.ca")
         self.assertEqual(s.state.resolve(), REPO / ".dev" / "state")
@@ -33,9 +36,7 @@ class SettingsTests(SynchronousTestCase):
         The reference config names the folly ports and paths; it fails only on
         its topology file, which lives on spore, and says so by key.
         """
-        e = self.assertRaises(
-            ConfigError, loadSettings, REPO / "conf" / "fleetd.toml"
-        )
+        e = self.assertRaises(ConfigError, loadSettings, REPO / "conf" / "fleetd.toml")
         self.assertEqual(e.key, "site.topology")
 
     def test_relativePaths_resolvedAgainstConfigDirectory(self) -> None:
@@ -72,18 +73,25 @@ class SettingsTests(SynchronousTestCase):
 
     def test_wrongType_namesKey(self) -> None:
         """Wrong types and out-of-range numbers name their keys."""
-        self.assertEqual(self.configError({"limits": {"max_connections": "9"}}).key,
-                         "limits.max_connections")
-        self.assertEqual(self.configError({"limits": {"idle_timeout": 0}}).key,
-                         "limits.idle_timeout")
-        self.assertEqual(self.configError({"paths": {"vault_allow_any_fs": 1}}).key,
-                         "paths.vault_allow_any_fs")
+        self.assertEqual(
+            self.configError({"limits": {"max_connections": "9"}}).key,
+            "limits.max_connections",
+        )
+        self.assertEqual(
+            self.configError({"limits": {"idle_timeout": 0}}).key, "limits.idle_timeout"
+        )
+        self.assertEqual(
+            self.configError({"paths": {"vault_allow_any_fs": 1}}).key,
+            "paths.vault_allow_any_fs",
+        )
         self.assertEqual(self.configError({"dns": {"ttl": -1}}).key, "dns.ttl")
 
     def test_missingKey_namesKey(self) -> None:
         """A missing required key is named."""
         self.assertEqual(self.configError({"tls": {"cert": None}}).key, "tls.cert")
-        self.assertEqual(self.configError({"paths": {"state": None}}).key, "paths.state")
+        self.assertEqual(
+            self.configError({"paths": {"state": None}}).key, "paths.state"
+        )
 
     def test_invalidTOML(self) -> None:
         """Invalid TOML is one error under the key 'config'."""
@@ -103,10 +111,15 @@ class SettingsTests(SynchronousTestCase):
         s = loadSettings(writeConfig(Path(self.mktemp())))
         self.assertIsNone(s.kubernetes)
         self.assertIsNone(s.netbox)
-        s = loadSettings(writeConfig(Path(self.mktemp()), {
-            "kubernetes": {"api": "https://10.20.0.10:6443", "token_file": "t"},
-            "netbox": {"url": "https://netbox.example", "token_file": "n"},
-        }))
+        s = loadSettings(
+            writeConfig(
+                Path(self.mktemp()),
+                {
+                    "kubernetes": {"api": "https://10.20.0.10:6443", "token_file": "t"},
+                    "netbox": {"url": "https://netbox.example", "token_file": "n"},
+                },
+            )
+        )
         assert s.kubernetes is not None and s.netbox is not None
         self.assertEqual(s.kubernetes.api, "https://10.20.0.10:6443")
         self.assertEqual(s.netbox.url, "https://netbox.example")
@@ -130,7 +143,7 @@ class TopologyTests(SynchronousTestCase):
 
     def test_parse_missingOrInvalidAddresses(self) -> None:
         """[A1] Missing or invalid SPORE_IP/SPORE_BOOTSTRAP_IP stop start-up by key."""
-        cases = {
+        cases: dict[str, list[object]] = {
             "SPORE_IP": [None, "", "10.20.0", "::1", 5, "0.0.0.0", "224.0.0.1"],
             "SPORE_BOOTSTRAP_IP": [None, "host.example", "256.1.1.1"],
         }
@@ -141,8 +154,10 @@ class TopologyTests(SynchronousTestCase):
 
     def test_parse_enrollmentName(self) -> None:
         """The enrollment name must be a DNS name; it is lower-cased."""
-        self.assertEqual(self.parse(enrollment_name="Enroll.LolWTF.ca.").enrollment_name,
-                         "enroll.lolwtf.ca")
+        self.assertEqual(
+            self.parse(enrollment_name="Enroll.LolWTF.ca.").enrollment_name,
+            "enroll.lolwtf.ca",
+        )
         for bad in ["", "localhost", "a..b", "-a.b", "a_b.c", "x" * 64 + ".ca"]:
             e = self.assertRaises(ConfigError, self.parse, enrollment_name=bad)
             self.assertEqual(e.key, "topology.enrollment_name", bad)
@@ -154,7 +169,9 @@ class TopologyTests(SynchronousTestCase):
 
     def test_parse_badAnchor(self) -> None:
         """A bad anchor entry names its index."""
-        e = self.assertRaises(ConfigError, self.parse, anchors=[{"name": "a", "dns": "x"}])
+        e = self.assertRaises(
+            ConfigError, self.parse, anchors=[{"name": "a", "dns": "x"}]
+        )
         self.assertEqual(e.key, "topology.anchors[0].dns")
 
     def test_loadSettings_badTopologyFile(self) -> None:

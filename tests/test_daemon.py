@@ -54,7 +54,9 @@ def httpsGet(
         conn.close()
 
 
-def peerCertificate(port: int, alpn: list[str] | None = None) -> tuple[bytes, str | None]:
+def peerCertificate(
+    port: int, alpn: list[str] | None = None
+) -> tuple[bytes, str | None]:
     """The DER certificate presented on C{port} and the ALPN protocol chosen."""
     context = ssl.create_default_context()
     context.check_hostname = False
@@ -95,7 +97,8 @@ class DaemonTestMixin:
     def port(self, service: FleetdService, name: str) -> int:
         listener = service.listeners[name]
         assert listener.port is not None
-        return int(listener.port.getHost().port)
+        address: Any = listener.port.getHost()
+        return int(address.port)
 
     def get(
         self, service: FleetdService, listener: str, path: str, owner: bool = False
@@ -145,8 +148,10 @@ class DaemonTests(DaemonTestMixin, TestCase):
         service = self.startDaemon()
         for listener in ("boot", "device"):
             for path in ("/metrics", "/healthz", "/v1/admin/journal"):
-                status, ctype, body = await self.get(service, listener, path, owner=True)
-                self.assertEqual((status, body), (404, b"not found\n"), (listener, path))
+                status, _, body = await self.get(service, listener, path, owner=True)
+                self.assertEqual(
+                    (status, body), (404, b"not found\n"), (listener, path)
+                )
 
     def test_bootAndDevice_404ForMetrics(self) -> None:
         """[A2][A3] The boot and device listeners answer 404 for /metrics and admin."""
@@ -156,9 +161,13 @@ class DaemonTests(DaemonTestMixin, TestCase):
         service = self.startDaemon()
         status, _, body = await self.get(service, "admin", "/v1/admin/journal")
         self.assertEqual((status, body), (403, b"owner client certificate required\n"))
-        status, _, body = await self.get(service, "admin", "/v1/admin/whoami", owner=True)
+        status, _, body = await self.get(
+            service, "admin", "/v1/admin/whoami", owner=True
+        )
         self.assertEqual((status, json.loads(body)), (200, {"owner": "owner"}))
-        status, _, body = await self.get(service, "admin", "/v1/admin/journal", owner=True)
+        status, _, body = await self.get(
+            service, "admin", "/v1/admin/journal", owner=True
+        )
         self.assertEqual(status, 200)
         events = [e["event"] for e in json.loads(body)["entries"]]
         self.assertIn("fleetd.started", events)
@@ -191,7 +200,9 @@ class DaemonTests(DaemonTestMixin, TestCase):
             peerCertificate, self.port(service, "tink"), ["h2", "http/1.1"]
         )
         self.assertEqual(boot, tink)
-        self.assertEqual(boot, ssl.PEM_cert_to_DER_cert(self.pki.public_cert.read_text()))
+        self.assertEqual(
+            boot, ssl.PEM_cert_to_DER_cert(self.pki.public_cert.read_text())
+        )
         self.assertEqual(alpn, "h2")
 
     def test_tink_sameCertificateAndALPN(self) -> None:
@@ -200,7 +211,9 @@ class DaemonTests(DaemonTestMixin, TestCase):
 
     async def _dns(self) -> None:
         service = self.startDaemon()
-        port = service.dns.udpPort.getHost().port
+        assert service.dns.udpPort is not None
+        address: Any = service.dns.udpPort.getHost()
+        port = int(address.port)
         query = dns.message.make_query("enroll.lolwtf.ca", dns.rdatatype.A)
         answer = await deferToThread(dns.query.udp, query, "127.0.0.1", 5, port)
         self.assertEqual([str(r) for r in answer.answer[0]], ["10.20.0.6"])
@@ -229,10 +242,12 @@ class DaemonTests(DaemonTestMixin, TestCase):
         await first.stopService()
         second = self.startDaemon()
         self.assertEqual({n: second.vault.get(n) for n in second.vault.names()}, before)
-        status, _, body = await self.get(second, "admin", "/v1/admin/journal", owner=True)
+        status, _, body = await self.get(
+            second, "admin", "/v1/admin/journal", owner=True
+        )
         events = [e["event"] for e in json.loads(body)["entries"]]
         self.assertEqual(events.count("fleetd.started"), 2)
-        status, _, body = await self.get(
+        _, _, body = await self.get(
             second, "admin", "/v1/admin/journal/verify", owner=True
         )
         self.assertTrue(json.loads(body)["ok"])

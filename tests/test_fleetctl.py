@@ -44,7 +44,9 @@ class FrameTests(SynchronousTestCase):
 
     def test_configPath_discovery(self) -> None:
         """--config, then FLEETD_CONFIG, then /etc/fleetd/fleetd.toml."""
-        self.assertEqual(fleetctl.configPath("a.toml", {"FLEETD_CONFIG": "b"}), Path("a.toml"))
+        self.assertEqual(
+            fleetctl.configPath("a.toml", {"FLEETD_CONFIG": "b"}), Path("a.toml")
+        )
         self.assertEqual(fleetctl.configPath(None, {"FLEETD_CONFIG": "b"}), Path("b"))
         self.assertEqual(fleetctl.configPath(None, {}), Path("/etc/fleetd/fleetd.toml"))
 
@@ -77,14 +79,18 @@ class JournalCommandTests(DaemonTestMixin, TestCase):
         self.makeSettings()
 
     def configFor(self, port: int) -> Path:
-        return writeConfig(self.directory, {"owner": {"server": f"https://localhost:{port}"}})
+        return writeConfig(
+            self.directory, {"owner": {"server": f"https://localhost:{port}"}}
+        )
 
     async def _journal(self) -> None:
         service = self.startDaemon()
-        await service.journal.append("device.added", actor="owner:alice", device="w1",
-                                     fields={"serial": "S1"})
-        await service.journal.append("run.provisioned", actor="owner:alice", device="w1",
-                                     run="r-1")
+        await service.journal.append(
+            "device.added", actor="owner:alice", device="w1", fields={"serial": "S1"}
+        )
+        await service.journal.append(
+            "run.provisioned", actor="owner:alice", device="w1", run="r-1"
+        )
         await service.journal.append("device.added", actor="owner:alice", device="w2")
         config = str(self.configFor(self.port(service, "admin")))
 
@@ -97,10 +103,14 @@ class JournalCommandTests(DaemonTestMixin, TestCase):
             run, ["--config", config, "--json", "journal", "--device", "w1"]
         )
         entries = json.loads(out)
-        self.assertEqual([e["event"] for e in entries], ["device.added", "run.provisioned"])
+        self.assertEqual(
+            [e["event"] for e in entries], ["device.added", "run.provisioned"]
+        )
         self.assertEqual(entries[0]["fields"], {"serial": "S1"})
 
-        code, out, _ = await deferToThread(run, ["--config", config, "journal", "verify"])
+        code, out, _ = await deferToThread(
+            run, ["--config", config, "journal", "verify"]
+        )
         self.assertEqual(code, 0)
         self.assertIn("journal OK: 4 entries", out)
 

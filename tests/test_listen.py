@@ -45,7 +45,7 @@ class LimitedFactoryTests(SynchronousTestCase):
 
     def test_maxConnections_refusesBeyondLimit(self) -> None:
         """Connections over the limit are refused; closing one makes room."""
-        first, t1 = self.connect()
+        first, _ = self.connect()
         second, _ = self.connect()
         third, _ = self.connect()
         self.assertIsNotNone(first)
@@ -122,7 +122,9 @@ class TLSOptionsTests(SynchronousTestCase):
     def test_missingOrBadFiles_nameKeys(self) -> None:
         """Missing or non-PEM files name their keys."""
         e = self.assertRaises(
-            ConfigError, loadTLSOptions, TLSFiles(Path("/nonexistent"), self.pki.public_key)
+            ConfigError,
+            loadTLSOptions,
+            TLSFiles(Path("/nonexistent"), self.pki.public_key),
         )
         self.assertEqual(e.key, "tls.cert")
         junk = Path(self.mktemp())

@@ -38,9 +38,18 @@ class LogTests(SynchronousTestCase):
 
     def test_redact_names(self) -> None:
         """Names with secret words are redacted; similar safe names are not."""
-        event = redact({"token": 1, "access_token": 2, "config_body": 3,
-                        "private_key": 4, "device": 5, "run": 6, "keyboard": 7,
-                        "log_format": "x"})
+        event = redact(
+            {
+                "token": 1,
+                "access_token": 2,
+                "config_body": 3,
+                "private_key": 4,
+                "device": 5,
+                "run": 6,
+                "keyboard": 7,
+                "log_format": "x",
+            }
+        )
         self.assertEqual(
             {k for k, v in event.items() if v == REDACTED},
             {"token", "access_token", "config_body", "private_key"},

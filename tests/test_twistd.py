@@ -31,7 +31,9 @@ from tests.support import writeConfig
 from tests.test_daemon import httpsGet
 
 TWISTD = [str(Path(sys.executable).parent / "twistd")]
-LISTEN = re.compile(r"listen\.started (\w+) IPv4Address\(type='TCP', host='[\d.]+', port=(\d+)\)")
+LISTEN = re.compile(
+    r"listen\.started (\w+) IPv4Address\(type='TCP', host='[\d.]+', port=(\d+)\)"
+)
 
 
 class Twistd(ProcessProtocol):
@@ -69,7 +71,9 @@ class Twistd(ProcessProtocol):
     def processEnded(self, reason: Failure) -> None:
         if self._ready is not None:
             ready, self._ready = self._ready, None
-            ready.errback(RuntimeError(f"fleetd exited early: {self.err!r} {self.out!r}"))
+            ready.errback(
+                RuntimeError(f"fleetd exited early: {self.err!r} {self.out!r}")
+            )
         # twistd re-raises SIGTERM on the way out, as systemd expects.
         value = reason.value
         if isinstance(value, ProcessTerminated) and value.signal == signal.SIGTERM:
@@ -166,7 +170,8 @@ class TwistdTests(TestCase):
         self.addCleanup(busy.close)
         port = busy.getsockname()[1]
         config = writeConfig(
-            Path(self.mktemp()), {"listen": {"device": f"tcp:{port}:interface=127.0.0.1"}}
+            Path(self.mktemp()),
+            {"listen": {"device": f"tcp:{port}:interface=127.0.0.1"}},
         )
         return ensureDeferred(  # type: ignore[return-value]
             self._badConfig(config, "listen.device", binds=True)

@@ -40,8 +40,9 @@ def makeSite(clock: Clock, maxBody: int = 100) -> BoundedSite:
 
 
 class BoundedSiteTests(SynchronousTestCase):
-    def exchange(self, data: bytes, site: BoundedSite | None = None,
-                 oneByte: bool = False) -> StringTransport:
+    def exchange(
+        self, data: bytes, site: BoundedSite | None = None, oneByte: bool = False
+    ) -> StringTransport:
         clock = Clock()
         site = site or makeSite(clock)
         channel = site.buildProtocol(None)
@@ -65,8 +66,14 @@ class BoundedSiteTests(SynchronousTestCase):
     def test_bootRoot_everything404(self) -> None:
         """[A2] The boot listener's tree answers 404 for /metrics and /healthz."""
         clock = Clock()
-        site = BoundedSite(bootRoot(), maxHeaderBytes=1024, maxHeaders=10,
-                           maxBodyBytes=10, idleTimeout=5, clock=clock)
+        site = BoundedSite(
+            bootRoot(),
+            maxHeaderBytes=1024,
+            maxHeaders=10,
+            maxBodyBytes=10,
+            idleTimeout=5,
+            clock=clock,
+        )
         for path in [b"/metrics", b"/healthz", b"/", b"/v1/admin/journal"]:
             out = self.exchange(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n", site)
             self.assertTrue(out.value().startswith(b"HTTP/1.1 404 "), path)
@@ -97,7 +104,8 @@ class BoundedSiteTests(SynchronousTestCase):
     def test_body_declaredTooLarge(self) -> None:
         """A Content-Length over the limit is refused with 413 and a close."""
         transport = self.exchange(
-            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"a" * 1000
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+            + b"a" * 1000
         )
         self.assertTrue(transport.value().startswith(b"HTTP/1.1 413 "))
         self.assertNotIn(b"got", transport.value())
@@ -108,7 +116,8 @@ class BoundedSiteTests(SynchronousTestCase):
         chunk = b"64\r\n" + b"a" * 100 + b"\r\n"
         transport = self.exchange(
             b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-            + chunk * 3 + b"0\r\n\r\n"
+            + chunk * 3
+            + b"0\r\n\r\n"
         )
         self.assertTrue(transport.value().startswith(b"HTTP/1.1 413 "))
         self.assertTrue(transport.disconnecting)
@@ -127,7 +136,9 @@ class BoundedSiteTests(SynchronousTestCase):
     def test_headers_tooMany(self) -> None:
         """More headers than allowed are refused."""
         headers = b"".join(b"X-%d: y\r\n" % i for i in range(20))
-        transport = self.exchange(b"GET /nope HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+        transport = self.exchange(
+            b"GET /nope HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n"
+        )
         self.assertTrue(transport.value().startswith(b"HTTP/1.1 4"))
         self.assertTrue(transport.disconnecting)
 

@@ -56,11 +56,13 @@ def ownerOf(request: IRequest) -> str | None:
     if not names:
         return None
     value = names[0].value
-    return value if isinstance(value, str) else value.decode("utf-8", "replace")
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
 
 
 def renderAsync(
-    request: IRequest,
+    request: Any,
     work: Callable[[], Awaitable[tuple[int, Any]]],
 ) -> int:
     """
@@ -84,7 +86,8 @@ def renderAsync(
             request.finish()
 
     Deferred.fromCoroutine(run())
-    return server.NOT_DONE_YET  # type: ignore[no-any-return]
+    notDoneYet: int = server.NOT_DONE_YET
+    return notDoneYet
 
 
 class Health(Endpoint):
@@ -120,7 +123,8 @@ class OwnerGate(resource.Resource):
     def getChildWithDefault(self, path: bytes, request: IRequest) -> resource.Resource:
         if ownerOf(request) is None:
             return _ownerRequired()
-        return self._inner.getChildWithDefault(path, request)
+        child: resource.Resource = self._inner.getChildWithDefault(path, request)
+        return child
 
     def render(self, request: IRequest) -> bytes:
         return _ownerRequired().render(request)
@@ -136,7 +140,8 @@ def _arg(request: IRequest, name: bytes) -> str | None:
         return None
     if len(values) > 1:
         raise ValueError(f"repeated parameter {name.decode()}")
-    return values[0].decode("utf-8")
+    value: bytes = values[0]
+    return value.decode("utf-8")
 
 
 class JournalResource(Endpoint):

@@ -41,7 +41,9 @@ class AdminClient:
         owner = settings.owner
         url = urllib.parse.urlsplit(owner.server)
         if url.scheme != "https" or not url.hostname:
-            raise CLIError(f"owner.server: must be an https:// URL, not {owner.server!r}")
+            raise CLIError(
+                f"owner.server: must be an https:// URL, not {owner.server!r}"
+            )
         self.host = url.hostname
         self.port = url.port or 443
         self.timeout = timeout
@@ -50,15 +52,22 @@ class AdminClient:
         )
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         if owner.client_cert is None or owner.client_key is None:
-            raise CLIError("owner.client_cert and owner.client_key are needed by fleetctl")
+            raise CLIError(
+                "owner.client_cert and owner.client_key are needed by fleetctl"
+            )
         try:
             context.load_cert_chain(str(owner.client_cert), str(owner.client_key))
         except (OSError, ssl.SSLError) as e:
-            raise CLIError(f"owner.client_cert: cannot load {owner.client_cert}: {e}") from e
+            raise CLIError(
+                f"owner.client_cert: cannot load {owner.client_cert}: {e}"
+            ) from e
         self.context = context
 
     def request(
-        self, method: str, path: str, query: dict[str, str] | None = None,
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str] | None = None,
         body: Any = None,
     ) -> Any:
         """Send one request; return the decoded JSON body of a 2xx answer."""
@@ -85,7 +94,9 @@ class AdminClient:
             conn.close()
         if not 200 <= response.status < 300:
             line = data.decode("utf-8", "replace").strip().splitlines()
-            raise CLIError(f"fleetd answered {response.status}: {line[0] if line else ''}")
+            raise CLIError(
+                f"fleetd answered {response.status}: {line[0] if line else ''}"
+            )
         try:
             return json.loads(data)
         except ValueError as e:
@@ -99,7 +110,9 @@ def _formatEntry(entry: dict[str, Any]) -> str:
         if entry.get(key):
             parts.append(f"{key}={entry[key]}")
     for key, value in sorted((entry.get("fields") or {}).items()):
-        parts.append(f"{key}={json.dumps(value) if not isinstance(value, str) else value}")
+        parts.append(
+            f"{key}={json.dumps(value) if not isinstance(value, str) else value}"
+        )
     return "  ".join(parts)
 
 
@@ -153,7 +166,9 @@ def buildParser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fleetctl", description="Owner client for fleetd.")
     parser.add_argument("--config", help="fleetd TOML file (env FLEETD_CONFIG)")
     parser.add_argument("--json", action="store_true", help="print JSON")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser
+    )
 
     journal = commands.add_parser("journal", help="show or verify the journal")
     journal.add_argument("action", nargs="?", help="'verify' to check the hash chain")
@@ -164,7 +179,9 @@ def buildParser() -> argparse.ArgumentParser:
 
     from fleetd.cli.dnscheck import addArguments
 
-    dns = commands.add_parser("dns-check", help="check anchors, fallback and certificates")
+    dns = commands.add_parser(
+        "dns-check", help="check anchors, fallback and certificates"
+    )
     addArguments(dns)
     dns.set_defaults(handler=cmdDNSCheck)
     return parser

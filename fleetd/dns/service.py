@@ -30,7 +30,8 @@ from fleetd.dns.protocol import DNSDatagramProtocol, DNSStreamFactory
 from fleetd.dns.responder import Responder
 
 
-def _portOf(port: IListeningPort) -> int:
+def portNumber(port: IListeningPort) -> int:
+    """The port number C{port} listens on."""
     host = port.getHost()
     assert isinstance(host, IPv4Address | IPv6Address)
     return host.port
@@ -95,7 +96,7 @@ class DNSService(Service):
         )
         try:
             tcpPort = self._tcpReactor.listenTCP(
-                _portOf(udpPort), self._tcp, interface=self._interface
+                portNumber(udpPort), self._tcp, interface=self._interface
             )
         except CannotListenError:
             if self._port != 0:
@@ -109,8 +110,8 @@ class DNSService(Service):
         self.log.info(
             "dns.listening {interface} udp {udp} tcp {tcp} for {name}",
             interface=self._interface or "*",
-            udp=_portOf(udpPort),
-            tcp=_portOf(tcpPort),
+            udp=portNumber(udpPort),
+            tcp=portNumber(tcpPort),
             name=self.topology.enrollment_name,
         )
 
