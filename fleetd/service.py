@@ -172,6 +172,10 @@ class FleetdService(MultiService):
             reactor,
         )
         _RunnerService(self.runner).setServiceParent(self)
+        # Children of /v1/admin/ contributed by subsystems (behind the owner gate).
+        self.adminAPI: dict[bytes, Resource] = {}
+        # --- inventory wiring (begin) ---
+        # --- inventory wiring (end) ---
         self.listeners: dict[str, ListenerService] = {}
         self._buildListeners()
 
@@ -218,6 +222,7 @@ class FleetdService(MultiService):
                 journal=self.journal,
                 site=s.site_name,
                 version=__version__,
+                api=self.adminAPI,
             ),
             clientCA=True,
         )

@@ -16,7 +16,7 @@ import dns.query
 import dns.rcode
 from prometheus_client import CollectorRegistry
 from twisted.internet import reactor
-from twisted.internet.interfaces import IReactorTime, IReactorUDP
+from twisted.internet.interfaces import IReactorFromThreads, IReactorUDP
 from twisted.internet.threads import deferToThreadPool
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.python.threadpool import ThreadPool
@@ -74,16 +74,16 @@ class DigTests(TestCase):
             reactor=reactor,
         )
         self.assertEqual(code, 0, err)
-        return out.decode()
+        return cast(bytes, out).decode()
 
     async def test_udp(self) -> None:
         """dig over UDP gets the A record, flag aa, NOERROR [A5] [A1]."""
-        out = await self.query(NAME, "A")
-        self.assertIn("status: NOERROR", out)
-        self.assertRegex(out, r"flags: qr aa;")
-        self.assertRegex(
-            out, rf"(?m)^{re.escape(NAME)}\.\s+60\s+IN\s+A\s+10\.20\.0\.6$"
-        )
+        record = rf"(?m)^{re.escape(NAME)}\.\s+60\s+IN\s+A\s+10\.20\.0\.6$"
+        for extra in ((), ("+noedns",), ("+nocookie", "+dnssec")):
+            out = await self.query(NAME, "A", *extra)
+            self.assertIn("status: NOERROR", out)
+            self.assertRegex(out, r"flags: qr aa;")
+            self.assertRegex(out, record)
 
     async def test_tcp(self) -> None:
         """dig over TCP gets the same answer [A5]."""
@@ -126,7 +126,9 @@ class DNSPythonTests(TestCase):
                 dns.query.tcp(q, "127.0.0.1", timeout=2, port=tcpPort),
             ]
 
-        responses = await deferToThreadPool(cast(IReactorTime, reactor), pool, ask)
+        responses = await deferToThreadPool(
+            cast(IReactorFromThreads, reactor), pool, ask
+        )
         for response in responses:
             self.assertEqual(response.rcode(), dns.rcode.NOERROR)
             self.assertTrue(response.flags & dns.flags.AA)

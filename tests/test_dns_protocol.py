@@ -290,6 +290,7 @@ class ServiceTests(SynchronousTestCase):
             "dns.reload.accepted {name} {address}", [e["log_format"] for e in events]
         )
         [(_, factory, _, _)] = self.reactor.tcpServers
+        assert isinstance(factory, DNSStreamFactory)
         self.assertIs(factory.responder, self.service.responder)
 
     def test_reloadRejected(self) -> None:
@@ -317,6 +318,7 @@ class ServiceTests(SynchronousTestCase):
         """Stopping waits for every TCP connection to go [A5]."""
         [(_, factory, _, _)] = self.reactor.tcpServers
         protocol = factory.buildProtocol(IPv4Address("TCP", *PEER))
+        assert protocol is not None
         transport = StringTransportWithDisconnection()
         transport.protocol = protocol
         protocol.makeConnection(transport)

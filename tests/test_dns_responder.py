@@ -35,7 +35,7 @@ def query(
     name: str = NAME,
     rdtype: str | int = "A",
     *,
-    rdclass: str | int = "IN",
+    rdclass: str = "IN",
     edns: int = -1,
     payload: int = 1232,
     ednsflags: int = 0,
@@ -44,7 +44,12 @@ def query(
 ) -> bytes:
     """The wire form of a query built with dnspython."""
     message = dns.message.make_query(
-        name, rdtype, rdclass, use_edns=edns, payload=payload, ednsflags=ednsflags
+        name,
+        dns.rdatatype.RdataType.make(rdtype),
+        rdclass,
+        use_edns=edns,
+        payload=payload,
+        ednsflags=ednsflags,
     )
     message.id = qid
     if flags is not None:
@@ -274,7 +279,9 @@ class EDNSTests(SynchronousTestCase):
     def test_optionsIgnored(self) -> None:
         """Unknown EDNS options (cookies, NSID) do not change the answer [A5]."""
         message = dns.message.make_query(NAME, "A", use_edns=0)
-        message.use_edns(0, options=[dns.edns.GenericOption(10, b"\x01" * 8)])
+        message.use_edns(
+            0, options=[dns.edns.GenericOption(dns.edns.OptionType.COOKIE, b"\x01" * 8)]
+        )
         response = parse(self.responder.respond(message.to_wire(), udp=True).wire)
         self.assertEqual(response.answer[0][0].to_text(), "10.20.0.6")
         self.assertEqual(response.options, ())
@@ -367,7 +374,7 @@ class FastPathTests(SynchronousTestCase):
         opt=st.booleans(),
     )
     def test_mutatedNeverDiffers(self, position: int, value: int, opt: bool) -> None:
-        """A mutated query is either declined by the fast path or answered alike [A5]."""
+        """A mutated query is declined by the fast path or answered alike [A5]."""
         data = bytearray(
             _fastQuery(7, [False] * 14, 0x0100, (1232, 0, 0) if opt else None)
         )
@@ -390,7 +397,9 @@ class FastPathTests(SynchronousTestCase):
         ):
             self.assertIsNone(self.responder.fast(data), data)
         message = dns.message.make_query(NAME, "A", use_edns=0)
-        message.use_edns(0, options=[dns.edns.GenericOption(10, b"\x01" * 8)])
+        message.use_edns(
+            0, options=[dns.edns.GenericOption(dns.edns.OptionType.COOKIE, b"\x01" * 8)]
+        )
         self.assertIsNone(self.responder.fast(message.to_wire()))
 
     def test_disabledWhenTooBig(self) -> None:

@@ -10,7 +10,7 @@ names the owner for the journal.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from cryptography import x509
@@ -213,13 +213,21 @@ def adminRoot(
     journal: AsyncJournal,
     site: str,
     version: str,
+    api: Mapping[bytes, resource.Resource] | None = None,
 ) -> resource.Resource:
-    """The admin listener's resource tree."""
-    api = Router()
-    api.putChild(b"journal", JournalResource(journal))
-    api.putChild(b"whoami", WhoAmI())
+    """
+    The admin listener's resource tree.
+
+    @param api: more children of C{/v1/admin/}, from the subsystems that
+        own them (devices, runs, ...); all of them sit behind the owner gate.
+    """
+    owner = Router()
+    owner.putChild(b"journal", JournalResource(journal))
+    owner.putChild(b"whoami", WhoAmI())
+    for name, child in (api or {}).items():
+        owner.putChild(name, child)
     v1 = Router()
-    v1.putChild(b"admin", OwnerGate(api))
+    v1.putChild(b"admin", OwnerGate(owner))
     root = Router()
     root.putChild(b"healthz", Health(clock, site, version))
     root.putChild(b"metrics", MetricsResource(registry))

@@ -182,7 +182,9 @@ def checkTLS(
     except TimeoutError:
         return Check("tls", target, False, f"timeout after {timeout}s")
     except ssl.SSLError as e:
-        return Check("tls", target, False, f"TLS handshake failed: {e.reason or e}")
+        offered = "" if alpn is None else f" (ALPN {alpn} offered)"
+        reason = e.reason or e
+        return Check("tls", target, False, f"TLS handshake failed{offered}: {reason}")
     except OSError as e:
         return Check("tls", target, False, f"cannot connect: {e.strerror or e}")
     if not der:
