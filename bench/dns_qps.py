@@ -210,6 +210,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--knot-workers", default="1,2", help="comma-separated udp-workers"
     )
+    parser.add_argument(
+        "--query", default=f"{NAME} A", help=f"dnsperf query line (default {NAME} A)"
+    )
     parser.add_argument("--write", type=Path, help="also write the results here")
     parser.add_argument("--profile", help="run fleetd under cProfile, stats here")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
@@ -221,7 +224,7 @@ def main(argv: list[str]) -> int:
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="dns-qps-") as tmp:
         queries = Path(tmp) / "queries"
-        queries.write_text(f"{NAME} A\n")
+        queries.write_text(f"{args.query}\n")
         port = freePort()
         process = startFleetd(port, args.profile)
         try:
@@ -248,7 +251,7 @@ def main(argv: list[str]) -> int:
     shown = re.sub(r"-p \d+", "-p PORT", shown)
     report = (
         f"{table(runs, fleetd)}\n\nMachine: {machine()}. Date: {when}.\n"
-        f"Query: `{NAME} A`, every run: `{shown}`.\n"
+        f"Query: `{args.query}`, every run: `{shown}`.\n"
     )
     print(report)
     if args.write:

@@ -74,6 +74,7 @@ class Limits:
     max_header_bytes: int = 8192
     max_headers: int = 64
     max_body_bytes: int = 65536
+    admin_max_body_bytes: int = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,25 @@ class NetBoxSettings:
 
 
 @dataclass(frozen=True)
+class ProvisionSettings:
+    """Where templates live and how long alert series stay up."""
+
+    templates: Path
+    default_cluster: str = "default"
+    alert_hold: float = 900.0
+
+
+@dataclass(frozen=True)
+class BootLimits:
+    """Brute-force limits on the boot listener (token buckets)."""
+
+    failure_rate: float = 1.0
+    failure_burst: float = 20.0
+    global_failure_rate: float = 200.0
+    global_failure_burst: float = 2000.0
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything fleetd reads from its configuration file."""
 
@@ -140,6 +160,10 @@ class Settings:
     tink_upstream: str
     dev_pki: bool
     dns_ttl: int = 60
+    provision: ProvisionSettings = field(
+        default_factory=lambda: ProvisionSettings(Path("templates"))
+    )
+    boot_limits: BootLimits = field(default_factory=BootLimits)
     kubernetes: KubernetesSettings | None = None
     netbox: NetBoxSettings | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -335,6 +359,8 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
     limits = root.table("limits", required=False) or _Table({}, "limits", base)
     dev = root.table("dev", required=False) or _Table({}, "dev", base)
     dnsTable = root.table("dns", required=False) or _Table({}, "dns", base)
+    provision = root.table("provision", required=False) or _Table({}, "provision", base)
+    boot = root.table("boot", required=False) or _Table({}, "boot", base)
 
     topologyFile = site.path("topology")
     dnsPort, dnsInterface = _dnsListen(listen)
@@ -362,6 +388,9 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
             max_header_bytes=limits.integer("max_header_bytes", 8192, 512, 1 << 20),
             max_headers=limits.integer("max_headers", 64, 4, 1000),
             max_body_bytes=limits.integer("max_body_bytes", 65536, 0, 64 << 20),
+            admin_max_body_bytes=limits.integer(
+                "admin_max_body_bytes", 8 << 20, 1024, 256 << 20
+            ),
         ),
         tls=TLSFiles(tls.path("cert"), tls.path("key"), tls.optpath("chain")),
         pki=PKIFiles(
@@ -378,6 +407,17 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
         tink_upstream=tink.text("upstream"),
         dev_pki=dev.flag("generate_pki", False),
         dns_ttl=dnsTable.integer("ttl", 60, 0, 86400),
+        provision=ProvisionSettings(
+            templates=provision.path("templates", "templates"),
+            default_cluster=provision.text("default_cluster", "default"),
+            alert_hold=provision.number("alert_hold", 900.0, 1.0, 7 * 86400.0),
+        ),
+        boot_limits=BootLimits(
+            failure_rate=boot.number("failure_rate", 1.0, 0.001, 1e6),
+            failure_burst=boot.number("failure_burst", 20.0, 1.0, 1e7),
+            global_failure_rate=boot.number("global_failure_rate", 200.0, 0.001, 1e7),
+            global_failure_burst=boot.number("global_failure_burst", 2000.0, 1.0, 1e8),
+        ),
         kubernetes=None
         if kube is None
         else KubernetesSettings(

@@ -27,6 +27,7 @@ from twisted.web.resource import Resource
 
 from fleetd import __version__
 from fleetd.admin.resource import adminRoot
+from fleetd.boot.config import ConfigResource
 from fleetd.boot.resource import bootRoot
 from fleetd.config import ConfigError, Settings, loadTopology
 from fleetd.device.resource import deviceRoot
@@ -35,6 +36,10 @@ from fleetd.listen import LimitedFactory, loadTLSOptions, tlsFactory
 from fleetd.logs import makeObserver
 from fleetd.metrics import listenerGauges, makeRegistry
 from fleetd.pki.dev import ensureDevPKI
+from fleetd.runs.alerts import AlertTracker
+from fleetd.runs.registry import RunRegistry
+from fleetd.runs.render import TemplateRenderer
+from fleetd.runs.resource import ProvisionResource
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.store.keys import deriveKey, loadOrCreateKey
@@ -67,6 +72,11 @@ def prepare(settings: Settings) -> Prepared:
     """
     if settings.dev_pki:
         ensureDevPKI(settings.tls.cert.parent, settings.topology.enrollment_name)
+    if not settings.provision.templates.is_dir():
+        raise ConfigError(
+            "provision.templates",
+            f"{settings.provision.templates} is not a directory of cluster templates",
+        )
     # Parse the TLS material now so its errors name their keys.
     loadTLSOptions(settings.tls)
     loadTLSOptions(settings.tls, clientCA=settings.owner.client_ca)
@@ -175,8 +185,33 @@ class FleetdService(MultiService):
         # Children of /v1/admin/ contributed by subsystems (behind the owner gate).
         self.adminAPI: dict[bytes, Resource] = {}
         # --- inventory wiring (begin) ---
+        from fleetd.inventory.model import IInventory
+        from fleetd.inventory.resource import devicesResource
+        from fleetd.inventory.sqlite import SQLiteInventory
+
+        self.inventory: IInventory = SQLiteInventory(self.runner)
+        self.adminAPI[b"devices"] = devicesResource(self.inventory, self.journal)
         # --- inventory wiring (end) ---
+        self.alerts = AlertTracker(reactor, settings.provision.alert_hold).register(
+            self.registry
+        )
+        self.runs = RunRegistry(
+            clock=reactor,
+            vault=self.vault,
+            runner=self.runner,
+            inventory=self.inventory,
+            journal=self.journal,
+            alerts=self.alerts,
+            codeKey=deriveKey(prepared.masterKey, "codes"),
+        )
+        renderer = TemplateRenderer(
+            settings.provision.templates, settings.provision.default_cluster
+        )
+        self.adminAPI[b"provision"] = ProvisionResource(
+            self.runs, self.inventory, renderer, self.journal
+        )
         self.listeners: dict[str, ListenerService] = {}
+        self._loading: Deferred[None] | None = None
         self._buildListeners()
 
     def _web(self, name: str, root: Resource, clientCA: bool = False) -> None:
@@ -185,7 +220,10 @@ class FleetdService(MultiService):
             root,
             maxHeaderBytes=s.limits.max_header_bytes,
             maxHeaders=s.limits.max_headers,
-            maxBodyBytes=s.limits.max_body_bytes,
+            # The owner uploads inventories; nodes never need large bodies.
+            maxBodyBytes=s.limits.admin_max_body_bytes
+            if clientCA
+            else s.limits.max_body_bytes,
             idleTimeout=s.limits.idle_timeout,
             clock=self.reactor,
         )
@@ -212,7 +250,8 @@ class FleetdService(MultiService):
     def _buildListeners(self) -> None:
         s = self.settings
         self._openGauge, self._maxGauge = listenerGauges(self.registry)
-        self._web("boot", bootRoot())
+        self.configResource = ConfigResource(self.runs, metrics=self.registry)
+        self._web("boot", bootRoot(config=self.configResource))
         self._web("device", deviceRoot())
         self._web(
             "admin",
@@ -238,6 +277,8 @@ class FleetdService(MultiService):
             ttl=s.dns_ttl,
             registry=self.registry,
             topologyLoader=lambda: loadTopology(s.topology_file),
+            maxConnections=s.limits.max_connections,
+            idleTimeout=s.limits.idle_timeout,
         )
         self.dns.setName("dns")
         self.dns.setServiceParent(self)
@@ -282,6 +323,12 @@ class FleetdService(MultiService):
         self.journal.append(
             "fleetd.started", actor="fleetd", fields={"version": __version__}
         ).addErrback(self._journalFailed)
+        self._loading = Deferred.fromCoroutine(self.runs.load())
+        self._loading.addErrback(self._loadFailed)
+
+    def _loadFailed(self, f: Failure) -> None:
+        # The boot listener keeps answering 503 "starting"; this needs a human.
+        self.log.failure("runs.load.failed", failure=f)
 
     def _journalFailed(self, f: Failure) -> None:
         self.log.failure("journal.append.failed", failure=f)
@@ -294,8 +341,12 @@ class FleetdService(MultiService):
             signal.signal(signal.SIGHUP, signal.SIG_DFL)
         self.log.info("fleetd.stopping")
         Service.stopService(self)
-        # Listeners first, the database worker last.
-        pending = []
+        self.runs.stop()
+        # Listeners first, the database worker last (after the run load).
+        pending: list[Deferred[Any]] = []
+        if self._loading is not None:
+            loading, self._loading = self._loading, None
+            pending.append(loading)
         for child in reversed(list(self)):
             if isinstance(child, _RunnerService):
                 continue

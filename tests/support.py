@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parent.parent
+
 TOPOLOGY = {
     "SPORE_IP": "10.20.0.5",
     "SPORE_BOOTSTRAP_IP": "10.20.0.6",
@@ -38,6 +40,10 @@ def writeConfig(
     C{overrides} maps table names to keys; a value of L{None} removes it.
     """
     directory.mkdir(parents=True, exist_ok=True)
+    templates = directory / "templates"
+    templates.mkdir(exist_ok=True)
+    template = REPO / "conf" / "templates" / "default.yaml"
+    (templates / "default.yaml").write_bytes(template.read_bytes())
     (directory / "topology.json").write_text(json.dumps(topology or TOPOLOGY))
     listen = "tcp:{}:interface=127.0.0.1"
     tables: dict[str, dict[str, Any]] = {

@@ -66,7 +66,7 @@ class DigTests(TestCase):
         assert self.service.tcpPort is not None
         tcp = "+tcp" in args
         port = portNumber(self.service.tcpPort if tcp else self.service.udpPort)
-        argv = ["@127.0.0.1", "-p", str(port), "+norec", "+time=2", "+tries=1"]
+        argv = ["@127.0.0.1", "-p", str(port), "+norec", "+time=5", "+tries=1"]
         out, err, code = await getProcessOutputAndValue(
             self.digPath,
             [*argv, *args],

@@ -241,7 +241,7 @@ class AnswerTests(SynchronousTestCase):
         self.assertEqual(self.answer(message.to_wire()).rcode(), dns.rcode.NOTAUTH)
 
     def test_qtypeLabel(self) -> None:
-        """Metric labels for QTYPE are bounded: rare types are 'other'."""
+        """Metric labels for QTYPE are bounded: rare types are 'other' [A5]."""
         self.assertEqual(qtypeLabel(dns.rdatatype.A), "A")
         self.assertEqual(qtypeLabel(dns.rdatatype.RdataType.make(65000)), "other")
 
@@ -385,7 +385,7 @@ class FastPathTests(SynchronousTestCase):
             self.assertEqual(fast, self.responder.respond(bytes(data), udp=True).wire)
 
     def test_declines(self) -> None:
-        """Other names, types, classes, options and versions take the general path."""
+        """Other names, types, classes, options, versions: general path [A5]."""
         for data in (
             query("x.enroll.lolwtf.ca"),
             query("enroll.lolwtf.cb"),
@@ -403,7 +403,7 @@ class FastPathTests(SynchronousTestCase):
         self.assertIsNone(self.responder.fast(message.to_wire()))
 
     def test_disabledWhenTooBig(self) -> None:
-        """With a limit too small for the A reply, the fast path steps aside."""
+        """With a limit too small for the A reply, the fast path steps aside [A5]."""
         small = Responder(TOPOLOGY, 60, minimumUdpPayload=40)
         self.assertIsNone(small.fast(query()))
         self.assertTrue(

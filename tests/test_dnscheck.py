@@ -173,7 +173,7 @@ class DNSCheckTests(TestCase):
         def run() -> int:
             return dnsCheck(
                 settings,
-                timeout=0.5,
+                timeout=1.0,
                 minDays=minDays,
                 out=out,
                 jsonOutput=jsonOutput,
@@ -230,7 +230,7 @@ class DNSCheckTests(TestCase):
         )
         self.assertEqual(
             lines[1],
-            f"FAIL dns anchor-b 127.0.0.3:{ports['anchor-b']}: timeout after 0.5s",
+            f"FAIL dns anchor-b 127.0.0.3:{ports['anchor-b']}: timeout after 1.0s",
         )
         self.assertTrue(all(line.startswith("OK ") for line in lines[2:]), out)
 
@@ -246,7 +246,7 @@ class DNSCheckTests(TestCase):
             [(c["check"], c["ok"]) for c in document["checks"]],
             [("dns", False), ("dns", True), ("tls", True), ("tls", True)],
         )
-        self.assertEqual(document["checks"][0]["detail"], "timeout after 0.5s")
+        self.assertEqual(document["checks"][0]["detail"], "timeout after 1.0s")
         self.assertEqual(
             document["checks"][1]["target"], f"fleetd 127.0.0.1:{self.fallback}"
         )
@@ -296,7 +296,7 @@ class EndpointTests(SynchronousTestCase):
     """Where dns-check connects for an endpoint description."""
 
     def test_forms(self) -> None:
-        """Positional and keyword ports, interfaces, wildcard and unix."""
+        """Listener addresses: ports, interfaces, wildcards and unix paths [A5]."""
         cases = {
             "tcp:8443:interface=127.0.0.1": ("127.0.0.1", 8443),
             "tcp:443": ("127.0.0.1", 443),
@@ -312,7 +312,7 @@ class EndpointTests(SynchronousTestCase):
         self.assertRaises(ValueError, endpointAddress, "ssl:443")
 
     def test_arguments(self) -> None:
-        """--timeout defaults to 2 seconds and --min-days to 14."""
+        """--timeout defaults to 2 seconds and --min-days to 14 [A5]."""
         parser = argparse.ArgumentParser()
         addArguments(parser)
         args = parser.parse_args([])

@@ -177,6 +177,10 @@ def buildParser() -> argparse.ArgumentParser:
     journal.add_argument("--since", type=int, default=0, help="entries after this seq")
     journal.set_defaults(handler=cmdJournal)
 
+    from fleetd.cli import devices
+
+    devices.addCommands(commands)
+
     from fleetd.cli.dnscheck import addArguments
 
     dns = commands.add_parser(

@@ -50,6 +50,8 @@ class _StreamTransport(TypingProtocol):
 class DNSDatagramProtocol(DatagramProtocol):
     """Answer DNS queries arriving as UDP datagrams."""
 
+    noisy = False
+
     def __init__(self, responder: Responder, metrics: TransportMetrics) -> None:
         self._metrics = metrics
         self._fastAnswer = metrics.fastAnswer
@@ -113,20 +115,21 @@ class DNSStreamProtocol(Protocol):
             return
         if self._timer is not None:
             self._timer.reset(self._factory.idleTimeout)
-        buffer = self._buffer + data
+        buffer = self._buffer + data if self._buffer else data
         factory = self._factory
         replies = []
-        while len(buffer) >= 2:
-            (length,) = _LENGTH.unpack_from(buffer)
+        start = 0
+        while len(buffer) - start >= 2:
+            (length,) = _LENGTH.unpack_from(buffer, start)
             if length > factory.maxMessage:
                 self._closing = True
-                buffer = b""
+                start = len(buffer)
                 break
-            end = 2 + length
+            end = start + 2 + length
             if len(buffer) < end:
                 break
-            message = buffer[2:end]
-            buffer = buffer[end:]
+            message = buffer[start + 2 : end]
+            start = end
             wire = factory.responder.fast(message)
             if wire is not None:
                 factory.metrics.fastAnswer.inc()
@@ -137,7 +140,7 @@ class DNSStreamProtocol(Protocol):
                 if wire is None:
                     continue
             replies.append(_LENGTH.pack(len(wire)) + wire)
-        self._buffer = buffer
+        self._buffer = buffer[start:]
         if replies:
             self._transport.writeSequence(replies)
         if self._closing:
@@ -175,6 +178,8 @@ class DNSStreamProtocol(Protocol):
 
 class DNSStreamFactory(ServerFactory):
     """Build L{DNSStreamProtocol}s, at most C{maxConnections} at a time."""
+
+    noisy = False
 
     def __init__(
         self,

@@ -50,7 +50,53 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         ) STRICT;
         """,
     ),
-    # New migrations go here as (2, "..."), (3, "..."), ...: append only,
+    (
+        2,
+        # The embedded inventory (fleetd.inventory.sqlite).  Serials are
+        # unique case-insensitively, as NetBox looks them up (iexact).
+        """
+        CREATE TABLE devices (
+            name TEXT PRIMARY KEY,
+            serial TEXT NOT NULL COLLATE NOCASE UNIQUE,
+            uuid TEXT NOT NULL UNIQUE,
+            class TEXT NOT NULL,
+            cluster TEXT,
+            status TEXT NOT NULL,
+            desired_action TEXT
+        ) STRICT;
+        CREATE TABLE device_macs (
+            mac TEXT PRIMARY KEY,
+            device TEXT NOT NULL REFERENCES devices (name) ON DELETE CASCADE,
+            position INTEGER NOT NULL
+        ) STRICT;
+        CREATE INDEX device_macs_by_device ON device_macs (device, position);
+        CREATE TABLE served_records (
+            run TEXT PRIMARY KEY,
+            device TEXT NOT NULL REFERENCES devices (name),
+            served_at REAL NOT NULL,
+            peer TEXT NOT NULL
+        ) STRICT;
+        """,
+    ),
+    (
+        3,
+        # Provision runs (fleetd.runs.store): keyed digests of codes, never
+        # the codes; the configurations themselves live in the vault.
+        """
+        CREATE TABLE runs (
+            id TEXT PRIMARY KEY,
+            device TEXT NOT NULL,
+            digest TEXT NOT NULL UNIQUE,
+            created_at REAL NOT NULL,
+            desired_action TEXT,
+            superseded_by TEXT,
+            missing_noted INTEGER NOT NULL DEFAULT 0,
+            refetch_noted INTEGER NOT NULL DEFAULT 0
+        ) STRICT;
+        CREATE INDEX runs_by_device ON runs (device, created_at);
+        """,
+    ),
+    # New migrations go here as (4, "..."), ...: append only,
     # never edit or renumber one that has shipped.
 )
 """Schema migrations in order; C{PRAGMA user_version} records the last one."""

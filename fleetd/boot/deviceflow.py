@@ -1,0 +1,596 @@
+"""
+The OAuth 2.0 device authorization grant (RFC 8628) for Talos's
+C{talos.config.oauth.*} client, as pure state on an injected clock.
+
+A node in Talos POSTs C{/device/code} (with C{uuid}, C{serial}, C{mac},
+C{hostname} and C{code} as extra form fields when configured), prints the
+user code on its console and polls C{/token}; the owner runs C{fleetctl
+approve USER-CODE --device NAME}, which binds the request to that device's
+ready run; the next poll gets an access token, and C{GET /config} with
+C{Authorization: Bearer} is authorized by L{DeviceFlow.authorize}.
+
+Secrets: device codes and access tokens are 256-bit random strings held
+only as SHA-256 digests and looked up by digest (so a timing side channel
+can reveal at most part of a digest, which does not help to find the
+secret); they and the C{code} a node reports never appear in a log line,
+an error message or a listing.  A user code is a public reference to one
+request (knowing it grants nothing without the owner certificate), so it
+is logged and journaled to let the owner match the console to the journal.
+
+Answers follow golang.org/x/oauth2 (C{deviceauth.go}, C{internal/token.go}):
+
+  - errors are 400 JSON C{{"error": ...}}; C{slow_down} grows the request's
+    interval by 5 s for good (RFC 8628 section 3.5);
+  - that client sends every unsuccessful poll twice back to back (its
+    auth-style probe: Basic header first, then form parameters), and its
+    first poll comes right after C{/device/code}; so a poll window admits
+    two requests, and only a third one inside C{interval} is too fast;
+  - the access token is handed out once, on the first poll after approval;
+    later polls with that device code get C{invalid_grant} (the client
+    stops at the first 200, and nothing but a digest of the token is kept);
+  - a request that expired answers C{expired_token} for one more lifetime,
+    then is forgotten (C{invalid_grant}).
+
+Brute force: requests for codes, and polls with unknown device codes or
+malformed parameters, spend from a per-source and global L{RateLimiter}
+(429 C{{"error": "rate_limited"}} with C{Retry-After}); at most
+C{maxPending} requests are held (503 C{temporarily_unavailable}); failed
+approvals (unknown user codes) spend from their own small budget, RFC 8628
+section 5.1's "about 5 attempts per code lifetime", and once it is spent
+every approval is refused for a while, hits included.
+
+A device-flow approval only lets a node fetch its ready run's config; it
+never approves an EK binding [T1] and touches no binding at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Literal, Protocol
+
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from fleetd.boot.ratelimit import RateLimiter, sourceKey
+
+__all__ = [
+    "ALPHABET",
+    "GRANT_TYPE",
+    "DeviceFlow",
+    "DeviceFlowError",
+    "Grant",
+    "IRunLookup",
+    "PendingRequest",
+    "displayUserCode",
+    "normaliseUserCode",
+]
+
+ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"
+USER_CODE_LENGTH = 8
+GRANT_TYPE = "urn:ietf:params:oauth:grant-type:device_code"
+REPORTED = ("uuid", "serial", "mac", "hostname", "code")
+MAX_VALUE = 256
+SLOW_DOWN_STEP = 5
+POLLS_PER_INTERVAL = 2
+
+Answer = tuple[int, dict[str, object]]
+State = Literal["pending", "approved", "denied"]
+
+
+class IRunLookup(Protocol):
+    def readyRun(self, device: str) -> str | None:
+        """The id of C{device}'s run that can be delivered now, else L{None}."""
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What an access token authorizes: one device's run."""
+
+    device: str
+    run: str
+
+
+@dataclass(frozen=True)
+class PendingRequest:
+    """
+    A snapshot of one device authorization request.
+
+    @ivar reported: what the node sent (C{uuid}, C{serial}, C{mac},
+        C{hostname}, C{code}); C{code} is a bearer secret, left out of
+        C{repr} and L{toJSON}, which say only whether it was sent.
+    @ivar issued: whether the access token was handed out.
+    """
+
+    user_code: str
+    reported: Mapping[str, str] = field(repr=False)
+    peer: str
+    client_id: str
+    created_at: float
+    expires_at: float
+    state: State
+    device: str | None = None
+    run: str | None = None
+    decided_by: str | None = None
+    issued: bool = False
+
+    @property
+    def code_sent(self) -> bool:
+        return "code" in self.reported
+
+    def toJSON(self) -> dict[str, object]:
+        """The request as the admin API shows it (no secret)."""
+        return {
+            "user_code": self.user_code,
+            "state": self.state,
+            "issued": self.issued,
+            "device": self.device,
+            "run": self.run,
+            "decided_by": self.decided_by,
+            "peer": self.peer,
+            "client_id": self.client_id,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "reported": {k: v for k, v in self.reported.items() if k != "code"},
+            "code_sent": self.code_sent,
+        }
+
+
+class DeviceFlowError(Exception):
+    """
+    An owner's approval or denial was refused.
+
+    @ivar kind: C{"invalid"}, C{"unknown-user-code"}, C{"expired"},
+        C{"already-decided"}, C{"no-ready-run"} or C{"too-many-attempts"}.
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def normaliseUserCode(text: str) -> str | None:
+    """
+    C{text} as 8 upper-case letters of L{ALPHABET}, ignoring case, dashes
+    and whitespace (RFC 8628 section 6.1); L{None} if it cannot be one.
+    """
+    if len(text) > 64:
+        return None
+    letters = "".join(c for c in text if c != "-" and not c.isspace()).upper()
+    if len(letters) != USER_CODE_LENGTH or not all(c in ALPHABET for c in letters):
+        return None
+    return letters
+
+
+def displayUserCode(letters: str) -> str:
+    """C{BCDFGHJK} as the console shows it: C{BCDF-GHJK}."""
+    return f"{letters[:4]}-{letters[4:]}"
+
+
+def _digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode("utf-8")).digest()
+
+
+def _value(form: Mapping[str, str], name: str) -> str | None:
+    """A form value, or L{None} if absent; raise if too long or unprintable."""
+    value = form.get(name)
+    if value is None:
+        return None
+    if len(value) > MAX_VALUE or not value.isprintable():
+        raise ValueError(f"{name} must be at most {MAX_VALUE} printable characters")
+    return value
+
+
+def _error(error: str, description: str | None = None) -> dict[str, object]:
+    document: dict[str, object] = {"error": error}
+    if description is not None:
+        document["error_description"] = description
+    return document
+
+
+class _Phase(Enum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    ISSUED = "issued"
+    DENIED = "denied"
+
+
+class _Request:
+    """One request's mutable state, keyed by its device-code digest."""
+
+    def __init__(
+        self,
+        digest: bytes,
+        user: str,
+        clientID: str,
+        reported: dict[str, str],
+        peer: str,
+        now: float,
+        expiresIn: int,
+        interval: int,
+    ) -> None:
+        self.digest = digest
+        self.user = user
+        self.clientID = clientID
+        self.reported = reported
+        self.peer = peer
+        self.createdAt = now
+        self.expiresAt = now + expiresIn
+        self.phase = _Phase.PENDING
+        self.device: str | None = None
+        self.run: str | None = None
+        self.decidedBy: str | None = None
+        self.interval = interval
+        self._windowStart: float | None = None
+        self._windowPolls = 0
+        self._windowSlow = False
+
+    def tooFast(self, now: float) -> bool:
+        """
+        Count one poll at C{now}; whether it comes too early (C{slow_down}).
+
+        A window opens with a poll at least C{interval} (less a little
+        slack for network jitter) after the previous window opened, and
+        admits L{POLLS_PER_INTERVAL} polls.  The first poll over that makes
+        the interval 5 s longer for good; every further poll in the same
+        window is also told to slow down, without growing it again.
+        """
+        slack = min(1.0, self.interval / 5)
+        start = self._windowStart
+        if start is None or now - start >= self.interval - slack:
+            self._windowStart, self._windowPolls, self._windowSlow = now, 1, False
+            return False
+        self._windowPolls += 1
+        if self._windowSlow:
+            return True
+        if self._windowPolls <= POLLS_PER_INTERVAL:
+            return False
+        self.interval += SLOW_DOWN_STEP
+        self._windowSlow = True
+        return True
+
+    def snapshot(self) -> PendingRequest:
+        state: State = "approved" if self.phase is _Phase.ISSUED else self.phase.value
+        return PendingRequest(
+            user_code=displayUserCode(self.user),
+            reported=dict(self.reported),
+            peer=self.peer,
+            client_id=self.clientID,
+            created_at=self.createdAt,
+            expires_at=self.expiresAt,
+            state=state,
+            device=self.device,
+            run=self.run,
+            decided_by=self.decidedBy,
+            issued=self.phase is _Phase.ISSUED,
+        )
+
+
+class DeviceFlow:
+    """
+    Device authorization requests, their decisions and access tokens.
+
+    @param verificationURI: what the node's console tells the owner to
+        visit; fleetd has no browser page, so no C{verification_uri_complete}
+        (and no QR code pointing nowhere) is sent.
+    @param expiresIn: seconds a request lives (device and user code).
+    @param interval: the polling interval first asked for, in seconds.
+    @param tokenExpiresIn: seconds an access token authorizes C{/config}.
+    @param maxPending: how many requests are held at most, expired ones
+        kept for their answers included.
+    @param limiter: spends for code requests and bad polls, per peer.
+    @param approveLimiter: spends for failed approvals, per owner; by
+        default 5 per owner and 10 overall per C{expiresIn}.
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        runs: IRunLookup,
+        *,
+        verificationURI: str,
+        expiresIn: int = 600,
+        interval: int = 5,
+        tokenExpiresIn: int = 3600,
+        maxPending: int = 1024,
+        limiter: RateLimiter | None = None,
+        approveLimiter: RateLimiter | None = None,
+    ) -> None:
+        if expiresIn < 1 or interval < 1 or tokenExpiresIn < 1 or maxPending < 1:
+            raise ValueError("expiresIn, interval, tokenExpiresIn, maxPending >= 1")
+        self._clock = clock
+        self._runs = runs
+        self.verificationURI = verificationURI
+        self.expiresIn = expiresIn
+        self.interval = interval
+        self.tokenExpiresIn = tokenExpiresIn
+        self.maxPending = maxPending
+        self._limiter = limiter
+        self._approveLimiter = approveLimiter or RateLimiter(
+            clock,
+            rate=5 / expiresIn,
+            burst=5,
+            globalRate=10 / expiresIn,
+            globalBurst=10,
+            maxSources=64,
+        )
+        self._requests: OrderedDict[bytes, _Request] = OrderedDict()
+        self._byUser: dict[str, _Request] = {}
+        self._grants: OrderedDict[bytes, tuple[Grant, float]] = OrderedDict()
+
+    # The node's side
+
+    def requestCode(self, form: Mapping[str, str], peer: str) -> Answer:
+        """C{POST /device/code}: start a request (RFC 8628 section 3.1)."""
+        self.expire()
+        now = self._clock.seconds()
+        if not self._spend(peer):
+            return 429, _error("rate_limited")
+        try:
+            clientID = _value(form, "client_id")
+            for ignored in ("scope", "audience"):
+                _value(form, ignored)
+            reported = {
+                name: value
+                for name in REPORTED
+                if (value := _value(form, name)) is not None
+            }
+        except ValueError as e:
+            return self._invalid(peer, str(e))
+        if clientID is None:
+            return self._invalid(peer, "client_id is required")
+        if not self._makeRoom(now):
+            self.log.warn("deviceflow.full {limit}", limit=self.maxPending)
+            return 503, _error("temporarily_unavailable", "too many pending requests")
+        deviceCode = secrets.token_urlsafe(32)
+        user = self._newUserCode()
+        request = _Request(
+            _digest(deviceCode),
+            user,
+            clientID,
+            reported,
+            peer,
+            now,
+            self.expiresIn,
+            self.interval,
+        )
+        self._requests[request.digest] = request
+        self._byUser[user] = request
+        self.log.info(
+            "deviceflow.requested {request} {peer}",
+            request=displayUserCode(user),
+            peer=peer,
+            reported=sorted(reported),
+        )
+        return 200, {
+            "device_code": deviceCode,
+            "user_code": displayUserCode(user),
+            "verification_uri": self.verificationURI,
+            "expires_in": self.expiresIn,
+            "interval": self.interval,
+        }
+
+    def poll(self, form: Mapping[str, str], peer: str) -> Answer:
+        """C{POST /token}: the device access token request (section 3.4)."""
+        self.expire()
+        now = self._clock.seconds()
+        try:
+            grantType = _value(form, "grant_type")
+            deviceCode = _value(form, "device_code")
+            clientID = _value(form, "client_id")
+        except ValueError as e:
+            return self._invalid(peer, str(e))
+        if grantType is None:
+            return self._invalid(peer, "grant_type is required")
+        if grantType != GRANT_TYPE:
+            return self._refuse(peer, "unsupported_grant_type")
+        if deviceCode is None or clientID is None:
+            return self._invalid(peer, "device_code and client_id are required")
+        request = self._requests.get(_digest(deviceCode))
+        if request is None or request.clientID != clientID:
+            return self._refuse(peer, "invalid_grant")
+        if now >= request.expiresAt:
+            return 400, _error("expired_token")
+        if request.phase is _Phase.DENIED:
+            return 400, _error("access_denied")
+        if request.phase is _Phase.ISSUED:
+            return 400, _error("invalid_grant", "the token was already issued")
+        if request.phase is _Phase.APPROVED:
+            return self._issue(request, now)
+        if request.tooFast(now):
+            return 400, _error("slow_down")
+        return 400, _error("authorization_pending")
+
+    def retryAfter(self, peer: str) -> int:
+        """Seconds for the C{Retry-After} of a 429 or 503 to C{peer}."""
+        now = self._clock.seconds()
+        wait = 1
+        if self._limiter is not None and not self._limiter.peek(sourceKey(peer)):
+            wait = self._limiter.retryAfter(sourceKey(peer))
+        if len(self._requests) >= self.maxPending:
+            oldest = next(iter(self._requests.values()))
+            wait = max(wait, int(oldest.expiresAt - now) + 1)
+        return wait
+
+    def malformed(self, peer: str, reason: str) -> Answer:
+        """The answer to a body that is not a strict form (the resource's)."""
+        return self._invalid(peer, reason)
+
+    def authorize(self, accessToken: str) -> Grant | None:
+        """What C{accessToken} (from C{Authorization: Bearer}) allows, if any."""
+        self.expire()
+        if not 0 < len(accessToken) <= MAX_VALUE:
+            return None
+        digest = _digest(accessToken)
+        found = self._grants.get(digest)
+        if found is None:
+            return None
+        grant, expiresAt = found
+        if self._clock.seconds() >= expiresAt:
+            return None
+        return grant
+
+    # The owner's side
+
+    def pending(self) -> list[PendingRequest]:
+        """Undecided, unexpired requests, oldest first."""
+        self.expire()
+        now = self._clock.seconds()
+        return [
+            r.snapshot()
+            for r in self._requests.values()
+            if r.phase is _Phase.PENDING and now < r.expiresAt
+        ]
+
+    def approve(self, userCode: str, device: str, owner: str) -> PendingRequest:
+        """
+        Let the request C{userCode} fetch C{device}'s ready run.
+
+        @raise DeviceFlowError: see L{DeviceFlowError.kind}.
+        """
+        request = self._decidable(userCode, owner)
+        if not (0 < len(device) <= 128 and device.isprintable()):
+            raise DeviceFlowError("invalid", "device: not a device name")
+        run = self._runs.readyRun(device)
+        if run is None:
+            raise DeviceFlowError(
+                "no-ready-run", f"{device} has no ready run: provision {device} first"
+            )
+        request.phase = _Phase.APPROVED
+        request.device, request.run, request.decidedBy = device, run, owner
+        self.log.info(
+            "deviceflow.approved {request} {device} {run} {owner}",
+            request=displayUserCode(request.user),
+            device=device,
+            run=run,
+            owner=owner,
+        )
+        return request.snapshot()
+
+    def deny(self, userCode: str, owner: str) -> PendingRequest:
+        """Refuse the request C{userCode}; its node's next poll stops."""
+        request = self._decidable(userCode, owner)
+        request.phase = _Phase.DENIED
+        request.decidedBy = owner
+        self.log.info(
+            "deviceflow.denied {request} {owner}",
+            request=displayUserCode(request.user),
+            owner=owner,
+        )
+        return request.snapshot()
+
+    def expire(self) -> None:
+        """
+        Forget requests one lifetime after they expired, and expired tokens.
+        Requests (and tokens) all live equally long, so the oldest are first.
+        """
+        now = self._clock.seconds()
+        while self._requests:
+            oldest = next(iter(self._requests.values()))
+            if now < oldest.expiresAt + self.expiresIn:
+                break
+            self._forget(oldest)
+        while self._grants:
+            _, expiresAt = next(iter(self._grants.values()))
+            if now < expiresAt:
+                break
+            self._grants.popitem(last=False)
+
+    # Helpers
+
+    def _spend(self, peer: str) -> bool:
+        return self._limiter is None or self._limiter.allow(sourceKey(peer))
+
+    def _refuse(self, peer: str, error: str) -> Answer:
+        """A bad poll costs the peer a token; with none left it is a 429."""
+        if not self._spend(peer):
+            return 429, _error("rate_limited")
+        self.log.warn("deviceflow.refused {error} {peer}", error=error, peer=peer)
+        return 400, _error(error)
+
+    def _invalid(self, peer: str, reason: str) -> Answer:
+        answer = self._refuse(peer, "invalid_request")
+        if answer[0] == 400:
+            answer[1]["error_description"] = reason
+        return answer
+
+    def _makeRoom(self, now: float) -> bool:
+        """Make room for one more request by dropping an expired one if need be."""
+        if len(self._requests) < self.maxPending:
+            return True
+        oldest = next(iter(self._requests.values()))
+        if now < oldest.expiresAt:
+            return False
+        self._forget(oldest)
+        return True
+
+    def _forget(self, request: _Request) -> None:
+        del self._requests[request.digest]
+        del self._byUser[request.user]
+
+    def _newUserCode(self) -> str:
+        while True:  # 20**8 codes against at most maxPending held ones
+            user = "".join(secrets.choice(ALPHABET) for _ in range(USER_CODE_LENGTH))
+            if user not in self._byUser:
+                return user
+
+    def _issue(self, request: _Request, now: float) -> Answer:
+        assert request.device is not None and request.run is not None
+        token = secrets.token_urlsafe(32)
+        self._grants[_digest(token)] = (
+            Grant(request.device, request.run),
+            now + self.tokenExpiresIn,
+        )
+        while len(self._grants) > self.maxPending:
+            self._grants.popitem(last=False)
+        request.phase = _Phase.ISSUED
+        self.log.info(
+            "deviceflow.issued {request} {device} {run} {peer}",
+            request=displayUserCode(request.user),
+            device=request.device,
+            run=request.run,
+            peer=request.peer,
+        )
+        return 200, {
+            "access_token": token,
+            "token_type": "Bearer",
+            "expires_in": self.tokenExpiresIn,
+        }
+
+    def _decidable(self, userCode: str, owner: str) -> _Request:
+        """The undecided request C{userCode} names, or raise."""
+        self.expire()
+        budget = self._approveLimiter
+        if not budget.peek(owner):
+            raise DeviceFlowError(
+                "too-many-attempts",
+                "too many unknown user codes: wait "
+                f"{budget.retryAfter(owner)} s before trying again",
+            )
+        letters = normaliseUserCode(userCode)
+        request = None if letters is None else self._byUser.get(letters)
+        if request is None or not hmac.compare_digest(request.user, letters or ""):
+            budget.allow(owner)
+            raise DeviceFlowError("unknown-user-code", "no such user code")
+        if self._clock.seconds() >= request.expiresAt:
+            raise DeviceFlowError(
+                "expired", f"user code {displayUserCode(request.user)} has expired"
+            )
+        if request.phase is not _Phase.PENDING:
+            state = request.snapshot().state
+            raise DeviceFlowError(
+                "already-decided",
+                f"user code {displayUserCode(request.user)} is already {state}",
+            )
+        return request

@@ -1,0 +1,149 @@
+"""
+Token-bucket rate limits per source address and overall, for cheap 429s.
+
+A L{RateLimiter} keeps one bucket per source key and one global bucket.
+Buckets refill continuously from C{clock.seconds()} deltas, so there are
+no timers to arm or cancel, and every call is O(1).  Memory is bounded:
+beyond C{maxSources} keys the least recently seen source is forgotten
+(it then starts again with a full bucket; the global bucket still bounds
+the total).  Use L{sourceKey} to turn a peer address into a key, so that
+one IPv6 host cannot spread its requests over its whole /64.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from collections import OrderedDict
+
+from twisted.internet.interfaces import IReactorTime
+
+__all__ = ["RateLimiter", "sourceKey"]
+
+
+def sourceKey(host: str) -> str:
+    """
+    The rate-limit key of the peer address C{host}.
+
+    IPv4 addresses are their own key, IPv6 addresses are grouped by /64
+    (IPv4-mapped ones count as IPv4), anything else (a UNIX socket path,
+    a test's fake address) is used as given.
+    """
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+class _Bucket:
+    """C{tokens} as of time C{at}; never more than the bucket's burst."""
+
+    __slots__ = ("at", "tokens")
+
+    def __init__(self, tokens: float, at: float) -> None:
+        self.tokens = tokens
+        self.at = at
+
+    def refill(self, now: float, rate: float, burst: float) -> None:
+        elapsed = now - self.at
+        if elapsed > 0:  # a clock that steps back refills nothing
+            self.tokens = min(burst, self.tokens + elapsed * rate)
+            self.at = now
+
+    def wait(self, cost: float, rate: float) -> float:
+        """Seconds until C{cost} tokens are there (after L{refill})."""
+        missing = cost - self.tokens
+        return 0.0 if missing <= 0 else missing / rate
+
+
+class RateLimiter:
+    """
+    Per-source and global token buckets.
+
+    A request of C{cost} is allowed when both its source's bucket and the
+    global bucket hold C{cost} tokens; then both pay.  A refused request
+    pays nothing, so a flood from one source cannot drain the global
+    bucket for everyone else beyond that source's own allowance.
+
+    @param rate: tokens per second a source regains.
+    @param burst: a source's bucket size (what it may spend at once).
+    @param globalRate: tokens per second the global bucket regains.
+    @param globalBurst: the global bucket size.
+    @param maxSources: how many sources are remembered at most.
+    """
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        *,
+        rate: float,
+        burst: float,
+        globalRate: float,
+        globalBurst: float,
+        maxSources: int = 65536,
+    ) -> None:
+        for name, value in (
+            ("rate", rate),
+            ("burst", burst),
+            ("globalRate", globalRate),
+            ("globalBurst", globalBurst),
+        ):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number, not {value!r}")
+        if maxSources < 1:
+            raise ValueError("maxSources must be at least 1")
+        self._clock = clock
+        self.rate = rate
+        self.burst = burst
+        self.globalRate = globalRate
+        self.globalBurst = globalBurst
+        self.maxSources = maxSources
+        self._global = _Bucket(globalBurst, clock.seconds())
+        self._sources: OrderedDict[str, _Bucket] = OrderedDict()
+
+    def __len__(self) -> int:
+        """How many sources are remembered now."""
+        return len(self._sources)
+
+    def _bucket(self, source: str, now: float) -> _Bucket:
+        """The refilled bucket of C{source}, now the most recently seen."""
+        bucket = self._sources.get(source)
+        if bucket is None:
+            bucket = self._sources[source] = _Bucket(self.burst, now)
+            if len(self._sources) > self.maxSources:
+                self._sources.popitem(last=False)
+        else:
+            self._sources.move_to_end(source)
+            bucket.refill(now, self.rate, self.burst)
+        self._global.refill(now, self.globalRate, self.globalBurst)
+        return bucket
+
+    def peek(self, source: str, cost: float = 1.0) -> bool:
+        """Whether L{allow} would allow C{cost} now; nothing is spent."""
+        bucket = self._bucket(source, self._clock.seconds())
+        return bucket.tokens >= cost and self._global.tokens >= cost
+
+    def allow(self, source: str, cost: float = 1.0) -> bool:
+        """Whether C{source} may spend C{cost} now; if so, it is spent."""
+        bucket = self._bucket(source, self._clock.seconds())
+        if bucket.tokens < cost or self._global.tokens < cost:
+            return False
+        bucket.tokens -= cost
+        self._global.tokens -= cost
+        return True
+
+    def retryAfter(self, source: str, cost: float = 1.0) -> int:
+        """
+        Whole seconds (at least 1) until C{source} may spend C{cost}, for a
+        C{Retry-After} header.
+        """
+        bucket = self._bucket(source, self._clock.seconds())
+        wait = max(
+            bucket.wait(cost, self.rate), self._global.wait(cost, self.globalRate)
+        )
+        return max(1, math.ceil(wait))

@@ -1,0 +1,296 @@
+"""
+The inventory's values and the interface every backend implements.
+
+A L{Device} is always valid and normalised: it is built by
+L{validateDevice}, which turns operator input (fleetctl, CSV, the admin
+API) into canonical names, UUIDs and MAC addresses or raises an
+L{InventoryError} naming the field.  L{IInventory} is the contract of the
+embedded SQLite inventory and of the NetBox backend alike.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from twisted.internet.defer import Deferred
+
+ErrorKind = Literal["invalid", "duplicate", "not-found", "unavailable"]
+
+MAX_SERIAL = 64
+MAX_RUN = 128
+MAX_PEER = 128
+
+_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_TOKEN = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+_SERIAL = re.compile(rf"[\x21-\x7e]{{1,{MAX_SERIAL}}}")
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_MAC = re.compile(
+    r"[0-9a-f]{12}|[0-9a-f]{2}(:[0-9a-f]{2}){5}|[0-9a-f]{2}(-[0-9a-f]{2}){5}"
+)
+_NO_UUIDS = {
+    "0" * 8 + "-0000-0000-0000-" + "0" * 12,
+    "f" * 8 + "-ffff-ffff-ffff-" + "f" * 12,
+}
+
+
+class DeviceStatus(enum.StrEnum):
+    """A device's lifecycle status, named as NetBox's C{DeviceStatusChoices}."""
+
+    OFFLINE = "offline"
+    ACTIVE = "active"
+    PLANNED = "planned"
+    STAGED = "staged"
+    FAILED = "failed"
+    INVENTORY = "inventory"
+    DECOMMISSIONING = "decommissioning"
+
+
+class InventoryError(Exception):
+    """
+    The inventory refused or could not do what was asked.
+
+    @ivar kind: C{"invalid"} (bad input), C{"duplicate"} (a name, serial,
+        UUID or MAC already taken), C{"not-found"} or C{"unavailable"}
+        (the backend cannot be reached; worth retrying).
+    """
+
+    def __init__(self, message: str, kind: ErrorKind = "invalid") -> None:
+        super().__init__(message)
+        self.kind: ErrorKind = kind
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class Device:
+    """One machine of the fleet; build it with L{validateDevice}."""
+
+    name: str
+    serial: str
+    uuid: str
+    macs: tuple[str, ...]
+    device_class: str
+    cluster: str | None
+    status: DeviceStatus = DeviceStatus.INVENTORY
+    desired_action: str | None = None
+
+    def toJSON(self) -> dict[str, Any]:
+        """The device as the admin API and C{fleetctl --json} show it."""
+        return {
+            "name": self.name,
+            "serial": self.serial,
+            "uuid": self.uuid,
+            "macs": list(self.macs),
+            "class": self.device_class,
+            "cluster": self.cluster,
+            "status": self.status.value,
+            "desired_action": self.desired_action,
+        }
+
+
+@dataclass(frozen=True)
+class ServedRecord:
+    """
+    The record of one configuration delivery, released to the inventory
+    after it (DESIGN section 5: a consumed run survives a reboot only if
+    this record was released).
+    """
+
+    run: str
+    device: str
+    served_at: float
+    peer: str
+
+
+def _show(value: object) -> str:
+    """A short, printable rendering of a rejected value for a message."""
+    text = repr(value)
+    return text if len(text) <= 70 else text[:67] + "..."
+
+
+def _string(field: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise InventoryError(f"{field}: must be a string, not {_show(value)}")
+    if not value:
+        raise InventoryError(f"{field}: must not be empty")
+    return value
+
+
+def validateName(value: object) -> str:
+    """A device name: one hostname label, lower-cased."""
+    name = _string("name", value).lower()
+    if _LABEL.fullmatch(name) is None:
+        raise InventoryError(
+            f"name: {_show(value)} is not a hostname label"
+            " (a-z, 0-9 and inner '-', at most 63 characters)"
+        )
+    return name
+
+
+def validateSerial(value: object) -> str:
+    """A chassis serial: 1..64 printable ASCII characters, no spaces."""
+    serial = _string("serial", value)
+    if _SERIAL.fullmatch(serial) is None:
+        raise InventoryError(
+            f"serial: {_show(value)} must be 1 to {MAX_SERIAL} printable"
+            " ASCII characters without spaces"
+        )
+    return serial
+
+
+def validateUUID(value: object) -> str:
+    """An SMBIOS system UUID in canonical lowercase 8-4-4-4-12 form."""
+    uuid = _string("uuid", value).lower()
+    if _UUID.fullmatch(uuid) is None:
+        raise InventoryError(f"uuid: {_show(value)} is not an 8-4-4-4-12 hex UUID")
+    if uuid in _NO_UUIDS:
+        # SMBIOS: all zeros = not set, all ones = not present.
+        raise InventoryError(f"uuid: {uuid} means the firmware has no UUID")
+    return uuid
+
+
+def validateMAC(value: object) -> str:
+    """A unicast MAC address, in lowercase colon form."""
+    text = _string("mac", value).lower()
+    if _MAC.fullmatch(text) is None:
+        raise InventoryError(
+            f"mac: {_show(value)} is not a MAC address"
+            " (aa:bb:cc:dd:ee:ff, aa-bb-cc-dd-ee-ff or aabbccddeeff)"
+        )
+    digits = text.replace(":", "").replace("-", "")
+    mac = ":".join(digits[i : i + 2] for i in range(0, 12, 2))
+    if int(digits[:2], 16) & 1:
+        raise InventoryError(f"mac: {mac} is a multicast address, not a NIC's")
+    if digits == "0" * 12:
+        raise InventoryError(f"mac: {mac} is the all-zero address")
+    return mac
+
+
+def validateToken(field: str, value: object) -> str:
+    """A class, cluster or desired action: a short lowercase token."""
+    token = _string(field, value).lower()
+    if _TOKEN.fullmatch(token) is None:
+        raise InventoryError(
+            f"{field}: {_show(value)} must be a-z, 0-9 and '-',"
+            " starting with a letter or digit, at most 32 characters"
+        )
+    return token
+
+
+def validateStatus(value: object) -> DeviceStatus:
+    """A L{DeviceStatus}, or its lowercase name."""
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        return DeviceStatus(value)
+    except ValueError:
+        known = ", ".join(s.value for s in DeviceStatus)
+        raise InventoryError(f"status: {_show(value)} is not one of {known}") from None
+
+
+def validateDevice(
+    *,
+    name: object,
+    serial: object,
+    uuid: object,
+    macs: Iterable[object] = (),
+    device_class: object,
+    cluster: object = None,
+    status: object = DeviceStatus.INVENTORY,
+    desired_action: object = None,
+) -> Device:
+    """
+    Check and normalise operator input into a L{Device}.
+
+    @raise InventoryError: (C{"invalid"}) one line naming the first bad field.
+    """
+    if isinstance(macs, str | bytes):
+        raise InventoryError("macs: must be a list of MAC addresses")
+    canonical: list[str] = []
+    for value in macs:
+        mac = validateMAC(value)
+        if mac in canonical:
+            raise InventoryError(f"mac: {mac} is listed twice")
+        canonical.append(mac)
+    return Device(
+        name=validateName(name),
+        serial=validateSerial(serial),
+        uuid=validateUUID(uuid),
+        macs=tuple(canonical),
+        device_class=validateToken("class", device_class),
+        cluster=None if cluster is None else validateToken("cluster", cluster),
+        status=validateStatus(status),
+        desired_action=(
+            None
+            if desired_action is None
+            else validateToken("desired_action", desired_action)
+        ),
+    )
+
+
+def validateServedRecord(record: ServedRecord) -> ServedRecord:
+    """Check a served-config record before it is made durable."""
+    device = validateName(record.device)
+    run = _string("run", record.run)
+    if len(run) > MAX_RUN or not run.isprintable() or not run.isascii():
+        raise InventoryError(f"run: {_show(run)} is not a run id")
+    at = record.served_at
+    if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
+        raise InventoryError(f"served_at: {_show(record.served_at)} is not a time")
+    peer = record.peer
+    if not isinstance(peer, str) or len(peer) > MAX_PEER or not peer.isprintable():
+        raise InventoryError(f"peer: {_show(peer)} is not a peer address")
+    return ServedRecord(run=run, device=device, served_at=float(at), peer=peer)
+
+
+class IInventory(Protocol):
+    """
+    The inventory of record: embedded SQLite or NetBox.
+
+    Every method returns a L{Deferred}; failures are L{InventoryError}s.
+    Names given to lookups are case-insensitive (device names are
+    lowercase hostname labels).
+    """
+
+    def add(self, device: Device) -> Deferred[Device]:
+        """
+        Add one device; fire with it as stored.  A name, serial (compared
+        case-insensitively), UUID or MAC already taken fails with
+        C{"duplicate"}, naming the field and the device holding it.
+        """
+
+    def get(self, name: str) -> Deferred[Device | None]:
+        """The device called C{name}, or L{None}."""
+
+    def list(self) -> Deferred[list[Device]]:
+        """Every device, ordered by name."""
+
+    def importDevices(self, devices: Sequence[Device]) -> Deferred[int]:
+        """
+        Add all of C{devices} or none of them (one transaction); fire with
+        how many were added.  Failures are as for L{add}.
+        """
+
+    def setStatus(self, name: str, status: DeviceStatus) -> Deferred[Device]:
+        """Set the device's status; fire with the device as changed."""
+
+    def setDesiredAction(self, name: str, action: str | None) -> Deferred[Device]:
+        """Set or clear the device's desired action (e.g. C{netboot})."""
+
+    def release(self, record: ServedRecord) -> Deferred[None]:
+        """
+        Make the served-config record durable and move its device to
+        C{staged}, together.  Releasing the same run for the same device
+        again changes nothing (retries after an unknown outcome are safe);
+        the same run for another device fails with C{"duplicate"}.
+        """
+
+    def releasedRuns(self) -> Deferred[set[str]]:
+        """The ids of every run whose served-config record was released."""

@@ -1,0 +1,252 @@
+"""
+The inventory's part of the admin API, under C{/v1/admin/devices}.
+
+  - C{POST /v1/admin/devices}: a JSON object with C{name}, C{serial},
+    C{uuid}, C{class} and optionally C{macs} (a list) and C{cluster};
+    201 with the device.
+  - C{GET /v1/admin/devices}: C{{"devices": [...]}}, ordered by name.
+  - C{GET /v1/admin/devices/NAME}: the device, or a 404 line.
+  - C{POST /v1/admin/devices/import}: the body is a device CSV
+    (L{fleetd.inventory.csvimport}); all or nothing, C{{"imported": N}}.
+
+Refusals are one line of text: 400 invalid, 404 unknown, 409 duplicate,
+503 inventory unavailable.  These resources sit behind the owner gate;
+additions are journaled with the owner as actor.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web import http, resource, server
+from twisted.web.iweb import IRequest
+
+from fleetd.admin.resource import ownerOf
+from fleetd.inventory.csvimport import parseDeviceCSV
+from fleetd.inventory.model import Device, IInventory, InventoryError, validateDevice
+from fleetd.store.journal import AsyncJournal
+from fleetd.web import Endpoint, jsonResponse, notFound, textResponse
+
+log = Logger()
+
+STATUS_OF_KIND = {
+    "invalid": http.BAD_REQUEST,
+    "duplicate": http.CONFLICT,
+    "not-found": http.NOT_FOUND,
+    "unavailable": http.SERVICE_UNAVAILABLE,
+}
+
+_FIELDS = {
+    # key: (type check, required)
+    "name": (str, True),
+    "serial": (str, True),
+    "uuid": (str, True),
+    "class": (str, True),
+    "macs": (list, False),
+    "cluster": (str, False),
+}
+
+Outcome = tuple[int, Any]
+
+
+def _actor(request: IRequest) -> str:
+    return "owner:" + (ownerOf(request) or "unknown")
+
+
+def _body(request: IRequest) -> str:
+    """The request body as text; invalid UTF-8 is refused."""
+    content = request.content
+    raw = b"" if content is None else content.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InventoryError(f"body: not UTF-8 (byte {e.start})") from None
+
+
+def _strictObject(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise InventoryError(f"body: key {key!r} appears twice")
+        result[key] = value
+    return result
+
+
+def _noConstant(name: str) -> Any:
+    raise InventoryError(f"body: {name} is not JSON")
+
+
+def parseDeviceJSON(text: str) -> Device:
+    """
+    A device from a strict JSON object: known keys only, right types.
+
+    @raise InventoryError: (C{"invalid"}) one line naming the problem.
+    """
+    try:
+        document = json.loads(
+            text, object_pairs_hook=_strictObject, parse_constant=_noConstant
+        )
+    except ValueError as e:
+        raise InventoryError(f"body: not JSON ({e})") from None
+    if not isinstance(document, dict):
+        raise InventoryError("body: must be a JSON object")
+    for key in document:
+        if key not in _FIELDS:
+            known = ", ".join(_FIELDS)
+            raise InventoryError(f"body: unknown key {key!r} (known: {known})")
+    for key, (kind, required) in _FIELDS.items():
+        if key not in document:
+            if required:
+                raise InventoryError(f"{key}: missing")
+            continue
+        value = document[key]
+        if key == "cluster" and value is None:
+            continue
+        if not isinstance(value, kind):
+            raise InventoryError(f"{key}: must be a JSON {kind.__name__}")
+    macs = document.get("macs", [])
+    for mac in macs:
+        if not isinstance(mac, str):
+            raise InventoryError("macs: must be a list of strings")
+    return validateDevice(
+        name=document["name"],
+        serial=document["serial"],
+        uuid=document["uuid"],
+        macs=macs,
+        device_class=document["class"],
+        cluster=document.get("cluster"),
+    )
+
+
+def renderInventory(request: Any, work: Callable[[], Awaitable[Outcome]]) -> int:
+    """
+    Like L{fleetd.admin.resource.renderAsync}, but an L{InventoryError}
+    becomes its one-line refusal (400, 404, 409 or 503) instead of a 500.
+    """
+    gone: list[bool] = []
+    request.notifyFinish().addErrback(lambda _: gone.append(True))
+
+    async def run() -> None:
+        try:
+            code, document = await work()
+            body = jsonResponse(request, code, document)
+        except InventoryError as e:
+            log.warn("inventory.refused {kind} {reason}", kind=e.kind, reason=str(e))
+            body = textResponse(request, STATUS_OF_KIND[e.kind], str(e))
+        except Exception:
+            log.failure("admin.request.failed", failure=Failure())
+            body = textResponse(request, http.INTERNAL_SERVER_ERROR, "internal error")
+        if not gone:
+            request.write(body)
+            request.finish()
+
+    Deferred.fromCoroutine(run())
+    notDoneYet: int = server.NOT_DONE_YET
+    return notDoneYet
+
+
+class DevicesResource(Endpoint):
+    """C{/v1/admin/devices}: list and add; children are single devices."""
+
+    def __init__(self, inventory: IInventory, journal: AsyncJournal) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._inventory = inventory
+        self._journal = journal
+
+    def getChild(self, path: bytes, request: IRequest) -> resource.Resource:
+        if request.postpath:
+            return notFound()
+        if path == b"":
+            return self
+        if path == b"import":
+            return ImportResource(self._inventory, self._journal)
+        try:
+            name = path.decode("utf-8")
+        except UnicodeDecodeError:
+            return notFound()
+        return DeviceResource(self._inventory, name)
+
+    def render_GET(self, request: IRequest) -> int:
+        async def work() -> Outcome:
+            devices = await self._inventory.list()
+            return http.OK, {"devices": [d.toJSON() for d in devices]}
+
+        return renderInventory(request, work)
+
+    def render_POST(self, request: IRequest) -> int:
+        actor = _actor(request)
+
+        async def work() -> Outcome:
+            device = await self._inventory.add(parseDeviceJSON(_body(request)))
+            await self._journal.append(
+                "device.added",
+                actor=actor,
+                device=device.name,
+                fields={
+                    "serial": device.serial,
+                    "uuid": device.uuid,
+                    "class": device.device_class,
+                    "cluster": device.cluster,
+                    "macs": len(device.macs),
+                },
+            )
+            location = f"/v1/admin/devices/{device.name}".encode("ascii")
+            request.setHeader(b"location", location)
+            return http.CREATED, device.toJSON()
+
+        return renderInventory(request, work)
+
+
+class DeviceResource(Endpoint):
+    """C{GET /v1/admin/devices/NAME}."""
+
+    isLeaf = True
+
+    def __init__(self, inventory: IInventory, name: str) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._inventory = inventory
+        self._name = name
+
+    def render_GET(self, request: IRequest) -> int:
+        async def work() -> Outcome:
+            device = await self._inventory.get(self._name)
+            if device is None:
+                raise InventoryError(f"no device named {self._name}", "not-found")
+            return http.OK, device.toJSON()
+
+        return renderInventory(request, work)
+
+
+class ImportResource(DeviceResource):
+    """
+    C{POST /v1/admin/devices/import}: a CSV body, imported all or nothing.
+
+    C{GET} still shows a device that happens to be called C{import}.
+    """
+
+    def __init__(self, inventory: IInventory, journal: AsyncJournal) -> None:
+        super().__init__(inventory, "import")
+        self._journal = journal
+
+    def render_POST(self, request: IRequest) -> int:
+        actor = _actor(request)
+
+        async def work() -> Outcome:
+            devices = parseDeviceCSV(_body(request))
+            count = await self._inventory.importDevices(devices)
+            await self._journal.append(
+                "device.imported", actor=actor, fields={"count": count}
+            )
+            return http.OK, {"imported": count}
+
+        return renderInventory(request, work)
+
+
+def devicesResource(inventory: IInventory, journal: AsyncJournal) -> resource.Resource:
+    """The C{/v1/admin/devices} subtree, to mount behind the owner gate."""
+    return DevicesResource(inventory, journal)

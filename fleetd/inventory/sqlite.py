@@ -1,0 +1,291 @@
+"""
+The embedded inventory: L{IInventory} over fleetd's SQLite database.
+
+Tables come from migration 2 (L{fleetd.store.db.MIGRATIONS}): C{devices},
+C{device_macs} (one row per MAC, unique across the fleet) and
+C{served_records}.  All work runs through an L{IRunner}, so on the
+database thread in the daemon and inline in tests; every write is one
+transaction, committed (C{synchronous=FULL}) before the Deferred fires.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from fleetd.inventory.model import (
+    Device,
+    DeviceStatus,
+    InventoryError,
+    ServedRecord,
+    validateDevice,
+    validateName,
+    validateServedRecord,
+    validateStatus,
+    validateToken,
+)
+from fleetd.store.db import Database, StoreError
+from fleetd.store.runner import IRunner
+
+_T = TypeVar("_T")
+
+_SELECT_DEVICE = (
+    "SELECT name, serial, uuid, class, cluster, status, desired_action FROM devices"
+)
+_INSERT_DEVICE = (
+    "INSERT INTO devices (name, serial, uuid, class, cluster, status, desired_action)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_INSERT_MAC = "INSERT INTO device_macs (mac, device, position) VALUES (?, ?, ?)"
+_UNIQUE_COLUMNS = (("name", "name"), ("serial", "serial"), ("uuid", "uuid"))
+
+log = Logger()
+
+
+def _normalised(device: Device) -> Device:
+    """Check a device again: the backend never stores an invalid one."""
+    if not isinstance(device, Device):
+        raise InventoryError(f"not a Device: {type(device).__name__}")
+    return validateDevice(
+        name=device.name,
+        serial=device.serial,
+        uuid=device.uuid,
+        macs=device.macs,
+        device_class=device.device_class,
+        cluster=device.cluster,
+        status=device.status,
+        desired_action=device.desired_action,
+    )
+
+
+def _insert(conn: sqlite3.Connection, device: Device) -> None:
+    """Insert one device, naming the first unique field already taken."""
+    for column, field in _UNIQUE_COLUMNS:
+        value = getattr(device, field)
+        # Constant column names only; serial compares with NOCASE.
+        row = conn.execute(
+            f"SELECT name FROM devices WHERE {column} = ?",  # noqa: S608
+            (value,),
+        ).fetchone()
+        if row is not None:
+            if column == "name":
+                raise InventoryError(
+                    f"name {value} is already in the inventory", "duplicate"
+                )
+            raise InventoryError(
+                f"{column} {value} already belongs to device {row[0]}", "duplicate"
+            )
+    for mac in device.macs:
+        row = conn.execute(
+            "SELECT device FROM device_macs WHERE mac = ?", (mac,)
+        ).fetchone()
+        if row is not None:
+            raise InventoryError(
+                f"mac {mac} already belongs to device {row[0]}", "duplicate"
+            )
+    conn.execute(
+        _INSERT_DEVICE,
+        (
+            device.name,
+            device.serial,
+            device.uuid,
+            device.device_class,
+            device.cluster,
+            device.status.value,
+            device.desired_action,
+        ),
+    )
+    for position, mac in enumerate(device.macs):
+        conn.execute(_INSERT_MAC, (mac, device.name, position))
+
+
+def _fromRow(row: Sequence[object], macs: Sequence[str]) -> Device:
+    name, serial, uuid, deviceClass, cluster, status, action = row
+    return Device(
+        name=str(name),
+        serial=str(serial),
+        uuid=str(uuid),
+        macs=tuple(macs),
+        device_class=str(deviceClass),
+        cluster=None if cluster is None else str(cluster),
+        status=DeviceStatus(str(status)),
+        desired_action=None if action is None else str(action),
+    )
+
+
+def _read(conn: sqlite3.Connection, name: str) -> Device | None:
+    row = conn.execute(f"{_SELECT_DEVICE} WHERE name = ?", (name,)).fetchone()
+    if row is None:
+        return None
+    macs = conn.execute(
+        "SELECT mac FROM device_macs WHERE device = ? ORDER BY position", (name,)
+    ).fetchall()
+    return _fromRow(row, [mac for (mac,) in macs])
+
+
+def _readAll(conn: sqlite3.Connection) -> list[Device]:
+    macs: dict[str, list[str]] = {}
+    for device, mac in conn.execute(
+        "SELECT device, mac FROM device_macs ORDER BY device, position"
+    ):
+        macs.setdefault(device, []).append(mac)
+    rows = conn.execute(f"{_SELECT_DEVICE} ORDER BY name").fetchall()
+    return [_fromRow(row, macs.get(row[0], [])) for row in rows]
+
+
+def _update(db: Database, name: str, column: str, value: str | None) -> Device:
+    """Set one column of one device; fire with the device as changed."""
+    with db.transaction() as conn:
+        # Constant column names only (status, desired_action).
+        cursor = conn.execute(
+            f"UPDATE devices SET {column} = ? WHERE name = ?",  # noqa: S608
+            (value, name),
+        )
+        if cursor.rowcount == 0:
+            raise InventoryError(f"no device named {name}", "not-found")
+        device = _read(conn, name)
+    assert device is not None
+    return device
+
+
+def _translate(failure: Failure) -> Failure:
+    """Report database trouble as C{"unavailable"}; pass our own errors on."""
+    if failure.check(InventoryError):
+        return failure
+    if failure.check(sqlite3.IntegrityError):
+        # The checks above run in the same write transaction, so this is
+        # a constraint they do not know about.
+        log.failure("inventory.integrity", failure=failure)
+        return Failure(InventoryError("the inventory refused the change", "duplicate"))
+    if failure.check(StoreError, sqlite3.Error):
+        log.error("inventory.unavailable {reason}", reason=failure.getErrorMessage())
+        error = InventoryError(
+            f"inventory database unavailable: {failure.getErrorMessage()}",
+            "unavailable",
+        )
+        return Failure(error)
+    return failure
+
+
+class SQLiteInventory:
+    """L{fleetd.inventory.model.IInventory} in fleetd's own database."""
+
+    def __init__(self, runner: IRunner) -> None:
+        self._runner = runner
+
+    def _run(self, f: Callable[[Database], _T]) -> Deferred[_T]:
+        d = self._runner.run(f)
+        d.addErrback(_translate)
+        return d
+
+    def add(self, device: Device) -> Deferred[Device]:
+        try:
+            checked = _normalised(device)
+        except InventoryError:
+            return fail()
+
+        def add(db: Database) -> Device:
+            with db.transaction() as conn:
+                _insert(conn, checked)
+            return checked
+
+        return self._run(add)
+
+    def get(self, name: str) -> Deferred[Device | None]:
+        try:
+            key = validateName(name)
+        except InventoryError:
+            return succeed(None)
+
+        def get(db: Database) -> Device | None:
+            with db.transaction(write=False) as conn:
+                return _read(conn, key)
+
+        return self._run(get)
+
+    def list(self) -> Deferred[list[Device]]:
+        def readAll(db: Database) -> list[Device]:
+            with db.transaction(write=False) as conn:
+                return _readAll(conn)
+
+        return self._run(readAll)
+
+    def importDevices(self, devices: Sequence[Device]) -> Deferred[int]:
+        try:
+            checked = [_normalised(device) for device in devices]
+        except InventoryError:
+            return fail()
+
+        def importAll(db: Database) -> int:
+            with db.transaction() as conn:
+                for device in checked:
+                    try:
+                        _insert(conn, device)
+                    except InventoryError as e:
+                        raise InventoryError(
+                            f"device {device.name}: {e}", e.kind
+                        ) from None
+            return len(checked)
+
+        return self._run(importAll)
+
+    def setStatus(self, name: str, status: DeviceStatus) -> Deferred[Device]:
+        try:
+            key, value = validateName(name), validateStatus(status)
+        except InventoryError:
+            return fail()
+        return self._run(lambda db: _update(db, key, "status", value.value))
+
+    def setDesiredAction(self, name: str, action: str | None) -> Deferred[Device]:
+        try:
+            key = validateName(name)
+            value = None if action is None else validateToken("desired_action", action)
+        except InventoryError:
+            return fail()
+        return self._run(lambda db: _update(db, key, "desired_action", value))
+
+    def release(self, record: ServedRecord) -> Deferred[None]:
+        try:
+            checked = validateServedRecord(record)
+        except InventoryError:
+            return fail()
+
+        def release(db: Database) -> None:
+            with db.transaction() as conn:
+                row = conn.execute(
+                    "SELECT device FROM served_records WHERE run = ?", (checked.run,)
+                ).fetchone()
+                if row is not None:
+                    if row[0] == checked.device:
+                        return
+                    raise InventoryError(
+                        f"run {checked.run} was released for device {row[0]}",
+                        "duplicate",
+                    )
+                cursor = conn.execute(
+                    "UPDATE devices SET status = ? WHERE name = ?",
+                    (DeviceStatus.STAGED.value, checked.device),
+                )
+                if cursor.rowcount == 0:
+                    raise InventoryError(
+                        f"no device named {checked.device}", "not-found"
+                    )
+                conn.execute(
+                    "INSERT INTO served_records (run, device, served_at, peer)"
+                    " VALUES (?, ?, ?, ?)",
+                    (checked.run, checked.device, checked.served_at, checked.peer),
+                )
+
+        return self._run(release)
+
+    def releasedRuns(self) -> Deferred[set[str]]:
+        def released(db: Database) -> set[str]:
+            rows = db.execute("SELECT run FROM served_records").fetchall()
+            return {run for (run,) in rows}
+
+        return self._run(released)

@@ -1,0 +1,1 @@
+"""Provision runs: rendered configurations, one-time codes, delivery [C1]."""

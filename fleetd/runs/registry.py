@@ -1,0 +1,315 @@
+"""
+The run registry: every run's delivery machine, indexed for the boot path.
+
+Lookups on the boot listener are synchronous and in memory (a dict from
+code digest to run), so deciding and marking a delivery happens in one
+reactor turn: concurrent requests for one code cannot both be served [C1].
+Persistence goes through the database runner; the vault holds each ready
+run's configuration (C{<run>.yaml}) and, once delivery starts, its
+served-config record (C{<run>.served}).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from fleetd.inventory.model import Device, DeviceStatus, IInventory, ServedRecord
+from fleetd.runs.alerts import MISSING, REFETCHED, AlertTracker
+from fleetd.runs.codes import codeDigest, mintCode, mintRunId
+from fleetd.runs.machine import Outcome, RunEffects, RunInputs, RunMachine
+from fleetd.runs.releaser import Releaser
+from fleetd.runs.store import RunRecord, insertRuns, loadRuns, noteRun
+from fleetd.store.journal import AsyncJournal
+from fleetd.store.runner import IRunner
+from fleetd.vault import IVault
+
+
+def configName(run: str) -> str:
+    return f"{run}.yaml"
+
+
+def servedName(run: str) -> str:
+    return f"{run}.served"
+
+
+@dataclass(frozen=True)
+class Provisioned:
+    """A new run, with the code shown to the owner exactly once."""
+
+    run: str
+    code: str
+    device: str
+
+    def toJSON(self) -> dict[str, str]:
+        return {"run": self.run, "code": self.code, "device": self.device}
+
+
+class _Run(RunEffects):
+    """One run: its record, its machine, and the effects the machine asks for."""
+
+    def __init__(self, registry: RunRegistry, record: RunRecord) -> None:
+        self.registry = registry
+        self.record = record
+        self.peer = ""
+        self.machine: RunInputs = RunMachine(self)
+
+    # RunEffects
+    def markServed(self) -> None:
+        record = {
+            "run": self.record.id,
+            "device": self.record.device,
+            "served_at": self.registry.clock.seconds(),
+            "peer": self.peer,
+        }
+        self.registry.vault.put(
+            servedName(self.record.id), json.dumps(record).encode("utf-8")
+        )
+
+    def withdrawServed(self) -> None:
+        self.registry.vault.delete(servedName(self.record.id))
+        self.registry.journalEvent("run.delivery-aborted", self, peer=self.peer)
+
+    def release(self) -> None:
+        self.registry.journalEvent("run.delivered", self, peer=self.peer)
+        self.registry.releaser.release(self.servedRecord())
+
+    def noteRefetch(self) -> None:
+        self.registry.noteFirst(self, "refetch_noted", REFETCHED, "config.refetched")
+
+    def noteMissing(self) -> None:
+        self.registry.noteFirst(self, "missing_noted", MISSING, "config.missing")
+
+    def dropConfig(self) -> None:
+        self.registry.vault.delete(configName(self.record.id))
+        self.registry.vault.delete(servedName(self.record.id))
+
+    def servedRecord(self) -> ServedRecord:
+        raw = self.registry.vault.get(servedName(self.record.id))
+        doc = json.loads(raw) if raw else {}
+        return ServedRecord(
+            run=self.record.id,
+            device=self.record.device,
+            served_at=float(doc.get("served_at", self.registry.clock.seconds())),
+            peer=str(doc.get("peer", self.peer)),
+        )
+
+
+class RunRegistry:
+    """All runs of this fleetd, and the decisions of the boot path."""
+
+    log = Logger()
+
+    def __init__(
+        self,
+        *,
+        clock: IReactorTime,
+        vault: IVault,
+        runner: IRunner,
+        inventory: IInventory,
+        journal: AsyncJournal,
+        alerts: AlertTracker,
+        codeKey: bytes,
+    ) -> None:
+        self.clock = clock
+        self.vault = vault
+        self.runner = runner
+        self.inventory = inventory
+        self.journal = journal
+        self.alerts = alerts
+        self._codeKey = codeKey
+        self._runs: dict[str, _Run] = {}
+        self._byDigest: dict[str, _Run] = {}
+        self._current: dict[str, _Run] = {}
+        self._identity: dict[str, tuple[str, str]] = {}
+        self.loaded = False
+        self.releaser = Releaser(clock, inventory, journal)
+
+    async def load(self) -> None:
+        """Rebuild every run's state from the database, vault and inventory."""
+        records = await self.runner.run(loadRuns)
+        released = await self.inventory.releasedRuns()
+        for device in await self.inventory.list():
+            self._identity[device.name] = (device.uuid, device.serial)
+        names = set(self.vault.names())
+        for record in records:
+            run = self._add(record)
+            if record.superseded_by is not None:
+                run.machine.restoreSuperseded()
+                self.vault.delete(configName(record.id))
+                self.vault.delete(servedName(record.id))
+            elif servedName(record.id) in names:
+                run.machine.restoreConsumed()
+                if record.id not in released:
+                    # Delivered, but the release did not finish before we stopped.
+                    self.releaser.release(run.servedRecord())
+            elif record.id in released:
+                run.machine.restoreConsumed()
+            elif configName(record.id) in names:
+                run.machine.restoreReady()
+            else:
+                run.machine.restoreLost()
+        self.loaded = True
+        self.log.info(
+            "runs.loaded {runs} runs, {ready} ready",
+            runs=len(self._runs),
+            ready=sum(1 for r in self._current.values() if r.machine.deliverable()),
+        )
+
+    def _add(self, record: RunRecord) -> _Run:
+        run = _Run(self, record)
+        self._runs[record.id] = run
+        self._byDigest[record.digest] = run
+        if record.superseded_by is None:
+            self._current[record.device] = run
+        return run
+
+    def stop(self) -> None:
+        self.releaser.stop()
+
+    # Provisioning
+
+    async def provision(
+        self,
+        devices: Iterable[Device],
+        *,
+        actor: str,
+        render: Callable[[Device, str], bytes],
+        desiredAction: str | None = None,
+    ) -> list[Provisioned]:
+        """
+        Start one run per device: render its configuration into the vault
+        first, then store the records; earlier runs of those devices are
+        superseded.
+        """
+        now = self.clock.seconds()
+        batch: list[tuple[Device, RunRecord, str]] = []
+        try:
+            for device in devices:
+                self._identity[device.name] = (device.uuid, device.serial)
+                code = mintCode()
+                record = RunRecord(
+                    id=mintRunId(),
+                    device=device.name,
+                    digest=codeDigest(self._codeKey, code),
+                    created_at=now,
+                    desired_action=desiredAction,
+                )
+                self.vault.put(configName(record.id), render(device, record.id))
+                batch.append((device, record, code))
+        except Exception:
+            for _, record, _ in batch:
+                self.vault.delete(configName(record.id))
+            raise
+        try:
+            superseded = await self.runner.run(
+                lambda db: insertRuns(db, [record for _, record, _ in batch])
+            )
+        except Exception:
+            for _, record, _ in batch:
+                self.vault.delete(configName(record.id))
+            raise
+        for old in superseded:
+            previous = self._runs.get(old.id)
+            if previous is not None:
+                previous.record = old
+                previous.machine.supersede()
+                await self.journal.append(
+                    "run.superseded",
+                    actor=actor,
+                    device=old.device,
+                    run=old.id,
+                    fields={"by": old.superseded_by},
+                )
+        results = []
+        for device, record, code in batch:
+            run = self._add(record)
+            run.machine.restoreReady()
+            self.alerts.clear(device.name)
+            await self.inventory.setStatus(device.name, DeviceStatus.PLANNED)
+            await self.journal.append(
+                "run.provisioned",
+                actor=actor,
+                device=device.name,
+                run=record.id,
+                fields={"desired_action": desiredAction},
+            )
+            results.append(Provisioned(record.id, code, device.name))
+        return results
+
+    # The boot path
+
+    def byCode(self, code: str) -> _Run | None:
+        return self._byDigest.get(codeDigest(self._codeKey, code))
+
+    def byId(self, run: str) -> _Run | None:
+        return self._runs.get(run)
+
+    def current(self, device: str) -> RunRecord | None:
+        run = self._current.get(device)
+        return None if run is None else run.record
+
+    def identity(self, device: str) -> tuple[str, str] | None:
+        """The (uuid, serial) the inventory holds for C{device}."""
+        return self._identity.get(device)
+
+    def readyRun(self, device: str) -> str | None:
+        """The device's run that a request now would get (IRunLookup)."""
+        run = self._current.get(device)
+        if run is None or not run.machine.deliverable():
+            return None
+        return run.record.id
+
+    def request(self, run: _Run, peer: str) -> tuple[Outcome, bytes | None]:
+        """
+        A node asks for C{run}'s configuration: decide, and when delivering,
+        mark the vault before returning the body.
+        """
+        run.peer = peer
+        outcome = run.machine.request()
+        if outcome is not Outcome.DELIVER:
+            return outcome, None
+        body = self.vault.get(configName(run.record.id))
+        if body is None:  # the vault lost it under us
+            run.machine.aborted()
+            return Outcome.LOST, None
+        return outcome, body
+
+    def finished(self, run: _Run, complete: bool) -> None:
+        """The response for C{run} was handed over whole, or failed."""
+        if complete:
+            run.machine.sent()
+        else:
+            run.machine.aborted()
+
+    # Bookkeeping for the machine's effects
+
+    def journalEvent(self, event: str, run: _Run, **fields: str) -> None:
+        self.journal.append(
+            event,
+            actor=f"node:{run.record.device}",
+            device=run.record.device,
+            run=run.record.id,
+            fields=dict(fields),
+        ).addErrback(self._journalFailed)
+
+    def noteFirst(self, run: _Run, note: str, kind: str, event: str) -> None:
+        self.alerts.note(kind, run.record.device)
+        if getattr(run.record, note):
+            return
+        if note == "missing_noted":
+            run.record = replace(run.record, missing_noted=True)
+        else:
+            run.record = replace(run.record, refetch_noted=True)
+        self.journalEvent(event, run, peer=run.peer)
+        self.runner.run(lambda db: noteRun(db, run.record.id, note)).addErrback(
+            self._journalFailed
+        )
+
+    def _journalFailed(self, f: Failure) -> None:
+        self.log.failure("runs.record.failed", failure=f)

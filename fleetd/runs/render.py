@@ -1,0 +1,102 @@
+"""
+Render a node's Talos machine configuration from its cluster's template.
+
+Templates are YAML documents (C{<templates>/<cluster>.yaml}); the first
+document of C{version: v1alpha1} is patched per node, other documents
+(HostnameConfig, network documents, ...) pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_CLUSTER = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+class RenderError(Exception):
+    """A template is missing or unusable; the message is one line."""
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the renderer needs to know about one node."""
+
+    name: str
+    device_class: str
+    run: str
+    install_disk: str | None = None
+    bootstrap_token: str | None = None
+
+
+def _documents(path: Path) -> list[Any]:
+    try:
+        text = path.read_text("utf-8")
+    except FileNotFoundError as e:
+        raise RenderError(f"no template {path.name} in {path.parent}") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise RenderError(f"cannot read template {path}: {e}") from e
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        raise RenderError(f"template {path.name} is not valid YAML") from e
+    if not docs:
+        raise RenderError(f"template {path.name} is empty")
+    return docs
+
+
+def _machineDocument(docs: list[Any], name: str) -> dict[str, Any]:
+    for doc in docs:
+        if isinstance(doc, dict) and doc.get("version") == "v1alpha1":
+            return doc
+    raise RenderError(f"template {name} has no v1alpha1 document")
+
+
+def _table(doc: dict[str, Any], *keys: str) -> dict[str, Any]:
+    for key in keys:
+        child = doc.get(key)
+        if child is None:
+            child = doc[key] = {}
+        if not isinstance(child, dict):
+            raise RenderError(f"template field {'.'.join(keys)} is not a mapping")
+        doc = child
+    return doc
+
+
+class TemplateRenderer:
+    """Render configurations from the templates in C{directory}."""
+
+    def __init__(self, directory: Path, defaultCluster: str = "default") -> None:
+        self.directory = directory
+        self.defaultCluster = defaultCluster
+
+    def templatePath(self, cluster: str | None) -> Path:
+        name = cluster or self.defaultCluster
+        if not _CLUSTER.match(name):
+            raise RenderError(f"bad cluster name {name!r}")
+        return self.directory / f"{name}.yaml"
+
+    def render(self, cluster: str | None, node: NodeFacts) -> bytes:
+        """The node's configuration as multi-document YAML bytes."""
+        path = self.templatePath(cluster)
+        docs = _documents(path)
+        machine = _machineDocument(docs, path.name)
+        _table(machine, "machine", "network")["hostname"] = node.name
+        if node.install_disk is not None:
+            _table(machine, "machine", "install")["disk"] = node.install_disk
+        labels = _table(machine, "machine", "nodeLabels")
+        labels.update(
+            {
+                "fleetd.io/device": node.name,
+                "fleetd.io/class": node.device_class,
+                "fleetd.io/run": node.run,
+            }
+        )
+        if node.bootstrap_token is not None:
+            _table(machine, "cluster")["token"] = node.bootstrap_token
+        out: str = yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True)
+        return out.encode("utf-8")

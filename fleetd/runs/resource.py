@@ -1,0 +1,134 @@
+"""
+C{POST /v1/admin/provision}: the owner starts runs, one per device.
+
+Body: C{{"devices": ["w1", ...], "desired_action": null | "netboot"}}.
+Answer 201 with C{{"runs": [{"run", "code", "device"}, ...]}}; the codes
+appear in this response and nowhere else. All devices are checked before
+any run starts: unknown devices, refused classes [T2] or a broken template
+refuse the whole request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from twisted.web import http
+from twisted.web.iweb import IRequest
+
+from fleetd.admin.resource import ownerOf, renderAsync
+from fleetd.inventory.model import Device, IInventory
+from fleetd.runs.registry import RunRegistry
+from fleetd.runs.render import NodeFacts, RenderError, TemplateRenderer
+from fleetd.store.journal import AsyncJournal
+from fleetd.web import Endpoint, textResponse
+
+REFUSED_CLASSES = frozenset({"worker-g2"})
+DESIRED_ACTIONS = frozenset({"netboot"})
+MAX_DEVICES = 1000
+
+
+class Refused(Exception):
+    def __init__(self, code: int, line: str) -> None:
+        super().__init__(line)
+        self.code = code
+
+
+def parseProvision(body: bytes) -> tuple[list[str], str | None]:
+    try:
+        doc = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise Refused(http.BAD_REQUEST, "body is not JSON") from e
+    if not isinstance(doc, dict) or set(doc) - {"devices", "desired_action"}:
+        raise Refused(http.BAD_REQUEST, "expected {devices, desired_action}")
+    names = doc.get("devices")
+    if (
+        not isinstance(names, list)
+        or not names
+        or len(names) > MAX_DEVICES
+        or not all(isinstance(n, str) and n for n in names)
+    ):
+        raise Refused(http.BAD_REQUEST, f"devices: 1 to {MAX_DEVICES} device names")
+    if len(set(names)) != len(names):
+        raise Refused(http.BAD_REQUEST, "devices: a device is named twice")
+    action = doc.get("desired_action")
+    if action is not None and action not in DESIRED_ACTIONS:
+        raise Refused(
+            http.BAD_REQUEST, f"desired_action: one of {sorted(DESIRED_ACTIONS)}"
+        )
+    return names, action
+
+
+class ProvisionResource(Endpoint):
+    isLeaf = True
+
+    def __init__(
+        self,
+        registry: RunRegistry,
+        inventory: IInventory,
+        renderer: TemplateRenderer,
+        journal: AsyncJournal,
+        ownerName: Callable[[IRequest], str | None] = ownerOf,
+    ) -> None:
+        super().__init__()
+        self._registry = registry
+        self._inventory = inventory
+        self._renderer = renderer
+        self._journal = journal
+        self._ownerName = ownerName
+
+    def render_POST(self, request: IRequest) -> bytes | int:
+        body = request.content.read() if request.content is not None else b""
+        actor = f"owner:{self._ownerName(request)}"
+        try:
+            names, action = parseProvision(body)
+        except Refused as e:
+            return textResponse(request, e.code, str(e))
+
+        async def work() -> tuple[int, Any]:
+            try:
+                return await self._provision(names, action, actor)
+            except Refused as e:
+                return e.code, {"error": str(e)}
+
+        return renderAsync(request, work)
+
+    async def _provision(
+        self, names: list[str], action: str | None, actor: str
+    ) -> tuple[int, Any]:
+        devices: list[Device] = []
+        for name in names:
+            device = await self._inventory.get(name)
+            if device is None:
+                raise Refused(http.NOT_FOUND, f"unknown device {name}")
+            if device.device_class in REFUSED_CLASSES:
+                await self._journal.append(
+                    "provision.refused",
+                    actor=actor,
+                    device=name,
+                    fields={"reason": "class-refused", "class": device.device_class},
+                )
+                raise Refused(
+                    http.CONFLICT,
+                    f"class-refused: {name} is of class {device.device_class},"
+                    " which cannot install through fleetd",
+                )
+            devices.append(device)
+        rendered = []
+        for device in devices:
+            facts = NodeFacts(device.name, device.device_class, run="")
+            try:
+                self._renderer.render(device.cluster, facts)  # fail before any run
+            except RenderError as e:
+                raise Refused(http.CONFLICT, f"template: {e}") from e
+            rendered.append(device)
+        provisioned = await self._registry.provision(
+            rendered,
+            actor=actor,
+            desiredAction=action,
+            render=lambda device, run: self._renderer.render(
+                device.cluster, NodeFacts(device.name, device.device_class, run=run)
+            ),
+        )
+        return http.CREATED, {"runs": [p.toJSON() for p in provisioned]}

@@ -1,0 +1,102 @@
+"""
+Persistent run records (schema migration 3 in fleetd.store.db).
+
+A run row holds the keyed digest of its code, never the code, and survives
+reboots; the rendered configuration and the served-config record live in
+the vault (tmpfs) and do not.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, replace
+from typing import Any
+
+from fleetd.store.db import Database
+
+
+NOTES = ("missing_noted", "refetch_noted")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One provision run as stored."""
+
+    id: str
+    device: str
+    digest: str
+    created_at: float
+    desired_action: str | None = None
+    superseded_by: str | None = None
+    missing_noted: bool = False
+    refetch_noted: bool = False
+
+    def toJSON(self) -> dict[str, Any]:
+        return {
+            "run": self.id,
+            "device": self.device,
+            "created_at": self.created_at,
+            "desired_action": self.desired_action,
+            "superseded_by": self.superseded_by,
+        }
+
+
+def _record(row: sqlite3.Row | tuple[Any, ...]) -> RunRecord:
+    return RunRecord(
+        id=row[0],
+        device=row[1],
+        digest=row[2],
+        created_at=row[3],
+        desired_action=row[4],
+        superseded_by=row[5],
+        missing_noted=bool(row[6]),
+        refetch_noted=bool(row[7]),
+    )
+
+
+_COLUMNS = (
+    "id, device, digest, created_at, desired_action, superseded_by, "
+    "missing_noted, refetch_noted"
+)
+
+
+def insertRuns(db: Database, runs: list[RunRecord]) -> list[RunRecord]:
+    """
+    Store new runs in one transaction; each supersedes its device's earlier
+    runs. Returns the ids of the superseded runs' records, updated.
+    """
+    superseded: list[RunRecord] = []
+    with db.transaction() as conn:
+        for run in runs:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM runs WHERE device = ? AND superseded_by IS NULL",
+                (run.device,),
+            ).fetchall()
+            conn.execute(
+                "UPDATE runs SET superseded_by = ? WHERE device = ? "
+                "AND superseded_by IS NULL",
+                (run.id, run.device),
+            )
+            superseded.extend(replace(_record(r), superseded_by=run.id) for r in rows)
+            conn.execute(
+                f"INSERT INTO runs ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL, 0, 0)",
+                (run.id, run.device, run.digest, run.created_at, run.desired_action),
+            )
+    return superseded
+
+
+def loadRuns(db: Database) -> list[RunRecord]:
+    """Every run, oldest first."""
+    with db.transaction(write=False) as conn:
+        rows = conn.execute(
+            f"SELECT {_COLUMNS} FROM runs ORDER BY created_at, id"
+        ).fetchall()
+    return [_record(r) for r in rows]
+
+
+def noteRun(db: Database, run: str, note: str) -> None:
+    """Set one of the 'journaled the first such request' flags of C{run}."""
+    if note not in NOTES:
+        raise ValueError(f"unknown note {note!r}")
+    with db.transaction() as conn:
+        conn.execute(f"UPDATE runs SET {note} = 1 WHERE id = ?", (run,))

@@ -1,0 +1,410 @@
+"""
+Tests for L{fleetd.inventory}: validation, and the L{IInventory} contract
+run against the embedded SQLite inventory.
+
+L{InventoryContractMixin} is backend-neutral: a test case supplies
+C{openInventory()} and runs every contract test against its backend (the
+NetBox fake runs the same mixin).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from twisted.internet.defer import Deferred, fail
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase
+
+from fleetd.inventory import (
+    Device,
+    DeviceStatus,
+    IInventory,
+    InventoryError,
+    ServedRecord,
+    SQLiteInventory,
+    validateDevice,
+)
+from fleetd.store import Database, InlineRunner, StoreError
+
+_T = TypeVar("_T")
+
+if TYPE_CHECKING:
+    _Base = SynchronousTestCase
+else:
+    _Base = object
+
+UUID1 = "4c4c4544-0042-3510-8052-b4c04f384833"
+UUID2 = "4c4c4544-0042-3510-8052-b4c04f384834"
+UUID3 = "4c4c4544-0042-3510-8052-b4c04f384835"
+
+
+def device(
+    name: str = "w1",
+    serial: str = "SN-0001",
+    uuid: str = UUID1,
+    macs: tuple[str, ...] = ("52:54:00:00:00:01",),
+    device_class: str = "worker-g3",
+    cluster: str | None = "folly",
+) -> Device:
+    return validateDevice(
+        name=name,
+        serial=serial,
+        uuid=uuid,
+        macs=macs,
+        device_class=device_class,
+        cluster=cluster,
+    )
+
+
+W1 = device()
+W2 = device("w2", "SN-0002", UUID2, ("52:54:00:00:00:02", "52:54:00:00:00:12"))
+W3 = device("w3", "SN-0003", UUID3, (), cluster=None)
+
+
+class InventoryContractMixin(_Base):
+    """
+    The behaviour every L{IInventory} backend shares.
+
+    Subclasses implement L{openInventory}: each call returns a new
+    inventory over the same backing store, as after a restart.
+    """
+
+    def openInventory(self) -> IInventory:
+        raise NotImplementedError()
+
+    def setUp(self) -> None:
+        self.inventory = self.openInventory()
+
+    def ok(self, d: Deferred[_T]) -> _T:
+        return self.successResultOf(d)
+
+    def refused(self, d: Deferred[Any], kind: str) -> InventoryError:
+        failure: Failure = self.failureResultOf(d, InventoryError)
+        error = failure.value
+        assert isinstance(error, InventoryError)
+        self.assertEqual(error.kind, kind, str(error))
+        self.assertNotIn("\n", str(error))
+        return error
+
+    def test_add_getReturnsDevice(self) -> None:
+        """A device added is returned by add and by get, case-insensitively."""
+        self.assertEqual(self.ok(self.inventory.add(W2)), W2)
+        self.assertEqual(self.ok(self.inventory.get("w2")), W2)
+        self.assertEqual(self.ok(self.inventory.get("W2")), W2)
+
+    def test_add_defaultsToInventoryStatus(self) -> None:
+        """A new device is in status inventory, with no desired action."""
+        added = self.ok(self.inventory.add(W3))
+        self.assertEqual((added.status, added.desired_action), ("inventory", None))
+
+    def test_get_unknownIsNone(self) -> None:
+        """get of an unknown or malformed name fires with None."""
+        self.assertIsNone(self.ok(self.inventory.get("nope")))
+        self.assertIsNone(self.ok(self.inventory.get("not a name!")))
+
+    def test_list_orderedByName(self) -> None:
+        """list returns every device, ordered by name, MACs in their order."""
+        for d in (W3, W1, W2):
+            self.ok(self.inventory.add(d))
+        self.assertEqual(self.ok(self.inventory.list()), [W1, W2, W3])
+
+    def test_list_empty(self) -> None:
+        """An empty inventory lists nothing."""
+        self.assertEqual(self.ok(self.inventory.list()), [])
+
+    def assertDuplicate(self, other: Device, field: str) -> None:
+        self.ok(self.inventory.add(W1))
+        error = self.refused(self.inventory.add(other), "duplicate")
+        self.assertIn(field, str(error))
+        self.assertEqual(self.ok(self.inventory.list()), [W1])
+
+    def test_add_duplicateName(self) -> None:
+        """A name already taken is refused as a duplicate naming the field."""
+        self.assertDuplicate(device("w1", "SN-9", UUID2, ()), "name")
+
+    def test_add_duplicateSerial(self) -> None:
+        """A serial already taken, in any case, is refused as a duplicate."""
+        self.assertDuplicate(device("w9", "sn-0001", UUID2, ()), "serial")
+
+    def test_add_duplicateUUID(self) -> None:
+        """A UUID already taken is refused as a duplicate."""
+        self.assertDuplicate(device("w9", "SN-9", UUID1.upper(), ()), "uuid")
+
+    def test_add_duplicateMAC(self) -> None:
+        """A MAC already on another device is refused as a duplicate."""
+        other = device("w9", "SN-9", UUID2, ("52-54-00-00-00-09", "525400000001"))
+        self.assertDuplicate(other, "mac")
+
+    def test_import_addsAll(self) -> None:
+        """importDevices adds every device and fires with the count."""
+        self.assertEqual(self.ok(self.inventory.importDevices([W1, W2, W3])), 3)
+        self.assertEqual(self.ok(self.inventory.list()), [W1, W2, W3])
+
+    def test_import_allOrNothingAgainstExisting(self) -> None:
+        """One duplicate of an existing device rejects the whole import."""
+        self.ok(self.inventory.add(W1))
+        clash = device("w9", "SN-9", UUID3, ("52:54:00:00:00:01",))
+        error = self.refused(self.inventory.importDevices([W2, clash]), "duplicate")
+        self.assertIn("w9", str(error))
+        self.assertEqual(self.ok(self.inventory.list()), [W1])
+
+    def test_import_allOrNothingWithinBatch(self) -> None:
+        """Two devices of one batch sharing a serial reject the batch."""
+        twin = device("w9", "SN-0002", UUID3, ())
+        self.refused(self.inventory.importDevices([W1, W2, twin]), "duplicate")
+        self.assertEqual(self.ok(self.inventory.list()), [])
+
+    def test_import_empty(self) -> None:
+        """Importing nothing succeeds with 0."""
+        self.assertEqual(self.ok(self.inventory.importDevices([])), 0)
+
+    def test_setStatus_changesAndReturns(self) -> None:
+        """setStatus changes the status and fires with the changed device."""
+        self.ok(self.inventory.add(W1))
+        changed = self.ok(self.inventory.setStatus("w1", DeviceStatus.PLANNED))
+        self.assertEqual(changed.status, DeviceStatus.PLANNED)
+        self.assertEqual(self.ok(self.inventory.get("w1")), changed)
+
+    def test_setStatus_unknownDevice(self) -> None:
+        """setStatus of an unknown device fails with not-found."""
+        self.refused(self.inventory.setStatus("w9", DeviceStatus.ACTIVE), "not-found")
+
+    def test_setStatus_unknownStatus(self) -> None:
+        """A status that is not a DeviceStatus is refused as invalid."""
+        self.ok(self.inventory.add(W1))
+        bogus: Any = "exploded"
+        self.refused(self.inventory.setStatus("w1", bogus), "invalid")
+
+    def test_setDesiredAction_setAndClear(self) -> None:
+        """setDesiredAction sets an action and None clears it."""
+        self.ok(self.inventory.add(W1))
+        changed = self.ok(self.inventory.setDesiredAction("w1", "netboot"))
+        self.assertEqual(changed.desired_action, "netboot")
+        cleared = self.ok(self.inventory.setDesiredAction("w1", None))
+        self.assertIsNone(cleared.desired_action)
+        self.assertEqual(self.ok(self.inventory.get("w1")), cleared)
+
+    def test_setDesiredAction_refusals(self) -> None:
+        """A malformed action is invalid; an unknown device is not-found."""
+        self.ok(self.inventory.add(W1))
+        self.refused(self.inventory.setDesiredAction("w1", "net boot"), "invalid")
+        self.refused(self.inventory.setDesiredAction("w9", "netboot"), "not-found")
+
+    def test_release_recordsAndStages(self) -> None:
+        """release records the run and moves the device to staged."""
+        self.ok(self.inventory.add(W1))
+        self.ok(self.inventory.setStatus("w1", DeviceStatus.PLANNED))
+        self.ok(self.inventory.release(ServedRecord("run-1", "w1", 10.0, "10.0.0.7")))
+        self.assertEqual(self.ok(self.inventory.releasedRuns()), {"run-1"})
+        got = self.ok(self.inventory.get("w1"))
+        assert got is not None
+        self.assertEqual(got.status, DeviceStatus.STAGED)
+
+    def test_release_idempotentForSameRun(self) -> None:
+        """Releasing the same run again changes nothing, not even the status."""
+        self.ok(self.inventory.add(W1))
+        record = ServedRecord("run-1", "w1", 10.0, "10.0.0.7")
+        self.ok(self.inventory.release(record))
+        self.ok(self.inventory.setStatus("w1", DeviceStatus.ACTIVE))
+        self.assertIsNone(self.ok(self.inventory.release(record)))
+        self.assertEqual(self.ok(self.inventory.releasedRuns()), {"run-1"})
+        got = self.ok(self.inventory.get("w1"))
+        assert got is not None
+        self.assertEqual(got.status, DeviceStatus.ACTIVE)
+
+    def test_release_sameRunOtherDevice(self) -> None:
+        """One run released for two devices is refused as a duplicate."""
+        self.ok(self.inventory.importDevices([W1, W2]))
+        self.ok(self.inventory.release(ServedRecord("run-1", "w1", 1.0, "p")))
+        self.refused(
+            self.inventory.release(ServedRecord("run-1", "w2", 1.0, "p")), "duplicate"
+        )
+
+    def test_release_unknownDevice(self) -> None:
+        """Releasing for a device not in the inventory fails with not-found."""
+        self.refused(
+            self.inventory.release(ServedRecord("run-1", "w9", 1.0, "p")), "not-found"
+        )
+        self.assertEqual(self.ok(self.inventory.releasedRuns()), set())
+
+    def test_releasedRuns_surviveReopen(self) -> None:
+        """Released runs and devices are still there after a reopen."""
+        self.ok(self.inventory.importDevices([W1, W2]))
+        self.ok(self.inventory.release(ServedRecord("run-1", "w1", 1.0, "p")))
+        self.ok(self.inventory.release(ServedRecord("run-2", "w2", 2.0, "p")))
+        reopened = self.openInventory()
+        self.assertEqual(self.ok(reopened.releasedRuns()), {"run-1", "run-2"})
+        self.assertEqual(
+            [d.name for d in self.ok(reopened.list())], ["w1", "w2"]
+        )
+
+
+class SQLiteInventoryContractTests(InventoryContractMixin, SynchronousTestCase):
+    """The contract, against L{SQLiteInventory} over a temporary database."""
+
+    def openInventory(self) -> IInventory:
+        if not hasattr(self, "path"):
+            self.path = Path(self.mktemp()) / "fleetd.sqlite3"
+        previous: Database | None = getattr(self, "db", None)
+        if previous is not None:
+            previous.close()
+        self.db = Database.open(self.path)
+        self.addCleanup(self.db.close)
+        return SQLiteInventory(InlineRunner(self.db))
+
+
+class _FailingRunner:
+    """A runner whose every call fails as a stopped or broken database does."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def run(self, f: Callable[[Database], _T]) -> Deferred[_T]:
+        return fail(self.error)
+
+
+class SQLiteInventoryTests(SynchronousTestCase):
+    """Behaviour particular to the SQLite backend."""
+
+    def test_migration2_tables(self) -> None:
+        """Migration 2 creates devices, device_macs and served_records."""
+        db = Database.open(Path(self.mktemp()) / "db.sqlite3")
+        self.addCleanup(db.close)
+        names = {
+            name
+            for (name,) in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'"
+            )
+        }
+        self.assertTrue({"devices", "device_macs", "served_records"} <= names)
+
+    def test_database_unavailable(self) -> None:
+        """A stopped runner or a database error is reported as unavailable."""
+        for error in (StoreError("stopped"), sqlite3.OperationalError("disk I/O")):
+            inventory = SQLiteInventory(_FailingRunner(error))
+            for d in (inventory.list(), inventory.add(W1), inventory.releasedRuns()):
+                failure = self.failureResultOf(d, InventoryError)
+                self.assertEqual(failure.value.kind, "unavailable")
+
+    def test_add_revalidates(self) -> None:
+        """A Device built by hand with a bad field is refused, not stored."""
+        db = Database.open(Path(self.mktemp()) / "db.sqlite3")
+        self.addCleanup(db.close)
+        inventory = SQLiteInventory(InlineRunner(db))
+        bad = Device("W 1", "S", UUID1, (), "worker", None)
+        failure = self.failureResultOf(inventory.add(bad), InventoryError)
+        self.assertEqual(failure.value.kind, "invalid")
+        self.assertEqual(self.successResultOf(inventory.list()), [])
+
+
+class ValidateDeviceTests(SynchronousTestCase):
+    """L{validateDevice} normalises good input and names the bad field."""
+
+    def base(self, **changes: Any) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "name": "w1",
+            "serial": "SN1",
+            "uuid": UUID1,
+            "macs": (),
+            "device_class": "worker",
+            "cluster": None,
+        }
+        fields.update(changes)
+        return fields
+
+    def test_normalises_goodInput(self) -> None:
+        """Names, UUIDs, MACs, classes and clusters come out canonical."""
+        cases: list[tuple[dict[str, Any], str, Any]] = [
+            ({"name": "W1"}, "name", "w1"),
+            ({"name": "a" * 63}, "name", "a" * 63),
+            ({"name": "rack-1-node-02"}, "name", "rack-1-node-02"),
+            ({"serial": "X" * 64}, "serial", "X" * 64),
+            ({"serial": "CZ2.3/4#x~"}, "serial", "CZ2.3/4#x~"),
+            ({"uuid": UUID1.upper()}, "uuid", UUID1),
+            ({"macs": ["52:54:00:AB:CD:EF"]}, "macs", ("52:54:00:ab:cd:ef",)),
+            ({"macs": ["52-54-00-ab-cd-ef"]}, "macs", ("52:54:00:ab:cd:ef",)),
+            ({"macs": ["525400ABCDEF"]}, "macs", ("52:54:00:ab:cd:ef",)),
+            (
+                {"macs": ["52:54:00:00:00:02", "52:54:00:00:00:01"]},
+                "macs",
+                ("52:54:00:00:00:02", "52:54:00:00:00:01"),
+            ),
+            ({"device_class": "Worker-G2"}, "device_class", "worker-g2"),
+            ({"cluster": "folly"}, "cluster", "folly"),
+            ({"desired_action": "netboot"}, "desired_action", "netboot"),
+            ({"status": "planned"}, "status", DeviceStatus.PLANNED),
+        ]
+        for changes, field, expected in cases:
+            result = validateDevice(**self.base(**changes))
+            self.assertEqual(getattr(result, field), expected, changes)
+
+    def test_refuses_badInput(self) -> None:
+        """Each bad value is refused as invalid, in one line naming its field."""
+        cases: list[tuple[dict[str, Any], str]] = [
+            ({"name": ""}, "name:"),
+            ({"name": "-w1"}, "name:"),
+            ({"name": "w1-"}, "name:"),
+            ({"name": "w_1"}, "name:"),
+            ({"name": "w1.example"}, "name:"),
+            ({"name": "a" * 64}, "name:"),
+            ({"name": 7}, "name:"),
+            ({"serial": ""}, "serial:"),
+            ({"serial": "SN 1"}, "serial:"),
+            ({"serial": "X" * 65}, "serial:"),
+            ({"serial": "SN\u00e91"}, "serial:"),
+            ({"serial": "SN\n1"}, "serial:"),
+            ({"uuid": "4c4c4544004235108052b4c04f384833"}, "uuid:"),
+            ({"uuid": "{" + UUID1 + "}"}, "uuid:"),
+            ({"uuid": UUID1[:-1] + "g"}, "uuid:"),
+            ({"uuid": "00000000-0000-0000-0000-000000000000"}, "uuid:"),
+            ({"uuid": "ffffffff-ffff-ffff-ffff-ffffffffffff"}, "uuid:"),
+            ({"macs": ["52:54:00:ab:cd"]}, "mac:"),
+            ({"macs": ["52:54-00:ab:cd:ef"]}, "mac:"),
+            ({"macs": ["5254.00ab.cdef"]}, "mac:"),
+            ({"macs": ["01:00:5e:00:00:01"]}, "multicast"),
+            ({"macs": ["ff:ff:ff:ff:ff:ff"]}, "multicast"),
+            ({"macs": ["00:00:00:00:00:00"]}, "all-zero"),
+            ({"macs": ["52:54:00:00:00:01", "525400000001"]}, "twice"),
+            ({"macs": "52:54:00:00:00:01"}, "macs:"),
+            ({"device_class": ""}, "class:"),
+            ({"device_class": "-worker"}, "class:"),
+            ({"device_class": "w" * 33}, "class:"),
+            ({"cluster": "fol ly"}, "cluster:"),
+            ({"status": "exploded"}, "status:"),
+            ({"desired_action": "net_boot"}, "desired_action:"),
+        ]
+        for changes, fragment in cases:
+            with self.assertRaises(InventoryError, msg=repr(changes)) as caught:
+                validateDevice(**self.base(**changes))
+            error = caught.exception
+            self.assertEqual(error.kind, "invalid")
+            self.assertIn(fragment, str(error), changes)
+            self.assertNotIn("\n", str(error))
+
+    def test_toJSON_keys(self) -> None:
+        """toJSON names the fields as the admin API does (class, macs list)."""
+        self.assertEqual(
+            W2.toJSON(),
+            {
+                "name": "w2",
+                "serial": "SN-0002",
+                "uuid": UUID2,
+                "macs": ["52:54:00:00:00:02", "52:54:00:00:00:12"],
+                "class": "worker-g3",
+                "cluster": "folly",
+                "status": "inventory",
+                "desired_action": None,
+            },
+        )
+
+    def test_status_namesAreNetBoxs(self) -> None:
+        """DeviceStatus values are NetBox's DeviceStatusChoices names."""
+        self.assertEqual(
+            sorted(s.value for s in DeviceStatus),
+            sorted(
+                "offline active planned staged failed inventory decommissioning".split()
+            ),
+        )
