@@ -237,9 +237,7 @@ class InventoryContractMixin(_Base):
         self.ok(self.inventory.release(ServedRecord("run-2", "w2", 2.0, "p")))
         reopened = self.openInventory()
         self.assertEqual(self.ok(reopened.releasedRuns()), {"run-1", "run-2"})
-        self.assertEqual(
-            [d.name for d in self.ok(reopened.list())], ["w1", "w2"]
-        )
+        self.assertEqual([d.name for d in self.ok(reopened.list())], ["w1", "w2"])
 
 
 class SQLiteInventoryContractTests(InventoryContractMixin, SynchronousTestCase):

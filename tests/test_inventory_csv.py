@@ -147,9 +147,11 @@ _serials = st.text(
     max_size=64,
 )
 _uuids = st.uuids().map(str).filter(lambda u: u.strip("0-") and u.strip("f-"))
-_macs = st.integers(0, 2**48 - 1).map(
-    lambda n: ":".join(f"{b:02x}" for b in (n & ~(1 << 40)).to_bytes(6, "big"))
-).filter(lambda m: m != "00:00:00:00:00:00")
+_macs = (
+    st.integers(0, 2**48 - 1)
+    .map(lambda n: ":".join(f"{b:02x}" for b in (n & ~(1 << 40)).to_bytes(6, "big")))
+    .filter(lambda m: m != "00:00:00:00:00:00")
+)
 
 
 @st.composite

@@ -166,7 +166,9 @@ class ConfigResource(resource.Resource):
             raise BadQuery("uuid and serial are required")
         run = self._registry.byCode(ident.code) if wellFormedCode(ident.code) else None
         if run is None:
-            return self._refuse(request, peer, "unknown", http.NOT_FOUND, "unknown code")
+            return self._refuse(
+                request, peer, "unknown", http.NOT_FOUND, "unknown code"
+            )
         return self._serve(request, peer, run, ident)
 
     def _renderBearer(
@@ -200,7 +202,9 @@ class ConfigResource(resource.Resource):
             or (ident.uuid or "").strip().lower() != known[0]
             or (ident.serial or "").strip() != known[1]
         ):
-            self.log.warn("config.wrong-machine {device} {peer}", device=device, peer=peer)
+            self.log.warn(
+                "config.wrong-machine {device} {peer}", device=device, peer=peer
+            )
             return self._refuse(
                 request, peer, "wrong_machine", http.FORBIDDEN,
                 "this code belongs to another machine",

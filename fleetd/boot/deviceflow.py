@@ -17,27 +17,19 @@ an error message or a listing.  A user code is a public reference to one
 request (knowing it grants nothing without the owner certificate), so it
 is logged and journaled to let the owner match the console to the journal.
 
-Answers follow golang.org/x/oauth2 (C{deviceauth.go}, C{internal/token.go}):
+Answers follow golang.org/x/oauth2: errors are 400 JSON C{{"error": ...}};
+polls are paced by L{PollPacer} (C{slow_down} adds 5 s for good); the
+access token is handed out once, on the first poll after approval (the
+client stops at the first 200; later polls get C{invalid_grant}, and only a
+digest of the token is kept); an expired request answers C{expired_token}
+for one more lifetime, then is forgotten.
 
-  - errors are 400 JSON C{{"error": ...}}; C{slow_down} grows the request's
-    interval by 5 s for good (RFC 8628 section 3.5);
-  - that client sends every unsuccessful poll twice back to back (its
-    auth-style probe: Basic header first, then form parameters), and its
-    first poll comes right after C{/device/code}; so a poll window admits
-    two requests, and only a third one inside C{interval} is too fast;
-  - the access token is handed out once, on the first poll after approval;
-    later polls with that device code get C{invalid_grant} (the client
-    stops at the first 200, and nothing but a digest of the token is kept);
-  - a request that expired answers C{expired_token} for one more lifetime,
-    then is forgotten (C{invalid_grant}).
-
-Brute force: requests for codes, and polls with unknown device codes or
-malformed parameters, spend from a per-source and global L{RateLimiter}
-(429 C{{"error": "rate_limited"}} with C{Retry-After}); at most
-C{maxPending} requests are held (503 C{temporarily_unavailable}); failed
-approvals (unknown user codes) spend from their own small budget, RFC 8628
-section 5.1's "about 5 attempts per code lifetime", and once it is spent
-every approval is refused for a while, hits included.
+Brute force: code requests, and polls with unknown device codes or bad
+parameters, spend from a per-source and global L{RateLimiter} (429
+C{rate_limited}); at most C{maxPending} requests are held (503
+C{temporarily_unavailable}); failed approvals spend from a small budget
+(RFC 8628 section 5.1: about 5 guesses per code lifetime), and once it is
+spent every approval is refused for a while, right guesses included.
 
 A device-flow approval only lets a node fetch its ready run's config; it
 never approves an EK binding [T1] and touches no binding at all.
@@ -46,7 +38,6 @@ never approves an EK binding [T1] and touches no binding at all.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import secrets
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -57,27 +48,13 @@ from typing import Literal, Protocol
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from fleetd.boot.ratelimit import RateLimiter, sourceKey
-
-__all__ = [
-    "ALPHABET",
-    "GRANT_TYPE",
-    "DeviceFlow",
-    "DeviceFlowError",
-    "Grant",
-    "IRunLookup",
-    "PendingRequest",
-    "displayUserCode",
-    "normaliseUserCode",
-]
+from fleetd.boot.ratelimit import PollPacer, RateLimiter, sourceKey
 
 ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"
 USER_CODE_LENGTH = 8
 GRANT_TYPE = "urn:ietf:params:oauth:grant-type:device_code"
 REPORTED = ("uuid", "serial", "mac", "hostname", "code")
 MAX_VALUE = 256
-SLOW_DOWN_STEP = 5
-POLLS_PER_INTERVAL = 2
 
 Answer = tuple[int, dict[str, object]]
 State = Literal["pending", "approved", "denied"]
@@ -152,10 +129,6 @@ class DeviceFlowError(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 def normaliseUserCode(text: str) -> str | None:
@@ -204,59 +177,22 @@ class _Phase(Enum):
     DENIED = "denied"
 
 
+@dataclass(eq=False)
 class _Request:
     """One request's mutable state, keyed by its device-code digest."""
 
-    def __init__(
-        self,
-        digest: bytes,
-        user: str,
-        clientID: str,
-        reported: dict[str, str],
-        peer: str,
-        now: float,
-        expiresIn: int,
-        interval: int,
-    ) -> None:
-        self.digest = digest
-        self.user = user
-        self.clientID = clientID
-        self.reported = reported
-        self.peer = peer
-        self.createdAt = now
-        self.expiresAt = now + expiresIn
-        self.phase = _Phase.PENDING
-        self.device: str | None = None
-        self.run: str | None = None
-        self.decidedBy: str | None = None
-        self.interval = interval
-        self._windowStart: float | None = None
-        self._windowPolls = 0
-        self._windowSlow = False
-
-    def tooFast(self, now: float) -> bool:
-        """
-        Count one poll at C{now}; whether it comes too early (C{slow_down}).
-
-        A window opens with a poll at least C{interval} (less a little
-        slack for network jitter) after the previous window opened, and
-        admits L{POLLS_PER_INTERVAL} polls.  The first poll over that makes
-        the interval 5 s longer for good; every further poll in the same
-        window is also told to slow down, without growing it again.
-        """
-        slack = min(1.0, self.interval / 5)
-        start = self._windowStart
-        if start is None or now - start >= self.interval - slack:
-            self._windowStart, self._windowPolls, self._windowSlow = now, 1, False
-            return False
-        self._windowPolls += 1
-        if self._windowSlow:
-            return True
-        if self._windowPolls <= POLLS_PER_INTERVAL:
-            return False
-        self.interval += SLOW_DOWN_STEP
-        self._windowSlow = True
-        return True
+    digest: bytes
+    user: str
+    clientID: str
+    reported: dict[str, str] = field(repr=False)
+    peer: str
+    createdAt: float
+    expiresAt: float
+    pacer: PollPacer
+    phase: _Phase = _Phase.PENDING
+    device: str | None = None
+    run: str | None = None
+    decidedBy: str | None = None
 
     def snapshot(self) -> PendingRequest:
         state: State = "approved" if self.phase is _Phase.ISSUED else self.phase.value
@@ -347,9 +283,9 @@ class DeviceFlow:
                 if (value := _value(form, name)) is not None
             }
         except ValueError as e:
-            return self._invalid(peer, str(e))
+            return self._invalid(peer, str(e), spend=False)
         if clientID is None:
-            return self._invalid(peer, "client_id is required")
+            return self._invalid(peer, "client_id is required", spend=False)
         if not self._makeRoom(now):
             self.log.warn("deviceflow.full {limit}", limit=self.maxPending)
             return 503, _error("temporarily_unavailable", "too many pending requests")
@@ -361,9 +297,9 @@ class DeviceFlow:
             clientID,
             reported,
             peer,
-            now,
-            self.expiresIn,
-            self.interval,
+            createdAt=now,
+            expiresAt=now + self.expiresIn,
+            pacer=PollPacer(self.interval),
         )
         self._requests[request.digest] = request
         self._byUser[user] = request
@@ -408,7 +344,7 @@ class DeviceFlow:
             return 400, _error("invalid_grant", "the token was already issued")
         if request.phase is _Phase.APPROVED:
             return self._issue(request, now)
-        if request.tooFast(now):
+        if request.pacer.tooFast(now):
             return 400, _error("slow_down")
         return 400, _error("authorization_pending")
 
@@ -512,18 +448,17 @@ class DeviceFlow:
     def _spend(self, peer: str) -> bool:
         return self._limiter is None or self._limiter.allow(sourceKey(peer))
 
-    def _refuse(self, peer: str, error: str) -> Answer:
-        """A bad poll costs the peer a token; with none left it is a 429."""
-        if not self._spend(peer):
+    def _refuse(
+        self, peer: str, error: str, reason: str | None = None, spend: bool = True
+    ) -> Answer:
+        """A bad request costs the peer a token; with none left it is a 429."""
+        if spend and not self._spend(peer):
             return 429, _error("rate_limited")
         self.log.warn("deviceflow.refused {error} {peer}", error=error, peer=peer)
-        return 400, _error(error)
+        return 400, _error(error, reason)
 
-    def _invalid(self, peer: str, reason: str) -> Answer:
-        answer = self._refuse(peer, "invalid_request")
-        if answer[0] == 400:
-            answer[1]["error_description"] = reason
-        return answer
+    def _invalid(self, peer: str, reason: str, spend: bool = True) -> Answer:
+        return self._refuse(peer, "invalid_request", reason, spend)
 
     def _makeRoom(self, now: float) -> bool:
         """Make room for one more request by dropping an expired one if need be."""
@@ -580,7 +515,7 @@ class DeviceFlow:
             )
         letters = normaliseUserCode(userCode)
         request = None if letters is None else self._byUser.get(letters)
-        if request is None or not hmac.compare_digest(request.user, letters or ""):
+        if request is None:
             budget.allow(owner)
             raise DeviceFlowError("unknown-user-code", "no such user code")
         if self._clock.seconds() >= request.expiresAt:

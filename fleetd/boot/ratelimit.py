@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 from twisted.internet.interfaces import IReactorTime
 
-__all__ = ["RateLimiter", "sourceKey"]
+__all__ = ["PollPacer", "RateLimiter", "sourceKey"]
 
 
 def sourceKey(host: str) -> str:
@@ -147,3 +147,39 @@ class RateLimiter:
             bucket.wait(cost, self.rate), self._global.wait(cost, self.globalRate)
         )
         return max(1, math.ceil(wait))
+
+
+class PollPacer:
+    """
+    The RFC 8628 C{slow_down} rule for one device code's polls.
+
+    A window opens with a poll at least C{interval} (less a little slack
+    for network jitter) after the previous window opened, and admits
+    C{perWindow} polls: golang.org/x/oauth2 sends every unsuccessful poll
+    twice back to back (its auth-style probe, Basic header first, then form
+    parameters).  The first poll over that grows the interval by C{step}
+    seconds for good ("for this and all subsequent requests"); later polls
+    in the same window are also too fast, without growing it again.
+    """
+
+    __slots__ = ("_polls", "_slow", "_start", "interval", "perWindow", "step")
+
+    def __init__(self, interval: int, *, step: int = 5, perWindow: int = 2) -> None:
+        self.interval = interval
+        self.step = step
+        self.perWindow = perWindow
+        self._start: float | None = None
+        self._polls = 0
+        self._slow = False
+
+    def tooFast(self, now: float) -> bool:
+        """Count one poll at C{now}; whether to answer it C{slow_down}."""
+        slack = min(1.0, self.interval / 5)
+        if self._start is None or now - self._start >= self.interval - slack:
+            self._start, self._polls, self._slow = now, 1, False
+            return False
+        self._polls += 1
+        if not self._slow and self._polls > self.perWindow:
+            self.interval += self.step
+            self._slow = True
+        return self._slow

@@ -34,6 +34,19 @@ class CLIError(Exception):
         self.status = status
 
 
+def _errorLine(data: bytes) -> str:
+    """The first line of an error body, or its JSON C{error} member."""
+    text = data.decode("utf-8", "replace").strip()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("error"), str):
+        text = doc["error"]
+    lines = text.splitlines()
+    return lines[0] if lines else ""
+
+
 class AdminClient:
     """A small synchronous HTTPS client for C{/v1/admin/*} with the owner cert."""
 
@@ -93,10 +106,7 @@ class AdminClient:
         finally:
             conn.close()
         if not 200 <= response.status < 300:
-            line = data.decode("utf-8", "replace").strip().splitlines()
-            raise CLIError(
-                f"fleetd answered {response.status}: {line[0] if line else ''}"
-            )
+            raise CLIError(f"fleetd answered {response.status}: {_errorLine(data)}")
         try:
             return json.loads(data)
         except ValueError as e:
@@ -180,6 +190,10 @@ def buildParser() -> argparse.ArgumentParser:
     from fleetd.cli import devices
 
     devices.addCommands(commands)
+
+    from fleetd.cli import provision
+
+    provision.addCommands(commands)
 
     from fleetd.cli.dnscheck import addArguments
 

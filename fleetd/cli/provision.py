@@ -1,0 +1,46 @@
+"""
+C{fleetctl provision NAME... [--desired-action netboot]}.
+
+One run per device, all in one request (a rack at once). Prints each run
+id and its one-time code; the codes are shown here and nowhere else, so
+this output is what the owner writes to META 0x0b (or hands to the
+installer). C{--json}: an object for one name, an array for several.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import IO, Any
+
+from fleetd.config import Settings
+
+
+def addCommands(commands: Any) -> None:
+    provision = commands.add_parser(
+        "provision", help="start a run per device: render, mint a one-time code"
+    )
+    provision.add_argument("names", nargs="+", metavar="NAME")
+    provision.add_argument(
+        "--desired-action",
+        choices=["netboot"],
+        help="the run expects a network boot after install [B3]",
+    )
+    provision.set_defaults(handler=cmdProvision)
+
+
+def cmdProvision(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
+    from fleetd.cli.fleetctl import AdminClient
+
+    result = AdminClient(settings).request(
+        "POST",
+        "/v1/admin/provision",
+        body={"devices": args.names, "desired_action": args.desired_action},
+    )
+    runs = result["runs"]
+    if args.json:
+        out.write(json.dumps(runs[0] if len(runs) == 1 else runs) + "\n")
+    else:
+        for run in runs:
+            out.write(f"{run['device']}  run {run['run']}  code {run['code']}\n")
+    return 0
