@@ -341,12 +341,12 @@ class FleetdService(MultiService):
             signal.signal(signal.SIGHUP, signal.SIG_DFL)
         self.log.info("fleetd.stopping")
         Service.stopService(self)
-        self.runs.stop()
         # Listeners first, the database worker last (after the run load).
         pending: list[Deferred[Any]] = []
         if self._loading is not None:
             loading, self._loading = self._loading, None
             pending.append(loading)
+        pending.append(self.runs.stop())
         for child in reversed(list(self)):
             if isinstance(child, _RunnerService):
                 continue

@@ -372,7 +372,8 @@ class DeviceCommandTests(DaemonTestMixin, TestCase):
     async def _addListShow(self) -> None:
         self.start()
         code, out, err = await self.fleetctl(
-            f"device add W1 --serial SN-1 --uuid {UUID1.upper()} --mac 52-54-00-00-00-01 --class worker-g3 --cluster folly"
+            f"device add W1 --serial SN-1 --uuid {UUID1.upper()}"
+            " --mac 52-54-00-00-00-01 --class worker-g3 --cluster folly"
         )
         self.assertEqual((code, out, err), (0, "added device w1\n", ""))
         code, out, err = await self.fleetctl(
@@ -381,13 +382,13 @@ class DeviceCommandTests(DaemonTestMixin, TestCase):
         self.assertEqual((code, err), (0, ""))
         self.assertEqual(json.loads(out)["name"], "w2")
 
-        code, out, _ = await self.fleetctl("device", "list", "--json")
+        code, out, _ = await self.fleetctl("device list --json")
         self.assertEqual(code, 0)
         listed = json.loads(out)
         self.assertEqual(listed[0], W1_STORED)
         self.assertEqual([d["name"] for d in listed], ["w1", "w2"])
 
-        code, out, _ = await self.fleetctl("device", "list")
+        code, out, _ = await self.fleetctl("device list")
         self.assertEqual(
             out.splitlines(),
             [
@@ -397,7 +398,7 @@ class DeviceCommandTests(DaemonTestMixin, TestCase):
             ],
         )
 
-        code, out, _ = await self.fleetctl("device", "show", "w1")
+        code, out, _ = await self.fleetctl("device show w1")
         self.assertEqual(
             out.splitlines(),
             [
@@ -411,10 +412,10 @@ class DeviceCommandTests(DaemonTestMixin, TestCase):
                 "desired_action: -",
             ],
         )
-        code, out, _ = await self.fleetctl("--json", "device", "show", "w1")
+        code, out, _ = await self.fleetctl("--json device show w1")
         self.assertEqual(json.loads(out), W1_STORED)
 
-        code, out, err = await self.fleetctl("device", "show", "w9")
+        code, out, err = await self.fleetctl("device show w9")
         self.assertEqual((code, out), (1, ""))
         self.assertEqual(err, "fleetctl: fleetd answered 404: no device named w9\n")
 
@@ -427,13 +428,13 @@ class DeviceCommandTests(DaemonTestMixin, TestCase):
             "fleetctl: fleetd answered 409: serial SN-1 already belongs to device w1\n",
         )
         code, _, err = await self.fleetctl(
-            f"device add w3 --serial SN-3 --uuid nope --class worker"
+            "device add w3 --serial SN-3 --uuid nope --class worker"
         )
         self.assertEqual(code, 1)
         self.assertTrue(err.startswith("fleetctl: device add: uuid: 'nope'"), err)
         self.assertEqual(err.count("\n"), 1)
 
-        code, out, _ = await self.fleetctl("--json", "journal", "--device", "w1")
+        code, out, _ = await self.fleetctl("--json journal --device w1")
         self.assertEqual([e["event"] for e in json.loads(out)], ["device.added"])
 
     def test_device_addListShow(self) -> None:
@@ -475,9 +476,9 @@ class DeviceCommandTests(DaemonTestMixin, TestCase):
         self.assertIn("cannot read", err)
         self.assertEqual(err.count("\n"), 1)
 
-        code, out, _ = await self.fleetctl("--json", "device", "list")
+        code, out, _ = await self.fleetctl("--json device list")
         self.assertEqual([d["name"] for d in json.loads(out)], ["w2", "w3"])
-        code, out, _ = await self.fleetctl("--json", "journal")
+        code, out, _ = await self.fleetctl("--json journal")
         imported = [e for e in json.loads(out) if e["event"] == "device.imported"]
         self.assertEqual([e["fields"] for e in imported], [{"count": 2}])
 

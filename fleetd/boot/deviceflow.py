@@ -41,8 +41,8 @@ import hashlib
 import secrets
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Literal, Protocol
 
 from twisted.internet.interfaces import IReactorTime
@@ -76,7 +76,7 @@ class Grant:
 @dataclass(frozen=True)
 class PendingRequest:
     """
-    A snapshot of one device authorization request.
+    One device authorization request, as the owner sees it.
 
     @ivar reported: what the node sent (C{uuid}, C{serial}, C{mac},
         C{hostname}, C{code}); C{code} is a bearer secret, left out of
@@ -90,7 +90,7 @@ class PendingRequest:
     client_id: str
     created_at: float
     expires_at: float
-    state: State
+    state: State = "pending"
     device: str | None = None
     run: str | None = None
     decided_by: str | None = None
@@ -156,59 +156,25 @@ def _digest(secret: str) -> bytes:
 def _value(form: Mapping[str, str], name: str) -> str | None:
     """A form value, or L{None} if absent; raise if too long or unprintable."""
     value = form.get(name)
-    if value is None:
-        return None
-    if len(value) > MAX_VALUE or not value.isprintable():
+    if value is not None and (len(value) > MAX_VALUE or not value.isprintable()):
         raise ValueError(f"{name} must be at most {MAX_VALUE} printable characters")
     return value
 
 
 def _error(error: str, description: str | None = None) -> dict[str, object]:
-    document: dict[str, object] = {"error": error}
-    if description is not None:
-        document["error_description"] = description
-    return document
-
-
-class _Phase(Enum):
-    PENDING = "pending"
-    APPROVED = "approved"
-    ISSUED = "issued"
-    DENIED = "denied"
+    if description is None:
+        return {"error": error}
+    return {"error": error, "error_description": description}
 
 
 @dataclass(eq=False)
 class _Request:
-    """One request's mutable state, keyed by its device-code digest."""
+    """One held request: its device-code digest, pacing and owner's view."""
 
     digest: bytes
-    user: str
-    clientID: str
-    reported: dict[str, str] = field(repr=False)
-    peer: str
-    createdAt: float
-    expiresAt: float
+    letters: str
     pacer: PollPacer
-    phase: _Phase = _Phase.PENDING
-    device: str | None = None
-    run: str | None = None
-    decidedBy: str | None = None
-
-    def snapshot(self) -> PendingRequest:
-        state: State = "approved" if self.phase is _Phase.ISSUED else self.phase.value
-        return PendingRequest(
-            user_code=displayUserCode(self.user),
-            reported=dict(self.reported),
-            peer=self.peer,
-            client_id=self.clientID,
-            created_at=self.createdAt,
-            expires_at=self.expiresAt,
-            state=state,
-            device=self.device,
-            run=self.run,
-            decided_by=self.decidedBy,
-            issued=self.phase is _Phase.ISSUED,
-        )
+    view: PendingRequest
 
 
 class DeviceFlow:
@@ -243,7 +209,7 @@ class DeviceFlow:
         limiter: RateLimiter | None = None,
         approveLimiter: RateLimiter | None = None,
     ) -> None:
-        if expiresIn < 1 or interval < 1 or tokenExpiresIn < 1 or maxPending < 1:
+        if min(expiresIn, interval, tokenExpiresIn, maxPending) < 1:
             raise ValueError("expiresIn, interval, tokenExpiresIn, maxPending >= 1")
         self._clock = clock
         self._runs = runs
@@ -275,43 +241,37 @@ class DeviceFlow:
             return 429, _error("rate_limited")
         try:
             clientID = _value(form, "client_id")
-            for ignored in ("scope", "audience"):
-                _value(form, ignored)
-            reported = {
-                name: value
-                for name in REPORTED
-                if (value := _value(form, name)) is not None
-            }
+            for unused in ("scope", "audience"):  # checked, then ignored
+                _value(form, unused)
+            reported = {n: v for n in REPORTED if (v := _value(form, n)) is not None}
         except ValueError as e:
-            return self._invalid(peer, str(e), spend=False)
+            return self._refuse(peer, "invalid_request", str(e), spend=False)
         if clientID is None:
-            return self._invalid(peer, "client_id is required", spend=False)
+            return self._refuse(peer, "invalid_request", "client_id is required", False)
         if not self._makeRoom(now):
             self.log.warn("deviceflow.full {limit}", limit=self.maxPending)
             return 503, _error("temporarily_unavailable", "too many pending requests")
         deviceCode = secrets.token_urlsafe(32)
-        user = self._newUserCode()
-        request = _Request(
-            _digest(deviceCode),
-            user,
-            clientID,
-            reported,
-            peer,
-            createdAt=now,
-            expiresAt=now + self.expiresIn,
-            pacer=PollPacer(self.interval),
+        letters = self._newUserCode()
+        view = PendingRequest(
+            user_code=displayUserCode(letters),
+            reported=MappingProxyType(reported),
+            peer=peer,
+            client_id=clientID,
+            created_at=now,
+            expires_at=now + self.expiresIn,
         )
-        self._requests[request.digest] = request
-        self._byUser[user] = request
+        request = _Request(_digest(deviceCode), letters, PollPacer(self.interval), view)
+        self._requests[request.digest] = self._byUser[letters] = request
         self.log.info(
             "deviceflow.requested {request} {peer}",
-            request=displayUserCode(user),
+            request=view.user_code,
             peer=peer,
             reported=sorted(reported),
         )
         return 200, {
             "device_code": deviceCode,
-            "user_code": displayUserCode(user),
+            "user_code": view.user_code,
             "verification_uri": self.verificationURI,
             "expires_in": self.expiresIn,
             "interval": self.interval,
@@ -320,29 +280,30 @@ class DeviceFlow:
     def poll(self, form: Mapping[str, str], peer: str) -> Answer:
         """C{POST /token}: the device access token request (section 3.4)."""
         self.expire()
-        now = self._clock.seconds()
         try:
             grantType = _value(form, "grant_type")
             deviceCode = _value(form, "device_code")
             clientID = _value(form, "client_id")
         except ValueError as e:
-            return self._invalid(peer, str(e))
+            return self._refuse(peer, "invalid_request", str(e))
         if grantType is None:
-            return self._invalid(peer, "grant_type is required")
+            return self._refuse(peer, "invalid_request", "grant_type is required")
         if grantType != GRANT_TYPE:
             return self._refuse(peer, "unsupported_grant_type")
         if deviceCode is None or clientID is None:
-            return self._invalid(peer, "device_code and client_id are required")
+            reason = "device_code and client_id are required"
+            return self._refuse(peer, "invalid_request", reason)
         request = self._requests.get(_digest(deviceCode))
-        if request is None or request.clientID != clientID:
+        if request is None or request.view.client_id != clientID:
             return self._refuse(peer, "invalid_grant")
-        if now >= request.expiresAt:
+        view, now = request.view, self._clock.seconds()
+        if now >= view.expires_at:
             return 400, _error("expired_token")
-        if request.phase is _Phase.DENIED:
+        if view.state == "denied":
             return 400, _error("access_denied")
-        if request.phase is _Phase.ISSUED:
+        if view.issued:
             return 400, _error("invalid_grant", "the token was already issued")
-        if request.phase is _Phase.APPROVED:
+        if view.state == "approved":
             return self._issue(request, now)
         if request.pacer.tooFast(now):
             return 400, _error("slow_down")
@@ -350,32 +311,27 @@ class DeviceFlow:
 
     def retryAfter(self, peer: str) -> int:
         """Seconds for the C{Retry-After} of a 429 or 503 to C{peer}."""
-        now = self._clock.seconds()
         wait = 1
         if self._limiter is not None and not self._limiter.peek(sourceKey(peer)):
             wait = self._limiter.retryAfter(sourceKey(peer))
         if len(self._requests) >= self.maxPending:
-            oldest = next(iter(self._requests.values()))
-            wait = max(wait, int(oldest.expiresAt - now) + 1)
+            oldest = next(iter(self._requests.values())).view.expires_at
+            wait = max(wait, int(oldest - self._clock.seconds()) + 1)
         return wait
 
     def malformed(self, peer: str, reason: str) -> Answer:
-        """The answer to a body that is not a strict form (the resource's)."""
-        return self._invalid(peer, reason)
+        """The answer to a body that is not a strict form (see the resource)."""
+        return self._refuse(peer, "invalid_request", reason)
 
     def authorize(self, accessToken: str) -> Grant | None:
         """What C{accessToken} (from C{Authorization: Bearer}) allows, if any."""
         self.expire()
         if not 0 < len(accessToken) <= MAX_VALUE:
             return None
-        digest = _digest(accessToken)
-        found = self._grants.get(digest)
-        if found is None:
+        found = self._grants.get(_digest(accessToken))
+        if found is None or self._clock.seconds() >= found[1]:
             return None
-        grant, expiresAt = found
-        if self._clock.seconds() >= expiresAt:
-            return None
-        return grant
+        return found[0]
 
     # The owner's side
 
@@ -384,9 +340,9 @@ class DeviceFlow:
         self.expire()
         now = self._clock.seconds()
         return [
-            r.snapshot()
+            r.view
             for r in self._requests.values()
-            if r.phase is _Phase.PENDING and now < r.expiresAt
+            if r.view.state == "pending" and now < r.view.expires_at
         ]
 
     def approve(self, userCode: str, device: str, owner: str) -> PendingRequest:
@@ -400,31 +356,30 @@ class DeviceFlow:
             raise DeviceFlowError("invalid", "device: not a device name")
         run = self._runs.readyRun(device)
         if run is None:
-            raise DeviceFlowError(
-                "no-ready-run", f"{device} has no ready run: provision {device} first"
-            )
-        request.phase = _Phase.APPROVED
-        request.device, request.run, request.decidedBy = device, run, owner
+            message = f"{device} has no ready run: provision {device} first"
+            raise DeviceFlowError("no-ready-run", message)
+        request.view = replace(
+            request.view, state="approved", device=device, run=run, decided_by=owner
+        )
         self.log.info(
             "deviceflow.approved {request} {device} {run} {owner}",
-            request=displayUserCode(request.user),
+            request=request.view.user_code,
             device=device,
             run=run,
             owner=owner,
         )
-        return request.snapshot()
+        return request.view
 
     def deny(self, userCode: str, owner: str) -> PendingRequest:
         """Refuse the request C{userCode}; its node's next poll stops."""
         request = self._decidable(userCode, owner)
-        request.phase = _Phase.DENIED
-        request.decidedBy = owner
+        request.view = replace(request.view, state="denied", decided_by=owner)
         self.log.info(
             "deviceflow.denied {request} {owner}",
-            request=displayUserCode(request.user),
+            request=request.view.user_code,
             owner=owner,
         )
-        return request.snapshot()
+        return request.view
 
     def expire(self) -> None:
         """
@@ -434,13 +389,10 @@ class DeviceFlow:
         now = self._clock.seconds()
         while self._requests:
             oldest = next(iter(self._requests.values()))
-            if now < oldest.expiresAt + self.expiresIn:
+            if now < oldest.view.expires_at + self.expiresIn:
                 break
             self._forget(oldest)
-        while self._grants:
-            _, expiresAt = next(iter(self._grants.values()))
-            if now < expiresAt:
-                break
+        while self._grants and now >= next(iter(self._grants.values()))[1]:
             self._grants.popitem(last=False)
 
     # Helpers
@@ -457,45 +409,41 @@ class DeviceFlow:
         self.log.warn("deviceflow.refused {error} {peer}", error=error, peer=peer)
         return 400, _error(error, reason)
 
-    def _invalid(self, peer: str, reason: str, spend: bool = True) -> Answer:
-        return self._refuse(peer, "invalid_request", reason, spend)
-
     def _makeRoom(self, now: float) -> bool:
-        """Make room for one more request by dropping an expired one if need be."""
+        """Make room for one more request, dropping an expired one if need be."""
         if len(self._requests) < self.maxPending:
             return True
         oldest = next(iter(self._requests.values()))
-        if now < oldest.expiresAt:
+        if now < oldest.view.expires_at:
             return False
         self._forget(oldest)
         return True
 
     def _forget(self, request: _Request) -> None:
         del self._requests[request.digest]
-        del self._byUser[request.user]
+        del self._byUser[request.letters]
 
     def _newUserCode(self) -> str:
         while True:  # 20**8 codes against at most maxPending held ones
-            user = "".join(secrets.choice(ALPHABET) for _ in range(USER_CODE_LENGTH))
-            if user not in self._byUser:
-                return user
+            letters = "".join(secrets.choice(ALPHABET) for _ in range(USER_CODE_LENGTH))
+            if letters not in self._byUser:
+                return letters
 
     def _issue(self, request: _Request, now: float) -> Answer:
-        assert request.device is not None and request.run is not None
+        view = request.view
+        assert view.device is not None and view.run is not None
         token = secrets.token_urlsafe(32)
-        self._grants[_digest(token)] = (
-            Grant(request.device, request.run),
-            now + self.tokenExpiresIn,
-        )
+        grant = Grant(view.device, view.run)
+        self._grants[_digest(token)] = (grant, now + self.tokenExpiresIn)
         while len(self._grants) > self.maxPending:
             self._grants.popitem(last=False)
-        request.phase = _Phase.ISSUED
+        request.view = replace(view, issued=True)
         self.log.info(
             "deviceflow.issued {request} {device} {run} {peer}",
-            request=displayUserCode(request.user),
-            device=request.device,
-            run=request.run,
-            peer=request.peer,
+            request=view.user_code,
+            device=grant.device,
+            run=grant.run,
+            peer=view.peer,
         )
         return 200, {
             "access_token": token,
@@ -508,24 +456,18 @@ class DeviceFlow:
         self.expire()
         budget = self._approveLimiter
         if not budget.peek(owner):
-            raise DeviceFlowError(
-                "too-many-attempts",
-                "too many unknown user codes: wait "
-                f"{budget.retryAfter(owner)} s before trying again",
-            )
+            wait = budget.retryAfter(owner)
+            message = f"too many unknown user codes: try again in {wait} s"
+            raise DeviceFlowError("too-many-attempts", message)
         letters = normaliseUserCode(userCode)
         request = None if letters is None else self._byUser.get(letters)
         if request is None:
             budget.allow(owner)
             raise DeviceFlowError("unknown-user-code", "no such user code")
-        if self._clock.seconds() >= request.expiresAt:
-            raise DeviceFlowError(
-                "expired", f"user code {displayUserCode(request.user)} has expired"
-            )
-        if request.phase is not _Phase.PENDING:
-            state = request.snapshot().state
-            raise DeviceFlowError(
-                "already-decided",
-                f"user code {displayUserCode(request.user)} is already {state}",
-            )
+        view = request.view
+        if self._clock.seconds() >= view.expires_at:
+            raise DeviceFlowError("expired", f"user code {view.user_code} has expired")
+        if view.state != "pending":
+            message = f"user code {view.user_code} is already {view.state}"
+            raise DeviceFlowError("already-decided", message)
         return request

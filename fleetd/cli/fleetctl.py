@@ -195,6 +195,10 @@ def buildParser() -> argparse.ArgumentParser:
 
     provision.addCommands(commands)
 
+    from fleetd.cli import approve
+
+    approve.addCommands(commands)
+
     from fleetd.cli.dnscheck import addArguments
 
     dns = commands.add_parser(

@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -169,8 +170,9 @@ class RunRegistry:
             self._current[record.device] = run
         return run
 
-    def stop(self) -> None:
-        self.releaser.stop()
+    def stop(self) -> Deferred[None]:
+        """Stop retrying releases; fire when the ones in flight settled."""
+        return self.releaser.stop()
 
     # Provisioning
 

@@ -10,12 +10,17 @@ so the next start releases it again.
 
 from __future__ import annotations
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from fleetd.inventory.model import DeviceStatus, IInventory, ServedRecord
+from fleetd.inventory.model import (
+    DeviceStatus,
+    IInventory,
+    InventoryError,
+    ServedRecord,
+)
 from fleetd.store.journal import AsyncJournal
 
 FIRST_DELAY = 1.0
@@ -33,6 +38,7 @@ class Releaser:
         self._journal = journal
         self._pending: dict[str, ServedRecord] = {}
         self._timers: dict[str, IDelayedCall] = {}
+        self._inflight: set[Deferred[None]] = set()
         self._stopped = False
 
     def pending(self) -> int:
@@ -51,10 +57,16 @@ class Releaser:
             return
         d = Deferred.fromCoroutine(self._release(record))
         d.addErrback(self._failed, run, delay)
+        if not d.called:
+            self._inflight.add(d)
+            d.addBoth(self._settled, d)
+
+    def _settled(self, result: object, d: Deferred[None]) -> object:
+        self._inflight.discard(d)
+        return result
 
     async def _release(self, record: ServedRecord) -> None:
-        await self._inventory.release(record)
-        await self._inventory.setStatus(record.device, DeviceStatus.STAGED)
+        await self._inventory.release(record)  # also moves the device to staged
         self._pending.pop(record.run, None)
         await self._journal.append(
             "run.released",
@@ -65,8 +77,18 @@ class Releaser:
         )
 
     def _failed(self, f: Failure, run: str, delay: float) -> None:
+        if self._stopped:  # the vault keeps the record; the next start retries
+            return
         if run not in self._pending:  # released; only the journal failed
             self.log.failure("runs.release.journal-failed", failure=f)
+            return
+        error = f.value
+        if isinstance(error, InventoryError) and error.kind != "unavailable":
+            # Retrying cannot help (device deleted, run claimed elsewhere).
+            self._pending.pop(run, None)
+            self.log.error(
+                "runs.release.refused {run}: {reason}", run=run, reason=str(error)
+            )
             return
         self.log.warn(
             "runs.release.retry {run} in {delay}s: {reason}",
@@ -79,9 +101,12 @@ class Releaser:
                 delay, self._attempt, run, min(delay * 2, MAX_DELAY)
             )
 
-    def stop(self) -> None:
+    def stop(self) -> Deferred[None]:
+        """Cancel retries; fire once the attempts in flight have settled."""
         self._stopped = True
         for timer in self._timers.values():
             if timer.active():
                 timer.cancel()
         self._timers.clear()
+        inflight = list(self._inflight)
+        return DeferredList(inflight, consumeErrors=True).addCallback(lambda _: None)

@@ -1,0 +1,328 @@
+"""
+Configuration delivery through the whole daemon, over real TLS [C1] [C2] [V4].
+
+Devices are added and runs provisioned through the admin API with the
+owner certificate; nodes are Python TLS clients on the boot listener.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import socket
+import ssl
+import struct
+import threading
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.threads import deferToThread
+from twisted.logger import globalLogPublisher
+from twisted.trial.unittest import TestCase
+
+from fleetd.service import FleetdService
+from tests.test_daemon import DaemonTestMixin, httpsGet
+
+UUID1 = "4c4c4544-0042-3510-8050-b4c04f4d3232"
+UUID2 = "4c4c4544-0042-3510-8050-b4c04f4d3233"
+
+
+def httpsJSON(
+    port: int, method: str, path: str, ca: Path, cert: tuple[Path, Path], body: Any
+) -> tuple[int, Any]:
+    context = ssl.create_default_context(cafile=str(ca))
+    context.load_cert_chain(str(cert[0]), str(cert[1]))
+    conn = http.client.HTTPSConnection("localhost", port, timeout=30, context=context)
+    try:
+        conn.request(method, path, body=json.dumps(body).encode(),
+                     headers={"content-type": "application/json"})
+        response = conn.getresponse()
+        data = response.read()
+        try:
+            return response.status, json.loads(data)
+        except ValueError:
+            return response.status, data.decode()
+    finally:
+        conn.close()
+
+
+def configPath(code: str, uuid: str, serial: str) -> str:
+    return "/config?" + urllib.parse.urlencode(
+        {"code": code, "serial": serial, "uuid": uuid}
+    )
+
+
+class DeliveryMixin(DaemonTestMixin):
+    service: FleetdService
+
+    async def admin(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        result: tuple[int, Any] = await deferToThread(
+            httpsJSON,
+            self.port(self.service, "admin"),
+            method,
+            path,
+            self.pki.public_ca,
+            (self.pki.owner_cert, self.pki.owner_key),
+            body,
+        )
+        return result
+
+    async def addDevice(self, name: str, serial: str, uuid: str, **extra: Any) -> None:
+        status, doc = await self.admin(
+            "POST", "/v1/admin/devices",
+            {"name": name, "serial": serial, "uuid": uuid, "class": "worker", **extra},
+        )  # fmt: skip
+        self.assertEqual(status, 201, doc)  # type: ignore[attr-defined]
+
+    async def provision(self, *names: str) -> dict[str, str]:
+        status, doc = await self.admin(
+            "POST", "/v1/admin/provision", {"devices": list(names)}
+        )
+        self.assertEqual(status, 201, doc)  # type: ignore[attr-defined]
+        return {run["device"]: run["code"] for run in doc["runs"]}
+
+    async def fetch(self, path: str) -> tuple[int, bytes, bytes]:
+        result: tuple[int, bytes, bytes] = await deferToThread(
+            httpsGet, self.port(self.service, "boot"), path, self.pki.public_ca
+        )
+        return result
+
+    async def journal(self) -> list[dict[str, Any]]:
+        status, doc = await self.admin("GET", "/v1/admin/journal", None)
+        entries: list[dict[str, Any]] = doc["entries"]
+        return entries
+
+
+class DeliveryTests(DeliveryMixin, TestCase):
+    timeout = 120
+
+    def setUp(self) -> Deferred[None]:
+        self.makeSettings()
+        self.service = self.startDaemon()
+        return self.service._loading  # type: ignore[return-value]
+
+    async def _once(self) -> None:
+        await self.addDevice("w1", "SER1", UUID1)
+        codes = await self.provision("w1")
+        path = configPath(codes["w1"], UUID1, "SER1")
+        status, ctype, body = await self.fetch(path)
+        self.assertEqual((status, ctype), (200, b"application/yaml"))
+        self.assertIn(b"hostname: w1", body)
+        status, _, body = await self.fetch(path)
+        self.assertEqual(status, 410)
+        self.assertTrue(body.startswith(b"consumed:"))
+        events = [e["event"] for e in await self.journal()]
+        for event in ("run.provisioned", "run.delivered", "run.released",
+                      "config.refetched"):  # fmt: skip
+            self.assertIn(event, events)
+        _, _, metrics = await self.get(self.service, "admin", "/metrics")
+        self.assertIn(b'fleetd_install_config_refetched{device="w1"} 1.0', metrics)
+        self.assertIn(b'fleetd_config_requests_total{outcome="delivered"} 1.0', metrics)
+
+    def test_config_deliveredOnceThen410(self) -> None:
+        """[C1][C2] GET /config answers 200 YAML once, then 410 consumed, journaled."""
+        return ensureDeferred(self._once())  # type: ignore[return-value]
+
+    async def _refusals(self) -> None:
+        await self.addDevice("w1", "SER1", UUID1)
+        await self.addDevice("w2", "SER2", UUID2)
+        codes = await self.provision("w1", "w2")
+        code = codes["w1"]
+        cases = [
+            ("/config?code=%24%7Bcode%7D&uuid=" + UUID1 + "&serial=SER1", 400),
+            ("/config?code=${code}&uuid=" + UUID1 + "&serial=SER1", 400),
+            (f"/config?code={code}&serial=SER1", 400),
+            (f"/config?code={code}&code={code}&uuid={UUID1}&serial=SER1", 400),
+            (f"/config?code={code}&uuid={UUID1}&serial=%ff", 400),
+            ("/config?code=" + "A" * 32 + f"&uuid={UUID1}&serial=SER1", 404),
+            (configPath(code, UUID2, "SER2"), 403),
+            (configPath(code, UUID1, "SER9"), 403),
+            ("/config?code=" + "%00" * 40, 400),
+        ]
+        for path, expected in cases:
+            status, ctype, body = await self.fetch(path)
+            self.assertEqual(status, expected, path)
+            self.assertEqual(body.count(b"\n"), 1, body)
+            self.assertTrue(ctype.startswith(b"text/plain"))
+        for method in ("HEAD", "POST"):
+            status, _, _ = await deferToThread(
+                httpsGet, self.port(self.service, "boot"),
+                configPath(code, UUID1, "SER1"), self.pki.public_ca, None, method,
+            )  # fmt: skip
+            self.assertEqual(status, 405)
+        # None of that consumed the run.
+        status, _, _ = await self.fetch(configPath(code, UUID1, "SER1"))
+        self.assertEqual(status, 200)
+
+    def test_config_refusals(self) -> None:
+        """
+        Malformed requests are 400 (also a literal ${code}), another machine's
+        code 403, unknown 404, HEAD/POST 405: one line each, nothing consumed.
+        """
+        return ensureDeferred(self._refusals())  # type: ignore[return-value]
+
+    async def _concurrent(self) -> None:
+        await self.addDevice("w1", "SER1", UUID1)
+        codes = await self.provision("w1")
+        path = configPath(codes["w1"], UUID1, "SER1")
+        port = self.port(self.service, "boot")
+        barrier = threading.Barrier(50)
+
+        def one(_: int) -> int:
+            context = ssl.create_default_context(cafile=str(self.pki.public_ca))
+            conn = http.client.HTTPSConnection("localhost", port, timeout=60,
+                                               context=context)
+            try:
+                conn.connect()
+                barrier.wait(30)
+                conn.request("GET", path)
+                response = conn.getresponse()
+                response.read()
+                return response.status
+            finally:
+                conn.close()
+
+        def all50() -> list[int]:
+            with ThreadPoolExecutor(50) as pool:
+                return list(pool.map(one, range(50)))
+
+        statuses = await deferToThread(all50)
+        self.assertEqual(sorted(statuses), [200] + [410] * 49)
+
+    def test_config_concurrent50_exactlyOne(self) -> None:
+        """[C1] 50 concurrent TLS clients on one code: exactly one 200."""
+        return ensureDeferred(self._concurrent())  # type: ignore[return-value]
+
+    async def _aborted(self) -> None:
+        big = self.directory / "templates" / "big.yaml"
+        template = (self.directory / "templates" / "default.yaml").read_text()
+        padding = "x" * (24 << 20)  # larger than any socket buffer on loopback
+        big.write_text(template.replace("persist: true", f"persist: true\nnote: {padding}"))
+        await self.addDevice("w1", "SER1", UUID1, cluster="big")
+        codes = await self.provision("w1")
+        path = configPath(codes["w1"], UUID1, "SER1")
+        port = self.port(self.service, "boot")
+
+        def readALittleThenReset() -> bytes:
+            context = ssl.create_default_context(cafile=str(self.pki.public_ca))
+            raw = socket.create_connection(("127.0.0.1", port), timeout=30)
+            tls = context.wrap_socket(raw, server_hostname="localhost")
+            tls.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+            head = tls.recv(64)
+            tls.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            tls.close()
+            return head
+
+        head = await deferToThread(readALittleThenReset)
+        self.assertTrue(head.startswith(b"HTTP/1.1 200"), head)
+        for _ in range(200):  # until the server noticed the reset
+            events = [e["event"] for e in await self.journal()]
+            if "run.delivery-aborted" in events:
+                break
+        self.assertIn("run.delivery-aborted", events)
+        status, _, body = await self.fetch(path)
+        self.assertEqual(status, 200)
+        self.assertEqual(len(body) > (24 << 20), True)
+
+    def test_config_connectionDiesMidBody_notConsumed(self) -> None:
+        """[C1] A response whose connection dies before it is complete consumes nothing."""
+        return ensureDeferred(self._aborted())  # type: ignore[return-value]
+
+
+class RestartDeliveryTests(DeliveryMixin, TestCase):
+    timeout = 120
+
+    def setUp(self) -> Deferred[None]:
+        self.makeSettings()
+        self.service = self.startDaemon()
+        return self.service._loading  # type: ignore[return-value]
+
+    async def restart(self, wipeVault: bool = False) -> None:
+        await self.service.stopService()
+        if wipeVault:
+            shutil.rmtree(self.settings.vault)
+        self.service = self.startDaemon()
+        assert self.service._loading is not None
+        await self.service._loading
+
+    async def _restart(self) -> None:
+        await self.addDevice("w1", "SER1", UUID1)
+        await self.addDevice("w2", "SER2", UUID2)
+        codes = await self.provision("w1", "w2")
+        self.assertEqual((await self.fetch(configPath(codes["w1"], UUID1, "SER1")))[0], 200)
+        await self.restart()
+        self.assertEqual((await self.fetch(configPath(codes["w1"], UUID1, "SER1")))[0], 410)
+        self.assertEqual((await self.fetch(configPath(codes["w2"], UUID2, "SER2")))[0], 200)
+        self.assertEqual((await self.fetch(configPath(codes["w2"], UUID2, "SER2")))[0], 410)
+
+    def test_restart_readyOnceConsumedRefused(self) -> None:
+        """[V2][C1] Across a restart: a ready run is delivered once, a consumed one refused."""
+        return ensureDeferred(self._restart())  # type: ignore[return-value]
+
+    async def _reboot(self) -> None:
+        await self.addDevice("w1", "SER1", UUID1)
+        await self.addDevice("w2", "SER2", UUID2)
+        codes = await self.provision("w1", "w2")
+        self.assertEqual((await self.fetch(configPath(codes["w1"], UUID1, "SER1")))[0], 200)
+        await self.restart(wipeVault=True)
+        status, _, body = await self.fetch(configPath(codes["w1"], UUID1, "SER1"))
+        self.assertEqual((status, body.split(b":")[0]), (410, b"consumed"))
+        status, _, body = await self.fetch(configPath(codes["w2"], UUID2, "SER2"))
+        self.assertEqual((status, body.split(b":")[0]), (410, b"lost"))
+        _, _, metrics = await self.get(self.service, "admin", "/metrics")
+        self.assertIn(b'fleetd_install_config_missing{device="w2"} 1.0', metrics)
+        self.assertIn(b'fleetd_install_config_refetched{device="w1"} 1.0', metrics)
+        status, doc = await self.admin("GET", "/v1/admin/devices/w2", None)
+        self.assertEqual(doc["status"], "planned")
+        # Recovery: a new provision.
+        new = await self.provision("w2")
+        self.assertEqual((await self.fetch(configPath(new["w2"], UUID2, "SER2")))[0], 200)
+        _, _, metrics = await self.get(self.service, "admin", "/metrics")
+        self.assertNotIn(b'fleetd_install_config_missing{device="w2"}', metrics)
+
+    def test_reboot_missingVersusRefetched(self) -> None:
+        """
+        [V4][C2][V5] After a reboot (vault emptied): the released run is
+        consumed, the undelivered one lost (device planned, alert up); a new
+        provision recovers and clears the alert.
+        """
+        return ensureDeferred(self._reboot())  # type: ignore[return-value]
+
+
+class SecretsTests(DeliveryMixin, TestCase):
+    timeout = 120
+
+    def setUp(self) -> Deferred[None]:
+        self.events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+        self.makeSettings()
+        self.service = self.startDaemon()
+        return self.service._loading  # type: ignore[return-value]
+
+    async def _scenario(self) -> None:
+        await self.addDevice("w1", "SER1", UUID1)
+        codes = await self.provision("w1")
+        path = configPath(codes["w1"], UUID1, "SER1")
+        _, _, body = await self.fetch(path)
+        await self.fetch(path)
+        await self.fetch(configPath(codes["w1"], UUID2, "SER1"))
+        await self.service.stopService()
+        secretish = [codes["w1"], "REPLACE-WITH-CLUSTER-SECRET", "REPLACE-WITH-TRUSTD"]
+        logged = "\n".join(repr(e) for e in self.events)
+        self.assertIn("/config", logged)
+        for secret in secretish:
+            self.assertNotIn(secret, logged)
+        self.service = self.startDaemon()
+        await self.service._loading  # type: ignore[misc]
+        journal = json.dumps(await self.journal())
+        for secret in secretish:
+            self.assertNotIn(secret, journal)
+
+    def test_fullScenario_noSecretInLogsOrJournal(self) -> None:
+        """No code or config body reaches a log line or the journal."""
+        return ensureDeferred(self._scenario())  # type: ignore[return-value]
