@@ -245,6 +245,7 @@ class DaemonTests(DaemonTestMixin, TestCase):
         status, _, body = await self.get(
             second, "admin", "/v1/admin/journal", owner=True
         )
+        self.assertEqual(status, 200)
         events = [e["event"] for e in json.loads(body)["entries"]]
         self.assertEqual(events.count("fleetd.started"), 2)
         _, _, body = await self.get(

@@ -17,11 +17,11 @@ import threading
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
-from twisted.logger import globalLogPublisher
+from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from fleetd.service import FleetdService
@@ -38,8 +38,12 @@ def httpsJSON(
     context.load_cert_chain(str(cert[0]), str(cert[1]))
     conn = http.client.HTTPSConnection("localhost", port, timeout=30, context=context)
     try:
-        conn.request(method, path, body=json.dumps(body).encode(),
-                     headers={"content-type": "application/json"})
+        conn.request(
+            method,
+            path,
+            body=json.dumps(body).encode(),
+            headers={"content-type": "application/json"},
+        )
         response = conn.getresponse()
         data = response.read()
         try:
@@ -93,6 +97,7 @@ class DeliveryMixin(DaemonTestMixin):
 
     async def journal(self) -> list[dict[str, Any]]:
         status, doc = await self.admin("GET", "/v1/admin/journal", None)
+        self.assertEqual(status, 200)  # type: ignore[attr-defined]
         entries: list[dict[str, Any]] = doc["entries"]
         return entries
 
@@ -100,7 +105,7 @@ class DeliveryMixin(DaemonTestMixin):
 class DeliveryTests(DeliveryMixin, TestCase):
     timeout = 120
 
-    def setUp(self) -> Deferred[None]:
+    def setUp(self) -> Deferred[None]:  # type: ignore[override]
         self.makeSettings()
         self.service = self.startDaemon()
         return self.service._loading  # type: ignore[return-value]
@@ -174,8 +179,9 @@ class DeliveryTests(DeliveryMixin, TestCase):
 
         def one(_: int) -> int:
             context = ssl.create_default_context(cafile=str(self.pki.public_ca))
-            conn = http.client.HTTPSConnection("localhost", port, timeout=60,
-                                               context=context)
+            conn = http.client.HTTPSConnection(
+                "localhost", port, timeout=60, context=context
+            )
             try:
                 conn.connect()
                 barrier.wait(30)
@@ -201,7 +207,9 @@ class DeliveryTests(DeliveryMixin, TestCase):
         big = self.directory / "templates" / "big.yaml"
         template = (self.directory / "templates" / "default.yaml").read_text()
         padding = "x" * (24 << 20)  # larger than any socket buffer on loopback
-        big.write_text(template.replace("persist: true", f"persist: true\nnote: {padding}"))
+        big.write_text(
+            template.replace("persist: true", f"persist: true\nnote: {padding}")
+        )
         await self.addDevice("w1", "SER1", UUID1, cluster="big")
         codes = await self.provision("w1")
         path = configPath(codes["w1"], UUID1, "SER1")
@@ -229,14 +237,14 @@ class DeliveryTests(DeliveryMixin, TestCase):
         self.assertEqual(len(body) > (24 << 20), True)
 
     def test_config_connectionDiesMidBody_notConsumed(self) -> None:
-        """[C1] A response whose connection dies before it is complete consumes nothing."""
+        """[C1] A response whose connection dies before completing consumes nothing."""
         return ensureDeferred(self._aborted())  # type: ignore[return-value]
 
 
 class RestartDeliveryTests(DeliveryMixin, TestCase):
     timeout = 120
 
-    def setUp(self) -> Deferred[None]:
+    def setUp(self) -> Deferred[None]:  # type: ignore[override]
         self.makeSettings()
         self.service = self.startDaemon()
         return self.service._loading  # type: ignore[return-value]
@@ -253,21 +261,31 @@ class RestartDeliveryTests(DeliveryMixin, TestCase):
         await self.addDevice("w1", "SER1", UUID1)
         await self.addDevice("w2", "SER2", UUID2)
         codes = await self.provision("w1", "w2")
-        self.assertEqual((await self.fetch(configPath(codes["w1"], UUID1, "SER1")))[0], 200)
+        self.assertEqual(
+            (await self.fetch(configPath(codes["w1"], UUID1, "SER1")))[0], 200
+        )
         await self.restart()
-        self.assertEqual((await self.fetch(configPath(codes["w1"], UUID1, "SER1")))[0], 410)
-        self.assertEqual((await self.fetch(configPath(codes["w2"], UUID2, "SER2")))[0], 200)
-        self.assertEqual((await self.fetch(configPath(codes["w2"], UUID2, "SER2")))[0], 410)
+        self.assertEqual(
+            (await self.fetch(configPath(codes["w1"], UUID1, "SER1")))[0], 410
+        )
+        self.assertEqual(
+            (await self.fetch(configPath(codes["w2"], UUID2, "SER2")))[0], 200
+        )
+        self.assertEqual(
+            (await self.fetch(configPath(codes["w2"], UUID2, "SER2")))[0], 410
+        )
 
     def test_restart_readyOnceConsumedRefused(self) -> None:
-        """[V2][C1] Across a restart: a ready run is delivered once, a consumed one refused."""
+        """[V2][C1] Across a restart: a ready run is delivered once, consumed refused."""
         return ensureDeferred(self._restart())  # type: ignore[return-value]
 
     async def _reboot(self) -> None:
         await self.addDevice("w1", "SER1", UUID1)
         await self.addDevice("w2", "SER2", UUID2)
         codes = await self.provision("w1", "w2")
-        self.assertEqual((await self.fetch(configPath(codes["w1"], UUID1, "SER1")))[0], 200)
+        self.assertEqual(
+            (await self.fetch(configPath(codes["w1"], UUID1, "SER1")))[0], 200
+        )
         await self.restart(wipeVault=True)
         status, _, body = await self.fetch(configPath(codes["w1"], UUID1, "SER1"))
         self.assertEqual((status, body.split(b":")[0]), (410, b"consumed"))
@@ -280,7 +298,9 @@ class RestartDeliveryTests(DeliveryMixin, TestCase):
         self.assertEqual(doc["status"], "planned")
         # Recovery: a new provision.
         new = await self.provision("w2")
-        self.assertEqual((await self.fetch(configPath(new["w2"], UUID2, "SER2")))[0], 200)
+        self.assertEqual(
+            (await self.fetch(configPath(new["w2"], UUID2, "SER2")))[0], 200
+        )
         _, _, metrics = await self.get(self.service, "admin", "/metrics")
         self.assertNotIn(b'fleetd_install_config_missing{device="w2"}', metrics)
 
@@ -296,10 +316,11 @@ class RestartDeliveryTests(DeliveryMixin, TestCase):
 class SecretsTests(DeliveryMixin, TestCase):
     timeout = 120
 
-    def setUp(self) -> Deferred[None]:
+    def setUp(self) -> Deferred[None]:  # type: ignore[override]
         self.events: list[dict[str, Any]] = []
-        globalLogPublisher.addObserver(self.events.append)
-        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+        observer = cast(ILogObserver, self.events.append)
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
         self.makeSettings()
         self.service = self.startDaemon()
         return self.service._loading  # type: ignore[return-value]
@@ -308,7 +329,9 @@ class SecretsTests(DeliveryMixin, TestCase):
         await self.addDevice("w1", "SER1", UUID1)
         codes = await self.provision("w1")
         path = configPath(codes["w1"], UUID1, "SER1")
-        _, _, body = await self.fetch(path)
+        status, _, body = await self.fetch(path)
+        self.assertEqual(status, 200)
+        self.assertIn(b"REPLACE-WITH-CLUSTER-SECRET", body)
         await self.fetch(path)
         await self.fetch(configPath(codes["w1"], UUID2, "SER1"))
         await self.service.stopService()

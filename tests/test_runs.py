@@ -25,7 +25,7 @@ from fleetd.inventory.model import (
 from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.runs.alerts import MISSING, REFETCHED, AlertTracker
 from fleetd.runs.codes import codeDigest, mintCode, wellFormedCode
-from fleetd.runs.machine import Outcome, RunMachine, delivering, ready
+from fleetd.runs.machine import Outcome, RunEffects, RunMachine, delivering, ready
 from fleetd.runs.registry import RunRegistry, configName, servedName
 from fleetd.runs.render import NodeFacts, TemplateRenderer
 from fleetd.store.db import Database
@@ -69,7 +69,9 @@ class FlakyInventory:
 class Fleet:
     """One fleetd's run state over a directory; rebuildable (restart)."""
 
-    def __init__(self, test: SynchronousTestCase, directory: Path | None = None) -> None:
+    def __init__(
+        self, test: SynchronousTestCase, directory: Path | None = None
+    ) -> None:
         self.test = test
         self.directory = directory or Path(test.mktemp())
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -138,7 +140,7 @@ class Fleet:
         return [e.event for e in entries]
 
     def status(self, name: str) -> DeviceStatus:
-        found = self.test.successResultOf(self.inventory.get(name))
+        found: Device | None = self.test.successResultOf(self.inventory.get(name))
         assert found is not None
         return found.status
 
@@ -160,17 +162,32 @@ class CodeTests(SynchronousTestCase):
 
 
 class MachineTests(SynchronousTestCase):
-    class Effects:
+    class Effects(RunEffects):
         def __init__(self) -> None:
             self.calls: list[str] = []
 
-        def __getattr__(self, name: str) -> Any:
-            return lambda: self.calls.append(name)
+        def markServed(self) -> None:
+            self.calls.append("markServed")
+
+        def withdrawServed(self) -> None:
+            self.calls.append("withdrawServed")
+
+        def release(self) -> None:
+            self.calls.append("release")
+
+        def noteRefetch(self) -> None:
+            self.calls.append("noteRefetch")
+
+        def noteMissing(self) -> None:
+            self.calls.append("noteMissing")
+
+        def dropConfig(self) -> None:
+            self.calls.append("dropConfig")
 
     def test_readyRequest_marksBeforeDelivering(self) -> None:
         """[C1] request in ready writes the served mark, then says DELIVER."""
         effects = self.Effects()
-        machine = RunMachine(effects, ready)  # type: ignore[arg-type]
+        machine = RunMachine(effects, ready)
         self.assertEqual(machine.request(), Outcome.DELIVER)
         self.assertEqual(effects.calls, ["markServed"])
         self.assertEqual(machine.request(), Outcome.CONSUMED)
@@ -181,7 +198,7 @@ class MachineTests(SynchronousTestCase):
     def test_sent_consumes(self) -> None:
         """[C1] Once sent, a run is never delivered again."""
         effects = self.Effects()
-        machine = RunMachine(effects, delivering)  # type: ignore[arg-type]
+        machine = RunMachine(effects, delivering)
         machine.sent()
         self.assertEqual(effects.calls, ["release"])
         for _ in range(3):
@@ -253,7 +270,7 @@ class RegistryTests(SynchronousTestCase):
         self.assertEqual(self.fleet.clock.getDelayedCalls(), [])
 
     def test_aborted_withdrawsMark(self) -> None:
-        """[C1] A connection that fails before the response completes consumes nothing."""
+        """[C1] A connection failing before the response completes consumes nothing."""
         (run,) = self.fleet.provision(device("w1", "SER1"))
         self.assertEqual(self.fleet.fetch(run.code, complete=False)[0], Outcome.DELIVER)
         self.assertIsNone(self.fleet.vault.get(servedName(run.run)))
@@ -311,7 +328,7 @@ class RestartTests(SynchronousTestCase):
         self.fleet.add(device("w1", "SER1"), device("w2", "SER2"), device("w3", "SER3"))
 
     def test_restart_readyStillOnceConsumedStillRefused(self) -> None:
-        """[V2][C1] After a restart a ready run is delivered once, a consumed one refused."""
+        """[V2][C1] After a restart: a ready run is delivered once, consumed refused."""
         a, b = self.fleet.provision(device("w1", "SER1"), device("w2", "SER2"))
         self.fleet.fetch(a.code)
         self.fleet.restart()
@@ -338,7 +355,9 @@ class RestartTests(SynchronousTestCase):
         consumed; an issued, undelivered run is lost, its device stays
         planned, the first request is journaled and the alert holds.
         """
-        delivered, issued = self.fleet.provision(device("w1", "SER1"), device("w2", "SER2"))
+        delivered, issued = self.fleet.provision(
+            device("w1", "SER1"), device("w2", "SER2")
+        )
         self.fleet.fetch(delivered.code)
         self.fleet.restart(wipeVault=True)
         self.assertEqual(self.fleet.fetch(delivered.code)[0], Outcome.CONSUMED)

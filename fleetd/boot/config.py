@@ -20,10 +20,10 @@ withdrawn.
 from __future__ import annotations
 
 import io
-from urllib.parse import unquote_to_bytes
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import unquote_to_bytes
 
 from prometheus_client import CollectorRegistry, Counter
 from twisted.logger import Logger

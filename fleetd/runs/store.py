@@ -15,9 +15,6 @@ from typing import Any
 from fleetd.store.db import Database
 
 
-NOTES = ("missing_noted", "refetch_noted")
-
-
 @dataclass(frozen=True)
 class RunRecord:
     """One provision run as stored."""
@@ -54,10 +51,14 @@ def _record(row: sqlite3.Row | tuple[Any, ...]) -> RunRecord:
     )
 
 
-_COLUMNS = (
-    "id, device, digest, created_at, desired_action, superseded_by, "
-    "missing_noted, refetch_noted"
+_SELECT = (
+    "SELECT id, device, digest, created_at, desired_action, superseded_by,"
+    " missing_noted, refetch_noted FROM runs"
 )
+_NOTE = {
+    "missing_noted": "UPDATE runs SET missing_noted = 1 WHERE id = ?",
+    "refetch_noted": "UPDATE runs SET refetch_noted = 1 WHERE id = ?",
+}
 
 
 def insertRuns(db: Database, runs: list[RunRecord]) -> list[RunRecord]:
@@ -69,7 +70,7 @@ def insertRuns(db: Database, runs: list[RunRecord]) -> list[RunRecord]:
     with db.transaction() as conn:
         for run in runs:
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM runs WHERE device = ? AND superseded_by IS NULL",
+                _SELECT + " WHERE device = ? AND superseded_by IS NULL",
                 (run.device,),
             ).fetchall()
             conn.execute(
@@ -79,7 +80,8 @@ def insertRuns(db: Database, runs: list[RunRecord]) -> list[RunRecord]:
             )
             superseded.extend(replace(_record(r), superseded_by=run.id) for r in rows)
             conn.execute(
-                f"INSERT INTO runs ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL, 0, 0)",
+                "INSERT INTO runs (id, device, digest, created_at, desired_action)"
+                " VALUES (?, ?, ?, ?, ?)",
                 (run.id, run.device, run.digest, run.created_at, run.desired_action),
             )
     return superseded
@@ -88,15 +90,13 @@ def insertRuns(db: Database, runs: list[RunRecord]) -> list[RunRecord]:
 def loadRuns(db: Database) -> list[RunRecord]:
     """Every run, oldest first."""
     with db.transaction(write=False) as conn:
-        rows = conn.execute(
-            f"SELECT {_COLUMNS} FROM runs ORDER BY created_at, id"
-        ).fetchall()
+        rows = conn.execute(_SELECT + " ORDER BY created_at, id").fetchall()
     return [_record(r) for r in rows]
 
 
 def noteRun(db: Database, run: str, note: str) -> None:
     """Set one of the 'journaled the first such request' flags of C{run}."""
-    if note not in NOTES:
+    if note not in _NOTE:
         raise ValueError(f"unknown note {note!r}")
     with db.transaction() as conn:
-        conn.execute(f"UPDATE runs SET {note} = 1 WHERE id = ?", (run,))
+        conn.execute(_NOTE[note], (run,))
