@@ -276,7 +276,7 @@ class RestartDeliveryTests(DeliveryMixin, TestCase):
         )
 
     def test_restart_readyOnceConsumedRefused(self) -> None:
-        """[V2][C1] Across a restart: a ready run is delivered once, consumed refused."""
+        """[V2][C1] Across a restart: ready delivered once, consumed refused."""
         return ensureDeferred(self._restart())  # type: ignore[return-value]
 
     async def _reboot(self) -> None:
