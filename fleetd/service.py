@@ -28,6 +28,7 @@ from twisted.web.resource import Resource
 from fleetd import __version__
 from fleetd.admin.resource import adminRoot
 from fleetd.boot.config import ConfigResource
+from fleetd.boot.ratelimit import RateLimiter
 from fleetd.boot.resource import bootRoot
 from fleetd.config import ConfigError, Settings, loadTopology
 from fleetd.device.resource import deviceRoot
@@ -250,7 +251,17 @@ class FleetdService(MultiService):
     def _buildListeners(self) -> None:
         s = self.settings
         self._openGauge, self._maxGauge = listenerGauges(self.registry)
-        self.configResource = ConfigResource(self.runs, metrics=self.registry)
+        bl = s.boot_limits
+        self.bootLimiter = RateLimiter(
+            self.reactor,
+            rate=bl.failure_rate,
+            burst=bl.failure_burst,
+            globalRate=bl.global_failure_rate,
+            globalBurst=bl.global_failure_burst,
+        )
+        self.configResource = ConfigResource(
+            self.runs, metrics=self.registry, limiter=self.bootLimiter
+        )
         self._web("boot", bootRoot(config=self.configResource))
         self._web("device", deviceRoot())
         self._web(

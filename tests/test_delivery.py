@@ -349,3 +349,30 @@ class SecretsTests(DeliveryMixin, TestCase):
     def test_fullScenario_noSecretInLogsOrJournal(self) -> None:
         """No code or config body reaches a log line or the journal."""
         return ensureDeferred(self._scenario())  # type: ignore[return-value]
+
+
+class BruteForceTests(DeliveryMixin, TestCase):
+    timeout = 120
+
+    def setUp(self) -> Deferred[None]:  # type: ignore[override]
+        self.makeSettings({"boot": {"failure_burst": 5, "failure_rate": 0.001}})
+        self.service = self.startDaemon()
+        return self.service._loading  # type: ignore[return-value]
+
+    async def _limit(self) -> None:
+        await self.addDevice("w1", "SER1", UUID1)
+        codes = await self.provision("w1")
+        statuses = []
+        for i in range(8):
+            guess = configPath(f"{i:032d}", UUID1, "SER1")
+            statuses.append((await self.fetch(guess))[0])
+        self.assertEqual(statuses, [404] * 5 + [429] * 3)
+        # Limited sources are refused before any lookup, even with the right code.
+        status, _, body = await self.fetch(configPath(codes["w1"], UUID1, "SER1"))
+        self.assertEqual((status, body), (429, b"too many requests\n"))
+        _, _, metrics = await self.get(self.service, "admin", "/metrics")
+        self.assertIn(b'fleetd_config_requests_total{outcome="rate_limited"} 4.0', metrics)
+
+    def test_codeGuessing_limitedPerSource(self) -> None:
+        """Guessing codes costs tokens per source; an empty bucket gets cheap 429s."""
+        return ensureDeferred(self._limit())  # type: ignore[return-value]

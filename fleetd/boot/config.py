@@ -20,7 +20,6 @@ withdrawn.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote_to_bytes
@@ -31,6 +30,7 @@ from twisted.web import http, resource, server
 from twisted.web.iweb import IRequest
 from twisted.web.static import NoRangeStaticProducer
 
+from fleetd.boot.ratelimit import RateLimiter, sourceKey
 from fleetd.runs.codes import wellFormedCode
 from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import RunRegistry
@@ -107,14 +107,12 @@ class ConfigResource(resource.Resource):
         registry: RunRegistry,
         *,
         metrics: CollectorRegistry,
-        allow: Callable[[str], bool] = lambda peer: True,
-        failed: Callable[[str], None] = lambda peer: None,
+        limiter: RateLimiter | None = None,
         grants: IGrants | None = None,
     ) -> None:
         super().__init__()
         self._registry = registry
-        self._allow = allow
-        self._failed = failed
+        self._limiter = limiter
         self._grants = grants
         self._outcomes = Counter(
             "fleetd_config_requests_total",
@@ -138,9 +136,11 @@ class ConfigResource(resource.Resource):
         if not self._registry.loaded:
             request.setHeader(b"retry-after", b"5")
             return textResponse(request, http.SERVICE_UNAVAILABLE, "starting")
-        if not self._allow(peer):
+        limiter = self._limiter
+        if limiter is not None and not limiter.peek(sourceKey(peer)):
             self._count["rate_limited"].inc()
-            request.setHeader(b"retry-after", b"60")
+            wait = limiter.retryAfter(sourceKey(peer))
+            request.setHeader(b"retry-after", b"%d" % (wait,))
             return textResponse(request, 429, "too many requests")
         try:
             return self._render(request, peer)
@@ -151,8 +151,8 @@ class ConfigResource(resource.Resource):
         self, request: IRequest, peer: str, kind: str, code: int, line: str
     ) -> bytes:
         self._count[kind].inc()
-        if code in (http.BAD_REQUEST, http.FORBIDDEN, http.NOT_FOUND):
-            self._failed(peer)
+        if self._limiter is not None:  # every refusal here is a failed guess
+            self._limiter.allow(sourceKey(peer))
         return textResponse(request, code, line)
 
     def _render(self, request: IRequest, peer: str) -> bytes | int:

@@ -63,8 +63,9 @@ class FormError(ValueError):
 
 def parseForm(request: IRequest) -> dict[str, str]:
     """The body of C{request} as a strict URL-encoded form."""
-    ctype = (request.getHeader(b"content-type") or "").split(";", 1)[0]
-    if ctype.strip().lower() != FORM:
+    header: bytes = request.getHeader(b"content-type") or b""
+    ctype = header.split(b";", 1)[0].strip().lower()
+    if ctype != FORM.encode("ascii"):
         raise FormError(f"the body must be {FORM}")
     raw = b"" if request.content is None else request.content.read()
     try:
