@@ -27,7 +27,7 @@ from twisted.trial.unittest import TestCase
 from fleetd.config import Settings, loadSettings
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from fleetd.service import FleetdService, StartupError, prepare
-from tests.support import writeConfig
+from tests.support import REPO, writeConfig
 
 
 def httpsGet(
@@ -139,6 +139,28 @@ class DaemonTests(DaemonTestMixin, TestCase):
             timeout=60,
         )
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+
+    async def _rulesMatch(self) -> None:
+        import re
+
+        import yaml
+
+        service = self.startDaemon()
+        _, _, body = await self.get(service, "admin", "/metrics")
+        exposed = set(re.findall(r"^# HELP (\w+)", body.decode(), re.MULTILINE))
+        rules = yaml.safe_load((REPO / "conf" / "alerts.yml").read_text())
+        used = {
+            name
+            for group in rules["groups"]
+            for rule in group["rules"]
+            for name in re.findall(r"\bfleetd_\w+", rule["expr"])
+        }
+        self.assertTrue(used)
+        self.assertEqual(used - exposed, set())
+
+    def test_alertRules_useExposedMetrics(self) -> None:
+        """Every fleetd metric an alert rule uses is one fleetd exposes."""
+        return ensureDeferred(self._rulesMatch())  # type: ignore[return-value]
 
     def test_metrics_onAdmin_promtoolClean(self) -> None:
         """[A3] /metrics is on the admin listener and passes promtool check metrics."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,7 +12,6 @@ from twisted.internet.task import Clock
 from twisted.logger import capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.boot import deviceflow
 from fleetd.boot.deviceflow import (
     ALPHABET,
     GRANT_TYPE,
@@ -133,7 +133,7 @@ class RequestCodeTests(FlowTestCase):
         self.assertEqual(pending.state, "pending")
         listed = pending.toJSON()
         self.assertTrue(listed["code_sent"])
-        self.assertNotIn("code", listed["reported"])  # type: ignore[operator]
+        self.assertNotIn("code", listed["reported"])
         self.assertNotIn(REPORTED["code"], json.dumps(listed))
         self.assertNotIn(REPORTED["code"], repr(pending))
         self.request(code="")  # sent, even if empty
@@ -182,8 +182,8 @@ class RequestCodeTests(FlowTestCase):
 
     def test_userCode_collisionRedrawn(self) -> None:
         """A user code already held is never handed out again; a new one is drawn."""
-        letters: Iterator[str] = iter("BBBBBBBB" "BBBBBBBB" "CCCCCCCC")
-        self.patch(deviceflow.secrets, "choice", lambda _: next(letters))
+        letters: Iterator[str] = iter("BBBBBBBBBBBBBBBBCCCCCCCC")
+        self.patch(secrets, "choice", lambda _: next(letters))
         self.assertEqual(self.request()["user_code"], "BBBB-BBBB")
         self.assertEqual(self.request()["user_code"], "CCCC-CCCC")
 
@@ -191,12 +191,25 @@ class RequestCodeTests(FlowTestCase):
 class UserCodeTests(SynchronousTestCase):
     def test_normalise_ignoresCaseDashesSpace(self) -> None:
         """Input is case-insensitive and ignores dashes and whitespace (6.1)."""
-        for text in ("BCDF-GHJK", "bcdf-ghjk", " bcdf ghjk\t", "BC-DF-GH-JK", "bcdfghjk"):
+        for text in (
+            "BCDF-GHJK",
+            "bcdf-ghjk",
+            " bcdf ghjk\t",
+            "BC-DF-GH-JK",
+            "bcdfghjk",
+        ):
             self.assertEqual(normaliseUserCode(text), "BCDFGHJK", text)
 
     def test_normalise_refusesOthers(self) -> None:
         """Vowels, digits, wrong lengths and huge inputs are not user codes."""
-        for text in ("BCDF-GHJA", "BCDF-GHJ1", "BCDF-GHJ", "BCDF-GHJKL", "", "-" * 9999):
+        for text in (
+            "BCDF-GHJA",
+            "BCDF-GHJ1",
+            "BCDF-GHJ",
+            "BCDF-GHJKL",
+            "",
+            "-" * 9999,
+        ):
             self.assertIsNone(normaliseUserCode(text), text)
 
     def test_display(self) -> None:
@@ -213,7 +226,9 @@ class PollTests(FlowTestCase):
         document = self.request()
         self.assertError(self.poll(document["device_code"]), "authorization_pending")
         view = self.flow.approve(document["user_code"], "w1", "alice")
-        self.assertEqual((view.state, view.device, view.run), ("approved", "w1", "run-1"))
+        self.assertEqual(
+            (view.state, view.device, view.run), ("approved", "w1", "run-1")
+        )
         self.clock.advance(5)
         status, token = self.poll(document["device_code"])
         self.assertEqual(status, 200)
@@ -330,12 +345,30 @@ class PollTests(FlowTestCase):
         flow = self.makeFlow(limiter=limiter)
         code = self.request(flow)["device_code"]  # spends one
         self.assertError(self.poll("guess-1", flow), "invalid_grant")
-        self.assertError(self.poll("guess-2", flow, grant_type="x"), "unsupported_grant_type")
+        self.assertError(
+            self.poll("guess-2", flow, grant_type="x"), "unsupported_grant_type"
+        )
         self.assertEqual(flow.malformed("192.0.2.10", "bad")[0], 400)
         self.assertEqual(self.poll("guess-3", flow), (429, {"error": "rate_limited"}))
         self.assertGreaterEqual(flow.retryAfter("192.0.2.10"), 1)
         self.clock.advance(5)
         self.assertError(self.poll(code, flow), "authorization_pending")
+
+    def test_hammering_slowDownThen429(self) -> None:
+        """
+        slow_down answers spend from the source's budget: a node hammering
+        with a valid device code ends up with cheap 429s.
+        """
+        limiter = RateLimiter(
+            self.clock, rate=0.01, burst=5, globalRate=100, globalBurst=100
+        )
+        flow = self.makeFlow(limiter=limiter)
+        code = self.request(flow)["device_code"]
+        answers = [self.poll(code, flow)[1]["error"] for _ in range(8)]
+        self.assertEqual(
+            answers,
+            ["authorization_pending"] * 2 + ["slow_down"] * 4 + ["rate_limited"] * 2,
+        )
 
     def test_noTimers(self) -> None:
         """The flow arms no timers: expiry is lazy, so nothing to cancel."""

@@ -54,13 +54,26 @@ from tests.support import writeConfig
 from tests.test_deviceflow import REPORTED, FakeRuns
 
 NAME = "enroll.lolwtf.ca"
-FORM = {b"content-type": [b"application/x-www-form-urlencoded"]}
+FORM: dict[bytes | str, list[bytes | str]] = {
+    b"content-type": [b"application/x-www-form-urlencoded"]
+}
+
+
+def listenTLS(options: Any, site: BoundedSite) -> tuple[Any, int]:
+    """Listen on 127.0.0.1, any port, with TLS in front of C{site}."""
+    tcp: Any = reactor
+    port = tcp.listenTCP(
+        0, TLSMemoryBIOFactory(options, False, site), interface="127.0.0.1"
+    )
+    return port, int(port.getHost().port)
 
 
 def makeJournal(case: SynchronousTestCase, clock: Any) -> AsyncJournal:
     db = Database.open(Path(case.mktemp()) / "fleetd.sqlite3")
     case.addCleanup(db.close)
-    return AsyncJournal(InlineRunner(db), Journal(deriveKey(b"m" * 32, JOURNAL_PURPOSE)), clock)
+    return AsyncJournal(
+        InlineRunner(db), Journal(deriveKey(b"m" * 32, JOURNAL_PURPOSE)), clock
+    )
 
 
 def makeFlow(clock: Clock, runs: FakeRuns, **kwargs: Any) -> DeviceFlow:
@@ -105,9 +118,7 @@ class TalosClient:
         if basic:
             credentials = base64.b64encode(f"{form['client_id']}:".encode())
             headers[b"authorization"] = [b"Basic " + credentials]
-        response = await self.http.post(
-            self.base + path, data=form, headers=headers
-        )
+        response = await self.http.post(self.base + path, data=form, headers=headers)
         body = await treq.content(response)
         self.assertHeaders(response)
         return response.code, json.loads(body)
@@ -124,9 +135,7 @@ class TalosClient:
         return await self.post("/token", form)
 
     async def run(self, extra: dict[str, str]) -> tuple[str, dict[str, Any]]:
-        status, auth = await self.post(
-            "/device/code", {"client_id": "talos", **extra}
-        )
+        status, auth = await self.post("/device/code", {"client_id": "talos", **extra})
         if status != 200:
             return f"device-auth-{status}", auth
         self.auth = auth
@@ -256,7 +265,9 @@ class BootTLSTests(TestCase):
         client = self.talos(flow, base, {})
         client.sleep = self._denyingSleep(flow, client)
         outcome, document = await client.run({})
-        self.assertEqual((outcome, document), ("access_denied", {"error": "access_denied"}))
+        self.assertEqual(
+            (outcome, document), ("access_denied", {"error": "access_denied"})
+        )
 
     def _denyingSleep(
         self, flow: DeviceFlow, client: TalosClient
@@ -297,12 +308,16 @@ class BootTLSTests(TestCase):
         outcome, _ = await client.run({})
         self.assertEqual(outcome, "token")
         self.assertIn("slow_down", client.answers)
-        self.assertEqual(client.intervals[-1], 5 + 5 * client.answers.count("slow_down"))
+        self.assertEqual(
+            client.intervals[-1], 5 + 5 * client.answers.count("slow_down")
+        )
 
     async def post(
         self, base: str, path: str, body: bytes, headers: dict[bytes, list[bytes]]
     ) -> tuple[int, bytes, Any]:
-        response = await self.http.request("POST", base + path, data=body, headers=headers)
+        response = await self.http.request(
+            "POST", base + path, data=body, headers=headers
+        )
         return response.code, await treq.content(response), response.headers
 
     async def test_malformedBodies_400NeverA500(self) -> None:
@@ -332,7 +347,9 @@ class BootTLSTests(TestCase):
                 code, data, _ = await self.post(base, path, b"client_id=a", headers)
                 self.assertEqual(code, 400, headers)
             code, data, _ = await self.post(base, path, b"", FORM)
-            self.assertEqual((code, json.loads(data)["error"]), (400, "invalid_request"))
+            self.assertEqual(
+                (code, json.loads(data)["error"]), (400, "invalid_request")
+            )
         self.assertEqual(flow.pending(), [])
 
     async def test_methodsAndPaths(self) -> None:
@@ -349,7 +366,9 @@ class BootTLSTests(TestCase):
         """A body over the site's limit is refused with 413 (or a closed connection)."""
         base = self.serve(makeFlow(self.clock, self.runs), maxBody=256)
         try:
-            code, _, _ = await self.post(base, "/device/code", b"client_id=" + b"a" * 1024, FORM)
+            code, _, _ = await self.post(
+                base, "/device/code", b"client_id=" + b"a" * 1024, FORM
+            )
         except Exception as e:  # the server may close before the client is done
             self.assertNotIsInstance(e, AssertionError)
         else:
@@ -357,12 +376,16 @@ class BootTLSTests(TestCase):
 
     async def test_rateLimited_429RetryAfter(self) -> None:
         """Over the per-source budget /device/code is 429 with Retry-After."""
-        limiter = RateLimiter(self.clock, rate=0.1, burst=1, globalRate=10, globalBurst=10)
+        limiter = RateLimiter(
+            self.clock, rate=0.1, burst=1, globalRate=10, globalBurst=10
+        )
         flow = makeFlow(self.clock, self.runs, limiter=limiter)
         base = self.serve(flow)
         code, _, _ = await self.post(base, "/device/code", b"client_id=t", FORM)
         self.assertEqual(code, 200)
-        code, data, headers = await self.post(base, "/device/code", b"client_id=t", FORM)
+        code, data, headers = await self.post(
+            base, "/device/code", b"client_id=t", FORM
+        )
         self.assertEqual((code, json.loads(data)), (429, {"error": "rate_limited"}))
         self.assertEqual(headers.getRawHeaders(b"retry-after"), [b"10"])
 
@@ -439,7 +462,9 @@ class AdminResourceTests(SynchronousTestCase):
         )
         self.assertEqual(code, 200, body)
         view = json.loads(body)
-        self.assertEqual((view["state"], view["device"], view["run"]), ("approved", "w1", "run-1"))
+        self.assertEqual(
+            (view["state"], view["device"], view["run"]), ("approved", "w1", "run-1")
+        )
         (entry,) = self.successResultOf(self.journal.query())
         self.assertEqual(
             (entry.event, entry.actor, entry.device, entry.run),
@@ -451,10 +476,14 @@ class AdminResourceTests(SynchronousTestCase):
     def test_deny_journaled(self) -> None:
         """Deny answers the denied request and journals deviceflow.denied."""
         document = self.newRequest()
-        code, body = self.call("POST", "/device-flow/deny", {"user_code": document["user_code"]})
+        code, body = self.call(
+            "POST", "/device-flow/deny", {"user_code": document["user_code"]}
+        )
         self.assertEqual((code, json.loads(body)["state"]), (200, "denied"))
         (entry,) = self.successResultOf(self.journal.query())
-        self.assertEqual((entry.event, entry.actor), ("deviceflow.denied", "owner:alice"))
+        self.assertEqual(
+            (entry.event, entry.actor), ("deviceflow.denied", "owner:alice")
+        )
 
     def test_refusals_oneLine(self) -> None:
         """
@@ -469,7 +498,11 @@ class AdminResourceTests(SynchronousTestCase):
             ({"user_code": user}, 400, b"invalid: "),
             ({"user_code": user, "device": 3}, 400, b"invalid: "),
             ({"user_code": user, "device": "w1", "x": 1}, 400, b"invalid: "),
-            (b'{"user_code": "a", "user_code": "b", "device": "w1"}', 400, b"invalid: "),
+            (
+                b'{"user_code": "a", "user_code": "b", "device": "w1"}',
+                400,
+                b"invalid: ",
+            ),
             (b"\xff", 400, b"invalid: "),
             (b"[]", 400, b"invalid: "),
         ]
@@ -480,10 +513,20 @@ class AdminResourceTests(SynchronousTestCase):
             self.assertEqual(text.count(b"\n"), 1)
         self.call("POST", "/device-flow/approve", {"user_code": user, "device": "w1"})
         code, text = self.call("POST", "/device-flow/deny", {"user_code": user})
-        self.assertEqual((code, text), (409, b"already-decided: user code " + user.encode() + b" is already approved\n"))
+        self.assertEqual(
+            (code, text),
+            (
+                409,
+                b"already-decided: user code "
+                + user.encode()
+                + b" is already approved\n",
+            ),
+        )
         other = self.newRequest()
         self.clock.advance(600)
-        code, text = self.call("POST", "/device-flow/deny", {"user_code": other["user_code"]})
+        code, text = self.call(
+            "POST", "/device-flow/deny", {"user_code": other["user_code"]}
+        )
         self.assertEqual(code, 410)
 
     def test_tooManyAttempts_429(self) -> None:
@@ -531,8 +574,12 @@ class FleetctlApproveTests(TestCase):
             },
         )
         site = BoundedSite(
-            root, maxHeaderBytes=8192, maxHeaders=32, maxBodyBytes=4096,
-            idleTimeout=30, clock=reactor,
+            root,
+            maxHeaderBytes=8192,
+            maxHeaders=32,
+            maxBodyBytes=4096,
+            idleTimeout=30,
+            clock=reactor,
         )
         options = loadTLSOptions(
             TLSFiles(cert=self.pki.public_cert, key=self.pki.public_key),
@@ -587,7 +634,10 @@ class FleetctlApproveTests(TestCase):
         user = self.newRequest(serial="OTHER")
         code, out, err = await self.fleetctl("approve", user, "--device", "w1")
         self.assertEqual(code, 1)
-        self.assertIn("MISMATCH", next(line for line in out.splitlines() if line.startswith("serial")))
+        self.assertIn(
+            "MISMATCH",
+            next(line for line in out.splitlines() if line.startswith("serial")),
+        )
         self.assertEqual(err.count("\n"), 1)
         self.assertEqual(self.flow.pending()[0].state, "pending")
         code, out, _ = await self.fleetctl("approve", user, "--device", "w1", "--force")
@@ -595,7 +645,7 @@ class FleetctlApproveTests(TestCase):
         self.assertIn("MISMATCH", out)
 
     async def test_approve_json_andNoInventory(self) -> None:
-        """--json prints one object; without an inventory record only reported values."""
+        """--json prints one object; with no inventory record, reported values only."""
         user = self.newRequest()
         code, out, _ = await self.fleetctl("--json", "approve", user, "--device", "w1")
         self.assertEqual(code, 0)
@@ -609,7 +659,7 @@ class FleetctlApproveTests(TestCase):
         self.assertIn("(no inventory record to compare with)", out)
 
     async def test_deny_andErrors(self) -> None:
-        """--deny denies; an unknown code or a missing --device is one line, non-zero."""
+        """--deny denies; an unknown code or no --device is one line, non-zero."""
         user = self.newRequest()
         code, out, _ = await self.fleetctl("approve", user, "--deny")
         self.assertEqual((code, out.splitlines()[0]), (0, f"denied {user}"))

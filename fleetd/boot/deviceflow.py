@@ -24,12 +24,12 @@ client stops at the first 200; later polls get C{invalid_grant}, and only a
 digest of the token is kept); an expired request answers C{expired_token}
 for one more lifetime, then is forgotten.
 
-Brute force: code requests, and polls with unknown device codes or bad
-parameters, spend from a per-source and global L{RateLimiter} (429
-C{rate_limited}); at most C{maxPending} requests are held (503
-C{temporarily_unavailable}); failed approvals spend from a small budget
-(RFC 8628 section 5.1: about 5 guesses per code lifetime), and once it is
-spent every approval is refused for a while, right guesses included.
+Brute force: code requests, and polls with unknown device codes, bad
+parameters or too early (C{slow_down}), spend from a per-source and global
+L{RateLimiter} (429 C{rate_limited}); at most C{maxPending} requests are
+held (503 C{temporarily_unavailable}); failed approvals spend from a small
+budget (RFC 8628 section 5.1: about 5 guesses per code lifetime), and once
+it is spent every approval is refused for a while, right guesses included.
 
 A device-flow approval only lets a node fetch its ready run's config; it
 never approves an EK binding [T1] and touches no binding at all.
@@ -305,8 +305,8 @@ class DeviceFlow:
             return 400, _error("invalid_grant", "the token was already issued")
         if view.state == "approved":
             return self._issue(request, now)
-        if request.pacer.tooFast(now):
-            return 400, _error("slow_down")
+        if request.pacer.tooFast(now):  # costs, so hammering ends in 429s
+            return self._refuse(peer, "slow_down")
         return 400, _error("authorization_pending")
 
     def retryAfter(self, peer: str) -> int:

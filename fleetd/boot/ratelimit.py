@@ -159,7 +159,9 @@ class PollPacer:
     twice back to back (its auth-style probe, Basic header first, then form
     parameters).  The first poll over that grows the interval by C{step}
     seconds for good ("for this and all subsequent requests"); later polls
-    in the same window are also too fast, without growing it again.
+    in the same window are also too fast, without growing it again, so the
+    interval kept here never exceeds the one a client following the RFC
+    computes (it adds 5 s per C{slow_down} it sees, and sees one per pair).
     """
 
     __slots__ = ("_polls", "_slow", "_start", "interval", "perWindow", "step")
