@@ -75,6 +75,7 @@ class Limits:
     max_headers: int = 64
     max_body_bytes: int = 65536
     admin_max_body_bytes: int = 8 << 20
+    request_timeout: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -388,6 +389,7 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
             max_header_bytes=limits.integer("max_header_bytes", 8192, 512, 1 << 20),
             max_headers=limits.integer("max_headers", 64, 4, 1000),
             max_body_bytes=limits.integer("max_body_bytes", 65536, 0, 64 << 20),
+            request_timeout=limits.number("request_timeout", 10.0, 0.1, 3600.0),
             admin_max_body_bytes=limits.integer(
                 "admin_max_body_bytes", 8 << 20, 1024, 256 << 20
             ),

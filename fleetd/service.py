@@ -226,6 +226,7 @@ class FleetdService(MultiService):
             if clientCA
             else s.limits.max_body_bytes,
             idleTimeout=s.limits.idle_timeout,
+            requestTimeout=s.limits.request_timeout,
             clock=self.reactor,
         )
         options = loadTLSOptions(

@@ -161,6 +161,53 @@ class BoundedRequest(server.Request):
         self.finish()
 
 
+class BoundedChannel(http.HTTPChannel):
+    """
+    HTTP/1.1 with a deadline for each request to arrive whole.
+
+    The idle timeout alone lets a client trickle one byte at a time forever;
+    here the request line, headers and body must all arrive within
+    C{requestTimeout} seconds of the connection (or of the previous
+    response), else the connection is closed.
+    """
+
+    requestTimeout = 10.0
+    _deadline: Any = None
+    _log = Logger()
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self._arm()
+
+    def _arm(self) -> None:
+        self._cancel()
+        self._deadline = self.callLater(self.requestTimeout, self._tooSlow)
+
+    def _cancel(self) -> None:
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = None
+
+    def _tooSlow(self) -> None:
+        self._deadline = None
+        self._log.info("http.request-timeout {limit}", limit=self.requestTimeout)
+        self.transport.abortConnection()
+
+    def allContentReceived(self) -> None:
+        self._cancel()
+        super().allContentReceived()
+
+    def requestDone(self, request: Any) -> None:
+        super().requestDone(request)
+        # Keep-alive: the next request has a deadline too.
+        if self.persistent and not getattr(self.transport, "disconnecting", False):
+            self._arm()
+
+    def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
+        self._cancel()
+        super().connectionLost(reason)
+
+
 class BoundedSite(server.Site):
     """
     A L{server.Site} with per-request limits and no tracebacks for clients.
@@ -169,6 +216,7 @@ class BoundedSite(server.Site):
     """
 
     requestFactory = BoundedRequest
+    protocol = BoundedChannel
     displayTracebacks = False
 
     def __init__(
@@ -180,20 +228,21 @@ class BoundedSite(server.Site):
         maxBodyBytes: int,
         idleTimeout: float,
         clock: Any,
+        requestTimeout: float = 10.0,
     ) -> None:
         super().__init__(root, timeout=idleTimeout, reactor=clock)
         self.maxHeaderBytes = maxHeaderBytes
         self.maxHeaders = maxHeaders
         self.maxBodyBytes = maxBodyBytes
+        self.requestTimeout = requestTimeout
         self.noisy = False
 
     def buildProtocol(self, addr: Any) -> Any:
         channel = super().buildProtocol(addr)
-        # Site wraps HTTPChannel in a protocol-negotiating shim.
-        http1 = getattr(channel, "_channel", channel)
-        http1.totalHeadersSize = self.maxHeaderBytes
-        http1.maxHeaders = self.maxHeaders
-        http1.MAX_LENGTH = self.maxHeaderBytes
+        channel.totalHeadersSize = self.maxHeaderBytes
+        channel.maxHeaders = self.maxHeaders
+        channel.MAX_LENGTH = self.maxHeaderBytes
+        channel.requestTimeout = self.requestTimeout
         return channel
 
     def log(self, request: Any) -> None:

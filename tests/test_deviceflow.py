@@ -21,6 +21,7 @@ from fleetd.boot.deviceflow import (
     displayUserCode,
     normaliseUserCode,
 )
+from fleetd.boot.deviceflow_resource import requestJSON
 from fleetd.boot.ratelimit import RateLimiter
 
 USER_CODE = re.compile(f"[{ALPHABET}]{{4}}-[{ALPHABET}]{{4}}")
@@ -131,7 +132,7 @@ class RequestCodeTests(FlowTestCase):
         self.assertEqual(pending.reported["serial"], "S1")
         self.assertEqual(pending.peer, "192.0.2.44")
         self.assertEqual(pending.state, "pending")
-        listed = pending.toJSON()
+        listed = requestJSON(pending)
         self.assertTrue(listed["code_sent"])
         self.assertNotIn("code", listed["reported"])
         self.assertNotIn(REPORTED["code"], json.dumps(listed))
@@ -485,7 +486,7 @@ class SecretsTests(FlowTestCase):
         with capturedLogs() as events:
             document = self.request()
             self.poll(document["device_code"])
-            listing = json.dumps([p.toJSON() for p in self.flow.pending()])
+            listing = json.dumps([requestJSON(p) for p in self.flow.pending()])
             self.flow.approve(document["user_code"], "w1", "alice")
             token = str(self.poll(document["device_code"])[1]["access_token"])
             self.flow.authorize(token)

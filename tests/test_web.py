@@ -160,3 +160,46 @@ class BoundedSiteTests(SynchronousTestCase):
         channel.connectionLost(None)
         clock.advance(60)
         self.assertEqual(clock.getDelayedCalls(), [])
+
+    def test_slowClient_closedAtRequestDeadline(self) -> None:
+        """
+        A client trickling its request (each byte resets the idle timer)
+        is still closed when the request deadline passes.
+        """
+        clock = Clock()
+        site = BoundedSite(
+            Router(), maxHeaderBytes=1024, maxHeaders=10, maxBodyBytes=10,
+            idleTimeout=30, clock=clock, requestTimeout=10,
+        )  # fmt: skip
+        channel = site.buildProtocol(None)
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        for byte in b"GET /slow HTTP/1.1\r\n":
+            clock.advance(0.5)
+            channel.dataReceived(bytes([byte]))
+            if transport.disconnecting:
+                break
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(transport.value(), b"")
+        channel.connectionLost(None)
+        self.assertEqual(clock.getDelayedCalls(), [])
+
+    def test_keepAlive_nextRequestHasDeadline(self) -> None:
+        """After a response, the next request on the connection has a deadline."""
+        clock = Clock()
+        site = BoundedSite(
+            Router(), maxHeaderBytes=1024, maxHeaders=10, maxBodyBytes=10,
+            idleTimeout=300, clock=clock, requestTimeout=10,
+        )  # fmt: skip
+        channel = site.buildProtocol(None)
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        clock.advance(9)
+        channel.dataReceived(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 404"))
+        clock.advance(9)
+        self.assertFalse(transport.disconnecting)
+        clock.advance(1.5)
+        self.assertTrue(transport.disconnecting)
+        channel.connectionLost(None)
+        self.assertEqual(clock.getDelayedCalls(), [])

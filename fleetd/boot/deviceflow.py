@@ -80,7 +80,8 @@ class PendingRequest:
 
     @ivar reported: what the node sent (C{uuid}, C{serial}, C{mac},
         C{hostname}, C{code}); C{code} is a bearer secret, left out of
-        C{repr} and L{toJSON}, which say only whether it was sent.
+        C{repr} and of the admin API's JSON, which say only whether it was
+        sent (L{code_sent}).
     @ivar issued: whether the access token was handed out.
     """
 
@@ -99,23 +100,6 @@ class PendingRequest:
     @property
     def code_sent(self) -> bool:
         return "code" in self.reported
-
-    def toJSON(self) -> dict[str, object]:
-        """The request as the admin API shows it (no secret)."""
-        return {
-            "user_code": self.user_code,
-            "state": self.state,
-            "issued": self.issued,
-            "device": self.device,
-            "run": self.run,
-            "decided_by": self.decided_by,
-            "peer": self.peer,
-            "client_id": self.client_id,
-            "created_at": self.created_at,
-            "expires_at": self.expires_at,
-            "reported": {k: v for k, v in self.reported.items() if k != "code"},
-            "code_sent": self.code_sent,
-        }
 
 
 class DeviceFlowError(Exception):

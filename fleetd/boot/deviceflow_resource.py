@@ -194,6 +194,25 @@ def tokenResource(flow: DeviceFlow, journal: AsyncJournal) -> resource.Resource:
 # The admin side
 
 
+def requestJSON(view: PendingRequest) -> dict[str, object]:
+    """A request as the admin API shows it: no secret, only whether the
+    node sent its code."""
+    return {
+        "user_code": view.user_code,
+        "state": view.state,
+        "issued": view.issued,
+        "device": view.device,
+        "run": view.run,
+        "decided_by": view.decided_by,
+        "peer": view.peer,
+        "client_id": view.client_id,
+        "created_at": view.created_at,
+        "expires_at": view.expires_at,
+        "reported": {k: v for k, v in view.reported.items() if k != "code"},
+        "code_sent": view.code_sent,
+    }
+
+
 def _strictObject(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
@@ -264,7 +283,7 @@ class _Decision(Endpoint):
             run=view.run,
             fields=fields,
         )
-        return http.OK, view.toJSON()
+        return http.OK, requestJSON(view)
 
 
 class DeviceFlowAdmin(Endpoint):
@@ -284,7 +303,7 @@ class DeviceFlowAdmin(Endpoint):
         return notFound()
 
     def render_GET(self, request: IRequest) -> bytes:
-        pending = [p.toJSON() for p in self._flow.pending()]
+        pending = [requestJSON(p) for p in self._flow.pending()]
         return jsonResponse(request, http.OK, {"pending": pending})
 
 

@@ -126,7 +126,7 @@ def cmdApprove(settings: Settings, args: argparse.Namespace, out: IO[str]) -> in
     if listed is not None:
         bad = mismatches(listed, record)
         if bad and not args.force:
-            for line in comparison(listed, record):
+            for line in [] if args.json else comparison(listed, record):
                 out.write(line + "\n")
             raise CLIError(
                 f"approve: MISMATCH in {', '.join(bad)} for {args.device}; "

@@ -1,0 +1,175 @@
+"""
+fleetd with many ready runs: resident memory and the restart time [V2].
+
+Starts C{twistd -n fleetd} over a fresh temporary directory (state on
+disk, vault on tmpfs under C{/dev/shm} as in production), imports N
+devices by CSV through the admin API, provisions one run per device in
+batches of at most 1000 names, lets the daemon idle and reads its VmRSS.
+Then it restarts the daemon R times over the same directories (SIGTERM,
+spawn again) and measures how long until C{/healthz} answers I{and} the
+log says C{runs.loaded} with every run ready, and the idle RSS after each
+restart. Finally one node fetches its configuration once, to show the
+rebuilt vault serves. Loopback only; the daemon is stopped at the end.
+
+    .venv/bin/python bench/vault_scale.py [--devices 10000] [--restarts 3]
+        [--idle 5]
+
+Targets (issue 3): RSS under 150 MB, restart under 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from _fleet import (
+    Admin,
+    Daemon,
+    configPath,
+    directorySize,
+    getConfig,
+    makeFleet,
+    makeNodes,
+    tlsContext,
+)
+
+LOADED = re.compile(r"runs\.loaded (\d+) runs, (\d+) ready")
+MARKS = (b"vault.loaded", b"fleetd.started", b"runs.loaded")
+RSS_TARGET_MB = 150.0
+RESTART_TARGET_S = 2.0
+
+
+def mib(kib: int) -> str:
+    return f"{kib / 1024:.1f} MiB"
+
+
+def mb(kib: int) -> str:
+    return f"{kib * 1024 / 1e6:.1f} MB"
+
+
+def checkLoaded(daemon: Daemon, devices: int) -> None:
+    match = LOADED.search(daemon.logText())
+    if match is None or int(match.group(2)) != devices:
+        raise SystemExit(f"restart did not rebuild {devices} ready runs: {match}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--devices", type=int, default=10_000)
+    parser.add_argument("--restarts", type=int, default=3)
+    parser.add_argument("--idle", type=float, default=5.0, help="seconds idle")
+    parser.add_argument("--batch", type=int, default=1000, help="names a provision")
+    args = parser.parse_args()
+    if not 1 <= args.devices <= 100_000 or not 1 <= args.batch <= 1000:
+        parser.error("--devices 1..100000, --batch 1..1000")
+    if not 1 <= args.restarts <= 20:
+        parser.error("--restarts 1..20")
+
+    work = Path(tempfile.mkdtemp(prefix="fleetd-vault-scale-"))
+    shm = Path(tempfile.mkdtemp(prefix="fleetd-vault-scale-", dir="/dev/shm"))
+    fleet = makeFleet(work / "fleet", shm / "vault")
+    daemon = Daemon(fleet)
+    try:
+        first = daemon.start(waitFor=b"runs.loaded")
+        print(f"fleetd up in {first * 1000:.0f} ms (empty), pid {daemon.pid}")
+        admin = Admin(fleet, daemon.ports["admin"])
+        nodes = makeNodes(args.devices)
+        started = time.monotonic()
+        admin.importDevices(nodes)
+        imported = time.monotonic() - started
+        print(f"imported {len(nodes)} devices in {imported:.2f} s")
+        started = time.monotonic()
+        runs = admin.provision([n.name for n in nodes], args.batch)
+        provisioned = time.monotonic() - started
+        print(
+            f"provisioned {len(runs)} runs in {provisioned:.1f} s"
+            f" ({len(runs) / provisioned:.0f} runs/s)"
+        )
+        time.sleep(args.idle)
+        rssProvisioned, hwmProvisioned = daemon.rssKiB(), daemon.hwmKiB()
+        print(f"idle RSS after provisioning {mib(rssProvisioned)}")
+
+        restarts: list[float] = []
+        stops: list[float] = []
+        rsses: list[int] = []
+        milestones: list[dict[str, float]] = []
+        for i in range(args.restarts):
+            stops.append(daemon.stop())
+            restarts.append(daemon.start(waitFor=b"runs.loaded", marks=MARKS))
+            checkLoaded(daemon, args.devices)
+            milestones.append(dict(daemon.milestones))
+            time.sleep(args.idle)
+            rsses.append(daemon.rssKiB())
+            print(
+                f"restart {i + 1}: stop {stops[-1] * 1000:.0f} ms, up and"
+                f" {args.devices} runs loaded in {restarts[-1] * 1000:.0f} ms"
+                f" ({', '.join(f'{k} {v * 1000:.0f}' for k, v in milestones[-1].items())}"
+                f" ms), idle RSS {mib(rsses[-1])}"
+            )
+
+        node = nodes[len(nodes) // 2]
+        status, body = getConfig(
+            daemon.ports["boot"],
+            tlsContext(fleet.pki.public_ca),
+            configPath(node, runs[node.name][1]),
+        )
+        run = runs[node.name][0]
+        if status != 200 or f"fleetd.io/run: {run}".encode() not in body:
+            raise SystemExit(f"after the restarts, /config answered {status}")
+        files, content, allocated = directorySize(fleet.vault)
+        state = fleet.directory / "state"
+        dbFiles, dbContent, _ = directorySize(state)
+    finally:
+        daemon.stop()
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+
+    restart = statistics.median(restarts)
+    rss = statistics.median(rsses)
+    print()
+    print(f"| figure ({args.devices} devices, one ready run each) | value | target |")
+    print("|---|---:|---:|")
+    print(
+        f"| idle RSS after provisioning (VmRSS, {args.idle:g} s idle)"
+        f" | {mib(rssProvisioned)} ({mb(rssProvisioned)}); VmHWM"
+        f" {mib(hwmProvisioned)} | < {RSS_TARGET_MB:.0f} MB |"
+    )
+    print(
+        f"| idle RSS after a restart (median of {args.restarts})"
+        f" | {mib(int(rss))} ({mb(int(rss))}) | < {RSS_TARGET_MB:.0f} MB |"
+    )
+    print(
+        f"| restart: spawn to /healthz 200 and `runs.loaded` (median,"
+        f" range of {args.restarts}) | {restart * 1000:.0f} ms"
+        f" ({min(restarts) * 1000:.0f}–{max(restarts) * 1000:.0f} ms)"
+        f" | < {RESTART_TARGET_S:g} s |"
+    )
+    for mark in ("vault.loaded", "fleetd.started", "healthz", "runs.loaded"):
+        values = [m[mark] for m in milestones if mark in m]
+        if values:
+            print(f"| … `{mark}` seen after (median) | {statistics.median(values) * 1000:.0f} ms | |")
+    print(f"| SIGTERM to exit (median) | {statistics.median(stops) * 1000:.0f} ms | |")
+    print(
+        f"| vault directory (tmpfs) | {files} files, {content / 1e6:.1f} MB"
+        f" content, {allocated / 1e6:.1f} MB allocated | |"
+    )
+    print(f"| state directory (SQLite, disk) | {dbFiles} files, {dbContent / 1e6:.1f} MB | |")
+    print(f"| CSV import of {args.devices} devices (one request) | {imported:.2f} s | |")
+    print(
+        f"| provisioning, {args.batch} names a request | {provisioned:.1f} s"
+        f" ({len(runs) / provisioned:.0f} runs/s) | |"
+    )
+    rssOK = max(rssProvisioned, int(rss)) * 1024 / 1e6 < RSS_TARGET_MB
+    print(
+        f"\nRSS target {'met' if rssOK else 'MISSED'},"
+        f" restart target {'met' if restart < RESTART_TARGET_S else 'MISSED'}."
+    )
+
+
+if __name__ == "__main__":
+    main()
