@@ -26,12 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from fleetd.pki.dev import DevPKIPaths, ensureDevPKI  # noqa: E402
-from tests.support import writeConfig  # noqa: E402
+from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
+from tests.support import writeConfig
 
 ENROLLMENT = "enroll.lolwtf.ca"
 LISTEN = re.compile(
@@ -137,9 +133,7 @@ def directorySize(path: Path) -> tuple[int, int, int]:
     return files, content, allocated
 
 
-def tlsContext(
-    ca: Path, clientCert: tuple[Path, Path] | None = None
-) -> ssl.SSLContext:
+def tlsContext(ca: Path, clientCert: tuple[Path, Path] | None = None) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=str(ca))
     if clientCert is not None:
         context.load_cert_chain(str(clientCert[0]), str(clientCert[1]))
@@ -203,7 +197,7 @@ class Daemon:
         """
         self.milestones = {}
         self._logOffset = self.log.stat().st_size if self.log.exists() else 0
-        out = open(self.log, "ab")  # noqa: SIM115 - closed with the process
+        out = open(self.log, "ab")
         started = time.monotonic()
         self.process = subprocess.Popen(
             self.argv(), stdout=out, stderr=subprocess.STDOUT

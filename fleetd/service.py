@@ -28,6 +28,12 @@ from twisted.web.resource import Resource
 from fleetd import __version__
 from fleetd.admin.resource import adminRoot
 from fleetd.boot.config import ConfigResource
+from fleetd.boot.deviceflow import DeviceFlow
+from fleetd.boot.deviceflow_resource import (
+    deviceCodeResource,
+    deviceFlowAdminResource,
+    tokenResource,
+)
 from fleetd.boot.ratelimit import RateLimiter
 from fleetd.boot.resource import bootRoot
 from fleetd.config import ConfigError, Settings, loadTopology
@@ -260,10 +266,32 @@ class FleetdService(MultiService):
             globalRate=bl.global_failure_rate,
             globalBurst=bl.global_failure_burst,
         )
-        self.configResource = ConfigResource(
-            self.runs, metrics=self.registry, limiter=self.bootLimiter
+        self.deviceFlow = DeviceFlow(
+            self.reactor,
+            self.runs,
+            verificationURI=f"https://{s.topology.enrollment_name}/device",
+            limiter=RateLimiter(
+                self.reactor, rate=1 / 30, burst=5, globalRate=2, globalBurst=50
+            ),
+            maxPending=256,
         )
-        self._web("boot", bootRoot(config=self.configResource))
+        self.adminAPI[b"device-flow"] = deviceFlowAdminResource(
+            self.deviceFlow, self.journal
+        )
+        self.configResource = ConfigResource(
+            self.runs,
+            metrics=self.registry,
+            limiter=self.bootLimiter,
+            grants=self.deviceFlow,
+        )
+        self._web(
+            "boot",
+            bootRoot(
+                config=self.configResource,
+                deviceCode=deviceCodeResource(self.deviceFlow, self.journal),
+                token=tokenResource(self.deviceFlow, self.journal),
+            ),
+        )
         self._web("device", deviceRoot())
         self._web(
             "admin",

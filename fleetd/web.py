@@ -191,7 +191,8 @@ class BoundedChannel(http.HTTPChannel):
     def _tooSlow(self) -> None:
         self._deadline = None
         self._log.info("http.request-timeout {limit}", limit=self.requestTimeout)
-        self.transport.abortConnection()
+        transport: Any = self.transport
+        transport.abortConnection()
 
     def allContentReceived(self) -> None:
         self._cancel()
@@ -216,7 +217,7 @@ class BoundedSite(server.Site):
     """
 
     requestFactory = BoundedRequest
-    protocol = BoundedChannel
+    protocol = BoundedChannel  # type: ignore[assignment]  # HTTP/1.1 only
     displayTracebacks = False
 
     def __init__(

@@ -371,7 +371,9 @@ class BruteForceTests(DeliveryMixin, TestCase):
         status, _, body = await self.fetch(configPath(codes["w1"], UUID1, "SER1"))
         self.assertEqual((status, body), (429, b"too many requests\n"))
         _, _, metrics = await self.get(self.service, "admin", "/metrics")
-        self.assertIn(b'fleetd_config_requests_total{outcome="rate_limited"} 4.0', metrics)
+        self.assertIn(
+            b'fleetd_config_requests_total{outcome="rate_limited"} 4.0', metrics
+        )
 
     def test_codeGuessing_limitedPerSource(self) -> None:
         """Guessing codes costs tokens per source; an empty bucket gets cheap 429s."""

@@ -64,12 +64,14 @@ def ownerOf(request: IRequest) -> str | None:
 def renderAsync(
     request: Any,
     work: Callable[[], Awaitable[tuple[int, Any]]],
+    refusal: Callable[[Exception], tuple[int, str] | None] | None = None,
 ) -> int:
     """
     Run C{work} and write its C{(code, document)} as JSON.
 
-    A failure is logged as a bug and answered with a one-line 500; nothing
-    is written after the client went away.
+    An exception that C{refusal} maps to C{(code, line)} is that one-line
+    answer; any other is logged as a bug and answered with a one-line 500.
+    Nothing is written after the client went away.
     """
     gone: list[bool] = []
     request.notifyFinish().addErrback(lambda _: gone.append(True))
@@ -78,9 +80,12 @@ def renderAsync(
         try:
             code, document = await work()
             body = jsonResponse(request, code, document)
-        except Exception:
-            log.failure("admin.request.failed", failure=Failure())
-            body = textResponse(request, http.INTERNAL_SERVER_ERROR, "internal error")
+        except Exception as e:
+            answer = None if refusal is None else refusal(e)
+            if answer is None:
+                log.failure("admin.request.failed", failure=Failure())
+                answer = (http.INTERNAL_SERVER_ERROR, "internal error")
+            body = textResponse(request, *answer)
         if not gone:
             request.write(body)
             request.finish()

@@ -30,6 +30,7 @@ from twisted.web import http, resource, server
 from twisted.web.iweb import IRequest
 from twisted.web.static import NoRangeStaticProducer
 
+from fleetd.boot.deviceflow import Grant
 from fleetd.boot.ratelimit import RateLimiter, sourceKey
 from fleetd.runs.codes import wellFormedCode
 from fleetd.runs.machine import Outcome
@@ -85,15 +86,10 @@ def parseQuery(request: IRequest) -> Identity:
     return Identity(values.get("code"), values.get("uuid"), values.get("serial"))
 
 
-class IGrant(Protocol):
-    device: str
-    run: str
-
-
 class IGrants(Protocol):
     """What the device flow offers the config resource."""
 
-    def authorize(self, accessToken: str) -> IGrant | None: ...
+    def authorize(self, accessToken: str) -> Grant | None: ...
 
 
 class ConfigResource(resource.Resource):

@@ -20,17 +20,15 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from twisted.internet.defer import Deferred
 from twisted.logger import Logger
-from twisted.python.failure import Failure
-from twisted.web import http, resource, server
+from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
-from fleetd.admin.resource import ownerOf
+from fleetd.admin.resource import ownerOf, renderAsync
 from fleetd.inventory.csvimport import parseDeviceCSV
 from fleetd.inventory.model import Device, IInventory, InventoryError, validateDevice
 from fleetd.store.journal import AsyncJournal
-from fleetd.web import Endpoint, jsonResponse, notFound, textResponse
+from fleetd.web import Endpoint, notFound
 
 log = Logger()
 
@@ -123,31 +121,17 @@ def parseDeviceJSON(text: str) -> Device:
     )
 
 
+def _refusal(error: Exception) -> tuple[int, str] | None:
+    """An L{InventoryError} is its one-line refusal (400, 404, 409 or 503)."""
+    if not isinstance(error, InventoryError):
+        return None
+    log.warn("inventory.refused {kind} {reason}", kind=error.kind, reason=str(error))
+    return STATUS_OF_KIND[error.kind], str(error)
+
+
 def renderInventory(request: Any, work: Callable[[], Awaitable[Outcome]]) -> int:
-    """
-    Like L{fleetd.admin.resource.renderAsync}, but an L{InventoryError}
-    becomes its one-line refusal (400, 404, 409 or 503) instead of a 500.
-    """
-    gone: list[bool] = []
-    request.notifyFinish().addErrback(lambda _: gone.append(True))
-
-    async def run() -> None:
-        try:
-            code, document = await work()
-            body = jsonResponse(request, code, document)
-        except InventoryError as e:
-            log.warn("inventory.refused {kind} {reason}", kind=e.kind, reason=str(e))
-            body = textResponse(request, STATUS_OF_KIND[e.kind], str(e))
-        except Exception:
-            log.failure("admin.request.failed", failure=Failure())
-            body = textResponse(request, http.INTERNAL_SERVER_ERROR, "internal error")
-        if not gone:
-            request.write(body)
-            request.finish()
-
-    Deferred.fromCoroutine(run())
-    notDoneYet: int = server.NOT_DONE_YET
-    return notDoneYet
+    """L{renderAsync} with inventory refusals as one-line answers."""
+    return renderAsync(request, work, _refusal)
 
 
 class DevicesResource(Endpoint):
