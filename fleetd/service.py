@@ -51,7 +51,7 @@ from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.store.keys import deriveKey, loadOrCreateKey
 from fleetd.store.runner import DatabaseRunner
-from fleetd.tink.h2server import TinkListenerFactory
+from fleetd.tink.listener import TinkListenerFactory
 from fleetd.vault import DirectoryVault, VaultError
 from fleetd.web import BoundedSite
 

@@ -49,7 +49,8 @@ from fleetd.tink import (
     UnimplementedHandler,
     encodeGrpcMessage,
 )
-from fleetd.tink.h2server import Headers, MessageSizeGuard
+from fleetd.tink.grpcwire import MessageSizeGuard
+from fleetd.tink.h2server import Headers
 
 E = TypeVar("E", bound=Event)
 PATH = b"/proto.WorkflowService/GetAction"

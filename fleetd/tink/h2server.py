@@ -3,15 +3,13 @@
 L{H2ServerProtocol} owns one server-side L{H2Connection}, turns its events
 into calls on one L{IStreamHandler} per stream and gives each handler a
 L{StreamResponder} that sends headers, flow-controlled data and trailers.
-Until the gRPC proxy lands, L{TinkListenerFactory} answers every call with a
-Trailers-Only UNIMPLEMENTED response ([A4]).
+gRPC wire details are in L{fleetd.tink.grpcwire}; the listener factory is in
+L{fleetd.tink.listener}.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
-from functools import partial
 from typing import Protocol as TypingProtocol
 
 from h2.config import H2Configuration
@@ -29,73 +27,14 @@ from h2.events import (
 )
 from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes, Settings
-from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from fleetd.tink.grpcwire import GRPCStatus, MessageSizeGuard, encodeGrpcMessage
+
 Headers = list[tuple[bytes, bytes]]
-
-
-class GRPCStatus(enum.IntEnum):
-    """gRPC status codes (grpc/grpc ``doc/statuscodes.md``)."""
-
-    OK = 0
-    CANCELLED = 1
-    UNKNOWN = 2
-    INVALID_ARGUMENT = 3
-    DEADLINE_EXCEEDED = 4
-    NOT_FOUND = 5
-    ALREADY_EXISTS = 6
-    PERMISSION_DENIED = 7
-    RESOURCE_EXHAUSTED = 8
-    FAILED_PRECONDITION = 9
-    ABORTED = 10
-    OUT_OF_RANGE = 11
-    UNIMPLEMENTED = 12
-    INTERNAL = 13
-    UNAVAILABLE = 14
-    DATA_LOSS = 15
-    UNAUTHENTICATED = 16
-
-
-def encodeGrpcMessage(message: str) -> bytes:
-    """Percent-encode C{message} for ``grpc-message`` (gRPC PROTOCOL-HTTP2):
-    UTF-8 bytes outside printable ASCII, and ``%``, become ``%XX``."""
-    return b"".join(
-        bytes([b]) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b
-        for b in message.encode("utf-8")
-    )
-
-
-class MessageSizeGuard:
-    """Track gRPC message prefixes (flag, 4-byte length) across DATA frames,
-    whose boundaries are unrelated to message boundaries."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._prefix = bytearray()
-        self._remaining = 0
-
-    def feed(self, data: bytes) -> int | None:
-        """Return the first declared length over the limit, else L{None}."""
-        offset, end = 0, len(data)
-        while offset < end:
-            if self._remaining:
-                step = min(self._remaining, end - offset)
-                self._remaining -= step
-                offset += step
-                continue
-            need = 5 - len(self._prefix)
-            self._prefix += data[offset : offset + need]
-            offset += need
-            if len(self._prefix) == 5:
-                length = int.from_bytes(self._prefix[1:], "big")
-                self._prefix.clear()
-                if length > self._limit:
-                    return length
-                self._remaining = length
-        return None
 
 
 class IStreamHandler(TypingProtocol):
@@ -424,64 +363,3 @@ class H2ServerProtocol(Protocol):
 
     def _peer(self) -> str:
         return str(self.transport.getPeer()) if self.transport is not None else "?"
-
-
-class UnimplementedHandler:
-    """Answer every call at once with Trailers-Only UNIMPLEMENTED ([A4]).
-
-    The request body needs no waiting: the protocol returns flow-control
-    credit for bytes still arriving and resets the unfinished request with
-    NO_ERROR, so clients see the status immediately and never stall.
-    """
-
-    log = Logger()
-
-    def __init__(self, responder: StreamResponder) -> None:
-        self._responder = responder
-
-    def headersReceived(self, headers: Headers) -> None:
-        path = dict(headers).get(b":path", b"").decode("ascii", "replace")
-        self.log.info("tink.unimplemented {path}", path=path)
-        self._responder.trailersOnly(
-            GRPCStatus.UNIMPLEMENTED, f"fleetd: {path} is not served yet"
-        )
-
-    def dataReceived(self, data: bytes) -> None:
-        pass
-
-    def endReceived(self) -> None:
-        pass
-
-    def reset(self, errorCode: int) -> None:
-        pass
-
-
-class TinkListenerFactory(Factory):
-    """Build L{H2ServerProtocol}s that answer UNIMPLEMENTED, with limits."""
-
-    noisy = False
-
-    def __init__(
-        self,
-        clock: IReactorTime,
-        *,
-        maxConcurrentStreams: int = 100,
-        maxHeaderListSize: int = 16384,
-        maxMessageBytes: int = 4 * 1024 * 1024,
-        idleTimeout: float = 30.0,
-    ) -> None:
-        self.clock = clock
-        self._build = partial(
-            H2ServerProtocol,
-            UnimplementedHandler,
-            clock=clock,
-            maxConcurrentStreams=maxConcurrentStreams,
-            maxHeaderListSize=maxHeaderListSize,
-            maxMessageBytes=maxMessageBytes,
-            idleTimeout=idleTimeout,
-        )
-
-    def buildProtocol(self, addr: IAddress | None) -> H2ServerProtocol:
-        protocol = self._build()
-        protocol.factory = self
-        return protocol
