@@ -35,7 +35,8 @@ from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
 from fleetd.admin.resource import ownerOf, renderAsync
-from fleetd.boot.deviceflow import Answer, DeviceFlow, DeviceFlowError, PendingRequest
+from fleetd.boot.deviceflow import DeviceFlow
+from fleetd.boot.deviceflow_model import Answer, DeviceFlowError, PendingRequest
 from fleetd.store.journal import AsyncJournal, FieldValue
 from fleetd.web import Endpoint, jsonResponse, notFound, textResponse
 
