@@ -49,9 +49,10 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -59,7 +60,6 @@ from bench._fleet import (
     STORM_OVERRIDES,
     Admin,
     Daemon,
-    Fleet,
     Node,
     configPath,
     cpuSeconds,
@@ -157,7 +157,8 @@ def serveMinimal(directory: Path) -> None:
     print the port, run until SIGTERM.
     """
     from OpenSSL import crypto
-    from twisted.internet import reactor, ssl as tssl
+    from twisted.internet import reactor
+    from twisted.internet import ssl as tssl
     from twisted.web import resource, server, static
 
     cert = crypto.load_certificate(
@@ -173,11 +174,10 @@ def serveMinimal(directory: Path) -> None:
     root.putChild(b"config", static.Data(b"x" * BODY_BYTES, "text/plain"))
     site = server.Site(root)
     site.log = lambda request: None  # type: ignore[method-assign]
-    port = reactor.listenSSL(  # type: ignore[attr-defined]
-        0, site, options, backlog=BACKLOG, interface="127.0.0.1"
-    )
+    r: Any = reactor
+    port = r.listenSSL(0, site, options, backlog=BACKLOG, interface="127.0.0.1")
     print(port.getHost().port, flush=True)
-    reactor.run()  # type: ignore[attr-defined]
+    r.run()
 
 
 class Minimal:
@@ -300,6 +300,7 @@ class Request:
 
 
 EXPECTED_STATUS = {"good": 200, "unknown": 404, "wrong": 403, "repeat": 410}
+STATUS_KEYS = ("s200", "s403", "s404", "s410", "sother")
 
 
 def buildWorkload(
@@ -487,8 +488,10 @@ def sClient(port: int, ca: Path) -> dict[str, str]:
     whether the server resumed any of the five reconnections.
     """
     result = subprocess.run(
-        ["openssl", "s_client", "-connect", f"127.0.0.1:{port}", "-servername"]
-        + ["localhost", "-CAfile", str(ca), "-reconnect"],
+        [
+            *("openssl", "s_client", "-connect", f"127.0.0.1:{port}"),
+            *("-servername", "localhost", "-CAfile", str(ca), "-reconnect"),
+        ],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -642,6 +645,7 @@ def machine() -> str:
             model = line.split(":", 1)[1].strip()
             break
     import OpenSSL
+
     import twisted
 
     nginxVersion = subprocess.run(
@@ -761,9 +765,12 @@ def main() -> None:
             spy = None
             if args.py_spy is not None and i == 0:
                 spy = subprocess.Popen(
-                    ["taskset", "-c", "1", str(args.py_spy), "record", "--pid"]
-                    + [str(daemon.pid), "--rate", "200", "--format", "raw"]
-                    + ["--threads", "--nonblocking", "-o", str(work / "spy.txt")],
+                    [
+                        *("taskset", "-c", "1", str(args.py_spy), "record"),
+                        *("--pid", str(daemon.pid), "--rate", "200"),
+                        *("--format", "raw", "--threads", "--nonblocking"),
+                        *("-o", str(work / "spy.txt")),
+                    ],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
@@ -833,7 +840,7 @@ def main() -> None:
     tracebacks = logText.count("Traceback")
     lines += tables(args, runs, tls, probe, hwm, hwmEnd, verified, tracebacks)
     if profile:
-        lines += ["", "py-spy of fleetd during round 1 (all threads):", ""] + profile
+        lines += ["", "py-spy of fleetd during round 1 (all threads):", "", *profile]
     text = "\n".join(lines)
     print()
     print(text)
@@ -861,6 +868,92 @@ def report(run: Run) -> None:
     )
 
 
+def triple(runs: Sequence[Run], key: str) -> str:
+    """p50 / p90 / p99 style: the medians over rounds of C{key}s."""
+    return ms(median([r.figures[key] for r in runs]))
+
+
+def fleetdRows(
+    args: argparse.Namespace,
+    fleetd: Sequence[Run],
+    hwm: int,
+    hwmEnd: int,
+    tracebacks: int,
+) -> list[tuple[str, str]]:
+    conn = median([r.connectionsPerSecond for r in fleetd])
+    statuses = " ; ".join(
+        "/".join(f"{r.figures[k]:.0f}" for k in STATUS_KEYS) for r in fleetd
+    )
+    wrong = sum(int(r.figures["wrong"] + r.figures["dup"]) for r in fleetd)
+    latency = " / ".join(triple(fleetd, k) for k in ("p50", "p90", "p99"))
+    return [
+        (
+            "deliveries/s (200s / storm time)",
+            f"{median([r.deliveriesPerSecond for r in fleetd]):.0f}",
+        ),
+        ("requests/s (new TLS connections/s)", f"{conn:.0f}"),
+        ("storm time", f"{median([r.seconds for r in fleetd]):.2f} s"),
+        (
+            "latency p50 / p90 / p99 (wrk: request written to response read;"
+            " excludes the TCP and TLS handshakes)",
+            latency,
+        ),
+        (
+            "mean time per connection incl. handshakes (concurrency / rate)",
+            ms(1e6 * args.concurrency / conn),
+        ),
+        ("status 200/403/404/410/other, each round", statuses),
+        (
+            "socket errors (connect, read, write, timeout), all rounds",
+            str(sum(r.errors for r in fleetd)),
+        ),
+        (
+            "**wrong deliveries** (a 200 body not the node's own, or a run"
+            " twice), all rounds",
+            f"**{wrong}**",
+        ),
+        (
+            "server CPU per request during the storm",
+            f"{median([r.cpuPerRequest for r in fleetd]) * 1e6:.0f} \u00b5s",
+        ),
+        (
+            "server CPU after the last response (releases, journal)",
+            f"{median([r.trailingCPU for r in fleetd]) * 1e3:.0f} ms a round",
+        ),
+        (
+            "fleetd peak RSS (VmRSS sampled every 10 ms during the storms)",
+            f"{max(r.peakRSS for r in fleetd) / 1024:.1f} MiB",
+        ),
+        (
+            "fleetd VmHWM after the timed rounds / after the Python pass",
+            f"{hwm / 1024:.1f} / {hwmEnd / 1024:.1f} MiB",
+        ),
+        ("tracebacks in fleetd's log", str(tracebacks)),
+    ]
+
+
+def verifiedRows(verified: Verified) -> list[tuple[str, str]]:
+    lat = sorted(verified.latencies) or [0.0]
+    p50, p99 = (lat[int(q * (len(lat) - 1))] * 1000 for q in (0.5, 0.99))
+    twice = sum(1 for c in verified.delivered.values() if c > 1)
+    rate = sum(verified.statuses.values()) / verified.seconds
+    return [
+        ("statuses", str(dict(sorted(verified.statuses.items())))),
+        (
+            "**wrong answers** (status or body not the request's own)",
+            f"**{len(verified.wrong)}**",
+        ),
+        ("runs delivered twice", str(twice)),
+        ("socket errors", str(verified.errors)),
+        ("rate (client-bound)", f"{rate:.0f}/s"),
+        ("latency incl. TCP and TLS handshakes p50 / p99", f"{p50:.1f} / {p99:.1f} ms"),
+    ]
+
+
+def table(header: str, rows: Sequence[tuple[str, str]]) -> list[str]:
+    return [f"| {header} | value |", "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows]
+
+
 def tables(
     args: argparse.Namespace,
     runs: dict[str, list[Run]],
@@ -872,116 +965,89 @@ def tables(
     tracebacks: int,
 ) -> list[str]:
     fleetd = runs["fleetd"]
-    r0 = fleetd[0]
-    total = r0.real
     lines = [
         f"Machine: {machine()}.",
         "",
         f"Workload per round: {args.nodes} nodes, each its own code once;"
         f" +{args.unknown:.0%} unknown codes (404), +{args.wrong:.0%} codes with"
         f" another machine's uuid/serial (403), +{args.repeats:.0%} repeats of"
-        f" consumed codes (410): {total} requests, shuffled, concurrency"
+        f" consumed codes (410): {fleetd[0].real} requests, shuffled, concurrency"
         f" {args.concurrency}, one new TLS connection per request. fleetd, nginx"
         " and the minimal server pinned to CPU 0, wrk to CPU 1. Medians of"
         f" {len(fleetd)} rounds (fresh runs each round).",
         "",
-        "| fleetd boot storm | value |",
-        "|---|---:|",
     ]
-
-    def med(key: str) -> float:
-        return median([r.figures[key] for r in fleetd])
-
-    rows = [
-        ("deliveries/s (200s ÷ storm time)", f"{median([r.deliveriesPerSecond for r in fleetd]):.0f}"),
-        ("requests/s (new TLS connections/s)", f"{median([r.connectionsPerSecond for r in fleetd]):.0f}"),
-        ("storm time", f"{median([r.seconds for r in fleetd]):.2f} s"),
-        ("latency p50 / p90 / p99 (wrk: request written → response; excludes TCP+TLS handshake)", f"{ms(med('p50'))} / {ms(med('p90'))} / {ms(med('p99'))}"),
-        ("mean time per connection incl. handshake (concurrency ÷ rate)", ms(1e6 * args.concurrency / median([r.connectionsPerSecond for r in fleetd]))),
-        ("status 200 / 403 / 404 / 410 / other (every round)", " ; ".join(f"{r.figures['s200']:.0f} / {r.figures['s403']:.0f} / {r.figures['s404']:.0f} / {r.figures['s410']:.0f} / {r.figures['sother']:.0f}" for r in fleetd)),
-        ("socket errors (connect, read, write, timeout), all rounds", str(sum(r.errors for r in fleetd))),
-        ("**wrong deliveries** (200 body not the node's own, or a run twice), all rounds", f"**{sum(int(r.figures['wrong'] + r.figures['dup']) for r in fleetd)}**"),
-        ("server CPU per request during the storm", f"{median([r.cpuPerRequest for r in fleetd]) * 1e6:.0f} µs"),
-        ("server CPU after the last response (deferred releases, journal)", f"{median([r.trailingCPU for r in fleetd]) * 1e3:.0f} ms a round"),
-        ("fleetd peak RSS (VmRSS sampled every 10 ms during the storms)", f"{max(r.peakRSS for r in fleetd) / 1024:.1f} MiB"),
-        ("fleetd VmHWM at the end of the timed rounds / after the Python pass", f"{hwm / 1024:.1f} / {hwmEnd / 1024:.1f} MiB"),
-        ("tracebacks in fleetd's log", str(tracebacks)),
-    ]  # fmt: skip
-    lines += [f"| {a} | {b} |" for a, b in rows]
+    lines += table(
+        "fleetd boot storm", fleetdRows(args, fleetd, hwm, hwmEnd, tracebacks)
+    )
     if verified is not None:
-        lat = sorted(verified.latencies)
-        p = (
-            [lat[int(q * (len(lat) - 1))] * 1000 for q in (0.5, 0.99)]
-            if lat
-            else [0, 0]
-        )
-        twice = sum(1 for c in verified.delivered.values() if c > 1)
         lines += [
             "",
             "Correctness pass (Python asyncio client on CPU 1, fresh runs, same"
             " mix; each response checked against its own request; a repeat is"
             " sent only after its original finished):",
             "",
-            "| Python pass | value |",
-            "|---|---:|",
-            f"| statuses | {dict(sorted(verified.statuses.items()))} |",
-            f"| **wrong answers** (status or body not the request's own) |"
-            f" **{len(verified.wrong)}** |",
-            f"| runs delivered twice | {twice} |",
-            f"| socket errors | {verified.errors} |",
-            f"| rate (client-bound) | {sum(verified.statuses.values()) / verified.seconds:.0f}/s |",
-            f"| latency incl. TCP+TLS handshake p50 / p99 | {p[0]:.1f} / {p[1]:.1f} ms |",
-        ]  # fmt: skip
+        ]
+        lines += table("Python pass", verifiedRows(verified))
     if runs["nginx"]:
-        nginx, minimal = runs["nginx"], runs["twisted"]
-        n = median([r.connectionsPerSecond for r in nginx])
-        t = median([r.connectionsPerSecond for r in minimal])
-        fc = median([r.connectionsPerSecond for r in fleetd])
-        fd = median([r.deliveriesPerSecond for r in fleetd])
-        cpu = {k: median([r.cpuPerRequest for r in v]) * 1e6 for k, v in runs.items()}
-        client = {k: median([r.clientCPU / r.wall for r in v]) for k, v in runs.items()}
-        p50 = {k: median([r.figures["p50"] for r in v]) for k, v in runs.items()}
-        p99 = {k: median([r.figures["p99"] for r in v]) for k, v in runs.items()}
-        lines += [
-            "",
-            "Side by side (same request list, same wrk, same concurrency, rounds"
-            " interleaved; nginx: 2 KiB static body, `ssl_session_tickets off`,"
-            " `ssl_session_cache off`, TLS 1.3 only; minimal twisted.web: `Site`"
-            " + `static.Data` 2 KiB, `CertificateOptions` like fleetd's, no access"
-            " log; fleetd: its real config bodies and refusals):",
-            "",
-            "| server | new connections/s | deliveries/s | × nginx (conn/s)"
-            " | server CPU per connection | p50 / p99 | wrk core busy | TLS (s_client)"
-            " | resumed by s_client -reconnect |",
-            "|---|---:|---:|---:|---:|---:|---:|---|---:|",
-        ]
-        for key, label, conn, deliveries in (
-            ("nginx", "nginx 1 worker", n, n),
-            ("twisted", "minimal twisted.web", t, t),
-            ("fleetd", "fleetd", fc, fd),
-        ):
-            info = tls.get(key, {})
-            lines.append(
-                f"| {label} | {conn:.0f} | {deliveries:.0f} | {conn / n:.2f}× |"
-                f" {cpu[key]:.0f} µs | {ms(p50[key])} / {ms(p99[key])} |"
-                f" {client[key]:.0%} | {info.get('protocol')} {info.get('group')}"
-                f" | {info.get('reused')} of {int(info.get('reused', '0')) + int(info.get('new', '0')) - 1} |"
-            )  # fmt: skip
-        lines += [
-            "",
-            f"**fleetd deliveries/s ÷ nginx new connections/s = {fd / n:.2f}×**"
-            f" (target ≥ 0.40×); fleetd all connections ÷ nginx = {fc / n:.2f}×;"
-            f" minimal twisted.web ÷ nginx = {t / n:.2f}×; fleetd ÷ minimal"
-            f" twisted.web = {fc / t:.2f}× (connections). By server CPU per"
-            f" connection: nginx/fleetd = {cpu['nginx'] / cpu['fleetd']:.2f}×,"
-            f" nginx/twisted = {cpu['nginx'] / cpu['twisted']:.2f}×.",
-            "",
-            f"Session resumption: wrk reuses the previous connection's TLS session"
-            f" (SSL_clear keeps it) when the server allows it — measured against"
-            f" nginx with tickets and a session cache on: {probe}. All three"
-            " servers here refuse resumption (s_client column), so every"
-            " connection above was a full handshake.",
-        ]
+        lines += ["", *comparison(runs, tls, probe)]
+    return lines
+
+
+def comparison(
+    runs: dict[str, list[Run]], tls: dict[str, dict[str, str]], probe: str
+) -> list[str]:
+    def per(key: str, value: Callable[[Run], float]) -> float:
+        return median([value(r) for r in runs[key]])
+
+    n = per("nginx", lambda r: r.connectionsPerSecond)
+    t = per("twisted", lambda r: r.connectionsPerSecond)
+    fc = per("fleetd", lambda r: r.connectionsPerSecond)
+    fd = per("fleetd", lambda r: r.deliveriesPerSecond)
+    cpu = {k: per(k, lambda r: r.cpuPerRequest) * 1e6 for k in runs}
+    lines = [
+        "Side by side (same request list, same wrk, same concurrency, rounds"
+        " interleaved; nginx: 2 KiB static body, `ssl_session_tickets off`,"
+        " `ssl_session_cache off`, TLS 1.3 only; minimal twisted.web: `Site`"
+        " + `static.Data` 2 KiB, `CertificateOptions` like fleetd's, no access"
+        " log; fleetd: its real config bodies and refusals):",
+        "",
+        "| server | new connections/s | deliveries/s | x nginx (conn/s)"
+        " | server CPU per connection | p50 / p99 | wrk core busy"
+        " | TLS (s_client) | resumed (s_client -reconnect) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for key, label, conn, deliveries in (
+        ("nginx", "nginx, 1 worker", n, n),
+        ("twisted", "minimal twisted.web", t, t),
+        ("fleetd", "fleetd", fc, fd),
+    ):
+        info = tls.get(key, {})
+        tries = int(info.get("reused", "0")) + int(info.get("new", "1")) - 1
+        busy = per(key, lambda r: r.clientCPU / r.wall)
+        latency = f"{triple(runs[key], 'p50')} / {triple(runs[key], 'p99')}"
+        lines.append(
+            f"| {label} | {conn:.0f} | {deliveries:.0f} | {conn / n:.2f}x"
+            f" | {cpu[key]:.0f} \u00b5s | {latency} | {busy:.0%}"
+            f" | {info.get('protocol')} {info.get('group')}"
+            f" | {info.get('reused')} of {tries} |"
+        )
+    lines += [
+        "",
+        f"**fleetd deliveries/s / nginx new connections/s = {fd / n:.2f}x**"
+        f" (target >= 0.40x); fleetd connections / nginx = {fc / n:.2f}x;"
+        f" minimal twisted.web / nginx = {t / n:.2f}x; fleetd / minimal"
+        f" twisted.web = {fc / t:.2f}x (connections). Server CPU per"
+        f" connection, nginx / fleetd = {cpu['nginx'] / cpu['fleetd']:.2f}x,"
+        f" nginx / minimal twisted.web = {cpu['nginx'] / cpu['twisted']:.2f}x.",
+        "",
+        "Session resumption: wrk keeps the previous connection's TLS session"
+        " for its next connection and offers it, so a server that allows"
+        " resumption gets abbreviated handshakes. Measured against nginx with"
+        f" tickets and a session cache on: {probe}. All three servers above"
+        " refuse resumption (last column), so every connection measured was a"
+        " full handshake.",
+    ]
     return lines
 
 
