@@ -19,7 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
+from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.trial.unittest import TestCase
@@ -95,6 +97,15 @@ class DeliveryMixin(DaemonTestMixin):
         )
         return result
 
+    async def events(self, *wanted: str) -> list[str]:
+        """The journal's events once all of C{wanted} are in it (bounded wait)."""
+        for _ in range(200):
+            events = [e["event"] for e in await self.journal()]
+            if all(w in events for w in wanted):
+                break
+            await deferLater(reactor, 0.01, lambda: None)
+        return events
+
     async def journal(self) -> list[dict[str, Any]]:
         status, doc = await self.admin("GET", "/v1/admin/journal", None)
         self.assertEqual(status, 200)  # type: ignore[attr-defined]
@@ -120,9 +131,14 @@ class DeliveryTests(DeliveryMixin, TestCase):
         status, _, body = await self.fetch(path)
         self.assertEqual(status, 410)
         self.assertTrue(body.startswith(b"consumed:"))
-        events = [e["event"] for e in await self.journal()]
-        for event in ("run.provisioned", "run.delivered", "run.released",
-                      "config.refetched"):  # fmt: skip
+        wanted = (
+            "run.provisioned",
+            "run.delivered",
+            "run.released",
+            "config.refetched",
+        )
+        events = await self.events(*wanted)
+        for event in wanted:
             self.assertIn(event, events)
         _, _, metrics = await self.get(self.service, "admin", "/metrics")
         self.assertIn(b'fleetd_install_config_refetched{device="w1"} 1.0', metrics)
@@ -227,10 +243,7 @@ class DeliveryTests(DeliveryMixin, TestCase):
 
         head = await deferToThread(readALittleThenReset)
         self.assertTrue(head.startswith(b"HTTP/1.1 200"), head)
-        for _ in range(200):  # until the server noticed the reset
-            events = [e["event"] for e in await self.journal()]
-            if "run.delivery-aborted" in events:
-                break
+        events = await self.events("run.delivery-aborted")  # the server saw the reset
         self.assertIn("run.delivery-aborted", events)
         status, _, body = await self.fetch(path)
         self.assertEqual(status, 200)
@@ -317,8 +330,8 @@ class SecretsTests(DeliveryMixin, TestCase):
     timeout = 120
 
     def setUp(self) -> Deferred[None]:  # type: ignore[override]
-        self.events: list[dict[str, Any]] = []
-        observer = cast(ILogObserver, self.events.append)
+        self.logged: list[dict[str, Any]] = []
+        observer = cast(ILogObserver, self.logged.append)
         globalLogPublisher.addObserver(observer)
         self.addCleanup(globalLogPublisher.removeObserver, observer)
         self.makeSettings()
@@ -336,7 +349,7 @@ class SecretsTests(DeliveryMixin, TestCase):
         await self.fetch(configPath(codes["w1"], UUID2, "SER1"))
         await self.service.stopService()
         secretish = [codes["w1"], "REPLACE-WITH-CLUSTER-SECRET", "REPLACE-WITH-TRUSTD"]
-        logged = "\n".join(repr(e) for e in self.events)
+        logged = "\n".join(repr(e) for e in self.logged)
         self.assertIn("/config", logged)
         for secret in secretish:
             self.assertNotIn(secret, logged)

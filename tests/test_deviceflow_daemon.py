@@ -105,8 +105,9 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
         self.assertEqual(status, 410)
         status, _ = await self.call("GET", "/config", bearer="not-a-token")
         self.assertEqual(status, 404)
-        events = [e["event"] for e in await self.journal()]
-        for event in ("deviceflow.requested", "deviceflow.approved", "run.delivered"):
+        wanted = ("deviceflow.requested", "deviceflow.approved", "run.delivered")
+        events = await self.events(*wanted)
+        for event in wanted:
             self.assertIn(event, events)
 
     def test_deviceFlow_endToEnd(self) -> None:
