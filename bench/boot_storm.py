@@ -75,13 +75,16 @@ BACKLOG = 511  # nginx's default on Linux; Twisted's default is 50
 
 LUA = r"""
 -- One request per path in the list, Connection: close; checks 200 bodies.
-local paths, n, i = {}, 0, 0
+-- wrk calls request() once in the first thread's state to check it, before
+-- the run: the list's first line is a placeholder for that call.
+local paths, n, i = {}, -1, -1
 local expect, seen, checking = {}, {}, false
 local headers = {["Host"] = "localhost", ["Connection"] = "close"}
 real, overshoot, s200, s403, s404, s410, sother, wrong, dup = 0, 0, 0, 0, 0, 0, 0, 0, 0
 
 function init(args)
   for line in io.lines(args[1]) do n = n + 1; paths[n] = line end
+  -- paths[0] is the placeholder; paths[1..n] are the run
   if args[2] ~= "-" then
     checking = true
     for line in io.lines(args[2]) do
@@ -441,7 +444,8 @@ def runWrk(
     sampleRSS: bool = False,
 ) -> Run:
     paths = work / "paths.txt"
-    paths.write_text("".join(r.path + "\n" for r in requests))
+    # The first line is the placeholder for wrk's own check of request().
+    paths.write_text(OVERSHOOT + "\n" + "".join(r.path + "\n" for r in requests))
     expectFile = "-"
     if expect is not None:
         expectFile = str(work / "expect.txt")

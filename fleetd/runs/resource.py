@@ -19,7 +19,7 @@ from twisted.web.iweb import IRequest
 
 from fleetd.admin.resource import ownerOf, renderAsync
 from fleetd.inventory.model import Device, IInventory
-from fleetd.runs.registry import RunRegistry
+from fleetd.runs.registry import NotReady, Provisioned, RunRegistry
 from fleetd.runs.render import NodeFacts, RenderError, TemplateRenderer
 from fleetd.store.journal import AsyncJournal
 from fleetd.web import Endpoint, textResponse
@@ -123,7 +123,16 @@ class ProvisionResource(Endpoint):
             except RenderError as e:
                 raise Refused(http.CONFLICT, f"template: {e}") from e
             rendered.append(device)
-        provisioned = await self._registry.provision(
+        try:
+            provisioned = await self._provisionRuns(rendered, action, actor)
+        except NotReady as e:
+            raise Refused(http.SERVICE_UNAVAILABLE, str(e)) from e
+        return http.CREATED, {"runs": [p.toJSON() for p in provisioned]}
+
+    async def _provisionRuns(
+        self, rendered: list[Device], action: str | None, actor: str
+    ) -> list[Provisioned]:
+        return await self._registry.provision(
             rendered,
             actor=actor,
             desiredAction=action,
@@ -131,4 +140,3 @@ class ProvisionResource(Endpoint):
                 device.cluster, NodeFacts(device.name, device.device_class, run=run)
             ),
         )
-        return http.CREATED, {"runs": [p.toJSON() for p in provisioned]}
