@@ -54,7 +54,10 @@ class FlowTestCase(SynchronousTestCase):
         self.flow = self.makeFlow()
 
     def makeFlow(self, **kwargs: Any) -> DeviceFlow:
-        options: dict[str, Any] = {"verificationURI": "https://enroll.example/device"}
+        options: dict[str, Any] = {
+            "verificationURI": "https://enroll.example/device",
+            "maxPerSource": 10_000,  # most tests ask from one address
+        }
         options.update(kwargs)
         return DeviceFlow(self.clock, self.runs, **options)
 
@@ -510,3 +513,22 @@ class SecretsTests(FlowTestCase):
             <= names,
             names,
         )
+
+
+class PerSourceTests(SynchronousTestCase):
+    def test_maxPerSource_fewAddressesCannotFillEverySlot(self) -> None:
+        """
+        Live requests are capped per source (IPv6 by /64), so a handful of
+        addresses cannot hold every pending slot; forgetting frees the slot.
+        """
+        clock = Clock()
+        flow = DeviceFlow(
+            clock, FakeRuns(), verificationURI="https://e/device",
+            maxPerSource=2, maxPending=100, expiresIn=60,
+        )  # fmt: skip
+        form = {"client_id": "talos"}
+        answers = [flow.requestCode(form, f"2001:db8::{i}")[0] for i in range(1, 4)]
+        self.assertEqual(answers, [200, 200, 429])
+        self.assertEqual(flow.requestCode(form, "192.0.2.1")[0], 200)
+        clock.advance(61)  # expired requests no longer count
+        self.assertEqual(flow.requestCode(form, "2001:db8::9")[0], 200)

@@ -11,10 +11,11 @@ import io
 import json
 import ssl
 import urllib.parse
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
+from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from fleetd.cli import fleetctl
@@ -49,6 +50,10 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
     timeout = 120
 
     def setUp(self) -> Deferred[None]:  # type: ignore[override]
+        self.logged: list[dict[str, Any]] = []
+        observer = cast(ILogObserver, self.logged.append)
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
         self.makeSettings()
         self.service = self.startDaemon()
         return self.service._loading  # type: ignore[return-value]
@@ -62,14 +67,16 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
 
     async def _flow(self) -> None:
         await self.addDevice("w1", "SER1", UUID1)
-        await self.provision("w1")
+        codes = await self.provision("w1")
         status, body = await self.call(
             "POST", "/device/code",
             {"client_id": "talos", "uuid": UUID1, "serial": "SER1", "hostname": "t"},
         )  # fmt: skip
         self.assertEqual(status, 200, body)
         grant = json.loads(body)
-        self.assertRegex(grant["user_code"], r"^[BCDFGHJKLMNPQRSTVWXZ]{4}-[A-Z]{4}$")
+        self.assertRegex(
+            grant["user_code"], r"^[BCDFGHJKLMNPQRSTVWXZ]{4}-[BCDFGHJKLMNPQRSTVWXZ]{4}$"
+        )
         poll = {"grant_type": GRANT, "device_code": grant["device_code"],
                 "client_id": "talos"}  # fmt: skip
         status, body = await self.call("POST", "/token", poll)
@@ -105,14 +112,22 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
         self.assertEqual(status, 410)
         status, _ = await self.call("GET", "/config", bearer="not-a-token")
         self.assertEqual(status, 404)
-        wanted = ("deviceflow.requested", "deviceflow.approved", "run.delivered")
+        wanted = ("deviceflow.approved", "deviceflow.issued", "run.delivered")
         events = await self.events(*wanted)
         for event in wanted:
             self.assertIn(event, events)
+        secrets = [grant["device_code"], token["access_token"], codes["w1"]]
+        logged = "\n".join(repr(e) for e in self.logged)
+        journal = json.dumps(await self.journal())
+        self.assertIn(grant["user_code"], journal)
+        for secret in secrets:
+            self.assertNotIn(secret, logged)
+            self.assertNotIn(secret, journal)
 
     def test_deviceFlow_endToEnd(self) -> None:
         """
         POST /device/code, fleetctl approve, POST /token, then GET /config
-        with the bearer token: 200 once, then 410 consumed.
+        with the bearer token: 200 once, then 410 consumed; no device code,
+        access token or one-time code in any log line or journal entry.
         """
         return ensureDeferred(self._flow())  # type: ignore[return-value]

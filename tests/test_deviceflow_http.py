@@ -237,12 +237,9 @@ class BootTLSTests(TestCase):
         self.assertEqual(client.intervals, [5, 5, 5])
         self.assertEqual(flow.authorize(token["access_token"]), Grant("w1", "run-1"))
         entries = await self.journal.query()
-        self.assertEqual(
-            [e.event for e in entries], ["deviceflow.requested", "deviceflow.issued"]
-        )
-        self.assertEqual(entries[0].fields["serial"], "S1")
-        self.assertIs(entries[0].fields["onetime_sent"], True)
-        self.assertEqual((entries[1].device, entries[1].run), ("w1", "run-1"))
+        # Requests are not journaled (anyone can make them); the issue is.
+        self.assertEqual([e.event for e in entries], ["deviceflow.issued"])
+        self.assertEqual((entries[0].device, entries[0].run), ("w1", "run-1"))
         text = "\n".join(formatEvent(e) + repr(e) for e in events)
         text += json.dumps([e.toJSON() for e in entries])
         for secret in (client.auth["device_code"], token["access_token"]):

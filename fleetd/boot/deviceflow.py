@@ -135,6 +135,7 @@ class DeviceFlow:
         interval: int = 5,
         tokenExpiresIn: int = 3600,
         maxPending: int = 1024,
+        maxPerSource: int = 2,
         limiter: RateLimiter | None = None,
         approveLimiter: RateLimiter | None = None,
     ) -> None:
@@ -147,6 +148,8 @@ class DeviceFlow:
         self.interval = interval
         self.tokenExpiresIn = tokenExpiresIn
         self.maxPending = maxPending
+        # Live requests per source: a few addresses cannot fill every slot.
+        self.maxPerSource = maxPerSource
         self._limiter = limiter
         self._approveLimiter = approveLimiter or RateLimiter(
             clock,
@@ -177,6 +180,15 @@ class DeviceFlow:
             return self._refuse(peer, "invalid_request", str(e), spend=False)
         if clientID is None:
             return self._refuse(peer, "invalid_request", "client_id is required", False)
+        source = sourceKey(peer)
+        live = sum(
+            1
+            for r in self._requests.values()  # at most maxPending
+            if now < r.view.expires_at and sourceKey(r.view.peer) == source
+        )
+        if live >= self.maxPerSource:
+            self.log.warn("deviceflow.source-full {peer}", peer=peer)
+            return 429, _error("rate_limited", "too many pending requests from here")
         if not self._makeRoom(now):
             self.log.warn("deviceflow.full {limit}", limit=self.maxPending)
             return 503, _error("temporarily_unavailable", "too many pending requests")

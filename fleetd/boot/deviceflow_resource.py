@@ -144,24 +144,16 @@ class _FormEndpoint(Endpoint):
 
 
 class DeviceCodeResource(_FormEndpoint):
-    """C{POST /device/code} (RFC 8628 section 3.1); journals new requests."""
+    """
+    C{POST /device/code} (RFC 8628 section 3.1).
+
+    Requests are not journaled: anyone on the network can make them, and
+    the persistent journal must not grow at their pace. The owner's
+    decisions are journaled with what the node reported.
+    """
 
     def answer(self, form: dict[str, str], peer: str) -> Answer:
-        status, document = self._flow.requestCode(form, peer)
-        if status == http.OK:
-            fields: dict[str, FieldValue] = {
-                "request": str(document["user_code"]),
-                "peer": peer,
-                "client": _reported(form["client_id"]),
-                "onetime_sent": "code" in form,
-            }
-            for name in ("uuid", "serial", "mac", "hostname"):
-                if name in form:
-                    fields[name] = _reported(form[name])
-            self._journal.append(
-                "deviceflow.requested", actor="node", fields=fields
-            ).addErrback(_journalFailed)
-        return status, document
+        return self._flow.requestCode(form, peer)
 
 
 class TokenResource(_FormEndpoint):
