@@ -395,3 +395,68 @@ class BruteForceTests(DeliveryMixin, TestCase):
     def test_codeGuessing_limitedPerSource(self) -> None:
         """Guessing codes costs tokens per source; an empty bucket gets cheap 429s."""
         return ensureDeferred(self._limit())  # type: ignore[return-value]
+
+
+def fetchFrom(source: str, port: int, path: str, ca: Path) -> int:
+    """GET over TLS from the loopback address C{source} (another node)."""
+    context = ssl.create_default_context(cafile=str(ca))
+    conn = http.client.HTTPSConnection(
+        "localhost", port, timeout=30, context=context, source_address=(source, 0)
+    )
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+class GlobalLimitTests(DeliveryMixin, TestCase):
+    timeout = 120
+
+    def setUp(self) -> Deferred[None]:  # type: ignore[override]
+        self.makeSettings(
+            {
+                "boot": {
+                    "failure_burst": 3,
+                    "failure_rate": 0.001,
+                    "global_failure_burst": 6,
+                    "global_failure_rate": 0.001,
+                }
+            }
+        )
+        self.service = self.startDaemon()
+        return self.service._loading  # type: ignore[return-value]
+
+    async def _global(self) -> None:
+        await self.addDevice("w1", "SER1", UUID1)
+        codes = await self.provision("w1")
+        port = self.port(self.service, "boot")
+        ca = self.pki.public_ca
+
+        async def guess(source: str, i: int) -> int:
+            path = configPath(f"{i:032d}", UUID1, "SER1")
+            status: int = await deferToThread(fetchFrom, source, port, path, ca)
+            return status
+
+        # Three guessers spend the global budget of 6 between them.
+        statuses = [await guess(f"127.0.0.{2 + i % 3}", i) for i in range(6)]
+        self.assertEqual(statuses, [404] * 6)
+        # A guesser that failed before is now refused by the global limit...
+        self.assertEqual(await guess("127.0.0.2", 99), 429)
+        # ...and so is a fresh one once it failed once (its first guess is free).
+        self.assertEqual(await guess("127.0.0.7", 100), 404)
+        self.assertEqual(await guess("127.0.0.7", 101), 429)
+        # A node that never failed still gets its configuration.
+        path = configPath(codes["w1"], UUID1, "SER1")
+        self.assertEqual(
+            await deferToThread(fetchFrom, "127.0.0.9", port, path, ca), 200
+        )
+
+    def test_globalLimit_guessersRefusedNodesServed(self) -> None:
+        """
+        The global failure budget stops guessing spread over many sources,
+        without refusing a node that never failed.
+        """
+        return ensureDeferred(self._global())  # type: ignore[return-value]

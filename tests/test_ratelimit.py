@@ -242,3 +242,31 @@ class PollPacerTests(SynchronousTestCase):
         small = PollPacer(1)
         self.assertFalse(small.tooFast(0))
         self.assertFalse(small.tooFast(0.8))
+
+
+class PeekFailingTests(SynchronousTestCase):
+    def test_globalBindsOnlyFailingSources(self) -> None:
+        """
+        Once others exhausted the global budget, a source that never failed
+        still passes peekFailing; one that failed recently does not.
+        """
+        clock = Clock()
+        limiter = RateLimiter(clock, rate=0.01, burst=3, globalRate=0.01, globalBurst=4)
+        for i in range(4):
+            self.assertTrue(limiter.allow(f"10.0.0.{i}"))
+        self.assertFalse(limiter.peek("10.9.9.9"))  # the global bucket is empty
+        self.assertTrue(limiter.peekFailing("10.9.9.9"))  # but it never failed
+        self.assertFalse(limiter.peekFailing("10.0.0.1"))  # it did
+        clock.advance(100)  # both refill
+        self.assertTrue(limiter.peekFailing("10.0.0.1"))
+
+    def test_charge_paysWhatIsThere(self) -> None:
+        """charge records a failure even when the global bucket is empty."""
+        clock = Clock()
+        limiter = RateLimiter(clock, rate=0.01, burst=2, globalRate=0.01, globalBurst=1)
+        limiter.charge("a")
+        limiter.charge("b")  # the global bucket is already empty
+        self.assertFalse(limiter.peekFailing("b"))
+        limiter.charge("b")
+        limiter.charge("b")
+        self.assertFalse(limiter.peek("b"))

@@ -137,7 +137,7 @@ class ConfigResource(resource.Resource):
             request.setHeader(b"retry-after", b"5")
             return textResponse(request, http.SERVICE_UNAVAILABLE, "starting")
         limiter = self._limiter
-        if limiter is not None and not limiter.peek(sourceKey(peer)):
+        if limiter is not None and not limiter.peekFailing(sourceKey(peer)):
             self._count["rate_limited"].inc()
             wait = limiter.retryAfter(sourceKey(peer))
             request.setHeader(b"retry-after", b"%d" % (wait,))
@@ -152,7 +152,7 @@ class ConfigResource(resource.Resource):
     ) -> bytes:
         self._count[kind].inc()
         if self._limiter is not None:  # every refusal here is a failed guess
-            self._limiter.allow(sourceKey(peer))
+            self._limiter.charge(sourceKey(peer))
         return textResponse(request, code, line)
 
     def _render(self, request: IRequest, peer: str) -> bytes | int:

@@ -128,6 +128,26 @@ class RateLimiter:
         bucket = self._bucket(source, self._clock.seconds())
         return bucket.tokens >= cost and self._global.tokens >= cost
 
+    def peekFailing(self, source: str, cost: float = 1.0) -> bool:
+        """
+        Like L{peek}, but the global bucket only binds a source that spent
+        tokens recently: a node that never failed is not refused because
+        others exhausted the global budget.
+        """
+        bucket = self._bucket(source, self._clock.seconds())
+        if bucket.tokens < cost:
+            return False
+        return bucket.tokens >= self.burst or self._global.tokens >= cost
+
+    def charge(self, source: str, cost: float = 1.0) -> None:
+        """
+        Record a failure that already happened: C{source} pays what it has,
+        and the global bucket what it has (neither goes below zero).
+        """
+        bucket = self._bucket(source, self._clock.seconds())
+        bucket.tokens = max(0.0, bucket.tokens - cost)
+        self._global.tokens = max(0.0, self._global.tokens - cost)
+
     def allow(self, source: str, cost: float = 1.0) -> bool:
         """Whether C{source} may spend C{cost} now; if so, it is spent."""
         bucket = self._bucket(source, self._clock.seconds())
