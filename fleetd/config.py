@@ -50,6 +50,7 @@ class Limits:
     """Connection and request limits applied to every listener."""
 
     max_connections: int = 1024
+    max_connections_per_source: int = 64
     idle_timeout: float = 30.0
     max_header_bytes: int = 8192
     max_headers: int = 64
@@ -292,6 +293,9 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
         ),
         limits=Limits(
             max_connections=limits.integer("max_connections", 1024, 1, 1_000_000),
+            max_connections_per_source=limits.integer(
+                "max_connections_per_source", 64, 1, 1_000_000
+            ),
             idle_timeout=limits.number("idle_timeout", 30.0, 0.1, 86400.0),
             max_header_bytes=limits.integer("max_header_bytes", 8192, 512, 1 << 20),
             max_headers=limits.integer("max_headers", 64, 4, 1000),

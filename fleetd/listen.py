@@ -157,9 +157,14 @@ class LimitedFactory(policies.WrappingFactory):
     """
     Cap concurrent connections and drop idle ones.
 
-    Connections over C{maxConnections} are closed as soon as they are
-    accepted, before any TLS work, so a flood costs little.
+    Connections over C{maxConnections}, or over C{maxPerSource} from one
+    address, are closed as soon as they are accepted, before any TLS work,
+    so a flood costs little. Refusals are counted; the warning about them is
+    logged at most once per C{logEvery} seconds so a flood cannot drown the
+    log.
     """
+
+    logEvery = 10.0
 
     protocol = _LimitedProtocol
     log = Logger()
@@ -173,31 +178,60 @@ class LimitedFactory(policies.WrappingFactory):
         clock: IReactorTime,
         maxConnections: int,
         idleTimeout: float,
+        maxPerSource: int | None = None,
     ) -> None:
         super().__init__(wrappedFactory)
         self.name = name
         self.clock = clock
         self.maxConnections = maxConnections
+        self.maxPerSource = maxPerSource or maxConnections
         self.idleTimeout = idleTimeout
         self.refused = 0
+        self._perSource: dict[str, int] = {}
+        self._sourceOf: dict[Any, str] = {}
         self._drained: list[Deferred[None]] = []
+        self._lastWarning: float | None = None
+        self._unreported = 0
 
     def buildProtocol(self, addr: IAddress | None) -> Any:
+        source = str(getattr(addr, "host", ""))
         if len(self.protocols) >= self.maxConnections:
-            self.refused += 1
+            return self._refuse("total", self.maxConnections)
+        if self._perSource.get(source, 0) >= self.maxPerSource:
+            return self._refuse("source", self.maxPerSource)
+        protocol = super().buildProtocol(addr)
+        self._perSource[source] = self._perSource.get(source, 0) + 1
+        self._sourceOf[protocol] = source
+        return protocol
+
+    def _refuse(self, why: str, limit: int) -> None:
+        self.refused += 1
+        self._unreported += 1
+        now = self.clock.seconds()
+        if self._lastWarning is None or now - self._lastWarning >= self.logEvery:
             self.log.warn(
-                "listen.connection-refused {listener} {limit}",
+                "listen.connection-refused {listener} {why} {limit} ({count} refused)",
                 listener=self.name,
-                limit=self.maxConnections,
+                why=why,
+                limit=limit,
+                count=self._unreported,
             )
-            return None
-        return super().buildProtocol(addr)
+            self._lastWarning = now
+            self._unreported = 0
+        return None
 
     def openConnections(self) -> int:
         return len(self.protocols)
 
     def unregisterProtocol(self, p: Any) -> None:
         super().unregisterProtocol(p)
+        source = self._sourceOf.pop(p, None)
+        if source is not None:
+            left = self._perSource[source] - 1
+            if left:
+                self._perSource[source] = left
+            else:
+                del self._perSource[source]
         if not self.protocols:
             waiters, self._drained = self._drained, []
             for d in waiters:
@@ -222,6 +256,7 @@ def tlsFactory(
     clock: IReactorTime,
     maxConnections: int,
     idleTimeout: float,
+    maxPerSource: int | None = None,
 ) -> LimitedFactory:
     """Wrap C{factory} in TLS, then in connection limits."""
     wrapped = TLSMemoryBIOFactory(options, False, factory)
@@ -232,4 +267,5 @@ def tlsFactory(
         clock=clock,
         maxConnections=maxConnections,
         idleTimeout=idleTimeout,
+        maxPerSource=maxPerSource,
     )

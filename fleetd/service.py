@@ -247,6 +247,7 @@ class FleetdService(MultiService):
             name=name,
             clock=self.reactor,
             maxConnections=self.settings.limits.max_connections,
+            maxPerSource=self.settings.limits.max_connections_per_source,
             idleTimeout=self.settings.limits.idle_timeout,
         )
         self._openGauge.labels(name).set_function(limited.openConnections)

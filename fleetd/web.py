@@ -246,10 +246,28 @@ class BoundedSite(server.Site):
         channel.requestTimeout = self.requestTimeout
         return channel
 
+    accessLogPerSecond = 50
+    _window = -1.0
+    _inWindow = 0
+    _suppressed = 0
+
     def log(self, request: Any) -> None:
         """
         Access log without the query string: codes travel in query values.
+        At most C{accessLogPerSecond} lines a second; the rest are counted
+        and reported in one line, so a flood cannot drown the log.
         """
+        now = self.reactor.seconds()
+        if now - self._window >= 1.0:
+            if self._suppressed:
+                self._accessLog.warn(
+                    "http.access.suppressed {count}", count=self._suppressed
+                )
+            self._window, self._inWindow, self._suppressed = now, 0, 0
+        self._inWindow += 1
+        if self._inWindow > self.accessLogPerSecond:
+            self._suppressed += 1
+            return
         self._accessLog.info(
             "http.access {method} {path} {code}",
             method=request.method.decode("ascii", "replace"),

@@ -8,6 +8,7 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.config import ConfigError, TLSFiles
@@ -90,6 +91,55 @@ class LimitedFactoryTests(SynchronousTestCase):
         self.assertEqual(len(self.clock.getDelayedCalls()), 1)
         proto.connectionLost(None)  # type: ignore[attr-defined]
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class PerSourceTests(SynchronousTestCase):
+    def test_maxPerSource_oneAddressCannotHoldEverySlot(self) -> None:
+        """
+        One address gets at most maxPerSource connections; others still
+        connect; closing one gives the address its slot back.
+        """
+        factory = LimitedFactory(
+            Factory.forProtocol(Recorder),
+            name="boot",
+            clock=Clock(),
+            maxConnections=10,
+            maxPerSource=2,
+            idleTimeout=10,
+        )
+        a = IPv4Address("TCP", "10.0.0.1", 1)
+        b = IPv4Address("TCP", "10.0.0.2", 1)
+        first, second = factory.buildProtocol(a), factory.buildProtocol(a)
+        for proto in (first, second):
+            proto.makeConnection(StringTransport())
+        self.assertIsNone(factory.buildProtocol(a))
+        other = factory.buildProtocol(b)
+        self.assertIsNotNone(other)
+        other.makeConnection(StringTransport())
+        first.connectionLost(None)
+        self.assertIsNotNone(factory.buildProtocol(a))
+
+    def test_refusals_logThrottled(self) -> None:
+        """A refusal flood logs one warning per interval, with the count."""
+        clock = Clock()
+        factory = LimitedFactory(
+            Factory.forProtocol(Recorder),
+            name="boot",
+            clock=clock,
+            maxConnections=1,
+            idleTimeout=10,
+        )
+        factory.buildProtocol(ADDR).makeConnection(StringTransport())
+        with capturedLogs() as events:
+            for _ in range(500):
+                self.assertIsNone(factory.buildProtocol(ADDR))
+            clock.advance(10)
+            self.assertIsNone(factory.buildProtocol(ADDR))
+        warnings = [
+            e for e in events if e["log_format"].startswith("listen.connection")
+        ]
+        self.assertEqual([e["count"] for e in warnings], [1, 500])
+        self.assertEqual(factory.refused, 501)
 
 
 class TLSOptionsTests(SynchronousTestCase):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.iweb import IRequest
 
@@ -203,3 +204,20 @@ class BoundedSiteTests(SynchronousTestCase):
         self.assertTrue(transport.disconnecting)
         channel.connectionLost(None)
         self.assertEqual(clock.getDelayedCalls(), [])
+
+    def test_accessLog_throttled(self) -> None:
+        """Access lines are capped per second; the rest are counted in one line."""
+        clock = Clock()
+        site = makeSite(clock)
+        site.accessLogPerSecond = 3
+        with capturedLogs() as events:
+            for _ in range(10):
+                self.exchange(b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", site)
+            clock.advance(1)
+            self.exchange(b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", site)
+        formats = [e["log_format"] for e in events if "http.access" in e["log_format"]]
+        self.assertEqual(formats.count("http.access {method} {path} {code}"), 4)
+        suppressed = [
+            e for e in events if e["log_format"] == "http.access.suppressed {count}"
+        ]
+        self.assertEqual([e["count"] for e in suppressed], [7])
