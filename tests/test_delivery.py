@@ -144,6 +144,25 @@ class DeliveryTests(DeliveryMixin, TestCase):
         self.assertIn(b'fleetd_install_config_refetched{device="w1"} 1.0', metrics)
         self.assertIn(b'fleetd_config_requests_total{outcome="delivered"} 1.0', metrics)
 
+    async def _g2(self) -> None:
+        await self.addDevice("g2", "SERG2", UUID2, **{"class": "worker-g2"})
+        await self.addDevice("w1", "SER1", UUID1)
+        status, doc = await self.admin(
+            "POST", "/v1/admin/provision", {"devices": ["w1", "g2"]}
+        )
+        self.assertEqual(status, 409)
+        self.assertTrue(doc.startswith("class-refused: g2 is of class worker-g2"), doc)
+        events = await self.events("provision.refused")
+        self.assertIn("provision.refused", events)
+        # Nothing was provisioned, not even the acceptable device.
+        self.assertNotIn("run.provisioned", events)
+        status, doc = await self.admin("GET", "/v1/admin/devices/w1", None)
+        self.assertEqual(doc["status"], "inventory")
+
+    def test_provision_workerG2Refused(self) -> None:
+        """[T2] Devices of class worker-g2 cannot be provisioned; journaled."""
+        return ensureDeferred(self._g2())  # type: ignore[return-value]
+
     def test_config_deliveredOnceThen410(self) -> None:
         """[C1][C2] GET /config answers 200 YAML once, then 410 consumed, journaled."""
         return ensureDeferred(self._once())  # type: ignore[return-value]

@@ -45,6 +45,11 @@ class FakeRuns:
         self.asked.append(device)
         return self.ready.get(device)
 
+    def identity(self, device: str) -> tuple[str, str] | None:
+        return self.identities.get(device)
+
+    identities: dict[str, tuple[str, str]] = {}
+
 
 class FlowTestCase(SynchronousTestCase):
     def setUp(self) -> None:
@@ -532,3 +537,37 @@ class PerSourceTests(SynchronousTestCase):
         self.assertEqual(flow.requestCode(form, "192.0.2.1")[0], 200)
         clock.advance(61)  # expired requests no longer count
         self.assertEqual(flow.requestCode(form, "2001:db8::9")[0], 200)
+
+
+class MismatchTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.runs = FakeRuns()
+        self.runs.identities = {
+            "w1": (REPORTED["uuid"], "S1"),
+            "w2": (REPORTED["uuid"], "S9"),
+        }
+        self.runs.ready["w2"] = "run-2"
+        self.flow = DeviceFlow(Clock(), self.runs, verificationURI="https://e/device")
+        status, self.document = self.flow.requestCode(
+            {"client_id": "talos", **REPORTED}, "192.0.2.10"
+        )
+        self.assertEqual(status, 200)
+
+    def test_approve_refusesMismatchUnlessForced(self) -> None:
+        """
+        The server refuses to bind a request whose reported serial differs
+        from the device's (RFC 8628 5.4 remote phishing), unless forced.
+        """
+        userCode = str(self.document["user_code"])
+        error = self.assertRaises(
+            DeviceFlowError, self.flow.approve, userCode, "w2", "o"
+        )
+        self.assertEqual(error.kind, "mismatch")
+        self.assertIn("serial", str(error))
+        view = self.flow.approve(userCode, "w2", "o", force=True)
+        self.assertEqual((view.state, view.run), ("approved", "run-2"))
+
+    def test_approve_matchingIdentity(self) -> None:
+        """Matching uuid and serial (serial case-insensitively) approve."""
+        view = self.flow.approve(str(self.document["user_code"]), "w1", "o")
+        self.assertEqual(view.device, "w1")

@@ -286,15 +286,34 @@ class DeviceFlow:
             if r.view.state == "pending" and now < r.view.expires_at
         ]
 
-    def approve(self, userCode: str, device: str, owner: str) -> PendingRequest:
+    def approve(
+        self, userCode: str, device: str, owner: str, force: bool = False
+    ) -> PendingRequest:
         """
         Let the request C{userCode} fetch C{device}'s ready run.
+
+        A request whose reported uuid or serial differ from the inventory's
+        is refused (C{"mismatch"}) unless C{force}: approving a stranger's
+        request would hand it this device's configuration (RFC 8628 5.4).
 
         @raise DeviceFlowError: see L{DeviceFlowError.kind}.
         """
         request = self._decidable(userCode, owner)
         if not (0 < len(device) <= 128 and device.isprintable()):
             raise DeviceFlowError("invalid", "device: not a device name")
+        known = self._runs.identity(device)
+        reported = request.view.reported
+        differ = [
+            name
+            for name, value in zip(("uuid", "serial"), known or (), strict=False)
+            if name in reported
+            and reported[name].strip().casefold() != value.casefold()
+        ]
+        if differ and not force:
+            raise DeviceFlowError(
+                "mismatch",
+                f"the request reported another {' and '.join(differ)} than {device}",
+            )
         run = self._runs.readyRun(device)
         if run is None:
             message = f"{device} has no ready run: provision {device} first"

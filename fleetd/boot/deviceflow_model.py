@@ -23,6 +23,9 @@ class IRunLookup(Protocol):
     def readyRun(self, device: str) -> str | None:
         """The id of C{device}'s run that can be delivered now, else L{None}."""
 
+    def identity(self, device: str) -> tuple[str, str] | None:
+        """The (uuid, serial) the inventory holds for C{device}, if known."""
+
 
 @dataclass(frozen=True)
 class Grant:

@@ -50,6 +50,7 @@ STATUS_OF_KIND = {
     "unknown-user-code": http.NOT_FOUND,
     "already-decided": http.CONFLICT,
     "no-ready-run": http.CONFLICT,
+    "mismatch": http.CONFLICT,
     "expired": http.GONE,
     "too-many-attempts": TOO_MANY_REQUESTS,
 }
@@ -215,16 +216,20 @@ def _strictObject(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def _jsonBody(request: IRequest, keys: tuple[str, ...]) -> dict[str, str]:
-    """A JSON object with exactly the string members C{keys}."""
+def _jsonBody(
+    request: IRequest, keys: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """A JSON object with the string members C{keys}, and maybe C{optional}."""
     raw = b"" if request.content is None else request.content.read()
     try:
         document = json.loads(raw.decode("utf-8"), object_pairs_hook=_strictObject)
     except (UnicodeDecodeError, ValueError):
         raise DeviceFlowError("invalid", "body: not a JSON object") from None
-    if not isinstance(document, dict) or set(document) != set(keys):
+    if not isinstance(document, dict) or not (
+        set(keys) <= set(document) <= set(keys) | set(optional)
+    ):
         raise DeviceFlowError("invalid", f"body: must have exactly {', '.join(keys)}")
-    if not all(isinstance(document[k], str) for k in keys):
+    if not all(isinstance(v, str) for v in document.values()):
         raise DeviceFlowError("invalid", "body: values must be strings")
     return document
 
@@ -251,8 +256,13 @@ class _Decision(Endpoint):
             )
         try:
             if self._approve:
-                body = _jsonBody(request, ("user_code", "device"))
-                view = self._flow.approve(body["user_code"], body["device"], owner)
+                body = _jsonBody(request, ("user_code", "device"), optional=("force",))
+                view = self._flow.approve(
+                    body["user_code"],
+                    body["device"],
+                    owner,
+                    force=body.get("force") == "yes",
+                )
             else:
                 body = _jsonBody(request, ("user_code",))
                 view = self._flow.deny(body["user_code"], owner)

@@ -133,6 +133,8 @@ def cmdApprove(settings: Settings, args: argparse.Namespace, out: IO[str]) -> in
                 "not approved (check the machine, or pass --force)"
             )
     body = {"user_code": args.user_code, "device": args.device}
+    if args.force:
+        body["force"] = "yes"  # the server checks too
     result = client.request("POST", f"{BASE}/approve", body=body)
     if args.json:
         result = dict(result, inventory=record, mismatch=mismatches(result, record))

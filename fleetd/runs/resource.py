@@ -35,6 +35,10 @@ class Refused(Exception):
         self.code = code
 
 
+def _refusal(error: Exception) -> tuple[int, str] | None:
+    return (error.code, str(error)) if isinstance(error, Refused) else None
+
+
 def parseProvision(body: bytes) -> tuple[list[str], str | None]:
     try:
         doc = json.loads(body.decode("utf-8"))
@@ -87,12 +91,9 @@ class ProvisionResource(Endpoint):
             return textResponse(request, e.code, str(e))
 
         async def work() -> tuple[int, Any]:
-            try:
-                return await self._provision(names, action, actor)
-            except Refused as e:
-                return e.code, {"error": str(e)}
+            return await self._provision(names, action, actor)
 
-        return renderAsync(request, work)
+        return renderAsync(request, work, _refusal)
 
     async def _provision(
         self, names: list[str], action: str | None, actor: str
