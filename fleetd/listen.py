@@ -13,9 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from OpenSSL import crypto
+from twisted.application.service import Service
 from twisted.internet import ssl
-from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import (
+    IAddress,
+    IDelayedCall,
+    IListeningPort,
+    IReactorTime,
+)
 from twisted.logger import Logger
 from twisted.protocols import policies
 from twisted.protocols.tls import TLSMemoryBIOFactory
@@ -269,3 +276,47 @@ def tlsFactory(
         idleTimeout=idleTimeout,
         maxPerSource=maxPerSource,
     )
+
+
+class StartupError(Exception):
+    """fleetd cannot start; the message is one line naming the cause."""
+
+
+class ListenerService(Service):
+    """Bind one stream endpoint in C{privilegedStartService}."""
+
+    log = Logger()
+
+    def __init__(self, reactor: Any, name: str, description: str, factory: Any):
+        self.reactor = reactor
+        self.setName(name)
+        self.description = description
+        self.factory = factory
+        self.port: IListeningPort | None = None
+
+    def privilegedStartService(self) -> None:
+        endpoint = serverFromString(self.reactor, self.description)
+        outcome: list[Any] = []
+        endpoint.listen(self.factory).addBoth(outcome.append)
+        if not outcome or isinstance(outcome[0], Failure):
+            reason = outcome[0].getErrorMessage() if outcome else "did not bind"
+            raise StartupError(
+                f"listen.{self.name}: cannot listen on {self.description}: {reason}"
+            )
+        self.port = outcome[0]
+        self.log.info(
+            "listen.started {listener} {address}",
+            listener=self.name,
+            address=str(self.port.getHost()),
+        )
+        super().privilegedStartService()
+
+    def stopService(self) -> Deferred[None] | None:
+        super().stopService()
+        port, self.port = self.port, None
+        if port is None:
+            return None
+        stopped: list[Deferred[Any]] = [maybeDeferred(port.stopListening)]
+        if isinstance(self.factory, LimitedFactory):
+            stopped.append(self.factory.closeAll())
+        return DeferredList(stopped, consumeErrors=True).addCallback(lambda _: None)

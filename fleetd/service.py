@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import IO, Any
 
 from prometheus_client import CollectorRegistry
 from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
-from twisted.internet.endpoints import serverFromString
-from twisted.internet.interfaces import IListeningPort
 from twisted.logger import ILogObserver, Logger
 from twisted.python.components import Componentized
 from twisted.python.failure import Failure
@@ -36,125 +33,25 @@ from fleetd.boot.deviceflow_resource import (
 )
 from fleetd.boot.ratelimit import RateLimiter
 from fleetd.boot.resource import bootRoot
-from fleetd.config import ConfigError, Settings, loadTopology
+from fleetd.config import loadTopology
 from fleetd.device.resource import deviceRoot
 from fleetd.dns.service import DNSService
-from fleetd.listen import LimitedFactory, loadTLSOptions, tlsFactory
+from fleetd.inventory.model import IInventory
+from fleetd.inventory.resource import devicesResource
+from fleetd.inventory.sqlite import SQLiteInventory
+from fleetd.listen import ListenerService, StartupError, loadTLSOptions, tlsFactory
 from fleetd.logs import makeObserver
 from fleetd.metrics import listenerGauges, makeRegistry
-from fleetd.pki.dev import ensureDevPKI
+from fleetd.prepare import Prepared, prepare
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import TemplateRenderer
 from fleetd.runs.resource import ProvisionResource
-from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Journal
-from fleetd.store.keys import deriveKey, loadOrCreateKey
-from fleetd.store.runner import DatabaseRunner
+from fleetd.store.keys import deriveKey
+from fleetd.store.runner import DatabaseRunner, RunnerService
 from fleetd.tink.listener import TinkListenerFactory
-from fleetd.vault import DirectoryVault, VaultError
 from fleetd.web import BoundedSite
-
-
-class StartupError(Exception):
-    """fleetd cannot start; the message is one line naming the cause."""
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """Everything read from disk before the listeners bind."""
-
-    settings: Settings
-    vault: DirectoryVault
-    database: Database
-    masterKey: bytes
-
-
-def prepare(settings: Settings) -> Prepared:
-    """
-    Read and check the files fleetd needs; raise L{ConfigError} on the first
-    problem.
-
-    With C{[dev] generate_pki}, the dev PKI is created first when missing.
-    """
-    if settings.dev_pki:
-        ensureDevPKI(settings.tls.cert.parent, settings.topology.enrollment_name)
-    if not settings.provision.templates.is_dir():
-        raise ConfigError(
-            "provision.templates",
-            f"{settings.provision.templates} is not a directory of cluster templates",
-        )
-    # Parse the TLS material now so its errors name their keys.
-    loadTLSOptions(settings.tls)
-    loadTLSOptions(settings.tls, clientCA=settings.owner.client_ca)
-    try:
-        vault = DirectoryVault.open(settings.vault, settings.vault_allow_any_fs)
-    except VaultError as e:
-        raise ConfigError("paths.vault", str(e)) from e
-    try:
-        settings.state.mkdir(mode=0o700, parents=True, exist_ok=True)
-        database = Database.open(settings.state / "fleetd.sqlite3")
-        masterKey = loadOrCreateKey(settings.state / "master.key")
-    except (OSError, Exception) as e:
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError("paths.state", str(e)) from e
-    return Prepared(settings, vault, database, masterKey)
-
-
-class ListenerService(Service):
-    """Bind one stream endpoint in C{privilegedStartService}."""
-
-    log = Logger()
-
-    def __init__(self, reactor: Any, name: str, description: str, factory: Any):
-        self.reactor = reactor
-        self.setName(name)
-        self.description = description
-        self.factory = factory
-        self.port: IListeningPort | None = None
-
-    def privilegedStartService(self) -> None:
-        endpoint = serverFromString(self.reactor, self.description)
-        outcome: list[Any] = []
-        endpoint.listen(self.factory).addBoth(outcome.append)
-        if not outcome or isinstance(outcome[0], Failure):
-            reason = outcome[0].getErrorMessage() if outcome else "did not bind"
-            raise StartupError(
-                f"listen.{self.name}: cannot listen on {self.description}: {reason}"
-            )
-        self.port = outcome[0]
-        self.log.info(
-            "listen.started {listener} {address}",
-            listener=self.name,
-            address=str(self.port.getHost()),
-        )
-        super().privilegedStartService()
-
-    def stopService(self) -> Deferred[None] | None:
-        super().stopService()
-        port, self.port = self.port, None
-        if port is None:
-            return None
-        stopped: list[Deferred[Any]] = [maybeDeferred(port.stopListening)]
-        if isinstance(self.factory, LimitedFactory):
-            stopped.append(self.factory.closeAll())
-        return DeferredList(stopped, consumeErrors=True).addCallback(lambda _: None)
-
-
-class _RunnerService(Service):
-    """Start and stop the database thread with the daemon."""
-
-    def __init__(self, runner: DatabaseRunner) -> None:
-        self.runner = runner
-
-    def startService(self) -> None:
-        super().startService()
-        self.runner.start()
-
-    def stopService(self) -> None:
-        super().stopService()
-        self.runner.stop()
 
 
 class FleetdService(MultiService):
@@ -188,17 +85,11 @@ class FleetdService(MultiService):
             Journal(deriveKey(prepared.masterKey, "journal")),
             reactor,
         )
-        _RunnerService(self.runner).setServiceParent(self)
+        RunnerService(self.runner).setServiceParent(self)
         # Children of /v1/admin/ contributed by subsystems (behind the owner gate).
         self.adminAPI: dict[bytes, Resource] = {}
-        # --- inventory wiring (begin) ---
-        from fleetd.inventory.model import IInventory
-        from fleetd.inventory.resource import devicesResource
-        from fleetd.inventory.sqlite import SQLiteInventory
-
         self.inventory: IInventory = SQLiteInventory(self.runner)
         self.adminAPI[b"devices"] = devicesResource(self.inventory, self.journal)
-        # --- inventory wiring (end) ---
         self.alerts = AlertTracker(reactor, settings.provision.alert_hold).register(
             self.registry
         )
@@ -389,13 +280,16 @@ class FleetdService(MultiService):
             pending.append(loading)
         pending.append(self.runs.stop())
         for child in reversed(list(self)):
-            if isinstance(child, _RunnerService):
+            if isinstance(child, RunnerService):
                 continue
             pending.append(maybeDeferred(child.stopService))
 
         def stopRunner(_: object) -> None:
             for child in self:
-                if isinstance(child, _RunnerService):
+                if isinstance(child, RunnerService):
                     child.stopService()
 
         return DeferredList(pending, consumeErrors=True).addCallback(stopRunner)
+
+
+__all__ = ["FleetdService", "Prepared", "StartupError", "prepare"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
+from twisted.application.service import Service
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.internet.threads import deferToThreadPool
@@ -72,3 +73,18 @@ class InlineRunner:
         except Exception:
             return fail()
         return succeed(result)
+
+
+class RunnerService(Service):
+    """Start and stop the database thread with the daemon."""
+
+    def __init__(self, runner: DatabaseRunner) -> None:
+        self.runner = runner
+
+    def startService(self) -> None:
+        super().startService()
+        self.runner.start()
+
+    def stopService(self) -> None:
+        super().stopService()
+        self.runner.stop()
