@@ -43,7 +43,11 @@ STORM_OVERRIDES: dict[str, dict[str, Any]] = {
         "global_failure_burst": 1e7,
         "global_failure_rate": 1e7,
     },
-    "limits": {"max_connections": 4096, "idle_timeout": 60},
+    "limits": {
+        "max_connections": 4096,
+        "max_connections_per_source": 4096,
+        "idle_timeout": 60,
+    },
 }
 
 
@@ -331,3 +335,21 @@ def getConfig(port: int, context: ssl.SSLContext, path: str) -> tuple[int, bytes
         return response.status, response.read()
     finally:
         conn.close()
+
+
+METRIC = re.compile(
+    rb'^fleetd_config_requests_total\{outcome="(\w+)"\} ([\d.e+]+)$', re.M
+)
+
+
+def configOutcomes(port: int, ca: Path) -> dict[str, float]:
+    """fleetd's C{/config} outcome counters, from C{/metrics} on the admin port."""
+    conn = http.client.HTTPSConnection(
+        "localhost", port, timeout=10, context=tlsContext(ca)
+    )
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read()
+    finally:
+        conn.close()
+    return {name.decode(): float(value) for name, value in METRIC.findall(text)}

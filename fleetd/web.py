@@ -238,6 +238,10 @@ class BoundedSite(server.Site):
         self.requestTimeout = requestTimeout
         self.noisy = False
 
+    def acceptableProtocols(self) -> list[bytes]:
+        """ALPN: these listeners speak HTTP/1.1 only (curl and Go offer h2)."""
+        return [b"http/1.1"]
+
     def buildProtocol(self, addr: Any) -> Any:
         channel = super().buildProtocol(addr)
         channel.totalHeadersSize = self.maxHeaderBytes

@@ -227,6 +227,20 @@ class DaemonTests(DaemonTestMixin, TestCase):
         )
         self.assertEqual(alpn, "h2")
 
+    async def _alpn(self) -> None:
+        service = self.startDaemon()
+        for name in ("boot", "device", "admin"):
+            _, alpn = await deferToThread(
+                peerCertificate, self.port(service, name), ["h2", "http/1.1"]
+            )
+            self.assertEqual(alpn, "http/1.1", name)
+        status, _, _ = await self.get(service, "boot", "/metrics")
+        self.assertEqual(status, 404)
+
+    def test_webListeners_negotiateHTTP11(self) -> None:
+        """A client offering h2 (curl, Go) gets HTTP/1.1 on the web listeners."""
+        return ensureDeferred(self._alpn())  # type: ignore[return-value]
+
     def test_tink_sameCertificateAndALPN(self) -> None:
         """[A4] The tink listener presents the boot listener's certificate, ALPN h2."""
         return ensureDeferred(self._sameCertificate())  # type: ignore[return-value]

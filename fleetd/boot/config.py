@@ -19,16 +19,16 @@ withdrawn.
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote_to_bytes
 
 from prometheus_client import CollectorRegistry, Counter
+from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.web import http, resource, server
 from twisted.web.iweb import IRequest
-from twisted.web.static import NoRangeStaticProducer
+from zope.interface import implementer
 
 from fleetd.boot.deviceflow import Grant
 from fleetd.boot.ratelimit import RateLimiter, sourceKey
@@ -232,6 +232,61 @@ class ConfigResource(resource.Resource):
             self._registry.finished(run, complete=False)
 
         request.notifyFinish().addCallbacks(done, lost)
-        NoRangeStaticProducer(request, io.BytesIO(body)).start()
+        BodyProducer(request, body).start()
         notDoneYet: int = server.NOT_DONE_YET
         return notDoneYet
+
+
+@implementer(IPushProducer)
+class BodyProducer:
+    """
+    Write a body in chunks while the connection takes them, pausing when
+    its buffers are full, and finish the response in the same step as the
+    last chunk.
+
+    Once the last byte is handed over the client may have everything, so
+    the response must count as finished then: a client that closes right
+    after reading Content-Length bytes must not make the run deliverable
+    again [C1]. A connection lost while chunks are still held back (a slow
+    or vanished reader) is a delivery that did not happen.
+    """
+
+    chunkSize = 65536
+
+    def __init__(self, request: Any, body: bytes) -> None:
+        self._request = request
+        self._body = memoryview(body)
+        self._offset = 0
+        self._paused = False
+        self._done = False
+
+    def start(self) -> None:
+        if len(self._body) <= self.chunkSize:
+            self._done = True
+            self._request.write(bytes(self._body))
+            self._request.finish()
+            return
+        self._request.registerProducer(self, True)
+        self._pump()
+
+    def _pump(self) -> None:
+        while not (self._paused or self._done):
+            chunk = bytes(self._body[self._offset : self._offset + self.chunkSize])
+            self._offset += len(chunk)
+            if self._offset >= len(self._body):
+                self._done = True
+                self._request.unregisterProducer()
+                self._request.write(chunk)
+                self._request.finish()
+            else:
+                self._request.write(chunk)  # may pause us, synchronously
+
+    def pauseProducing(self) -> None:
+        self._paused = True
+
+    def resumeProducing(self) -> None:
+        self._paused = False
+        self._pump()
+
+    def stopProducing(self) -> None:
+        self._done = True

@@ -1,0 +1,165 @@
+"""
+C{GET /config} in-process: the HTTP channel over a StringTransport, the
+real registry underneath; when exactly a delivery counts [C1].
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionLost
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase
+
+from fleetd.boot.config import BodyProducer, ConfigResource
+from fleetd.boot.resource import bootRoot
+from fleetd.runs.machine import Outcome
+from fleetd.runs.render import TemplateRenderer
+from fleetd.web import BoundedSite
+from tests.support import REPO
+from tests.test_delivery import configPath
+from tests.test_runs import Fleet, device
+
+PEER = IPv4Address("TCP", "10.20.0.42", 40000)
+
+
+class SlowTransport(StringTransport):
+    """Pauses its producer after C{pauseAfter} more bytes, as a full socket does."""
+
+    def __init__(self, pauseAfter: int | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pauseAfter = pauseAfter
+        self.budget = pauseAfter
+        self.paused = False
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        if self.budget is not None and self.producer is not None:
+            self.budget -= len(data)
+            if self.budget <= 0 and not self.paused:
+                self.paused = True
+                self.producer.pauseProducing()
+
+    def drain(self) -> None:
+        self.budget = self.pauseAfter
+        self.paused = False
+        assert self.producer is not None
+        self.producer.resumeProducing()
+
+
+class ConfigResourceTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.fleet = Fleet(self)
+        self.fleet.add(device("w1", "SER1"))
+        resource = ConfigResource(self.fleet.registry, metrics=CollectorRegistry())
+        self.site = BoundedSite(
+            bootRoot(config=resource),
+            maxHeaderBytes=8192, maxHeaders=64, maxBodyBytes=1024,
+            idleTimeout=30, clock=self.fleet.clock,
+        )  # fmt: skip
+
+    def connect(self, pauseAfter: int | None = None) -> tuple[Any, SlowTransport]:
+        channel = self.site.buildProtocol(PEER)
+        transport = SlowTransport(pauseAfter, peerAddress=PEER)
+        channel.makeConnection(transport)
+        return channel, transport
+
+    def get(
+        self, code: str, pauseAfter: int | None = None
+    ) -> tuple[Any, SlowTransport]:
+        uuid = self.fleet.registry.identity("w1")
+        assert uuid is not None
+        channel, transport = self.connect(pauseAfter)
+        path = configPath(code, uuid[0], "SER1").encode()
+        channel.dataReceived(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        return channel, transport
+
+    def provision(self, padding: int = 0) -> Any:
+        if padding:
+            template = (REPO / "conf" / "templates" / "default.yaml").read_text()
+            directory = Path(self.mktemp())
+            directory.mkdir()
+            (directory / "default.yaml").write_text(
+                template.replace(
+                    "persist: true", "persist: true\nnote: " + "x" * padding
+                )
+            )
+            import tests.test_runs as runs
+
+            self.patch(runs, "RENDERER", TemplateRenderer(directory))
+        (run,) = self.fleet.provision(device("w1", "SER1"))
+        return run
+
+    def test_clientClosesRightAfterBody_consumed(self) -> None:
+        """
+        [C1] A client that closes right after reading the body got the
+        configuration: the run is consumed, never served again.
+        """
+        run = self.provision()
+        channel, transport = self.get(run.code)
+        self.assertIn(b"hostname: w1", transport.value())
+        channel.connectionLost(Failure(ConnectionLost()))
+        self.assertEqual(self.fleet.fetch(run.code)[0], Outcome.CONSUMED)
+
+    def test_largeBody_closeAfterLastChunk_consumed(self) -> None:
+        """[C1] With a body in chunks, the response finishes with the last one."""
+        run = self.provision(padding=300_000)
+        channel, transport = self.get(run.code, pauseAfter=100_000)
+        self.assertLess(len(transport.value()), 300_000)
+        while transport.paused:  # the reader drains its buffer, slowly
+            transport.drain()
+        self.assertIn(b"hostname: w1", transport.value())
+        channel.connectionLost(Failure(ConnectionLost()))
+        self.assertEqual(self.fleet.fetch(run.code)[0], Outcome.CONSUMED)
+
+    def test_largeBody_lostMidway_deliverableAgain(self) -> None:
+        """[C1] Lost while chunks are held back: not delivered, mark withdrawn."""
+        run = self.provision(padding=300_000)
+        channel, transport = self.get(run.code, pauseAfter=100_000)
+        self.assertTrue(transport.paused)  # chunks held back, then the node vanishes
+        self.assertLess(len(transport.value()), 300_000)
+        channel.connectionLost(Failure(ConnectionLost()))
+        self.assertEqual(self.fleet.fetch(run.code)[0], Outcome.DELIVER)
+
+    def test_postpath_404(self) -> None:
+        """[A2] /config/anything is not /config."""
+        run = self.provision()
+        channel, transport = self.connect()
+        channel.dataReceived(
+            b"GET /config/x?code=" + run.code.encode() + b" HTTP/1.1\r\n\r\n"
+        )
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 404"))
+        self.assertEqual(self.fleet.registry.readyRun("w1"), run.run)
+
+    def test_serial_caseInsensitive(self) -> None:
+        """Serials match case-insensitively, as the inventory keeps them unique."""
+        run = self.provision()
+        uuid = self.fleet.registry.identity("w1")
+        assert uuid is not None
+        channel, transport = self.connect()
+        path = configPath(run.code, uuid[0].upper(), "ser1").encode()
+        channel.dataReceived(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 200"))
+
+
+class BodyProducerTests(SynchronousTestCase):
+    def test_smallBody_writtenAndFinishedAtOnce(self) -> None:
+        """A body of one chunk is written and finished in the same call."""
+
+        class Request:
+            def __init__(self) -> None:
+                self.calls: list[str] = []
+
+            def write(self, data: bytes) -> None:
+                self.calls.append(f"write {len(data)}")
+
+            def finish(self) -> None:
+                self.calls.append("finish")
+
+        request = Request()
+        BodyProducer(request, b"x" * 10).start()
+        self.assertEqual(request.calls, ["write 10", "finish"])
