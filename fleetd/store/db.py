@@ -121,6 +121,8 @@ class Database:
         """Use L{Database.open}."""
         self.connection = connection
         self.path = path
+        self._batching = False
+        self._savepoints = 0
 
     @classmethod
     def open(
@@ -196,6 +198,20 @@ class Database:
         any exception.  C{write=False} takes a read snapshot instead of the
         write lock.
         """
+        if self._batching:
+            # Inside a group commit: each unit of work is a savepoint, so a
+            # failure undoes only its own writes.
+            self._savepoints += 1
+            name = f"fleetd_{self._savepoints}"
+            self.connection.execute(f"SAVEPOINT {name}")
+            try:
+                yield self.connection
+                self.connection.execute(f"RELEASE {name}")
+            except BaseException:
+                self.connection.execute(f"ROLLBACK TO {name}")
+                self.connection.execute(f"RELEASE {name}")
+                raise
+            return
         if self.connection.in_transaction:
             raise StoreError("transactions do not nest")
         self.connection.execute("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED")
@@ -206,6 +222,27 @@ class Database:
             if self.connection.in_transaction:
                 self.connection.execute("ROLLBACK")
             raise
+
+    @contextmanager
+    def groupCommit(self) -> Iterator[None]:
+        """
+        Run several units of work in one write transaction with one commit
+        (one fsync); each L{transaction} inside becomes a savepoint. Nothing
+        inside is durable until the block ends without an exception.
+        """
+        if self.connection.in_transaction:
+            raise StoreError("transactions do not nest")
+        self.connection.execute("BEGIN IMMEDIATE")
+        self._batching = True
+        try:
+            yield
+            self.connection.execute("COMMIT")
+        except BaseException:
+            if self.connection.in_transaction:
+                self.connection.execute("ROLLBACK")
+            raise
+        finally:
+            self._batching = False
 
     def execute(self, sql: str, parameters: Sequence[Any] = ()) -> sqlite3.Cursor:
         """Run one statement outside or inside the current transaction."""

@@ -1,0 +1,80 @@
+"""Group commit in L{fleetd.store.runner.DatabaseRunner}."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, cast
+
+from twisted.internet import reactor
+from twisted.internet.defer import DeferredList, ensureDeferred
+from twisted.internet.interfaces import IReactorFromThreads
+from twisted.trial.unittest import TestCase
+
+from fleetd.store.db import Database
+from fleetd.store.runner import DatabaseRunner
+
+
+class GroupCommitTests(TestCase):
+    def setUp(self) -> None:
+        self.db = Database.open(Path(self.mktemp()) / "db.sqlite3")
+        self.db.execute("CREATE TABLE t (n INTEGER NOT NULL)")
+        self.runner = DatabaseRunner(cast(IReactorFromThreads, reactor), self.db)
+        self.runner.start()
+        self.addCleanup(self.runner.stop)
+
+    def insert(self, n: int) -> Any:
+        def f(db: Database) -> tuple[int, bool]:
+            with db.transaction() as conn:
+                conn.execute("INSERT INTO t (n) VALUES (?)", (n,))
+                if n == 13:
+                    raise ValueError("unlucky")
+            return n, db._batching
+
+        return f
+
+    async def _batch(self) -> None:
+        gate = threading.Event()
+        first = self.runner.run(lambda db: gate.wait(10))
+        queued = [self.runner.run(self.insert(n)) for n in range(1, 31)]
+        gate.set()
+        await first
+        results = await DeferredList(queued, consumeErrors=True)
+        ok = [value for success, value in results if success]
+        failed = [value for success, value in results if not success]
+        self.assertEqual([n for n, _ in ok], [n for n in range(1, 31) if n != 13])
+        self.assertTrue(all(batched for _, batched in ok))  # one shared commit
+        self.assertEqual(len(failed), 1)
+        self.assertIsInstance(failed[0].value, ValueError)
+        rows = await self.runner.run(
+            lambda db: [r[0] for r in db.execute("SELECT n FROM t ORDER BY rowid")]
+        )
+        self.assertEqual(rows, [n for n in range(1, 31) if n != 13])
+
+    def test_queuedCalls_shareOneCommit_failuresAlone(self) -> None:
+        """
+        Calls queued while the database thread is busy run in one group
+        commit, in order; a failing call's writes alone are rolled back.
+        """
+        return ensureDeferred(self._batch())  # type: ignore[return-value]
+
+    async def _alone(self) -> None:
+        n, batched = await self.runner.run(self.insert(1))
+        self.assertEqual((n, batched), (1, False))
+
+    def test_idle_callRunsAlone(self) -> None:
+        """When the thread is idle a call runs at once in its own transaction."""
+        return ensureDeferred(self._alone())  # type: ignore[return-value]
+
+    async def _stop(self) -> None:
+        gate = threading.Event()
+        first = self.runner.run(lambda db: gate.wait(10))
+        later = [self.runner.run(self.insert(n)) for n in (1, 2)]
+        threading.Timer(0.05, gate.set).start()  # the reactor is blocked in stop()
+        self.runner.stop()  # blocks until the thread is done, then runs the rest
+        await first
+        self.assertEqual([await d for d in later], [(1, True), (2, True)])
+
+    def test_stop_runsWhatWasQueued(self) -> None:
+        """Stopping lets queued calls finish, in order, before closing."""
+        return ensureDeferred(self._stop())  # type: ignore[return-value]
