@@ -22,6 +22,7 @@ import dns.rdatatype
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
+from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import TestCase
 
 from fleetd.config import Settings, loadSettings
@@ -253,9 +254,24 @@ class DaemonTests(DaemonTestMixin, TestCase):
         query = dns.message.make_query("enroll.lolwtf.ca", dns.rdatatype.A)
         answer = await deferToThread(dns.query.udp, query, "127.0.0.1", 5, port)
         self.assertEqual([str(r) for r in answer.answer[0]], ["10.20.0.6"])
+        for transport in ("+notcp", "+tcp"):
+            out, err, code = await getProcessOutputAndValue(
+                "dig",
+                ["@127.0.0.1", "-p", str(port), "enroll.lolwtf.ca", "A", "+norec",
+                 transport, "+time=5", "+tries=1"],
+            )  # fmt: skip
+            self.assertEqual(code, 0, err)
+            self.assertIn(b"status: NOERROR", out)
+            self.assertRegex(out, rb"flags: qr aa")
+            self.assertRegex(
+                out, rb"enroll\.lolwtf\.ca\.\s+\d+\s+IN\s+A\s+10\.20\.0\.6"
+            )
 
     def test_dns_answersEnrollmentName(self) -> None:
-        """[A5] The daemon's DNS listener answers the enrollment name."""
+        """
+        [A5] The running daemon's DNS listener answers the enrollment name
+        (dnspython, and dig over UDP and TCP), authoritatively.
+        """
         return ensureDeferred(self._dns())  # type: ignore[return-value]
 
     async def _stopCloses(self) -> None:
