@@ -37,7 +37,8 @@ from twisted.web.iweb import IRequest
 from fleetd.admin.resource import ownerOf, renderAsync
 from fleetd.boot.deviceflow import DeviceFlow
 from fleetd.boot.deviceflow_model import Answer, DeviceFlowError, PendingRequest
-from fleetd.store.journal import AsyncJournal, FieldValue
+from fleetd.store.fields import FieldValue
+from fleetd.store.journal import AsyncJournal
 from fleetd.web import Endpoint, jsonResponse, notFound, textResponse
 
 log = Logger()

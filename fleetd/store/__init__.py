@@ -1,9 +1,9 @@
 """The persistent store: SQLite database, its thread, keys and the journal."""
 
 from fleetd.store.db import MIGRATIONS, Database, StoreError
+from fleetd.store.fields import FieldValue
 from fleetd.store.journal import (
     AsyncJournal,
-    FieldValue,
     Journal,
     JournalEntry,
     JournalVerification,

@@ -42,21 +42,18 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from fleetd.store.db import Database, StoreError
+from fleetd.store.fields import (
+    MAX_NAME,
+    FieldValue,
+    checkFields,
+    checkName,
+)
 from fleetd.store.runner import IRunner
 
-FieldValue = str | int | float | bool | None
-
-SECRET_WORDS = tuple("code token config body key secret password cert_pem".split())
-"""A field whose name contains one of these (any case) is refused."""
-
-MAX_STRING = 512
-MAX_NAME = 128
-MAX_FIELDS = 64
 MAX_QUERY = 10_000
 
 _EVENT = re.compile(r"[a-z0-9][a-z0-9_.-]{0,127}")
 _ACTOR = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
-_FIELD_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _GENESIS = bytes(32)
 _SELECT = "SELECT seq, at, event, actor, device, run, fields, digest FROM journal"
 _INSERT = (
@@ -112,51 +109,6 @@ def canonicalJSON(value: object) -> str:
     return json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
     )
-
-
-def _checkFields(fields: Mapping[str, FieldValue] | None) -> dict[str, FieldValue]:
-    """Return a copy of C{fields}, refusing anything that may be a secret."""
-    if fields is None:
-        return {}
-    if len(fields) > MAX_FIELDS:
-        raise ValueError(f"journal entries take at most {MAX_FIELDS} fields")
-    checked: dict[str, FieldValue] = {}
-    for name, value in fields.items():
-        if not isinstance(name, str) or _FIELD_NAME.fullmatch(name) is None:
-            raise ValueError(f"bad journal field name {str(name)[:64]!r}")
-        lowered = name.lower()
-        for word in SECRET_WORDS:
-            if word in lowered:
-                raise ValueError(
-                    f"journal field {name!r} may hold a secret ({word!r}); "
-                    "journal a reference instead"
-                )
-        if isinstance(value, str):
-            if len(value) > MAX_STRING:
-                raise ValueError(f"journal field {name!r} exceeds {MAX_STRING} chars")
-            if "-----BEGIN" in value:
-                raise ValueError(f"journal field {name!r} holds PEM data")
-        elif isinstance(value, float):
-            if not math.isfinite(value):
-                raise ValueError(f"journal field {name!r} is not finite")
-        elif isinstance(value, int) and not isinstance(value, bool):
-            if not -(2**63) <= value < 2**63:
-                raise ValueError(f"journal field {name!r} is out of range")
-        elif value is not None and not isinstance(value, bool):
-            raise ValueError(
-                f"journal field {name!r} must be str, int, float, bool or None"
-            )
-        checked[name] = value
-    return checked
-
-
-def _checkName(what: str, value: str | None) -> None:
-    if value is None:
-        return
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME:
-        raise ValueError(f"journal {what} must be 1 to {MAX_NAME} characters")
-    if not value.isprintable():
-        raise ValueError(f"journal {what} must be printable")
 
 
 def _entryFromRow(row: Sequence[Any]) -> JournalEntry:
@@ -229,9 +181,9 @@ class Journal:
             raise ValueError(f"bad journal event name {str(event)[:MAX_NAME]!r}")
         if not isinstance(actor, str) or _ACTOR.fullmatch(actor) is None:
             raise ValueError(f"bad journal actor {str(actor)[:MAX_NAME]!r}")
-        _checkName("device", device)
-        _checkName("run", run)
-        checked = _checkFields(fields)
+        checkName("device", device)
+        checkName("run", run)
+        checked = checkFields(fields)
         at = float(at)
         if not math.isfinite(at):
             raise ValueError("journal time is not finite")
