@@ -200,8 +200,13 @@ class BoundedChannel(http.HTTPChannel):
 
     def requestDone(self, request: Any) -> None:
         super().requestDone(request)
-        # Keep-alive: the next request has a deadline too.
-        if self.persistent and not getattr(self.transport, "disconnecting", False):
+        # Keep-alive: the next request has a deadline too, unless a
+        # pipelined one is already being answered (it arrived whole).
+        if (
+            self.persistent
+            and not self.requests
+            and not getattr(self.transport, "disconnecting", False)
+        ):
             self._arm()
 
     def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]

@@ -46,7 +46,8 @@ class FakeRuns:
         return self.ready.get(device)
 
     def identity(self, device: str) -> tuple[str, str] | None:
-        return self.identities.get(device)
+        # By default every device is the machine REPORTED describes.
+        return self.identities.get(device, (REPORTED["uuid"], REPORTED["serial"]))
 
     identities: dict[str, tuple[str, str]] = {}
 
@@ -571,3 +572,32 @@ class MismatchTests(SynchronousTestCase):
         """Matching uuid and serial (serial case-insensitively) approve."""
         view = self.flow.approve(str(self.document["user_code"]), "w1", "o")
         self.assertEqual(view.device, "w1")
+
+    def test_approve_nothingReported_refusedUnlessForced(self) -> None:
+        """
+        A request that reported no uuid/serial cannot be bound without force:
+        its bearer token would skip the boot path's identity check.
+        """
+        status, document = self.flow.requestCode({"client_id": "talos"}, "192.0.2.99")
+        self.assertEqual(status, 200)
+        userCode = str(document["user_code"])
+        error = self.assertRaises(
+            DeviceFlowError, self.flow.approve, userCode, "w1", "o"
+        )
+        self.assertEqual(error.kind, "mismatch")
+        self.assertIn("did not report", str(error))
+        self.assertEqual(
+            self.flow.approve(userCode, "w1", "o", force=True).run, "run-1"
+        )
+
+    def test_approve_unknownIdentity_refused(self) -> None:
+        """A device whose uuid/serial fleetd does not know cannot be approved."""
+        self.runs.identities = {"w1": None}  # type: ignore[dict-item]
+        error = self.assertRaises(
+            DeviceFlowError,
+            self.flow.approve,
+            str(self.document["user_code"]),
+            "w1",
+            "o",
+        )
+        self.assertEqual(error.kind, "mismatch")

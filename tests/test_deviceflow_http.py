@@ -302,7 +302,7 @@ class BootTLSTests(TestCase):
         async def sleep(seconds: int) -> None:
             count[0] += 1
             if count[0] == 6:
-                flow.approve(client.auth["user_code"], "w1", "alice")
+                flow.approve(client.auth["user_code"], "w1", "alice", force=True)
             self.clock.advance(1 if count[0] < 4 else seconds)
 
         client.sleep = sleep

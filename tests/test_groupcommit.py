@@ -12,7 +12,7 @@ from twisted.internet.interfaces import IReactorFromThreads
 from twisted.trial.unittest import TestCase
 
 from fleetd.store.db import Database
-from fleetd.store.runner import DatabaseRunner
+from fleetd.store.runner import DatabaseRunner, _runBatch
 
 
 class GroupCommitTests(TestCase):
@@ -78,3 +78,55 @@ class GroupCommitTests(TestCase):
     def test_stop_runsWhatWasQueued(self) -> None:
         """Stopping lets queued calls finish, in order, before closing."""
         return ensureDeferred(self._stop())  # type: ignore[return-value]
+
+
+class StopOrderTests(TestCase):
+    async def _order(self) -> None:
+        db = Database.open(Path(self.mktemp()) / "db.sqlite3")
+        runner = DatabaseRunner(cast(IReactorFromThreads, reactor), db)
+        runner.start()
+        order: list[str] = []
+        gate = threading.Event()
+        first = runner.run(lambda db: gate.wait(10))
+        first.addCallback(lambda _: order.append("in flight"))
+        later = runner.run(lambda db: 2)
+        later.addCallback(lambda _: order.append("queued"))
+        threading.Timer(0.05, gate.set).start()
+        runner.stop()
+        self.assertEqual(order, ["in flight", "queued"])
+
+    def test_stop_reportsInFlightBeforeQueued(self) -> None:
+        """On stop, the batch in flight reports first, then the queued calls."""
+        return ensureDeferred(self._order())  # type: ignore[return-value]
+
+
+class AutoRollbackTests(TestCase):
+    def test_sqliteRollsBackBatch_nothingLaterRunsAlone(self) -> None:
+        """
+        When SQLite rolls the whole group commit back (full disk, I/O error,
+        interrupt), every call in it fails and no later call commits alone.
+        """
+        db = Database.open(Path(self.mktemp()) / "db.sqlite3")
+        self.addCleanup(db.close)
+        db.execute("CREATE TABLE t (n INTEGER)")
+
+        def insert(n: int) -> Any:
+            def f(db: Database) -> int:
+                with db.transaction() as conn:
+                    conn.execute("INSERT INTO t VALUES (?)", (n,))
+                return n
+
+            return f
+
+        def interrupted(db: Database) -> None:
+            with db.transaction() as conn:
+                conn.execute("INSERT INTO t VALUES (99)")
+                db.connection.set_progress_handler(lambda: 1, 1)  # SQLITE_INTERRUPT
+                try:
+                    conn.execute("INSERT INTO t SELECT n FROM t")
+                finally:
+                    db.connection.set_progress_handler(None, 1)
+
+        outcomes = _runBatch(db, [insert(1), interrupted, insert(2), insert(3)])
+        self.assertEqual([ok for ok, _ in outcomes], [False] * 4)
+        self.assertEqual(list(db.execute("SELECT n FROM t")), [])

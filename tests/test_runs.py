@@ -577,3 +577,28 @@ class RaceTests(SynchronousTestCase):
         self.fleet.vault.put("keep-me", b"other")
         self.fleet.restart()
         self.assertEqual(self.fleet.vault.names(), ["keep-me"])
+
+
+class DuplicateNameTests(SynchronousTestCase):
+    def test_parseProvision_caseVariantsAreOneDevice(self) -> None:
+        """A device named twice, in any case, is refused before anything starts."""
+        from fleetd.runs.resource import Refused, parseProvision
+
+        self.assertRaises(Refused, parseProvision, b'{"devices": ["w1", "W1"]}')
+        self.assertEqual(parseProvision(b'{"devices": ["W1"]}')[0], ["w1"])
+
+    def test_registry_refusesTwinDevices(self) -> None:
+        """The registry itself refuses one device twice in one provision."""
+        fleet = Fleet(self)
+        d = device("w1")
+        fleet.add(d)
+        failure = self.failureResultOf(
+            Deferred.fromCoroutine(
+                fleet.registry.provision(
+                    [d, d], actor="owner:t", render=lambda dv, run: b"x: 1\n"
+                )
+            ),
+            ValueError,
+        )
+        self.assertIn("twice", failure.getErrorMessage())
+        self.assertIsNone(fleet.registry.readyRun("w1"))

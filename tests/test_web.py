@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs
@@ -221,3 +223,37 @@ class BoundedSiteTests(SynchronousTestCase):
             e for e in events if e["log_format"] == "http.access.suppressed {count}"
         ]
         self.assertEqual([e["count"] for e in suppressed], [7])
+
+    def test_pipelinedInProgress_notCutByDeadline(self) -> None:
+        """A pipelined request being answered is not cut off by the deadline."""
+        clock = Clock()
+        held: list[Any] = []
+
+        class Slow(Endpoint):
+            isLeaf = True
+
+            def render_GET(self, request: IRequest) -> int:
+                held.append(request)
+                return 1  # NOT_DONE_YET
+
+        site = BoundedSite(
+            Slow(), maxHeaderBytes=8192, maxHeaders=50, maxBodyBytes=1024,
+            idleTimeout=600, clock=clock, requestTimeout=10,
+        )  # fmt: skip
+        channel = site.buildProtocol(None)
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        channel.dataReceived(
+            b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        self.assertEqual(len(held), 1)
+        held[0].write(b"x")
+        held[0].finish()
+        self.assertEqual(len(held), 2)  # /b is being answered now
+        clock.advance(30)
+        self.assertFalse(transport.disconnecting)
+        held[1].write(b"y")
+        held[1].finish()
+        clock.advance(11)  # idle again: the next request has a deadline
+        self.assertTrue(transport.disconnecting)
+        channel.connectionLost(None)

@@ -301,19 +301,8 @@ class DeviceFlow:
         request = self._decidable(userCode, owner)
         if not (0 < len(device) <= 128 and device.isprintable()):
             raise DeviceFlowError("invalid", "device: not a device name")
-        known = self._runs.identity(device)
-        reported = request.view.reported
-        differ = [
-            name
-            for name, value in zip(("uuid", "serial"), known or (), strict=False)
-            if name in reported
-            and reported[name].strip().casefold() != value.casefold()
-        ]
-        if differ and not force:
-            raise DeviceFlowError(
-                "mismatch",
-                f"the request reported another {' and '.join(differ)} than {device}",
-            )
+        if not force:
+            self._checkIdentity(request.view.reported, device)
         run = self._runs.readyRun(device)
         if run is None:
             message = f"{device} has no ready run: provision {device} first"
@@ -329,6 +318,33 @@ class DeviceFlow:
             owner=owner,
         )
         return request.view
+
+    def _checkIdentity(self, reported: Mapping[str, str], device: str) -> None:
+        """
+        Refuse unless the node reported the uuid and serial the inventory
+        holds for C{device}: the bearer token skips the boot path's own
+        identity check, so this is where a stranger is stopped.
+        """
+        known = self._runs.identity(device)
+        if known is None:
+            raise DeviceFlowError("mismatch", f"no uuid/serial known for {device}")
+        missing = [name for name in ("uuid", "serial") if name not in reported]
+        if missing:
+            raise DeviceFlowError(
+                "mismatch",
+                f"the request did not report its {' and '.join(missing)}"
+                " (talos.config.oauth.extra_variable); check the machine, then force",
+            )
+        differ = [
+            name
+            for name, value in zip(("uuid", "serial"), known, strict=True)
+            if reported[name].strip().casefold() != value.casefold()
+        ]
+        if differ:
+            raise DeviceFlowError(
+                "mismatch",
+                f"the request reported another {' and '.join(differ)} than {device}",
+            )
 
     def deny(self, userCode: str, owner: str) -> PendingRequest:
         """Refuse the request C{userCode}; its node's next poll stops."""

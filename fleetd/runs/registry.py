@@ -237,8 +237,11 @@ class RunRegistry:
         """
         if not self.loaded:
             raise NotReady("fleetd is still loading its runs")
+        devices = list(devices)
+        if len({d.name for d in devices}) != len(devices):
+            raise ValueError("a device appears twice in one provision")
         async with self._provisioning:
-            return await self._provision(list(devices), actor, render, desiredAction)
+            return await self._provision(devices, actor, render, desiredAction)
 
     async def _provision(
         self,
@@ -271,11 +274,17 @@ class RunRegistry:
         for old in previous:
             old.machine.supersede()
         try:
-            await self.runner.run(lambda db: insertRuns(db, [r for _, r, _ in batch]))
+            stored = await self.runner.run(
+                lambda db: insertRuns(db, [r for _, r, _ in batch])
+            )
         except Exception:
             for _, record, _ in batch:
                 self.vault.delete(configName(record.id))
             raise
+        for gone in stored:  # whatever the database superseded is superseded here
+            stale = self._runs.get(gone.id)
+            if stale is not None and stale not in previous:
+                stale.machine.supersede()
         results = []
         for device, record, code in batch:
             self._identity[device.name] = (device.uuid, device.serial)

@@ -18,7 +18,7 @@ from twisted.web import http
 from twisted.web.iweb import IRequest
 
 from fleetd.admin.resource import ownerOf, renderAsync
-from fleetd.inventory.model import Device, IInventory
+from fleetd.inventory.model import Device, IInventory, InventoryError, validateName
 from fleetd.runs.registry import NotReady, Provisioned, RunRegistry
 from fleetd.runs.render import NodeFacts, RenderError, TemplateRenderer
 from fleetd.store.journal import AsyncJournal
@@ -54,6 +54,10 @@ def parseProvision(body: bytes) -> tuple[list[str], str | None]:
         or not all(isinstance(n, str) and n for n in names)
     ):
         raise Refused(http.BAD_REQUEST, f"devices: 1 to {MAX_DEVICES} device names")
+    try:
+        names = [validateName(n) for n in names]  # as the inventory keys them
+    except InventoryError as e:
+        raise Refused(http.BAD_REQUEST, f"devices: {e}") from e
     if len(set(names)) != len(names):
         raise Refused(http.BAD_REQUEST, "devices: a device is named twice")
     action = doc.get("desired_action")

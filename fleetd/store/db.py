@@ -203,11 +203,15 @@ class Database:
             # failure undoes only its own writes.
             self._savepoints += 1
             name = f"fleetd_{self._savepoints}"
+            self._checkBatch()
             self.connection.execute(f"SAVEPOINT {name}")
             try:
                 yield self.connection
                 self.connection.execute(f"RELEASE {name}")
             except BaseException:
+                # SQLite may already have rolled the whole batch back (full
+                # disk, I/O error): then there is no savepoint to return to.
+                self._checkBatch()
                 self.connection.execute(f"ROLLBACK TO {name}")
                 self.connection.execute(f"RELEASE {name}")
                 raise
@@ -222,6 +226,10 @@ class Database:
             if self.connection.in_transaction:
                 self.connection.execute("ROLLBACK")
             raise
+
+    def _checkBatch(self) -> None:
+        if not self.connection.in_transaction:
+            raise StoreError("the group commit was rolled back by SQLite")
 
     @contextmanager
     def groupCommit(self) -> Iterator[None]:

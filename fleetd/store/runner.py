@@ -48,6 +48,7 @@ class DatabaseRunner:
         self._db = db
         self._pool = ThreadPool(minthreads=1, maxthreads=1, name="fleetd-db")
         self._queue: list[tuple[Callable[[Database], Any], Deferred[Any]]] = []
+        self._inflight: tuple[list[Any], list[tuple[bool, Any]]] | None = None
         self._busy = False
         self._stopped = False
 
@@ -63,7 +64,11 @@ class DatabaseRunner:
         if self._stopped:
             return
         self._stopped = True
-        self._pool.stop()  # the batch in flight completes
+        self._pool.stop()  # the batch in flight completes...
+        if self._inflight is not None:  # ...and reports before anything later
+            batch, outcomes = self._inflight
+            self._inflight = None
+            self._deliver(batch, outcomes)
         while self._queue:  # what was still waiting runs here, in order
             batch, self._queue = (
                 self._queue[: self.maxBatch],
@@ -91,18 +96,30 @@ class DatabaseRunner:
         functions = [f for f, _ in batch]
 
         def work() -> None:
-            outcomes = _runBatch(self._db, functions)
-            self._reactor.callFromThread(self._finished, batch, outcomes)
+            outcomes: list[tuple[bool, Any]] = []
+            try:
+                outcomes = _runBatch(self._db, functions)
+            finally:  # whatever happened, the reactor hears of it
+                if len(outcomes) != len(functions):
+                    failure = Failure(StoreError("database call did not complete"))
+                    outcomes = [(False, failure)] * len(functions)
+                self._inflight = (batch, outcomes)
+                self._reactor.callFromThread(self._finished)
 
         self._pool.callInThread(work)
 
-    def _finished(self, batch: list[Any], outcomes: list[tuple[bool, Any]]) -> None:
-        self._deliver(batch, outcomes)
+    def _finished(self) -> None:
+        if self._inflight is not None:  # not already delivered by stop()
+            batch, outcomes = self._inflight
+            self._inflight = None
+            self._deliver(batch, outcomes)
         self._next()
 
     @staticmethod
     def _deliver(batch: list[Any], outcomes: list[tuple[bool, Any]]) -> None:
         for (_, d), (ok, value) in zip(batch, outcomes, strict=True):
+            if d.called:  # cancelled by its caller
+                continue
             if ok:
                 d.callback(value)
             else:
@@ -127,9 +144,12 @@ def _runBatch(
             for f in functions:
                 try:
                     outcomes.append((True, f(db)))
-                except Exception:
+                except BaseException:
                     outcomes.append((False, Failure()))
-    except Exception:
+                if not db.connection.in_transaction:
+                    # SQLite rolled the batch back: nothing in it is durable.
+                    raise StoreError("the group commit was rolled back by SQLite")
+    except BaseException:
         failure = Failure()
         return [(False, failure) for _ in functions]
     return outcomes
