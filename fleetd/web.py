@@ -278,10 +278,10 @@ class BoundedSite(server.Site):
             self._suppressed += 1
             return
         self._accessLog.info(
-            "http.access {method} {path} {code}",
+            "http.access {method} {path} {status}",
             method=request.method.decode("ascii", "replace"),
             path=request.path.split(b"?", 1)[0][:128].decode("ascii", "replace"),
-            code=request.code,
+            status=request.code,
         )
 
     _accessLog = Logger(namespace="fleetd.access")

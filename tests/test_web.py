@@ -218,7 +218,7 @@ class BoundedSiteTests(SynchronousTestCase):
             clock.advance(1)
             self.exchange(b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", site)
         formats = [e["log_format"] for e in events if "http.access" in e["log_format"]]
-        self.assertEqual(formats.count("http.access {method} {path} {code}"), 4)
+        self.assertEqual(formats.count("http.access {method} {path} {status}"), 4)
         suppressed = [
             e for e in events if e["log_format"] == "http.access.suppressed {count}"
         ]

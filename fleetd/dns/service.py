@@ -140,7 +140,7 @@ class DNSService(Service):
             self.log.warn(
                 "dns.reload.rejected {problem}",
                 problem=str(e),
-                key=e.key,
+                setting=e.key,  # "key" would be redacted as a secret name
                 kept=self.topology.spore_bootstrap_ip,
             )
             return
