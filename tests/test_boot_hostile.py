@@ -83,14 +83,12 @@ class HostileInputTests(DeliveryMixin, TestCase):
     timeout = 180
 
     def setUp(self) -> Deferred[None]:  # type: ignore[override]
-        self.makeSettings(
+        return self.startLoaded(
             {
                 "boot": {"failure_burst": 1000},
                 "limits": {"request_timeout": 2, "idle_timeout": 5},
             }
         )
-        self.service = self.startDaemon()
-        return self.service._loading  # type: ignore[return-value]
 
     async def _hostile(self) -> None:
         await self.addDevice("w1", "SER1", UUID1)

@@ -65,6 +65,24 @@ def configPath(code: str, uuid: str, serial: str) -> str:
 class DeliveryMixin(DaemonTestMixin):
     service: FleetdService
 
+    def startLoaded(
+        self, overrides: dict[str, dict[str, Any]] | None = None
+    ) -> Deferred[None]:
+        """Start a daemon; the Deferred fires once its runs are loaded."""
+        self.makeSettings(overrides)
+        self.service = self.startDaemon()
+        loading = self.service._loading
+        assert loading is not None
+        return loading
+
+    def captureLogs(self) -> list[dict[str, Any]]:
+        """Every log event of the test, as emitted (before any redaction)."""
+        logged: list[dict[str, Any]] = []
+        observer = cast(ILogObserver, logged.append)
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)  # type: ignore[attr-defined]
+        return logged
+
     async def admin(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         result: tuple[int, Any] = await deferToThread(
             httpsJSON,
@@ -117,9 +135,7 @@ class DeliveryTests(DeliveryMixin, TestCase):
     timeout = 120
 
     def setUp(self) -> Deferred[None]:  # type: ignore[override]
-        self.makeSettings()
-        self.service = self.startDaemon()
-        return self.service._loading  # type: ignore[return-value]
+        return self.startLoaded()
 
     async def _once(self) -> None:
         await self.addDevice("w1", "SER1", UUID1)
@@ -281,9 +297,7 @@ class RestartDeliveryTests(DeliveryMixin, TestCase):
     timeout = 120
 
     def setUp(self) -> Deferred[None]:  # type: ignore[override]
-        self.makeSettings()
-        self.service = self.startDaemon()
-        return self.service._loading  # type: ignore[return-value]
+        return self.startLoaded()
 
     async def restart(self, wipeVault: bool = False) -> None:
         await self.service.stopService()
@@ -353,13 +367,8 @@ class SecretsTests(DeliveryMixin, TestCase):
     timeout = 120
 
     def setUp(self) -> Deferred[None]:  # type: ignore[override]
-        self.logged: list[dict[str, Any]] = []
-        observer = cast(ILogObserver, self.logged.append)
-        globalLogPublisher.addObserver(observer)
-        self.addCleanup(globalLogPublisher.removeObserver, observer)
-        self.makeSettings()
-        self.service = self.startDaemon()
-        return self.service._loading  # type: ignore[return-value]
+        self.logged = self.captureLogs()
+        return self.startLoaded()
 
     async def _scenario(self) -> None:
         await self.addDevice("w1", "SER1", UUID1)
@@ -391,9 +400,7 @@ class BruteForceTests(DeliveryMixin, TestCase):
     timeout = 120
 
     def setUp(self) -> Deferred[None]:  # type: ignore[override]
-        self.makeSettings({"boot": {"failure_burst": 5, "failure_rate": 0.001}})
-        self.service = self.startDaemon()
-        return self.service._loading  # type: ignore[return-value]
+        return self.startLoaded({"boot": {"failure_burst": 5, "failure_rate": 0.001}})
 
     async def _limit(self) -> None:
         await self.addDevice("w1", "SER1", UUID1)
@@ -435,7 +442,7 @@ class GlobalLimitTests(DeliveryMixin, TestCase):
     timeout = 120
 
     def setUp(self) -> Deferred[None]:  # type: ignore[override]
-        self.makeSettings(
+        return self.startLoaded(
             {
                 "boot": {
                     "failure_burst": 3,
@@ -445,8 +452,6 @@ class GlobalLimitTests(DeliveryMixin, TestCase):
                 }
             }
         )
-        self.service = self.startDaemon()
-        return self.service._loading  # type: ignore[return-value]
 
     async def _global(self) -> None:
         await self.addDevice("w1", "SER1", UUID1)

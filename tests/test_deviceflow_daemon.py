@@ -11,11 +11,10 @@ import io
 import json
 import ssl
 import urllib.parse
-from typing import Any, cast
+from typing import Any
 
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
-from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from fleetd.cli import fleetctl
@@ -50,13 +49,8 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
     timeout = 120
 
     def setUp(self) -> Deferred[None]:  # type: ignore[override]
-        self.logged: list[dict[str, Any]] = []
-        observer = cast(ILogObserver, self.logged.append)
-        globalLogPublisher.addObserver(observer)
-        self.addCleanup(globalLogPublisher.removeObserver, observer)
-        self.makeSettings()
-        self.service = self.startDaemon()
-        return self.service._loading  # type: ignore[return-value]
+        self.logged = self.captureLogs()
+        return self.startLoaded()
 
     async def call(self, *args: Any, **kwargs: Any) -> tuple[int, bytes]:
         port = self.port(self.service, "boot")
