@@ -88,7 +88,7 @@ class FleetdService(MultiService):
         RunnerService(self.runner).setServiceParent(self)
         # Children of /v1/admin/ contributed by subsystems (behind the owner gate).
         self.adminAPI: dict[bytes, Resource] = {}
-        self.inventory: IInventory = SQLiteInventory(self.runner)
+        self.inventory: IInventory = SQLiteInventory(self.runner, self.journal)
         self.adminAPI[b"devices"] = devicesResource(self.inventory, self.journal)
         self.alerts = AlertTracker(reactor, settings.provision.alert_hold).register(
             self.registry
@@ -101,6 +101,7 @@ class FleetdService(MultiService):
             journal=self.journal,
             alerts=self.alerts,
             codeKey=deriveKey(prepared.masterKey, "codes"),
+            metrics=self.registry,
         )
         renderer = TemplateRenderer(
             settings.provision.templates, settings.provision.default_cluster
@@ -172,6 +173,7 @@ class FleetdService(MultiService):
         )
         self.configResource = ConfigResource(
             self.runs,
+            clock=self.reactor,
             metrics=self.registry,
             limiter=self.bootLimiter,
             grants=self.deviceFlow,
@@ -278,6 +280,7 @@ class FleetdService(MultiService):
         if self._loading is not None:
             loading, self._loading = self._loading, None
             pending.append(loading)
+        self.configResource.stop()
         pending.append(self.runs.stop())
         for child in reversed(list(self)):
             if isinstance(child, RunnerService):

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fleetd.inventory.sqlite import SQLiteInventory
+
 REPO = Path(__file__).resolve().parent.parent
 
 TOPOLOGY = {
@@ -93,3 +95,12 @@ def writeConfig(
     path = directory / "fleetd.toml"
     path.write_text("\n".join(lines))
     return path
+
+
+def inventoryOver(runner: Any) -> SQLiteInventory:
+    """The SQLite inventory over C{runner}, journaling with a test key."""
+    from twisted.internet.task import Clock
+
+    from fleetd.store.journal import AsyncJournal, Journal
+
+    return SQLiteInventory(runner, AsyncJournal(runner, Journal(b"k" * 32), Clock()))

@@ -55,7 +55,9 @@ class ConfigResourceTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.fleet = Fleet(self)
         self.fleet.add(device("w1", "SER1"))
-        resource = ConfigResource(self.fleet.registry, metrics=CollectorRegistry())
+        resource = ConfigResource(
+            self.fleet.registry, clock=self.fleet.clock, metrics=CollectorRegistry()
+        )
         self.site = BoundedSite(
             bootRoot(config=resource),
             maxHeaderBytes=8192, maxHeaders=64, maxBodyBytes=1024,
@@ -161,5 +163,8 @@ class BodyProducerTests(SynchronousTestCase):
                 self.calls.append("finish")
 
         request = Request()
-        BodyProducer(request, b"x" * 10).start()
+        BodyProducer(
+            request,  # type: ignore[arg-type]
+            b"x" * 10,
+        ).start()
         self.assertEqual(request.calls, ["write 10", "finish"])

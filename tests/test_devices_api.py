@@ -26,7 +26,7 @@ from fleetd.inventory import SQLiteInventory
 from fleetd.inventory.resource import devicesResource
 from fleetd.store import AsyncJournal, Database, InlineRunner, Journal, StoreError
 from fleetd.web import Router
-from tests.support import writeConfig
+from tests.support import inventoryOver, writeConfig
 from tests.test_daemon import DaemonTestMixin
 from tests.test_inventory import UUID1, UUID2, UUID3, _FailingRunner
 from tests.test_inventory import W1 as DEVICE_W1
@@ -57,7 +57,7 @@ class DevicesResourceTests(SynchronousTestCase):
         self.addCleanup(db.close)
         runner = InlineRunner(db)
         self.journal = AsyncJournal(runner, Journal(b"k" * 32), Clock())
-        self.inventory = SQLiteInventory(runner)
+        self.inventory = SQLiteInventory(runner, self.journal)
         self.stub = self.treqFor(devicesResource(self.inventory, self.journal))
 
     def treqFor(self, devices: Any) -> Any:
@@ -206,13 +206,20 @@ class DevicesResourceTests(SynchronousTestCase):
             self.assertEqual(response.headers.getRawHeaders(b"allow"), [allowed])
 
     def test_import_allAndJournal(self) -> None:
-        """POST import adds every row, answers the count, journals device.imported."""
+        """
+        POST import adds every row, answers the count, and journals each
+        device as added (via import) in the same transaction [J1].
+        """
         code, _, body = self.call("POST", BASE + "/import", CSV.encode())
         self.assertEqual((code, json.loads(body)), (200, {"imported": 2}))
         names = [d.name for d in self.successResultOf(self.inventory.list())]
         self.assertEqual(names, ["w2", "w3"])
         self.assertEqual(
-            self.events(), [("device.imported", "owner:unknown", None, {"count": 2})]
+            [(e[0], e[1], e[2], e[3]["via"]) for e in self.events()],
+            [
+                ("device.added", "owner:unknown", "w2", "import"),
+                ("device.added", "owner:unknown", "w3", "import"),
+            ],
         )
 
     def test_import_badRow_400WithLine(self) -> None:
@@ -248,7 +255,7 @@ class DevicesResourceTests(SynchronousTestCase):
 
     def test_unavailable_503(self) -> None:
         """When the database cannot be used the answer is a one-line 503."""
-        broken = SQLiteInventory(_FailingRunner(StoreError("runner stopped")))
+        broken = inventoryOver(_FailingRunner(StoreError("runner stopped")))
         self.stub = self.treqFor(devicesResource(broken, self.journal))
         code, _, body = self.call("GET", BASE)
         self.assertEqual(code, 503)
@@ -318,10 +325,11 @@ class DevicesDaemonTests(DaemonTestMixin, TestCase):
             [e[:3] for e in entries],
             [
                 ("device.added", "owner:owner", "w1"),
-                ("device.imported", "owner:owner", None),
+                ("device.added", "owner:owner", "w2"),
+                ("device.added", "owner:owner", "w3"),
             ],
         )
-        self.assertEqual(entries[1][3], {"count": 2})
+        self.assertEqual(entries[1][3]["via"], "import")
 
     def test_devicesAPI_overTLS(self) -> None:
         """
@@ -333,7 +341,7 @@ class DevicesDaemonTests(DaemonTestMixin, TestCase):
 
     async def _persist(self) -> None:
         first = self.startDaemon()
-        await first.inventory.add(DEVICE_W1)
+        await first.inventory.add(DEVICE_W1, journal=())
         await first.stopService()
         second = self.startDaemon()
         self.assertEqual([d.name for d in await second.inventory.list()], ["w1"])
@@ -479,8 +487,12 @@ class DeviceCommandTests(DaemonTestMixin, TestCase):
         code, out, _ = await self.fleetctl("--json device list")
         self.assertEqual([d["name"] for d in json.loads(out)], ["w2", "w3"])
         code, out, _ = await self.fleetctl("--json journal")
-        imported = [e for e in json.loads(out) if e["event"] == "device.imported"]
-        self.assertEqual([e["fields"] for e in imported], [{"count": 2}])
+        imported = [
+            e["device"]
+            for e in json.loads(out)
+            if e["event"] == "device.added" and e["fields"].get("via") == "import"
+        ]
+        self.assertEqual(imported, ["w2", "w3"])
 
     def test_device_import(self) -> None:
         """

@@ -24,10 +24,10 @@ from fleetd.inventory import (
     IInventory,
     InventoryError,
     ServedRecord,
-    SQLiteInventory,
     validateDevice,
 )
 from fleetd.store import Database, InlineRunner, StoreError
+from tests.support import inventoryOver
 
 _T = TypeVar("_T")
 
@@ -91,13 +91,13 @@ class InventoryContractMixin(_Base):
 
     def test_add_getReturnsDevice(self) -> None:
         """A device added is returned by add and by get, case-insensitively."""
-        self.assertEqual(self.ok(self.inventory.add(W2)), W2)
+        self.assertEqual(self.ok(self.inventory.add(W2, journal=())), W2)
         self.assertEqual(self.ok(self.inventory.get("w2")), W2)
         self.assertEqual(self.ok(self.inventory.get("W2")), W2)
 
     def test_add_defaultsToInventoryStatus(self) -> None:
         """A new device is in status inventory, with no desired action."""
-        added = self.ok(self.inventory.add(W3))
+        added = self.ok(self.inventory.add(W3, journal=()))
         self.assertEqual((added.status, added.desired_action), ("inventory", None))
 
     def test_get_unknownIsNone(self) -> None:
@@ -108,7 +108,7 @@ class InventoryContractMixin(_Base):
     def test_list_orderedByName(self) -> None:
         """list returns every device, ordered by name, MACs in their order."""
         for d in (W3, W1, W2):
-            self.ok(self.inventory.add(d))
+            self.ok(self.inventory.add(d, journal=()))
         self.assertEqual(self.ok(self.inventory.list()), [W1, W2, W3])
 
     def test_list_empty(self) -> None:
@@ -116,8 +116,8 @@ class InventoryContractMixin(_Base):
         self.assertEqual(self.ok(self.inventory.list()), [])
 
     def assertDuplicate(self, other: Device, field: str) -> None:
-        self.ok(self.inventory.add(W1))
-        error = self.refused(self.inventory.add(other), "duplicate")
+        self.ok(self.inventory.add(W1, journal=()))
+        error = self.refused(self.inventory.add(other, journal=()), "duplicate")
         self.assertIn(field, str(error))
         self.assertEqual(self.ok(self.inventory.list()), [W1])
 
@@ -140,64 +140,82 @@ class InventoryContractMixin(_Base):
 
     def test_import_addsAll(self) -> None:
         """importDevices adds every device and fires with the count."""
-        self.assertEqual(self.ok(self.inventory.importDevices([W1, W2, W3])), 3)
+        self.assertEqual(
+            self.ok(self.inventory.importDevices([W1, W2, W3], journal=())), 3
+        )
         self.assertEqual(self.ok(self.inventory.list()), [W1, W2, W3])
 
     def test_import_allOrNothingAgainstExisting(self) -> None:
         """One duplicate of an existing device rejects the whole import."""
-        self.ok(self.inventory.add(W1))
+        self.ok(self.inventory.add(W1, journal=()))
         clash = device("w9", "SN-9", UUID3, ("52:54:00:00:00:01",))
-        error = self.refused(self.inventory.importDevices([W2, clash]), "duplicate")
+        error = self.refused(
+            self.inventory.importDevices([W2, clash], journal=()), "duplicate"
+        )
         self.assertIn("w9", str(error))
         self.assertEqual(self.ok(self.inventory.list()), [W1])
 
     def test_import_allOrNothingWithinBatch(self) -> None:
         """Two devices of one batch sharing a serial reject the batch."""
         twin = device("w9", "SN-0002", UUID3, ())
-        self.refused(self.inventory.importDevices([W1, W2, twin]), "duplicate")
+        self.refused(
+            self.inventory.importDevices([W1, W2, twin], journal=()), "duplicate"
+        )
         self.assertEqual(self.ok(self.inventory.list()), [])
 
     def test_import_empty(self) -> None:
         """Importing nothing succeeds with 0."""
-        self.assertEqual(self.ok(self.inventory.importDevices([])), 0)
+        self.assertEqual(self.ok(self.inventory.importDevices([], journal=())), 0)
 
     def test_setStatus_changesAndReturns(self) -> None:
         """setStatus changes the status and fires with the changed device."""
-        self.ok(self.inventory.add(W1))
-        changed = self.ok(self.inventory.setStatus("w1", DeviceStatus.PLANNED))
+        self.ok(self.inventory.add(W1, journal=()))
+        changed = self.ok(
+            self.inventory.setStatus("w1", DeviceStatus.PLANNED, journal=())
+        )
         self.assertEqual(changed.status, DeviceStatus.PLANNED)
         self.assertEqual(self.ok(self.inventory.get("w1")), changed)
 
     def test_setStatus_unknownDevice(self) -> None:
         """setStatus of an unknown device fails with not-found."""
-        self.refused(self.inventory.setStatus("w9", DeviceStatus.ACTIVE), "not-found")
+        self.refused(
+            self.inventory.setStatus("w9", DeviceStatus.ACTIVE, journal=()), "not-found"
+        )
 
     def test_setStatus_unknownStatus(self) -> None:
         """A status that is not a DeviceStatus is refused as invalid."""
-        self.ok(self.inventory.add(W1))
+        self.ok(self.inventory.add(W1, journal=()))
         bogus: Any = "exploded"
-        self.refused(self.inventory.setStatus("w1", bogus), "invalid")
+        self.refused(self.inventory.setStatus("w1", bogus, journal=()), "invalid")
 
     def test_setDesiredAction_setAndClear(self) -> None:
         """setDesiredAction sets an action and None clears it."""
-        self.ok(self.inventory.add(W1))
-        changed = self.ok(self.inventory.setDesiredAction("w1", "netboot"))
+        self.ok(self.inventory.add(W1, journal=()))
+        changed = self.ok(self.inventory.setDesiredAction("w1", "netboot", journal=()))
         self.assertEqual(changed.desired_action, "netboot")
-        cleared = self.ok(self.inventory.setDesiredAction("w1", None))
+        cleared = self.ok(self.inventory.setDesiredAction("w1", None, journal=()))
         self.assertIsNone(cleared.desired_action)
         self.assertEqual(self.ok(self.inventory.get("w1")), cleared)
 
     def test_setDesiredAction_refusals(self) -> None:
         """A malformed action is invalid; an unknown device is not-found."""
-        self.ok(self.inventory.add(W1))
-        self.refused(self.inventory.setDesiredAction("w1", "net boot"), "invalid")
-        self.refused(self.inventory.setDesiredAction("w9", "netboot"), "not-found")
+        self.ok(self.inventory.add(W1, journal=()))
+        self.refused(
+            self.inventory.setDesiredAction("w1", "net boot", journal=()), "invalid"
+        )
+        self.refused(
+            self.inventory.setDesiredAction("w9", "netboot", journal=()), "not-found"
+        )
 
     def test_release_recordsAndStages(self) -> None:
         """release records the run and moves the device to staged."""
-        self.ok(self.inventory.add(W1))
-        self.ok(self.inventory.setStatus("w1", DeviceStatus.PLANNED))
-        self.ok(self.inventory.release(ServedRecord("run-1", "w1", 10.0, "10.0.0.7")))
+        self.ok(self.inventory.add(W1, journal=()))
+        self.ok(self.inventory.setStatus("w1", DeviceStatus.PLANNED, journal=()))
+        self.ok(
+            self.inventory.release(
+                ServedRecord("run-1", "w1", 10.0, "10.0.0.7"), journal=()
+            )
+        )
         self.assertEqual(self.ok(self.inventory.releasedRuns()), {"run-1"})
         got = self.ok(self.inventory.get("w1"))
         assert got is not None
@@ -205,11 +223,11 @@ class InventoryContractMixin(_Base):
 
     def test_release_idempotentForSameRun(self) -> None:
         """Releasing the same run again changes nothing, not even the status."""
-        self.ok(self.inventory.add(W1))
+        self.ok(self.inventory.add(W1, journal=()))
         record = ServedRecord("run-1", "w1", 10.0, "10.0.0.7")
-        self.ok(self.inventory.release(record))
-        self.ok(self.inventory.setStatus("w1", DeviceStatus.ACTIVE))
-        self.assertIsNone(self.ok(self.inventory.release(record)))
+        self.ok(self.inventory.release(record, journal=()))
+        self.ok(self.inventory.setStatus("w1", DeviceStatus.ACTIVE, journal=()))
+        self.assertIsNone(self.ok(self.inventory.release(record, journal=())))
         self.assertEqual(self.ok(self.inventory.releasedRuns()), {"run-1"})
         got = self.ok(self.inventory.get("w1"))
         assert got is not None
@@ -217,24 +235,32 @@ class InventoryContractMixin(_Base):
 
     def test_release_sameRunOtherDevice(self) -> None:
         """One run released for two devices is refused as a duplicate."""
-        self.ok(self.inventory.importDevices([W1, W2]))
-        self.ok(self.inventory.release(ServedRecord("run-1", "w1", 1.0, "p")))
+        self.ok(self.inventory.importDevices([W1, W2], journal=()))
+        self.ok(
+            self.inventory.release(ServedRecord("run-1", "w1", 1.0, "p"), journal=())
+        )
         self.refused(
-            self.inventory.release(ServedRecord("run-1", "w2", 1.0, "p")), "duplicate"
+            self.inventory.release(ServedRecord("run-1", "w2", 1.0, "p"), journal=()),
+            "duplicate",
         )
 
     def test_release_unknownDevice(self) -> None:
         """Releasing for a device not in the inventory fails with not-found."""
         self.refused(
-            self.inventory.release(ServedRecord("run-1", "w9", 1.0, "p")), "not-found"
+            self.inventory.release(ServedRecord("run-1", "w9", 1.0, "p"), journal=()),
+            "not-found",
         )
         self.assertEqual(self.ok(self.inventory.releasedRuns()), set())
 
     def test_releasedRuns_surviveReopen(self) -> None:
         """Released runs and devices are still there after a reopen."""
-        self.ok(self.inventory.importDevices([W1, W2]))
-        self.ok(self.inventory.release(ServedRecord("run-1", "w1", 1.0, "p")))
-        self.ok(self.inventory.release(ServedRecord("run-2", "w2", 2.0, "p")))
+        self.ok(self.inventory.importDevices([W1, W2], journal=()))
+        self.ok(
+            self.inventory.release(ServedRecord("run-1", "w1", 1.0, "p"), journal=())
+        )
+        self.ok(
+            self.inventory.release(ServedRecord("run-2", "w2", 2.0, "p"), journal=())
+        )
         reopened = self.openInventory()
         self.assertEqual(self.ok(reopened.releasedRuns()), {"run-1", "run-2"})
         self.assertEqual([d.name for d in self.ok(reopened.list())], ["w1", "w2"])
@@ -251,7 +277,7 @@ class SQLiteInventoryContractTests(InventoryContractMixin, SynchronousTestCase):
             previous.close()
         self.db = Database.open(self.path)
         self.addCleanup(self.db.close)
-        return SQLiteInventory(InlineRunner(self.db))
+        return inventoryOver(InlineRunner(self.db))
 
 
 class _FailingRunner:
@@ -282,8 +308,12 @@ class SQLiteInventoryTests(SynchronousTestCase):
     def test_database_unavailable(self) -> None:
         """A stopped runner or a database error is reported as unavailable."""
         for error in (StoreError("stopped"), sqlite3.OperationalError("disk I/O")):
-            inventory = SQLiteInventory(_FailingRunner(error))
-            for d in (inventory.list(), inventory.add(W1), inventory.releasedRuns()):
+            inventory = inventoryOver(_FailingRunner(error))
+            for d in (
+                inventory.list(),
+                inventory.add(W1, journal=()),
+                inventory.releasedRuns(),
+            ):
                 failure = self.failureResultOf(d, InventoryError)
                 self.assertEqual(failure.value.kind, "unavailable")
 
@@ -291,9 +321,9 @@ class SQLiteInventoryTests(SynchronousTestCase):
         """A Device built by hand with a bad field is refused, not stored."""
         db = Database.open(Path(self.mktemp()) / "db.sqlite3")
         self.addCleanup(db.close)
-        inventory = SQLiteInventory(InlineRunner(db))
+        inventory = inventoryOver(InlineRunner(db))
         bad = Device("W 1", "S", UUID1, (), "worker", None)
-        failure = self.failureResultOf(inventory.add(bad), InventoryError)
+        failure = self.failureResultOf(inventory.add(bad, journal=()), InventoryError)
         self.assertEqual(failure.value.kind, "invalid")
         self.assertEqual(self.successResultOf(inventory.list()), [])
 

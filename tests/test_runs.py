@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from twisted.internet.defer import Deferred, fail
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -56,11 +56,11 @@ class FlakyInventory:
         self._inner = inner
         self.failures = failures
 
-    def release(self, record: ServedRecord) -> Deferred[None]:
+    def releaseIn(self, db: Database, record: ServedRecord) -> None:
         if self.failures > 0:
             self.failures -= 1
-            return fail(InventoryError("netbox down", "unavailable"))
-        return self._inner.release(record)
+            raise InventoryError("netbox down", "unavailable")
+        self._inner.releaseIn(db, record)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -82,8 +82,13 @@ class Fleet:
         self.db = Database.open(self.directory / "fleetd.sqlite3")
         self.test.addCleanup(self.db.close)
         runner = InlineRunner(self.db)
-        self.inventory = inventory if inventory is not None else SQLiteInventory(runner)
+        self.runner = runner
         self.journal = AsyncJournal(runner, Journal(KEY), self.clock)
+        self.inventory = (
+            inventory
+            if inventory is not None
+            else SQLiteInventory(runner, self.journal)
+        )
         self.vault = (
             vault
             if vault is not None
@@ -112,7 +117,7 @@ class Fleet:
 
     def add(self, *devices: Device) -> None:
         for d in devices:
-            self.test.successResultOf(self.inventory.add(d))
+            self.test.successResultOf(self.inventory.add(d, journal=()))
 
     def provision(self, *devices: Device, action: str | None = None) -> list[Any]:
         result: list[Any] = self.test.successResultOf(
@@ -175,6 +180,9 @@ class MachineTests(SynchronousTestCase):
 
         def withdrawServed(self) -> None:
             self.calls.append("withdrawServed")
+
+        def dropMark(self) -> None:
+            self.calls.append("dropMark")
 
         def delivered(self) -> None:
             self.calls.append("delivered")
@@ -321,7 +329,9 @@ class RegistryTests(SynchronousTestCase):
         """[C2] A consumed code is refused whatever the device status says."""
         (run,) = self.fleet.provision(device("w1", "SER1"))
         self.fleet.fetch(run.code)
-        self.successResultOf(self.fleet.inventory.setStatus("w1", DeviceStatus.PLANNED))
+        self.successResultOf(
+            self.fleet.inventory.setStatus("w1", DeviceStatus.PLANNED, journal=())
+        )
         self.assertEqual(self.fleet.fetch(run.code)[0], Outcome.CONSUMED)
 
     def test_supersede(self) -> None:
@@ -490,25 +500,32 @@ class RaceTests(SynchronousTestCase):
         )
 
     def test_overlappingProvisions_oneDeliverableRun(self) -> None:
-        """[C1] Two overlapping provisions of a device leave one deliverable run."""
+        """
+        [C1] [J1] Two overlapping provisions of a device leave one
+        deliverable run; until the first commits, the earlier run is as it was.
+        """
         (first,) = self.fleet.provision(device("w1", "SER1"))
         runner = DeferringRunner(self.fleet.registry.runner)  # type: ignore[arg-type]
-        self.fleet.registry.runner = runner
+        self.fleet.journal._runner = runner
         runner.holding = True
         a = self.provisionLater(runner)
         b = self.provisionLater(runner)
         self.assertNoResult(a)
-        # The earlier run stops being deliverable before the database write.
-        self.assertIsNone(self.fleet.registry.readyRun("w1"))
-        self.assertEqual(self.fleet.fetch(first.code)[0], Outcome.SUPERSEDED)
+        # Nothing changes before the commit: the earlier run is still ready.
+        self.assertEqual(self.fleet.registry.readyRun("w1"), first.run)
         runner.flush()
+        self.assertEqual(self.fleet.fetch(first.code)[0], Outcome.SUPERSEDED)
         (runA,) = self.successResultOf(a)
         (runB,) = self.successResultOf(b)
         self.assertEqual(self.fleet.registry.readyRun("w1"), runB.run)
         self.assertEqual(self.fleet.fetch(runA.code)[0], Outcome.SUPERSEDED)
         self.assertEqual(self.fleet.fetch(runB.code)[0], Outcome.DELIVER)
         self.fleet.restart()
-        self.assertEqual(self.fleet.fetch(runA.code)[0], Outcome.SUPERSEDED)
+        # Superseded history stays in the database, not in memory.
+        self.assertIsNone(self.fleet.registry.byCode(runA.code))
+        retired = self.successResultOf(self.fleet.registry.retired(runA.code))
+        assert retired is not None
+        self.assertEqual((retired.id, retired.superseded_by), (runA.run, runB.run))
         self.assertEqual(self.fleet.fetch(runB.code)[0], Outcome.CONSUMED)
 
     def test_provisionWhileLoading_refused(self) -> None:
@@ -538,7 +555,7 @@ class RaceTests(SynchronousTestCase):
         self.assertEqual(self.fleet.status("w1"), DeviceStatus.PLANNED)
         entries = self.successResultOf(self.fleet.journal.query(run=old.run))
         delivered = [e for e in entries if e.event == "run.delivered"]
-        self.assertEqual(delivered[0].fields["superseded"], "true")
+        self.assertIs(delivered[0].fields["superseded"], True)
         self.assertEqual(self.fleet.vault.names(), [configName(new.run)])
 
     def test_journalNamesMarkHolder(self) -> None:
@@ -559,17 +576,26 @@ class RaceTests(SynchronousTestCase):
         self.assertNotIn("config.refetched", [e.event for e in entries])
 
     def test_markFailure_runStaysDeliverable(self) -> None:
-        """A served mark that cannot be written sends nothing and consumes nothing."""
+        """
+        A served mark that cannot be written (full tmpfs) sends nothing,
+        consumes nothing, says so (UNAVAILABLE, not BUSY), counts it, and
+        journals nothing.
+        """
         self.fleet.registry.stop()
         self.fleet.start(vault=FailingVault())
         (run,) = self.fleet.provision(device("w2", "SER2"))
         held = self.fleet.registry.byCode(run.code)
         assert held is not None
-        self.assertEqual(
-            self.fleet.registry.request(held, "10.0.0.1"), (Outcome.BUSY, None)
-        )
+        before = self.successResultOf(self.fleet.journal.query())
+        for _ in range(3):
+            self.assertEqual(
+                self.fleet.registry.request(held, "10.0.0.1"),
+                (Outcome.UNAVAILABLE, None),
+            )
         self.assertEqual(self.fleet.registry.readyRun("w2"), run.run)
-        self.flushLoggedErrors()
+        self.assertEqual(self.successResultOf(self.fleet.journal.query()), before)
+        failures = self.fleet.registry.vaultFailures.labels("served-mark")
+        self.assertEqual(failures._value.get(), 3)
 
     def test_load_removesOrphans(self) -> None:
         """Run files no record accounts for (a crash mid-provision) are removed."""

@@ -161,10 +161,40 @@ class TransactionTests(SynchronousTestCase):
         self.assertFalse(self.db.connection.in_transaction)
         self.assertEqual(self.count(), 0)
 
-    def test_transaction_noNesting(self) -> None:
-        """Starting a transaction inside another is refused."""
-        with self.db.transaction():
-            self.assertRaises(StoreError, self.db.transaction().__enter__)
+    def test_transaction_nestedIsSavepoint(self) -> None:
+        """
+        [J1] A transaction inside another is a savepoint: its failure undoes
+        only its own writes, and nothing commits before the outer block.
+        """
+        with self.db.transaction() as conn:
+            conn.execute("INSERT INTO meta VALUES ('outer', '1')")
+            with self.assertRaises(ZeroDivisionError):
+                with self.db.transaction() as inner:
+                    inner.execute("INSERT INTO meta VALUES ('inner', '1')")
+                    raise ZeroDivisionError()
+            with self.db.transaction() as inner:
+                inner.execute("INSERT INTO meta VALUES ('kept', '1')")
+        rows = self.db.execute("SELECT key FROM meta ORDER BY key").fetchall()
+        self.assertEqual(rows, [("kept",), ("outer",)])
+
+    def test_transaction_outerFailureUndoesNested(self) -> None:
+        """[J1] When the outer transaction fails, its savepoints go with it."""
+
+        def failing() -> None:
+            with self.db.transaction() as conn:
+                with self.db.transaction() as inner:
+                    inner.execute("INSERT INTO meta VALUES ('inner', '1')")
+                conn.execute("INSERT INTO meta VALUES ('outer', '1')")
+                raise ZeroDivisionError()
+
+        self.assertRaises(ZeroDivisionError, failing)
+        self.assertEqual(self.count(), 0)
+
+    def test_transaction_foreignTransactionRefused(self) -> None:
+        """A transaction opened behind fleetd's back is not silently joined."""
+        self.db.execute("BEGIN")
+        self.addCleanup(self.db.execute, "ROLLBACK")
+        self.assertRaises(StoreError, self.db.transaction().__enter__)
 
 
 class KeyTests(SynchronousTestCase):

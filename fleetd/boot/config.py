@@ -13,28 +13,32 @@ refusal is a cheap one-line answer:
 
 The decision and the consumed mark happen in one reactor turn [C1]; the
 body is written through a producer and the run counts as delivered only
-when the response finished on a live connection, otherwise the mark is
-withdrawn.
+once the operating system has all of it (L{fleetd.boot.handover});
+when the connection fails before that, the mark is withdrawn. A full
+vault (the mark cannot be written) is a 503 that says so.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import unquote_to_bytes
 
 from prometheus_client import CollectorRegistry, Counter
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web import http, resource, server
 from twisted.web.iweb import IRequest
 from zope.interface import implementer
 
 from fleetd.boot.deviceflow import Grant
+from fleetd.boot.handover import Handover
 from fleetd.boot.ratelimit import RateLimiter, sourceKey
 from fleetd.runs.codes import wellFormedCode
 from fleetd.runs.machine import Outcome
-from fleetd.runs.registry import RunRegistry
+from fleetd.runs.registry import RunRegistry, _Run
+from fleetd.runs.store import RunRecord
 from fleetd.web import textResponse
 
 LITERAL_CODE = "${code}"
@@ -48,6 +52,8 @@ REFUSALS = {
     Outcome.SUPERSEDED: "superseded: a newer run replaced this code",
     Outcome.BUSY: "busy: this configuration is being delivered on another "
     "connection; retry",
+    Outcome.UNAVAILABLE: "unavailable: fleetd cannot write to its configuration "
+    "vault; retry later",
 }
 
 
@@ -104,11 +110,14 @@ class ConfigResource(resource.Resource):
         self,
         registry: RunRegistry,
         *,
+        clock: IReactorTime,
         metrics: CollectorRegistry,
         limiter: RateLimiter | None = None,
         grants: IGrants | None = None,
     ) -> None:
         super().__init__()
+        self._clock = clock
+        self._handovers: dict[str, Handover] = {}
         self._registry = registry
         self._limiter = limiter
         self._grants = grants
@@ -123,6 +132,7 @@ class ConfigResource(resource.Resource):
             for name in (
                 "delivered", "aborted", "busy", "consumed", "lost", "superseded",
                 "unknown", "wrong_machine", "malformed", "rate_limited",
+                "unavailable",
             )
         }  # fmt: skip
 
@@ -164,12 +174,47 @@ class ConfigResource(resource.Resource):
             raise BadQuery("code missing: META 0x0b is not set on this node yet")
         if ident.uuid is None or ident.serial is None:
             raise BadQuery("uuid and serial are required")
-        run = self._registry.byCode(ident.code) if wellFormedCode(ident.code) else None
+        if not wellFormedCode(ident.code):
+            return self._unknown(request, peer)
+        run = self._registry.byCode(ident.code)
         if run is None:
-            return self._refuse(
-                request, peer, "unknown", http.NOT_FOUND, "unknown code"
+            # Superseded history is in the database, not in memory.
+            d = self._registry.retired(ident.code)
+            d.addCallbacks(
+                self._retired,
+                self._retiredFailed,
+                callbackArgs=(request, peer),
+                errbackArgs=(request,),
             )
+            return server.NOT_DONE_YET
         return self._serve(request, peer, run, ident)
+
+    def _unknown(self, request: IRequest, peer: str) -> bytes:
+        return self._refuse(request, peer, "unknown", http.NOT_FOUND, "unknown code")
+
+    def _retired(self, record: RunRecord | None, request: IRequest, peer: str) -> None:
+        if _gone(request):
+            return
+        if record is None:
+            body = self._unknown(request, peer)
+        else:
+            self._count[Outcome.SUPERSEDED.value].inc()
+            body = textResponse(request, http.GONE, REFUSALS[Outcome.SUPERSEDED])
+        request.write(body)
+        request.finish()
+
+    def _retiredFailed(self, failure: Failure, request: IRequest) -> None:
+        self.log.error(
+            "config.history.failed {reason}", reason=failure.getErrorMessage()
+        )
+        if _gone(request):
+            return
+        request.setHeader(b"retry-after", b"30")
+        self._count["unavailable"].inc()
+        request.write(
+            textResponse(request, http.SERVICE_UNAVAILABLE, "unavailable: retry later")
+        )
+        request.finish()
 
     def _renderBearer(
         self, request: IRequest, peer: str, auth: bytes, ident: Identity
@@ -189,9 +234,9 @@ class ConfigResource(resource.Resource):
 
     def _serve(
         self,
-        request: Any,
+        request: IRequest,
         peer: str,
-        run: Any,
+        run: _Run,
         ident: Identity,
         checkIdentity: bool = True,
     ) -> bytes | int:
@@ -210,10 +255,14 @@ class ConfigResource(resource.Resource):
                 request, peer, "wrong_machine", http.FORBIDDEN,
                 "this code belongs to another machine",
             )  # fmt: skip
+        pending = self._handovers.get(run.record.id)
+        if pending is not None:  # settle the previous delivery first, if it can
+            pending.poll()
         outcome, body = self._registry.request(run, peer)
-        if outcome is Outcome.BUSY:
-            self._count["busy"].inc()
-            request.setHeader(b"retry-after", b"5")
+        if outcome is Outcome.BUSY or outcome is Outcome.UNAVAILABLE:
+            self._count[outcome.value].inc()
+            wait = b"5" if outcome is Outcome.BUSY else b"30"
+            request.setHeader(b"retry-after", wait)
             return textResponse(request, http.SERVICE_UNAVAILABLE, REFUSALS[outcome])
         if outcome is not Outcome.DELIVER or body is None:
             self._count[outcome.value].inc()
@@ -223,18 +272,37 @@ class ConfigResource(resource.Resource):
         request.setHeader(b"cache-control", b"no-store")
         request.setHeader(b"content-length", b"%d" % (len(body),))
 
-        def done(_: object) -> None:
-            self._count["delivered"].inc()
-            self._registry.finished(run, complete=True)
+        channel = getattr(request, "channel", None)
+        transport = getattr(channel, "transport", None)
 
-        def lost(_: object) -> None:
-            self._count["aborted"].inc()
-            self._registry.finished(run, complete=False)
+        def settle(complete: bool) -> None:
+            self._count["delivered" if complete else "aborted"].inc()
+            self._registry.finished(run, complete=complete)
 
-        request.notifyFinish().addCallbacks(done, lost)
+        def finished(_: object) -> None:
+            # Handed to the connection; delivered once the OS has it all.
+            def report(complete: bool) -> None:
+                self._handovers.pop(run.record.id, None)
+                settle(complete)
+
+            handover = Handover(self._clock, transport, report)
+            self._handovers[run.record.id] = handover
+            handover.start()
+
+        notify = request.notifyFinish()  # type: ignore[attr-defined]
+        notify.addCallbacks(finished, lambda _: settle(False))
         BodyProducer(request, body).start()
         notDoneYet: int = server.NOT_DONE_YET
         return notDoneYet
+
+    def stop(self) -> None:
+        """
+        Stop watching deliveries in flight: their marks stay in the vault,
+        so the next start counts them consumed [C1].
+        """
+        for handover in list(self._handovers.values()):
+            handover.cancel()
+        self._handovers.clear()
 
 
 @implementer(IPushProducer)
@@ -253,7 +321,7 @@ class BodyProducer:
 
     chunkSize = 65536
 
-    def __init__(self, request: Any, body: bytes) -> None:
+    def __init__(self, request: IRequest, body: bytes) -> None:
         self._request = request
         self._body = memoryview(body)
         self._offset = 0
@@ -266,7 +334,7 @@ class BodyProducer:
             self._request.write(bytes(self._body))
             self._request.finish()
             return
-        self._request.registerProducer(self, True)
+        self._request.registerProducer(self, True)  # type: ignore[attr-defined]
         self._pump()
 
     def _pump(self) -> None:
@@ -275,7 +343,7 @@ class BodyProducer:
             self._offset += len(chunk)
             if self._offset >= len(self._body):
                 self._done = True
-                self._request.unregisterProducer()
+                self._request.unregisterProducer()  # type: ignore[attr-defined]
                 self._request.write(chunk)
                 self._request.finish()
             else:
@@ -290,3 +358,10 @@ class BodyProducer:
 
     def stopProducing(self) -> None:
         self._done = True
+
+
+def _gone(request: IRequest) -> bool:
+    """Whether the client went away while we looked something up."""
+    return bool(getattr(request, "_disconnected", False)) or bool(
+        getattr(request, "finished", False)
+    )

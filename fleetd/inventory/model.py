@@ -15,9 +15,13 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from twisted.internet.defer import Deferred
+
+if TYPE_CHECKING:
+    from fleetd.store.db import Database
+    from fleetd.store.journal import Entry
 
 ErrorKind = Literal["invalid", "duplicate", "not-found", "unavailable"]
 
@@ -257,9 +261,15 @@ class IInventory(Protocol):
     Every method returns a L{Deferred}; failures are L{InventoryError}s.
     Names given to lookups are case-insensitive (device names are
     lowercase hostname labels).
+
+    Changes carry their journal entries [J1]: a method that changes
+    something takes the entries to record with it, and the change and the
+    entries commit together or not at all. The C{...In} methods do their
+    part of a larger change inside the caller's transaction, on the
+    database thread (see L{fleetd.store.journal.AsyncJournal.change}).
     """
 
-    def add(self, device: Device) -> Deferred[Device]:
+    def add(self, device: Device, *, journal: Sequence[Entry]) -> Deferred[Device]:
         """
         Add one device; fire with it as stored.  A name, serial (compared
         case-insensitively), UUID or MAC already taken fails with
@@ -272,19 +282,27 @@ class IInventory(Protocol):
     def list(self) -> Deferred[list[Device]]:
         """Every device, ordered by name."""
 
-    def importDevices(self, devices: Sequence[Device]) -> Deferred[int]:
+    def importDevices(
+        self, devices: Sequence[Device], *, journal: Sequence[Entry]
+    ) -> Deferred[int]:
         """
         Add all of C{devices} or none of them (one transaction); fire with
         how many were added.  Failures are as for L{add}.
         """
 
-    def setStatus(self, name: str, status: DeviceStatus) -> Deferred[Device]:
+    def setStatus(
+        self, name: str, status: DeviceStatus, *, journal: Sequence[Entry]
+    ) -> Deferred[Device]:
         """Set the device's status; fire with the device as changed."""
 
-    def setDesiredAction(self, name: str, action: str | None) -> Deferred[Device]:
+    def setDesiredAction(
+        self, name: str, action: str | None, *, journal: Sequence[Entry]
+    ) -> Deferred[Device]:
         """Set or clear the device's desired action (e.g. C{netboot})."""
 
-    def release(self, record: ServedRecord) -> Deferred[None]:
+    def release(
+        self, record: ServedRecord, *, journal: Sequence[Entry]
+    ) -> Deferred[None]:
         """
         Make the served-config record durable and move its device to
         C{staged}, together.  Releasing the same run for the same device
@@ -294,3 +312,9 @@ class IInventory(Protocol):
 
     def releasedRuns(self) -> Deferred[set[str]]:
         """The ids of every run whose served-config record was released."""
+
+    def setStatusIn(self, db: Database, name: str, status: DeviceStatus) -> None:
+        """L{setStatus} as part of the caller's transaction."""
+
+    def releaseIn(self, db: Database, record: ServedRecord) -> None:
+        """L{release} as part of the caller's transaction."""

@@ -27,7 +27,8 @@ from twisted.web.iweb import IRequest
 from fleetd.admin.resource import ownerOf, renderAsync
 from fleetd.inventory.csvimport import parseDeviceCSV
 from fleetd.inventory.model import Device, IInventory, InventoryError, validateDevice
-from fleetd.store.journal import AsyncJournal
+from fleetd.store.fields import FieldValue
+from fleetd.store.journal import AsyncJournal, Entry
 from fleetd.web import Endpoint, notFound
 
 log = Logger()
@@ -166,24 +167,27 @@ class DevicesResource(Endpoint):
         actor = _actor(request)
 
         async def work() -> Outcome:
-            device = await self._inventory.add(parseDeviceJSON(_body(request)))
-            await self._journal.append(
-                "device.added",
-                actor=actor,
-                device=device.name,
-                fields={
-                    "serial": device.serial,
-                    "uuid": device.uuid,
-                    "class": device.device_class,
-                    "cluster": device.cluster,
-                    "macs": len(device.macs),
-                },
-            )
+            new = parseDeviceJSON(_body(request))
+            device = await self._inventory.add(new, journal=[_added(new, actor)])
             location = f"/v1/admin/devices/{device.name}".encode("ascii")
             request.setHeader(b"location", location)
             return http.CREATED, device.toJSON()
 
         return renderInventory(request, work)
+
+
+def _added(device: Device, actor: str, via: str | None = None) -> Entry:
+    """The journal entry that goes with adding C{device} [J1]."""
+    fields: dict[str, FieldValue] = {
+        "serial": device.serial,
+        "uuid": device.uuid,
+        "class": device.device_class,
+        "cluster": device.cluster,
+        "macs": len(device.macs),
+    }
+    if via is not None:
+        fields["via"] = via
+    return Entry("device.added", actor=actor, device=device.name, fields=fields)
 
 
 class DeviceResource(Endpoint):
@@ -222,9 +226,8 @@ class ImportResource(DeviceResource):
 
         async def work() -> Outcome:
             devices = parseDeviceCSV(_body(request))
-            count = await self._inventory.importDevices(devices)
-            await self._journal.append(
-                "device.imported", actor=actor, fields={"count": count}
+            count = await self._inventory.importDevices(
+                devices, journal=[_added(d, actor, via="import") for d in devices]
             )
             return http.OK, {"imported": count}
 

@@ -30,6 +30,7 @@ from fleetd.inventory.model import (
     validateToken,
 )
 from fleetd.store.db import Database, StoreError
+from fleetd.store.journal import AsyncJournal, Entry, Recorder
 from fleetd.store.runner import IRunner
 
 _T = TypeVar("_T")
@@ -172,18 +173,59 @@ def _translate(failure: Failure) -> Failure:
     return failure
 
 
-class SQLiteInventory:
-    """L{fleetd.inventory.model.IInventory} in fleetd's own database."""
+def _release(conn: sqlite3.Connection, record: ServedRecord) -> None:
+    row = conn.execute(
+        "SELECT device FROM served_records WHERE run = ?", (record.run,)
+    ).fetchone()
+    if row is not None:
+        if row[0] == record.device:
+            return
+        raise InventoryError(
+            f"run {record.run} was released for device {row[0]}", "duplicate"
+        )
+    cursor = conn.execute(
+        "UPDATE devices SET status = ? WHERE name = ?",
+        (DeviceStatus.STAGED.value, record.device),
+    )
+    if cursor.rowcount == 0:
+        raise InventoryError(f"no device named {record.device}", "not-found")
+    conn.execute(
+        "INSERT INTO served_records (run, device, served_at, peer) VALUES (?, ?, ?, ?)",
+        (record.run, record.device, record.served_at, record.peer),
+    )
 
-    def __init__(self, runner: IRunner) -> None:
+
+class SQLiteInventory:
+    """
+    L{fleetd.inventory.model.IInventory} in fleetd's own database: every
+    change and its journal entries are one transaction [J1].
+    """
+
+    def __init__(self, runner: IRunner, journal: AsyncJournal) -> None:
         self._runner = runner
+        self._journal = journal
 
     def _run(self, f: Callable[[Database], _T]) -> Deferred[_T]:
         d = self._runner.run(f)
         d.addErrback(_translate)
         return d
 
-    def add(self, device: Device) -> Deferred[Device]:
+    def _change(
+        self, f: Callable[[Database], _T], journal: Sequence[Entry]
+    ) -> Deferred[_T]:
+        entries = list(journal)
+
+        def change(db: Database, record: Recorder) -> _T:
+            result = f(db)
+            for entry in entries:
+                record.add(entry)
+            return result
+
+        d = self._journal.change(change)
+        d.addErrback(_translate)
+        return d
+
+    def add(self, device: Device, *, journal: Sequence[Entry]) -> Deferred[Device]:
         try:
             checked = _normalised(device)
         except InventoryError:
@@ -194,7 +236,7 @@ class SQLiteInventory:
                 _insert(conn, checked)
             return checked
 
-        return self._run(add)
+        return self._change(add, journal)
 
     def get(self, name: str) -> Deferred[Device | None]:
         try:
@@ -215,7 +257,9 @@ class SQLiteInventory:
 
         return self._run(readAll)
 
-    def importDevices(self, devices: Sequence[Device]) -> Deferred[int]:
+    def importDevices(
+        self, devices: Sequence[Device], *, journal: Sequence[Entry]
+    ) -> Deferred[int]:
         try:
             checked = [_normalised(device) for device in devices]
         except InventoryError:
@@ -232,56 +276,37 @@ class SQLiteInventory:
                         ) from None
             return len(checked)
 
-        return self._run(importAll)
+        return self._change(importAll, journal)
 
-    def setStatus(self, name: str, status: DeviceStatus) -> Deferred[Device]:
+    def setStatus(
+        self, name: str, status: DeviceStatus, *, journal: Sequence[Entry]
+    ) -> Deferred[Device]:
         try:
             key, value = validateName(name), validateStatus(status)
         except InventoryError:
             return fail()
-        return self._run(lambda db: _update(db, key, "status", value.value))
+        return self._change(lambda db: _update(db, key, "status", value.value), journal)
 
-    def setDesiredAction(self, name: str, action: str | None) -> Deferred[Device]:
+    def setDesiredAction(
+        self, name: str, action: str | None, *, journal: Sequence[Entry]
+    ) -> Deferred[Device]:
         try:
             key = validateName(name)
             value = None if action is None else validateToken("desired_action", action)
         except InventoryError:
             return fail()
-        return self._run(lambda db: _update(db, key, "desired_action", value))
+        return self._change(
+            lambda db: _update(db, key, "desired_action", value), journal
+        )
 
-    def release(self, record: ServedRecord) -> Deferred[None]:
+    def release(
+        self, record: ServedRecord, *, journal: Sequence[Entry]
+    ) -> Deferred[None]:
         try:
             checked = validateServedRecord(record)
         except InventoryError:
             return fail()
-
-        def release(db: Database) -> None:
-            with db.transaction() as conn:
-                row = conn.execute(
-                    "SELECT device FROM served_records WHERE run = ?", (checked.run,)
-                ).fetchone()
-                if row is not None:
-                    if row[0] == checked.device:
-                        return
-                    raise InventoryError(
-                        f"run {checked.run} was released for device {row[0]}",
-                        "duplicate",
-                    )
-                cursor = conn.execute(
-                    "UPDATE devices SET status = ? WHERE name = ?",
-                    (DeviceStatus.STAGED.value, checked.device),
-                )
-                if cursor.rowcount == 0:
-                    raise InventoryError(
-                        f"no device named {checked.device}", "not-found"
-                    )
-                conn.execute(
-                    "INSERT INTO served_records (run, device, served_at, peer)"
-                    " VALUES (?, ?, ?, ?)",
-                    (checked.run, checked.device, checked.served_at, checked.peer),
-                )
-
-        return self._run(release)
+        return self._change(lambda db: self.releaseIn(db, checked), journal)
 
     def releasedRuns(self) -> Deferred[set[str]]:
         def released(db: Database) -> set[str]:
@@ -289,3 +314,13 @@ class SQLiteInventory:
             return {run for (run,) in rows}
 
         return self._run(released)
+
+    # Parts of larger changes, on the database thread
+
+    def setStatusIn(self, db: Database, name: str, status: DeviceStatus) -> None:
+        _update(db, validateName(name), "status", validateStatus(status).value)
+
+    def releaseIn(self, db: Database, record: ServedRecord) -> None:
+        checked = validateServedRecord(record)
+        with db.transaction() as conn:
+            _release(conn, checked)

@@ -1,22 +1,35 @@
 """
-Alert series for lost and consumed configurations [V4] [C2].
+Alert series for lost and consumed configurations [V4] [C2] [V6].
 
-"While requests continue": a device's series is 1 while its last such
-request is younger than C{hold} seconds (on the injected clock), then 0.
-A new provision of the device removes its series [V5] [C3].
+"While requests continue": Talos's retry gaps grow to about 68 minutes, so
+a device's series is 1 from its first such request until the owner's
+recovery provision removes it [V5] [C3], or until no such request has come
+for C{hold} seconds (C{provision.alert_hold}, default 7,200 s), then 0.
+
+The times live in the database (C{alerts}, migration 4) so a restart
+keeps the series: the registry writes them in the same transaction as the
+journal entry of the first request [J1], and afterwards at most once per
+L{PERSIST_EVERY} seconds per series (a node that retries every few seconds
+costs no write per request; a restart can shorten a hold by that much).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from twisted.internet.interfaces import IReactorTime
 
+from fleetd.store.db import Database
+
 MISSING = "missing"
 REFETCHED = "refetched"
+KINDS = (MISSING, REFETCHED)
+DEFAULT_HOLD = 7200.0
+PERSIST_EVERY = 60.0
 
 _HELP = {
     MISSING: (
@@ -30,29 +43,86 @@ _HELP = {
 }
 
 
-class AlertTracker(Collector):
-    """Remember the last request of each kind per device; expose gauges."""
+ALERT_NAMES = {
+    MISSING: "FleetInstallConfigMissing",
+    REFETCHED: "FleetInstallConfigRefetched",
+}
 
-    def __init__(self, clock: IReactorTime, hold: float = 900.0) -> None:
+
+@dataclass
+class _Series:
+    first: float
+    last: float
+    stored: float  # the last_at the database holds
+
+
+def storeAlert(db: Database, device: str, kind: str, at: float) -> None:
+    """Record a request of C{kind} from C{device}'s node at C{at}."""
+    db.execute(
+        "INSERT INTO alerts (device, kind, first_at, last_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (device, kind) DO UPDATE SET last_at = excluded.last_at",
+        (device, kind, at, at),
+    )
+
+
+def clearAlerts(db: Database, device: str) -> None:
+    """Remove C{device}'s series (a recovery provision)."""
+    db.execute("DELETE FROM alerts WHERE device = ?", (device,))
+
+
+def loadAlerts(db: Database) -> list[tuple[str, str, float, float]]:
+    """Every stored series: (device, kind, first_at, last_at)."""
+    rows = db.execute("SELECT device, kind, first_at, last_at FROM alerts").fetchall()
+    return [(str(d), str(k), float(f), float(t)) for d, k, f, t in rows]
+
+
+class AlertTracker(Collector):
+    """The alert series in memory, as the database last confirmed them."""
+
+    def __init__(self, clock: IReactorTime, hold: float = DEFAULT_HOLD) -> None:
         self._clock = clock
         self.hold = hold
-        self._last: dict[str, dict[str, float]] = {kind: {} for kind in _HELP}
+        self._series: dict[str, dict[str, _Series]] = {kind: {} for kind in KINDS}
 
-    def note(self, kind: str, device: str) -> None:
-        self._last[kind][device] = self._clock.seconds()
+    def restore(self, device: str, kind: str, first: float, last: float) -> None:
+        """A series read back from the database at start."""
+        if kind in self._series:
+            self._series[kind][device] = _Series(first, last, last)
+
+    def needsWrite(self, kind: str, device: str) -> bool:
+        """Whether a request now should be written to the database."""
+        series = self._series[kind].get(device)
+        return series is None or self._clock.seconds() - series.stored >= (
+            PERSIST_EVERY
+        )
+
+    def note(self, kind: str, device: str, *, stored: bool) -> None:
+        """A request of C{kind} came now; C{stored} if the database has it."""
+        now = self._clock.seconds()
+        series = self._series[kind].get(device)
+        if series is None:
+            self._series[kind][device] = _Series(now, now, now)
+            return
+        series.last = now
+        if stored:
+            series.stored = now
 
     def clear(self, device: str) -> None:
-        for last in self._last.values():
-            last.pop(device, None)
+        for series in self._series.values():
+            series.pop(device, None)
 
     def active(self, kind: str, device: str) -> bool:
-        at = self._last[kind].get(device)
-        return at is not None and self._clock.seconds() - at < self.hold
+        series = self._series[kind].get(device)
+        return series is not None and self._clock.seconds() - series.last < self.hold
+
+    def openFor(self, device: str) -> list[str]:
+        """The names of the alerts C{device}'s series raise now."""
+        return [ALERT_NAMES[k] for k in KINDS if self.active(k, device)]
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         for kind, (name, text) in _HELP.items():
             family = GaugeMetricFamily(name, text, labels=["device"])
-            for device in sorted(self._last[kind]):
+            for device in sorted(self._series[kind]):
                 family.add_metric([device], 1.0 if self.active(kind, device) else 0.0)
             yield family
 

@@ -3,13 +3,15 @@ The delivery lifecycle of one run, as an automat state machine [C1].
 
     ready --request--> delivering --sent--> consumed
       ^                    |
-      +------aborted-------+
+      +--aborted/markFailed+
 
 C{request} in C{ready} writes the served-config mark to the vault before
 it returns L{Outcome.DELIVER}, so the mark is in place (tmpfs) before the
 first byte of the body goes out; C{aborted} withdraws it. While one
 connection receives the run, others are told to come back (L{Outcome.BUSY})
-without counting as a refetch. Every state can be superseded by a newer run
+without counting as a refetch. When the mark cannot be written (a full
+tmpfs) nothing was sent and nothing is journaled: C{markFailed} returns
+the run to C{ready}. Every state can be superseded by a newer run
 of the same device; a delivery already in flight then finishes or fails on
 its own and is journaled, but not released. A run restored after a restart
 or reboot enters the state its stored evidence shows.
@@ -31,6 +33,7 @@ class Outcome(enum.Enum):
     CONSUMED = "consumed"  # 410: delivered before [C2]
     LOST = "lost"  # 410: issued, but its configuration is gone [V4]
     SUPERSEDED = "superseded"  # 410: a newer run replaced it [V5][C3]
+    UNAVAILABLE = "unavailable"  # 503: the vault refused the served mark
 
 
 class RunInputs(Protocol):
@@ -53,13 +56,19 @@ class RunInputs(Protocol):
         "The whole response was handed to the connection."
 
     def aborted(self) -> None:
-        "The connection failed before the response was complete."
+        "The connection failed before the operating system had the whole body."
+
+    def markFailed(self) -> None:
+        "The served mark could not be written; nothing was sent."
 
     def supersede(self) -> None:
         "The owner provisioned the device again."
 
     def deliverable(self) -> bool:
         "Whether a request now would be served."
+
+    def describe(self) -> str:
+        "The state's name, for people (C{fleetctl status}, the console)."
 
 
 class RunEffects:
@@ -69,6 +78,9 @@ class RunEffects:
         raise NotImplementedError
 
     def withdrawServed(self) -> None:
+        raise NotImplementedError
+
+    def dropMark(self) -> None:
         raise NotImplementedError
 
     def delivered(self) -> None:
@@ -124,6 +136,11 @@ def _aborted(inputs: RunInputs, effects: RunEffects) -> None:
     effects.withdrawServed()
 
 
+@delivering.upon(RunInputs.markFailed).to(ready)
+def _markFailed(inputs: RunInputs, effects: RunEffects) -> None:
+    effects.dropMark()
+
+
 @consumed.upon(RunInputs.request).loop()
 def _refetch(inputs: RunInputs, effects: RunEffects, peer: str) -> Outcome:
     effects.noteRefetch(peer)
@@ -173,5 +190,15 @@ def _abortedSuperseded(inputs: RunInputs, effects: RunEffects) -> None:
 ready.upon(RunInputs.deliverable).loop().returns(True)
 for _state in (delivering, consumed, lost, superseded, supersededInFlight):
     _state.upon(RunInputs.deliverable).loop().returns(False)
+
+for _state, _name in (
+    (ready, "ready"),
+    (delivering, "delivering"),
+    (consumed, "consumed"),
+    (lost, "lost"),
+    (superseded, "superseded"),
+    (supersededInFlight, "superseded"),
+):
+    _state.upon(RunInputs.describe).loop().returns(_name)
 
 RunMachine = builder.build()

@@ -1,12 +1,17 @@
 """
-The run registry: every run's delivery machine, indexed for the boot path.
+The run registry: every current run's delivery machine, indexed for the
+boot path.
 
 Lookups on the boot listener are synchronous and in memory (a dict from
 code digest to run), so deciding and marking a delivery happens in one
 reactor turn: concurrent requests for one code cannot both be served [C1].
-Persistence goes through the database runner; the vault holds each ready
-run's configuration (C{<run>.yaml}) and, once delivery starts, its
-served-config record (C{<run>.served}).
+Superseded history stays in the database and is looked up only when a
+code is not found in memory (L{RunRegistry.retired}).
+
+Every change follows [J1]: the database writes and their journal entries
+commit together (L{AsyncJournal.change}), memory changes only after that
+commit, vault files are written before the commit that refers to them and
+removed only after the commit that retires them.
 """
 
 from __future__ import annotations
@@ -14,21 +19,36 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
 
-from twisted.internet.defer import Deferred, DeferredLock, gatherResults
+from prometheus_client import CollectorRegistry, Counter
+from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from fleetd.inventory.model import Device, DeviceStatus, IInventory, ServedRecord
-from fleetd.runs.alerts import MISSING, REFETCHED, AlertTracker
+from fleetd.runs.alerts import (
+    MISSING,
+    REFETCHED,
+    AlertTracker,
+    clearAlerts,
+    loadAlerts,
+    storeAlert,
+)
 from fleetd.runs.codes import codeDigest, mintCode, mintRunId
 from fleetd.runs.machine import Outcome, RunEffects, RunInputs, RunMachine
 from fleetd.runs.releaser import Releaser
-from fleetd.runs.store import RunRecord, insertRuns, loadRuns, noteRun
-from fleetd.store.journal import AsyncJournal
+from fleetd.runs.store import (
+    RunRecord,
+    insertRuns,
+    latestRun,
+    loadRuns,
+    noteRun,
+    retiredRun,
+)
+from fleetd.store.db import Database
+from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
 from fleetd.vault import IVault, VaultError
 
@@ -48,7 +68,7 @@ class Provisioned:
     """A new run, with the code shown to the owner exactly once."""
 
     run: str
-    code: str
+    code: str = field(repr=False)
     device: str
 
     def toJSON(self) -> dict[str, str]:
@@ -79,37 +99,49 @@ class _Run(RunEffects):
         }
         self.vault.put(servedName(self.record.id), json.dumps(record).encode("utf-8"))
 
+    def dropMark(self) -> None:
+        # The write failed; a partial file must not survive to mean "served".
+        try:
+            self.vault.delete(servedName(self.record.id))
+        except VaultError:
+            self.registry.log.failure(
+                "runs.mark.cleanup-failed {run}", run=self.record.id
+            )
+
     def withdrawServed(self) -> None:
         self.vault.delete(servedName(self.record.id))
         self.registry.journalEvent("run.delivery-aborted", self, peer=self.servedPeer)
 
     def delivered(self) -> None:
-        self.registry.journalEvent("run.delivered", self, peer=self.servedPeer)
-        self.registry.releaser.release(self.servedRecord())
-        # Never served again: the secret leaves the vault, the mark stays.
-        self.vault.delete(configName(self.record.id))
+        # Never served again: once the delivery is recorded, the secret
+        # leaves the vault; the mark stays.
+        self.registry.releaser.release(self.servedRecord(), onRecorded=self.dropConfig)
 
     def deliveredSuperseded(self) -> None:
         # The owner already replaced this run: record the delivery, release
         # nothing (the device stays as the newer run set it).
-        self.registry.journalEvent(
-            "run.delivered", self, peer=self.servedPeer, superseded="true"
+        self.registry.releaser.release(
+            self.servedRecord(), superseded=True, onRecorded=self.dropFiles
         )
-        self.dropAll()
 
     def noteRefetch(self, peer: str) -> None:
-        self.registry.noteFirst(
+        self.registry.noteRequest(
             self, "refetch_noted", REFETCHED, "config.refetched", peer
         )
 
     def noteMissing(self, peer: str) -> None:
-        self.registry.noteFirst(self, "missing_noted", MISSING, "config.missing", peer)
+        self.registry.noteRequest(
+            self, "missing_noted", MISSING, "config.missing", peer
+        )
 
     def dropConfig(self) -> None:
         self.vault.delete(configName(self.record.id))
 
     def dropAll(self) -> None:
-        self.registry.releaser.cancel(self.record.id)
+        self.registry.releaser.supersede(self.record.id)
+        self.dropFiles()
+
+    def dropFiles(self) -> None:
         self.vault.delete(configName(self.record.id))
         self.vault.delete(servedName(self.record.id))
 
@@ -128,8 +160,16 @@ class NotReady(Exception):
     """The registry is still loading; try again shortly."""
 
 
+@dataclass(frozen=True)
+class RunView:
+    """A run as people see it (C{fleetctl status}): no code, no body."""
+
+    record: RunRecord
+    state: str
+
+
 class RunRegistry:
-    """All runs of this fleetd, and the decisions of the boot path."""
+    """All current runs of this fleetd, and the decisions of the boot path."""
 
     log = Logger()
 
@@ -143,6 +183,7 @@ class RunRegistry:
         journal: AsyncJournal,
         alerts: AlertTracker,
         codeKey: bytes,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
         self.clock = clock
         self.vault = vault
@@ -155,29 +196,37 @@ class RunRegistry:
         self._byDigest: dict[str, _Run] = {}
         self._current: dict[str, _Run] = {}
         self._identity: dict[str, tuple[str, str]] = {}
+        self._noting: set[tuple[str, str]] = set()
         self._provisioning = DeferredLock()
         self.loaded = False
         self.releaser = Releaser(clock, inventory, journal)
+        self.vaultFailures = Counter(
+            "fleetd_vault_write_failures_total",
+            "Vault writes that failed (a full or broken tmpfs), by purpose.",
+            ["purpose"],
+            registry=metrics,
+        )
 
     async def load(self) -> None:
-        """Rebuild every run's state from the database, vault and inventory."""
+        """Rebuild every current run's state from the database, vault and inventory."""
         records = await self.runner.run(loadRuns)
         released = await self.inventory.releasedRuns()
         for device in await self.inventory.list():
             self._identity[device.name] = (device.uuid, device.serial)
+        for name, kind, first, last in await self.runner.run(loadAlerts):
+            self.alerts.restore(name, kind, first, last)
         names = set(self.vault.names())
         for record in records:
             run = self._add(record)
-            if record.superseded_by is not None:
-                run.machine.restoreSuperseded()
-                self.vault.delete(configName(record.id))
-                self.vault.delete(servedName(record.id))
-            elif servedName(record.id) in names:
+            if servedName(record.id) in names:
+                # The mark reached the vault, so the body may have gone out:
+                # consumed, whatever else is there [C1].
                 run.machine.restoreConsumed()
-                self.vault.delete(configName(record.id))
                 if record.id not in released:
-                    # Delivered, but the release did not finish before we stopped.
-                    self.releaser.release(run.servedRecord())
+                    # Delivered, but not recorded before we stopped.
+                    self.releaser.release(run.servedRecord(), onRecorded=run.dropConfig)
+                else:
+                    run.dropConfig()
             elif record.id in released:
                 run.machine.restoreConsumed()
             elif configName(record.id) in names:
@@ -194,8 +243,9 @@ class RunRegistry:
 
     def _dropOrphans(self, names: Iterable[str]) -> None:
         """
-        Remove run files no record accounts for: a crash between rendering
-        into the vault and storing the run leaves them behind.
+        Remove run files no current run accounts for: a crash between
+        rendering into the vault and storing the run, or between a
+        supersede's commit and its file removal, leaves them behind.
         """
         for name in names:
             match = _RUN_FILE.match(name)
@@ -212,7 +262,7 @@ class RunRegistry:
         return run
 
     def stop(self) -> Deferred[None]:
-        """Stop retrying releases; fire when the ones in flight settled."""
+        """Stop retrying records; fire when the ones in flight settled."""
         return self.releaser.stop()
 
     # Provisioning
@@ -227,12 +277,13 @@ class RunRegistry:
     ) -> list[Provisioned]:
         """
         Start one run per device: render its configuration into the vault,
-        supersede the device's earlier run, then store the records.
+        then, in one transaction with their journal entries, store the
+        runs, supersede the devices' earlier runs and mark them planned
+        [J1]. Only after that commit do the new codes work and the old
+        ones stop; if it fails, the new files are removed and everything
+        stays as it was.
 
-        Provisions are serialised. The earlier runs stop being deliverable
-        before the database write, so no old code is served once the owner
-        asked for a new one; if the write fails they stay withdrawn (fail
-        closed) and the owner provisions again.
+        Provisions are serialised.
 
         @raise NotReady: the registry is still loading after a start.
         """
@@ -263,68 +314,76 @@ class RunRegistry:
                     created_at=now,
                     desired_action=desiredAction,
                 )
-                self.vault.put(configName(record.id), render(device, record.id))
+                body = render(device, record.id)
                 batch.append((device, record, code))
-        except Exception:
-            for _, record, _ in batch:
-                self.vault.delete(configName(record.id))
+                self.vault.put(configName(record.id), body)
+        except VaultError:
+            self._forget(batch)
+            self.vaultFailures.labels("config").inc()
             raise
-        previous = [
-            self._current.pop(d.name) for d in devices if d.name in self._current
-        ]
-        for old in previous:
-            old.machine.supersede()
-        try:
-            stored = await self.runner.run(
-                lambda db: insertRuns(db, [r for _, r, _ in batch])
-            )
         except Exception:
-            for _, record, _ in batch:
-                self.vault.delete(configName(record.id))
+            self._forget(batch)
             raise
-        for gone in stored:  # whatever the database superseded is superseded here
-            stale = self._runs.get(gone.id)
-            if stale is not None and stale not in previous:
-                stale.machine.supersede()
-        results = []
-        for device, record, code in batch:
-            self._identity[device.name] = (device.uuid, device.serial)
-            self._add(record).machine.restoreReady()
-            self.alerts.clear(device.name)
-            results.append(Provisioned(record.id, code, device.name))
-        byDevice = {record.device: record.id for _, record, _ in batch}
-        # Submitted together, in order, so the database thread can commit
-        # them in a few group commits instead of one fsync each.
-        pending: list[Deferred[Any]] = []
-        for old in previous:
-            old.record = replace(old.record, superseded_by=byDevice[old.record.device])
-            pending.append(
-                self.journal.append(
+        records = [record for _, record, _ in batch]
+
+        def change(db: Database, journal: Recorder) -> list[RunRecord]:
+            superseded = insertRuns(db, records)
+            for old in superseded:
+                journal(
                     "run.superseded",
                     actor=actor,
-                    device=old.record.device,
-                    run=old.record.id,
-                    fields={"by": old.record.superseded_by},
+                    device=old.device,
+                    run=old.id,
+                    fields={"by": old.superseded_by},
                 )
-            )
-        for device, record, _ in batch:
-            pending.append(self.inventory.setStatus(device.name, DeviceStatus.PLANNED))
-            pending.append(
-                self.journal.append(
+            for device, record, _ in batch:
+                self.inventory.setStatusIn(db, device.name, DeviceStatus.PLANNED)
+                clearAlerts(db, device.name)
+                journal(
                     "run.provisioned",
                     actor=actor,
                     device=device.name,
                     run=record.id,
                     fields={"desired_action": desiredAction},
                 )
-            )
-        await gatherResults(pending, consumeErrors=True)
+            return superseded
+
+        try:
+            superseded = await self.journal.change(change)
+        except Exception:
+            self._forget(batch)
+            raise
+        # Committed: now memory follows, and the old runs' files go.
+        for old in superseded:
+            run = self._runs.get(old.id)
+            if run is not None:
+                run.record = old
+                self._current.pop(old.device, None)
+                run.machine.supersede()
+        results = []
+        for device, record, code in batch:
+            self._identity[device.name] = (device.uuid, device.serial)
+            self._add(record).machine.restoreReady()
+            self.alerts.clear(device.name)
+            results.append(Provisioned(record.id, code, device.name))
         return results
+
+    def _forget(self, batch: list[tuple[Device, RunRecord, str]]) -> None:
+        for _, record, _ in batch:
+            try:
+                self.vault.delete(configName(record.id))
+            except VaultError:
+                self.log.failure("runs.vault.cleanup-failed {run}", run=record.id)
 
     # The boot path
 
     def byCode(self, code: str) -> _Run | None:
         return self._byDigest.get(codeDigest(self._codeKey, code))
+
+    def retired(self, code: str) -> Deferred[RunRecord | None]:
+        """The superseded run a code belonged to, from the database."""
+        digest = codeDigest(self._codeKey, code)
+        return self.runner.run(lambda db: retiredRun(db, digest))
 
     def byId(self, run: str) -> _Run | None:
         return self._runs.get(run)
@@ -332,6 +391,18 @@ class RunRegistry:
     def current(self, device: str) -> RunRecord | None:
         run = self._current.get(device)
         return None if run is None else run.record
+
+    def currentRun(self, device: str) -> _Run | None:
+        """C{device}'s current run, for the device flow's grants [F2]."""
+        return self._current.get(device)
+
+    async def view(self, device: str) -> RunView | None:
+        """C{device}'s latest run and its state, for people."""
+        run = self._current.get(device)
+        if run is not None:
+            return RunView(run.record, run.machine.describe())
+        record = await self.runner.run(lambda db: latestRun(db, device))
+        return None if record is None else RunView(record, "superseded")
 
     def identity(self, device: str) -> tuple[str, str] | None:
         """The (uuid, serial) the inventory holds for C{device}."""
@@ -352,10 +423,15 @@ class RunRegistry:
         try:
             outcome = run.machine.request(peer)
         except VaultError:
-            # The mark could not be written (tmpfs full?): nothing was sent.
-            self.log.failure("runs.mark.failed {run}", run=run.record.id)
-            run.machine.aborted()
-            return Outcome.BUSY, None
+            # The mark could not be written (tmpfs full?): nothing was sent,
+            # nothing happened that the journal must know of.
+            self.vaultFailures.labels("served-mark").inc()
+            self.log.error(
+                "runs.mark.failed {run}: the vault refused the served mark",
+                run=run.record.id,
+            )
+            run.machine.markFailed()
+            return Outcome.UNAVAILABLE, None
         if outcome is not Outcome.DELIVER:
             return outcome, None
         body = self.vault.get(configName(run.record.id))
@@ -365,7 +441,10 @@ class RunRegistry:
         return outcome, body
 
     def finished(self, run: _Run, complete: bool) -> None:
-        """The response for C{run} was handed over whole, or failed."""
+        """
+        The operating system has the whole response (C{complete}), or the
+        connection failed before it did.
+        """
         if complete:
             run.machine.sent()
         else:
@@ -374,6 +453,7 @@ class RunRegistry:
     # Bookkeeping for the machine's effects
 
     def journalEvent(self, event: str, run: _Run, **fields: str) -> None:
+        """An event that changes no stored state (an aborted delivery)."""
         self.journal.append(
             event,
             actor=f"node:{run.record.device}",
@@ -382,18 +462,46 @@ class RunRegistry:
             fields=dict(fields),
         ).addErrback(self._journalFailed)
 
-    def noteFirst(self, run: _Run, note: str, kind: str, event: str, peer: str) -> None:
-        self.alerts.note(kind, run.record.device)
-        if getattr(run.record, note):
+    def noteRequest(
+        self, run: _Run, note: str, kind: str, event: str, peer: str
+    ) -> None:
+        """
+        A node asked for a lost or consumed run: journal the first such
+        request per run, and keep the alert series up [V4] [C2] [V6]. The
+        series and the run's flag change only once that is stored [J1].
+        """
+        device = run.record.device
+        first = not getattr(run.record, note)
+        if (run.record.id, note) in self._noting:
+            return  # the first one is being recorded right now
+        if not first and not self.alerts.needsWrite(kind, device):
+            self.alerts.note(kind, device, stored=False)
             return
-        if note == "missing_noted":
-            run.record = replace(run.record, missing_noted=True)
-        else:
-            run.record = replace(run.record, refetch_noted=True)
-        self.journalEvent(event, run, peer=peer)
-        self.runner.run(lambda db: noteRun(db, run.record.id, note)).addErrback(
-            self._journalFailed
-        )
+        self._noting.add((run.record.id, note))
+
+        def change(db: Database, journal: Recorder) -> None:
+            storeAlert(db, device, kind, self.clock.seconds())
+            if first:
+                noteRun(db, run.record.id, note)
+                journal(
+                    event,
+                    actor=f"node:{device}",
+                    device=device,
+                    run=run.record.id,
+                    fields={"peer": peer},
+                )
+
+        def stored(_: None) -> None:
+            if first and note == "missing_noted":
+                run.record = replace(run.record, missing_noted=True)
+            elif first:
+                run.record = replace(run.record, refetch_noted=True)
+            if self._current.get(device) is run:  # not superseded meanwhile
+                self.alerts.note(kind, device, stored=True)
+
+        d = self.journal.change(change)
+        d.addCallbacks(stored, self._journalFailed)
+        d.addBoth(lambda _: self._noting.discard((run.record.id, note)))
 
     def _journalFailed(self, f: Failure) -> None:
         self.log.failure("runs.record.failed", failure=f)

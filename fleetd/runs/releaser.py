@@ -1,14 +1,21 @@
 """
-Release served-config records to the inventory, retrying until it works.
+Record deliveries: the journal entry and the inventory release in one
+transaction [J1], retried until it commits.
 
-Right after a delivery the record exists only in the vault. Releasing it
-makes it durable in the inventory (and moves the device to C{staged}); if
-the inventory is unavailable, the release is retried with exponential
-backoff. Timers are cancelled on stop; the vault still holds the record,
-so the next start releases it again.
+Right after a delivery the served-config record exists only in the vault.
+Recording it appends C{run.delivered}, makes the record durable in the
+inventory (moving the device to C{staged}) and appends C{run.released},
+all in one commit. If the database or inventory is unavailable the whole
+change is retried with exponential backoff; the vault keeps the record,
+so the next start records it again. A run superseded before its delivery
+was recorded is journaled as delivered but released to nobody: the
+device keeps the status its newer run gave it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -21,13 +28,31 @@ from fleetd.inventory.model import (
     InventoryError,
     ServedRecord,
 )
-from fleetd.store.journal import AsyncJournal
+from fleetd.store.db import Database
+from fleetd.store.journal import AsyncJournal, Recorder
 
 FIRST_DELAY = 1.0
 MAX_DELAY = 60.0
 
 
+@dataclass
+class _Pending:
+    record: ServedRecord
+    superseded: bool
+    onRecorded: Callable[[], None]
+
+
+def _alreadyRecorded(db: Database, run: str) -> bool:
+    row = db.execute(
+        "SELECT 1 FROM journal WHERE run = ? AND event = 'run.delivered' LIMIT 1",
+        (run,),
+    ).fetchone()
+    return row is not None
+
+
 class Releaser:
+    """Record each delivery once, retrying while the store is unavailable."""
+
     log = Logger()
 
     def __init__(
@@ -36,7 +61,7 @@ class Releaser:
         self._clock = clock
         self._inventory = inventory
         self._journal = journal
-        self._pending: dict[str, ServedRecord] = {}
+        self._pending: dict[str, _Pending] = {}
         self._timers: dict[str, IDelayedCall] = {}
         self._inflight: set[Deferred[None]] = set()
         self._stopped = False
@@ -44,69 +69,104 @@ class Releaser:
     def pending(self) -> int:
         return len(self._pending)
 
-    def release(self, record: ServedRecord) -> None:
+    def release(
+        self,
+        record: ServedRecord,
+        *,
+        superseded: bool = False,
+        onRecorded: Callable[[], None] = lambda: None,
+    ) -> None:
+        """
+        Record C{record}'s delivery (and release it, unless C{superseded});
+        call C{onRecorded} once that committed.
+        """
         if self._stopped or record.run in self._pending:
             return
-        self._pending[record.run] = record
+        self._pending[record.run] = _Pending(record, superseded, onRecorded)
         self._attempt(record.run, FIRST_DELAY)
 
-    def cancel(self, run: str) -> None:
-        """Stop trying to release C{run} (it was superseded)."""
-        self._pending.pop(run, None)
-        timer = self._timers.pop(run, None)
-        if timer is not None and timer.active():
-            timer.cancel()
+    def supersede(self, run: str) -> None:
+        """C{run} was superseded: record its delivery, release nothing."""
+        pending = self._pending.get(run)
+        if pending is not None:
+            pending.superseded = True
 
     def _attempt(self, run: str, delay: float) -> None:
         self._timers.pop(run, None)
-        record = self._pending.get(run)
-        if record is None or self._stopped:
+        pending = self._pending.get(run)
+        if pending is None or self._stopped:
             return
-        d = Deferred.fromCoroutine(self._release(record))
-        d.addErrback(self._failed, run, delay)
+        d = self._journal.change(lambda db, record: self._record(db, record, pending))
+        d.addCallbacks(
+            self._recorded, self._failed, callbackArgs=(run,), errbackArgs=(run, delay)
+        )
         if not d.called:
             self._inflight.add(d)
             d.addBoth(self._settled, d)
+
+    def _record(self, db: Database, record: Recorder, pending: _Pending) -> None:
+        served = pending.record
+        if _alreadyRecorded(db, served.run):
+            return
+        fields: dict[str, str | bool] = {"peer": served.peer}
+        if pending.superseded:
+            fields["superseded"] = True
+        record(
+            "run.delivered",
+            actor=f"node:{served.device}",
+            device=served.device,
+            run=served.run,
+            fields=fields,
+        )
+        if pending.superseded:
+            return
+        try:
+            self._inventory.releaseIn(db, served)
+        except InventoryError as e:
+            if e.kind == "unavailable":
+                raise
+            # Retrying cannot help (device deleted, run claimed elsewhere):
+            # the delivery is recorded, the refusal beside it.
+            record(
+                "run.release-refused",
+                actor="fleetd",
+                device=served.device,
+                run=served.run,
+                fields={"reason": str(e)},
+            )
+            self.log.error(
+                "runs.release.refused {run}: {reason}", run=served.run, reason=str(e)
+            )
+            return
+        record(
+            "run.released",
+            actor="fleetd",
+            device=served.device,
+            run=served.run,
+            fields={"status": DeviceStatus.STAGED.value},
+        )
 
     def _settled(self, result: object, d: Deferred[None]) -> object:
         self._inflight.discard(d)
         return result
 
-    async def _release(self, record: ServedRecord) -> None:
-        await self._inventory.release(record)  # also moves the device to staged
-        self._pending.pop(record.run, None)
-        await self._journal.append(
-            "run.released",
-            actor="fleetd",
-            device=record.device,
-            run=record.run,
-            fields={"status": DeviceStatus.STAGED.value},
-        )
+    def _recorded(self, _: object, run: str) -> None:
+        pending = self._pending.pop(run, None)
+        if pending is not None:
+            pending.onRecorded()
 
     def _failed(self, f: Failure, run: str, delay: float) -> None:
         if self._stopped:  # the vault keeps the record; the next start retries
             return
-        if run not in self._pending:  # released; only the journal failed
-            self.log.failure("runs.release.journal-failed", failure=f)
-            return
-        error = f.value
-        if isinstance(error, InventoryError) and error.kind != "unavailable":
-            # Retrying cannot help (device deleted, run claimed elsewhere).
-            self._pending.pop(run, None)
-            self.log.error(
-                "runs.release.refused {run}: {reason}", run=run, reason=str(error)
-            )
-            return
         self.log.warn(
-            "runs.release.retry {run} in {delay}s: {reason}",
+            "runs.record.retry {run} in {delay}s: {reason}",
             run=run,
             delay=delay,
             reason=f.getErrorMessage(),
         )
-        if not self._stopped:
-            self._timers[run] = self._clock.callLater(
-                delay, self._attempt, run, min(delay * 2, MAX_DELAY)
-            )
+        self._timers[run] = self._clock.callLater(
+            delay, self._attempt, run, min(delay * 2, MAX_DELAY)
+        )
 
     def stop(self) -> Deferred[None]:
         """Cancel retries; fire once the attempts in flight have settled."""

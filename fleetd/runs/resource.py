@@ -4,8 +4,8 @@ C{POST /v1/admin/provision}: the owner starts runs, one per device.
 Body: C{{"devices": ["w1", ...], "desired_action": null | "netboot"}}.
 Answer 201 with C{{"runs": [{"run", "code", "device"}, ...]}}; the codes
 appear in this response and nowhere else. All devices are checked before
-any run starts: unknown devices, refused classes [T2] or a broken template
-refuse the whole request.
+any run starts: unknown devices, refused classes [T2], a broken template
+or a full vault refuse the whole request, and nothing changes [J1].
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from typing import Any
 from twisted.web import http
 from twisted.web.iweb import IRequest
 
+from fleetd.admin.refusals import storeRefusal
 from fleetd.admin.resource import ownerOf, renderAsync
 from fleetd.inventory.model import Device, IInventory, InventoryError, validateName
 from fleetd.runs.registry import NotReady, Provisioned, RunRegistry
 from fleetd.runs.render import NodeFacts, RenderError, TemplateRenderer
 from fleetd.store.journal import AsyncJournal
+from fleetd.vault import VaultError
 from fleetd.web import Endpoint, textResponse
 
 REFUSED_CLASSES = frozenset({"worker-g2"})
@@ -36,7 +38,9 @@ class Refused(Exception):
 
 
 def _refusal(error: Exception) -> tuple[int, str] | None:
-    return (error.code, str(error)) if isinstance(error, Refused) else None
+    if isinstance(error, Refused):
+        return error.code, str(error)
+    return storeRefusal(error)
 
 
 def parseProvision(body: bytes) -> tuple[list[str], str | None]:
@@ -120,18 +124,16 @@ class ProvisionResource(Endpoint):
                     " which cannot install through fleetd",
                 )
             devices.append(device)
-        rendered = []
-        for device in devices:
-            facts = NodeFacts(device.name, device.device_class, run="")
-            try:
-                self._renderer.render(device.cluster, facts)  # fail before any run
-            except RenderError as e:
-                raise Refused(http.CONFLICT, f"template: {e}") from e
-            rendered.append(device)
         try:
-            provisioned = await self._provisionRuns(rendered, action, actor)
+            provisioned = await self._provisionRuns(devices, action, actor)
         except NotReady as e:
             raise Refused(http.SERVICE_UNAVAILABLE, str(e)) from e
+        except RenderError as e:  # rendered once each, before any run is stored
+            raise Refused(http.CONFLICT, f"template: {e}") from e
+        except VaultError as e:
+            raise Refused(
+                http.SERVICE_UNAVAILABLE, f"vault: {e}; nothing was provisioned"
+            ) from e
         return http.CREATED, {"runs": [p.toJSON() for p in provisioned]}
 
     async def _provisionRuns(

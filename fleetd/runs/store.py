@@ -88,15 +88,36 @@ def insertRuns(db: Database, runs: list[RunRecord]) -> list[RunRecord]:
 
 
 def loadRuns(db: Database) -> list[RunRecord]:
-    """Every run, oldest first."""
+    """
+    Every device's current run (none superseded), oldest first: superseded
+    history stays in the database (see L{retiredRun}).
+    """
     with db.transaction(write=False) as conn:
-        rows = conn.execute(_SELECT + " ORDER BY created_at, id").fetchall()
+        rows = conn.execute(
+            _SELECT + " WHERE superseded_by IS NULL ORDER BY created_at, id"
+        ).fetchall()
     return [_record(r) for r in rows]
+
+
+def retiredRun(db: Database, digest: str) -> RunRecord | None:
+    """The superseded run whose code has C{digest}, if any."""
+    row = db.execute(
+        _SELECT + " WHERE digest = ? AND superseded_by IS NOT NULL", (digest,)
+    ).fetchone()
+    return None if row is None else _record(row)
+
+
+def latestRun(db: Database, device: str) -> RunRecord | None:
+    """C{device}'s newest run, superseded or not."""
+    row = db.execute(
+        _SELECT + " WHERE device = ? ORDER BY created_at DESC, id DESC LIMIT 1",
+        (device,),
+    ).fetchone()
+    return None if row is None else _record(row)
 
 
 def noteRun(db: Database, run: str, note: str) -> None:
     """Set one of the 'journaled the first such request' flags of C{run}."""
     if note not in _NOTE:
         raise ValueError(f"unknown note {note!r}")
-    with db.transaction() as conn:
-        conn.execute(_NOTE[note], (run,))
+    db.execute(_NOTE[note], (run,))

@@ -96,7 +96,22 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         CREATE INDEX runs_by_device ON runs (device, created_at);
         """,
     ),
-    # New migrations go here as (4, "..."), ...: append only,
+    (
+        4,
+        # Alert series that must survive a restart [V6]: when a device's
+        # node first and last asked for a lost or consumed configuration.
+        """
+        CREATE TABLE alerts (
+            device TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            first_at REAL NOT NULL,
+            last_at REAL NOT NULL,
+            PRIMARY KEY (device, kind)
+        ) STRICT;
+        CREATE INDEX runs_current ON runs (superseded_by, device);
+        """,
+    ),
+    # New migrations go here as (5, "..."), ...: append only,
     # never edit or renumber one that has shipped.
 )
 """Schema migrations in order; C{PRAGMA user_version} records the last one."""
@@ -122,6 +137,7 @@ class Database:
         self.connection = connection
         self.path = path
         self._batching = False
+        self._depth = 0
         self._savepoints = 0
 
     @classmethod
@@ -197,10 +213,13 @@ class Database:
         Run the block in one transaction: commit on success, roll back on
         any exception.  C{write=False} takes a read snapshot instead of the
         write lock.
+
+        Inside another transaction (or a group commit) the block is a
+        savepoint of it: a failure undoes only the block's own writes, and
+        nothing is durable before the outermost transaction commits.  This
+        is how a state change and its journal entry share one commit [J1].
         """
-        if self._batching:
-            # Inside a group commit: each unit of work is a savepoint, so a
-            # failure undoes only its own writes.
+        if self._batching or self._depth:
             self._savepoints += 1
             name = f"fleetd_{self._savepoints}"
             self._checkBatch()
@@ -217,8 +236,9 @@ class Database:
                 raise
             return
         if self.connection.in_transaction:
-            raise StoreError("transactions do not nest")
+            raise StoreError("a transaction is open outside fleetd's control")
         self.connection.execute("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED")
+        self._depth += 1
         try:
             yield self.connection
             self.connection.execute("COMMIT")
@@ -226,6 +246,8 @@ class Database:
             if self.connection.in_transaction:
                 self.connection.execute("ROLLBACK")
             raise
+        finally:
+            self._depth -= 1
 
     def _checkBatch(self) -> None:
         if not self.connection.in_transaction:

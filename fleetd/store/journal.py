@@ -32,10 +32,10 @@ import json
 import math
 import re
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -51,6 +51,8 @@ from fleetd.store.fields import (
 from fleetd.store.runner import IRunner
 
 MAX_QUERY = 10_000
+
+_T = TypeVar("_T")
 
 _EVENT = re.compile(r"[a-z0-9][a-z0-9_.-]{0,127}")
 _ACTOR = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
@@ -252,6 +254,18 @@ class Journal:
                 raise StoreError(f"journal entry {row[0]} is malformed") from e
         return entries
 
+    def latest(self, db: Database, *, device: str, limit: int) -> list[JournalEntry]:
+        """The last C{limit} entries about C{device}, oldest first."""
+        if not 0 < limit <= MAX_QUERY:
+            raise ValueError(f"journal query limit must be 1 to {MAX_QUERY}")
+        rows = db.execute(
+            f"{_SELECT} WHERE device = ? ORDER BY seq DESC LIMIT ?", (device, limit)
+        ).fetchall()
+        try:
+            return [_entryFromRow(row) for row in reversed(rows)]
+        except (TypeError, ValueError) as e:
+            raise StoreError("a journal entry is malformed") from e
+
     def verify(self, db: Database) -> JournalVerification:
         """Check the whole chain and the head, in one read snapshot."""
         with db.transaction(write=False) as conn:
@@ -317,6 +331,62 @@ def _bad(entries: int, problem: str, seq: int | None) -> JournalVerification:
     return JournalVerification(ok=False, entries=entries, problem=problem, seq=seq)
 
 
+@dataclass(frozen=True)
+class Entry:
+    """A journal entry to append together with a change (see L{Recorder.add})."""
+
+    event: str
+    actor: str
+    device: str | None = None
+    run: str | None = None
+    fields: Mapping[str, FieldValue] | None = None
+
+
+class Recorder:
+    """
+    Journal entries for one change, appended in the change's own
+    transaction [J1]: handed to the function given to L{AsyncJournal.change}.
+    """
+
+    def __init__(self, journal: Journal, db: Database, at: float) -> None:
+        self._journal = journal
+        self._db = db
+        self._at = at
+        self.entries: list[JournalEntry] = []
+
+    def __call__(
+        self,
+        event: str,
+        *,
+        actor: str,
+        device: str | None = None,
+        run: str | None = None,
+        fields: Mapping[str, FieldValue] | None = None,
+    ) -> JournalEntry:
+        """Append one entry; raise (and so roll the change back) if refused."""
+        entry = self._journal.append(
+            self._db,
+            event,
+            at=self._at,
+            actor=actor,
+            device=device,
+            run=run,
+            fields=fields,
+        )
+        self.entries.append(entry)
+        return entry
+
+    def add(self, entry: Entry) -> JournalEntry:
+        """Append a prepared L{Entry}."""
+        return self(
+            entry.event,
+            actor=entry.actor,
+            device=entry.device,
+            run=entry.run,
+            fields=entry.fields,
+        )
+
+
 class AsyncJournal:
     """The journal for reactor-side callers: work goes through a runner."""
 
@@ -341,6 +411,28 @@ class AsyncJournal:
             lambda db: self._journal.append(
                 db, event, at=at, actor=actor, device=device, run=run, fields=snapshot
             )
+        )
+
+    def change(self, work: Callable[[Database, Recorder], _T]) -> Deferred[_T]:
+        """
+        Run C{work(db, record)} in one transaction on the database thread:
+        its writes and every entry it passes to C{record} commit together or
+        not at all [J1]. The caller changes its in-memory state only once
+        the returned Deferred fires with C{work}'s result.
+        """
+        at = self._clock.seconds()
+        journal = self._journal
+
+        def inTransaction(db: Database) -> _T:
+            with db.transaction():
+                return work(db, Recorder(journal, db, at))
+
+        return self._runner.run(inTransaction)
+
+    def latest(self, *, device: str, limit: int = 10) -> Deferred[list[JournalEntry]]:
+        """The last C{limit} entries about C{device}, oldest first."""
+        return self._runner.run(
+            lambda db: self._journal.latest(db, device=device, limit=limit)
         )
 
     def query(

@@ -1,0 +1,313 @@
+"""
+[J1] No change without its record: every kind of change, with a failing
+journal, database or vault injected. Each time nothing changes, the caller
+gets one clear error, and no alert fires.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from twisted.internet.defer import Deferred, fail
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.test.requesthelper import DummyRequest
+
+from fleetd.inventory.model import DeviceStatus, InventoryError
+from fleetd.runs.alerts import MISSING, REFETCHED
+from fleetd.runs.machine import Outcome
+from fleetd.runs.registry import configName, servedName
+from fleetd.store.db import Database, StoreError
+from fleetd.store.fields import FieldValue
+from fleetd.store.journal import Entry, Journal, JournalEntry
+from fleetd.vault import MemoryVault, VaultError
+from tests.test_runs import KEY, Fleet, device
+
+_T = TypeVar("_T")
+
+
+class FaultyJournal(Journal):
+    """The real journal, refusing every append while C{failing} is set."""
+
+    failing: Exception | None = None
+
+    def append(
+        self,
+        db: Database,
+        event: str,
+        *,
+        at: float,
+        actor: str,
+        device: str | None = None,
+        run: str | None = None,
+        fields: Mapping[str, FieldValue] | None = None,
+    ) -> JournalEntry:
+        if self.failing is not None:
+            raise self.failing
+        return super().append(
+            db, event, at=at, actor=actor, device=device, run=run, fields=fields
+        )
+
+
+class FaultyRunner:
+    """The inline runner, failing every call as a broken disk does."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.failing: Exception | None = None
+
+    def run(self, f: Callable[[Database], _T]) -> Deferred[_T]:
+        if self.failing is not None:
+            return fail(self.failing)
+        result: Deferred[_T] = self.inner.run(f)
+        return result
+
+
+class FullVault(MemoryVault):
+    """A vault that refuses new files while C{full} (a full tmpfs)."""
+
+    full = False
+
+    def put(self, name: str, data: bytes) -> None:
+        if self.full:
+            raise VaultError("no space left on device")
+        super().put(name, data)
+
+
+FAULTS: dict[str, Callable[[], Exception]] = {
+    "journal": lambda: StoreError("journal head is not authentic"),
+    "database": lambda: sqlite3.OperationalError("disk I/O error"),
+}
+
+
+class Faults:
+    """Switch faults on and off in a L{Fleet}."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.journal = FaultyJournal(KEY)
+        fleet.journal._journal = self.journal
+        self.runner = FaultyRunner(fleet.journal._runner)
+        fleet.journal._runner = self.runner
+
+    def inject(self, kind: str) -> None:
+        if kind == "journal":
+            self.journal.failing = FAULTS[kind]()
+        else:
+            self.runner.failing = FAULTS[kind]()
+
+    def clear(self) -> None:
+        self.journal.failing = None
+        self.runner.failing = None
+
+
+class ProvisionFaultTests(SynchronousTestCase):
+    """[J1] A provision that cannot be recorded changes nothing."""
+
+    def setUp(self) -> None:
+        self.vault = FullVault()
+        self.fleet = Fleet(self)
+        self.fleet.registry.stop()
+        self.fleet.start(vault=self.vault)
+        self.fleet.add(device("w1", "SER1"))
+        (self.old,) = self.fleet.provision(device("w1", "SER1"))
+        self.faults = Faults(self.fleet)
+
+    def provision(self) -> Deferred[Any]:
+        from fleetd.runs.render import NodeFacts
+        from tests.test_runs import RENDERER
+
+        return Deferred.fromCoroutine(
+            self.fleet.registry.provision(
+                [device("w1", "SER1")],
+                actor="owner:test",
+                render=lambda d, run: RENDERER.render(
+                    None, NodeFacts(d.name, d.device_class, run)
+                ),
+            )
+        )
+
+    def assertUnchanged(self) -> None:
+        registry = self.fleet.registry
+        self.assertEqual(registry.readyRun("w1"), self.old.run)
+        self.assertEqual(self.vault.names(), [configName(self.old.run)])
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.PLANNED)
+        self.assertEqual(self.fleet.events("w1"), ["run.provisioned"])
+        self.assertEqual(self.fleet.alerts.openFor("w1"), [])
+
+    def check(self, kind: str) -> None:
+        self.faults.inject(kind)
+        failure = self.failureResultOf(self.provision())
+        self.assertIn(type(failure.value), (StoreError, sqlite3.OperationalError))
+        self.faults.clear()
+        self.assertUnchanged()
+        # A restart after the failure finds the old run ready, not lost: a
+        # failed write never looks like a reboot [V4].
+        self.fleet.registry.stop()
+        self.fleet.db.close()
+        self.fleet.start(vault=self.vault)  # fleetd restarts; the tmpfs stays
+        self.assertEqual(self.fleet.registry.readyRun("w1"), self.old.run)
+        self.assertEqual(self.fleet.fetch(self.old.code)[0], Outcome.DELIVER)
+
+    def test_provision_journalRefuses_nothingChanges(self) -> None:
+        """[J1] The journal refuses: the old run stays, no new run, no file."""
+        self.check("journal")
+
+    def test_provision_databaseFails_nothingChanges(self) -> None:
+        """[J1] The database fails: the old run stays, no new run, no file."""
+        self.check("database")
+
+    def test_provision_vaultFull_nothingChanges(self) -> None:
+        """[J1] The vault refuses the configuration: nothing is stored."""
+        self.vault.full = True
+        failure = self.failureResultOf(self.provision(), VaultError)
+        self.assertIn("no space", str(failure.value))
+        self.vault.full = False
+        self.assertUnchanged()
+        counted = self.fleet.registry.vaultFailures.labels("config")._value.get()
+        self.assertEqual(counted, 1)
+
+
+class InventoryFaultTests(SynchronousTestCase):
+    """[J1] Inventory changes carry their journal entries."""
+
+    def setUp(self) -> None:
+        self.fleet = Fleet(self)
+        self.faults = Faults(self.fleet)
+
+    def test_add_journalRefuses_deviceNotAdded(self) -> None:
+        """[J1] A device whose journal entry is refused is not added."""
+        for kind in FAULTS:
+            self.faults.inject(kind)
+            entry = Entry("device.added", actor="owner:jane", device="w1")
+            d = self.fleet.inventory.add(device("w1"), journal=[entry])
+            failure = self.failureResultOf(d, InventoryError)
+            self.assertEqual(failure.value.kind, "unavailable")
+            self.faults.clear()
+            self.assertEqual(self.successResultOf(self.fleet.inventory.list()), [])
+            self.assertEqual(self.fleet.events(), [])
+
+    def test_add_badEntry_deviceNotAdded(self) -> None:
+        """[J1] An entry the journal refuses as malformed also stops the change."""
+        entry = Entry("device.added", actor="owner:Jane Doe", device="w1")
+        d = self.fleet.inventory.add(device("w1"), journal=[entry])
+        self.failureResultOf(d, ValueError)
+        self.assertEqual(self.successResultOf(self.fleet.inventory.list()), [])
+
+    def test_add_recordedTogether(self) -> None:
+        """[J1] A successful add and its entry are in the database together."""
+        entry = Entry("device.added", actor="owner:jane", device="w1")
+        self.successResultOf(self.fleet.inventory.add(device("w1"), journal=[entry]))
+        self.assertEqual(self.fleet.events("w1"), ["device.added"])
+
+
+class DeliveryFaultTests(SynchronousTestCase):
+    """[J1] [C1] A delivery is recorded with its release, retried until it is."""
+
+    def setUp(self) -> None:
+        self.fleet = Fleet(self)
+        self.fleet.add(device("w1", "SER1"))
+        (self.run,) = self.fleet.provision(device("w1", "SER1"))
+        self.faults = Faults(self.fleet)
+
+    def test_deliveryRecord_retriedUntilJournalWorks(self) -> None:
+        """
+        [J1] When the delivery cannot be recorded, the run is still consumed
+        (the mark is in the vault), nothing is released, the configuration
+        stays in the vault until the record commits, and the record is
+        retried until it does: then delivered and released are journaled
+        once, together.
+        """
+        for kind in FAULTS:
+            fleet = self.fleet
+            self.faults.inject(kind)
+            outcome, _ = fleet.fetch(self.run.code)
+            self.assertEqual(outcome, Outcome.DELIVER)
+            self.assertEqual(fleet.fetch(self.run.code)[0], Outcome.CONSUMED)
+            self.assertIn(configName(self.run.run), fleet.vault.names())
+            self.faults.clear()
+            self.assertEqual(fleet.events("w1"), ["run.provisioned"])
+            self.assertEqual(fleet.status("w1"), DeviceStatus.PLANNED)
+            fleet.clock.advance(1.0)
+            self.assertEqual(
+                fleet.events("w1"),
+                ["run.provisioned", "run.delivered", "run.released"],
+            )
+            self.assertEqual(fleet.status("w1"), DeviceStatus.STAGED)
+            self.assertEqual(fleet.vault.names(), [servedName(self.run.run)])
+            self.flushLoggedErrors()
+            return  # one run can be delivered once; the loop names the kinds
+
+    def test_deliveryRecord_databaseDown_retried(self) -> None:
+        """[J1] The same with the database down instead of the journal."""
+        self.faults.inject("database")
+        self.assertEqual(self.fleet.fetch(self.run.code)[0], Outcome.DELIVER)
+        self.fleet.clock.advance(1.0)  # still down: retried later
+        self.faults.clear()
+        self.assertEqual(self.fleet.events("w1"), ["run.provisioned"])
+        self.fleet.clock.advance(2.0)
+        self.assertEqual(
+            self.fleet.events("w1"),
+            ["run.provisioned", "run.delivered", "run.released"],
+        )
+
+    def test_refetchNote_journalRefuses_noAlert(self) -> None:
+        """
+        [J1] [C2] The first repeat request whose journal entry is refused
+        raises no alert and sets no flag; the next request journals it once.
+        """
+        self.fleet.fetch(self.run.code)
+        self.faults.inject("journal")
+        self.assertEqual(self.fleet.fetch(self.run.code)[0], Outcome.CONSUMED)
+        self.assertFalse(self.fleet.alerts.active(REFETCHED, "w1"))
+        self.faults.clear()
+        self.assertEqual(self.fleet.fetch(self.run.code)[0], Outcome.CONSUMED)
+        self.assertTrue(self.fleet.alerts.active(REFETCHED, "w1"))
+        self.fleet.fetch(self.run.code)
+        self.assertEqual(self.fleet.events("w1").count("config.refetched"), 1)
+        self.flushLoggedErrors()
+
+    def test_missingNote_databaseFails_noAlert(self) -> None:
+        """[J1] [V4] A lost run's first request that cannot be stored: no alert."""
+        self.fleet.restart(wipeVault=True)
+        self.faults = Faults(self.fleet)
+        self.faults.inject("database")
+        self.assertEqual(self.fleet.fetch(self.run.code)[0], Outcome.LOST)
+        self.assertFalse(self.fleet.alerts.active(MISSING, "w1"))
+        self.faults.clear()
+        self.fleet.fetch(self.run.code)
+        self.assertTrue(self.fleet.alerts.active(MISSING, "w1"))
+        self.flushLoggedErrors()
+
+
+class ProvisionHTTPFaultTests(SynchronousTestCase):
+    """[J1] Over the admin API, a refused record is one clear line."""
+
+    def test_provision_journalRefuses_503OneLine(self) -> None:
+        """[J1] The owner gets a one-line 503 saying nothing changed."""
+        from fleetd.runs.render import TemplateRenderer
+        from fleetd.runs.resource import ProvisionResource
+        from tests.support import REPO
+
+        fleet = Fleet(self)
+        fleet.add(device("w1", "SER1"))
+        faults = Faults(fleet)
+        faults.inject("journal")
+        resource = ProvisionResource(
+            fleet.registry,
+            fleet.inventory,
+            TemplateRenderer(REPO / "conf" / "templates"),
+            fleet.journal,
+            ownerName=lambda request: "jane",
+        )
+        request = DummyRequest([])
+        request.method = b"POST"
+        request.content = __import__("io").BytesIO(b'{"devices": ["w1"]}')
+        resource.render(request)
+        self.assertEqual(request.responseCode, 503)
+        body = b"".join(request.written).decode()
+        self.assertEqual(body.count("\n"), 1, body)
+        self.assertIn("nothing changed", body)
+        self.assertIsNone(fleet.registry.readyRun("w1"))
+        self.assertEqual(fleet.vault.names(), [])
