@@ -109,7 +109,7 @@ class ProvisionSettings:
 
     templates: Path
     default_cluster: str = "default"
-    alert_hold: float = 900.0
+    alert_hold: float = 7200.0
 
 
 @dataclass(frozen=True)
@@ -323,7 +323,7 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
         provision=ProvisionSettings(
             templates=provision.path("templates", "templates"),
             default_cluster=provision.text("default_cluster", "default"),
-            alert_hold=provision.number("alert_hold", 900.0, 1.0, 7 * 86400.0),
+            alert_hold=provision.number("alert_hold", 7200.0, 1.0, 7 * 86400.0),
         ),
         boot_limits=BootLimits(
             failure_rate=boot.number("failure_rate", 1.0, 0.001, 1e6),

@@ -47,6 +47,7 @@ from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import TemplateRenderer
 from fleetd.runs.resource import ProvisionResource
+from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.store.keys import deriveKey
 from fleetd.store.runner import DatabaseRunner, RunnerService
@@ -86,6 +87,8 @@ class FleetdService(MultiService):
             reactor,
         )
         RunnerService(self.runner).setServiceParent(self)
+        self.chain = ChainMonitor(reactor, self.journal, self.registry)
+        self.chain.setServiceParent(self)
         # Children of /v1/admin/ contributed by subsystems (behind the owner gate).
         self.adminAPI: dict[bytes, Resource] = {}
         self.inventory: IInventory = SQLiteInventory(self.runner, self.journal)

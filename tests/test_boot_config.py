@@ -51,6 +51,28 @@ class SlowTransport(StringTransport):
         self.producer.resumeProducing()
 
 
+class KernelTransport(StringTransport):
+    """
+    A transport with a TCP transport's user-space buffer: what is written
+    stays in C{dataBuffer} (fleetd's memory) until C{toKernel} moves it to
+    the operating system, as C{doWrite} does when the socket takes it.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.dataBuffer = b""
+        self.offset = 0
+        self._tempDataLen = 0
+        self.disconnected = 0
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        self.dataBuffer += data
+
+    def toKernel(self) -> None:
+        self.offset = len(self.dataBuffer)
+
+
 class ConfigResourceTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.fleet = Fleet(self)
@@ -126,6 +148,62 @@ class ConfigResourceTests(SynchronousTestCase):
         self.assertLess(len(transport.value()), 300_000)
         channel.connectionLost(Failure(ConnectionLost()))
         self.assertEqual(self.fleet.fetch(run.code)[0], Outcome.DELIVER)
+
+    def getThrough(self, transport: StringTransport, code: str) -> Any:
+        uuid = self.fleet.registry.identity("w1")
+        assert uuid is not None
+        channel = self.site.buildProtocol(PEER)
+        channel.makeConnection(transport)
+        path = configPath(code, uuid[0], "SER1").encode()
+        channel.dataReceived(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        return channel
+
+    def test_bodyInFleetdBuffers_connectionDies_deliverableAgain(self) -> None:
+        """
+        [C1] Twisted finished the response, but part of the body is still
+        in fleetd's own buffers when the connection dies: the operating
+        system never had it, so the mark is withdrawn and the run is
+        deliverable again.
+        """
+        run = self.provision()
+        transport = KernelTransport(peerAddress=PEER)
+        channel = self.getThrough(transport, run.code)
+        self.assertIn(b"hostname: w1", transport.value())  # finished...
+        self.assertFalse(self.fleet.registry.readyRun("w1"))  # ...not yet counted
+        self.fleet.clock.advance(0.5)  # the client stopped reading
+        self.assertIsNone(self.fleet.registry.readyRun("w1"))
+        transport.disconnected = 1  # and then reset the connection
+        channel.connectionLost(Failure(ConnectionLost()))
+        self.fleet.clock.advance(1.0)
+        self.assertEqual(self.fleet.registry.readyRun("w1"), run.run)
+        self.assertEqual(self.fleet.clock.getDelayedCalls(), [])
+
+    def test_bodyHandedToOS_delivered(self) -> None:
+        """[C1] Once the operating system has every byte, the run is consumed."""
+        run = self.provision()
+        transport = KernelTransport(peerAddress=PEER)
+        channel = self.getThrough(transport, run.code)
+        self.fleet.clock.advance(0.05)
+        transport.toKernel()
+        self.fleet.clock.advance(1.0)
+        transport.disconnected = 1
+        channel.connectionLost(Failure(ConnectionLost()))
+        self.assertEqual(self.fleet.fetch(run.code)[0], Outcome.CONSUMED)
+        self.assertEqual(self.fleet.clock.getDelayedCalls(), [])
+
+    def test_nextRequest_settlesHandoverFirst(self) -> None:
+        """
+        [C1] A request arriving after the operating system took the body
+        sees the run consumed (410), not busy: the hand-over is checked
+        before deciding.
+        """
+        run = self.provision()
+        transport = KernelTransport(peerAddress=PEER)
+        self.getThrough(transport, run.code)
+        transport.toKernel()
+        again = StringTransport(peerAddress=PEER)
+        self.getThrough(again, run.code)
+        self.assertTrue(again.value().startswith(b"HTTP/1.1 410"), again.value())
 
     def test_postpath_404(self) -> None:
         """[A2] /config/anything is not /config."""

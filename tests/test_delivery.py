@@ -221,8 +221,19 @@ class DeliveryTests(DeliveryMixin, TestCase):
         """
         return ensureDeferred(self._refusals())  # type: ignore[return-value]
 
+    def bigTemplate(self, size: int) -> None:
+        """A cluster C{big} whose configurations carry C{size} bytes of padding."""
+        big = self.directory / "templates" / "big.yaml"
+        template = (self.directory / "templates" / "default.yaml").read_text()
+        big.write_text(
+            template.replace("persist: true", f"persist: true\nnote: {'x' * size}")
+        )
+
     async def _concurrent(self) -> None:
-        await self.addDevice("w1", "SER1", UUID1)
+        # A 4 MiB body takes many reactor turns to send over TLS, so the
+        # other 49 requests really arrive while the first is in flight.
+        self.bigTemplate(4 << 20)
+        await self.addDevice("w1", "SER1", UUID1, cluster="big")
         codes = await self.provision("w1")
         path = configPath(codes["w1"], UUID1, "SER1")
         port = self.port(self.service, "boot")
@@ -252,10 +263,14 @@ class DeliveryTests(DeliveryMixin, TestCase):
         # flight (503 busy) or after it (410 consumed); never a second 200.
         self.assertEqual(statuses.count(200), 1, statuses)
         self.assertEqual(set(statuses) - {200, 410, 503}, set(), statuses)
+        self.assertIn(503, statuses)  # the overlap really happened
         self.assertEqual((await self.fetch(path))[0], 410)
 
     def test_config_concurrent50_exactlyOne(self) -> None:
-        """[C1] 50 concurrent TLS clients on one code: exactly one 200."""
+        """
+        [C1] 50 concurrent TLS clients on one code, while a 4 MiB body is in
+        flight: exactly one 200.
+        """
         return ensureDeferred(self._concurrent())  # type: ignore[return-value]
 
     async def _aborted(self) -> None:
@@ -287,6 +302,49 @@ class DeliveryTests(DeliveryMixin, TestCase):
         status, _, body = await self.fetch(path)
         self.assertEqual(status, 200)
         self.assertEqual(len(body) > (24 << 20), True)
+
+    async def _stopsReading(self) -> None:
+        # More than the kernel's socket buffers hold (tcp_wmem tops out at
+        # 4 MiB), so part of the body stays with fleetd when the node stops.
+        self.bigTemplate(24 << 20)
+        await self.addDevice("w1", "SER1", UUID1, cluster="big")
+        codes = await self.provision("w1")
+        path = configPath(codes["w1"], UUID1, "SER1")
+        port = self.port(self.service, "boot")
+        connected = threading.Event()
+        reset = threading.Event()
+
+        def requestThenStopReading() -> None:
+            context = ssl.create_default_context(cafile=str(self.pki.public_ca))
+            raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            raw.settimeout(30)
+            raw.connect(("127.0.0.1", port))
+            tls = context.wrap_socket(raw, server_hostname="localhost")
+            tls.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+            connected.set()
+            reset.wait(30)  # never reads a byte of the answer
+            tls.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            tls.close()
+
+        client = deferToThread(requestThenStopReading)
+        await deferToThread(connected.wait, 30)
+        await deferLater(reactor, 1.0, lambda: None)  # fleetd fills its buffers
+        self.assertIsNone(self.service.runs.readyRun("w1"))  # in flight
+        reset.set()
+        await client
+        events = await self.events("run.delivery-aborted")
+        self.assertIn("run.delivery-aborted", events)
+        status, _, body = await self.fetch(path)
+        self.assertEqual(status, 200)
+        self.assertGreater(len(body), 24 << 20)
+
+    def test_config_clientStopsReadingThenResets_notConsumed(self) -> None:
+        """
+        [C1] A node that stops reading and then resets the connection never
+        had the whole body: the mark is withdrawn, the run deliverable again.
+        """
+        return ensureDeferred(self._stopsReading())  # type: ignore[return-value]
 
     def test_config_connectionDiesMidBody_notConsumed(self) -> None:
         """[C1] A response whose connection dies before completing consumes nothing."""

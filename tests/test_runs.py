@@ -76,6 +76,7 @@ class Fleet:
         self.directory = directory or Path(test.mktemp())
         self.directory.mkdir(parents=True, exist_ok=True)
         self.clock = Clock()
+        self.hold = 900.0
         self.start()
 
     def start(self, vault: IVault | None = None, inventory: Any = None) -> None:
@@ -94,7 +95,7 @@ class Fleet:
             if vault is not None
             else DirectoryVault.open(self.directory / "vault", allowAnyFilesystem=True)
         )
-        self.alerts = AlertTracker(self.clock, hold=900)
+        self.alerts = AlertTracker(self.clock, hold=self.hold)
         self.registry = RunRegistry(
             clock=self.clock,
             vault=self.vault,

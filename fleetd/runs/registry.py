@@ -206,6 +206,8 @@ class RunRegistry:
             ["purpose"],
             registry=metrics,
         )
+        for purpose in ("served-mark", "config"):
+            self.vaultFailures.labels(purpose)  # exposed at 0 from the start
 
     async def load(self) -> None:
         """Rebuild every current run's state from the database, vault and inventory."""

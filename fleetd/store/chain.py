@@ -1,0 +1,105 @@
+"""
+Watch the journal's chain [J2]: verify it at start and periodically.
+
+A break (an edited, deleted or inserted entry, or a forged head) sets
+C{fleetd_journal_chain_ok} to 0, which raises C{FleetJournalChainBroken},
+and logs the first bad entry once per break. What appends do meanwhile is
+L{fleetd.store.journal.Journal.append}'s business: new entries still chain
+onto the authenticated head after a mid-chain edit, so fleetd keeps
+recording what happens; a head that is missing, forged or does not match
+the last entry stops appends (and so every change [J1]).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Gauge
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from fleetd.store.journal import AsyncJournal, JournalVerification
+
+DEFAULT_INTERVAL = 3600.0
+
+
+class ChainMonitor(Service):
+    """Verify the chain now and every C{interval} seconds; expose the result."""
+
+    log = Logger()
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        journal: AsyncJournal,
+        registry: CollectorRegistry | None,
+        interval: float = DEFAULT_INTERVAL,
+    ) -> None:
+        self._clock = clock
+        self._journal = journal
+        self.interval = interval
+        self._loop: LoopingCall | None = None
+        self._broken: str | None = None
+        self.ok = Gauge(
+            "fleetd_journal_chain_ok",
+            "1 when the last verification found the journal chain intact, 0 when"
+            " it found a break (FleetJournalChainBroken).",
+            registry=registry,
+        )
+        self.entries = Gauge(
+            "fleetd_journal_verified_entries",
+            "Entries found intact, from the first, by the last verification.",
+            registry=registry,
+        )
+        self.checked = Gauge(
+            "fleetd_journal_verified_timestamp_seconds",
+            "When the journal chain was last verified.",
+            registry=registry,
+        )
+        self.ok.set(1)
+
+    def startService(self) -> None:
+        super().startService()
+        self._loop = LoopingCall(self.verify)
+        self._loop.clock = self._clock
+        self._loop.start(self.interval, now=True).addErrback(self._loopFailed)
+
+    def stopService(self) -> None:
+        super().stopService()
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+
+    def verify(self) -> Deferred[JournalVerification | None]:
+        """Verify the whole chain once; the gauges follow the result."""
+        d = self._journal.verify()
+        d.addCallback(self._verified)
+        d.addErrback(self._failed)
+        return d
+
+    def _verified(self, result: JournalVerification) -> JournalVerification:
+        self.checked.set(self._clock.seconds())
+        self.entries.set(result.entries)
+        self.ok.set(1 if result.ok else 0)
+        if not result.ok and result.problem != self._broken:
+            self.log.error(
+                "journal.chain.broken {problem}; run 'fleetctl journal verify'",
+                problem=result.problem,
+                seq=result.seq,
+            )
+        elif result.ok and self._broken is not None:
+            self.log.info("journal.chain.intact {entries}", entries=result.entries)
+        self._broken = None if result.ok else result.problem
+        return result
+
+    def _failed(self, failure: Failure) -> None:
+        # The database could not be read: that is not a verdict on the chain.
+        self.log.warn(
+            "journal.chain.unverified {reason}", reason=failure.getErrorMessage()
+        )
+        return None
+
+    def _loopFailed(self, failure: Failure) -> None:
+        self.log.failure("journal.chain.loop-failed", failure=failure)
