@@ -55,7 +55,7 @@ class SettingsTests(SynchronousTestCase):
     def test_missingTable_namesIt(self) -> None:
         """
         A missing required table is named in the error, with the present
-        table that looks like a typo of it (section 3).
+        table that looks like a typo of it (§3).
         """
         path = writeConfig(Path(self.mktemp()))
         text = path.read_text().replace("[tink]", "[tinkk]")
@@ -135,7 +135,7 @@ class SettingsTests(SynchronousTestCase):
 
 
 class UnknownKeyTests(SynchronousTestCase):
-    """An unknown key or table is bad configuration, named by its dotted key (section 3)."""
+    """An unknown key or table is bad configuration, named by dotted key (§3)."""
 
     def loadError(self, path: Path) -> str:
         return str(self.assertRaises(ConfigError, loadSettings, path))
@@ -144,20 +144,20 @@ class UnknownKeyTests(SynchronousTestCase):
         return self.loadError(writeConfig(Path(self.mktemp()), overrides))
 
     def test_keyInTable_namedWithHint(self) -> None:
-        """Section 3: a misspelt key in a table is refused, with the nearest known key."""
+        """§3: a misspelt key in a table is refused, naming the nearest known key."""
         self.assertEqual(
             self.configError({"limits": {"max_conections": 10}}),
             "limits.max_conections: unknown key (did you mean limits.max_connections?)",
         )
 
     def test_keyInTable_noHintWhenNothingClose(self) -> None:
-        """Section 3: an unknown key unlike any known one is named without a hint."""
+        """§3: an unknown key unlike any known one is named without a hint."""
         self.assertEqual(
             self.configError({"site": {"colour": "blue"}}), "site.colour: unknown key"
         )
 
     def test_keyInOptionalTable(self) -> None:
-        """Section 3: keys of optional tables ([kubernetes]) are checked too."""
+        """§3: keys of optional tables ([kubernetes]) are checked too."""
         overrides = {"kubernetes": {"api": "https://k", "tokenfile": "t"}}
         self.assertEqual(
             self.configError(overrides),
@@ -165,40 +165,40 @@ class UnknownKeyTests(SynchronousTestCase):
         )
 
     def test_keyInDefaultedTable(self) -> None:
-        """Section 3: a table whose keys all have defaults ([boot]) is checked."""
+        """§3: a table whose keys all have defaults ([boot]) is checked."""
         self.assertEqual(
             self.configError({"boot": {"failure_rates": 2.0}}),
             "boot.failure_rates: unknown key (did you mean boot.failure_rate?)",
         )
 
     def test_topLevelTable_namedWithHint(self) -> None:
-        """Section 3: an unknown table is refused by name: [bot] is not [boot]."""
+        """§3: an unknown table is refused by name: [bot] is not [boot]."""
         self.assertEqual(
             self.configError({"bot": {"failure_rate": 1.0}}),
             "bot: unknown table (did you mean boot?)",
         )
 
     def test_topLevelArrayOfTables(self) -> None:
-        """Section 3: an unknown array of tables ([[anchors]]) is an unknown table."""
+        """§3: an unknown array of tables ([[anchors]]) is an unknown table."""
         path = writeConfig(Path(self.mktemp()))
         path.write_text(path.read_text() + '\n[[anchors]]\nname = "a"\n')
         self.assertEqual(self.loadError(path), "anchors: unknown table")
 
     def test_topLevelKey(self) -> None:
-        """Section 3: a key outside any table is refused by its bare name."""
+        """§3: a key outside any table is refused by its bare name."""
         path = writeConfig(Path(self.mktemp()))
         path.write_text("debug = true\n" + path.read_text())
         self.assertEqual(self.loadError(path), "debug: unknown key")
 
     def test_nestedTable(self) -> None:
-        """Section 3: a sub-table of a known table is refused by its dotted name."""
+        """§3: a sub-table of a known table is refused by its dotted name."""
         path = writeConfig(Path(self.mktemp()))
         path.write_text(path.read_text() + "\n[limits.boot]\nmax_connections = 5\n")
         self.assertEqual(self.loadError(path), "limits.boot: unknown table")
 
     def test_nestedTable_keysChecked(self) -> None:
         """
-        Section 3: in a sub-table that is read, its unread keys are named by
+        §3: in a sub-table that is read, its unread keys are named by
         their full dotted path; what was read, present or defaulted, is known.
         """
         root = _Table(
@@ -222,7 +222,7 @@ class UnknownKeyTests(SynchronousTestCase):
         self.assertRaises(ConfigError, checkUnknownKeys, root)
 
     def test_tableReadTwice_oneRecord(self) -> None:
-        """Section 3: keys read through two lookups of one table are all known."""
+        """§3: keys read through two lookups of one table are all known."""
         root = _Table({"t": {"a": 1, "b": 2}}, "", Path("/"))
         first, second = root.table("t"), root.table("t")
         assert first is not None and second is not None
@@ -232,7 +232,7 @@ class UnknownKeyTests(SynchronousTestCase):
 
     def test_missingKey_hintsTypo(self) -> None:
         """
-        Section 3: a required key reported missing names a present, unread
+        §3: a required key reported missing names a present, unread
         key that looks like it, so the typo is found at once.
         """
         self.assertEqual(
@@ -242,7 +242,7 @@ class UnknownKeyTests(SynchronousTestCase):
 
     def test_shippedConfigs_everyKeyKnown(self) -> None:
         """
-        Section 3: the dev config, and the reference config with its optional
+        §3: the dev config, and the reference config with its optional
         [kubernetes] and [netbox] blocks switched on, load with no unknown key.
         """
         loadSettings(REPO / "conf" / "fleetd.dev.toml")
