@@ -23,7 +23,7 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable
 
-from fleetd.vault import IVault, VaultWriteError
+from fleetd.vault import IVault, VaultWriteError, checkName
 
 
 def _every(name: str) -> bool:
@@ -64,6 +64,7 @@ class FaultyVault:
     def _check(
         self, fault: tuple[int, Callable[[str], bool]] | None, action: str, name: str
     ) -> None:
+        checkName(name)  # a bad name is a bad name, fault or not
         if fault is not None and fault[1](name):
             self.failures += 1
             self.refused.append(name)
