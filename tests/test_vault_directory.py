@@ -19,6 +19,8 @@ from twisted.internet.defer import Deferred
 from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from fleetd.config import ConfigError
+from fleetd.prepare import prepare
 from fleetd.vault import DirectoryVault, VaultError
 from tests.test_daemon import DaemonTestMixin
 from tests.test_vault import REFUSED, SECRET, fakeMountInfo
@@ -311,3 +313,22 @@ class DaemonVaultTests(DaemonTestMixin, TestCase):
 
     async def _stop(self, service: Any) -> None:
         await service.stopService()
+
+    def test_prepareFailsAfterVault_closesIt(self) -> None:
+        """[V1] When start-up fails after the vault was opened, it is closed."""
+        self.makeSettings()
+        self.settings.state.parent.mkdir(parents=True, exist_ok=True)
+        self.settings.state.write_bytes(b"not a directory")
+        before = openFds()
+        error = self.assertRaises(ConfigError, prepare, self.settings)
+        self.assertEqual(error.key, "paths.state")
+        self.assertEqual(openFds() - before, set())
+
+    def test_prepare_unsafeVault_namesKey(self) -> None:
+        """[V1] An unsafe vault path stops start-up with one line under paths.vault."""
+        self.makeSettings()
+        self.settings.vault.parent.mkdir(parents=True, exist_ok=True)
+        self.settings.vault.symlink_to(self.directory)
+        error = self.assertRaises(ConfigError, prepare, self.settings)
+        self.assertEqual(error.key, "paths.vault")
+        self.assertIn("is a symbolic link", str(error))
