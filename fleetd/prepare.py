@@ -12,7 +12,7 @@ from fleetd.listen import loadTLSOptions
 from fleetd.pki.dev import ensureDevPKI
 from fleetd.store.db import Database
 from fleetd.store.keys import loadOrCreateKey
-from fleetd.vault import DirectoryVault, VaultError
+from fleetd.vault import DirectoryVault, IClosableVault, VaultError
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class Prepared:
     """Everything read from disk before the listeners bind."""
 
     settings: Settings
-    vault: DirectoryVault
+    vault: IClosableVault
     database: Database
     masterKey: bytes
 
@@ -51,6 +51,7 @@ def prepare(settings: Settings) -> Prepared:
         database = Database.open(settings.state / "fleetd.sqlite3")
         masterKey = loadOrCreateKey(settings.state / "master.key")
     except (OSError, Exception) as e:
+        vault.close()
         if isinstance(e, ConfigError):
             raise
         raise ConfigError("paths.state", str(e)) from e

@@ -294,6 +294,8 @@ class FleetdService(MultiService):
             for child in self:
                 if isinstance(child, RunnerService):
                     child.stopService()
+            # The vault directory's descriptor, held since prepare().
+            self.vault.close()
 
         return DeferredList(pending, consumeErrors=True).addCallback(stopRunner)
 

@@ -8,7 +8,13 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.config import ConfigError, loadSettings, parseTopology
+from fleetd.config import (
+    ConfigError,
+    _Table,
+    checkUnknownKeys,
+    loadSettings,
+    parseTopology,
+)
 from tests.support import TOPOLOGY, writeConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,12 +53,15 @@ class SettingsTests(SynchronousTestCase):
         self.assertEqual(s.tls.cert, directory / "pki" / "public.pem")
 
     def test_missingTable_namesIt(self) -> None:
-        """A missing required table is named in the error."""
+        """
+        A missing required table is named in the error, with the present
+        table that looks like a typo of it (§3).
+        """
         path = writeConfig(Path(self.mktemp()))
         text = path.read_text().replace("[tink]", "[tinkk]")
         path.write_text(text)
         e = self.assertRaises(ConfigError, loadSettings, path)
-        self.assertEqual(str(e), "tink: missing table")
+        self.assertEqual(str(e), "tink: missing table (found tinkk: a typo?)")
 
     def test_badEndpoint_namesKey(self) -> None:
         """A bad endpoint description names listen.<name>."""
@@ -122,6 +131,135 @@ class SettingsTests(SynchronousTestCase):
         )
         assert s.kubernetes is not None and s.netbox is not None
         self.assertEqual(s.kubernetes.api, "https://10.20.0.10:6443")
+        self.assertEqual(s.netbox.url, "https://netbox.example")
+
+
+class UnknownKeyTests(SynchronousTestCase):
+    """An unknown key or table is bad configuration, named by dotted key (§3)."""
+
+    def loadError(self, path: Path) -> str:
+        return str(self.assertRaises(ConfigError, loadSettings, path))
+
+    def configError(self, overrides: dict[str, dict[str, Any]]) -> str:
+        return self.loadError(writeConfig(Path(self.mktemp()), overrides))
+
+    def test_keyInTable_namedWithHint(self) -> None:
+        """§3: a misspelt key in a table is refused, naming the nearest known key."""
+        self.assertEqual(
+            self.configError({"limits": {"max_conections": 10}}),
+            "limits.max_conections: unknown key (did you mean limits.max_connections?)",
+        )
+
+    def test_keyInTable_noHintWhenNothingClose(self) -> None:
+        """§3: an unknown key unlike any known one is named without a hint."""
+        self.assertEqual(
+            self.configError({"site": {"colour": "blue"}}), "site.colour: unknown key"
+        )
+
+    def test_keyInOptionalTable(self) -> None:
+        """§3: keys of optional tables ([kubernetes]) are checked too."""
+        overrides = {"kubernetes": {"api": "https://k", "tokenfile": "t"}}
+        self.assertEqual(
+            self.configError(overrides),
+            "kubernetes.tokenfile: unknown key (did you mean kubernetes.token_file?)",
+        )
+
+    def test_keyInDefaultedTable(self) -> None:
+        """§3: a table whose keys all have defaults ([boot]) is checked."""
+        self.assertEqual(
+            self.configError({"boot": {"failure_rates": 2.0}}),
+            "boot.failure_rates: unknown key (did you mean boot.failure_rate?)",
+        )
+
+    def test_topLevelTable_namedWithHint(self) -> None:
+        """§3: an unknown table is refused by name: [bot] is not [boot]."""
+        self.assertEqual(
+            self.configError({"bot": {"failure_rate": 1.0}}),
+            "bot: unknown table (did you mean boot?)",
+        )
+
+    def test_topLevelArrayOfTables(self) -> None:
+        """§3: an unknown array of tables ([[anchors]]) is an unknown table."""
+        path = writeConfig(Path(self.mktemp()))
+        path.write_text(path.read_text() + '\n[[anchors]]\nname = "a"\n')
+        self.assertEqual(self.loadError(path), "anchors: unknown table")
+
+    def test_topLevelKey(self) -> None:
+        """§3: a key outside any table is refused by its bare name."""
+        path = writeConfig(Path(self.mktemp()))
+        path.write_text("debug = true\n" + path.read_text())
+        self.assertEqual(self.loadError(path), "debug: unknown key")
+
+    def test_nestedTable(self) -> None:
+        """§3: a sub-table of a known table is refused by its dotted name."""
+        path = writeConfig(Path(self.mktemp()))
+        path.write_text(path.read_text() + "\n[limits.boot]\nmax_connections = 5\n")
+        self.assertEqual(self.loadError(path), "limits.boot: unknown table")
+
+    def test_nestedTable_keysChecked(self) -> None:
+        """
+        §3: in a sub-table that is read, its unread keys are named by
+        their full dotted path; what was read, present or defaulted, is known.
+        """
+        root = _Table(
+            {"a": {"b": {"count": 1, "coutn": 2}, "x": 1}, "y": {"z": 1}},
+            "",
+            Path("/"),
+        )
+        a = root.table("a")
+        assert a is not None
+        b = a.table("b")
+        assert b is not None
+        self.assertEqual(b.integer("count", 0, 0, 9), 1)
+        b.integer("d", 0, 0, 9)
+        a.integer("x", 0, 0, 9)
+        root.table("y")
+        errors = [str(e) for e in root.unknown()]
+        self.assertEqual(
+            errors,
+            ["a.b.coutn: unknown key (did you mean a.b.count?)", "y.z: unknown key"],
+        )
+        self.assertRaises(ConfigError, checkUnknownKeys, root)
+
+    def test_tableReadTwice_oneRecord(self) -> None:
+        """§3: keys read through two lookups of one table are all known."""
+        root = _Table({"t": {"a": 1, "b": 2}}, "", Path("/"))
+        first, second = root.table("t"), root.table("t")
+        assert first is not None and second is not None
+        first.integer("a", 0, 0, 9)
+        second.integer("b", 0, 0, 9)
+        checkUnknownKeys(root)
+
+    def test_missingKey_hintsTypo(self) -> None:
+        """
+        §3: a required key reported missing names a present, unread
+        key that looks like it, so the typo is found at once.
+        """
+        self.assertEqual(
+            self.configError({"paths": {"vault": None, "vualt": "v"}}),
+            "paths.vault: missing (found paths.vualt: a typo?)",
+        )
+
+    def test_shippedConfigs_everyKeyKnown(self) -> None:
+        """
+        §3: the dev config, and the reference config with its optional
+        [kubernetes] and [netbox] blocks switched on, load with no unknown key.
+        """
+        loadSettings(REPO / "conf" / "fleetd.dev.toml")
+        text = (REPO / "conf" / "fleetd.toml").read_text()
+        text = text.replace(
+            "/etc/fleetd/clusters/folly/config/anchor-topology.json",
+            str(REPO / "conf" / "anchor-topology.example.json"),
+        )
+        lines = [
+            line[2:] if line.startswith(("# [", "# api", "# ca", "# token", "# url"))
+            else line
+            for line in text.splitlines()
+        ]  # fmt: skip
+        path = Path(self.mktemp())
+        path.write_text("\n".join(lines))
+        s = loadSettings(path)
+        assert s.kubernetes is not None and s.netbox is not None
         self.assertEqual(s.netbox.url, "https://netbox.example")
 
 

@@ -38,6 +38,8 @@ BAD_NAMES = [
 ]
 
 SECRET = b"machine:\n  token: do-not-leak\n"
+IGNORED = "vault.ignored {name}"
+REFUSED = "vault.refused {name} {kind} {owner} {removed}"
 
 
 def _escape(path: str) -> str:
@@ -198,20 +200,19 @@ class DirectoryVaultTests(SynchronousTestCase):
         formats = [e.get("log_format") for e in events]
         self.assertIn("vault.torn_write {name}", formats)
 
-    def test_open_ignoresUnexpected(self) -> None:
-        """Entries with bad names or that are not regular files are left alone."""
+    def test_open_ignoresBadNames(self) -> None:
+        """Entries whose names no run uses, and directories, are left alone [V2]."""
         self.open()
         (self.path / "bad name").write_bytes(b"x")
         (self.path / "subdir").mkdir()
-        (self.path / "link").symlink_to(self.path / "bad name")
         with capturedLogs() as events:
             vault = self.open()
         self.assertEqual(vault.names(), [])
-        self.assertEqual(sorted(os.listdir(self.path)), ["bad name", "link", "subdir"])
-        ignored = sorted(
-            e["name"] for e in events if e.get("log_format") == "vault.ignored {name}"
-        )
-        self.assertEqual(ignored, ["bad name", "link", "subdir"])
+        self.assertEqual(sorted(os.listdir(self.path)), ["bad name", "subdir"])
+        ignored = [e["name"] for e in events if e.get("log_format") == IGNORED]
+        self.assertEqual(ignored, ["bad name"])
+        refused = [e["name"] for e in events if e.get("log_format") == REFUSED]
+        self.assertEqual(refused, ["subdir"])
 
     def test_put_modes(self) -> None:
         """Entries are mode 0600 in a 0700 directory [V1]."""

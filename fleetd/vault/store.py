@@ -3,9 +3,13 @@ The volatile vault: rendered Talos configurations, one file each [V1] [V2].
 
 Configurations are secrets, so they live only in memory and in a directory
 on tmpfs/ramfs (C{/run/fleetd/configs}): a fleetd restart loses nothing, a
-reboot empties it.  L{DirectoryVault} writes every entry atomically (temp
+reboot empties it.  L{DirectoryVault} opens that directory once, without
+following links and only when fleetd or root controls every directory on
+the way (L{fleetd.vault.safedir}); it keeps the descriptor and does every
+file operation relative to it. Every entry is written atomically (temp
 file, fsync, rename, fsync of the directory) with mode 0600 in a 0700
-directory and rebuilds its memory from the directory when opened.
+directory, and memory is rebuilt from the directory when opened, loading
+only regular files that fleetd owns.
 
 Names, never contents, appear in errors and logs.
 """
@@ -17,27 +21,26 @@ import os
 import re
 import secrets
 import stat
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from twisted.logger import Logger
 
+from fleetd.vault.errors import VaultError, VaultWriteError
+from fleetd.vault.mounts import MOUNTINFO, VOLATILE_FILESYSTEMS, filesystemType
+from fleetd.vault.safedir import openVaultDirectory
+
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_MOUNTINFO_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 TEMP_PREFIX = ".tmp-"
 """Prefix of in-flight writes; such a file found on open is a torn write."""
 
-VOLATILE_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
-MOUNTINFO = Path("/proc/self/mountinfo")
-
 FILE_MODE = 0o600
-DIRECTORY_MODE = 0o700
 
-
-class VaultError(Exception):
-    """A vault name, directory or write is unacceptable; one-line message."""
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @runtime_checkable
@@ -63,6 +66,17 @@ class IVault(Protocol):
         """Return whether C{name} is stored."""
 
 
+@runtime_checkable
+class IClosableVault(IVault, Protocol):
+    """An L{IVault} holding an open directory, released by L{close}."""
+
+    def close(self) -> None:
+        """
+        Release the directory. Later puts and deletes raise L{VaultError};
+        gets and names still answer from memory. Closing twice is harmless.
+        """
+
+
 def checkName(name: str) -> str:
     """Return C{name} if it is a valid vault name, else raise L{VaultError}."""
     if not isinstance(name, str) or _NAME.fullmatch(name) is None:
@@ -76,7 +90,7 @@ def _isValidName(name: object) -> bool:
 
 
 class MemoryVault:
-    """A dict-backed L{IVault}, for tests and as L{DirectoryVault}'s cache."""
+    """A dict-backed L{IVault}, for tests."""
 
     def __init__(self, entries: Iterable[tuple[str, bytes]] = ()) -> None:
         self._entries: dict[str, bytes] = {}
@@ -102,77 +116,31 @@ class MemoryVault:
         return _isValidName(name) and name in self._entries
 
 
-def parseMountInfo(text: str) -> list[tuple[str, str]]:
-    """
-    Parse C{/proc/self/mountinfo} into C{(mountPoint, fsType)} pairs, in
-    file order, undoing the kernel's octal escapes (C{\\040} for a space).
-    """
-    mounts: list[tuple[str, str]] = []
-    for line in text.splitlines():
-        fields = line.split(" ")
-        try:
-            separator = fields.index("-", 6)
-            mountPoint, fsType = fields[4], fields[separator + 1]
-        except (ValueError, IndexError):
-            continue
-        mountPoint = _MOUNTINFO_ESCAPE.sub(lambda m: chr(int(m[1], 8)), mountPoint)
-        mounts.append((mountPoint, fsType))
-    return mounts
-
-
-def _mountFor(path: str, mounts: Iterable[tuple[str, str]]) -> str | None:
-    """Return the fs type of the longest mount point containing C{path}."""
-    best: tuple[int, str] | None = None
-    for mountPoint, fsType in mounts:
-        prefix = mountPoint.rstrip("/") + "/"
-        if path == mountPoint or path.startswith(prefix):
-            # ">=": a later mount on the same point hides the earlier one.
-            if best is None or len(mountPoint) >= best[0]:
-                best = (len(mountPoint), fsType)
-    return None if best is None else best[1]
-
-
-def filesystemType(path: Path, mountinfo: Path = MOUNTINFO) -> str:
-    """Return the type of the filesystem holding C{path}, per C{mountinfo}."""
-    try:
-        text = mountinfo.read_text(encoding="utf-8", errors="surrogateescape")
-    except OSError as e:
-        raise VaultError(f"cannot read {mountinfo}: {e.strerror}") from e
-    fsType = _mountFor(os.fspath(path.resolve()), parseMountInfo(text))
-    if fsType is None:
-        raise VaultError(f"no mount in {mountinfo} holds {path}")
-    return fsType
-
-
-def _makeDirectory(path: Path) -> None:
-    """Create C{path} and any missing parents with mode 0700."""
-    missing = []
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            break
-        missing.append(candidate)
-    for directory in reversed(missing):
-        try:
-            directory.mkdir(mode=DIRECTORY_MODE)
-        except FileExistsError:
-            pass
-
-
 class DirectoryVault:
-    """An L{IVault} whose memory is mirrored to one directory [V1] [V2]."""
+    """An L{IClosableVault} whose memory is mirrored to one directory [V1] [V2]."""
 
     log = Logger()
 
     def __init__(
         self,
         path: Path,
-        entries: dict[str, bytes],
+        dirFd: int,
+        uid: int,
+        *,
         fsync: Callable[[int], None] = os.fsync,
+        write: Callable[[int, memoryview], int] = os.write,
     ) -> None:
-        """Use L{DirectoryVault.open}; this trusts C{path} and C{entries}."""
+        """
+        Use L{DirectoryVault.open}; this trusts C{dirFd}, and owns it from
+        now on (closed by L{close}, or when the vault is collected).
+        """
         self.path = path
-        self._entries = entries
+        self._fd = dirFd
+        self._uid = uid
+        self._entries: dict[str, bytes] = {}
         self._fsync = fsync
+        self._write = write
+        self._closer = weakref.finalize(self, os.close, dirFd)
 
     @classmethod
     def open(
@@ -182,76 +150,103 @@ class DirectoryVault:
         *,
         mountinfo: Path = MOUNTINFO,
         fsync: Callable[[int], None] = os.fsync,
+        write: Callable[[int, memoryview], int] = os.write,
     ) -> DirectoryVault:
         """
-        Prepare the vault directory and rebuild the vault from it [V2].
+        Open the vault directory safely and rebuild the vault from it [V1] [V2].
 
         @param allowAnyFilesystem: accept a directory that is not on
-            tmpfs/ramfs (dev, tests) [V1].
+            tmpfs/ramfs (dev, tests) [V1]. Ownership and links are checked
+            all the same.
         @param mountinfo: where to read mounts from; injectable for tests.
         @param fsync: how to flush a file descriptor; injectable for tests.
+        @param write: how to write to a file descriptor (C{os.write}'s
+            signature); injectable for tests, e.g. to fail with C{ENOSPC}.
         @raise VaultError: the directory cannot be used.
         """
+        uid = os.geteuid()
+        opened = openVaultDirectory(path, uid)
+        vault = cls(Path(opened.path), opened.fd, uid, fsync=fsync, write=write)
         try:
-            _makeDirectory(path)
-            st = path.lstat()
-            if not stat.S_ISDIR(st.st_mode):
-                raise VaultError(f"vault path {path} is not a directory")
-            if stat.S_IMODE(st.st_mode) != DIRECTORY_MODE:
-                os.chmod(path, DIRECTORY_MODE)
-        except OSError as e:
-            raise VaultError(f"cannot prepare vault {path}: {e.strerror}") from e
+            vault._checkFilesystem(allowAnyFilesystem, mountinfo)
+            vault._load()
+        except BaseException:
+            vault.close()
+            raise
+        return vault
+
+    def _checkFilesystem(self, allowAnyFilesystem: bool, mountinfo: Path) -> None:
         try:
-            fsType = filesystemType(path, mountinfo)
+            fsType = filesystemType(self.path, mountinfo)
         except VaultError:
             if not allowAnyFilesystem:
                 raise
             fsType = "unknown"
-        if fsType not in VOLATILE_FILESYSTEMS:
-            if not allowAnyFilesystem:
-                raise VaultError(
-                    f"vault directory {path} is on {fsType}, not tmpfs or ramfs"
-                )
-            cls.log.warn(
-                "vault.persistent_filesystem {path} {fsType}",
-                path=str(path),
-                fsType=fsType,
+        if fsType in VOLATILE_FILESYSTEMS:
+            return
+        if not allowAnyFilesystem:
+            raise VaultError(
+                f"vault directory {self.path} is on {fsType}, not tmpfs or ramfs"
             )
-        vault = cls(path, {}, fsync)
-        vault._load()
-        return vault
+        self.log.warn(
+            "vault.persistent_filesystem {path} {fsType}",
+            path=str(self.path),
+            fsType=fsType,
+        )
 
-    def _openDirectory(self) -> int:
-        return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    @property
+    def closed(self) -> bool:
+        return not self._closer.alive
+
+    def close(self) -> None:
+        """Close the directory descriptor; later writes raise L{VaultError}."""
+        self._closer()
+
+    def _dirFd(self) -> int:
+        if self.closed:
+            raise VaultError(f"vault {self.path} is closed")
+        return self._fd
 
     def _load(self) -> None:
-        """Fill memory from the directory, removing torn writes."""
-        dirFd = self._openDirectory()
+        """
+        Fill memory from the directory: remove torn writes, refuse (and
+        remove) entries that are not regular files of ours, never load them.
+        """
+        dirFd = self._dirFd()
         try:
-            removed = False
-            for entry in os.scandir(dirFd):
-                name = entry.name
-                isFile = entry.is_file(follow_symlinks=False)
-                if name.startswith(TEMP_PREFIX) and isFile:
-                    os.unlink(name, dir_fd=dirFd)
-                    removed = True
-                    self.log.info("vault.torn_write {name}", name=name)
-                elif _isValidName(name) and isFile:
-                    self._entries[name] = self._readEntry(dirFd, name)
-                else:
+            changed = False
+            for name in sorted(os.listdir(dirFd)):
+                if not (name.startswith(TEMP_PREFIX) or _isValidName(name)):
                     self.log.warn("vault.ignored {name}", name=name)
-            if removed:
+                    continue
+                data = self._readEntry(dirFd, name)
+                if data is None:
+                    changed = self._refuse(dirFd, name) or changed
+                elif name.startswith(TEMP_PREFIX):
+                    os.unlink(name, dir_fd=dirFd)
+                    changed = True
+                    self.log.info("vault.torn_write {name}", name=name)
+                else:
+                    self._entries[name] = data
+            if changed:
                 self._fsync(dirFd)
         except OSError as e:
             raise VaultError(f"cannot load vault {self.path}: {e.strerror}") from e
-        finally:
-            os.close(dirFd)
         self.log.info("vault.loaded {entries}", entries=len(self._entries))
 
-    def _readEntry(self, dirFd: int, name: str) -> bytes:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirFd)
+    def _readEntry(self, dirFd: int, name: str) -> bytes | None:
+        """The contents of C{name}, or L{None} when it is not ours to load."""
         try:
-            if stat.S_IMODE(os.fstat(fd).st_mode) != FILE_MODE:
+            fd = os.open(name, _READ, dir_fd=dirFd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return None  # a symbolic link
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != self._uid:
+                return None
+            if stat.S_IMODE(st.st_mode) != FILE_MODE:
                 os.fchmod(fd, FILE_MODE)
                 self.log.warn("vault.fixed_mode {name}", name=name)
             chunks = []
@@ -261,36 +256,48 @@ class DirectoryVault:
         finally:
             os.close(fd)
 
+    def _refuse(self, dirFd: int, name: str) -> bool:
+        """Log and remove an entry that is not a regular file of ours."""
+        st = os.stat(name, dir_fd=dirFd, follow_symlinks=False)
+        kind = _kind(st.st_mode)
+        removable = not stat.S_ISDIR(st.st_mode)
+        self.log.warn(
+            "vault.refused {name} {kind} {owner} {removed}",
+            name=name,
+            kind=kind,
+            owner=st.st_uid,
+            removed=removable,
+        )
+        if removable:
+            os.unlink(name, dir_fd=dirFd)
+        return removable
+
     def put(self, name: str, data: bytes) -> None:
         """Write C{data} atomically, then remember it [V1]."""
         checkName(name)
         data = bytes(data)
+        dirFd = self._dirFd()
         temp = TEMP_PREFIX + secrets.token_hex(8)
         try:
-            dirFd = self._openDirectory()
+            self._writeTemp(dirFd, temp, data)
             try:
-                self._writeTemp(dirFd, temp, data)
-                try:
-                    os.rename(temp, name, src_dir_fd=dirFd, dst_dir_fd=dirFd)
-                except BaseException:
-                    _unlinkQuietly(temp, dirFd)
-                    raise
-                # The new file is now what a restart sees; memory follows.
-                self._entries[name] = data
-                self._fsync(dirFd)
-            finally:
-                os.close(dirFd)
+                os.rename(temp, name, src_dir_fd=dirFd, dst_dir_fd=dirFd)
+            except BaseException:
+                _unlinkQuietly(temp, dirFd)
+                raise
+            # The new file is now what a restart sees; memory follows.
+            self._entries[name] = data
+            self._fsync(dirFd)
         except OSError as e:
-            raise VaultError(f"cannot write vault entry {name}: {e.strerror}") from e
+            raise VaultWriteError("write", name, e) from e
 
     def _writeTemp(self, dirFd: int, temp: str, data: bytes) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(temp, flags, FILE_MODE, dir_fd=dirFd)
+        fd = os.open(temp, _CREATE, FILE_MODE, dir_fd=dirFd)
         try:
             os.fchmod(fd, FILE_MODE)  # whatever the umask
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view) :]
+                view = view[self._write(fd, view) :]
             self._fsync(fd)
         except BaseException:
             os.close(fd)
@@ -304,21 +311,18 @@ class DirectoryVault:
     def delete(self, name: str) -> None:
         """Unlink the file durably, then forget C{name}."""
         checkName(name)
+        dirFd = self._dirFd()
         try:
-            dirFd = self._openDirectory()
             try:
-                try:
-                    os.unlink(name, dir_fd=dirFd)
-                except FileNotFoundError:
-                    self._entries.pop(name, None)
-                    return
-                # The file is gone from what a restart sees; memory follows.
+                os.unlink(name, dir_fd=dirFd)
+            except FileNotFoundError:
                 self._entries.pop(name, None)
-                self._fsync(dirFd)
-            finally:
-                os.close(dirFd)
+                return
+            # The file is gone from what a restart sees; memory follows.
+            self._entries.pop(name, None)
+            self._fsync(dirFd)
         except OSError as e:
-            raise VaultError(f"cannot delete vault entry {name}: {e.strerror}") from e
+            raise VaultWriteError("delete", name, e) from e
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -328,6 +332,16 @@ class DirectoryVault:
 
     def __contains__(self, name: object) -> bool:
         return _isValidName(name) and name in self._entries
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISREG(mode):
+        return "file"
+    return "special"
 
 
 def _unlinkQuietly(name: str, dirFd: int) -> None:
