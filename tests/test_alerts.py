@@ -28,11 +28,11 @@ class AlertHoldTests(SynchronousTestCase):
         self.fleet.hold = DEFAULT_HOLD
         self.fleet.restart()
         self.fleet.add(device("w1", "SER1"))
-        (self.run,) = self.fleet.provision(device("w1", "SER1"))
-        self.assertEqual(self.fleet.fetch(self.run.code)[0], Outcome.DELIVER)
+        (self.served,) = self.fleet.provision(device("w1", "SER1"))
+        self.assertEqual(self.fleet.fetch(self.served.code)[0], Outcome.DELIVER)
 
     def refetch(self) -> None:
-        self.assertEqual(self.fleet.fetch(self.run.code)[0], Outcome.CONSUMED)
+        self.assertEqual(self.fleet.fetch(self.served.code)[0], Outcome.CONSUMED)
 
     def test_defaultHold_is7200(self) -> None:
         """[V6] The default hold outlasts Talos's ~68-minute retry gaps."""

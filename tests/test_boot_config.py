@@ -63,7 +63,7 @@ class KernelTransport(StringTransport):
         self.dataBuffer = b""
         self.offset = 0
         self._tempDataLen = 0
-        self.disconnected = 0
+        self.disconnected = False
 
     def write(self, data: bytes) -> None:
         super().write(data)
@@ -172,7 +172,7 @@ class ConfigResourceTests(SynchronousTestCase):
         self.assertFalse(self.fleet.registry.readyRun("w1"))  # ...not yet counted
         self.fleet.clock.advance(0.5)  # the client stopped reading
         self.assertIsNone(self.fleet.registry.readyRun("w1"))
-        transport.disconnected = 1  # and then reset the connection
+        transport.disconnected = True  # and then reset the connection
         channel.connectionLost(Failure(ConnectionLost()))
         self.fleet.clock.advance(1.0)
         self.assertEqual(self.fleet.registry.readyRun("w1"), run.run)
@@ -186,7 +186,7 @@ class ConfigResourceTests(SynchronousTestCase):
         self.fleet.clock.advance(0.05)
         transport.toKernel()
         self.fleet.clock.advance(1.0)
-        transport.disconnected = 1
+        transport.disconnected = True
         channel.connectionLost(Failure(ConnectionLost()))
         self.assertEqual(self.fleet.fetch(run.code)[0], Outcome.CONSUMED)
         self.assertEqual(self.fleet.clock.getDelayedCalls(), [])

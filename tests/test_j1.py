@@ -6,6 +6,7 @@ gets one clear error, and no alert fires.
 
 from __future__ import annotations
 
+import io
 import sqlite3
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -208,7 +209,7 @@ class DeliveryFaultTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.fleet = Fleet(self)
         self.fleet.add(device("w1", "SER1"))
-        (self.run,) = self.fleet.provision(device("w1", "SER1"))
+        (self.served,) = self.fleet.provision(device("w1", "SER1"))
         self.faults = Faults(self.fleet)
 
     def test_deliveryRecord_retriedUntilJournalWorks(self) -> None:
@@ -222,10 +223,10 @@ class DeliveryFaultTests(SynchronousTestCase):
         for kind in FAULTS:
             fleet = self.fleet
             self.faults.inject(kind)
-            outcome, _ = fleet.fetch(self.run.code)
+            outcome, _ = fleet.fetch(self.served.code)
             self.assertEqual(outcome, Outcome.DELIVER)
-            self.assertEqual(fleet.fetch(self.run.code)[0], Outcome.CONSUMED)
-            self.assertIn(configName(self.run.run), fleet.vault.names())
+            self.assertEqual(fleet.fetch(self.served.code)[0], Outcome.CONSUMED)
+            self.assertIn(configName(self.served.run), fleet.vault.names())
             self.faults.clear()
             self.assertEqual(fleet.events("w1"), ["run.provisioned"])
             self.assertEqual(fleet.status("w1"), DeviceStatus.PLANNED)
@@ -235,14 +236,14 @@ class DeliveryFaultTests(SynchronousTestCase):
                 ["run.provisioned", "run.delivered", "run.released"],
             )
             self.assertEqual(fleet.status("w1"), DeviceStatus.STAGED)
-            self.assertEqual(fleet.vault.names(), [servedName(self.run.run)])
+            self.assertEqual(fleet.vault.names(), [servedName(self.served.run)])
             self.flushLoggedErrors()
             return  # one run can be delivered once; the loop names the kinds
 
     def test_deliveryRecord_databaseDown_retried(self) -> None:
         """[J1] The same with the database down instead of the journal."""
         self.faults.inject("database")
-        self.assertEqual(self.fleet.fetch(self.run.code)[0], Outcome.DELIVER)
+        self.assertEqual(self.fleet.fetch(self.served.code)[0], Outcome.DELIVER)
         self.fleet.clock.advance(1.0)  # still down: retried later
         self.faults.clear()
         self.assertEqual(self.fleet.events("w1"), ["run.provisioned"])
@@ -257,14 +258,14 @@ class DeliveryFaultTests(SynchronousTestCase):
         [J1] [C2] The first repeat request whose journal entry is refused
         raises no alert and sets no flag; the next request journals it once.
         """
-        self.fleet.fetch(self.run.code)
+        self.fleet.fetch(self.served.code)
         self.faults.inject("journal")
-        self.assertEqual(self.fleet.fetch(self.run.code)[0], Outcome.CONSUMED)
+        self.assertEqual(self.fleet.fetch(self.served.code)[0], Outcome.CONSUMED)
         self.assertFalse(self.fleet.alerts.active(REFETCHED, "w1"))
         self.faults.clear()
-        self.assertEqual(self.fleet.fetch(self.run.code)[0], Outcome.CONSUMED)
+        self.assertEqual(self.fleet.fetch(self.served.code)[0], Outcome.CONSUMED)
         self.assertTrue(self.fleet.alerts.active(REFETCHED, "w1"))
-        self.fleet.fetch(self.run.code)
+        self.fleet.fetch(self.served.code)
         self.assertEqual(self.fleet.events("w1").count("config.refetched"), 1)
         self.flushLoggedErrors()
 
@@ -273,10 +274,10 @@ class DeliveryFaultTests(SynchronousTestCase):
         self.fleet.restart(wipeVault=True)
         self.faults = Faults(self.fleet)
         self.faults.inject("database")
-        self.assertEqual(self.fleet.fetch(self.run.code)[0], Outcome.LOST)
+        self.assertEqual(self.fleet.fetch(self.served.code)[0], Outcome.LOST)
         self.assertFalse(self.fleet.alerts.active(MISSING, "w1"))
         self.faults.clear()
-        self.fleet.fetch(self.run.code)
+        self.fleet.fetch(self.served.code)
         self.assertTrue(self.fleet.alerts.active(MISSING, "w1"))
         self.flushLoggedErrors()
 
@@ -301,9 +302,9 @@ class ProvisionHTTPFaultTests(SynchronousTestCase):
             fleet.journal,
             ownerName=lambda request: "jane",
         )
-        request = DummyRequest([])
+        request: Any = DummyRequest([])
         request.method = b"POST"
-        request.content = __import__("io").BytesIO(b'{"devices": ["w1"]}')
+        request.content = io.BytesIO(b'{"devices": ["w1"]}')
         resource.render(request)
         self.assertEqual(request.responseCode, 503)
         body = b"".join(request.written).decode()

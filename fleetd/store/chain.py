@@ -61,21 +61,22 @@ class ChainMonitor(Service):
         self.ok.set(1)
 
     def startService(self) -> None:
-        super().startService()
+        super().startService()  # type: ignore[no-untyped-call]
         self._loop = LoopingCall(self.verify)
         self._loop.clock = self._clock
         self._loop.start(self.interval, now=True).addErrback(self._loopFailed)
 
     def stopService(self) -> None:
-        super().stopService()
+        super().stopService()  # type: ignore[no-untyped-call]
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None
 
     def verify(self) -> Deferred[JournalVerification | None]:
         """Verify the whole chain once; the gauges follow the result."""
-        d = self._journal.verify()
-        d.addCallback(self._verified)
+        d: Deferred[JournalVerification | None] = self._journal.verify().addCallback(
+            self._verified
+        )
         d.addErrback(self._failed)
         return d
 
