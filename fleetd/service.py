@@ -24,6 +24,7 @@ from twisted.web.resource import Resource
 
 from fleetd import __version__
 from fleetd.admin.resource import adminRoot
+from fleetd.admin.status import StatusResource
 from fleetd.boot.config import ConfigResource
 from fleetd.boot.deviceflow import DeviceFlow
 from fleetd.boot.deviceflow_resource import (
@@ -47,6 +48,7 @@ from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import TemplateRenderer
 from fleetd.runs.resource import ProvisionResource
+from fleetd.status import StatusService
 from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.store.keys import deriveKey
@@ -112,6 +114,10 @@ class FleetdService(MultiService):
         self.adminAPI[b"provision"] = ProvisionResource(
             self.runs, self.inventory, renderer, self.journal
         )
+        self.status = StatusService(
+            self.inventory, self.runs, self.alerts, self.journal
+        )
+        self.adminAPI[b"status"] = StatusResource(self.status)
         self.listeners: dict[str, ListenerService] = {}
         self._loading: Deferred[None] | None = None
         self._buildListeners()

@@ -113,7 +113,7 @@ class AdminClient:
             raise CLIError("fleetd answered something that is not JSON") from e
 
 
-def _formatEntry(entry: dict[str, Any]) -> str:
+def formatEntry(entry: dict[str, Any]) -> str:
     at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry["at"]))
     parts = [f"{entry['seq']:>6}", at, entry["event"], f"actor={entry['actor']}"]
     for key in ("device", "run"):
@@ -151,7 +151,7 @@ def cmdJournal(settings: Settings, args: argparse.Namespace, out: IO[str]) -> in
         out.write(json.dumps(result["entries"]) + "\n")
     else:
         for entry in result["entries"]:
-            out.write(_formatEntry(entry) + "\n")
+            out.write(formatEntry(entry) + "\n")
     return 0
 
 
@@ -198,6 +198,10 @@ def buildParser() -> argparse.ArgumentParser:
     from fleetd.cli import approve
 
     approve.addCommands(commands)
+
+    from fleetd.cli import status
+
+    status.addCommands(commands)
 
     from fleetd.cli.dnscheck import addArguments
 

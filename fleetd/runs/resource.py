@@ -22,11 +22,11 @@ from fleetd.admin.resource import ownerOf, renderAsync
 from fleetd.inventory.model import Device, IInventory, InventoryError, validateName
 from fleetd.runs.registry import NotReady, Provisioned, RunRegistry
 from fleetd.runs.render import NodeFacts, RenderError, TemplateRenderer
+from fleetd.status import REFUSED_CLASSES
 from fleetd.store.journal import AsyncJournal
 from fleetd.vault import VaultError
 from fleetd.web import Endpoint, textResponse
 
-REFUSED_CLASSES = frozenset({"worker-g2"})
 DESIRED_ACTIONS = frozenset({"netboot"})
 MAX_DEVICES = 1000
 

@@ -1,0 +1,120 @@
+"""
+What state is this machine in, and what do I do? (C{fleetctl status NAME})
+
+L{StatusService} gathers a device's record, its latest run and that run's
+state, the alerts that concern it and its last journal entries, and
+derives the recovery step, if one is needed. It knows nothing of HTTP, so
+the admin API, the owner console and the rack simulator share it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fleetd.inventory.model import Device, DeviceStatus, IInventory
+from fleetd.runs.alerts import AlertTracker
+from fleetd.runs.registry import RunRegistry, RunView
+from fleetd.store.journal import AsyncJournal, JournalEntry
+
+REFUSED_CLASSES = frozenset({"worker-g2"})
+RECENT_ENTRIES = 10
+
+
+@dataclass(frozen=True)
+class DeviceReport:
+    """One device as C{fleetctl status} shows it; no code, token or body."""
+
+    device: Device
+    run: RunView | None
+    alerts: list[str]
+    journal: list[JournalEntry]
+    state: str
+    recovery: str | None
+
+    def toJSON(self) -> dict[str, Any]:
+        run = None
+        if self.run is not None:
+            run = {**self.run.record.toJSON(), "state": self.run.state}
+        return {
+            "device": self.device.toJSON(),
+            "run": run,
+            "alerts": list(self.alerts),
+            "journal": [entry.toJSON() for entry in self.journal],
+            "state": self.state,
+            "recovery": self.recovery,
+        }
+
+
+def assess(
+    device: Device, run: RunView | None, alerts: list[str]
+) -> tuple[str, str | None]:
+    """
+    A one-line description of where C{device} stands, and the recovery
+    step an owner should take (L{None} when nothing is needed).
+    """
+    name = device.name
+    provision = f"fleetctl provision {name}"
+    if device.device_class in REFUSED_CLASSES:
+        return (
+            f"class {device.device_class} cannot attest or install through fleetd [T2]",
+            "none through fleetd: install this machine another way or retire it",
+        )
+    if device.status is DeviceStatus.DECOMMISSIONING:
+        return "retired (decommissioning): it cannot be provisioned", None
+    if run is None:
+        return "never provisioned", f"{provision}, then write the code to META 0x0b"
+    if run.state == "lost":
+        return (
+            "its configuration is lost (spore rebooted before the node fetched it);"
+            " fleetd will not provision again on its own [V4]",
+            f"{provision}, then give the node the new code",
+        )
+    if run.state == "consumed" and "FleetInstallConfigRefetched" in alerts:
+        return (
+            "its configuration was delivered, and the node keeps asking for it"
+            " again (it probably lost power before Talos wrote STATE) [C2]",
+            f"{provision}; the disk holds no STATE to preserve",
+        )
+    if run.state == "consumed":
+        if device.status is DeviceStatus.ACTIVE:
+            return "installed and joined the cluster", None
+        return (
+            "configuration delivered; waiting for the node's kubelet certificate",
+            None,
+        )
+    if run.state == "delivering":
+        return "its configuration is being delivered right now", None
+    if run.state == "ready":
+        return (
+            "provisioned; waiting for the node to fetch its configuration",
+            None,
+        )
+    return f"latest run is {run.state}", f"{provision} to start a new run"
+
+
+class StatusService:
+    """Reports on devices for people; reads only, changes nothing."""
+
+    def __init__(
+        self,
+        inventory: IInventory,
+        registry: RunRegistry,
+        alerts: AlertTracker,
+        journal: AsyncJournal,
+    ) -> None:
+        self._inventory = inventory
+        self._registry = registry
+        self._alerts = alerts
+        self._journal = journal
+
+    async def report(self, name: str) -> DeviceReport | None:
+        """C{name}'s report, or L{None} when no such device exists."""
+        device = await self._inventory.get(name)
+        if device is None:
+            return None
+        run = await self._registry.view(device.name)
+        alerts = self._alerts.openFor(device.name)
+        entries = await self._journal.latest(device=device.name, limit=RECENT_ENTRIES)
+        state, recovery = assess(device, run, alerts)
+        return DeviceReport(device, run, alerts, entries, state, recovery)

@@ -1,0 +1,167 @@
+"""
+C{fleetctl status NAME}: a device's record, its latest run and state, the
+alerts that concern it, its last journal entries and the recovery step.
+"""
+
+from __future__ import annotations
+
+import json
+
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from fleetd.inventory.model import DeviceStatus
+from fleetd.runs.alerts import DEFAULT_HOLD
+from fleetd.status import DeviceReport, StatusService
+from tests.support import writeConfig
+from tests.test_daemon import DaemonTestMixin
+from tests.test_devices_api import run as fleetctlRun
+from tests.test_runs import Fleet, device
+
+
+class StatusServiceTests(SynchronousTestCase):
+    """The report in every state a device's run can be in."""
+
+    def setUp(self) -> None:
+        self.fleet = Fleet(self)
+        self.fleet.hold = DEFAULT_HOLD
+        self.fleet.restart()
+        self.fleet.add(device("w1", "SER1"), device("g2", "SER2", cls="worker-g2"))
+
+    def report(self, name: str = "w1") -> DeviceReport:
+        service = StatusService(
+            self.fleet.inventory,
+            self.fleet.registry,
+            self.fleet.alerts,
+            self.fleet.journal,
+        )
+        result = self.successResultOf(Deferred.fromCoroutine(service.report(name)))
+        assert result is not None
+        return result
+
+    def test_unknown_none(self) -> None:
+        """An unknown device has no report (the API answers 404)."""
+        service = StatusService(
+            self.fleet.inventory, self.fleet.registry, self.fleet.alerts,
+            self.fleet.journal,
+        )  # fmt: skip
+        self.assertIsNone(
+            self.successResultOf(Deferred.fromCoroutine(service.report("nope")))
+        )
+
+    def test_neverProvisioned(self) -> None:
+        """A new device: no run, and the step is to provision it."""
+        report = self.report()
+        self.assertIsNone(report.run)
+        self.assertEqual(
+            report.recovery, "fleetctl provision w1, then write the code to META 0x0b"
+        )
+
+    def test_ready_thenConsumed(self) -> None:
+        """A ready run needs nothing; once delivered the device is staged."""
+        (run,) = self.fleet.provision(device("w1", "SER1"))
+        report = self.report()
+        assert report.run is not None
+        self.assertEqual((report.run.state, report.recovery), ("ready", None))
+        self.fleet.fetch(run.code)
+        report = self.report()
+        assert report.run is not None
+        self.assertEqual(report.run.state, "consumed")
+        self.assertEqual(report.device.status, DeviceStatus.STAGED)
+        self.assertIsNone(report.recovery)
+        self.assertEqual(
+            [e.event for e in report.journal],
+            ["run.provisioned", "run.delivered", "run.released"],
+        )
+
+    def test_refetched_saysProvisionAgain(self) -> None:
+        """[C2] [C3] A refetch raises the alert and names the recovery."""
+        (run,) = self.fleet.provision(device("w1", "SER1"))
+        self.fleet.fetch(run.code)
+        self.fleet.fetch(run.code)
+        report = self.report()
+        self.assertEqual(report.alerts, ["FleetInstallConfigRefetched"])
+        self.assertEqual(
+            report.recovery,
+            "fleetctl provision w1; the disk holds no STATE to preserve",
+        )
+
+    def test_lost_saysProvisionAgain(self) -> None:
+        """[V4] [V5] A lost run after a reboot: the alert and the recovery."""
+        (run,) = self.fleet.provision(device("w1", "SER1"))
+        self.fleet.restart(wipeVault=True)
+        self.fleet.fetch(run.code)
+        report = self.report()
+        assert report.run is not None
+        self.assertEqual(report.run.state, "lost")
+        self.assertEqual(report.device.status, DeviceStatus.PLANNED)
+        self.assertEqual(report.alerts, ["FleetInstallConfigMissing"])
+        self.assertIn("fleetctl provision w1", report.recovery or "")
+
+    def test_workerG2_cannotInstall(self) -> None:
+        """[T2] A worker-g2 is told it cannot install through fleetd."""
+        report = self.report("g2")
+        self.assertIn("[T2]", report.state)
+        self.assertNotIn("fleetctl provision", report.recovery or "")
+
+    def test_report_neverShowsTheCode(self) -> None:
+        """No code appears in the report."""
+        (run,) = self.fleet.provision(device("w1", "SER1"))
+        self.assertNotIn(run.code, json.dumps(self.report().toJSON()))
+
+
+class StatusCommandTests(DaemonTestMixin, TestCase):
+    """fleetctl status against a running daemon."""
+
+    def test_status_byHand(self) -> None:
+        """fleetctl status prints the record, run, state, alerts and step."""
+        return ensureDeferred(self._status())  # type: ignore[return-value]
+
+    async def _status(self) -> None:
+        from twisted.internet.threads import deferToThread
+
+        self.makeSettings()
+        service = self.startDaemon()
+        assert service._loading is not None
+        await service._loading
+        port = self.port(service, "admin")
+        config = str(
+            writeConfig(
+                self.directory, {"owner": {"server": f"https://localhost:{port}"}}
+            )
+        )
+
+        async def fleetctl(*words: str) -> tuple[int, str, str]:
+            result: tuple[int, str, str] = await deferToThread(
+                fleetctlRun, ["--config", config, *words]
+            )
+            return result
+
+        uuid = "4c4c4544-0042-3510-8050-b4c04f4d3232"
+        code, _, err = await fleetctl(
+            "device",
+            "add",
+            "w1",
+            "--serial",
+            "SN-1",
+            "--uuid",
+            uuid,
+            "--class",
+            "worker",
+        )
+        self.assertEqual(code, 0, err)
+        code, out, err = await fleetctl("status", "w1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("run:      none", out)
+        self.assertIn("recovery: fleetctl provision w1", out)
+        code, out, err = await fleetctl("provision", "w1")
+        self.assertEqual(code, 0, err)
+        code, out, err = await fleetctl("--json", "status", "w1")
+        doc = json.loads(out)
+        self.assertEqual(
+            (doc["run"]["state"], doc["device"]["status"]), ("ready", "planned")
+        )
+        self.assertEqual([e["event"] for e in doc["journal"]][-1], "run.provisioned")
+        code, out, err = await fleetctl("status", "w9")
+        self.assertEqual(code, 1)
+        self.assertIn("404", err)
