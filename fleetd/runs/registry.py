@@ -25,6 +25,7 @@ from twisted.python.failure import Failure
 from fleetd.inventory.model import Device, DeviceStatus, IInventory, ServedRecord
 from fleetd.runs.alerts import MISSING, REFETCHED, AlertTracker
 from fleetd.runs.codes import codeDigest, mintCode, mintRunId
+from fleetd.runs.identities import IdentityIndex
 from fleetd.runs.machine import Outcome, RunEffects, RunInputs, RunMachine
 from fleetd.runs.releaser import Releaser
 from fleetd.runs.store import RunRecord, insertRuns, loadRuns, noteRun
@@ -154,7 +155,7 @@ class RunRegistry:
         self._runs: dict[str, _Run] = {}
         self._byDigest: dict[str, _Run] = {}
         self._current: dict[str, _Run] = {}
-        self._identity: dict[str, tuple[str, str]] = {}
+        self._identity = IdentityIndex()
         self._provisioning = DeferredLock()
         self.loaded = False
         self.releaser = Releaser(clock, inventory, journal)
@@ -336,6 +337,10 @@ class RunRegistry:
     def identity(self, device: str) -> tuple[str, str] | None:
         """The (uuid, serial) the inventory holds for C{device}."""
         return self._identity.get(device)
+
+    def deviceByIdentity(self, uuid: str, serial: str) -> str | None:
+        """The device with this uuid and serial, if any (IRunLookup)."""
+        return self._identity.deviceByIdentity(uuid, serial)
 
     def readyRun(self, device: str) -> str | None:
         """The device's run that a request now would get (IRunLookup)."""
