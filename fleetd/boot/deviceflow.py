@@ -277,9 +277,13 @@ class DeviceFlow(Decisions):
                 device=grant.device,
                 fields={"request": held.id, "peer": peer},
             )
-        except Exception:
+        except Exception as e:
             held.machine.notIssued()
-            self.log.failure("deviceflow.issue-not-recorded {request}", request=held.id)
+            self.log.error(
+                "deviceflow.issue-not-recorded {request} {reason}",
+                request=held.id,
+                reason=str(e)[:200],
+            )
             return _error("authorization_pending")
         token = secrets.token_urlsafe(32)
         expires = self._clock.seconds() + self.tokenExpiresIn

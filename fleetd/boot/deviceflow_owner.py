@@ -186,10 +186,12 @@ class Decisions:
                 device=device,
                 fields={"request": held.id, "peer": held.peer, **fields},
             )
-        except Exception:
+        except Exception as e:
             held.machine.undecided()
-            self.log.failure(
-                "deviceflow.decision-not-recorded {request}", request=held.id
+            self.log.error(
+                "deviceflow.decision-not-recorded {request} {reason}",
+                request=held.id,
+                reason=str(e)[:200],
             )
             raise DeviceFlowError(
                 "not-recorded",
