@@ -23,15 +23,16 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 
 from fleetd import __version__
+from fleetd.admin.deviceflow import (
+    DevicePage,
+    deviceFlowAdminResource,
+    verificationURI,
+)
 from fleetd.admin.resource import adminRoot
 from fleetd.admin.status import StatusResource
 from fleetd.boot.config import ConfigResource
 from fleetd.boot.deviceflow import DeviceFlow
-from fleetd.boot.deviceflow_resource import (
-    deviceCodeResource,
-    deviceFlowAdminResource,
-    tokenResource,
-)
+from fleetd.boot.deviceflow_resource import deviceCodeResource, tokenResource
 from fleetd.boot.ratelimit import RateLimiter
 from fleetd.boot.resource import bootRoot
 from fleetd.config import loadTopology
@@ -171,15 +172,11 @@ class FleetdService(MultiService):
         self.deviceFlow = DeviceFlow(
             self.reactor,
             self.runs,
-            verificationURI=f"https://{s.topology.enrollment_name}/device",
-            limiter=RateLimiter(
-                self.reactor, rate=1 / 30, burst=5, globalRate=2, globalBurst=50
-            ),
-            maxPending=256,
+            self.journal,
+            # The admin port is known once bound: see privilegedStartService.
+            verificationURI=verificationURI(s.topology.enrollment_name, None),
         )
-        self.adminAPI[b"device-flow"] = deviceFlowAdminResource(
-            self.deviceFlow, self.journal
-        )
+        self.adminAPI[b"device-flow"] = deviceFlowAdminResource(self.deviceFlow)
         self.configResource = ConfigResource(
             self.runs,
             clock=self.reactor,
@@ -191,23 +188,21 @@ class FleetdService(MultiService):
             "boot",
             bootRoot(
                 config=self.configResource,
-                deviceCode=deviceCodeResource(self.deviceFlow, self.journal),
-                token=tokenResource(self.deviceFlow, self.journal),
+                deviceCode=deviceCodeResource(self.deviceFlow),
+                token=tokenResource(self.deviceFlow),
             ),
         )
         self._web("device", deviceRoot())
-        self._web(
-            "admin",
-            adminRoot(
-                clock=self.reactor,
-                registry=self.registry,
-                journal=self.journal,
-                site=s.site_name,
-                version=__version__,
-                api=self.adminAPI,
-            ),
-            clientCA=True,
+        admin = adminRoot(
+            clock=self.reactor,
+            registry=self.registry,
+            journal=self.journal,
+            site=s.site_name,
+            version=__version__,
+            api=self.adminAPI,
         )
+        admin.putChild(b"device", DevicePage())  # owners only [F3]
+        self._web("admin", admin, clientCA=True)
         tink = TinkListenerFactory(
             clock=self.reactor, idleTimeout=s.limits.idle_timeout
         )
@@ -250,6 +245,11 @@ class FleetdService(MultiService):
             if self.onStartupError is not None:
                 self.onStartupError(str(e))
             raise
+        admin = self.listeners["admin"].port  # [F3] where /device answers
+        port = None if admin is None else getattr(admin.getHost(), "port", None)
+        self.deviceFlow.verificationURI = verificationURI(
+            self.settings.topology.enrollment_name, port
+        )
 
     def startService(self) -> None:
         Service.startService(self)

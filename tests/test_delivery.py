@@ -394,11 +394,14 @@ class RestartDeliveryTests(DeliveryMixin, TestCase):
         self.assertEqual(
             (await self.fetch(configPath(codes["w1"], UUID1, "SER1")))[0], 200
         )
+        await self.events("run.released")  # the release is what survives a reboot
         await self.restart(wipeVault=True)
         status, _, body = await self.fetch(configPath(codes["w1"], UUID1, "SER1"))
         self.assertEqual((status, body.split(b":")[0]), (410, b"consumed"))
         status, _, body = await self.fetch(configPath(codes["w2"], UUID2, "SER2"))
         self.assertEqual((status, body.split(b":")[0]), (410, b"lost"))
+        # The series go up once their first requests are stored [J1] [V6].
+        await self.events("config.missing", "config.refetched")
         _, _, metrics = await self.get(self.service, "admin", "/metrics")
         self.assertIn(b'fleetd_install_config_missing{device="w2"} 1.0', metrics)
         self.assertIn(b'fleetd_install_config_refetched{device="w1"} 1.0', metrics)

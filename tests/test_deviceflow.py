@@ -6,23 +6,33 @@ import json
 import re
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.boot.deviceflow import (
+from fleetd.admin.deviceflow import requestJSON, verificationURI
+from fleetd.boot.deviceflow import GRANT_TYPE, DeviceFlow, Reply
+from fleetd.boot.deviceflow_machine import Outcome, RequestCore, RequestMachine
+from fleetd.boot.deviceflow_model import (
     ALPHABET,
-    GRANT_TYPE,
-    DeviceFlow,
     DeviceFlowError,
     Grant,
+    RequestView,
     displayUserCode,
     normaliseUserCode,
 )
-from fleetd.boot.deviceflow_resource import requestJSON
-from fleetd.boot.ratelimit import RateLimiter
+from fleetd.store import (
+    JOURNAL_PURPOSE,
+    AsyncJournal,
+    Database,
+    InlineRunner,
+    Journal,
+    deriveKey,
+)
 
 USER_CODE = re.compile(f"[{ALPHABET}]{{4}}-[{ALPHABET}]{{4}}")
 REPORTED = {
@@ -32,24 +42,57 @@ REPORTED = {
     "hostname": "talos-abc",
     "code": "one-time-secret-code-value",
 }
+IDENTITY = (REPORTED["uuid"], REPORTED["serial"])
 
 
 class FakeRuns:
-    """An L{IRunLookup} over a dict, recording what it was asked."""
+    """An L{IRunLookup} over dicts: w1 is the machine REPORTED describes."""
 
-    def __init__(self, ready: dict[str, str] | None = None) -> None:
-        self.ready = {"w1": "run-1"} if ready is None else ready
-        self.asked: list[str] = []
+    def __init__(self) -> None:
+        self.ready: dict[str, str] = {"w1": "run-1"}
+        self.identities: dict[str, tuple[str, str]] = {"w1": IDENTITY}
 
     def readyRun(self, device: str) -> str | None:
-        self.asked.append(device)
         return self.ready.get(device)
 
     def identity(self, device: str) -> tuple[str, str] | None:
-        # By default every device is the machine REPORTED describes.
-        return self.identities.get(device, (REPORTED["uuid"], REPORTED["serial"]))
+        return self.identities.get(device)
 
-    identities: dict[str, tuple[str, str]] = {}
+    def deviceByIdentity(self, uuid: str, serial: str) -> str | None:
+        for device, (u, s) in self.identities.items():
+            if u == uuid.strip().lower() and s.casefold() == serial.strip().casefold():
+                return device
+        return None
+
+
+def makeJournal(case: SynchronousTestCase, clock: Any) -> AsyncJournal:
+    db = Database.open(Path(case.mktemp()) / "fleetd.sqlite3")
+    case.addCleanup(db.close)
+    return AsyncJournal(
+        InlineRunner(db), Journal(deriveKey(b"m" * 32, JOURNAL_PURPOSE)), clock
+    )
+
+
+class SwitchableJournal:
+    """A journal whose appends fail (C{broken}) or wait (C{held}) on demand."""
+
+    def __init__(self, inner: AsyncJournal) -> None:
+        self.inner = inner
+        self.broken = False
+        self.held: list[Deferred[Any]] = []
+        self.hold = False
+
+    def append(self, *args: Any, **kwargs: Any) -> Deferred[Any]:
+        if self.broken:
+            return fail(OSError("disk full"))
+        if self.hold:
+            d: Deferred[Any] = Deferred()
+            self.held.append(d)
+            return d.addCallback(lambda _: self.inner.append(*args, **kwargs))
+        return self.inner.append(*args, **kwargs)
+
+    def query(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner.query(*args, **kwargs)
 
 
 class FlowTestCase(SynchronousTestCase):
@@ -57,42 +100,53 @@ class FlowTestCase(SynchronousTestCase):
         self.clock = Clock()
         self.clock.advance(1_000_000)
         self.runs = FakeRuns()
-        self.flow = self.makeFlow()
+        self.journal = SwitchableJournal(makeJournal(self, self.clock))
+        self.flow = self.makeFlow(maxPerSource=10_000, maxPerDevice=10_000)
 
     def makeFlow(self, **kwargs: Any) -> DeviceFlow:
-        options: dict[str, Any] = {
-            "verificationURI": "https://enroll.example/device",
-            "maxPerSource": 10_000,  # most tests ask from one address
-        }
+        options: dict[str, Any] = {"verificationURI": "https://enroll.example/device"}
         options.update(kwargs)
-        return DeviceFlow(self.clock, self.runs, **options)
+        journal: Any = self.journal
+        return DeviceFlow(self.clock, self.runs, journal, **options)
 
     def request(
         self, flow: DeviceFlow | None = None, peer: str = "192.0.2.10", **form: str
     ) -> dict[str, Any]:
         fields = {"client_id": "talos", **REPORTED}
         fields.update(form)
-        status, document = (flow or self.flow).requestCode(fields, peer)
-        self.assertEqual(status, 200, document)
-        return document
+        reply = (flow or self.flow).requestCode(fields, peer)
+        self.assertEqual(reply.status, 200, reply)
+        return reply.document
 
     def poll(
-        self,
-        deviceCode: str,
-        flow: DeviceFlow | None = None,
-        peer: str = "192.0.2.10",
-        **form: str,
-    ) -> tuple[int, dict[str, object]]:
+        self, deviceCode: str, flow: DeviceFlow | None = None, **form: str
+    ) -> Reply:
         fields = {
             "grant_type": GRANT_TYPE,
             "device_code": deviceCode,
             "client_id": "talos",
         }
         fields.update(form)
-        return (flow or self.flow).poll(fields, peer)
+        return self.successResultOf(
+            Deferred.fromCoroutine((flow or self.flow).poll(fields, "192.0.2.10"))
+        )
 
-    def assertError(self, answer: tuple[int, dict[str, object]], error: str) -> None:
-        self.assertEqual((answer[0], answer[1]["error"]), (400, error), answer)
+    def approve(self, user: str, device: str = "w1", **kw: Any) -> RequestView:
+        return self.successResultOf(
+            Deferred.fromCoroutine(self.flow.approve(user, device, "alice", **kw))
+        )
+
+    def refused(self, coroutine: Any) -> DeviceFlowError:
+        failure = self.failureResultOf(Deferred.fromCoroutine(coroutine))
+        error = failure.value
+        assert isinstance(error, DeviceFlowError)
+        return error
+
+    def events(self) -> list[str]:
+        return [e.event for e in self.successResultOf(self.journal.query())]
+
+    def assertError(self, reply: Reply, error: str) -> None:
+        self.assertEqual((reply.status, reply.document["error"]), (400, error), reply)
 
 
 class RequestCodeTests(FlowTestCase):
@@ -105,83 +159,36 @@ class RequestCodeTests(FlowTestCase):
         )
         self.assertEqual(document["verification_uri"], "https://enroll.example/device")
         self.assertEqual((document["expires_in"], document["interval"]), (600, 5))
-        self.assertIsInstance(document["interval"], int)
         self.assertRegex(document["user_code"], USER_CODE)
-        # token_urlsafe(32): 32 random bytes, 43 base64url characters
         self.assertGreaterEqual(len(document["device_code"]), 43)
         json.dumps(document)
 
     def test_clientID_required(self) -> None:
         """A request without client_id is 400 invalid_request."""
-        status, document = self.flow.requestCode({"uuid": "u"}, "192.0.2.1")
-        self.assertEqual((status, document["error"]), (400, "invalid_request"))
+        reply = self.flow.requestCode({"uuid": "u"}, "192.0.2.1")
+        self.assertError(reply, "invalid_request")
         self.assertEqual(self.flow.pending(), [])
 
     def test_values_boundedAndPrintable(self) -> None:
         """Over-long or unprintable values are 400 invalid_request."""
         for bad in ({"serial": "x" * 257}, {"hostname": "a\nb"}, {"scope": "\x00"}):
-            status, document = self.flow.requestCode(
-                {"client_id": "talos", **bad}, "192.0.2.1"
-            )
-            self.assertEqual((status, document["error"]), (400, "invalid_request"))
-
-    def test_unknownFields_ignored(self) -> None:
-        """Unrecognised parameters are ignored (RFC 6749 section 3.1)."""
-        self.request(audience="x", scope="openid", whatever="1")
-        (pending,) = self.flow.pending()
-        self.assertEqual(set(pending.reported), set(REPORTED))
+            reply = self.flow.requestCode({"client_id": "talos", **bad}, "192.0.2.1")
+            self.assertError(reply, "invalid_request")
 
     def test_reported_keptButCodeHidden(self) -> None:
         """
-        What the node reported is kept; the code is neither in the JSON
-        listing nor in repr, only whether it was sent.
+        What the node reported is kept, with the inventory device it names;
+        the code is neither in the JSON listing nor in repr.
         """
-        self.request(peer="192.0.2.44")
+        self.request(peer="192.0.2.44", whatever="1")
         (pending,) = self.flow.pending()
-        self.assertEqual(pending.reported["serial"], "S1")
-        self.assertEqual(pending.peer, "192.0.2.44")
-        self.assertEqual(pending.state, "pending")
+        self.assertEqual((pending.peer, pending.known), ("192.0.2.44", "w1"))
         listed = requestJSON(pending)
         self.assertTrue(listed["code_sent"])
         self.assertNotIn("code", listed["reported"])
         self.assertNotIn(REPORTED["code"], json.dumps(listed))
         self.assertNotIn(REPORTED["code"], repr(pending))
-        self.request(code="")  # sent, even if empty
-        fields = dict(REPORTED)
-        del fields["code"]
-        self.flow.requestCode({"client_id": "talos", **fields}, "192.0.2.1")
-        self.assertEqual(
-            [p.code_sent for p in self.flow.pending()], [True, True, False]
-        )
-
-    def test_rateLimited_429(self) -> None:
-        """Beyond the per-source budget, /device/code is 429 rate_limited."""
-        limiter = RateLimiter(
-            self.clock, rate=0.1, burst=2, globalRate=100, globalBurst=100
-        )
-        flow = self.makeFlow(limiter=limiter)
-        self.request(flow)
-        self.request(flow)
-        status, document = flow.requestCode({"client_id": "t"}, "192.0.2.10")
-        self.assertEqual((status, document), (429, {"error": "rate_limited"}))
-        self.assertEqual(flow.retryAfter("192.0.2.10"), 10)
-        self.request(flow, peer="192.0.2.11")  # another source is unaffected
-
-    def test_maxPending_503(self) -> None:
-        """
-        At most maxPending requests are held; then 503 until the oldest
-        expires, when it makes room.
-        """
-        flow = self.makeFlow(maxPending=2)
-        self.request(flow)
-        self.clock.advance(100)
-        self.request(flow)
-        status, document = flow.requestCode({"client_id": "t"}, "192.0.2.10")
-        self.assertEqual((status, document["error"]), (503, "temporarily_unavailable"))
-        self.assertEqual(flow.retryAfter("192.0.2.10"), 501)
-        self.clock.advance(500)
-        self.request(flow)
-        self.assertEqual(len(flow.pending()), 2)
+        self.assertNotIn(pending.user_code, repr(pending))
 
     def test_userCode_alphabetAndUnique(self) -> None:
         """User codes are 8 letters of BCDFGHJKLMNPQRSTVWXZ, XXXX-XXXX, unique."""
@@ -196,6 +203,404 @@ class RequestCodeTests(FlowTestCase):
         self.patch(secrets, "choice", lambda _: next(letters))
         self.assertEqual(self.request()["user_code"], "BBBB-BBBB")
         self.assertEqual(self.request()["user_code"], "CCCC-CCCC")
+
+
+class AdmissionTests(FlowTestCase):
+    """[F4] Who may hold how many live requests."""
+
+    def test_perSource_429UntilOldestExpires(self) -> None:
+        """
+        [F4] A source holds at most maxPerSource live requests; then 429
+        with Retry-After until its oldest expires. An IPv6 /64 is one
+        source; another source is unaffected.
+        """
+        flow = self.makeFlow()
+        self.request(flow, peer="2001:db8::1")
+        self.clock.advance(100)
+        self.request(flow, peer="2001:db8::2", serial="other")
+        reply = flow.requestCode({"client_id": "t"}, "2001:db8::ffff")
+        self.assertEqual((reply.status, reply.retryAfter), (429, 500))
+        self.assertEqual(reply.document["error"], "rate_limited")
+        self.request(flow, peer="2001:db8:0:1::1", serial="x")
+        self.clock.advance(500)
+        self.request(flow, peer="2001:db8::3", serial="y")
+
+    def test_strangersFull_knownNodeAdmitted(self) -> None:
+        """
+        [F4] Requests naming no inventory identity share maxStrangers
+        slots (then 503 with Retry-After); a node reporting w1's uuid and
+        serial (any case) from a fresh address still gets its code.
+        """
+        flow = self.makeFlow(maxStrangers=4)
+        for i in range(4):
+            self.request(flow, peer=f"127.0.0.{i + 2}", uuid=f"u{i}")
+        reply = flow.requestCode({"client_id": "t"}, "127.0.0.99")
+        self.assertEqual(
+            (reply.status, reply.document["error"]), (503, "temporarily_unavailable")
+        )
+        self.assertEqual(reply.retryAfter, 600)
+        self.request(
+            flow, peer="127.0.0.100", uuid=REPORTED["uuid"].upper(), serial="s1"
+        )
+        self.assertEqual([v.known for v in flow.pending()][-1], "w1")
+
+    def test_successNeverSpendsSharedBudget(self) -> None:
+        """
+        [F4] Successful requests spend nothing shared: 2 requests from each
+        of 128 sources all succeed, as many as the strangers' pool holds.
+        """
+        flow = self.makeFlow()
+        for i in range(256):
+            self.request(
+                flow, peer=f"10.0.{i // 2 // 250}.{i // 2 % 250}", uuid=f"u{i}"
+            )
+        self.assertEqual(len(flow.pending()), 256)
+
+    def test_perDevice_cap(self) -> None:
+        """
+        [F4] At most maxPerDevice live requests report one device's
+        identity (429), so one machine's replays cannot fill the table.
+        """
+        flow = self.makeFlow()
+        self.request(flow, peer="127.0.0.2")
+        self.request(flow, peer="127.0.0.3")
+        reply = flow.requestCode({"client_id": "t", **REPORTED}, "127.0.0.4")
+        self.assertEqual(reply.status, 429)
+        self.request(flow, peer="127.0.0.4", serial="not-w1")  # a stranger's slot
+
+    def test_expired_freesSlotsThenForgotten(self) -> None:
+        """
+        [F4] An expired request frees its slots at once; it answers
+        expired_token for one more lifetime, then invalid_grant.
+        """
+        flow = self.makeFlow(maxStrangers=1)
+        document = self.request(flow, uuid="u")
+        self.clock.advance(600)
+        self.request(flow, peer="192.0.2.77", uuid="v")
+        self.assertError(self.poll(document["device_code"], flow), "expired_token")
+        self.clock.advance(600)
+        self.assertError(self.poll(document["device_code"], flow), "invalid_grant")
+
+
+class PollTests(FlowTestCase):
+    def test_pending_thenToken(self) -> None:
+        """authorization_pending until approved; then a Bearer token, journaled."""
+        document = self.request()
+        self.assertError(self.poll(document["device_code"]), "authorization_pending")
+        self.approve(document["user_code"])
+        self.clock.advance(5)
+        reply = self.poll(document["device_code"])
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(reply.document["token_type"], "Bearer")
+        self.assertEqual(self.events(), ["deviceflow.approved", "deviceflow.issued"])
+
+    def test_token_onlyOnce(self) -> None:
+        """The token is handed out once; later polls get invalid_grant."""
+        document = self.request()
+        self.approve(document["user_code"])
+        self.assertEqual(self.poll(document["device_code"]).status, 200)
+        self.assertError(self.poll(document["device_code"]), "invalid_grant")
+
+    def test_denied_accessDenied(self) -> None:
+        """A denied request's next poll is access_denied."""
+        document = self.request()
+        self.successResultOf(
+            Deferred.fromCoroutine(self.flow.deny(document["user_code"], "alice"))
+        )
+        self.assertError(self.poll(document["device_code"]), "access_denied")
+
+    def test_probePairs_notTooFast(self) -> None:
+        """
+        [F1] x/oauth2 sends every poll twice back to back; pairs at the
+        interval are never told slow_down.
+        """
+        document = self.request()
+        for _ in range(10):
+            for _ in range(2):
+                self.assertError(
+                    self.poll(document["device_code"]), "authorization_pending"
+                )
+            self.clock.advance(5)
+
+    def test_hammering_slowDownNever429(self) -> None:
+        """
+        [F1] Polling far too fast gets slow_down, never 429 or 503; the
+        interval expected grows by 5 s per window, and a client that obeys
+        gets authorization_pending again.
+        """
+        document = self.request()
+        errors = {
+            self.poll(document["device_code"]).document["error"] for _ in range(200)
+        }
+        self.assertEqual(errors, {"authorization_pending", "slow_down"})
+        self.clock.advance(10)
+        self.assertError(self.poll(document["device_code"]), "authorization_pending")
+
+    def test_badRequests(self) -> None:
+        """Wrong grant type, missing parameters, unknown codes: RFC errors, 400."""
+        document = self.request()
+        self.assertError(
+            self.poll(document["device_code"], grant_type="password"),
+            "unsupported_grant_type",
+        )
+        self.assertError(
+            self.poll(document["device_code"], client_id="x"), "invalid_grant"
+        )
+        self.assertError(self.poll("nope"), "invalid_grant")
+        reply = self.successResultOf(
+            Deferred.fromCoroutine(self.flow.poll({"grant_type": GRANT_TYPE}, "p"))
+        )
+        self.assertError(reply, "invalid_request")
+
+    def test_noTimers(self) -> None:
+        """The flow arms no timers: expiry is read from the clock."""
+        document = self.request()
+        self.approve(document["user_code"])
+        self.poll(document["device_code"])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class TokenTests(FlowTestCase):
+    def issue(self, **form: str) -> str:
+        document = self.request(None, "192.0.2.10", **form)
+        self.approve(document["user_code"])
+        reply = self.poll(document["device_code"])
+        self.assertEqual(reply.status, 200)
+        return str(reply.document["access_token"])
+
+    def test_grant_boundToDeviceAndReportedIdentity(self) -> None:
+        """
+        [F2] The token authorizes the device and the machine that reported
+        its uuid and serial, with the inventory identity of the approval;
+        no run is named.
+        """
+        token = self.issue(serial="s1")
+        grant = self.flow.authorize(token)
+        self.assertEqual(grant, Grant("w1", REPORTED["uuid"], "s1", IDENTITY))
+        self.assertIsNone(self.flow.authorize("x" + token))
+
+    def test_lifetime_3h(self) -> None:
+        """[F2] A token lives 3 h by default (Talos reuses it that long)."""
+        token = self.issue()
+        self.assertEqual(self.flow.tokenExpiresIn, 3 * 3600)
+        self.clock.advance(3 * 3600 - 1)
+        self.assertIsNotNone(self.flow.authorize(token))
+        self.clock.advance(1)
+        self.assertIsNone(self.flow.authorize(token))
+
+    def test_delivered_recorded(self) -> None:
+        """[F2] Once a delivery finished, the grant names the run it delivered."""
+        token = self.issue()
+        grant = self.flow.authorize(token)
+        assert grant is not None
+        self.flow.delivered(grant, "run-1")
+        again = self.flow.authorize(token)
+        assert again is not None
+        self.assertEqual(again.delivered, "run-1")
+
+    def test_issueNotJournaled_noToken(self) -> None:
+        """
+        [J1] When the journal refuses the token's entry, no token is handed
+        out (authorization_pending); the next poll tries again.
+        """
+        document = self.request()
+        self.approve(document["user_code"])
+        self.journal.broken = True
+        self.assertError(self.poll(document["device_code"]), "authorization_pending")
+        self.assertEqual(self.flow._tokens, {})
+        self.journal.broken = False
+        self.assertEqual(self.poll(document["device_code"]).status, 200)
+
+
+class ApproveTests(FlowTestCase):
+    def test_approve_normalisesInput(self) -> None:
+        """The user code is accepted in any case, with or without dashes."""
+        document = self.request()
+        view = self.approve(document["user_code"].lower().replace("-", " "))
+        self.assertEqual(
+            (view.state, view.device, view.decided_by), ("approved", "w1", "alice")
+        )
+
+    def test_refusals(self) -> None:
+        """Unknown code, bad device, unknown device, no ready run: refused."""
+        user = self.request()["user_code"]
+        flow = self.flow
+        cases = [
+            (flow.approve("BBBB-BBBB", "w1", "alice"), "unknown-user-code"),
+            (flow.approve(user, "a\nb", "alice"), "invalid"),
+            (flow.approve(user, "w9", "alice"), "unknown-device"),
+        ]
+        for coroutine, kind in cases:
+            self.assertEqual(self.refused(coroutine).kind, kind)
+        del self.runs.ready["w1"]
+        self.assertEqual(
+            self.refused(flow.approve(user, "w1", "alice")).kind, "no-ready-run"
+        )
+        self.assertEqual(len(flow.pending()), 1)  # every refusal left it pending
+        self.assertEqual(self.events(), [])
+
+    def test_alreadyDecidedAndExpired(self) -> None:
+        """A decided request cannot be decided again; an expired one is gone."""
+        user = self.request()["user_code"]
+        self.approve(user)
+        error = self.refused(self.flow.deny(user, "bob"))
+        self.assertEqual(error.kind, "already-decided")
+        self.assertNotIn(user, str(error))  # the message names the request id
+        other = self.request(serial="x")["user_code"]
+        self.clock.advance(600)
+        self.assertEqual(self.refused(self.flow.deny(other, "bob")).kind, "expired")
+
+    def test_tooManyAttempts(self) -> None:
+        """RFC 8628 5.1: after 5 unknown codes, even a right one is refused."""
+        user = self.request()["user_code"]
+        for _ in range(5):
+            self.refused(self.flow.approve("BBBB-BBBB", "w1", "alice"))
+        error = self.refused(self.flow.approve(user, "w1", "alice"))
+        self.assertEqual(error.kind, "too-many-attempts")
+
+    def test_mismatch_refusedUnlessExactlyAccepted(self) -> None:
+        """
+        A reported serial unlike the inventory's is refused; accepting the
+        wrong field, or accepting a mismatch where none is, is refused too
+        (the server's check is never off); accepting exactly serial
+        approves, journaled forced=true with what differed.
+        """
+        user = self.request(serial="OTHER")["user_code"]
+        flow = self.flow
+        for accept in ((), ("uuid",), ("uuid", "serial")):
+            error = self.refused(
+                flow.approve(user, "w1", "alice", acceptMismatch=accept)
+            )
+            self.assertEqual(error.kind, "mismatch", accept)
+        self.approve(user, acceptMismatch=["serial"])
+        (entry,) = self.successResultOf(self.journal.query())
+        self.assertEqual(entry.fields["forced"], True)
+        self.assertEqual(entry.fields["mismatch"], "serial")
+        self.assertEqual(
+            (entry.fields["serial"], entry.fields["inventory_serial"]), ("OTHER", "S1")
+        )
+        good = self.request()["user_code"]
+        error = self.refused(
+            flow.approve(good, "w1", "alice", acceptMismatch=["serial"])
+        )
+        self.assertEqual(error.kind, "mismatch")
+
+    def test_unreported_countsAsMismatch(self) -> None:
+        """A request that reported no uuid/serial differs in both."""
+        status = self.flow.requestCode({"client_id": "talos"}, "192.0.2.1")
+        user = str(status.document["user_code"])
+        self.assertEqual(
+            self.refused(self.flow.approve(user, "w1", "alice")).kind, "mismatch"
+        )
+        self.approve(user, acceptMismatch=["uuid", "serial"])
+
+    def test_serialCaseInsensitive(self) -> None:
+        """Serials compare without regard to case, uuids in lower case."""
+        user = self.request(serial="s1", uuid=REPORTED["uuid"].upper())["user_code"]
+        self.approve(user)
+
+    def test_journalFails_nothingChanges(self) -> None:
+        """
+        [J1] An approval or denial whose journal entry fails changes
+        nothing: the owner gets not-recorded, the node hears
+        authorization_pending and gets no token, and the request can be
+        decided again later.
+        """
+        document = self.request()
+        self.journal.broken = True
+        for coroutine in (
+            self.flow.approve(document["user_code"], "w1", "alice"),
+            self.flow.deny(document["user_code"], "alice"),
+        ):
+            error = self.refused(coroutine)
+            self.assertEqual(error.kind, "not-recorded")
+            self.assertError(
+                self.poll(document["device_code"]), "authorization_pending"
+            )
+            self.clock.advance(5)
+        self.assertEqual([v.state for v in self.flow.pending()], ["pending"])
+        self.assertEqual(self.flow._tokens, {})
+        self.journal.broken = False
+        self.assertEqual(self.events(), [])
+        self.approve(document["user_code"])
+        self.assertEqual(self.poll(document["device_code"]).status, 200)
+
+    def test_beingDecided_nodeWaits(self) -> None:
+        """
+        [J1] While an approval's entry is being written, the node hears
+        authorization_pending and a second decision is refused; the
+        approval takes effect only once the entry is durable.
+        """
+        document = self.request()
+        self.journal.hold = True
+        approving = Deferred.fromCoroutine(
+            self.flow.approve(document["user_code"], "w1", "alice")
+        )
+        self.assertNoResult(approving)
+        self.assertError(self.poll(document["device_code"]), "authorization_pending")
+        error = self.refused(self.flow.deny(document["user_code"], "bob"))
+        self.assertEqual(error.kind, "being-decided")
+        self.journal.hold = False
+        self.journal.held.pop().callback(None)
+        self.assertEqual(self.successResultOf(approving).state, "approved")
+        self.clock.advance(5)
+        self.assertEqual(self.poll(document["device_code"]).status, 200)
+
+
+class MachineTests(SynchronousTestCase):
+    def test_settlingStatesIgnoreExpiry(self) -> None:
+        """
+        An entry being written settles before expiry applies: deciding and
+        issuing ignore expire, and a request left approved then expires.
+        """
+        machine = RequestMachine(RequestCore(5))
+        self.assertEqual(machine.decide(), Outcome.DECIDE)
+        machine.expire()
+        machine.approved(Grant("w1", None, None, IDENTITY))
+        self.assertEqual(machine.status(), "approved")
+        self.assertEqual(machine.poll(0.0), Outcome.ISSUE)
+        machine.expire()
+        machine.notIssued()
+        machine.expire()
+        self.assertEqual(machine.poll(0.0), Outcome.EXPIRED)
+        self.assertEqual(machine.decide(), Outcome.EXPIRED)
+
+
+class SecretsTests(FlowTestCase):
+    def test_noSecretInLogsJournalOrListings(self) -> None:
+        """
+        Device codes, access tokens, user codes and the reported code never
+        appear in a log line, a journal entry or an error message.
+        """
+        with capturedLogs() as events:
+            document = self.request()
+            view = self.approve(document["user_code"])
+            reply = self.poll(document["device_code"])
+            self.refused(self.flow.deny(document["user_code"], "alice"))
+        text = "\n".join(formatEvent(e) + repr(e) for e in events)
+        text += json.dumps(
+            [e.toJSON() for e in self.successResultOf(self.journal.query())]
+        )
+        text += repr(view)
+        for secret in (
+            document["device_code"],
+            document["user_code"],
+            document["user_code"].replace("-", ""),
+            str(reply.document["access_token"]),
+            REPORTED["code"],
+        ):
+            self.assertNotIn(secret, text)
+
+
+class VerificationURITests(SynchronousTestCase):
+    def test_adminPort(self) -> None:
+        """[F3] The admin listener's port, left out when 443 or unknown."""
+        self.assertEqual(
+            verificationURI("enroll.example", 8446),
+            "https://enroll.example:8446/device",
+        )
+        self.assertEqual(verificationURI("e.example", 443), "https://e.example/device")
+        self.assertEqual(verificationURI("e.example", None), "https://e.example/device")
 
 
 class UserCodeTests(SynchronousTestCase):
@@ -225,379 +630,3 @@ class UserCodeTests(SynchronousTestCase):
     def test_display(self) -> None:
         """User codes are displayed as XXXX-XXXX."""
         self.assertEqual(displayUserCode("WDJBMJHT"), "WDJB-MJHT")
-
-
-class PollTests(FlowTestCase):
-    def test_pending_thenToken(self) -> None:
-        """
-        Polls answer authorization_pending until approval; the next poll
-        gets a Bearer token, whose Grant is the device's ready run.
-        """
-        document = self.request()
-        self.assertError(self.poll(document["device_code"]), "authorization_pending")
-        view = self.flow.approve(document["user_code"], "w1", "alice")
-        self.assertEqual(
-            (view.state, view.device, view.run), ("approved", "w1", "run-1")
-        )
-        self.clock.advance(5)
-        status, token = self.poll(document["device_code"])
-        self.assertEqual(status, 200)
-        self.assertEqual(token["token_type"], "Bearer")
-        self.assertEqual(token["expires_in"], 3600)
-        self.assertEqual(
-            self.flow.authorize(str(token["access_token"])), Grant("w1", "run-1")
-        )
-
-    def test_token_onlyOnce(self) -> None:
-        """The token is handed out once; later polls are invalid_grant."""
-        document = self.request()
-        self.flow.approve(document["user_code"], "w1", "alice")
-        self.assertEqual(self.poll(document["device_code"])[0], 200)
-        self.assertError(self.poll(document["device_code"]), "invalid_grant")
-        with self.assertRaises(DeviceFlowError) as e:
-            self.flow.deny(document["user_code"], "alice")
-        self.assertEqual(e.exception.kind, "already-decided")
-
-    def test_authorize_unknownAndExpired(self) -> None:
-        """authorize is None for unknown tokens and once the token expired."""
-        document = self.request()
-        self.flow.approve(document["user_code"], "w1", "alice")
-        token = str(self.poll(document["device_code"])[1]["access_token"])
-        self.assertIsNone(self.flow.authorize(token[:-1] + "x"))
-        self.assertIsNone(self.flow.authorize(""))
-        self.assertIsNone(self.flow.authorize("x" * 10_000))
-        self.clock.advance(3599)
-        self.assertIsNotNone(self.flow.authorize(token))
-        self.clock.advance(1)
-        self.assertIsNone(self.flow.authorize(token))
-
-    def test_denied_accessDenied(self) -> None:
-        """After deny, every poll is access_denied (the client stops)."""
-        document = self.request()
-        view = self.flow.deny(document["user_code"], "alice")
-        self.assertEqual((view.state, view.decided_by), ("denied", "alice"))
-        for _ in range(2):
-            self.clock.advance(5)
-            self.assertError(self.poll(document["device_code"]), "access_denied")
-
-    def test_expired_expiredToken(self) -> None:
-        """
-        After expires_in, polls are expired_token for one more lifetime,
-        then the request is forgotten (invalid_grant).
-        """
-        document = self.request()
-        self.clock.advance(600)
-        self.assertError(self.poll(document["device_code"]), "expired_token")
-        self.assertEqual(self.flow.pending(), [])
-        self.clock.advance(600)
-        self.assertError(self.poll(document["device_code"]), "invalid_grant")
-
-    def test_firstPollAndProbePairs_notTooFast(self) -> None:
-        """
-        golang.org/x/oauth2 polls once right away, then every interval, and
-        sends each unsuccessful poll twice back to back: no slow_down.
-        """
-        code = self.request()["device_code"]
-        for _ in range(6):
-            self.assertError(self.poll(code), "authorization_pending")
-            self.assertError(self.poll(code), "authorization_pending")
-            self.clock.advance(5)
-
-    def test_slowDown_intervalGrowsBy5(self) -> None:
-        """
-        Polling faster than the interval is slow_down, and the interval for
-        that request grows by 5 s each time (RFC 8628 section 3.5).
-        """
-        code = self.request()["device_code"]
-        interval = 5
-        for _ in range(3):
-            self.assertError(self.poll(code), "authorization_pending")
-            self.assertError(self.poll(code), "authorization_pending")
-            self.assertError(self.poll(code), "slow_down")
-            self.assertError(self.poll(code), "slow_down")  # the probe's twin
-            interval += 5
-            self.clock.advance(interval - 5)
-            self.assertError(self.poll(code), "slow_down")  # old interval: too soon
-            self.clock.advance(5)
-        self.assertError(self.poll(code), "authorization_pending")
-
-    def test_badGrantType(self) -> None:
-        """Another grant_type is unsupported_grant_type; none is invalid_request."""
-        code = self.request()["device_code"]
-        self.assertError(
-            self.poll(code, grant_type="authorization_code"), "unsupported_grant_type"
-        )
-        status, document = self.flow.poll({"device_code": code}, "192.0.2.10")
-        self.assertEqual((status, document["error"]), (400, "invalid_request"))
-
-    def test_missingParameters_invalidRequest(self) -> None:
-        """A poll without device_code or client_id is invalid_request."""
-        for missing in ("device_code", "client_id"):
-            form = {"grant_type": GRANT_TYPE, "device_code": "x", "client_id": "t"}
-            del form[missing]
-            status, document = self.flow.poll(form, "192.0.2.10")
-            self.assertEqual((status, document["error"]), (400, "invalid_request"))
-
-    def test_unknownDeviceCode_invalidGrant(self) -> None:
-        """An unknown device code, or another client's, is invalid_grant."""
-        code = self.request()["device_code"]
-        self.assertError(self.poll("nope"), "invalid_grant")
-        self.assertError(self.poll(code, client_id="other"), "invalid_grant")
-
-    def test_unknownDeviceCode_rateLimited(self) -> None:
-        """
-        Unknown device codes and bad polls spend from the source's budget,
-        then get 429; known device codes are never limited.
-        """
-        limiter = RateLimiter(
-            self.clock, rate=0.01, burst=4, globalRate=100, globalBurst=100
-        )
-        flow = self.makeFlow(limiter=limiter)
-        code = self.request(flow)["device_code"]  # spends one
-        self.assertError(self.poll("guess-1", flow), "invalid_grant")
-        self.assertError(
-            self.poll("guess-2", flow, grant_type="x"), "unsupported_grant_type"
-        )
-        self.assertEqual(flow.malformed("192.0.2.10", "bad")[0], 400)
-        self.assertEqual(self.poll("guess-3", flow), (429, {"error": "rate_limited"}))
-        self.assertGreaterEqual(flow.retryAfter("192.0.2.10"), 1)
-        self.clock.advance(5)
-        self.assertError(self.poll(code, flow), "authorization_pending")
-
-    def test_hammering_slowDownThen429(self) -> None:
-        """
-        slow_down answers spend from the source's budget: a node hammering
-        with a valid device code ends up with cheap 429s.
-        """
-        limiter = RateLimiter(
-            self.clock, rate=0.01, burst=5, globalRate=100, globalBurst=100
-        )
-        flow = self.makeFlow(limiter=limiter)
-        code = self.request(flow)["device_code"]
-        answers = [self.poll(code, flow)[1]["error"] for _ in range(8)]
-        self.assertEqual(
-            answers,
-            ["authorization_pending"] * 2 + ["slow_down"] * 4 + ["rate_limited"] * 2,
-        )
-
-    def test_noTimers(self) -> None:
-        """The flow arms no timers: expiry is lazy, so nothing to cancel."""
-        document = self.request()
-        self.poll(document["device_code"])
-        self.flow.approve(document["user_code"], "w1", "alice")
-        self.poll(document["device_code"])
-        self.assertEqual(self.clock.getDelayedCalls(), [])
-
-
-class ApproveTests(FlowTestCase):
-    def test_approve_normalisesInput(self) -> None:
-        """The owner may type the user code in any case, with or without dash."""
-        document = self.request()
-        typed = document["user_code"].lower().replace("-", " ")
-        self.assertEqual(self.flow.approve(typed, "w1", "alice").device, "w1")
-
-    def test_approve_noReadyRun(self) -> None:
-        """Approving for a device without a ready run is refused: provision first."""
-        document = self.request()
-        with self.assertRaises(DeviceFlowError) as e:
-            self.flow.approve(document["user_code"], "w2", "alice")
-        self.assertEqual(e.exception.kind, "no-ready-run")
-        self.assertIn("provision w2 first", str(e.exception))
-        self.assertEqual(self.flow.pending()[0].state, "pending")
-
-    def test_approve_unknownAndExpired(self) -> None:
-        """Unknown user codes and expired requests are refused with their kind."""
-        document = self.request()
-        with self.assertRaises(DeviceFlowError) as e:
-            self.flow.approve("BBBB-BBBB", "w1", "alice")
-        self.assertEqual(e.exception.kind, "unknown-user-code")
-        self.clock.advance(600)
-        with self.assertRaises(DeviceFlowError) as e:
-            self.flow.approve(document["user_code"], "w1", "alice")
-        self.assertEqual(e.exception.kind, "expired")
-
-    def test_approve_alreadyDecided(self) -> None:
-        """A request is decided once: approve or deny again is refused."""
-        document = self.request()
-        self.flow.deny(document["user_code"], "alice")
-        for decide in (
-            lambda: self.flow.approve(document["user_code"], "w1", "bob"),
-            lambda: self.flow.deny(document["user_code"], "bob"),
-        ):
-            with self.assertRaises(DeviceFlowError) as e:
-                decide()
-            self.assertEqual(e.exception.kind, "already-decided")
-            self.assertIn("already denied", str(e.exception))
-
-    def test_approve_badDeviceName(self) -> None:
-        """A device name that cannot be one is refused as invalid."""
-        document = self.request()
-        with self.assertRaises(DeviceFlowError) as e:
-            self.flow.approve(document["user_code"], "a\nb", "alice")
-        self.assertEqual(e.exception.kind, "invalid")
-
-    def test_approve_tooManyAttempts(self) -> None:
-        """
-        After 5 unknown user codes (RFC 8628 section 5.1's budget) every
-        approval is refused for a while, a right one included; the budget
-        comes back with time.
-        """
-        document = self.request()
-        for n in range(5):
-            with self.assertRaises(DeviceFlowError) as e:
-                self.flow.approve(f"BBBB-BBB{ALPHABET[n]}", "w1", "mallory")
-            self.assertEqual(e.exception.kind, "unknown-user-code")
-        with self.assertRaises(DeviceFlowError) as e:
-            self.flow.approve(document["user_code"], "w1", "mallory")
-        self.assertEqual(e.exception.kind, "too-many-attempts")
-        self.clock.advance(120)
-        self.flow.approve(document["user_code"], "w1", "mallory")
-
-    def test_approve_globalBudget(self) -> None:
-        """Failed approvals are also capped overall, across owners."""
-        document = self.request()
-        for n in range(10):
-            with self.assertRaises(DeviceFlowError):
-                self.flow.approve("BBBB-BBBB", "w1", f"owner{n % 3}")
-        with self.assertRaises(DeviceFlowError) as e:
-            self.flow.approve(document["user_code"], "w1", "someone-else")
-        self.assertEqual(e.exception.kind, "too-many-attempts")
-
-    def test_approve_touchesNoBinding(self) -> None:
-        """
-        [T1] A device-flow approval only asks for the device's ready run;
-        it has no access to EK bindings and approves none.
-        """
-        document = self.request()
-        self.flow.approve(document["user_code"], "w1", "alice")
-        self.assertEqual(self.runs.asked, ["w1"])
-
-    def test_pending_onlyUndecided(self) -> None:
-        """pending() lists undecided, unexpired requests, oldest first."""
-        first = self.request()
-        self.clock.advance(1)
-        second = self.request()
-        self.clock.advance(1)
-        third = self.request()
-        self.flow.deny(second["user_code"], "alice")
-        self.assertEqual(
-            [p.user_code for p in self.flow.pending()],
-            [first["user_code"], third["user_code"]],
-        )
-
-
-class SecretsTests(FlowTestCase):
-    def test_noSecretInLogsOrListings(self) -> None:
-        """
-        Device codes, access tokens and the reported code never appear in a
-        log event or the pending listing; user codes and peers do.
-        """
-        with capturedLogs() as events:
-            document = self.request()
-            self.poll(document["device_code"])
-            listing = json.dumps([requestJSON(p) for p in self.flow.pending()])
-            self.flow.approve(document["user_code"], "w1", "alice")
-            token = str(self.poll(document["device_code"])[1]["access_token"])
-            self.flow.authorize(token)
-            self.poll(document["device_code"])
-            self.poll("unknown-device-code")
-            with self.assertRaises(DeviceFlowError):
-                self.flow.approve("BBBB-BBBB", "w1", "alice")
-        text = "\n".join(formatEvent(e) + repr(e) for e in events)
-        for secret in (document["device_code"], token, REPORTED["code"]):
-            self.assertNotIn(secret, text)
-            self.assertNotIn(secret, listing)
-        self.assertIn(document["user_code"], text)
-        names = {e["log_format"].split(" ", 1)[0] for e in events}
-        self.assertTrue(
-            {
-                "deviceflow.requested",
-                "deviceflow.approved",
-                "deviceflow.issued",
-                "deviceflow.refused",
-            }
-            <= names,
-            names,
-        )
-
-
-class PerSourceTests(SynchronousTestCase):
-    def test_maxPerSource_fewAddressesCannotFillEverySlot(self) -> None:
-        """
-        Live requests are capped per source (IPv6 by /64), so a handful of
-        addresses cannot hold every pending slot; forgetting frees the slot.
-        """
-        clock = Clock()
-        flow = DeviceFlow(
-            clock, FakeRuns(), verificationURI="https://e/device",
-            maxPerSource=2, maxPending=100, expiresIn=60,
-        )  # fmt: skip
-        form = {"client_id": "talos"}
-        answers = [flow.requestCode(form, f"2001:db8::{i}")[0] for i in range(1, 4)]
-        self.assertEqual(answers, [200, 200, 429])
-        self.assertEqual(flow.requestCode(form, "192.0.2.1")[0], 200)
-        clock.advance(61)  # expired requests no longer count
-        self.assertEqual(flow.requestCode(form, "2001:db8::9")[0], 200)
-
-
-class MismatchTests(SynchronousTestCase):
-    def setUp(self) -> None:
-        self.runs = FakeRuns()
-        self.runs.identities = {
-            "w1": (REPORTED["uuid"], "S1"),
-            "w2": (REPORTED["uuid"], "S9"),
-        }
-        self.runs.ready["w2"] = "run-2"
-        self.flow = DeviceFlow(Clock(), self.runs, verificationURI="https://e/device")
-        status, self.document = self.flow.requestCode(
-            {"client_id": "talos", **REPORTED}, "192.0.2.10"
-        )
-        self.assertEqual(status, 200)
-
-    def test_approve_refusesMismatchUnlessForced(self) -> None:
-        """
-        The server refuses to bind a request whose reported serial differs
-        from the device's (RFC 8628 5.4 remote phishing), unless forced.
-        """
-        userCode = str(self.document["user_code"])
-        error = self.assertRaises(
-            DeviceFlowError, self.flow.approve, userCode, "w2", "o"
-        )
-        self.assertEqual(error.kind, "mismatch")
-        self.assertIn("serial", str(error))
-        view = self.flow.approve(userCode, "w2", "o", force=True)
-        self.assertEqual((view.state, view.run), ("approved", "run-2"))
-
-    def test_approve_matchingIdentity(self) -> None:
-        """Matching uuid and serial (serial case-insensitively) approve."""
-        view = self.flow.approve(str(self.document["user_code"]), "w1", "o")
-        self.assertEqual(view.device, "w1")
-
-    def test_approve_nothingReported_refusedUnlessForced(self) -> None:
-        """
-        A request that reported no uuid/serial cannot be bound without force:
-        its bearer token would skip the boot path's identity check.
-        """
-        status, document = self.flow.requestCode({"client_id": "talos"}, "192.0.2.99")
-        self.assertEqual(status, 200)
-        userCode = str(document["user_code"])
-        error = self.assertRaises(
-            DeviceFlowError, self.flow.approve, userCode, "w1", "o"
-        )
-        self.assertEqual(error.kind, "mismatch")
-        self.assertIn("did not report", str(error))
-        self.assertEqual(
-            self.flow.approve(userCode, "w1", "o", force=True).run, "run-1"
-        )
-
-    def test_approve_unknownIdentity_refused(self) -> None:
-        """A device whose uuid/serial fleetd does not know cannot be approved."""
-        self.runs.identities = {"w1": None}  # type: ignore[dict-item]
-        error = self.assertRaises(
-            DeviceFlowError,
-            self.flow.approve,
-            str(self.document["user_code"]),
-            "w1",
-            "o",
-        )
-        self.assertEqual(error.kind, "mismatch")

@@ -18,6 +18,7 @@ import treq
 from treq.client import HTTPClient
 from treq.testing import StubTreq
 from twisted.internet import reactor
+from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionLost
 from twisted.internet.interfaces import IOpenSSLClientConnectionCreator
 from twisted.internet.ssl import Certificate, optionsForClientTLS
@@ -35,29 +36,18 @@ from twisted.web.client import (
 from twisted.web.iweb import IPolicyForHTTPS, IRequest
 from zope.interface import implementer
 
+from fleetd.admin.deviceflow import deviceFlowAdminResource
 from fleetd.admin.resource import adminRoot
 from fleetd.boot.deviceflow import GRANT_TYPE, DeviceFlow, Grant
-from fleetd.boot.deviceflow_resource import (
-    deviceCodeResource,
-    deviceFlowAdminResource,
-    tokenResource,
-)
-from fleetd.boot.ratelimit import RateLimiter
+from fleetd.boot.deviceflow_resource import deviceCodeResource, tokenResource
 from fleetd.cli import fleetctl
 from fleetd.config import TLSFiles
 from fleetd.listen import loadTLSOptions
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
-from fleetd.store import (
-    JOURNAL_PURPOSE,
-    AsyncJournal,
-    Database,
-    InlineRunner,
-    Journal,
-    deriveKey,
-)
+from fleetd.store import AsyncJournal
 from fleetd.web import BoundedSite, Endpoint, Router, jsonResponse
 from tests.support import writeConfig
-from tests.test_deviceflow import REPORTED, FakeRuns
+from tests.test_deviceflow import IDENTITY, REPORTED, FakeRuns, makeJournal
 
 NAME = "enroll.lolwtf.ca"
 FORM: dict[bytes | str, list[bytes | str]] = {
@@ -74,16 +64,12 @@ def listenTLS(options: Any, site: BoundedSite) -> tuple[Any, int]:
     return port, int(port.getHost().port)
 
 
-def makeJournal(case: SynchronousTestCase, clock: Any) -> AsyncJournal:
-    db = Database.open(Path(case.mktemp()) / "fleetd.sqlite3")
-    case.addCleanup(db.close)
-    return AsyncJournal(
-        InlineRunner(db), Journal(deriveKey(b"m" * 32, JOURNAL_PURPOSE)), clock
+def makeFlow(
+    clock: Clock, runs: FakeRuns, journal: AsyncJournal, **kwargs: Any
+) -> DeviceFlow:
+    return DeviceFlow(
+        clock, runs, journal, verificationURI=f"https://{NAME}/device", **kwargs
     )
-
-
-def makeFlow(clock: Clock, runs: FakeRuns, **kwargs: Any) -> DeviceFlow:
-    return DeviceFlow(clock, runs, verificationURI=f"https://{NAME}/device", **kwargs)
 
 
 @implementer(IPolicyForHTTPS)
@@ -182,9 +168,9 @@ class BootTLSTests(TestCase):
     def serve(self, flow: DeviceFlow, maxBody: int = 4096) -> str:
         root = Router()
         device = Router()
-        device.putChild(b"code", deviceCodeResource(flow, self.journal))
+        device.putChild(b"code", deviceCodeResource(flow))
         root.putChild(b"device", device)
-        root.putChild(b"token", tokenResource(flow, self.journal))
+        root.putChild(b"token", tokenResource(flow))
         site = BoundedSite(
             root,
             maxHeaderBytes=8192,
@@ -225,7 +211,7 @@ class BootTLSTests(TestCase):
         slow_down, then the token after the owner approves midway; the
         token authorizes the device's ready run; nothing secret is logged.
         """
-        flow = makeFlow(self.clock, self.runs)
+        flow = makeFlow(self.clock, self.runs, self.journal)
         base = self.serve(flow)
         client = self.talos(flow, base, {})
         client.sleep = self._approvingSleep(flow, client, after=3)
@@ -235,11 +221,16 @@ class BootTLSTests(TestCase):
         self.assertEqual(token["token_type"], "Bearer")
         self.assertEqual(client.answers, ["authorization_pending"] * 2)
         self.assertEqual(client.intervals, [5, 5, 5])
-        self.assertEqual(flow.authorize(token["access_token"]), Grant("w1", "run-1"))
+        self.assertEqual(
+            flow.authorize(token["access_token"]),
+            Grant("w1", REPORTED["uuid"], REPORTED["serial"], IDENTITY),
+        )
         entries = await self.journal.query()
-        # Requests are not journaled (anyone can make them); the issue is.
-        self.assertEqual([e.event for e in entries], ["deviceflow.issued"])
-        self.assertEqual((entries[0].device, entries[0].run), ("w1", "run-1"))
+        # Requests are not journaled (anyone can make them); decisions are.
+        self.assertEqual(
+            [e.event for e in entries], ["deviceflow.approved", "deviceflow.issued"]
+        )
+        self.assertEqual(entries[1].device, "w1")
         text = "\n".join(formatEvent(e) + repr(e) for e in events)
         text += json.dumps([e.toJSON() for e in entries])
         for secret in (client.auth["device_code"], token["access_token"]):
@@ -254,14 +245,16 @@ class BootTLSTests(TestCase):
         async def sleep(seconds: int) -> None:
             count[0] += 1
             if count[0] == after:
-                flow.approve(client.auth["user_code"], "w1", "alice")
+                await Deferred.fromCoroutine(
+                    flow.approve(client.auth["user_code"], "w1", "alice")
+                )
             self.clock.advance(seconds)
 
         return sleep
 
     async def test_talos_denied_stops(self) -> None:
         """A denied request stops the client with access_denied."""
-        flow = makeFlow(self.clock, self.runs)
+        flow = makeFlow(self.clock, self.runs, self.journal)
         base = self.serve(flow)
         client = self.talos(flow, base, {})
         client.sleep = self._denyingSleep(flow, client)
@@ -275,14 +268,16 @@ class BootTLSTests(TestCase):
     ) -> Callable[[int], Awaitable[None]]:
         async def sleep(seconds: int) -> None:
             if flow.pending():
-                flow.deny(client.auth["user_code"], "alice")
+                await Deferred.fromCoroutine(
+                    flow.deny(client.auth["user_code"], "alice")
+                )
             self.clock.advance(seconds)
 
         return sleep
 
     async def test_talos_expired_stops(self) -> None:
         """A request nobody approves ends with expired_token."""
-        flow = makeFlow(self.clock, self.runs, expiresIn=30)
+        flow = makeFlow(self.clock, self.runs, self.journal, expiresIn=30)
         base = self.serve(flow)
         client = self.talos(flow, base, {})
         outcome, _ = await client.run({})
@@ -294,7 +289,7 @@ class BootTLSTests(TestCase):
         A client that polls every second is told slow_down, adds 5 s each
         time as the RFC says, and still gets its token.
         """
-        flow = makeFlow(self.clock, self.runs)
+        flow = makeFlow(self.clock, self.runs, self.journal)
         base = self.serve(flow)
         client = self.talos(flow, base, {})
         count = [0]
@@ -302,7 +297,14 @@ class BootTLSTests(TestCase):
         async def sleep(seconds: int) -> None:
             count[0] += 1
             if count[0] == 6:
-                flow.approve(client.auth["user_code"], "w1", "alice", force=True)
+                await Deferred.fromCoroutine(
+                    flow.approve(
+                        client.auth["user_code"],
+                        "w1",
+                        "alice",
+                        acceptMismatch=["uuid", "serial"],
+                    )
+                )
             self.clock.advance(1 if count[0] < 4 else seconds)
 
         client.sleep = sleep
@@ -330,7 +332,7 @@ class BootTLSTests(TestCase):
         Invalid UTF-8, bad percent-encoding, repeated or too many fields, no
         body, another content type: 400 invalid_request on both endpoints.
         """
-        flow = makeFlow(self.clock, self.runs)
+        flow = makeFlow(self.clock, self.runs, self.journal)
         base = self.serve(flow)
         bodies = [
             b"client_id=%ff%fe",
@@ -363,7 +365,7 @@ class BootTLSTests(TestCase):
 
     async def test_methodsAndPaths(self) -> None:
         """GET is a 405 line; a path below the endpoint is 404."""
-        base = self.serve(makeFlow(self.clock, self.runs))
+        base = self.serve(makeFlow(self.clock, self.runs, self.journal))
         for path in ("/device/code", "/token"):
             response = await self.http.get(base + path)
             self.assertEqual(response.code, 405)
@@ -376,7 +378,7 @@ class BootTLSTests(TestCase):
         A body over the site's limit is refused with 413 (or, if the client
         is still sending when the server closes, a closed connection).
         """
-        flow = makeFlow(self.clock, self.runs)
+        flow = makeFlow(self.clock, self.runs, self.journal)
         base = self.serve(flow, maxBody=256)
         for size in (300, 64 * 1024):
             try:
@@ -389,20 +391,24 @@ class BootTLSTests(TestCase):
                 self.assertEqual(code, 413)
         self.assertEqual(flow.pending(), [])
 
-    async def test_rateLimited_429RetryAfter(self) -> None:
-        """Over the per-source budget /device/code is 429 with Retry-After."""
-        limiter = RateLimiter(
-            self.clock, rate=0.1, burst=1, globalRate=10, globalBurst=10
-        )
-        flow = makeFlow(self.clock, self.runs, limiter=limiter)
+    async def test_deviceCode_full_429RetryAfter(self) -> None:
+        """
+        [F4] Over its source's share /device/code is 429 with Retry-After
+        (until its oldest request expires); /token stays an RFC answer [F1].
+        """
+        flow = makeFlow(self.clock, self.runs, self.journal, maxPerSource=1)
         base = self.serve(flow)
         code, _, _ = await self.post(base, "/device/code", b"client_id=t", FORM)
         self.assertEqual(code, 200)
         code, data, headers = await self.post(
             base, "/device/code", b"client_id=t", FORM
         )
-        self.assertEqual((code, json.loads(data)), (429, {"error": "rate_limited"}))
-        self.assertEqual(headers.getRawHeaders(b"retry-after"), [b"10"])
+        self.assertEqual((code, json.loads(data)["error"]), (429, "rate_limited"))
+        self.assertEqual(headers.getRawHeaders(b"retry-after"), [b"600"])
+        for _ in range(5):
+            code, data, headers = await self.post(base, "/token", b"client_id=t", FORM)
+            self.assertEqual(code, 400)
+            self.assertIsNone(headers.getRawHeaders(b"retry-after"))
 
 
 class FakeDevices(Endpoint):
@@ -431,22 +437,22 @@ class AdminResourceTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.clock.advance(1_000_000)
-        self.flow = makeFlow(self.clock, FakeRuns())
         self.journal = makeJournal(self, self.clock)
+        self.flow = makeFlow(self.clock, FakeRuns(), self.journal)
         self.owner: str | None = "alice"
         root = Router()
         root.putChild(
             b"device-flow",
-            deviceFlowAdminResource(self.flow, self.journal, lambda _: self.owner),
+            deviceFlowAdminResource(self.flow, lambda _: self.owner),
         )
         self.stub = StubTreq(root)
 
     def newRequest(self, **extra: str) -> dict[str, Any]:
-        status, document = self.flow.requestCode(
+        reply = self.flow.requestCode(
             {"client_id": "talos", **REPORTED, **extra}, "192.0.2.9"
         )
-        assert status == 200
-        return document
+        assert reply.status == 200
+        return reply.document
 
     def call(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -477,16 +483,17 @@ class AdminResourceTests(SynchronousTestCase):
         )
         self.assertEqual(code, 200, body)
         view = json.loads(body)
-        self.assertEqual(
-            (view["state"], view["device"], view["run"]), ("approved", "w1", "run-1")
-        )
+        self.assertEqual((view["state"], view["device"]), ("approved", "w1"))
         (entry,) = self.successResultOf(self.journal.query())
         self.assertEqual(
-            (entry.event, entry.actor, entry.device, entry.run),
-            ("deviceflow.approved", "owner:alice", "w1", "run-1"),
+            (entry.event, entry.actor, entry.device),
+            ("deviceflow.approved", "owner:alice", "w1"),
         )
-        self.assertEqual(entry.fields["request"], document["user_code"])
-        self.assertNotIn(REPORTED["code"], json.dumps(entry.toJSON()))
+        self.assertEqual(entry.fields["request"], view["id"])
+        self.assertNotIn("forced", entry.fields)
+        journaled = json.dumps(entry.toJSON())
+        self.assertNotIn(REPORTED["code"], journaled)
+        self.assertNotIn(document["user_code"], journaled)
 
     def test_deny_journaled(self) -> None:
         """Deny answers the denied request and journals deviceflow.denied."""
@@ -502,14 +509,24 @@ class AdminResourceTests(SynchronousTestCase):
 
     def test_refusals_oneLine(self) -> None:
         """
-        Refusals are one line, KIND: message: 404 unknown, 409 no ready run
-        and already decided, 410 expired, 400 invalid bodies.
+        Refusals are one line, KIND: message: 404 unknown code or device,
+        409 mismatch and already decided, 410 expired, 400 invalid bodies.
         """
         document = self.newRequest()
         user = document["user_code"]
         cases: list[tuple[Any, int, bytes]] = [
             ({"user_code": "BBBB-BBBB", "device": "w1"}, 404, b"unknown-user-code: "),
-            ({"user_code": user, "device": "w2"}, 409, b"no-ready-run: "),
+            ({"user_code": user, "device": "w2"}, 404, b"unknown-device: "),
+            (
+                {"user_code": user, "device": "w1", "accept_mismatch": ["serial"]},
+                409,
+                b"mismatch: ",
+            ),
+            (
+                {"user_code": user, "device": "w1", "accept_mismatch": ["mac"]},
+                400,
+                b"invalid: ",
+            ),
             ({"user_code": user}, 400, b"invalid: "),
             ({"user_code": user, "device": 3}, 400, b"invalid: "),
             ({"user_code": user, "device": "w1", "x": 1}, 400, b"invalid: "),
@@ -528,15 +545,9 @@ class AdminResourceTests(SynchronousTestCase):
             self.assertEqual(text.count(b"\n"), 1)
         self.call("POST", "/device-flow/approve", {"user_code": user, "device": "w1"})
         code, text = self.call("POST", "/device-flow/deny", {"user_code": user})
-        self.assertEqual(
-            (code, text),
-            (
-                409,
-                b"already-decided: user code "
-                + user.encode()
-                + b" is already approved\n",
-            ),
-        )
+        self.assertEqual(code, 409)
+        self.assertTrue(text.startswith(b"already-decided: request dfr-"), text)
+        self.assertTrue(text.endswith(b" is already approved\n"), text)
         other = self.newRequest()
         self.clock.advance(600)
         code, text = self.call(
@@ -575,8 +586,9 @@ class FleetctlApproveTests(TestCase):
         self.pki: DevPKIPaths = ensureDevPKI(directory / "pki", NAME)
         self.clock = Clock()
         self.clock.advance(1_000_000)
-        self.flow = makeFlow(self.clock, FakeRuns())
         journal = makeJournal(self, self.clock)
+        self.runs = FakeRuns()
+        self.flow = makeFlow(self.clock, self.runs, journal)
         root = adminRoot(
             clock=self.clock,
             registry=CollectorRegistry(),
@@ -584,7 +596,7 @@ class FleetctlApproveTests(TestCase):
             site="test",
             version="0",
             api={
-                b"device-flow": deviceFlowAdminResource(self.flow, journal),
+                b"device-flow": deviceFlowAdminResource(self.flow),
                 b"devices": FakeDevices(),
             },
         )
@@ -610,11 +622,11 @@ class FleetctlApproveTests(TestCase):
         )
 
     def newRequest(self, **reported: str) -> str:
-        status, document = self.flow.requestCode(
+        reply = self.flow.requestCode(
             {"client_id": "talos", **REPORTED, **reported}, "192.0.2.9"
         )
-        assert status == 200
-        return str(document["user_code"])
+        assert reply.status == 200
+        return str(reply.document["user_code"])
 
     async def fleetctl(self, *argv: str) -> tuple[int, str, str]:
         def run() -> tuple[int, str, str]:
@@ -633,7 +645,7 @@ class FleetctlApproveTests(TestCase):
         code, out, err = await self.fleetctl("approve", user.lower(), "--device", "w1")
         self.assertEqual((code, err), (0, ""))
         lines = out.splitlines()
-        self.assertEqual(lines[0], f"approved {user} for w1 (run run-1)")
+        self.assertEqual(lines[0], f"approved {user} for w1")
         self.assertIn("S1", next(line for line in lines if line.startswith("serial")))
         self.assertNotIn("MISMATCH", out)
         self.assertIn("code      sent", out)
@@ -655,6 +667,9 @@ class FleetctlApproveTests(TestCase):
         self.assertEqual(self.flow.pending()[0].state, "pending")
         code, out, _ = await self.fleetctl("approve", user, "--device", "w1", "--force")
         self.assertEqual(code, 0)
+        self.assertEqual(
+            out.splitlines()[0], f"approved {user} for w1 (forced: serial differ)"
+        )
         self.assertIn("MISMATCH", out)
 
     async def test_approve_json_andNoInventory(self) -> None:
@@ -665,7 +680,8 @@ class FleetctlApproveTests(TestCase):
         document = json.loads(out)
         self.assertEqual((document["device"], document["mismatch"]), ("w1", []))
         self.assertEqual(document["inventory"]["serial"], "S1")
-        self.flow._runs.ready["w9"] = "run-9"  # type: ignore[attr-defined]
+        self.runs.ready["w9"] = "run-9"
+        self.runs.identities["w9"] = IDENTITY
         other = self.newRequest()
         code, out, _ = await self.fleetctl("approve", other, "--device", "w9")
         self.assertEqual(code, 0)

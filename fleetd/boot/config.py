@@ -20,6 +20,7 @@ vault (the mark cannot be written) is a 503 that says so.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import unquote_to_bytes
@@ -32,7 +33,7 @@ from twisted.web import http, resource, server
 from twisted.web.iweb import IRequest
 from zope.interface import implementer
 
-from fleetd.boot.deviceflow import Grant
+from fleetd.boot.deviceflow_model import Grant, sameIdentity
 from fleetd.boot.handover import Handover
 from fleetd.boot.ratelimit import RateLimiter, sourceKey
 from fleetd.runs.codes import wellFormedCode
@@ -98,6 +99,19 @@ class IGrants(Protocol):
     """What the device flow offers the config resource."""
 
     def authorize(self, accessToken: str) -> Grant | None: ...
+
+    def delivered(self, grant: Grant, run: str) -> None: ...
+
+
+def _sameMachine(ident: Identity, grant: Grant) -> bool:
+    """Whether the query names no other machine than the approved one."""
+    for name, asked, approved in (
+        ("uuid", ident.uuid, grant.uuid),
+        ("serial", ident.serial, grant.serial),
+    ):
+        if asked and approved is not None and not sameIdentity(asked, approved, name):
+            return False
+    return True
 
 
 class ConfigResource(resource.Resource):
@@ -219,18 +233,38 @@ class ConfigResource(resource.Resource):
     def _renderBearer(
         self, request: IRequest, peer: str, auth: bytes, ident: Identity
     ) -> bytes | int:
+        """
+        [F2] A device-flow token: one delivery of its device's run that is
+        ready now, to the machine that was approved, while the inventory
+        still holds the identity it held then.
+        """
         scheme, _, token = auth.decode("latin-1").partition(" ")
-        grant = None
-        if scheme.lower() == "bearer" and token and self._grants is not None:
-            grant = self._grants.authorize(token.strip())
-        if grant is None:
+        grants, grant = self._grants, None
+        if scheme.lower() == "bearer" and token and grants is not None:
+            grant = grants.authorize(token.strip())
+        if grants is None or grant is None:
             return self._refuse(
                 request, peer, "unknown", http.NOT_FOUND, "unknown or expired token"
             )
-        run = self._registry.byId(grant.run)
-        if run is None or run.record.device != grant.device:
-            return self._refuse(request, peer, "unknown", http.NOT_FOUND, "unknown run")
-        return self._serve(request, peer, run, ident, checkIdentity=False)
+        if not _sameMachine(ident, grant) or (
+            self._registry.identity(grant.device) != grant.inventory
+        ):
+            return self._refuse(
+                request, peer, "wrong_machine", http.FORBIDDEN,
+                "this token belongs to another machine",
+            )  # fmt: skip
+        runId = grant.delivered or self._registry.readyRun(grant.device)
+        if runId is None:  # no ready run: answer as the latest one stands
+            current = self._registry.current(grant.device)
+            runId = None if current is None else current.id
+        run = None if runId is None else self._registry.byId(runId)
+        if run is None:
+            return self._refuse(request, peer, "unknown", http.NOT_FOUND, "no run")
+        delivered = run.record.id
+        return self._serve(
+            request, peer, run, ident, checkIdentity=False,
+            onDelivered=lambda: grants.delivered(grant, delivered),
+        )  # fmt: skip
 
     def _serve(
         self,
@@ -239,6 +273,7 @@ class ConfigResource(resource.Resource):
         run: _Run,
         ident: Identity,
         checkIdentity: bool = True,
+        onDelivered: Callable[[], None] | None = None,
     ) -> bytes | int:
         device = run.record.device
         known = self._registry.identity(device)
@@ -278,6 +313,8 @@ class ConfigResource(resource.Resource):
         def settle(complete: bool) -> None:
             self._count["delivered" if complete else "aborted"].inc()
             self._registry.finished(run, complete=complete)
+            if complete and onDelivered is not None:
+                onDelivered()
 
         def finished(_: object) -> None:
             # Handed to the connection; delivered once the OS has it all.

@@ -1,63 +1,41 @@
 """
-HTTP edges of the device flow (L{fleetd.boot.deviceflow}).
+HTTP edges of the device flow (L{fleetd.boot.deviceflow}) on the boot
+listener.
 
-On the boot listener, C{POST /device/code} and C{POST /token} take an
+C{POST /device/code} and C{POST /token} take an
 C{application/x-www-form-urlencoded} body, parsed strictly: UTF-8, valid
 percent-encoding, C{name=value} pairs only, at most 16 fields, none
 repeated (RFC 6749 section 3.1); unknown fields are ignored.  Anything
 else is a 400 C{invalid_request}.  Answers are JSON with C{Cache-Control:
-no-store} and C{Pragma: no-cache}; a 429 or 503 carries C{Retry-After}.
+no-store} and C{Pragma: no-cache}; a refused C{/device/code} (429 or 503)
+carries C{Retry-After}. C{/token} answers only RFC 8628's errors [F1].
 An C{Authorization: Basic} header (golang.org/x/oauth2 sends one with an
 empty secret) is ignored: Talos is a public client.
 
-On the admin listener, under C{/v1/admin/device-flow}:
-
-  - C{GET}: C{{"pending": [...]}}, undecided requests, oldest first;
-  - C{POST .../approve} C{{"user_code": "...", "device": "..."}} and
-    C{POST .../deny} C{{"user_code": "..."}}: the request as JSON.
-
-Admin refusals are one line of text, C{KIND: message}: 400 invalid, 404
-unknown user code, 409 already decided or no ready run, 410 expired, 429
-too many failed attempts.  Decisions are journaled before the answer.
+Requests are not journaled (anyone on the network can make them, and the
+journal must not grow at their pace); decisions and tokens are.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import urllib.parse
-from collections.abc import Callable
 from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web import http, resource
+from twisted.web import http, resource, server
 from twisted.web.iweb import IRequest
 
-from fleetd.admin.resource import ownerOf, renderAsync
-from fleetd.boot.deviceflow import DeviceFlow
-from fleetd.boot.deviceflow_model import Answer, DeviceFlowError, PendingRequest
-from fleetd.store.fields import FieldValue
-from fleetd.store.journal import AsyncJournal
-from fleetd.web import Endpoint, jsonResponse, notFound, textResponse
+from fleetd.boot.deviceflow import DeviceFlow, Reply
+from fleetd.web import Endpoint, jsonResponse, textResponse
 
 log = Logger()
 
-TOO_MANY_REQUESTS = 429  # twisted.web.http has no name for it
 FORM = "application/x-www-form-urlencoded"
 MAX_FIELDS = 16
-STATUS_OF_KIND = {
-    "invalid": http.BAD_REQUEST,
-    "unknown-user-code": http.NOT_FOUND,
-    "already-decided": http.CONFLICT,
-    "no-ready-run": http.CONFLICT,
-    "mismatch": http.CONFLICT,
-    "expired": http.GONE,
-    "too-many-attempts": TOO_MANY_REQUESTS,
-}
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
-
-OwnerOf = Callable[[IRequest], str | None]
 
 
 class FormError(ValueError):
@@ -106,216 +84,74 @@ def peerOf(request: IRequest) -> str:
     return str(getattr(address, "host", None) or address)
 
 
-def _reported(value: str) -> str:
-    """A node-reported value the journal's secret guard will take."""
-    return "(refused: PEM marker)" if "-----BEGIN" in value else value
-
-
-def _journalFailed(failure: Failure) -> None:
-    log.failure("deviceflow.journal-failed", failure=failure)
-
-
 class _FormEndpoint(Endpoint):
     """A POST-only boot leaf answering with JSON from the flow."""
 
     isLeaf = True
 
-    def __init__(self, flow: DeviceFlow, journal: AsyncJournal) -> None:
+    def __init__(self, flow: DeviceFlow) -> None:
         super().__init__()
         self._flow = flow
-        self._journal = journal
 
-    def answer(self, form: dict[str, str], peer: str) -> Answer:
+    def answer(self, form: dict[str, str], peer: str) -> Reply | Deferred[Reply]:
         raise NotImplementedError
 
-    def render_POST(self, request: IRequest) -> bytes:
+    def render_POST(self, request: IRequest) -> bytes | int:
         if request.postpath:
             return textResponse(request, http.NOT_FOUND, "not found")
-        peer = peerOf(request)
         try:
             form = parseForm(request)
         except FormError as e:
-            status, document = self._flow.malformed(peer, str(e))
-        else:
-            status, document = self.answer(form, peer)
-        if status in (TOO_MANY_REQUESTS, http.SERVICE_UNAVAILABLE):
-            retry = self._flow.retryAfter(peer)
-            request.setHeader(b"retry-after", str(retry).encode("ascii"))
+            return self._write(
+                request,
+                Reply(400, {"error": "invalid_request", "error_description": str(e)}),
+            )
+        answer = self.answer(form, peerOf(request))
+        if isinstance(answer, Reply):
+            return self._write(request, answer)
+        gone: list[Failure] = []
+        live: Any = request  # a server.Request: it can tell when it is gone
+        live.notifyFinish().addErrback(gone.append)
+
+        def write(reply: Reply) -> None:
+            if not gone:
+                request.write(self._write(request, reply))
+                request.finish()
+
+        def failed(failure: Failure) -> None:
+            log.failure("deviceflow.poll-failed", failure=failure)
+            write(Reply(400, {"error": "authorization_pending"}))
+
+        answer.addCallback(write).addErrback(failed)
+        notDoneYet: int = server.NOT_DONE_YET
+        return notDoneYet
+
+    def _write(self, request: IRequest, reply: Reply) -> bytes:
+        if reply.retryAfter is not None:
+            request.setHeader(b"retry-after", b"%d" % (reply.retryAfter,))
         request.setHeader(b"pragma", b"no-cache")
-        return jsonResponse(request, status, document)
+        return jsonResponse(request, reply.status, reply.document)
 
 
 class DeviceCodeResource(_FormEndpoint):
-    """
-    C{POST /device/code} (RFC 8628 section 3.1).
+    """C{POST /device/code} (RFC 8628 section 3.1) [F4]."""
 
-    Requests are not journaled: anyone on the network can make them, and
-    the persistent journal must not grow at their pace. The owner's
-    decisions are journaled with what the node reported.
-    """
-
-    def answer(self, form: dict[str, str], peer: str) -> Answer:
+    def answer(self, form: dict[str, str], peer: str) -> Reply:
         return self._flow.requestCode(form, peer)
 
 
 class TokenResource(_FormEndpoint):
-    """C{POST /token} (RFC 8628 section 3.4); journals issued tokens."""
+    """C{POST /token} (RFC 8628 section 3.4) [F1]; never a 429."""
 
-    def answer(self, form: dict[str, str], peer: str) -> Answer:
-        status, document = self._flow.poll(form, peer)
-        if status == http.OK:
-            grant = self._flow.authorize(str(document["access_token"]))
-            if grant is not None:
-                self._journal.append(
-                    "deviceflow.issued",
-                    actor=f"node:{grant.device}",
-                    device=grant.device,
-                    run=grant.run,
-                    fields={"peer": peer},
-                ).addErrback(_journalFailed)
-        return status, document
+    def answer(self, form: dict[str, str], peer: str) -> Deferred[Reply]:
+        return Deferred.fromCoroutine(self._flow.poll(form, peer))
 
 
-def deviceCodeResource(flow: DeviceFlow, journal: AsyncJournal) -> resource.Resource:
+def deviceCodeResource(flow: DeviceFlow) -> resource.Resource:
     """The boot listener's C{/device/code}."""
-    return DeviceCodeResource(flow, journal)
+    return DeviceCodeResource(flow)
 
 
-def tokenResource(flow: DeviceFlow, journal: AsyncJournal) -> resource.Resource:
+def tokenResource(flow: DeviceFlow) -> resource.Resource:
     """The boot listener's C{/token}."""
-    return TokenResource(flow, journal)
-
-
-# The admin side
-
-
-def requestJSON(view: PendingRequest) -> dict[str, object]:
-    """A request as the admin API shows it: no secret, only whether the
-    node sent its code."""
-    return {
-        "user_code": view.user_code,
-        "state": view.state,
-        "issued": view.issued,
-        "device": view.device,
-        "run": view.run,
-        "decided_by": view.decided_by,
-        "peer": view.peer,
-        "client_id": view.client_id,
-        "created_at": view.created_at,
-        "expires_at": view.expires_at,
-        "reported": {k: v for k, v in view.reported.items() if k != "code"},
-        "code_sent": view.code_sent,
-    }
-
-
-def _strictObject(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise DeviceFlowError("invalid", f"body: key {key!r} appears twice")
-        result[key] = value
-    return result
-
-
-def _jsonBody(
-    request: IRequest, keys: tuple[str, ...], optional: tuple[str, ...] = ()
-) -> dict[str, str]:
-    """A JSON object with the string members C{keys}, and maybe C{optional}."""
-    raw = b"" if request.content is None else request.content.read()
-    try:
-        document = json.loads(raw.decode("utf-8"), object_pairs_hook=_strictObject)
-    except (UnicodeDecodeError, ValueError):
-        raise DeviceFlowError("invalid", "body: not a JSON object") from None
-    if not isinstance(document, dict) or not (
-        set(keys) <= set(document) <= set(keys) | set(optional)
-    ):
-        raise DeviceFlowError("invalid", f"body: must have exactly {', '.join(keys)}")
-    if not all(isinstance(v, str) for v in document.values()):
-        raise DeviceFlowError("invalid", "body: values must be strings")
-    return document
-
-
-class _Decision(Endpoint):
-    """C{POST .../approve} or C{.../deny}."""
-
-    isLeaf = True
-
-    def __init__(
-        self, flow: DeviceFlow, journal: AsyncJournal, owner: OwnerOf, approve: bool
-    ) -> None:
-        super().__init__()
-        self._flow = flow
-        self._journal = journal
-        self._owner = owner
-        self._approve = approve
-
-    def render_POST(self, request: IRequest) -> int | bytes:
-        owner = self._owner(request)
-        if owner is None:
-            return textResponse(
-                request, http.FORBIDDEN, "owner client certificate required"
-            )
-        try:
-            if self._approve:
-                body = _jsonBody(request, ("user_code", "device"), optional=("force",))
-                view = self._flow.approve(
-                    body["user_code"],
-                    body["device"],
-                    owner,
-                    force=body.get("force") == "yes",
-                )
-            else:
-                body = _jsonBody(request, ("user_code",))
-                view = self._flow.deny(body["user_code"], owner)
-        except DeviceFlowError as e:
-            log.warn(
-                "deviceflow.decision-refused {kind} {owner}", kind=e.kind, owner=owner
-            )
-            return textResponse(request, STATUS_OF_KIND[e.kind], f"{e.kind}: {e}")
-        return renderAsync(request, lambda: self._journaled(view, owner))
-
-    async def _journaled(self, view: PendingRequest, owner: str) -> tuple[int, Any]:
-        fields: dict[str, FieldValue] = {"request": view.user_code, "peer": view.peer}
-        if view.state == "approved":
-            for name in ("uuid", "serial"):
-                if name in view.reported:
-                    fields[name] = _reported(view.reported[name])
-        await self._journal.append(
-            f"deviceflow.{view.state}",
-            actor=f"owner:{owner}",
-            device=view.device,
-            run=view.run,
-            fields=fields,
-        )
-        return http.OK, requestJSON(view)
-
-
-class DeviceFlowAdmin(Endpoint):
-    """C{/v1/admin/device-flow}: the pending list and the owner's decisions."""
-
-    def __init__(
-        self, flow: DeviceFlow, journal: AsyncJournal, owner: OwnerOf = ownerOf
-    ) -> None:
-        super().__init__()
-        self._flow = flow
-        self.putChild(b"approve", _Decision(flow, journal, owner, approve=True))
-        self.putChild(b"deny", _Decision(flow, journal, owner, approve=False))
-
-    def getChild(self, path: bytes, request: IRequest) -> resource.Resource:
-        if path == b"" and not request.postpath:
-            return self
-        return notFound()
-
-    def render_GET(self, request: IRequest) -> bytes:
-        pending = [requestJSON(p) for p in self._flow.pending()]
-        return jsonResponse(request, http.OK, {"pending": pending})
-
-
-def deviceFlowAdminResource(
-    flow: DeviceFlow, journal: AsyncJournal, owner: OwnerOf = ownerOf
-) -> resource.Resource:
-    """
-    C{/v1/admin/device-flow}; C{owner} names the request's owner (tests
-    pass a fake: L{ownerOf} needs a TLS client certificate).
-    """
-    return DeviceFlowAdmin(flow, journal, owner)
+    return TokenResource(flow)

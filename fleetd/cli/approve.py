@@ -4,10 +4,15 @@ decision on a device-flow request (RFC 8628).
 
 Before approving, fleetctl shows what the node reported (uuid, serial,
 mac, hostname, peer, whether it sent its one-time code) next to the
-inventory's record of NAME, one line per field.  When the reported uuid
-or serial differs from the inventory's, it prints C{MISMATCH} and does
-not approve unless C{--force} is given: a request from a machine the
-owner does not recognise is RFC 8628 section 5.4's remote phishing.
+inventory's record of NAME, one line per field.  uuids compare in lower
+case and serials without regard to case, as the server compares them; a
+uuid or serial the node did not report counts as different.  When one
+differs, fleetctl prints C{MISMATCH} and does not approve unless
+C{--force} is given: a request from a machine the owner does not
+recognise is RFC 8628 section 5.4's remote phishing.  C{--force} does not
+switch the server's check off: it sends the fields the owner saw differ
+(C{accept_mismatch}), the server approves only if exactly those differ,
+and journals the approval with C{forced=true} and what differed.
 With C{--json}, the request object is printed (plus C{inventory} and
 C{mismatch} members when approving).
 """
@@ -19,12 +24,11 @@ import json
 import urllib.parse
 from typing import IO, Any
 
-from fleetd.boot.deviceflow import normaliseUserCode
+from fleetd.boot.deviceflow_model import COMPARED, normaliseUserCode, sameIdentity
 from fleetd.cli.fleetctl import AdminClient, CLIError
 from fleetd.config import Settings
 
 BASE = "/v1/admin/device-flow"
-COMPARED = ("uuid", "serial")
 
 
 def addCommands(commands: Any) -> None:
@@ -36,7 +40,9 @@ def addCommands(commands: Any) -> None:
     approve.add_argument("--device", help="the inventory device the node is")
     approve.add_argument("--deny", action="store_true", help="deny the request")
     approve.add_argument(
-        "--force", action="store_true", help="approve despite a uuid/serial MISMATCH"
+        "--force",
+        action="store_true",
+        help="approve despite the uuid/serial MISMATCH shown (journaled as forced)",
     )
     approve.set_defaults(handler=cmdApprove)
 
@@ -69,11 +75,9 @@ def mismatches(request: dict[str, Any], record: dict[str, Any] | None) -> list[s
     found = []
     for name in COMPARED:
         mine, theirs = reported.get(name), record.get(name)
-        if mine is None or theirs is None:
+        if theirs is None:
             continue
-        if name == "uuid":
-            mine, theirs = mine.lower(), theirs.lower()
-        if mine.strip() != str(theirs).strip():
+        if mine is None or not sameIdentity(str(mine), str(theirs), name):
             found.append(name)
     return found
 
@@ -123,25 +127,24 @@ def cmdApprove(settings: Settings, args: argparse.Namespace, out: IO[str]) -> in
         return 0
     record = _inventory(client, args.device)
     listed = _find(client, args.user_code)
-    if listed is not None:
-        bad = mismatches(listed, record)
-        if bad and not args.force:
-            for line in [] if args.json else comparison(listed, record):
-                out.write(line + "\n")
-            raise CLIError(
-                f"approve: MISMATCH in {', '.join(bad)} for {args.device}; "
-                "not approved (check the machine, or pass --force)"
-            )
-    body = {"user_code": args.user_code, "device": args.device}
-    if args.force:
-        body["force"] = "yes"  # the server checks too
+    bad = [] if listed is None else mismatches(listed, record)
+    if bad and not args.force:
+        for line in [] if args.json or listed is None else comparison(listed, record):
+            out.write(line + "\n")
+        raise CLIError(
+            f"approve: MISMATCH in {', '.join(bad)} for {args.device}; "
+            "not approved (check the machine, or pass --force)"
+        )
+    body: dict[str, object] = {"user_code": args.user_code, "device": args.device}
+    if bad:  # the server compares again and approves only this difference
+        body["accept_mismatch"] = bad
     result = client.request("POST", f"{BASE}/approve", body=body)
     if args.json:
         result = dict(result, inventory=record, mismatch=mismatches(result, record))
         out.write(json.dumps(result, sort_keys=True) + "\n")
         return 0
     out.write(f"approved {result['user_code']} for {result['device']}")
-    out.write(f" (run {result['run']})\n")
+    out.write(f" (forced: {', '.join(bad)} differ)\n" if bad else "\n")
     for line in comparison(result, record):
         out.write(line + "\n")
     return 0

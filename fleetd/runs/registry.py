@@ -37,6 +37,7 @@ from fleetd.runs.alerts import (
     storeAlert,
 )
 from fleetd.runs.codes import codeDigest, mintCode, mintRunId
+from fleetd.runs.identities import IdentityIndex
 from fleetd.runs.machine import Outcome, RunEffects, RunInputs, RunMachine
 from fleetd.runs.releaser import Releaser
 from fleetd.runs.store import (
@@ -195,7 +196,7 @@ class RunRegistry:
         self._runs: dict[str, _Run] = {}
         self._byDigest: dict[str, _Run] = {}
         self._current: dict[str, _Run] = {}
-        self._identity: dict[str, tuple[str, str]] = {}
+        self._identity = IdentityIndex()
         self._noting: set[tuple[str, str]] = set()
         self._provisioning = DeferredLock()
         self.loaded = False
@@ -409,6 +410,10 @@ class RunRegistry:
     def identity(self, device: str) -> tuple[str, str] | None:
         """The (uuid, serial) the inventory holds for C{device}."""
         return self._identity.get(device)
+
+    def deviceByIdentity(self, uuid: str, serial: str) -> str | None:
+        """The device with this uuid and serial, if any (IRunLookup)."""
+        return self._identity.deviceByIdentity(uuid, serial)
 
     def readyRun(self, device: str) -> str | None:
         """The device's run that a request now would get (IRunLookup)."""

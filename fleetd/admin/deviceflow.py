@@ -1,0 +1,221 @@
+"""
+The admin listener's side of the device flow: the owner's API and the
+verification page.
+
+Under C{/v1/admin/device-flow} (behind the owner gate):
+
+  - C{GET}: C{{"pending": [...]}}, undecided requests, oldest first;
+  - C{POST .../approve} C{{"user_code": "...", "device": "...",
+    "accept_mismatch": ["serial"]}} (the last member only to approve
+    despite a uuid/serial mismatch) and C{POST .../deny}
+    C{{"user_code": "..."}}: the request as JSON, once journaled.
+
+Refusals are one line of text, C{KIND: message}: 400 invalid, 404 unknown
+user code or device, 409 already (or being) decided, no ready run or
+mismatch, 410 expired, 429 too many failed attempts, 503 not recorded
+(the journal refused the decision; nothing changed).
+
+C{/device} is the C{verification_uri} Talos shows [F3]; until the owner
+console exists it is one line telling the owner how to approve from a
+shell. L{verificationURI} derives its address from the admin listener's
+bound port.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from twisted.logger import Logger
+from twisted.web import http, resource
+from twisted.web.iweb import IRequest
+
+from fleetd.admin.resource import ownerOf, renderAsync
+from fleetd.boot.deviceflow import DeviceFlow
+from fleetd.boot.deviceflow_model import COMPARED, DeviceFlowError, RequestView
+from fleetd.web import Endpoint, jsonResponse, notFound, textResponse
+
+log = Logger()
+
+STATUS_OF_KIND = {
+    "invalid": http.BAD_REQUEST,
+    "unknown-user-code": http.NOT_FOUND,
+    "unknown-device": http.NOT_FOUND,
+    "already-decided": http.CONFLICT,
+    "being-decided": http.CONFLICT,
+    "no-ready-run": http.CONFLICT,
+    "mismatch": http.CONFLICT,
+    "expired": http.GONE,
+    "too-many-attempts": 429,
+    "not-recorded": http.SERVICE_UNAVAILABLE,
+}
+DEVICE_PAGE = "approve with `fleetctl approve CODE --device NAME`"
+
+OwnerOf = Callable[[IRequest], str | None]
+
+
+def verificationURI(enrollmentName: str, port: int | None) -> str:
+    """
+    C{https://<enrollment name>[:port]/device} for the admin listener bound
+    to C{port}: the public certificate covers the enrollment name, and the
+    port is the listener's own (left out when 443). A listener without a
+    port (C{unix:}) sits behind a proxy fleetd cannot see; its page is
+    assumed at port 443.
+    """
+    if port is None or port == 443:
+        return f"https://{enrollmentName}/device"
+    return f"https://{enrollmentName}:{port}/device"
+
+
+def requestJSON(view: RequestView) -> dict[str, object]:
+    """A request as the admin API shows it: no secret but the user code
+    (the owner has it from the console), and only whether the node sent
+    its one-time code."""
+    return {
+        "id": view.id,
+        "user_code": view.user_code,
+        "state": view.state,
+        "device": view.device,
+        "known_device": view.known,
+        "decided_by": view.decided_by,
+        "peer": view.peer,
+        "client_id": view.client_id,
+        "created_at": view.created_at,
+        "expires_at": view.expires_at,
+        "reported": {k: v for k, v in view.reported.items() if k != "code"},
+        "code_sent": view.code_sent,
+    }
+
+
+def _strictObject(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise DeviceFlowError("invalid", f"body: key {key!r} appears twice")
+        result[key] = value
+    return result
+
+
+def _jsonBody(
+    request: IRequest, keys: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A JSON object with the string members C{keys}, and maybe C{optional}."""
+    raw = b"" if request.content is None else request.content.read()
+    try:
+        document = json.loads(raw.decode("utf-8"), object_pairs_hook=_strictObject)
+    except (UnicodeDecodeError, ValueError):
+        raise DeviceFlowError("invalid", "body: not a JSON object") from None
+    if not isinstance(document, dict) or not (
+        set(keys) <= set(document) <= set(keys) | set(optional)
+    ):
+        raise DeviceFlowError("invalid", f"body: must have exactly {', '.join(keys)}")
+    if not all(isinstance(document[k], str) for k in keys):
+        raise DeviceFlowError("invalid", "body: values must be strings")
+    accepted = document.get("accept_mismatch", [])
+    if not (
+        isinstance(accepted, list)
+        and all(isinstance(a, str) and a in COMPARED for a in accepted)
+    ):
+        raise DeviceFlowError("invalid", "accept_mismatch: a list of uuid, serial")
+    return document
+
+
+def _refusal(e: Exception) -> tuple[int, str] | None:
+    if isinstance(e, DeviceFlowError):
+        return STATUS_OF_KIND[e.kind], f"{e.kind}: {e}"
+    return None
+
+
+class _Decision(Endpoint):
+    """C{POST .../approve} or C{.../deny}."""
+
+    isLeaf = True
+
+    def __init__(self, flow: DeviceFlow, owner: OwnerOf, approve: bool) -> None:
+        super().__init__()
+        self._flow = flow
+        self._owner = owner
+        self._approve = approve
+
+    def render_POST(self, request: IRequest) -> int | bytes:
+        owner = self._owner(request)
+        if owner is None:
+            return textResponse(
+                request, http.FORBIDDEN, "owner client certificate required"
+            )
+        try:
+            if self._approve:
+                body = _jsonBody(
+                    request, ("user_code", "device"), optional=("accept_mismatch",)
+                )
+            else:
+                body = _jsonBody(request, ("user_code",))
+        except DeviceFlowError as e:
+            return textResponse(request, STATUS_OF_KIND[e.kind], f"{e.kind}: {e}")
+
+        async def work() -> tuple[int, Any]:
+            if self._approve:
+                view = await self._flow.approve(
+                    body["user_code"],
+                    body["device"],
+                    owner,
+                    acceptMismatch=body.get("accept_mismatch", ()),
+                )
+            else:
+                view = await self._flow.deny(body["user_code"], owner)
+            return http.OK, requestJSON(view)
+
+        return renderAsync(request, work, _refusal)
+
+
+class DeviceFlowAdmin(Endpoint):
+    """C{/v1/admin/device-flow}: the pending list and the owner's decisions."""
+
+    def __init__(self, flow: DeviceFlow, owner: OwnerOf = ownerOf) -> None:
+        super().__init__()
+        self._flow = flow
+        self.putChild(b"approve", _Decision(flow, owner, approve=True))
+        self.putChild(b"deny", _Decision(flow, owner, approve=False))
+
+    def getChild(self, path: bytes, request: IRequest) -> resource.Resource:
+        if path == b"" and not request.postpath:
+            return self
+        return notFound()
+
+    def render_GET(self, request: IRequest) -> bytes:
+        pending = [requestJSON(p) for p in self._flow.pending()]
+        return jsonResponse(request, http.OK, {"pending": pending})
+
+
+class DevicePage(Endpoint):
+    """
+    C{GET /device} on the admin listener [F3]: for now one line saying how
+    to approve, to owners only (the same check as the gate of C{/v1/admin}:
+    L{ownerOf}).
+    """
+
+    isLeaf = True
+
+    def __init__(self, owner: OwnerOf = ownerOf) -> None:
+        super().__init__()
+        self._owner = owner
+
+    def render_GET(self, request: IRequest) -> bytes:
+        if self._owner(request) is None:
+            return textResponse(
+                request, http.FORBIDDEN, "owner client certificate required"
+            )
+        if request.postpath not in ([], [b""]):
+            return textResponse(request, http.NOT_FOUND, "not found")
+        return textResponse(request, http.OK, DEVICE_PAGE)
+
+
+def deviceFlowAdminResource(
+    flow: DeviceFlow, owner: OwnerOf = ownerOf
+) -> resource.Resource:
+    """
+    C{/v1/admin/device-flow}; C{owner} names the request's owner (tests
+    pass a fake: L{ownerOf} needs a TLS client certificate).
+    """
+    return DeviceFlowAdmin(flow, owner)

@@ -1,0 +1,36 @@
+"""
+The (uuid, serial) of each inventory device, indexed both ways.
+
+The device flow [F4] asks, for every C{/device/code}, whether the uuid and
+serial a node reported are an inventory device's; a dict from device name
+to identity that also keeps the reverse index answers in O(1).
+"""
+
+from __future__ import annotations
+
+
+class IdentityIndex(dict[str, tuple[str, str]]):
+    """
+    C{device -> (uuid, serial)}, uuids in lower case as the inventory keeps
+    them, plus L{deviceByIdentity}. Only item assignment is supported as a
+    change (what the run registry does).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._byUUID: dict[str, str] = {}
+
+    def __setitem__(self, device: str, identity: tuple[str, str]) -> None:
+        old = self.get(device)
+        if old is not None and self._byUUID.get(old[0]) == device:
+            del self._byUUID[old[0]]
+        super().__setitem__(device, identity)
+        self._byUUID[identity[0].lower()] = device
+
+    def deviceByIdentity(self, uuid: str, serial: str) -> str | None:
+        """The device whose uuid and serial (any case) these are, if any."""
+        device = self._byUUID.get(uuid.strip().lower())
+        if device is None:
+            return None
+        known = self[device][1]
+        return device if serial.strip().casefold() == known.casefold() else None
