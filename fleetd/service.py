@@ -17,13 +17,14 @@ from typing import IO, Any
 from prometheus_client import CollectorRegistry
 from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
+from twisted.internet.threads import deferToThreadPool
 from twisted.logger import ILogObserver, Logger
 from twisted.python.components import Componentized
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 
 from fleetd import __version__
-from fleetd.admin.resource import adminRoot
+from fleetd.admin.resource import adminRoot, isOwner
 from fleetd.boot.config import ConfigResource
 from fleetd.boot.deviceflow import DeviceFlow
 from fleetd.boot.deviceflow_resource import (
@@ -89,7 +90,9 @@ class FleetdService(MultiService):
         # Children of /v1/admin/ contributed by subsystems (behind the owner gate).
         self.adminAPI: dict[bytes, Resource] = {}
         self.inventory: IInventory = SQLiteInventory(self.runner)
-        self.adminAPI[b"devices"] = devicesResource(self.inventory, self.journal)
+        self.adminAPI[b"devices"] = devicesResource(
+            self.inventory, self.journal, offload=self._inThread
+        )
         self.alerts = AlertTracker(reactor, settings.provision.alert_hold).register(
             self.registry
         )
@@ -112,6 +115,11 @@ class FleetdService(MultiService):
         self._loading: Deferred[None] | None = None
         self._buildListeners()
 
+    def _inThread(self, work: Callable[[bytes], Any], data: bytes) -> Deferred[Any]:
+        """Run blocking C{work(data)} in the reactor's thread pool."""
+        pool = self.reactor.getThreadPool()
+        return deferToThreadPool(self.reactor, pool, work, data)
+
     def _web(self, name: str, root: Resource, clientCA: bool = False) -> None:
         s = self.settings
         site = BoundedSite(
@@ -125,6 +133,8 @@ class FleetdService(MultiService):
             idleTimeout=s.limits.idle_timeout,
             requestTimeout=s.limits.request_timeout,
             clock=self.reactor,
+            # [O2] Only owners may send more than 64 KiB, decided at header time.
+            privileged=isOwner if clientCA else None,
         )
         options = loadTLSOptions(
             s.tls, clientCA=s.owner.client_ca if clientCA else None

@@ -390,7 +390,8 @@ class OwnerBodyLimitTests(SynchronousTestCase):
         channel.dataReceived(
             b"POST /echo HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n\r\n" + body
         )
-        return transport.value()
+        out: bytes = transport.value()
+        return out
 
     def test_notOwner_over64KiB_refusedAtHeaders(self) -> None:
         """[O2] Without an owner certificate, 64 KiB + 1 is a 413; 64 KiB is not."""
