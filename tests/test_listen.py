@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import ssl
 from pathlib import Path
+from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.address import IPv4Address, IPv6Address
@@ -283,9 +284,10 @@ class TLSSuiteTests(TestCase):
         pki = ensureDevPKI(Path(self.mktemp()), "enroll.lolwtf.ca", keyType=keyType)
         options = loadTLSOptions(TLSFiles(pki.public_cert, pki.public_key))
         factory = TLSMemoryBIOFactory(options, False, Factory.forProtocol(Recorder))
-        port = reactor.listenTCP(0, factory, interface="127.0.0.1")  # type: ignore[attr-defined]
+        tcp: Any = reactor
+        port = tcp.listenTCP(0, factory, interface="127.0.0.1")
         self.addCleanup(port.stopListening)
-        return port.getHost().port, pki
+        return int(port.getHost().port), pki
 
     async def refused(self, port: int, pki: DevPKIPaths, ciphers: str) -> None:
         with self.assertRaises(ssl.SSLError):
