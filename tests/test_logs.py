@@ -159,3 +159,21 @@ class ThrottledLogTests(SynchronousTestCase):
         other = [e for e in events if e["log_format"] == "other.event"]
         self.assertEqual(len(other), 1)
         self.assertEqual(clock.getDelayedCalls(), [])
+
+
+class SecretReprTests(SynchronousTestCase):
+    """Objects that hold a code print without it."""
+
+    def test_provisioned_reprWithoutCode(self) -> None:
+        """
+        [A2] repr(Provisioned) (as a log line or a traceback would show it)
+        names the run and device but not the code; toJSON still has it.
+        """
+        from fleetd.runs.registry import Provisioned
+
+        provisioned = Provisioned(run="r-0123", code=SECRET, device="w1")
+        for text in (repr(provisioned), str(provisioned)):
+            self.assertNotIn(SECRET, text)
+            self.assertIn("r-0123", text)
+            self.assertIn("w1", text)
+        self.assertEqual(provisioned.toJSON()["code"], SECRET)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredLock, gatherResults
@@ -48,7 +48,7 @@ class Provisioned:
     """A new run, with the code shown to the owner exactly once."""
 
     run: str
-    code: str
+    code: str = field(repr=False)
     device: str
 
     def toJSON(self) -> dict[str, str]:
