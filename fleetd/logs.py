@@ -93,7 +93,7 @@ def _clean(value: Any) -> Any:
     return value
 
 
-_SCRUBBED = ("log_format", "log_text", "message", "format")
+_SCRUBBED = ("log_format", "log_text", "message", "format", "log_source")
 
 
 def redact(event: LogEvent) -> LogEvent:
