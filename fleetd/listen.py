@@ -1,10 +1,11 @@
 """
 TLS contexts and connection limits for fleetd's listeners.
 
-Each TLS listener gets its own L{CertificateOptions}; every stream listener
-is wrapped in L{LimitedFactory}, which caps concurrent connections and
-closes connections idle (no byte in or out) for too long, TLS handshakes
-included.
+Each TLS listener gets its own L{CertificateOptions} (TLS 1.2 or later,
+forward-secret AEAD suites only); every stream listener is wrapped in
+L{LimitedFactory}, which caps concurrent connections (in total and per
+source, an IPv6 /64 counting as one source) and closes connections idle
+(no byte in or out) for too long, TLS handshakes included.
 """
 
 from __future__ import annotations
@@ -28,7 +29,27 @@ from twisted.protocols import policies
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 
+from fleetd.boot.ratelimit import sourceKey
 from fleetd.config import ConfigError, TLSFiles
+
+# TLS 1.2: ECDHE key exchange (forward secrecy) with an AEAD cipher only,
+# for ECDSA and RSA certificates alike. No static RSA, no CBC, no SHA-1
+# MACs, no DHE. TLS 1.3's suites are all AEAD with (EC)DHE and stay as
+# OpenSSL offers them (this string does not touch them).
+TLS12_CIPHERS = (
+    "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
+    "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
+    "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305"
+)
+
+
+def connectionSource(addr: IAddress | None) -> str:
+    """
+    The key under which a connection from C{addr} counts against the
+    per-source cap: the IPv4 address, or the IPv6 /64 (an IPv4-mapped IPv6
+    address counts as its IPv4 address).
+    """
+    return sourceKey(str(getattr(addr, "host", "")))
 
 
 def _readPEM(key: str, path: Path) -> bytes:
@@ -79,7 +100,8 @@ def loadTLSOptions(
     """
     Build server TLS options from the configured public certificate.
 
-    TLS 1.2 is the minimum; ECDSA and RSA keys both work. With C{clientCA},
+    TLS 1.2 is the minimum and only L{TLS12_CIPHERS} (plus TLS 1.3's
+    suites) are offered; ECDSA and RSA keys both work. With C{clientCA},
     clients are asked for a certificate issued by it but not required to
     send one: the admin resource decides per request [A3].
     """
@@ -106,6 +128,7 @@ def loadTLSOptions(
         certificate=leaf,
         extraCertChain=[c for c in chain if c.get_subject() != c.get_issuer()],
         raiseMinimumTo=ssl.TLSVersion.TLSv1_2,
+        acceptableCiphers=ssl.AcceptableCiphers.fromOpenSSLCipherString(TLS12_CIPHERS),
         **kwargs,
     )
 
@@ -165,10 +188,10 @@ class LimitedFactory(policies.WrappingFactory):
     Cap concurrent connections and drop idle ones.
 
     Connections over C{maxConnections}, or over C{maxPerSource} from one
-    address, are closed as soon as they are accepted, before any TLS work,
-    so a flood costs little. Refusals are counted; the warning about them is
-    logged at most once per C{logEvery} seconds so a flood cannot drown the
-    log.
+    source (L{connectionSource}: an IPv6 /64 is one source), are closed as
+    soon as they are accepted, before any TLS work, so a flood costs little.
+    Refusals are counted; the warning about them is logged at most once per
+    C{logEvery} seconds so a flood cannot drown the log.
     """
 
     logEvery = 10.0
@@ -201,7 +224,7 @@ class LimitedFactory(policies.WrappingFactory):
         self._unreported = 0
 
     def buildProtocol(self, addr: IAddress | None) -> Any:
-        source = str(getattr(addr, "host", ""))
+        source = connectionSource(addr)
         if len(self.protocols) >= self.maxConnections:
             return self._refuse("total", self.maxConnections)
         if self._perSource.get(source, 0) >= self.maxPerSource:

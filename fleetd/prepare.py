@@ -6,9 +6,13 @@ configuration stops start-up with one line and nothing half-started.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from OpenSSL import crypto
 
 from fleetd.config import ConfigError, Settings
-from fleetd.listen import loadTLSOptions
+from fleetd.listen import loadCertificates, loadTLSOptions
 from fleetd.pki.dev import ensureDevPKI
 from fleetd.store.db import Database
 from fleetd.store.keys import loadOrCreateKey
@@ -42,6 +46,7 @@ def prepare(settings: Settings) -> Prepared:
     # Parse the TLS material now so its errors name their keys.
     loadTLSOptions(settings.tls)
     loadTLSOptions(settings.tls, clientCA=settings.owner.client_ca)
+    checkOwnerCA(settings)
     try:
         vault = DirectoryVault.open(settings.vault, settings.vault_allow_any_fs)
     except VaultError as e:
@@ -56,3 +61,48 @@ def prepare(settings: Settings) -> Prepared:
             raise
         raise ConfigError("paths.state", str(e)) from e
     return Prepared(settings, vault, database, masterKey)
+
+
+def _publicKey(cert: crypto.X509) -> bytes:
+    der: bytes = (
+        cert.to_cryptography()
+        .public_key()
+        .public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    )
+    return der
+
+
+def checkOwnerCA(settings: Settings) -> None:
+    """
+    [O1] The owner CA is one certificate and trusted for nothing else.
+
+    C{owner.client_ca} must hold exactly one certificate, and that CA (its
+    key) must not also be in the LDevID trust bundle, be the LDevID issuer
+    or appear in the public certificate's chain: a CA that issues device
+    or server certificates would make their holders owners.
+
+    @raise ConfigError: naming C{owner.client_ca} and the other key.
+    """
+    cas = loadCertificates("owner.client_ca", settings.owner.client_ca)
+    if len(cas) != 1:
+        raise ConfigError(
+            "owner.client_ca",
+            f"{settings.owner.client_ca} holds {len(cas)} certificates; it must "
+            "hold exactly the one owner CA",
+        )
+    owner = _publicKey(cas[0])
+    others: list[tuple[str, str, Path | None]] = [
+        ("pki.bundle", "in the LDevID trust bundle", settings.pki.bundle),
+        ("pki.issuer_cert", "the LDevID issuer", settings.pki.issuer_cert),
+        ("tls.cert", "in the public certificate chain", settings.tls.cert),
+        ("tls.chain", "in the public certificate chain", settings.tls.chain),
+    ]
+    for key, what, path in others:
+        if path is None:
+            continue
+        if any(_publicKey(c) == owner for c in loadCertificates(key, path)):
+            raise ConfigError(
+                "owner.client_ca",
+                f"the owner CA is also {what} ({key}); owners need a CA "
+                "that issues nothing else",
+            )

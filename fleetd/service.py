@@ -17,6 +17,7 @@ from typing import IO, Any
 from prometheus_client import CollectorRegistry
 from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
+from twisted.internet.threads import deferToThreadPool
 from twisted.logger import ILogObserver, Logger
 from twisted.python.components import Componentized
 from twisted.python.failure import Failure
@@ -28,7 +29,7 @@ from fleetd.admin.deviceflow import (
     deviceFlowAdminResource,
     verificationURI,
 )
-from fleetd.admin.resource import adminRoot
+from fleetd.admin.resource import adminRoot, isOwner
 from fleetd.admin.status import StatusResource
 from fleetd.boot.config import ConfigResource
 from fleetd.boot.deviceflow import DeviceFlow
@@ -95,7 +96,9 @@ class FleetdService(MultiService):
         # Children of /v1/admin/ contributed by subsystems (behind the owner gate).
         self.adminAPI: dict[bytes, Resource] = {}
         self.inventory: IInventory = SQLiteInventory(self.runner, self.journal)
-        self.adminAPI[b"devices"] = devicesResource(self.inventory, self.journal)
+        self.adminAPI[b"devices"] = devicesResource(
+            self.inventory, self.journal, offload=self._inThread
+        )
         self.alerts = AlertTracker(reactor, settings.provision.alert_hold).register(
             self.registry
         )
@@ -123,6 +126,11 @@ class FleetdService(MultiService):
         self._loading: Deferred[None] | None = None
         self._buildListeners()
 
+    def _inThread(self, work: Callable[[bytes], Any], data: bytes) -> Deferred[Any]:
+        """Run blocking C{work(data)} in the reactor's thread pool."""
+        pool = self.reactor.getThreadPool()
+        return deferToThreadPool(self.reactor, pool, work, data)
+
     def _web(self, name: str, root: Resource, clientCA: bool = False) -> None:
         s = self.settings
         site = BoundedSite(
@@ -136,6 +144,8 @@ class FleetdService(MultiService):
             idleTimeout=s.limits.idle_timeout,
             requestTimeout=s.limits.request_timeout,
             clock=self.reactor,
+            # [O2] Only owners may send more than 64 KiB, decided at header time.
+            privileged=isOwner if clientCA else None,
         )
         options = loadTLSOptions(
             s.tls, clientCA=s.owner.client_ca if clientCA else None

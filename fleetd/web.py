@@ -2,19 +2,26 @@
 HTTP plumbing shared by the boot, device and admin listeners.
 
 Requests are bounded (header bytes and count, body bytes), refusals are one
-short line of text, and no traceback ever reaches a client.
+short line of text, and no traceback ever reaches a client. A HEAD gets
+headers only, a request prints without its query string (codes travel in
+query values), no C{Server} header names the software, and the lines a
+client can cause once per request are rate-limited.
 """
 
 from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from typing import Any
 
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http, resource, server
+from twisted.web.error import UnsupportedMethod
 from twisted.web.iweb import IRequest
+
+from fleetd.logs import ThrottledLog, describeRequest
 
 TEXT = b"text/plain; charset=utf-8"
 JSON = b"application/json"
@@ -98,28 +105,80 @@ class Router(resource.Resource):
         return textResponse(request, http.NOT_FOUND, "not found")
 
 
+# Bodies up to this size are held in memory, never spooled to a temp file.
+IN_MEMORY_BODY = 1 << 20
+
+
 class BoundedRequest(server.Request):
     """
     A request that refuses bodies over the site's limit with 413.
 
-    The limit is checked against Content-Length before any body byte is
-    buffered, and against the running total for chunked bodies.
+    The limit is decided when the headers are complete (L{BoundedSite.bodyLimit}:
+    it may depend on who the peer is) and checked against Content-Length
+    before any body byte is buffered, and against the running total for
+    chunked bodies. Bodies under L{IN_MEMORY_BODY} are never spooled to disk.
     """
 
-    _log = Logger()
     _refused = False
     _received = 0
+    _limit: int | None = None
+
+    def __repr__(self) -> str:
+        return describeRequest(self)
+
+    __str__ = __repr__
 
     def _maxBody(self) -> int:
-        site = getattr(self.channel, "site", None)
-        return int(getattr(site, "maxBodyBytes", 65536))
+        if self._limit is None:
+            site = getattr(self.channel, "site", None)
+            bodyLimit = getattr(site, "bodyLimit", None)
+            self._limit = 65536 if bodyLimit is None else int(bodyLimit(self))
+        return self._limit
+
+    def _throttled(self) -> ThrottledLog:
+        site: Any = getattr(self.channel, "site", None) or getattr(self, "site", None)
+        log: ThrottledLog = site.throttledLog
+        return log
 
     def gotLength(self, length: int | None) -> None:
-        if length is not None and length > self._maxBody():
+        limit = self._maxBody()
+        if length is not None and length > limit:
             self._refuse()
             self.content = io.BytesIO()
             return
+        if limit < IN_MEMORY_BODY:
+            self.content = io.BytesIO()
+            return
         super().gotLength(length)
+
+    def setHeader(self, name: bytes | str, value: bytes | str) -> None:
+        """Every header but C{Server}: the software is nobody's business."""
+        key = name.encode("ascii") if isinstance(name, str) else name
+        if key.lower() == b"server":
+            return
+        super().setHeader(name, value)
+
+    def render(self, resrc: resource.IResource) -> None:
+        """
+        Render; a HEAD is answered with headers only, without Twisted's
+        "HEAD request is returning a message body" line (which would log
+        the whole request, query string and all).
+        """
+        if self.method != b"HEAD":
+            super().render(resrc)
+            return
+        try:
+            body = resrc.render(self)
+        except UnsupportedMethod as e:
+            self.setHeader(b"allow", b", ".join(sorted(e.allowedMethods)))
+            body = textResponse(self, http.NOT_ALLOWED, "method not allowed")
+        if body is server.NOT_DONE_YET:
+            return  # http.Request.write drops a HEAD's body
+        if not isinstance(body, bytes):
+            raise TypeError(f"{resrc!r} rendered {type(body).__name__}, not bytes")
+        self.setHeader(b"content-length", b"%d" % (len(body),))
+        self.write(b"")
+        self.finish()
 
     def handleContentChunk(self, data: bytes) -> None:
         if self._refused:
@@ -132,14 +191,15 @@ class BoundedRequest(server.Request):
 
     def _refuse(self) -> None:
         self._refused = True
-        self._log.warn("http.body.too-large {limit}", limit=self._maxBody())
+        self._throttled().warn("http.body.too-large {limit}", limit=self._maxBody())
         body = b"request body too large\n"
         transport: Any = self.channel.transport
         transport.write(
             b"HTTP/1.1 413 Content Too Large\r\n"
             b"content-type: text/plain; charset=utf-8\r\n"
             b"connection: close\r\n"
-            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+            b"content-length: %d\r\n\r\n%s"
+            % (len(body), b"" if self.method == b"HEAD" else body)
         )
         self.channel.loseConnection()
 
@@ -150,7 +210,7 @@ class BoundedRequest(server.Request):
         super().process()
 
     def processingFailed(self, reason: Failure) -> None:
-        self._log.failure("http.request.failed", failure=reason)
+        self._throttled().failure("http.request.failed", failure=reason)
         if self.finished or self._disconnected:
             return
         body = b"internal error\n"
@@ -173,7 +233,7 @@ class BoundedChannel(http.HTTPChannel):
 
     requestTimeout = 10.0
     _deadline: Any = None
-    _log = Logger()
+    site: BoundedSite
 
     def connectionMade(self) -> None:
         super().connectionMade()
@@ -190,7 +250,23 @@ class BoundedChannel(http.HTTPChannel):
 
     def _tooSlow(self) -> None:
         self._deadline = None
-        self._log.info("http.request-timeout {limit}", limit=self.requestTimeout)
+        self.site.throttledLog.info(
+            "http.request-timeout {limit}", limit=self.requestTimeout
+        )
+        transport: Any = self.transport
+        transport.abortConnection()
+
+    def timeoutConnection(self) -> None:
+        """Idle: as Twisted does, but with a rate-limited log line."""
+        self.site.throttledLog.info("http.idle-timeout")
+        if self.abortTimeout is not None:
+            self._abortingCall = self.callLater(
+                self.abortTimeout, self.forceAbortClient
+            )
+        self.loseConnection()
+
+    def forceAbortClient(self) -> None:
+        self._abortingCall = None
         transport: Any = self.transport
         transport.abortConnection()
 
@@ -218,7 +294,12 @@ class BoundedSite(server.Site):
     """
     A L{server.Site} with per-request limits and no tracebacks for clients.
 
-    @ivar maxBodyBytes: the largest request body accepted.
+    @ivar maxBodyBytes: the largest request body accepted (from a
+        C{privileged} peer, when that is given).
+    @ivar privileged: decides, when a request's headers are complete,
+        whether its peer may send up to C{maxBodyBytes}; the others get at
+        most C{unprivilegedBodyBytes}, held in memory [O2]. L{None}: every
+        peer gets C{maxBodyBytes}.
     """
 
     requestFactory = BoundedRequest
@@ -235,13 +316,24 @@ class BoundedSite(server.Site):
         idleTimeout: float,
         clock: Any,
         requestTimeout: float = 10.0,
+        privileged: Callable[[IRequest], bool] | None = None,
+        unprivilegedBodyBytes: int = 65536,
     ) -> None:
         super().__init__(root, timeout=idleTimeout, reactor=clock)
         self.maxHeaderBytes = maxHeaderBytes
         self.maxHeaders = maxHeaders
         self.maxBodyBytes = maxBodyBytes
         self.requestTimeout = requestTimeout
+        self.privileged = privileged
+        self.unprivilegedBodyBytes = unprivilegedBodyBytes
+        self.throttledLog = ThrottledLog(clock)
         self.noisy = False
+
+    def bodyLimit(self, request: IRequest) -> int:
+        """The largest body C{request} may send (its headers are complete)."""
+        if self.privileged is None or self.privileged(request):
+            return self.maxBodyBytes
+        return min(self.maxBodyBytes, self.unprivilegedBodyBytes)
 
     def acceptableProtocols(self) -> list[bytes]:
         """ALPN: these listeners speak HTTP/1.1 only (curl and Go offer h2)."""

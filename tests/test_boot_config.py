@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionLost
 from twisted.internet.testing import StringTransport
+from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -214,6 +215,48 @@ class ConfigResourceTests(SynchronousTestCase):
         )
         self.assertTrue(transport.value().startswith(b"HTTP/1.1 404"))
         self.assertEqual(self.fleet.registry.readyRun("w1"), run.run)
+
+    def test_head_headersOnly_neverConsumes(self) -> None:
+        """
+        [C1] [A2] HEAD /config with a live code (pipelined, many times) is a
+        405 with headers only: nothing is delivered, the run stays ready, and
+        no log event holds the code; the GET after it gets the configuration.
+        """
+        run = self.provision()
+        uuid = self.fleet.registry.identity("w1")
+        assert uuid is not None
+        path = configPath(run.code, uuid[0], "SER1").encode()
+        channel, transport = self.connect()
+        with capturedLogs() as events:
+            channel.dataReceived(
+                (b"HEAD " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n") * 50
+            )
+        answers = transport.value().split(b"HTTP/1.1 ")[1:]
+        self.assertEqual(len(answers), 50)
+        for answer in answers:
+            head, _, body = answer.partition(b"\r\n\r\n")
+            self.assertTrue(head.startswith(b"405 "), answer)
+            self.assertIn(b"Allow: GET", head)
+            self.assertEqual(body, b"")
+        self.assertNotIn(run.code, repr(events))
+        self.assertEqual(self.fleet.registry.readyRun("w1"), run.run)
+        _, transport = self.get(run.code)
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 200"))
+        self.assertIn(b"hostname: w1", transport.value())
+
+    def test_wrongMachine_warningsRateLimited(self) -> None:
+        """A flood of another machine's requests logs at most ten warnings."""
+        run = self.provision()
+        path = configPath(run.code, "4c4c4544-0000-0000-0000-000000000000", "SER9")
+        with capturedLogs() as events:
+            for _ in range(30):
+                channel, transport = self.connect()
+                channel.dataReceived(
+                    b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+                )
+                self.assertTrue(transport.value().startswith(b"HTTP/1.1 403"))
+        warned = [e for e in events if "config.wrong-machine" in e["log_format"]]
+        self.assertEqual(len(warned), 10)
 
     def test_serial_caseInsensitive(self) -> None:
         """Serials match case-insensitively, as the inventory keeps them unique."""

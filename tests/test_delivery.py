@@ -8,6 +8,7 @@ owner certificate; nodes are Python TLS clients on the boot listener.
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import shutil
 import socket
@@ -26,6 +27,7 @@ from twisted.internet.threads import deferToThread
 from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
+from fleetd.logs import makeObserver
 from fleetd.service import FleetdService
 from tests.test_daemon import DaemonTestMixin, httpsGet
 
@@ -54,6 +56,18 @@ def httpsJSON(
             return response.status, data.decode()
     finally:
         conn.close()
+
+
+def rawTLS(port: int, ca: Path, payload: bytes) -> bytes:
+    """Send C{payload} on one TLS connection; return all it got until closed."""
+    context = ssl.create_default_context(cafile=str(ca))
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
+        with context.wrap_socket(raw, server_hostname="localhost") as tls:
+            tls.sendall(payload)
+            chunks = []
+            while chunk := tls.recv(65536):
+                chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def configPath(code: str, uuid: str, serial: str) -> str:
@@ -455,6 +469,47 @@ class SecretsTests(DeliveryMixin, TestCase):
     def test_fullScenario_noSecretInLogsOrJournal(self) -> None:
         """No code or config body reaches a log line or the journal."""
         return ensureDeferred(self._scenario())  # type: ignore[return-value]
+
+    async def _methods(self) -> None:
+        await self.addDevice("w1", "SER1", UUID1)
+        codes = await self.provision("w1")
+        path = configPath(codes["w1"], UUID1, "SER1")
+        port = self.port(self.service, "boot")
+        for method in ("HEAD", "OPTIONS", "FOO", "TRACE", "POST", "DELETE"):
+            status, _, body = await deferToThread(
+                httpsGet, port, path, self.pki.public_ca, None, method
+            )
+            self.assertEqual(status, 405, method)
+            self.assertEqual(body, b"" if method == "HEAD" else b"method not allowed\n")
+        heads = (f"HEAD {path} HTTP/1.1\r\nHost: x\r\n\r\n" * 200).encode()
+        last = f"FOO {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        answer = await deferToThread(
+            rawTLS, port, self.pki.public_ca, heads + last.encode()
+        )
+        self.assertEqual(answer.count(b"HTTP/1.1 405 "), 201)
+        self.assertEqual(answer.count(b"method not allowed\n"), 1)  # FOO's only
+        # None of that consumed the run; the node still gets its config.
+        self.assertEqual((await self.fetch(path))[0], 200)
+        await self.service.stopService()
+        logged = "\n".join(repr(e) for e in self.logged)
+        self.assertIn("/config", logged)
+        self.assertFalse(codes["w1"] in logged, "the code is in a log event")
+        for fmt in ("text", "json"):
+            out = io.StringIO()
+            observer = makeObserver(fmt, out)
+            for event in self.logged:
+                observer(event)
+            self.assertIn("/config", out.getvalue())
+            self.assertFalse(codes["w1"] in out.getvalue(), f"the code is in {fmt}")
+
+    def test_anyMethod_noCodeInLogs(self) -> None:
+        """
+        [A2] [C1] HEAD, OPTIONS, TRACE and made-up methods on /config with a
+        live code, one by one and 200 pipelined HEADs, are 405s (HEAD with
+        headers only) that consume nothing, and the code appears in no log
+        event and no formatted log line, text or JSON.
+        """
+        return ensureDeferred(self._methods())  # type: ignore[return-value]
 
 
 class BruteForceTests(DeliveryMixin, TestCase):

@@ -12,11 +12,12 @@ import http.client
 import io
 import json
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from treq.testing import StubTreq
-from twisted.internet.defer import ensureDeferred
+from twisted.internet.defer import Deferred, ensureDeferred, maybeDeferred
 from twisted.internet.task import Clock
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
@@ -46,6 +47,13 @@ w2,SN-2,{UUID2},52:54:00:00:00:02 52:54:00:00:00:12,worker-g3,folly
 w3,SN-3,{UUID3},,control-plane,
 """
 BASE = "https://admin.test/devices"
+
+
+def inline(work: Callable[[bytes], Any], data: bytes) -> Deferred[Any]:
+    """An offload that runs the work at once, on the calling thread."""
+    return maybeDeferred(work, data)
+
+
 NaN = float("nan")
 
 
@@ -58,7 +66,9 @@ class DevicesResourceTests(SynchronousTestCase):
         runner = InlineRunner(db)
         self.journal = AsyncJournal(runner, Journal(b"k" * 32), Clock())
         self.inventory = SQLiteInventory(runner, self.journal)
-        self.stub = self.treqFor(devicesResource(self.inventory, self.journal))
+        self.stub = self.treqFor(
+            devicesResource(self.inventory, self.journal, offload=inline)
+        )
 
     def treqFor(self, devices: Any) -> Any:
         """A StubTreq (its request methods are made at run time: Any)."""
@@ -231,6 +241,42 @@ class DevicesResourceTests(SynchronousTestCase):
         self.assertEqual(self.successResultOf(self.inventory.list()), [])
         self.assertEqual(self.events(), [])
 
+    def test_import_parsedOffTheReactorThread(self) -> None:
+        """
+        An import's body is decoded and parsed by the offload (a worker
+        thread in the daemon), not during the request: until that work is
+        done nothing is answered; a bad row still rejects the whole file
+        with its line number.
+        """
+        held: list[tuple[Callable[[bytes], Any], bytes, Deferred[Any]]] = []
+
+        def hold(work: Callable[[bytes], Any], data: bytes) -> Deferred[Any]:
+            d: Deferred[Any] = Deferred()
+            held.append((work, data, d))
+            return d
+
+        self.stub = self.treqFor(
+            devicesResource(self.inventory, self.journal, offload=hold)
+        )
+        bad = CSV + "w4,SN-4,not-a-uuid,,worker,\n"
+        for body, expected in [(CSV, 200), (bad, 400)]:
+            d = self.stub.post(BASE + "/import", data=body.encode())
+            self.stub.flush()
+            self.assertNoResult(d)
+            work, data, pending = held.pop()
+            self.assertEqual(data, body.encode())
+            try:
+                pending.callback(work(data))
+            except Exception:
+                pending.errback()
+            self.stub.flush()
+            response = self.successResultOf(d)
+            content = self.successResultOf(response.content())
+            self.assertEqual(response.code, expected, content)
+        self.assertTrue(content.startswith(b"line 4: uuid:"), content)
+        names = [d.name for d in self.successResultOf(self.inventory.list())]
+        self.assertEqual(names, ["w2", "w3"])
+
     def test_import_invalidUTF8_400(self) -> None:
         """A CSV body that is not UTF-8 is refused with 400."""
         code, _, body = self.call("POST", BASE + "/import", b"name\xff\n")
@@ -256,7 +302,7 @@ class DevicesResourceTests(SynchronousTestCase):
     def test_unavailable_503(self) -> None:
         """When the database cannot be used the answer is a one-line 503."""
         broken = inventoryOver(_FailingRunner(StoreError("runner stopped")))
-        self.stub = self.treqFor(devicesResource(broken, self.journal))
+        self.stub = self.treqFor(devicesResource(broken, self.journal, offload=inline))
         code, _, body = self.call("GET", BASE)
         self.assertEqual(code, 503)
         self.assertEqual(body, b"inventory database unavailable: runner stopped\n")
@@ -269,6 +315,7 @@ def httpsRequest(
     ca: Path,
     clientCert: tuple[Path, Path] | None,
     body: bytes | None = None,
+    contentType: str | None = None,
 ) -> tuple[int, bytes]:
     """One HTTPS request with an optional body; return (status, body)."""
     context = ssl.create_default_context(cafile=str(ca))
@@ -276,7 +323,8 @@ def httpsRequest(
         context.load_cert_chain(str(clientCert[0]), str(clientCert[1]))
     conn = http.client.HTTPSConnection("localhost", port, timeout=10, context=context)
     try:
-        conn.request(method, path, body=body)
+        headers = {} if contentType is None else {"content-type": contentType}
+        conn.request(method, path, body=body, headers=headers)
         response = conn.getresponse()
         return response.status, response.read()
     finally:
@@ -297,9 +345,12 @@ class DevicesDaemonTests(DaemonTestMixin, TestCase):
         async def call(
             method: str, path: str, body: bytes | None = None, cert: Any = owner
         ) -> tuple[int, bytes]:
+            csv = path.endswith("/import")
+            ctype = "text/csv" if csv else "application/json"
             return await deferToThread(
-                httpsRequest, port, method, path, self.pki.public_ca, cert, body
-            )
+                httpsRequest, port, method, path, self.pki.public_ca, cert, body,
+                None if body is None else ctype,
+            )  # fmt: skip
 
         status, body = await call("POST", "/v1/admin/devices", json.dumps(W1).encode())
         self.assertEqual((status, json.loads(body)), (201, W1_STORED))

@@ -131,3 +131,70 @@ class JournalCommandTests(DaemonTestMixin, TestCase):
         chain; an edited entry makes verify fail with its seq and exit 1.
         """
         return ensureDeferred(self._journal())  # type: ignore[return-value]
+
+
+class ServerNameTests(DaemonTestMixin, TestCase):
+    """fleetctl on the reference site as shipped (owner.server on localhost)."""
+
+    def setUp(self) -> None:
+        self.makeSettings()
+        # A public certificate like the reference site's: the enrollment
+        # name only, no localhost, no loopback addresses.
+        from datetime import UTC, datetime
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID
+
+        from fleetd.pki.dev import _certificate, ensureDevPKI
+
+        ensureDevPKI(self.pki.directory, "enroll.lolwtf.ca")
+        caCert = x509.load_pem_x509_certificate(self.pki.public_ca.read_bytes())
+        caKey = serialization.load_pem_private_key(
+            self.pki.public_ca_key.read_bytes(), None
+        )
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = _certificate(
+            "enroll.lolwtf.ca", key, datetime.now(UTC), (caCert, caKey),  # type: ignore[arg-type]
+            ExtendedKeyUsageOID.SERVER_AUTH, [x509.DNSName("enroll.lolwtf.ca")],
+        )  # fmt: skip
+        self.pki.public_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        self.pki.public_key.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+
+    async def _localhost(self) -> None:
+        service = self.startDaemon()
+        port = self.port(service, "admin")
+        for host in ("localhost", "127.0.0.1"):
+            config = writeConfig(
+                self.directory, {"owner": {"server": f"https://{host}:{port}"}}
+            )
+            code, out, err = await deferToThread(
+                run, ["--config", str(config), "--json", "journal"]
+            )
+            self.assertEqual((code, err), (0, ""), host)
+            self.assertIsInstance(json.loads(out), list)
+        # The name is still checked: another CA's certificate is refused.
+        other = writeConfig(
+            self.directory,
+            {"owner": {"server": f"https://localhost:{port}",
+                       "server_ca": "pki/owner-ca.pem"}},
+        )  # fmt: skip
+        code, _, err = await deferToThread(run, ["--config", str(other), "journal"])
+        self.assertEqual(code, 1)
+        self.assertIn("CERTIFICATE_VERIFY_FAILED", err)
+
+    def test_adminOnLocalhost_certificateForEnrollmentName(self) -> None:
+        """
+        With owner.server = https://localhost:8446 (as conf/fleetd.toml ships)
+        and a public certificate for the enrollment name alone, fleetctl
+        connects to localhost and verifies the certificate for the
+        enrollment name; a certificate from another CA is still refused.
+        """
+        return ensureDeferred(self._localhost())  # type: ignore[return-value]

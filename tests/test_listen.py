@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+import socket
+import ssl
 from pathlib import Path
+from typing import Any
 
-from twisted.internet.address import IPv4Address
+from twisted.internet import reactor
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.defer import ensureDeferred
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.internet.threads import deferToThread
 from twisted.logger import capturedLogs
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.config import ConfigError, TLSFiles
-from fleetd.listen import LimitedFactory, loadCertificates, loadTLSOptions
-from fleetd.pki.dev import ensureDevPKI
+from fleetd.listen import (
+    LimitedFactory,
+    connectionSource,
+    loadCertificates,
+    loadTLSOptions,
+)
+from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 
 ADDR = IPv4Address("TCP", "127.0.0.1", 40000)
 
@@ -142,6 +154,57 @@ class PerSourceTests(SynchronousTestCase):
         self.assertEqual(factory.refused, 501)
 
 
+class SourceKeyTests(SynchronousTestCase):
+    """Which connections count as one source for the per-source cap."""
+
+    def test_ipv6_groupedBy64(self) -> None:
+        """
+        IPv6 addresses in one /64 are one source; another /64 is another;
+        IPv4 addresses are their own; IPv4-mapped IPv6 counts as IPv4; a
+        zone index is ignored.
+        """
+        key = connectionSource
+        a = key(IPv6Address("TCP", "2001:db8:1:2::1", 1))
+        self.assertEqual(a, "2001:db8:1:2::/64")
+        self.assertEqual(key(IPv6Address("TCP", "2001:db8:1:2:ffff:1:2:3", 9)), a)
+        self.assertNotEqual(key(IPv6Address("TCP", "2001:db8:1:3::1", 1)), a)
+        self.assertEqual(key(IPv4Address("TCP", "10.0.0.1", 1)), "10.0.0.1")
+        self.assertNotEqual(
+            key(IPv4Address("TCP", "10.0.0.2", 1)),
+            key(IPv4Address("TCP", "10.0.0.1", 1)),
+        )
+        self.assertEqual(key(IPv6Address("TCP", "::ffff:10.0.0.1", 1)), "10.0.0.1")
+        self.assertEqual(key(IPv6Address("TCP", "fe80::1%eth0", 1)), "fe80::/64")
+        self.assertEqual(key(None), "")
+
+    def test_maxPerSource_ipv6Slash64IsOneSource(self) -> None:
+        """
+        Per-source caps count an IPv6 /64 as one source: rotating through
+        addresses of one /64 does not get past the cap; another /64 does.
+        """
+        factory = LimitedFactory(
+            Factory.forProtocol(Recorder),
+            name="boot",
+            clock=Clock(),
+            maxConnections=100,
+            maxPerSource=3,
+            idleTimeout=10,
+        )
+        opened = []
+        for i in range(1, 10):
+            proto = factory.buildProtocol(IPv6Address("TCP", f"2001:db8::{i:x}", 1))
+            if proto is not None:
+                proto.makeConnection(StringTransport())
+                opened.append(proto)
+        self.assertEqual(len(opened), 3)
+        other = factory.buildProtocol(IPv6Address("TCP", "2001:db8:0:1::1", 1))
+        self.assertIsNotNone(other)
+        opened[0].connectionLost(None)
+        self.assertIsNotNone(
+            factory.buildProtocol(IPv6Address("TCP", "2001:db8::ff", 1))
+        )
+
+
 class TLSOptionsTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.pki = ensureDevPKI(Path(self.mktemp()), "enroll.lolwtf.ca")
@@ -185,3 +248,97 @@ class TLSOptionsTests(SynchronousTestCase):
             ConfigError, loadTLSOptions, TLSFiles(self.pki.public_cert, junk)
         )
         self.assertEqual(e.key, "tls.key")
+
+
+def handshake(
+    port: int,
+    ca: Path,
+    ciphers: str | None = None,
+    maxVersion: ssl.TLSVersion | None = None,
+    minVersion: ssl.TLSVersion | None = None,
+) -> tuple[str, str]:
+    """A real Python TLS client's handshake; (version, cipher) or SSLError."""
+    context = ssl.create_default_context(cafile=str(ca))
+    if ciphers is not None:
+        context.set_ciphers(ciphers)  # raises if this OpenSSL lacks them all
+    if maxVersion is not None:
+        context.maximum_version = maxVersion
+    if minVersion is not None:
+        context.minimum_version = minVersion
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="localhost") as tls:
+            version, cipher = tls.version(), tls.cipher()
+            assert version is not None and cipher is not None
+            return version, cipher[0]
+
+
+class TLSSuiteTests(TestCase):
+    """
+    Real clients against a listener with fleetd's TLS options: TLS 1.2+,
+    forward-secret AEAD suites only, ECDSA and RSA certificates ([A3] §2).
+    """
+
+    TLS12 = ssl.TLSVersion.TLSv1_2
+
+    def listen(self, keyType: str) -> tuple[int, DevPKIPaths]:
+        pki = ensureDevPKI(Path(self.mktemp()), "enroll.lolwtf.ca", keyType=keyType)
+        options = loadTLSOptions(TLSFiles(pki.public_cert, pki.public_key))
+        factory = TLSMemoryBIOFactory(options, False, Factory.forProtocol(Recorder))
+        tcp: Any = reactor
+        port = tcp.listenTCP(0, factory, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        return int(port.getHost().port), pki
+
+    async def refused(self, port: int, pki: DevPKIPaths, ciphers: str) -> None:
+        with self.assertRaises(ssl.SSLError):
+            await deferToThread(handshake, port, pki.public_ca, ciphers, self.TLS12)
+
+    async def _rsa(self) -> None:
+        port, pki = self.listen("rsa")
+        for weak in [
+            "AES128-SHA",  # static RSA, CBC, SHA-1
+            "AES128-GCM-SHA256",  # static RSA, AEAD: no forward secrecy
+            "ECDHE-RSA-AES128-SHA",  # CBC with SHA-1
+            "ECDHE-RSA-AES128-SHA256",  # CBC
+            "DHE-RSA-AES128-GCM-SHA256",  # finite-field DHE
+        ]:
+            await self.refused(port, pki, weak)
+        for good in [
+            "ECDHE-RSA-AES128-GCM-SHA256",
+            "ECDHE-RSA-AES256-GCM-SHA384",
+            "ECDHE-RSA-CHACHA20-POLY1305",
+        ]:
+            result = await deferToThread(
+                handshake, port, pki.public_ca, good, self.TLS12
+            )
+            self.assertEqual(result, ("TLSv1.2", good))
+        version, _ = await deferToThread(handshake, port, pki.public_ca)
+        self.assertEqual(version, "TLSv1.3")
+        with self.assertRaises(ssl.SSLError):
+            await deferToThread(
+                handshake, port, pki.public_ca, "ALL:@SECLEVEL=0",
+                ssl.TLSVersion.TLSv1_1, ssl.TLSVersion.TLSv1,
+            )  # fmt: skip
+
+    def test_rsaCertificate_onlyForwardSecretAEAD(self) -> None:
+        """
+        With an RSA certificate: static-RSA, CBC-SHA1, CBC-SHA256 and DHE
+        suites are refused, ECDHE with AES-GCM or ChaCha20-Poly1305 works,
+        TLS 1.3 works, TLS 1.1 is refused.
+        """
+        return ensureDeferred(self._rsa())  # type: ignore[return-value]
+
+    async def _ecdsa(self) -> None:
+        port, pki = self.listen("ecdsa")
+        for weak in ["ECDHE-ECDSA-AES128-SHA", "ECDHE-ECDSA-AES256-SHA384"]:
+            await self.refused(port, pki, weak)
+        for good in ["ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-ECDSA-CHACHA20-POLY1305"]:
+            result = await deferToThread(
+                handshake, port, pki.public_ca, good, self.TLS12
+            )
+            self.assertEqual(result, ("TLSv1.2", good))
+
+    def test_ecdsaCertificate_onlyForwardSecretAEAD(self) -> None:
+        """With an ECDSA certificate: ECDHE-ECDSA CBC suites are refused,
+        AES-GCM and ChaCha20-Poly1305 work."""
+        return ensureDeferred(self._ecdsa())  # type: ignore[return-value]

@@ -109,6 +109,7 @@ class Harness:
         byteWise: bool = False,
         handshake: bool = True,
         clientConfig: H2Configuration | None = None,
+        server: H2ServerProtocol | None = None,
         **limits: Any,
     ) -> None:
         self.handlers: list[Any] = []
@@ -119,7 +120,7 @@ class Harness:
             return handler
 
         self.clock = Clock()
-        self.server = H2ServerProtocol(factory, clock=self.clock, **limits)
+        self.server = server or H2ServerProtocol(factory, clock=self.clock, **limits)
         self.transport = StringTransport()
         self.server.makeConnection(self.transport)
         self.client = H2Connection(
@@ -249,6 +250,33 @@ class UnimplementedTests(SynchronousTestCase):
         [event] = [e for e in events if e["log_format"] == "tink.unimplemented {path}"]
         self.assertEqual(event["path"], PATH.decode())
         h.close()
+
+    def test_logged_rateLimitedAcrossConnections(self) -> None:
+        """
+        A flood of calls over many connections of one listener logs at most
+        ten C{tink.unimplemented} lines per 10 s, then counts the rest; the
+        not-gRPC refusals are limited the same way.
+        """
+        clock = Clock()
+        factory = TinkListenerFactory(clock)
+        with capturedLogs() as events:
+            for _ in range(5):
+                h = Harness(server=factory.buildProtocol(None))
+                for _ in range(10):
+                    h.call()
+                    h.call(grpcHeaders(contentType=b"text/plain"))
+                h.pump()
+                h.close()
+            clock.advance(10)
+            h = Harness(server=factory.buildProtocol(None))
+            h.call()
+            h.pump()
+            h.close()
+        unimplemented = [e for e in events if "tink.unimplemented" in e["log_format"]]
+        notGrpc = [e for e in events if "tink.h2.not-grpc" in e["log_format"]]
+        self.assertEqual(len(unimplemented), 11)
+        self.assertEqual(unimplemented[-1]["suppressed"], 40)
+        self.assertEqual(len(notGrpc), 10)
 
 
 class NotGrpcTests(SynchronousTestCase):

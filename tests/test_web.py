@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 from twisted.internet.task import Clock
@@ -11,7 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.iweb import IRequest
 
 from fleetd.boot.resource import bootRoot
-from fleetd.web import BoundedSite, Endpoint, Router
+from fleetd.web import BoundedSite, Endpoint, Router, jsonResponse
 
 
 class Boom(Endpoint):
@@ -23,15 +24,25 @@ class Boom(Endpoint):
 
 class Echo(Endpoint):
     isLeaf = True
+    seen: list[Any] = []
 
     def render_POST(self, request: IRequest) -> bytes:
+        Echo.seen.append(request.content)
         return b"got %d\n" % (len(request.content.read()),)
+
+
+class Hello(Endpoint):
+    isLeaf = True
+
+    def render_GET(self, request: IRequest) -> bytes:
+        return jsonResponse(request, 200, {"hello": "world"})
 
 
 def makeSite(clock: Clock, maxBody: int = 100) -> BoundedSite:
     root = Router()
     root.putChild(b"boom", Boom())
     root.putChild(b"echo", Echo())
+    root.putChild(b"hello", Hello())
     return BoundedSite(
         root,
         maxHeaderBytes=1024,
@@ -257,3 +268,152 @@ class BoundedSiteTests(SynchronousTestCase):
         clock.advance(11)  # idle again: the next request has a deadline
         self.assertTrue(transport.disconnecting)
         channel.connectionLost(None)
+
+
+SECRET = "LIVEcode0123456789abcdefghijklmn"
+
+
+class HeadAndLoggingTests(SynchronousTestCase):
+    """HEAD, request reprs, the Server header and per-request log lines."""
+
+    def exchange(self, data: bytes, site: BoundedSite) -> StringTransport:
+        channel = site.buildProtocol(None)
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        channel.dataReceived(data)
+        self.addCleanup(channel.connectionLost, None)
+        return transport
+
+    def test_head_headersOnlyEverywhere(self) -> None:
+        """
+        A HEAD gets the status and headers a GET would, never a body: on a
+        GET resource, a POST-only one (405) and an unknown path (404).
+        """
+        site = makeSite(Clock())
+        for path, status, length in [
+            (b"/hello", b"200", b"19"),
+            (b"/echo", b"405", b"19"),
+            (b"/nope", b"404", b"10"),
+        ]:
+            out = self.exchange(
+                b"HEAD " + path + b"?code=" + SECRET.encode() + b" HTTP/1.1\r\n"
+                b"Host: x\r\n\r\n",
+                site,
+            ).value()
+            head, _, body = out.partition(b"\r\n\r\n")
+            self.assertTrue(head.startswith(b"HTTP/1.1 " + status), out)
+            self.assertIn(b"Content-Length: " + length, head)
+            self.assertEqual(body, b"", path)
+
+    def test_head_logsNoRequest(self) -> None:
+        """
+        [A2] Pipelined HEADs with a live code in the query write no line
+        holding the code, and no event carries the request object.
+        """
+        site = makeSite(Clock())
+        request = (
+            b"HEAD /hello?code=" + SECRET.encode() + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        with capturedLogs() as events:
+            self.exchange(request * 200, site)
+        self.assertNotIn(SECRET, repr(events))
+        self.assertFalse([e for e in events if "slf" in e])
+
+    def test_requestRepr_withoutQuery(self) -> None:
+        """A request prints as method and path: the query string stays out."""
+        seen: list[str] = []
+
+        class Peek(Endpoint):
+            isLeaf = True
+
+            def render_GET(self, request: IRequest) -> bytes:
+                seen.extend([repr(request), str(request)])
+                return b"ok\n"
+
+        site = BoundedSite(
+            Peek(), maxHeaderBytes=1024, maxHeaders=10, maxBodyBytes=10,
+            idleTimeout=30, clock=Clock(),
+        )  # fmt: skip
+        self.exchange(
+            b"GET /config?code=" + SECRET.encode() + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+            site,
+        )
+        self.assertEqual(seen, ["<BoundedRequest GET /config>"] * 2)
+
+    def test_serverHeader_absent(self) -> None:
+        """No response names the software (no Server: TwistedWeb/...)."""
+        site = makeSite(Clock())
+        for request in [b"GET /hello", b"GET /nope", b"HEAD /hello", b"PUT /echo"]:
+            out = self.exchange(request + b" HTTP/1.1\r\nHost: x\r\n\r\n", site)
+            self.assertNotIn(b"server:", out.value().lower())
+            self.assertNotIn(b"twisted", out.value().lower())
+
+    def test_oversizedBodies_warningsRateLimited(self) -> None:
+        """
+        A flood of oversized bodies writes at most 10 warnings per 10 s and
+        then one line saying how many were suppressed.
+        """
+        clock = Clock()
+        site = makeSite(clock)
+        request = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+        with capturedLogs() as events:
+            for _ in range(100):
+                self.exchange(request, site)
+            clock.advance(10)
+            self.exchange(request, site)
+        lines = [e for e in events if "http.body.too-large" in e["log_format"]]
+        self.assertEqual(len(lines), 11)
+        self.assertEqual(lines[-1]["suppressed"], 90)
+
+
+class OwnerBodyLimitTests(SynchronousTestCase):
+    """[O2] Bodies of peers that are not owners: small, in memory only."""
+
+    def site(self, owner: bool) -> BoundedSite:
+        root = Router()
+        root.putChild(b"echo", Echo())
+        return BoundedSite(
+            root, maxHeaderBytes=1024, maxHeaders=10, maxBodyBytes=8 << 20,
+            idleTimeout=30, clock=Clock(), privileged=lambda request: owner,
+        )  # fmt: skip
+
+    def post(self, site: BoundedSite, size: int, chunked: bool = False) -> bytes:
+        channel = site.buildProtocol(None)
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        self.addCleanup(channel.connectionLost, None)
+        if chunked:
+            body = b"%x\r\n%s\r\n0\r\n\r\n" % (size, b"a" * size)
+            head = b"Transfer-Encoding: chunked"
+        else:
+            body, head = b"a" * size, b"Content-Length: %d" % (size,)
+        channel.dataReceived(
+            b"POST /echo HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n\r\n" + body
+        )
+        out: bytes = transport.value()
+        return out
+
+    def test_notOwner_over64KiB_refusedAtHeaders(self) -> None:
+        """[O2] Without an owner certificate, 64 KiB + 1 is a 413; 64 KiB is not."""
+        Echo.seen.clear()
+        site = self.site(owner=False)
+        for chunked in (False, True):
+            refused = self.post(site, 65537, chunked=chunked)
+            self.assertTrue(refused.startswith(b"HTTP/1.1 413 "), chunked)
+            accepted = self.post(site, 65536, chunked=chunked)
+            self.assertTrue(accepted.endswith(b"got 65536\n"), chunked)
+
+    def test_notOwner_neverSpooledToDisk(self) -> None:
+        """[O2] A non-owner's body is held in memory, never in a temp file."""
+        Echo.seen.clear()
+        site = self.site(owner=False)
+        self.post(site, 60000)
+        self.post(site, 60000, chunked=True)
+        self.assertEqual(len(Echo.seen), 2)
+        for content in Echo.seen:
+            self.assertIsInstance(content, io.BytesIO)
+
+    def test_owner_largeBodyAccepted(self) -> None:
+        """[O2] An owner may send up to the admin limit (an 8 MiB import)."""
+        site = self.site(owner=True)
+        self.assertTrue(self.post(site, 3 << 20).endswith(b"got %d\n" % (3 << 20)))

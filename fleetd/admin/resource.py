@@ -4,13 +4,19 @@ Resources of the admin listener.
 C{/healthz} and C{/metrics} answer anyone who reaches the listener (it is
 not the boot listener, so nodes in Talos never see them [A2]).
 C{/v1/admin/*} answers only a client that presented a certificate issued by
-the owner CA; TLS verified the chain, this module checks the purpose and
-names the owner for the journal.
+the owner CA; TLS verified the chain, this module checks the purpose (the
+clientAuth extended key usage must be there [O1]) and the name (the CN must
+fit the journal's actor names), and refuses a change whose body is not
+C{application/json} (C{text/csv} for imports) with 415, or whose JSON has a
+key twice with 400 [O3], before any child sees the request.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
@@ -23,42 +29,82 @@ from twisted.python.failure import Failure
 from twisted.web import http, resource, server
 from twisted.web.iweb import IRequest
 
+from fleetd.logs import ThrottledLog
 from fleetd.metrics import MetricsResource
 from fleetd.store.journal import AsyncJournal
 from fleetd.web import Endpoint, Refusal, Router, jsonResponse, textResponse
 
 log = Logger()
 
+# An owner's name is its certificate's CN; the journal records it as the
+# actor "owner:<CN>", so it must fit the journal's actor alphabet
+# (fleetd.store.journal): here letters, digits and _ . @ -, at most 64.
+OWNER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
+NO_CERTIFICATE = "owner client certificate required"
 
-def ownerOf(request: IRequest) -> str | None:
+
+@dataclass(frozen=True)
+class OwnerCheck:
+    """An owner's name, or the one line saying why the peer is not one."""
+
+    owner: str | None
+    refusal: str = NO_CERTIFICATE
+
+
+def checkOwner(request: IRequest) -> OwnerCheck:
     """
-    The owner name (certificate CN) of C{request}'s client, or L{None}.
+    Decide whether C{request}'s client is an owner [O1].
 
-    The TLS layer has already verified the chain against the owner CA; a
-    certificate whose extended key usage excludes client authentication is
-    still refused here.
+    The TLS layer has already verified the chain against the one owner CA.
+    Here the certificate must also carry the clientAuth extended key usage
+    (a certificate without that extension is refused: device and LDevID
+    certificates often have none), must not be a CA, and its single CN must
+    fit L{OWNER_NAME}.
     """
     transport = getattr(request, "transport", None)
     getPeer = getattr(transport, "getPeerCertificate", None)
-    if getPeer is None:
-        return None
-    peer = getPeer()
+    peer = None if getPeer is None else getPeer()
     if peer is None:
-        return None
+        return OwnerCheck(None)
     cert = peer.to_cryptography()
     try:
         eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     except x509.ExtensionNotFound:
-        eku = None
-    if eku is not None and ExtendedKeyUsageOID.CLIENT_AUTH not in eku:
-        return None
+        return OwnerCheck(
+            None, "owner certificate refused: it has no extended key usage "
+            "(clientAuth is required)",
+        )  # fmt: skip
+    if ExtendedKeyUsageOID.CLIENT_AUTH not in eku:
+        return OwnerCheck(
+            None, "owner certificate refused: its extended key usage lacks clientAuth"
+        )
+    try:
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints)
+    except x509.ExtensionNotFound:
+        constraints = None
+    if constraints is not None and constraints.value.ca:
+        return OwnerCheck(None, "owner certificate refused: it is a CA certificate")
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    if not names:
-        return None
-    value = names[0].value
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
+    values = [n.value for n in names]
+    name = values[0] if len(values) == 1 else None
+    if not isinstance(name, str) or OWNER_NAME.fullmatch(name) is None:
+        shown = repr(name)[:70] if isinstance(name, str) else "missing or repeated"
+        return OwnerCheck(
+            None, f"owner certificate refused: its CN {shown} is not a usable owner "
+            "name (letters, digits, _ . @ -; at most 64, starting with a letter "
+            "or digit)",
+        )  # fmt: skip
+    return OwnerCheck(name)
+
+
+def ownerOf(request: IRequest) -> str | None:
+    """The owner name (certificate CN) of C{request}'s client, or L{None}."""
+    return checkOwner(request).owner
+
+
+def isOwner(request: IRequest) -> bool:
+    """Whether C{request}'s client presented an acceptable owner certificate."""
+    return checkOwner(request).owner is not None
 
 
 def renderAsync(
@@ -118,25 +164,96 @@ class Health(Endpoint):
         )
 
 
-class OwnerGate(resource.Resource):
-    """Let only owners past this point; everyone else gets a 403 line."""
+# Changes (paths below /v1/admin/) whose body is CSV; all others take JSON.
+CSV_CHANGES = frozenset({b"devices/import", b"evidence/import"})
+READS = frozenset({b"GET", b"HEAD"})
 
-    def __init__(self, inner: resource.Resource) -> None:
+
+class OwnerGate(resource.Resource):
+    """
+    Let only owners past this point; everyone else gets a 403 line [O1].
+
+    Changes (any method but GET and HEAD) must then carry the body type
+    their path takes, C{application/json} or (imports) C{text/csv}, in
+    UTF-8: anything else (a browser's C{text/plain} or form encodings) is
+    a 415, so a page in the owner's browser cannot forge one. A JSON body
+    that is not JSON, or names a key twice, is a 400 [O3]. All of this is
+    decided before any child sees the request, so nothing changes.
+    """
+
+    def __init__(self, inner: resource.Resource, clock: IReactorTime) -> None:
         super().__init__()
         self._inner = inner
+        self._log = ThrottledLog(clock)
 
     def getChildWithDefault(self, path: bytes, request: IRequest) -> resource.Resource:
-        if ownerOf(request) is None:
-            return _ownerRequired()
+        checked = checkOwner(request)
+        if checked.owner is None:
+            if checked.refusal != NO_CERTIFICATE:
+                self._log.warn("admin.owner-refused {reason}", reason=checked.refusal)
+            return Refusal(http.FORBIDDEN, checked.refusal)
+        if request.method not in READS:
+            below = b"/".join([path, *request.postpath]).rstrip(b"/")
+            refusal = _checkBody(request, csv=below in CSV_CHANGES)
+            if refusal is not None:
+                return refusal
         child: resource.Resource = self._inner.getChildWithDefault(path, request)
         return child
 
     def render(self, request: IRequest) -> bytes:
-        return _ownerRequired().render(request)
+        checked = checkOwner(request)
+        if checked.owner is None:
+            return Refusal(http.FORBIDDEN, checked.refusal).render(request)
+        return Refusal(http.NOT_FOUND, "not found").render(request)
 
 
-def _ownerRequired() -> Refusal:
-    return Refusal(http.FORBIDDEN, "owner client certificate required")
+def _mediaType(request: IRequest) -> tuple[str, dict[str, str]]:
+    raw = request.getHeader(b"content-type") or b""
+    text = raw.decode("latin-1") if isinstance(raw, bytes) else str(raw)
+    kind, *params = (part.strip() for part in text.split(";"))
+    parsed = {}
+    for param in params:
+        key, _, value = param.partition("=")
+        parsed[key.strip().lower()] = value.strip().strip('"').lower()
+    return kind.lower(), parsed
+
+
+def _strictPairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKey(key)
+        result[key] = value
+    return result
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _checkBody(request: IRequest, *, csv: bool) -> Refusal | None:
+    """A 415 or 400 for a change whose body this API does not take [O3]."""
+    kind, params = _mediaType(request)
+    wanted = "text/csv" if csv else "application/json"
+    charset = params.get("charset", "utf-8")
+    if kind != wanted or charset != "utf-8" or set(params) - {"charset"}:
+        return Refusal(
+            http.UNSUPPORTED_MEDIA_TYPE,
+            f"unsupported content-type: this change takes {wanted} (UTF-8)",
+        )
+    if csv:
+        return None
+    content = request.content
+    raw = b"" if content is None else content.read()
+    if content is not None:
+        content.seek(0)
+    try:
+        json.loads(raw.decode("utf-8"), object_pairs_hook=_strictPairs)
+    except _DuplicateKey as e:
+        return Refusal(http.BAD_REQUEST, f"body: key {str(e)!r} appears twice")
+    except (UnicodeDecodeError, ValueError):
+        return Refusal(http.BAD_REQUEST, "body: not JSON")
+    return None
 
 
 def _arg(request: IRequest, name: bytes) -> str | None:
@@ -232,7 +349,7 @@ def adminRoot(
     for name, child in (api or {}).items():
         owner.putChild(name, child)
     v1 = Router()
-    v1.putChild(b"admin", OwnerGate(owner))
+    v1.putChild(b"admin", OwnerGate(owner, clock))
     root = Router()
     root.putChild(b"healthz", Health(clock, site, version))
     root.putChild(b"metrics", MetricsResource(registry))

@@ -11,6 +11,11 @@ refusal is a cheap one-line answer:
 - 410: consumed, lost or superseded (the body says which);
 - 429: this source asked too often.
 
+C{HEAD} (and every method but C{GET}) is a 405 with C{Allow: GET}: only a
+GET can consume a run, and a HEAD gets the headers of that answer without
+a body (L{fleetd.web.BoundedRequest}), so it neither consumes, delivers nor
+tells anything about the code.
+
 The decision and the consumed mark happen in one reactor turn [C1]; the
 body is written through a producer and the run counts as delivered only
 once the operating system has all of it (L{fleetd.boot.handover});
@@ -27,7 +32,6 @@ from urllib.parse import unquote_to_bytes
 
 from prometheus_client import CollectorRegistry, Counter
 from twisted.internet.interfaces import IPushProducer, IReactorTime
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http, resource, server
 from twisted.web.iweb import IRequest
@@ -36,6 +40,7 @@ from zope.interface import implementer
 from fleetd.boot.deviceflow_model import Grant, sameIdentity
 from fleetd.boot.handover import Handover
 from fleetd.boot.ratelimit import RateLimiter, sourceKey
+from fleetd.logs import ThrottledLog
 from fleetd.runs.codes import wellFormedCode
 from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import RunRegistry, _Run
@@ -118,7 +123,6 @@ class ConfigResource(resource.Resource):
     """The C{/config} leaf."""
 
     isLeaf = True
-    log = Logger()
 
     def __init__(
         self,
@@ -133,6 +137,8 @@ class ConfigResource(resource.Resource):
         self._clock = clock
         self._handovers: dict[str, Handover] = {}
         self._registry = registry
+        # Per-request warnings are rate-limited: a flood is not a log flood.
+        self.log = ThrottledLog(registry.clock)
         self._limiter = limiter
         self._grants = grants
         self._outcomes = Counter(

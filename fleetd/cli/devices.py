@@ -68,9 +68,7 @@ def postText(client: AdminClient, path: str, text: str, contentType: str) -> Any
     the decoded JSON answer, or raise L{CLIError} with fleetd's line.
     """
     payload = text.encode("utf-8")
-    conn = http.client.HTTPSConnection(
-        client.host, client.port, timeout=client.timeout, context=client.context
-    )
+    conn = client.connection()
     try:
         headers = {"accept": "application/json", "content-type": contentType}
         conn.request("POST", path, body=payload, headers=headers)

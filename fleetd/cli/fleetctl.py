@@ -4,6 +4,11 @@ fleetctl: the owner's command-line client for fleetd's admin API.
 C{fleetctl [--config FILE] [--json] COMMAND ...}. The config is found from
 C{--config}, then C{$FLEETD_CONFIG}, then C{/etc/fleetd/fleetd.toml}; the
 owner client certificate and the admin URL come from its C{[owner]} table.
+
+fleetctl connects to the host and port of C{owner.server} but verifies the
+certificate for the site's enrollment name (from the topology file): the
+admin listener presents the public certificate, which covers that name and
+nothing else, so C{https://localhost:8446} works on spore as shipped.
 Exit 0 on success; otherwise one line on stderr and a non-zero status.
 """
 
@@ -47,8 +52,36 @@ def _errorLine(data: bytes) -> str:
     return lines[0] if lines else ""
 
 
+class _Connection(http.client.HTTPSConnection):
+    """HTTPS to C{host}, with SNI and certificate checks for C{serverName}."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        serverName: str,
+        context: ssl.SSLContext,
+        timeout: float,
+    ) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._serverName = serverName
+        self._tlsContext = context
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._tlsContext.wrap_socket(
+            self.sock, server_hostname=self._serverName
+        )
+
+
 class AdminClient:
-    """A small synchronous HTTPS client for C{/v1/admin/*} with the owner cert."""
+    """
+    A small synchronous HTTPS client for C{/v1/admin/*} with the owner cert.
+
+    It connects to C{owner.server}'s host and port and verifies the
+    certificate for the enrollment name (L{serverName}).
+    """
 
     def __init__(self, settings: Settings, timeout: float = 10.0) -> None:
         owner = settings.owner
@@ -59,6 +92,7 @@ class AdminClient:
             )
         self.host = url.hostname
         self.port = url.port or 443
+        self.serverName = settings.topology.enrollment_name
         self.timeout = timeout
         context = ssl.create_default_context(
             cafile=None if owner.server_ca is None else str(owner.server_ca)
@@ -76,6 +110,16 @@ class AdminClient:
             ) from e
         self.context = context
 
+    def connection(self) -> http.client.HTTPSConnection:
+        """A new connection to the admin listener (not yet connected)."""
+        return _Connection(
+            self.host,
+            self.port,
+            serverName=self.serverName,
+            context=self.context,
+            timeout=self.timeout,
+        )
+
     def request(
         self,
         method: str,
@@ -87,9 +131,7 @@ class AdminClient:
         if query:
             path += "?" + urllib.parse.urlencode(query)
         payload = None if body is None else json.dumps(body).encode("utf-8")
-        conn = http.client.HTTPSConnection(
-            self.host, self.port, timeout=self.timeout, context=self.context
-        )
+        conn = self.connection()
         try:
             headers = {"accept": "application/json"}
             if payload is not None:

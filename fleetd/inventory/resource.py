@@ -8,6 +8,8 @@ The inventory's part of the admin API, under C{/v1/admin/devices}.
   - C{GET /v1/admin/devices/NAME}: the device, or a 404 line.
   - C{POST /v1/admin/devices/import}: the body is a device CSV
     (L{fleetd.inventory.csvimport}); all or nothing, C{{"imported": N}}.
+    The file (up to the admin body limit, 8 MiB) is decoded and parsed in
+    a worker thread (the C{offload} given), never on the reactor thread.
 
 Refusals are one line of text: 400 invalid, 404 unknown, 409 duplicate,
 503 inventory unavailable.  These resources sit behind the owner gate;
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from twisted.logger import Logger
 from twisted.web import http, resource
@@ -51,20 +53,37 @@ _FIELDS = {
 }
 
 Outcome = tuple[int, Any]
+T = TypeVar("T")
+# Run a blocking function with one argument elsewhere (a thread pool);
+# e.g. functools.partial(deferToThreadPool, reactor, reactor.getThreadPool()).
+Offload = Callable[[Callable[[bytes], T], bytes], Awaitable[T]]
 
 
 def _actor(request: IRequest) -> str:
     return "owner:" + (ownerOf(request) or "unknown")
 
 
-def _body(request: IRequest) -> str:
-    """The request body as text; invalid UTF-8 is refused."""
+def _raw(request: IRequest) -> bytes:
     content = request.content
-    raw = b"" if content is None else content.read()
+    return b"" if content is None else content.read()
+
+
+def _text(raw: bytes) -> str:
+    """C{raw} as text; invalid UTF-8 is refused."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InventoryError(f"body: not UTF-8 (byte {e.start})") from None
+
+
+def _body(request: IRequest) -> str:
+    """The request body as text; invalid UTF-8 is refused."""
+    return _text(_raw(request))
+
+
+def parseDeviceCSVBody(raw: bytes) -> list[Device]:
+    """Decode and parse an import body: blocking work, for a worker thread."""
+    return parseDeviceCSV(_text(raw))
 
 
 def _strictObject(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -138,10 +157,13 @@ def renderInventory(request: Any, work: Callable[[], Awaitable[Outcome]]) -> int
 class DevicesResource(Endpoint):
     """C{/v1/admin/devices}: list and add; children are single devices."""
 
-    def __init__(self, inventory: IInventory, journal: AsyncJournal) -> None:
+    def __init__(
+        self, inventory: IInventory, journal: AsyncJournal, offload: Offload[Any]
+    ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._inventory = inventory
         self._journal = journal
+        self._offload = offload
 
     def getChild(self, path: bytes, request: IRequest) -> resource.Resource:
         if request.postpath:
@@ -149,7 +171,7 @@ class DevicesResource(Endpoint):
         if path == b"":
             return self
         if path == b"import":
-            return ImportResource(self._inventory, self._journal)
+            return ImportResource(self._inventory, self._journal, self._offload)
         try:
             name = path.decode("utf-8")
         except UnicodeDecodeError:
@@ -217,15 +239,19 @@ class ImportResource(DeviceResource):
     C{GET} still shows a device that happens to be called C{import}.
     """
 
-    def __init__(self, inventory: IInventory, journal: AsyncJournal) -> None:
+    def __init__(
+        self, inventory: IInventory, journal: AsyncJournal, offload: Offload[Any]
+    ) -> None:
         super().__init__(inventory, "import")
         self._journal = journal
+        self._offload = offload
 
     def render_POST(self, request: IRequest) -> int:
         actor = _actor(request)
+        raw = _raw(request)
 
         async def work() -> Outcome:
-            devices = parseDeviceCSV(_body(request))
+            devices: list[Device] = await self._offload(parseDeviceCSVBody, raw)
             count = await self._inventory.importDevices(
                 devices, journal=[_added(d, actor, via="import") for d in devices]
             )
@@ -234,6 +260,12 @@ class ImportResource(DeviceResource):
         return renderInventory(request, work)
 
 
-def devicesResource(inventory: IInventory, journal: AsyncJournal) -> resource.Resource:
-    """The C{/v1/admin/devices} subtree, to mount behind the owner gate."""
-    return DevicesResource(inventory, journal)
+def devicesResource(
+    inventory: IInventory, journal: AsyncJournal, *, offload: Offload[Any]
+) -> resource.Resource:
+    """
+    The C{/v1/admin/devices} subtree, to mount behind the owner gate.
+
+    @param offload: runs the CSV parse of an import off the reactor thread.
+    """
+    return DevicesResource(inventory, journal, offload)

@@ -32,6 +32,7 @@ from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from fleetd.logs import ThrottledLog
 from fleetd.tink.grpcwire import GRPCStatus, MessageSizeGuard, encodeGrpcMessage
 
 Headers = list[tuple[bytes, bytes]]
@@ -158,9 +159,15 @@ def _refusal(method: bytes, contentType: bytes) -> Headers | None:
 
 
 class H2ServerProtocol(Protocol):
-    """An HTTP/2 server connection dispatching streams to handlers."""
+    """
+    An HTTP/2 server connection dispatching streams to handlers.
 
-    log = Logger()
+    @ivar log: where its lines go; the listener's factory gives every
+        connection one shared L{ThrottledLog}, so a flood of connections or
+        streams cannot flood the log.
+    """
+
+    log: Logger | ThrottledLog = Logger()
 
     def __init__(
         self,

@@ -9,8 +9,8 @@ from functools import partial
 
 from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.protocol import Factory
-from twisted.logger import Logger
 
+from fleetd.logs import ThrottledLog
 from fleetd.tink.grpcwire import GRPCStatus
 from fleetd.tink.h2server import H2ServerProtocol, Headers, StreamResponder
 
@@ -23,14 +23,14 @@ class UnimplementedHandler:
     NO_ERROR, so clients see the status immediately and never stall.
     """
 
-    log = Logger()
-
     def __init__(self, responder: StreamResponder) -> None:
         self._responder = responder
+        # The connection's log: the listener's shared, rate-limited one.
+        self.log = responder._protocol.log
 
     def headersReceived(self, headers: Headers) -> None:
         path = dict(headers).get(b":path", b"").decode("ascii", "replace")
-        self.log.info("tink.unimplemented {path}", path=path)
+        self.log.info("tink.unimplemented {path}", path=path.split("?", 1)[0][:128])
         self._responder.trailersOnly(
             GRPCStatus.UNIMPLEMENTED, f"fleetd: {path} is not served yet"
         )
@@ -60,6 +60,8 @@ class TinkListenerFactory(Factory):
         idleTimeout: float = 30.0,
     ) -> None:
         self.clock = clock
+        # One rate-limited log for every connection and stream of the listener.
+        self.log = ThrottledLog(clock)
         self._build = partial(
             H2ServerProtocol,
             UnimplementedHandler,
@@ -72,5 +74,6 @@ class TinkListenerFactory(Factory):
 
     def buildProtocol(self, addr: IAddress | None) -> H2ServerProtocol:
         protocol = self._build()
+        protocol.log = self.log
         protocol.factory = self
         return protocol

@@ -1,0 +1,502 @@
+"""
+Owner identity and the admin API's gate [O1] [O2] [O3].
+
+L{CheckOwnerTests} and L{GateTests} drive the gate in memory (an HTTP
+channel over a transport that presents a chosen peer certificate);
+L{OwnerCATests} check the start-up refusals; L{OwnerDaemonTests} go
+through the real daemon over TLS.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID
+from OpenSSL import crypto
+from prometheus_client import CollectorRegistry
+from twisted.internet.defer import ensureDeferred
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.web.iweb import IRequest
+
+from fleetd.admin.resource import OWNER_NAME, adminRoot, checkOwner
+from fleetd.config import ConfigError, loadSettings
+from fleetd.inventory import SQLiteInventory
+from fleetd.inventory.resource import devicesResource
+from fleetd.pki.dev import DevPKIPaths, _certificate, ensureDevPKI
+from fleetd.prepare import checkOwnerCA
+from fleetd.store import AsyncJournal, Database, InlineRunner, Journal
+from fleetd.web import BoundedSite, Endpoint
+from tests.support import writeConfig
+from tests.test_daemon import DaemonTestMixin
+from tests.test_devices_api import CSV, W1, httpsRequest, inline
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+CLIENT_AUTH = ExtendedKeyUsageOID.CLIENT_AUTH
+SERVER_AUTH = ExtendedKeyUsageOID.SERVER_AUTH
+NO_EKU = object()
+
+
+def issue(
+    pki: DevPKIPaths,
+    cn: str,
+    eku: Any = CLIENT_AUTH,
+    ca: str = "owner_ca",
+    directory: Path | None = None,
+) -> tuple[x509.Certificate, Path, Path]:
+    """A leaf for C{cn} signed by the dev PKI's C{ca}; C{NO_EKU}: no EKU."""
+    caCert = x509.load_pem_x509_certificate(getattr(pki, ca).read_bytes())
+    caKey: Any = serialization.load_pem_private_key(
+        getattr(pki, ca + "_key").read_bytes(), None
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _certificate(cn, key, NOW, (caCert, caKey), None if eku is NO_EKU else eku)
+    where = directory or pki.directory
+    certPath = where / f"leaf-{abs(hash((cn, str(eku), ca)))}.pem"
+    keyPath = certPath.with_suffix(".key")
+    certPath.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    keyPath.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert, certPath, keyPath
+
+
+class CertTransport(StringTransport):
+    """A transport whose TLS peer presented C{cert} (or nothing)."""
+
+    def __init__(self, cert: x509.Certificate | None) -> None:
+        super().__init__()
+        self._cert = cert
+
+    def getPeerCertificate(self) -> crypto.X509 | None:
+        if self._cert is None:
+            return None
+        return crypto.X509.from_cryptography(self._cert)
+
+
+class FakeRequest:
+    def __init__(self, cert: x509.Certificate | None) -> None:
+        self.transport = CertTransport(cert)
+
+
+class PKIMixin:
+    pki: DevPKIPaths
+
+    def makePKI(self) -> None:
+        directory = Path(self.mktemp()).resolve()  # type: ignore[attr-defined]
+        self.pki = ensureDevPKI(directory / "pki", "enroll.lolwtf.ca")
+
+
+class CheckOwnerTests(PKIMixin, SynchronousTestCase):
+    """What makes a peer an owner [O1]."""
+
+    def setUp(self) -> None:
+        self.makePKI()
+
+    def check(self, cert: x509.Certificate | None) -> tuple[str | None, str]:
+        checked = checkOwner(FakeRequest(cert))  # type: ignore[arg-type]
+        return checked.owner, checked.refusal
+
+    def test_clientAuthLeaf_owner(self) -> None:
+        """[O1] A leaf with the clientAuth EKU and a usable CN is an owner."""
+        cert, _, _ = issue(self.pki, "jane.doe@folly")
+        self.assertEqual(self.check(cert)[0], "jane.doe@folly")
+
+    def test_noEKU_refused(self) -> None:
+        """
+        [O1] A certificate without any extended key usage (as LDevIDs from
+        capsule carry) is not an owner, whatever CA issued it.
+        """
+        cert, _, _ = issue(self.pki, "node-7", NO_EKU, ca="capsule_ca")
+        owner, refusal = self.check(cert)
+        self.assertIsNone(owner)
+        self.assertIn("no extended key usage", refusal)
+
+    def test_serverAuthOnly_refused(self) -> None:
+        """[O1] An EKU without clientAuth is not an owner."""
+        cert, _, _ = issue(self.pki, "jane", SERVER_AUTH)
+        owner, refusal = self.check(cert)
+        self.assertIsNone(owner)
+        self.assertIn("lacks clientAuth", refusal)
+
+    def test_noCertificate_refused(self) -> None:
+        """[O1] No certificate, no owner."""
+        self.assertEqual(self.check(None), (None, "owner client certificate required"))
+
+    def test_caCertificate_refused(self) -> None:
+        """[O1] A CA certificate is never an owner, even if it claimed clientAuth."""
+        ca = x509.load_pem_x509_certificate(self.pki.owner_ca.read_bytes())
+        owner, _ = self.check(ca)
+        self.assertIsNone(owner)
+
+    def test_cnOutsideActorAlphabet_refused(self) -> None:
+        """
+        [O1] [J1] An owner name (CN) the journal would refuse as an actor
+        (a space, a colon, too long) is refused with a line naming the CN.
+        """
+        for cn in ["Jane Doe", "owner:x", "-lead", "ünï", "a/b"]:
+            cert, _, _ = issue(self.pki, cn)
+            owner, refusal = self.check(cert)
+            self.assertIsNone(owner, cn)
+            self.assertIn("is not a usable owner name", refusal)
+        cert, _, _ = issue(self.pki, "Jane Doe")
+        self.assertIn("'Jane Doe'", self.check(cert)[1])
+
+    def test_ownerNames_fitJournalActors(self) -> None:
+        """[O1] Every name the gate accepts is an actor the journal accepts."""
+        db = Database.open(Path(self.mktemp()) / "fleetd.sqlite3")
+        self.addCleanup(db.close)
+        journal = AsyncJournal(InlineRunner(db), Journal(b"k" * 32), Clock())
+        for name in ["a", "A" * 64, "x_y.z@w-v", "0"]:
+            self.assertIsNotNone(OWNER_NAME.fullmatch(name))
+            self.successResultOf(journal.append("owner.test", actor=f"owner:{name}"))
+
+
+class Recorder(Endpoint):
+    """A change endpoint that records what reached it."""
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bodies: list[bytes] = []
+
+    def render_POST(self, request: IRequest) -> bytes:
+        self.bodies.append(request.content.read())
+        return b"{}\n"
+
+
+class GateTests(PKIMixin, SynchronousTestCase):
+    """The owner gate in front of /v1/admin/: who, and which bodies [O1] [O3]."""
+
+    def setUp(self) -> None:
+        self.makePKI()
+        db = Database.open(Path(self.mktemp()) / "fleetd.sqlite3")
+        self.addCleanup(db.close)
+        runner = InlineRunner(db)
+        self.clock = Clock()
+        self.journal = AsyncJournal(runner, Journal(b"k" * 32), self.clock)
+        self.inventory = SQLiteInventory(runner, self.journal)
+        self.provision = Recorder()
+        root = adminRoot(
+            clock=self.clock,
+            registry=CollectorRegistry(),
+            journal=self.journal,
+            site="test",
+            version="0",
+            api={
+                b"devices": devicesResource(
+                    self.inventory, self.journal, offload=inline
+                ),
+                b"provision": self.provision,
+            },
+        )
+        self.site = BoundedSite(
+            root, maxHeaderBytes=8192, maxHeaders=32, maxBodyBytes=1 << 20,
+            idleTimeout=30, clock=self.clock,
+        )  # fmt: skip
+        self.owner, _, _ = issue(self.pki, "owner")
+
+    def send(
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        contentType: str | None = "application/json",
+        cert: Any = None,
+    ) -> tuple[int, bytes]:
+        channel = self.site.buildProtocol(None)
+        transport = CertTransport(self.owner if cert is None else cert)
+        channel.makeConnection(transport)
+        self.addCleanup(channel.connectionLost, None)
+        headers = f"{method} {path} HTTP/1.1\r\nHost: x\r\n"
+        if contentType is not None:
+            headers += f"Content-Type: {contentType}\r\n"
+        if body or method != "GET":
+            headers += f"Content-Length: {len(body)}\r\n"
+        channel.dataReceived(headers.encode() + b"\r\n" + body)
+        head, _, content = transport.value().partition(b"\r\n\r\n")
+        if b"Transfer-Encoding: chunked" in head:
+            chunks = b""
+            while True:
+                size, _, rest = content.partition(b"\r\n")
+                if int(size, 16) == 0:
+                    break
+                chunks += rest[: int(size, 16)]
+                content = rest[int(size, 16) + 2 :]
+            content = chunks
+        return int(head.split(b" ")[1]), content
+
+    def devices(self) -> list[str]:
+        return [d.name for d in self.successResultOf(self.inventory.list())]
+
+    def entries(self) -> list[str]:
+        return [e.event for e in self.successResultOf(self.journal.query())]
+
+    def test_badOwnerName_403BeforeAnyChange(self) -> None:
+        """
+        [O1] [J1] A chain-valid owner certificate whose CN is 'Jane Doe' gets
+        one 403 line before anything changes: no device, no journal entry.
+        """
+        jane, _, _ = issue(self.pki, "Jane Doe")
+        status, body = self.send(
+            "POST", "/v1/admin/devices", json.dumps(W1).encode(), cert=jane
+        )
+        self.assertEqual(status, 403)
+        self.assertEqual(body.count(b"\n"), 1)
+        self.assertIn(b"'Jane Doe' is not a usable owner name", body)
+        self.assertEqual((self.devices(), self.entries()), ([], []))
+        status, body = self.send("POST", "/v1/admin/devices", json.dumps(W1).encode())
+        self.assertEqual((status, self.devices()), (201, ["w1"]))
+
+    def test_noEKU_403(self) -> None:
+        """[O1] A certificate without EKU cannot even read whoami."""
+        bare, _, _ = issue(self.pki, "node-7", NO_EKU)
+        status, body = self.send("GET", "/v1/admin/whoami", cert=bare)
+        self.assertEqual(status, 403)
+        self.assertIn(b"no extended key usage", body)
+
+    def test_browserBodyTypes_415(self) -> None:
+        """
+        [O3] A change with a body type a browser form can send (text/plain,
+        urlencoded, multipart), none at all, or another charset is a 415;
+        nothing reaches the resource.
+        """
+        body = json.dumps({"devices": ["w1"]}).encode()
+        for ctype in [
+            "text/plain",
+            "text/plain; charset=utf-8",
+            "application/x-www-form-urlencoded",
+            None,
+            "application/json; charset=latin-1",
+            "application/jsonx",
+            "text/csv",
+        ]:
+            status, line = self.send("POST", "/v1/admin/provision", body, ctype)
+            self.assertEqual(status, 415, ctype)
+            self.assertEqual(
+                line, b"unsupported content-type: this change takes "
+                b"application/json (UTF-8)\n",
+            )  # fmt: skip
+        form = (
+            b'--x\r\nContent-Disposition: form-data; name="devices"\r\n\r\n'
+            b"w1\r\n--x--\r\n"
+        )
+        status, _ = self.send(
+            "POST", "/v1/admin/provision", form, "multipart/form-data; boundary=x"
+        )
+        self.assertEqual(status, 415)
+        self.assertEqual(self.provision.bodies, [])
+        status, _ = self.send(
+            "POST", "/v1/admin/provision", body, "Application/JSON; charset=UTF-8"
+        )
+        self.assertEqual((status, self.provision.bodies), (200, [body]))
+
+    def test_duplicateKeys_400(self) -> None:
+        """
+        [O3] A JSON body naming a key twice (or not JSON at all) is a 400
+        line; nothing reaches the resource.
+        """
+        for body in [
+            b'{"devices": ["w1"], "devices": ["w2"]}',
+            b'{"devices": [{"a": 1, "a": 2}]}',
+            b"devices=w1",
+            b"",
+            b'{"devices": ["\xff"]}',
+        ]:
+            status, line = self.send("POST", "/v1/admin/provision", body)
+            self.assertEqual(status, 400, body)
+            self.assertEqual(line.count(b"\n"), 1)
+        status, line = self.send(
+            "POST", "/v1/admin/provision", b'{"devices": [], "devices": []}'
+        )
+        self.assertEqual(line, b"body: key 'devices' appears twice\n")
+        self.assertEqual(self.provision.bodies, [])
+
+    def test_import_takesCSVOnly(self) -> None:
+        """[O3] The import takes text/csv (UTF-8) and nothing else."""
+        for ctype in ["application/json", "text/plain", None]:
+            status, _ = self.send(
+                "POST", "/v1/admin/devices/import", CSV.encode(), ctype
+            )
+            self.assertEqual(status, 415, ctype)
+        self.assertEqual(self.devices(), [])
+        status, body = self.send(
+            "POST", "/v1/admin/devices/import", CSV.encode(), "text/csv; charset=utf-8"
+        )
+        self.assertEqual((status, json.loads(body)), (200, {"imported": 2}))
+
+    def test_reads_needNoBodyType(self) -> None:
+        """GET and HEAD need no content-type."""
+        self.assertEqual(
+            self.send("GET", "/v1/admin/devices", contentType=None)[0], 200
+        )
+        status, body = self.send("HEAD", "/v1/admin/whoami", contentType=None)
+        self.assertEqual((status, body), (200, b""))
+
+
+class OwnerCATests(PKIMixin, SynchronousTestCase):
+    """[O1] fleetd refuses to start with an owner CA trusted for anything else."""
+
+    def setUp(self) -> None:
+        self.directory = Path(self.mktemp()).resolve()
+        self.pki = ensureDevPKI(self.directory / "pki", "enroll.lolwtf.ca")
+
+    def load(self, clientCA: str, **tls: str) -> Any:
+        owner = {"client_ca": clientCA}
+        return loadSettings(writeConfig(self.directory, {"owner": owner, "tls": tls}))
+
+    def refusal(self, clientCA: str, **tls: str) -> str:
+        with self.assertRaises(ConfigError) as caught:
+            checkOwnerCA(self.load(clientCA, **tls))
+        message = str(caught.exception)
+        self.assertIn("owner.client_ca", message)
+        return message
+
+    def test_devPKI_accepted(self) -> None:
+        """The dev PKI's own owner CA passes."""
+        checkOwnerCA(self.load("pki/owner-ca.pem"))
+
+    def test_inLDevIDBundle_refused(self) -> None:
+        """[O1] The capsule CA (in the LDevID trust bundle) cannot be the owner CA."""
+        self.assertIn("pki.bundle", self.refusal("pki/capsule-ca.pem"))
+
+    def test_ldevidIssuer_refused(self) -> None:
+        """[O1] The LDevID issuer cannot be the owner CA."""
+        self.assertIn(
+            "in the LDevID trust bundle", self.refusal("pki/devid-issuer.pem")
+        )
+        bundle = self.pki.bundle.read_bytes()
+        self.pki.bundle.write_bytes(
+            bundle.replace(self.pki.devid_issuer.read_bytes(), b"")
+        )
+        self.assertIn("pki.issuer_cert", self.refusal("pki/devid-issuer.pem"))
+
+    def test_inPublicChain_refused(self) -> None:
+        """[O1] A CA of the public certificate's chain cannot be the owner CA."""
+        self.assertIn("tls.chain", self.refusal("pki/public-ca.pem"))
+        both = self.directory / "pki" / "public-with-ca.pem"
+        both.write_bytes(
+            self.pki.public_cert.read_bytes() + self.pki.public_ca.read_bytes()
+        )
+        message = self.refusal("pki/public-ca.pem", cert="pki/public-with-ca.pem")
+        self.assertIn("tls.cert", message)
+
+    def test_severalCAs_refused(self) -> None:
+        """
+        [O1] The owner CA file holds exactly one CA: the owner CA beside the
+        capsule CA (as in the review's attack) is refused.
+        """
+        both = self.directory / "pki" / "owner-and-capsule.pem"
+        both.write_bytes(
+            self.pki.owner_ca.read_bytes() + self.pki.capsule_ca.read_bytes()
+        )
+        message = self.refusal("pki/owner-and-capsule.pem")
+        self.assertIn("holds 2 certificates", message)
+
+
+class OwnerDaemonTests(DaemonTestMixin, TestCase):
+    """The owner gate through the real daemon over TLS [O1] [O2] [O3]."""
+
+    def setUp(self) -> None:
+        self.makeSettings()
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        cert: tuple[Path, Path] | None,
+        body: bytes | None = None,
+        contentType: str | None = None,
+    ) -> tuple[int, bytes]:
+        return await deferToThread(
+            httpsRequest, self.port(self.service, "admin"), method, path,
+            self.pki.public_ca, cert, body, contentType,
+        )  # fmt: skip
+
+    async def _identity(self) -> None:
+        self.service = self.startDaemon()
+        owner = (self.pki.owner_cert, self.pki.owner_key)
+        _, bareCert, bareKey = issue(self.pki, "node-7", NO_EKU)
+        _, janeCert, janeKey = issue(self.pki, "Jane Doe")
+        status, body = await self.call("GET", "/v1/admin/whoami", owner)
+        self.assertEqual((status, json.loads(body)), (200, {"owner": "owner"}))
+        status, body = await self.call("GET", "/v1/admin/whoami", (bareCert, bareKey))
+        self.assertEqual(status, 403)
+        self.assertIn(b"no extended key usage", body)
+        status, body = await self.call(
+            "POST", "/v1/admin/devices", (janeCert, janeKey),
+            json.dumps(W1).encode(), "application/json",
+        )  # fmt: skip
+        self.assertEqual(status, 403)
+        self.assertIn(b"'Jane Doe'", body)
+        status, body = await self.call(
+            "POST", "/v1/admin/devices", owner, json.dumps(W1).encode(), "text/plain"
+        )
+        self.assertEqual(status, 415)
+        status, body = await self.call("GET", "/v1/admin/devices", owner)
+        self.assertEqual((status, json.loads(body)), (200, {"devices": []}))
+
+    def test_ownerIdentity_overTLS(self) -> None:
+        """
+        [O1] [O3] Over real TLS: the owner is named; a no-EKU certificate
+        from the owner CA is a 403; 'Jane Doe' is a 403 and adds nothing;
+        a text/plain change is a 415.
+        """
+        return ensureDeferred(self._identity())  # type: ignore[return-value]
+
+    async def _bodies(self) -> None:
+        self.service = self.startDaemon()
+        owner = (self.pki.owner_cert, self.pki.owner_key)
+        tmp = Path(self.mktemp())
+        tmp.mkdir()
+        spooled = _tempFiles()
+        big = b"a" * (1 << 20)
+        status, body = await self.call(
+            "POST", "/v1/admin/devices", None, big, "application/json"
+        )
+        self.assertEqual((status, body), (413, b"request body too large\n"))
+        self.assertEqual(_tempFiles(), spooled)
+        status, body = await self.call(
+            "POST",
+            "/v1/admin/devices/import",
+            owner,
+            b"name,serial\n" + big,
+            "text/csv",
+        )
+        self.assertEqual(status, 400)  # an owner's megabyte is read, and parsed
+        self.assertIn(b"line ", body)
+
+    def test_notOwner_bodyCappedAt64KiB_overTLS(self) -> None:
+        """
+        [O2] Over real TLS, a 1 MiB body without an owner certificate is a
+        413 at the headers and no temp file appears; an owner's is read.
+        """
+        return ensureDeferred(self._bodies())  # type: ignore[return-value]
+
+
+def _tempFiles() -> set[str]:
+    """Names of this process's open files that are deleted temp files."""
+    import os
+
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "(deleted)" in target:
+            found.add(target)
+    return found
