@@ -725,6 +725,8 @@ def pySpyReport(path: Path, top: int = 12) -> list[str]:
     total: Counter[str] = Counter()
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
+        if not count.isdigit():  # py-spy's own notices share the file
+            continue
         n = int(count)
         names = stack.split(";")
         thread = "main thread" if "MainThread" in names[0] else "other threads"
@@ -869,7 +871,11 @@ def main() -> None:
     def spy(name: str, pid: int, i: int) -> Spy | None:
         if args.py_spy is None or i != 0:
             return None
-        return Spy(args.py_spy, pid, work / f"spy-{name}.txt")
+        return Spy(
+            args.py_spy,
+            pid,
+            Path(os.environ.get("SPY_DIR", str(work))) / f"spy-{name}.txt",
+        )
 
     try:
         daemon.start(waitFor=b"runs.loaded")

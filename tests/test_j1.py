@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from twisted.internet.defer import Deferred, fail
@@ -20,7 +20,6 @@ from fleetd.runs.alerts import MISSING, REFETCHED
 from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import configName, servedName
 from fleetd.store.db import Database, StoreError
-from fleetd.store.fields import FieldValue
 from fleetd.store.journal import Entry, Journal, JournalEntry
 from fleetd.vault import MemoryVault, VaultError
 from tests.test_runs import KEY, Fleet, device
@@ -33,22 +32,12 @@ class FaultyJournal(Journal):
 
     failing: Exception | None = None
 
-    def append(
-        self,
-        db: Database,
-        event: str,
-        *,
-        at: float,
-        actor: str,
-        device: str | None = None,
-        run: str | None = None,
-        fields: Mapping[str, FieldValue] | None = None,
-    ) -> JournalEntry:
+    def appendMany(
+        self, db: Database, entries: Sequence[Any], *, at: float
+    ) -> list[JournalEntry]:
         if self.failing is not None:
             raise self.failing
-        return super().append(
-            db, event, at=at, actor=actor, device=device, run=run, fields=fields
-        )
+        return super().appendMany(db, entries, at=at)
 
 
 class FaultyRunner:

@@ -321,6 +321,5 @@ class SQLiteInventory:
         _update(db, validateName(name), "status", validateStatus(status).value)
 
     def releaseIn(self, db: Database, record: ServedRecord) -> None:
-        checked = validateServedRecord(record)
-        with db.transaction() as conn:
-            _release(conn, checked)
+        # No savepoint needed: _release refuses before it writes anything.
+        _release(db.connection, validateServedRecord(record))

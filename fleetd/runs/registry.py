@@ -227,7 +227,9 @@ class RunRegistry:
                 run.machine.restoreConsumed()
                 if record.id not in released:
                     # Delivered, but not recorded before we stopped.
-                    self.releaser.release(run.servedRecord(), onRecorded=run.dropConfig)
+                    self.releaser.release(
+                        run.servedRecord(), onRecorded=run.dropConfig, recovering=True
+                    )
                 else:
                     run.dropConfig()
             elif record.id in released:

@@ -40,6 +40,7 @@ class _Pending:
     record: ServedRecord
     superseded: bool
     onRecorded: Callable[[], None]
+    recovering: bool = False  # found at start: it may have been recorded before
 
 
 def _alreadyRecorded(db: Database, run: str) -> bool:
@@ -75,14 +76,16 @@ class Releaser:
         *,
         superseded: bool = False,
         onRecorded: Callable[[], None] = lambda: None,
+        recovering: bool = False,
     ) -> None:
         """
         Record C{record}'s delivery (and release it, unless C{superseded});
-        call C{onRecorded} once that committed.
+        call C{onRecorded} once that committed. C{recovering}: a served
+        mark found at start, whose record may already be in the journal.
         """
         if self._stopped or record.run in self._pending:
             return
-        self._pending[record.run] = _Pending(record, superseded, onRecorded)
+        self._pending[record.run] = _Pending(record, superseded, onRecorded, recovering)
         self._attempt(record.run, FIRST_DELAY)
 
     def supersede(self, run: str) -> None:
@@ -106,7 +109,7 @@ class Releaser:
 
     def _record(self, db: Database, record: Recorder, pending: _Pending) -> None:
         served = pending.record
-        if _alreadyRecorded(db, served.run):
+        if pending.recovering and _alreadyRecorded(db, served.run):
             return
         fields: dict[str, str | bool] = {"peer": served.peer}
         if pending.superseded:

@@ -33,7 +33,7 @@ import math
 import re
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -63,6 +63,8 @@ _INSERT = (
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _SELECT_HEAD = "SELECT seq, digest, mac FROM journal_head WHERE id = 1"
+_SELECT_LAST = "SELECT seq, digest FROM journal ORDER BY seq DESC LIMIT 1"
+_SCALAR = json.JSONEncoder(ensure_ascii=True, allow_nan=False)
 _UPSERT_HEAD = (
     "INSERT INTO journal_head (id, seq, digest, mac) VALUES (1, ?, ?, ?)"
     " ON CONFLICT (id) DO UPDATE SET"
@@ -88,6 +90,18 @@ class JournalEntry:
         result = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         result["fields"] = dict(self.fields)
         return result
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """An entry checked by L{Journal.prepare}, waiting for its seq."""
+
+    event: str
+    actor: str
+    device: str | None
+    run: str | None
+    fields: dict[str, FieldValue]
+    fieldsJSON: str
 
 
 @dataclass(frozen=True)
@@ -179,6 +193,26 @@ class Journal:
         @raise ValueError: a name is malformed or a field may be a secret.
         @raise StoreError: the journal head is missing, forged or stale.
         """
+        pending = self.prepare(
+            event, actor=actor, device=device, run=run, fields=fields
+        )
+        (entry,) = self.appendMany(db, [pending], at=at)
+        return entry
+
+    def prepare(
+        self,
+        event: str,
+        *,
+        actor: str,
+        device: str | None = None,
+        run: str | None = None,
+        fields: Mapping[str, FieldValue] | None = None,
+    ) -> _Pending:
+        """
+        Check an entry before it is appended (see L{appendMany}).
+
+        @raise ValueError: a name is malformed or a field may be a secret.
+        """
         if not isinstance(event, str) or _EVENT.fullmatch(event) is None:
             raise ValueError(f"bad journal event name {str(event)[:MAX_NAME]!r}")
         if not isinstance(actor, str) or _ACTOR.fullmatch(actor) is None:
@@ -186,26 +220,79 @@ class Journal:
         checkName("device", device)
         checkName("run", run)
         checked = checkFields(fields)
+        return _Pending(event, actor, device, run, checked, canonicalJSON(checked))
+
+    def appendMany(
+        self, db: Database, entries: Sequence[_Pending], *, at: float
+    ) -> list[JournalEntry]:
+        """
+        Durably append prepared entries, in order, in one transaction with
+        the head: the head is read and written once, however many entries.
+
+        @raise StoreError: the journal head is missing, forged or stale.
+        """
         at = float(at)
         if not math.isfinite(at):
             raise ValueError("journal time is not finite")
+        if not entries:
+            return []
+        appended: list[JournalEntry] = []
         with db.transaction() as conn:
-            previousSeq, previous = self._currentHead(conn)
-            seq = previousSeq + 1
-            unsigned = JournalEntry(
-                seq, at, event, actor, device, run, MappingProxyType(checked), ""
+            seq, previous = self._currentHead(conn)
+            rows = []
+            for pending in entries:
+                seq += 1
+                previous = self._digestOf(previous, seq, at, pending)
+                entry = JournalEntry(
+                    seq,
+                    at,
+                    pending.event,
+                    pending.actor,
+                    pending.device,
+                    pending.run,
+                    MappingProxyType(pending.fields),
+                    previous.hex(),
+                )
+                appended.append(entry)
+                rows.append(
+                    (
+                        seq,
+                        at,
+                        pending.event,
+                        pending.actor,
+                        pending.device,
+                        pending.run,
+                        pending.fieldsJSON,
+                        entry.digest,
+                    )
+                )
+            conn.executemany(_INSERT, rows)
+            conn.execute(
+                _UPSERT_HEAD, (seq, previous.hex(), self._headMac(seq, previous))
             )
-            digest = self._digest(previous, unsigned)
-            entry = replace(unsigned, digest=digest.hex())
-            row = (seq, at, event, actor, device, run, canonicalJSON(checked))
-            conn.execute(_INSERT, (*row, entry.digest))
-            conn.execute(_UPSERT_HEAD, (seq, entry.digest, self._headMac(seq, digest)))
-        return entry
+        return appended
+
+    def _digestOf(
+        self, previous: bytes, seq: int, at: float, pending: _Pending
+    ) -> bytes:
+        """
+        L{_digest} of the entry C{pending} becomes at C{seq}, built from its
+        parts: the same canonical JSON (keys sorted), without the dict.
+        """
+        dumps = _SCALAR.encode
+        body = (
+            f'{{"actor":{dumps(pending.actor)},"at":{dumps(at)},'
+            f'"device":{dumps(pending.device)},"event":{dumps(pending.event)},'
+            f'"fields":{pending.fieldsJSON},"run":{dumps(pending.run)},'
+            f'"seq":{seq}}}'
+        )
+        message = previous + body.encode("ascii")
+        return hmac.new(self._key, message, hashlib.sha256).digest()
 
     def _currentHead(self, conn: sqlite3.Connection) -> tuple[int, bytes]:
         """Return the authenticated (seq, digest) to chain the next entry to."""
         head = conn.execute(_SELECT_HEAD).fetchone()
-        last = conn.execute(f"{_SELECT} ORDER BY seq DESC LIMIT 1").fetchone()
+        last = conn.execute(_SELECT_LAST).fetchone()
         if head is None and last is None:
             return 0, _GENESIS
         advice = "run 'fleetctl journal verify'"
@@ -219,7 +306,7 @@ class Journal:
             authentic = False
         if not authentic:
             raise StoreError(f"journal head is not authentic; {advice}")
-        if last is None or (last[0], last[7]) != (seq, digestHex):
+        if last is None or (last[0], last[1]) != (seq, digestHex):
             raise StoreError(f"journal head does not match the last entry; {advice}")
         return seq, digest
 
@@ -346,12 +433,16 @@ class Recorder:
     """
     Journal entries for one change, appended in the change's own
     transaction [J1]: handed to the function given to L{AsyncJournal.change}.
+    Each entry is checked when it is recorded (a bad one raises at once);
+    all of them are appended together, with one read and one write of the
+    head, when the change's work is done (L{flush}).
     """
 
     def __init__(self, journal: Journal, db: Database, at: float) -> None:
         self._journal = journal
         self._db = db
         self._at = at
+        self._pending: list[_Pending] = []
         self.entries: list[JournalEntry] = []
 
     def __call__(
@@ -362,29 +453,30 @@ class Recorder:
         device: str | None = None,
         run: str | None = None,
         fields: Mapping[str, FieldValue] | None = None,
-    ) -> JournalEntry:
-        """Append one entry; raise (and so roll the change back) if refused."""
-        entry = self._journal.append(
-            self._db,
-            event,
-            at=self._at,
-            actor=actor,
-            device=device,
-            run=run,
-            fields=fields,
+    ) -> None:
+        """Record one entry; raise (and so roll the change back) if refused."""
+        self._pending.append(
+            self._journal.prepare(
+                event, actor=actor, device=device, run=run, fields=fields
+            )
         )
-        self.entries.append(entry)
-        return entry
 
-    def add(self, entry: Entry) -> JournalEntry:
-        """Append a prepared L{Entry}."""
-        return self(
+    def add(self, entry: Entry) -> None:
+        """Record a prepared L{Entry}."""
+        self(
             entry.event,
             actor=entry.actor,
             device=entry.device,
             run=entry.run,
             fields=entry.fields,
         )
+
+    def flush(self) -> list[JournalEntry]:
+        """Append what was recorded (still inside the change's transaction)."""
+        pending, self._pending = self._pending, []
+        appended = self._journal.appendMany(self._db, pending, at=self._at)
+        self.entries.extend(appended)
+        return appended
 
 
 class AsyncJournal:
@@ -425,7 +517,10 @@ class AsyncJournal:
 
         def inTransaction(db: Database) -> _T:
             with db.transaction():
-                return work(db, Recorder(journal, db, at))
+                record = Recorder(journal, db, at)
+                result = work(db, record)
+                record.flush()
+                return result
 
         return self._runner.run(inTransaction)
 
