@@ -383,3 +383,20 @@ class MountInfoTests(SynchronousTestCase):
         link.symlink_to(target.resolve())
         mountinfo = fakeMountInfo(self, {str(target.resolve()): "tmpfs"})
         self.assertEqual(filesystemType(link, mountinfo), "tmpfs")
+
+
+class VolatileSyncTests(SynchronousTestCase):
+    """Delivery cost: no fsync where it cannot make anything more durable."""
+
+    def test_tmpfs_skipsFsync(self) -> None:
+        """On tmpfs the real fsync is replaced; elsewhere it stays."""
+        path = Path(self.mktemp())
+        tmpfs = fakeMountInfo(self, {str(path.resolve()): "tmpfs"})
+        vault = DirectoryVault.open(path, mountinfo=tmpfs)
+        self.assertIsNot(vault._fsync, os.fsync)
+        vault.put("a", b"1")
+        self.assertEqual(DirectoryVault.open(path, mountinfo=tmpfs).get("a"), b"1")
+        other = Path(self.mktemp())
+        ext4 = fakeMountInfo(self, {str(other.resolve()): "ext4"})
+        persistent = DirectoryVault.open(other, allowAnyFilesystem=True, mountinfo=ext4)
+        self.assertIs(persistent._fsync, os.fsync)

@@ -89,6 +89,10 @@ def _isValidName(name: object) -> bool:
     return isinstance(name, str) and _NAME.fullmatch(name) is not None
 
 
+def _noSync(fd: int) -> None:
+    """fsync for a filesystem that has nothing to flush to."""
+
+
 class MemoryVault:
     """A dict-backed L{IVault}, for tests."""
 
@@ -183,6 +187,11 @@ class DirectoryVault:
                 raise
             fsType = "unknown"
         if fsType in VOLATILE_FILESYSTEMS:
+            if self._fsync is os.fsync:
+                # tmpfs and ramfs have no backing store: fsync makes nothing
+                # more durable (a fleetd crash keeps their pages, a reboot
+                # loses them either way), so skip its syscalls.
+                self._fsync = _noSync
             return
         if not allowAnyFilesystem:
             raise VaultError(
