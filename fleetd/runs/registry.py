@@ -83,6 +83,7 @@ class _Run(RunEffects):
         self.registry = registry
         self.record = record
         self.servedPeer = ""  # who holds the served mark: the journal names them
+        self._served: ServedRecord | None = None  # the mark as written
         self.machine: RunInputs = RunMachine(self)
 
     @property
@@ -92,13 +93,18 @@ class _Run(RunEffects):
     # RunEffects
     def markServed(self, peer: str) -> None:
         self.servedPeer = peer
+        served = ServedRecord(
+            self.record.id, self.record.device, self.registry.clock.seconds(), peer
+        )
         record = {
-            "run": self.record.id,
-            "device": self.record.device,
-            "served_at": self.registry.clock.seconds(),
+            "run": served.run,
+            "device": served.device,
+            "served_at": served.served_at,
             "peer": peer,
         }
+        self._served = None
         self.vault.put(servedName(self.record.id), json.dumps(record).encode("utf-8"))
+        self._served = served
 
     def dropMark(self) -> None:
         # The write failed; a partial file must not survive to mean "served".
@@ -147,6 +153,8 @@ class _Run(RunEffects):
         self.vault.delete(servedName(self.record.id))
 
     def servedRecord(self) -> ServedRecord:
+        if self._served is not None:  # written by this process: no need to read
+            return self._served
         raw = self.vault.get(servedName(self.record.id))
         doc = json.loads(raw) if raw else {}
         return ServedRecord(
