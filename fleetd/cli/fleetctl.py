@@ -281,6 +281,17 @@ def main(
     except KeyboardInterrupt:
         err.write("fleetctl: interrupted\n")
         return 130
+    except BrokenPipeError:
+        # The reader went away (`fleetctl journal | head`): not an error.
+        # Point stdout at /dev/null so the interpreter's final flush is quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        finally:
+            os.close(devnull)
+        return 0
 
 
 if __name__ == "__main__":
