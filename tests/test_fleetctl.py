@@ -6,6 +6,7 @@ import io
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
@@ -49,6 +50,27 @@ class FrameTests(SynchronousTestCase):
         )
         self.assertEqual(fleetctl.configPath(None, {"FLEETD_CONFIG": "b"}), Path("b"))
         self.assertEqual(fleetctl.configPath(None, {}), Path("/etc/fleetd/fleetd.toml"))
+
+    def test_closedPipe_quietExit0(self) -> None:
+        """`fleetctl journal | head`: a reader that went away is no traceback."""
+
+        class Closed(io.StringIO):
+            def write(self, text: str) -> int:
+                raise BrokenPipeError(32, "Broken pipe")
+
+        directory = Path(self.mktemp()).resolve()
+        config = writeConfig(directory)
+        real = fleetctl.buildParser
+
+        def parser() -> Any:
+            built = real()
+            built.set_defaults(handler=lambda settings, args, out: out.write("x"))
+            return built
+
+        self.patch(fleetctl, "buildParser", parser)
+        err = io.StringIO()
+        code = fleetctl.main(["--config", str(config), "journal"], Closed(), err)
+        self.assertEqual((code, err.getvalue()), (0, ""))
 
     def test_daemonDown_oneLine(self) -> None:
         """When fleetd does not answer, one line says where fleetctl looked."""

@@ -283,14 +283,14 @@ def main(
         return 130
     except BrokenPipeError:
         # The reader went away (`fleetctl journal | head`): not an error.
-        # Point stdout at /dev/null so the interpreter's final flush is quiet.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
-        finally:
-            os.close(devnull)
+        if out is sys.stdout:  # keep the interpreter's final flush quiet
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, sys.stdout.fileno())
+            except (OSError, ValueError):
+                pass
+            finally:
+                os.close(devnull)
         return 0
 
 
