@@ -1,10 +1,12 @@
 """
 Twisted protocols that carry DNS messages to a L{Responder} and back [A5].
 
-UDP: one datagram, one reply (or none). TCP (RFC 7766): messages framed by
+UDP: one datagram, one reply (or none), subject to response-rate limiting
+when a L{ResponseRateLimiter} is given. TCP (RFC 7766): messages framed by
 a two-byte length, answered in order, with a maximum message size, an idle
-timeout on the injected clock, a cap on concurrent connections, and reading
-paused while the peer does not read its replies, so memory stays bounded.
+timeout on the injected clock, a cap on concurrent connections in total and
+per source (an IPv4 address, an IPv6 /64), and reading paused while the
+peer does not read its replies, so memory stays bounded.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from fleetd.dns.metrics import TransportMetrics
+from fleetd.dns.ratelimit import (
+    SLIP,
+    ResponseRateLimiter,
+    SourcePrefix,
+    slipReply,
+)
 from fleetd.dns.responder import Responder
 
 _LENGTH = struct.Struct("!H")
@@ -52,10 +60,16 @@ class DNSDatagramProtocol(DatagramProtocol):
 
     noisy = False
 
-    def __init__(self, responder: Responder, metrics: TransportMetrics) -> None:
+    def __init__(
+        self,
+        responder: Responder,
+        metrics: TransportMetrics,
+        limiter: ResponseRateLimiter | None = None,
+    ) -> None:
         self._metrics = metrics
         self._fastAnswer = metrics.fastAnswer
         self.responder = responder
+        self.limiter = limiter
 
     @property
     def responder(self) -> Responder:
@@ -72,15 +86,41 @@ class DNSDatagramProtocol(DatagramProtocol):
         self._write = self.transport.write
 
     def datagramReceived(self, datagram: bytes, addr: Any) -> None:
+        limiter = self.limiter
         wire = self._fast(datagram)
         if wire is not None:
+            if limiter is not None:
+                verdict = limiter.verdict(addr[0], True)
+                if verdict:
+                    self._limited(verdict, True, datagram, addr)
+                    return
             self._fastAnswer.inc()
         else:
+            if (
+                limiter is not None
+                and len(datagram) >= 12
+                and not datagram[2] & 0x80  # silence costs no budget
+            ):
+                verdict = limiter.verdict(addr[0], False)
+                if verdict:
+                    self._limited(verdict, False, datagram, addr)
+                    return
             reply = self._responder.respond(datagram, udp=True)
             self._metrics.count(reply)
             wire = reply.wire
             if wire is None:
                 return
+        self._send(wire, addr)
+
+    def _limited(self, verdict: int, answer: bool, datagram: bytes, addr: Any) -> None:
+        """Drop the response to C{datagram}, or slip it: send it truncated."""
+        self._metrics.countLimited(verdict, answer)
+        if verdict == SLIP:
+            wire = slipReply(datagram)
+            if wire is not None:
+                self._send(wire, addr)
+
+    def _send(self, wire: bytes, addr: Any) -> None:
         try:
             self._write(wire, addr)
         except OSError:
@@ -92,8 +132,9 @@ class DNSDatagramProtocol(DatagramProtocol):
 class DNSStreamProtocol(Protocol):
     """Answer length-framed DNS queries on one TCP connection."""
 
-    def __init__(self, factory: DNSStreamFactory) -> None:
+    def __init__(self, factory: DNSStreamFactory, source: bytes | str) -> None:
         self._factory = factory
+        self.source = source
         self._buffer = b""
         self._timer: IDelayedCall | None = None
         self._closing = False
@@ -104,7 +145,7 @@ class DNSStreamProtocol(Protocol):
         return cast(_StreamTransport, self.transport)
 
     def connectionMade(self) -> None:
-        self._factory.connections.add(self)
+        self._factory.opened(self)
         self._transport.registerProducer(self, True)
         self._timer = self._factory.clock.callLater(
             self._factory.idleTimeout, self._idle
@@ -161,7 +202,7 @@ class DNSStreamProtocol(Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._factory.connections.discard(self)
+        self._factory.closed(self)
         self.lost.callback(None)
 
     # IPushProducer: the transport pauses us when the peer stops reading.
@@ -177,7 +218,10 @@ class DNSStreamProtocol(Protocol):
 
 
 class DNSStreamFactory(ServerFactory):
-    """Build L{DNSStreamProtocol}s, at most C{maxConnections} at a time."""
+    """
+    Build L{DNSStreamProtocol}s, at most C{maxConnections} at a time and
+    C{maxPerSource} from one source: an IPv4 address or an IPv6 /64.
+    """
 
     noisy = False
 
@@ -190,6 +234,7 @@ class DNSStreamFactory(ServerFactory):
         maxConnections: int,
         idleTimeout: float,
         maxMessage: int,
+        maxPerSource: int | None = None,
     ) -> None:
         self.responder = responder
         self.metrics = metrics
@@ -197,12 +242,36 @@ class DNSStreamFactory(ServerFactory):
         self.maxConnections = maxConnections
         self.idleTimeout = idleTimeout
         self.maxMessage = maxMessage
+        self.maxPerSource = maxConnections if maxPerSource is None else maxPerSource
         self.connections: set[DNSStreamProtocol] = set()
+        self.perSource: dict[bytes | str, int] = {}
+        self._sourceOf = SourcePrefix(32, 64)
 
     def buildProtocol(self, addr: IAddress | None) -> Protocol | None:
         if len(self.connections) >= self.maxConnections:
+            self.metrics.countRefused("total")
             return None
-        return DNSStreamProtocol(self)
+        source = self._sourceOf(str(getattr(addr, "host", "")))
+        if self.perSource.get(source, 0) >= self.maxPerSource:
+            self.metrics.countRefused("source")
+            return None
+        return DNSStreamProtocol(self, source)
+
+    def opened(self, protocol: DNSStreamProtocol) -> None:
+        """Count C{protocol}'s connection against the caps."""
+        self.connections.add(protocol)
+        self.perSource[protocol.source] = self.perSource.get(protocol.source, 0) + 1
+
+    def closed(self, protocol: DNSStreamProtocol) -> None:
+        """Stop counting C{protocol}'s connection; idempotent."""
+        if protocol not in self.connections:
+            return
+        self.connections.discard(protocol)
+        left = self.perSource[protocol.source] - 1
+        if left:
+            self.perSource[protocol.source] = left
+        else:
+            del self.perSource[protocol.source]
 
     def dropAll(self) -> Deferred[None]:
         """Abort every connection; fire when all of them are gone."""

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import socket
 import struct
-from dataclasses import dataclass
 from typing import Final
 
 from twisted.internet.interfaces import IReactorTime
+
+from fleetd.config import DNSRateLimit
 
 SEND: Final = 0
 DROP: Final = 1
@@ -35,19 +36,6 @@ SLIP: Final = 2
 
 _TC: Final = 0x0200
 _CD: Final = 0x0010
-
-
-@dataclass(frozen=True)
-class RateLimitSettings:
-    """How responses over UDP are limited; see L{ResponseRateLimiter}."""
-
-    enabled: bool = True
-    rate: float = 20.0
-    burst: float = 40.0
-    slip: int = 2
-    ipv4_prefix: int = 24
-    ipv6_prefix: int = 56
-    table_size: int = 20_000
 
 
 def _masker(bits: int, size: int) -> tuple[int, bytes]:
@@ -126,7 +114,7 @@ class ResponseRateLimiter:
     @param clock: read with C{seconds()} only.
     """
 
-    def __init__(self, settings: RateLimitSettings, clock: IReactorTime) -> None:
+    def __init__(self, settings: DNSRateLimit, clock: IReactorTime) -> None:
         self.settings = settings
         self._clock = clock
         self._prefix = SourcePrefix(settings.ipv4_prefix, settings.ipv6_prefix)
