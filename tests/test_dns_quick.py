@@ -112,7 +112,7 @@ class QuickPathTests(SynchronousTestCase):
 
     def compare(self, responder: Responder, data: bytes, udp: bool) -> bool:
         """Assert the two paths agree when the cheap one answers; say whether it did."""
-        quick = responder._quick(data, udp)
+        quick = responder.quick(data, udp)
         if quick is None:
             return False
         self.assertEqual(quick, responder.general(data, udp=udp), data)
@@ -187,7 +187,7 @@ class QuickPathTests(SynchronousTestCase):
             (query()[:-1], "FORMERR"),
         ]
         for data, rcode in cases:
-            reply = responder._quick(data, True)
+            reply = responder.quick(data, True)
             assert reply is not None, data
             self.assertEqual(reply.rcode, rcode, data)
             self.assertEqual(reply, responder.general(data, udp=True))
@@ -214,14 +214,14 @@ class QuickPathTests(SynchronousTestCase):
             query(flags=dns.flags.QR),
             query()[:11],
         ):
-            self.assertIsNone(responder._quick(data, True), data)
-        self.assertIsNone(RESPONDERS["v6"]._quick(query(NAME, "AAAA"), True))
+            self.assertIsNone(responder.quick(data, True), data)
+        self.assertIsNone(RESPONDERS["v6"].quick(query(NAME, "AAAA"), True))
 
     def test_truncationLeftToGeneral(self) -> None:
         """A reply over the UDP limit is left to the general path to cut [A5]."""
         small = RESPONDERS["small"]
         data = query(f"{'a' * 40}.{NAME}", "A")
-        self.assertIsNone(small._quick(data, True))
-        self.assertIsNotNone(small._quick(data, False))
+        self.assertIsNone(small.quick(data, True))
+        self.assertIsNotNone(small.quick(data, False))
         response = dns.message.from_wire(small.respond(data, udp=True).wire or b"")
         self.assertTrue(response.flags & dns.flags.TC)

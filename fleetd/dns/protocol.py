@@ -11,8 +11,9 @@ peer does not read its replies, so memory stays bounded.
 
 from __future__ import annotations
 
+import socket
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 from typing import Protocol as TypingProtocol
 
@@ -80,10 +81,23 @@ class DNSDatagramProtocol(DatagramProtocol):
     def responder(self, responder: Responder) -> None:
         self._responder = responder
         self._fast = responder.fast
+        self._quick = responder.quick
 
     def startProtocol(self) -> None:
-        assert self.transport is not None
-        self._write = self.transport.write
+        """
+        Send straight to the socket when there is one: the address came from
+        C{recvfrom}, so the port's per-packet address checks (about a
+        microsecond) are not needed; send errors are dropped all the same.
+        """
+        transport = self.transport
+        assert transport is not None
+        getHandle = getattr(transport, "getHandle", None)
+        handle = getHandle() if getHandle is not None else None
+        self._write: Callable[[bytes, Any], object]
+        if isinstance(handle, socket.socket):
+            self._write = handle.sendto
+        else:
+            self._write = transport.write
 
     def datagramReceived(self, datagram: bytes, addr: Any) -> None:
         limiter = self.limiter
@@ -105,7 +119,9 @@ class DNSDatagramProtocol(DatagramProtocol):
                 if verdict:
                     self._limited(verdict, False, datagram, addr)
                     return
-            reply = self._responder.respond(datagram, udp=True)
+            reply = self._quick(datagram, True) or self._responder.general(
+                datagram, udp=True
+            )
             self._metrics.count(reply)
             wire = reply.wire
             if wire is None:

@@ -38,32 +38,18 @@ _QR: Final = 0x8000
 _AA: Final = 0x0400
 _RD: Final = 0x0100
 _CD: Final = 0x0010
-_DO: Final = 0x80  # in the high byte of the OPT's flags
-_OUR_PAYLOAD: Final = 1232
+_new = tuple.__new__  # a Reply without NamedTuple's slower constructor
 _MAX_PAYLOAD: Final = 1232
 _TCP_LIMIT: Final = 65535
 
 _LABELS: Final[dict[int, str]] = {
     int(dns.rdatatype.from_text(t)): t for t in QTYPE_LABELS
 }
-_A: Final = 1
-_NS: Final = 2
 _SOA: Final = 6
-_AAAA: Final = 28
 _IXFR: Final = 251
 _AXFR: Final = 252
 _ANY: Final = 255
 _HOSTMASTER: Final = b"\x0ahostmaster"
-
-_FORMERR: Final = ("FORMERR", 1)
-_NXDOMAIN: Final = ("NXDOMAIN", 3)
-_NOTIMP: Final = ("NOTIMP", 4)
-_REFUSED: Final = ("REFUSED", 5)
-_NOERROR: Final = ("NOERROR", 0)
-
-
-def _label(qtype: int) -> str:
-    return _LABELS.get(qtype, OTHER_QTYPE)
 
 
 class QuickAnswers:
@@ -87,10 +73,32 @@ class QuickAnswers:
         assert wire is not None
         self._apex = wire.lower()
         self._apexLength = len(wire)
+        # Where the apex's last label starts, from the name's end, and its
+        # length: most names outside the zone differ there already.
+        self._lastLength = len(apex.labels[-2])
+        self._lastLabel = self._lastLength + 2
         self._apexAnswers = apexAnswers
         self._minimumUdp = minimumUdpPayload
         self._soaHead = struct.pack("!HHIH", _SOA, 1, ttl, 0)[:-2]
         self._soaTail = struct.pack("!5I", *soaFields)
+        # Flags and counts after the ID, by kind, EDNS, RD and CD.
+        self._heads: dict[int, bytes] = {}
+        for kind, rcode in enumerate((5, 4, 3, 0)):
+            for edns in (0, 1):
+                for bits in range(4):
+                    flags = _QR | rcode | (_RD if bits & 2 else 0)
+                    flags |= _CD if bits & 1 else 0
+                    authority = 1 if kind >= 2 else 0
+                    if authority:
+                        flags |= _AA
+                    self._heads[(kind << 3) | (edns << 2) | bits] = struct.pack(
+                        "!HHHHH", flags, 1, 0, authority, edns
+                    )
+        # Our OPT: payload 1232, version 0, the query's DO bit.
+        self._opt = (
+            b"\x00\x00\x29\x04\xd0\x00\x00\x00\x00\x00\x00",
+            b"\x00\x00\x29\x04\xd0\x00\x00\x80\x00\x00\x00",
+        )
 
     def _soa(self, apexAt: int, data: bytes) -> bytes:
         """The SOA RR compressed as dnspython does after the question."""
@@ -107,94 +115,98 @@ class QuickAnswers:
     def answer(self, data: bytes, udp: bool) -> Reply | None:
         """The reply to C{data}, or C{None} when the general path must decide."""
         n = len(data)
-        if n < 12 or data[2] & 0xF8 or data[4:6] != b"\x00\x01":
+        if n < 12 or data[2] & 0xF8 or data[4] or data[5] != 1:
             return None  # silence, other opcodes, QDCOUNT: already cheap there
-        # The question name, label by label; remember where each one starts.
+        # Walk the question name label by label.
         i = 12
-        starts = []
         while True:
             if i >= n:
                 return self._formerr(data)
             length = data[i]
-            if length == 0:
+            if not length:
                 break
             if length > 63:
                 if length >= 0xC0:
                     return None  # a compression pointer: dnspython follows it
                 return self._formerr(data)  # reserved label type
-            starts.append(i)
             i += length + 1
         nameEnd = i + 1
-        if nameEnd - 12 > 255:
-            return self._formerr(data)
         qEnd = nameEnd + 4
-        if qEnd > n:
-            return self._formerr(data)
+        if nameEnd > 267 or qEnd > n:
+            return self._formerr(data)  # name over 255 bytes, or cut short
         remaining = n - qEnd
+        if data[6:11] != b"\x00\x00\x00\x00\x00":
+            return self._records(data, remaining)
+        edns = data[11]
+        if not edns:
+            if remaining:
+                return self._formerr(data)  # trailing junk
+        elif edns != 1 or remaining < 11:
+            return self._records(data, remaining)
+        elif (
+            data[qEnd : qEnd + 3] != b"\x00\x00\x29"
+            or data[qEnd + 9 : qEnd + 11] != b"\x00\x00"
+        ):
+            return None  # not an OPT, or one with options
+        elif remaining > 11:
+            return self._formerr(data)  # trailing junk after the OPT
+        elif data[qEnd + 6]:
+            return None  # EDNS version: BADVERS is the general path's
+        qtype = (data[nameEnd] << 8) | data[nameEnd + 1]
+        apexAt = nameEnd - self._apexLength
+        if (
+            data[nameEnd + 2]
+            or data[nameEnd + 3] != 1
+            or qtype == _AXFR
+            or qtype == _IXFR
+            or apexAt < 12
+            or data[nameEnd - self._lastLabel] != self._lastLength
+            or data[apexAt:nameEnd].lower() != self._apex
+            or not self._labelStart(data, apexAt)
+        ):
+            text, kind = "REFUSED", 0
+        elif qtype != _ANY and dns.rdatatype.is_metatype(
+            dns.rdatatype.RdataType(qtype)
+        ):
+            text, kind = "NOTIMP", 1
+        elif apexAt != 12:
+            text, kind = "NXDOMAIN", 2
+        elif qtype in self._apexAnswers:
+            return None
+        else:
+            text, kind = "NOERROR", 3
+        bits = ((data[2] & 1) << 1) | ((data[3] >> 4) & 1)
+        head = self._heads[(kind << 3) | (edns << 2) | bits]
+        reply = data[:2] + head + data[12:qEnd]
+        if kind >= 2:
+            reply += self._soa(apexAt, data)
+        if edns:
+            reply += self._opt[data[qEnd + 7] >> 7]
+            payload = (data[qEnd + 3] << 8) | data[qEnd + 4]
+            limit = (
+                min(max(payload, self._minimumUdp), _MAX_PAYLOAD) if udp else _TCP_LIMIT
+            )
+        else:
+            limit = self._minimumUdp if udp else _TCP_LIMIT
+        if len(reply) > limit:
+            return None  # the general path truncates
+        return _new(Reply, (reply, _LABELS.get(qtype, OTHER_QTYPE), text, False))
+
+    @staticmethod
+    def _labelStart(data: bytes, at: int) -> bool:
+        """Whether a label of the question name starts at C{at}."""
+        i = 12
+        while i < at:
+            i += data[i] + 1
+        return i == at
+
+    def _records(self, data: bytes, remaining: int) -> Reply | None:
+        """FORMERR when the records counted cannot fit; else undecided."""
         records = (data[6] << 8) + data[7] + (data[8] << 8) + data[9]
         records += (data[10] << 8) + data[11]
         if remaining < 11 * records:
             return self._formerr(data)  # every record takes 11 bytes or more
-        edns = False
-        if records == 0:
-            if remaining:
-                return self._formerr(data)  # trailing junk
-        elif records == 1 and data[11] == 1:
-            if (
-                data[qEnd : qEnd + 3] != b"\x00\x00\x29"
-                or data[qEnd + 9 : qEnd + 11] != b"\x00\x00"
-            ):
-                return None  # not an OPT, or one with options
-            if remaining > 11:
-                return self._formerr(data)  # trailing junk after the OPT
-            if data[qEnd + 6]:
-                return None  # EDNS version: BADVERS is the general path's
-            edns = True
-        else:
-            return None
-        qtype, qclass = struct.unpack_from("!HH", data, nameEnd)
-        apexAt = nameEnd - self._apexLength
-        inZone = (
-            apexAt >= 12
-            and (apexAt == 12 or apexAt in starts)
-            and data[apexAt:nameEnd].lower() == self._apex
-        )
-        authority = b""
-        if qclass != 1 or qtype in (_AXFR, _IXFR) or not inZone:
-            text, rcode = _REFUSED
-        elif qtype != _ANY and dns.rdatatype.is_metatype(
-            dns.rdatatype.RdataType(qtype)
-        ):
-            text, rcode = _NOTIMP
-        elif apexAt != 12:
-            text, rcode = _NXDOMAIN
-            authority = self._soa(apexAt, data)
-        elif qtype in self._apexAnswers:
-            return None
-        else:
-            text, rcode = _NOERROR
-            authority = self._soa(apexAt, data)
-        flags = _QR | (((data[2] << 8) | data[3]) & (_RD | _CD)) | rcode
-        if authority:
-            flags |= _AA
-        header = data[:2] + struct.pack(
-            "!HHHHH", flags, 1, 0, 1 if authority else 0, 1 if edns else 0
-        )
-        reply = header + data[12:qEnd] + authority
-        if edns:
-            reply += b"\x00\x00\x29\x04\xd0\x00\x00" + bytes(
-                [data[qEnd + 7] & _DO, 0, 0, 0]
-            )
-            payload = (data[qEnd + 3] << 8) | data[qEnd + 4]
-        else:
-            payload = 0
-        if udp:
-            limit = min(max(payload, self._minimumUdp), _MAX_PAYLOAD)
-        else:
-            limit = _TCP_LIMIT
-        if len(reply) > limit:
-            return None  # the general path truncates
-        return Reply(reply, _label(qtype), text, False)
+        return None
 
     @staticmethod
     def _formerr(data: bytes) -> Reply:

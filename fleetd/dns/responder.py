@@ -135,7 +135,7 @@ class Responder:
         if self._aaaa is not None:
             apexAnswers.add(dns.rdatatype.AAAA)
         soa = self._soa[0]
-        self._quick = QuickAnswers(
+        self.quick = QuickAnswers(
             apex,
             ttl,
             (soa.serial, soa.refresh, soa.retry, soa.expire, soa.minimum),
@@ -149,7 +149,7 @@ class Responder:
         Decide the reply to C{data}, received over UDP if C{udp}: from the
         query's bytes when L{QuickAnswers} can, else by the general path.
         """
-        reply = self._quick(data, udp)
+        reply = self.quick(data, udp)
         if reply is not None:
             return reply
         return self.general(data, udp=udp)
