@@ -25,7 +25,7 @@ from twisted.python.threadpool import ThreadPool
 from twisted.trial.unittest import SkipTest, TestCase
 
 from fleetd.config import DNSRateLimit
-from fleetd.dns.service import DNSService, portNumber
+from fleetd.dns.service import UDP_READ_BYTES, DNSService, portNumber
 from tests.test_dns_responder import NAME, TOPOLOGY, query
 
 
@@ -267,3 +267,34 @@ class LimitsOnLoopbackTests(TestCase):
         out = await dig("127.0.0.3")
         self.assertNotIn("Truncated", out)
         self.assertIn("10.20.0.6", out)
+
+    def test_udpReadBounded(self) -> None:
+        """
+        One reactor turn reads at most UDP_READ_BYTES of datagrams, so a DNS
+        flood cannot hold the reactor for thousands of queries while the
+        boot listener waits (issue 8, item 12).
+        """
+        registry = CollectorRegistry()
+        service = DNSService(
+            cast(IReactorUDP, reactor),
+            TOPOLOGY,
+            port=0,
+            interface="127.0.0.1",
+            ttl=60,
+            registry=registry,
+            topologyLoader=lambda: TOPOLOGY,
+            rateLimit=DNSRateLimit(enabled=False),
+        )
+        service.startService()
+        self.addCleanup(service.stopService)
+        assert service.udpPort is not None
+        port = portNumber(service.udpPort)
+        packet = query("flood.example.com")
+        sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.addCleanup(sender.close)
+        for _ in range(200):
+            sender.sendto(packet, ("127.0.0.1", port))
+        service.udpPort.doRead()  # type: ignore[attr-defined]
+        labels = {"qtype": "A", "rcode": "REFUSED", "transport": "udp"}
+        read = registry.get_sample_value("fleetd_dns_queries_total", labels)
+        self.assertEqual(read, -(-UDP_READ_BYTES // len(packet)))
