@@ -119,8 +119,14 @@ def freePort() -> int:
                 return port
 
 
-def startFleetd(port: int, profile: str | None) -> subprocess.Popen[str]:
-    argv = [sys.executable, __file__, "--serve", str(port)]
+def pinned(cpus: str | None, argv: list[str]) -> list[str]:
+    return argv if cpus is None else ["taskset", "-c", cpus, *argv]
+
+
+def startFleetd(
+    port: int, profile: str | None, cpus: str | None
+) -> subprocess.Popen[str]:
+    argv = pinned(cpus, [sys.executable, __file__, "--serve", str(port)])
     if profile:
         argv += ["--profile", profile]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -131,7 +137,9 @@ def startFleetd(port: int, profile: str | None) -> subprocess.Popen[str]:
     return process
 
 
-def startKnot(directory: Path, port: int, workers: int) -> subprocess.Popen[str]:
+def startKnot(
+    directory: Path, port: int, workers: int, cpus: str | None = None
+) -> subprocess.Popen[str]:
     """knotd serving the same name on 127.0.0.1:C{port}, as the current user."""
     (directory / "run").mkdir()
     (directory / "db").mkdir()
@@ -150,7 +158,7 @@ def startKnot(directory: Path, port: int, workers: int) -> subprocess.Popen[str]
         f'    file: "{NAME}.zone"\n    zonefile-sync: -1\n'
         "    journal-content: none\n"
     )
-    return subprocess.Popen(["knotd", "-c", str(conf)], text=True)
+    return subprocess.Popen(pinned(cpus, ["knotd", "-c", str(conf)]), text=True)
 
 
 def waitForAnswer(port: int, process: subprocess.Popen[str]) -> None:
@@ -200,7 +208,8 @@ def dnsperf(
     queries: Path,
     args: argparse.Namespace,
 ) -> tuple[list[str], Run]:
-    argv = ["dnsperf", "-s", "127.0.0.1", "-p", str(port), "-d", str(queries)]
+    argv = pinned(args.client_cpus, ["dnsperf", "-s", "127.0.0.1", "-p", str(port)])
+    argv += ["-d", str(queries)]
     argv += ["-l", str(args.duration), "-c", str(args.clients), "-T", "1"]
     argv += ["-q", str(args.outstanding), "-Q", str(args.max_qps)]
     before = cpuSeconds(pid)
@@ -276,6 +285,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--names", type=int, default=10_000, help="random names per query file"
     )
+    parser.add_argument("--server-cpus", help="taskset the servers to these CPUs")
+    parser.add_argument("--client-cpus", help="taskset dnsperf to these CPUs")
     parser.add_argument("--write", type=Path, help="also write the results here")
     parser.add_argument("--profile", help="run fleetd under cProfile, stats here")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
@@ -295,7 +306,7 @@ def main(argv: list[str]) -> int:
             files[path] = Path(tmp) / f"queries-{path}"
             files[path].write_text("\n".join(queryLines(path, args.names)) + "\n")
         port = freePort()
-        process = startFleetd(port, args.profile)
+        process = startFleetd(port, args.profile, args.server_cpus)
         try:
             waitForAnswer(port, process)
             for path in paths:
@@ -310,7 +321,7 @@ def main(argv: list[str]) -> int:
             directory = Path(tmp) / f"knot{workers}"
             directory.mkdir()
             port = freePort()
-            knot = startKnot(directory, port, workers)
+            knot = startKnot(directory, port, workers, args.server_cpus)
             try:
                 waitForAnswer(port, knot)
                 label = f"knot ({workers} udp-workers)"
@@ -327,7 +338,8 @@ def main(argv: list[str]) -> int:
     shown = re.sub(r"queries-\w+", "queries-PATH", shown)
     described = "; ".join(f"`{p}`: {PATHS[p]}" for p in paths)
     report = (
-        f"{table(runs)}\n\nMachine: {machine()}. Date: {when}.\n"
+        f"{table(runs)}\n\nMachine: {machine()}. Date: {when}. Servers on CPUs"
+        f" {args.server_cpus or 'any'}, dnsperf on {args.client_cpus or 'any'}.\n"
         f"Paths: {described} ({args.names} random names per file, dnsperf "
         f"loops over them). Every run: `{shown}`.\n"
     )

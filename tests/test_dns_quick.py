@@ -178,6 +178,8 @@ class QuickPathTests(SynchronousTestCase):
             (query(NAME, "AXFR"), "REFUSED"),
             (query(f"x.{NAME}"), "NXDOMAIN"),
             (query(f"hostmaster.{NAME}", edns=0, ednsflags=0x8000), "NXDOMAIN"),
+            # A label that ends in the bytes of "\x0ahostmaster": no pointer to it.
+            (header + b"\x0dab\x0ahostmaster" + query()[12:], "NXDOMAIN"),
             (query(NAME, "MX"), "NOERROR"),
             (query(NAME, "AAAA", edns=0), "NOERROR"),
             (query(NAME, "MAILA"), "NOTIMP"),

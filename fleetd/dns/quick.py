@@ -50,6 +50,12 @@ _IXFR: Final = 251
 _AXFR: Final = 252
 _ANY: Final = 255
 _HOSTMASTER: Final = b"\x0ahostmaster"
+# dnspython's meta-types, but for ANY (all below 256): NOTIMP as QTYPE.
+_METATYPES: Final = frozenset(
+    t
+    for t in range(256)
+    if t != _ANY and dns.rdatatype.is_metatype(dns.rdatatype.RdataType(t))
+)
 
 
 class QuickAnswers:
@@ -81,6 +87,7 @@ class QuickAnswers:
         self._minimumUdp = minimumUdpPayload
         self._soaHead = struct.pack("!HHIH", _SOA, 1, ttl, 0)[:-2]
         self._soaTail = struct.pack("!5I", *soaFields)
+        self._soaAt: dict[int, bytes] = {}  # by where the apex starts: < 256
         # Flags and counts after the ID, by kind, EDNS, RD and CD.
         self._heads: dict[int, bytes] = {}
         for kind, rcode in enumerate((5, 4, 3, 0)):
@@ -102,12 +109,22 @@ class QuickAnswers:
 
     def _soa(self, apexAt: int, data: bytes) -> bytes:
         """The SOA RR compressed as dnspython does after the question."""
-        pointer = struct.pack("!H", 0xC000 | apexAt)
         at = apexAt - 11
-        if at >= 12 and data[at:apexAt].lower() == _HOSTMASTER:
+        if (
+            at >= 12
+            and data[at:apexAt].lower() == _HOSTMASTER
+            and self._labelStart(data, at)
+        ):
             # The question ends in hostmaster.<apex>: the rname points there.
-            rname = struct.pack("!H", 0xC000 | at)
-        else:
+            return self._soaFor(apexAt, struct.pack("!H", 0xC000 | at))
+        soa = self._soaAt.get(apexAt)
+        if soa is None:
+            soa = self._soaAt[apexAt] = self._soaFor(apexAt, None)
+        return soa
+
+    def _soaFor(self, apexAt: int, rname: bytes | None) -> bytes:
+        pointer = struct.pack("!H", 0xC000 | apexAt)
+        if rname is None:
             rname = _HOSTMASTER + pointer
         rdata = pointer + rname + self._soaTail
         return pointer + self._soaHead + struct.pack("!H", len(rdata)) + rdata
@@ -165,9 +182,7 @@ class QuickAnswers:
             or not self._labelStart(data, apexAt)
         ):
             text, kind = "REFUSED", 0
-        elif qtype != _ANY and dns.rdatatype.is_metatype(
-            dns.rdatatype.RdataType(qtype)
-        ):
+        elif qtype in _METATYPES:
             text, kind = "NOTIMP", 1
         elif apexAt != 12:
             text, kind = "NXDOMAIN", 2
