@@ -136,17 +136,17 @@ class QuickAnswers:
             return None  # silence, other opcodes, QDCOUNT: already cheap there
         # Walk the question name label by label.
         i = 12
-        while True:
-            if i >= n:
-                return self._formerr(data)
-            length = data[i]
-            if not length:
-                break
-            if length > 63:
-                if length >= 0xC0:
-                    return None  # a compression pointer: dnspython follows it
-                return self._formerr(data)  # reserved label type
-            i += length + 1
+        try:
+            length = data[12]
+            while length:
+                if length > 63:
+                    if length >= 0xC0:
+                        return None  # a compression pointer: dnspython follows it
+                    return self._formerr(data)  # reserved label type
+                i += length + 1
+                length = data[i]
+        except IndexError:
+            return self._formerr(data)  # the name runs past the end
         nameEnd = i + 1
         qEnd = nameEnd + 4
         if nameEnd > 267 or qEnd > n:
@@ -190,9 +190,10 @@ class QuickAnswers:
             return None
         else:
             text, kind = "NOERROR", 3
-        bits = ((data[2] & 1) << 1) | ((data[3] >> 4) & 1)
-        head = self._heads[(kind << 3) | (edns << 2) | bits]
-        reply = data[:2] + head + data[12:qEnd]
+        head = self._heads[
+            (kind << 3) | (edns << 2) | ((data[2] & 1) << 1) | ((data[3] >> 4) & 1)
+        ]
+        reply = data[:2] + head + (data[12:] if n == qEnd else data[12:qEnd])
         if kind >= 2:
             reply += self._soa(apexAt, data)
         if edns:
