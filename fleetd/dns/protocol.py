@@ -108,7 +108,7 @@ class DNSDatagramProtocol(DatagramProtocol):
                 if verdict:
                     self._limited(verdict, True, datagram, addr)
                     return
-            self._fastAnswer.inc()
+            self._fastAnswer.value += 1
         else:
             if (
                 limiter is not None
@@ -123,10 +123,14 @@ class DNSDatagramProtocol(DatagramProtocol):
                 datagram, udp=True
             )
             self._metrics.count(reply)
-            wire = reply.wire
+            wire = reply[0]
             if wire is None:
                 return
-        self._send(wire, addr)
+        try:
+            self._write(wire, addr)
+        except OSError:
+            # e.g. a spoofed source port 0: there is nobody to tell.
+            pass
 
     def _limited(self, verdict: int, answer: bool, datagram: bytes, addr: Any) -> None:
         """Drop the response to C{datagram}, or slip it: send it truncated."""
