@@ -13,6 +13,8 @@ from typing import Any
 import dns.flags
 import dns.message
 import dns.rcode
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.task import Clock
@@ -174,6 +176,22 @@ class SlipReplyTests(SynchronousTestCase):
             self.assertTrue(dns.message.from_wire(wire).flags & dns.flags.TC)
         self.assertIsNone(slipReply(b"\x00" * 11))
         self.assertIsNone(slipReply(query(flags=dns.flags.QR)))
+
+    @settings(max_examples=1000, deadline=None)
+    @given(data=st.binary(max_size=300))
+    def test_anyBytes(self, data: bytes) -> None:
+        """
+        Any packet: silence, or a truncated reply dnspython reads, with the
+        packet's ID; never an exception (issue 8, item 12; [A5]).
+        """
+        wire = slipReply(data)
+        if wire is None:
+            self.assertTrue(len(data) < 12 or data[2] & 0x80)
+            return
+        response = dns.message.from_wire(wire)
+        self.assertEqual(wire[:2], data[:2])
+        self.assertTrue(response.flags & dns.flags.TC)
+        self.assertEqual(response.answer + response.authority, [])
 
 
 class UDPRateLimitTests(SynchronousTestCase):
