@@ -1,10 +1,14 @@
 """
 Queries per second of fleetd's DNS responder against knot, with dnsperf.
 
-Both servers answer C{enroll.lolwtf.ca A} on their own loopback port; each
-gets the same bounded dnsperf run (UDP, one client, 127.0.0.1 only) and the
-table shows qps, mean latency and the ratio fleetd/knot. Not a test: run it
-by hand, e.g.::
+Both servers are authoritative for C{enroll.lolwtf.ca} on their own
+loopback port. Each path gets the same bounded dnsperf run (UDP, one client,
+127.0.0.1 only) against each server: C{a} asks the enrollment name's A
+record, C{refused} random names outside the zone (knot, like fleetd,
+refuses them), C{nxdomain} random names below the apex. The table shows
+qps, mean latency, CPU per query and the ratios fleetd/knot. fleetd runs
+with response-rate limiting off (one source sends everything): this
+measures the cost of answering. Not a test: run it by hand, e.g.::
 
     .venv/bin/python bench/dns_qps.py --duration 10 --write results.md
 
@@ -33,10 +37,35 @@ TTL = 60
 ROOT = Path(__file__).resolve().parent.parent
 
 
+PATHS = {
+    "a": "the enrollment name's A",
+    "refused": "random names outside the zone (REFUSED)",
+    "nxdomain": "random names below the apex (NXDOMAIN)",
+}
+
+
+def queryLines(path: str, count: int, seed: int = 1) -> list[str]:
+    """dnsperf's query file for C{path}: one name, or C{count} random ones."""
+    import random
+
+    rng = random.Random(seed)
+    if path == "a":
+        return [f"{NAME} A"]
+    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
+    names = [
+        "".join(rng.choices(letters, k=rng.randrange(6, 16))) for _ in range(count)
+    ]
+    if path == "refused":
+        tlds = ["com", "net", "org", "example", "ca", "io"]
+        return [f"{n}.{rng.choice(tlds)} A" for n in names]
+    return [f"{n}.{NAME} A" for n in names]
+
+
 @dataclass(frozen=True)
 class Run:
     """One dnsperf run's figures."""
 
+    path: str
     server: str
     qps: float
     latency: float
@@ -50,7 +79,7 @@ def serve(port: int, profile: str | None) -> None:
     from prometheus_client import CollectorRegistry
     from twisted.internet import reactor
 
-    from fleetd.config import Anchor, Topology
+    from fleetd.config import Anchor, DNSRateLimit, Topology
     from fleetd.dns.service import DNSService
 
     topology = Topology("10.20.0.5", ADDRESS, NAME, (Anchor("a", "127.0.0.2"),))
@@ -62,6 +91,7 @@ def serve(port: int, profile: str | None) -> None:
         ttl=TTL,
         registry=CollectorRegistry(),
         topologyLoader=lambda: topology,
+        rateLimit=DNSRateLimit(enabled=False),
     )
     service.startService()
     print("ready", flush=True)
@@ -89,8 +119,14 @@ def freePort() -> int:
                 return port
 
 
-def startFleetd(port: int, profile: str | None) -> subprocess.Popen[str]:
-    argv = [sys.executable, __file__, "--serve", str(port)]
+def pinned(cpus: str | None, argv: list[str]) -> list[str]:
+    return argv if cpus is None else ["taskset", "-c", cpus, *argv]
+
+
+def startFleetd(
+    port: int, profile: str | None, cpus: str | None
+) -> subprocess.Popen[str]:
+    argv = pinned(cpus, [sys.executable, __file__, "--serve", str(port)])
     if profile:
         argv += ["--profile", profile]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -101,7 +137,9 @@ def startFleetd(port: int, profile: str | None) -> subprocess.Popen[str]:
     return process
 
 
-def startKnot(directory: Path, port: int, workers: int) -> subprocess.Popen[str]:
+def startKnot(
+    directory: Path, port: int, workers: int, cpus: str | None = None
+) -> subprocess.Popen[str]:
     """knotd serving the same name on 127.0.0.1:C{port}, as the current user."""
     (directory / "run").mkdir()
     (directory / "db").mkdir()
@@ -120,11 +158,14 @@ def startKnot(directory: Path, port: int, workers: int) -> subprocess.Popen[str]
         f'    file: "{NAME}.zone"\n    zonefile-sync: -1\n'
         "    journal-content: none\n"
     )
-    return subprocess.Popen(["knotd", "-c", str(conf)], text=True)
+    return subprocess.Popen(pinned(cpus, ["knotd", "-c", str(conf)]), text=True)
 
 
 def waitForAnswer(port: int, process: subprocess.Popen[str]) -> None:
-    """Poll until the server on C{port} answers the name correctly."""
+    """
+    Poll until the server on C{port} answers the name correctly, then check
+    that it refuses a name outside the zone and denies one below the apex.
+    """
     import dns.message
     import dns.query
     import dns.rcode
@@ -139,9 +180,17 @@ def waitForAnswer(port: int, process: subprocess.Popen[str]) -> None:
         except dns.exception.Timeout:
             continue
         answers = {r.address for rrset in response.answer for r in rrset}
-        if response.rcode() == dns.rcode.NOERROR and answers == {ADDRESS}:
-            return
-        raise SystemExit(f"server on port {port} answers {response}")
+        if response.rcode() != dns.rcode.NOERROR or answers != {ADDRESS}:
+            raise SystemExit(f"server on port {port} answers {response}")
+        for name, rcode in (
+            ("bench.example.com", dns.rcode.REFUSED),
+            (f"bench.{NAME}", dns.rcode.NXDOMAIN),
+        ):
+            query = dns.message.make_query(name, "A")
+            response = dns.query.udp(query, "127.0.0.1", timeout=1, port=port)
+            if response.rcode() != rcode:
+                raise SystemExit(f"server on port {port} answers {name}: {response}")
+        return
     raise SystemExit(f"server on port {port} did not answer")
 
 
@@ -152,9 +201,15 @@ def cpuSeconds(pid: int) -> float:
 
 
 def dnsperf(
-    server: str, port: int, pid: int, queries: Path, args: argparse.Namespace
+    path: str,
+    server: str,
+    port: int,
+    pid: int,
+    queries: Path,
+    args: argparse.Namespace,
 ) -> tuple[list[str], Run]:
-    argv = ["dnsperf", "-s", "127.0.0.1", "-p", str(port), "-d", str(queries)]
+    argv = pinned(args.client_cpus, ["dnsperf", "-s", "127.0.0.1", "-p", str(port)])
+    argv += ["-d", str(queries)]
     argv += ["-l", str(args.duration), "-c", str(args.clients), "-T", "1"]
     argv += ["-q", str(args.outstanding), "-Q", str(args.max_qps)]
     before = cpuSeconds(pid)
@@ -169,6 +224,7 @@ def dnsperf(
 
     completed = int(field(r"Queries completed:\s+(\d+)"))
     return argv, Run(
+        path,
         server,
         float(field(r"Queries per second:\s+([\d.]+)")),
         float(field(r"Average Latency \(s\):\s+([\d.]+)")),
@@ -187,17 +243,30 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs (nproc), {cpu}, Python {platform.python_version()}"
 
 
-def table(runs: list[Run], fleetd: Run) -> str:
+def table(runs: list[Run]) -> str:
     lines = [
-        "| server | qps | mean latency | CPU per query | completed | fleetd/server |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| path | server | qps | mean latency | CPU per query | completed "
+        "| response codes | fleetd/server (qps) | server/fleetd (CPU per query) |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|",
     ]
-    for r in runs:
-        ratio = fleetd.qps / r.qps if r.qps else 0.0
-        lines.append(
-            f"| {r.server} | {r.qps:,.0f} | {r.latency * 1e6:.0f} µs "
-            f"| {r.cpuPerQuery * 1e6:.1f} µs | {r.completed} | {ratio:.2f}x |"
-        )
+    for path in PATHS:
+        done = [r for r in runs if r.path == path]
+        fleetd = next((r for r in done if r.server == "fleetd"), None)
+        for r in done:
+            if fleetd is None or r is fleetd:
+                qps = cpu = "-"
+            else:
+                qps = f"{fleetd.qps / r.qps:.2f}x" if r.qps else "-"
+                cpu = (
+                    f"{r.cpuPerQuery / fleetd.cpuPerQuery:.2f}x"
+                    if fleetd.cpuPerQuery
+                    else "-"
+                )
+            lines.append(
+                f"| {path} | {r.server} | {r.qps:,.0f} | {r.latency * 1e6:.0f} µs "
+                f"| {r.cpuPerQuery * 1e6:.1f} µs | {r.completed} | {r.rcodes} "
+                f"| {qps} | {cpu} |"
+            )
     return "\n".join(lines)
 
 
@@ -211,8 +280,13 @@ def main(argv: list[str]) -> int:
         "--knot-workers", default="1,2", help="comma-separated udp-workers"
     )
     parser.add_argument(
-        "--query", default=f"{NAME} A", help=f"dnsperf query line (default {NAME} A)"
+        "--paths", default="a,refused,nxdomain", help=f"comma-separated: {PATHS}"
     )
+    parser.add_argument(
+        "--names", type=int, default=10_000, help="random names per query file"
+    )
+    parser.add_argument("--server-cpus", help="taskset the servers to these CPUs")
+    parser.add_argument("--client-cpus", help="taskset dnsperf to these CPUs")
     parser.add_argument("--write", type=Path, help="also write the results here")
     parser.add_argument("--profile", help="run fleetd under cProfile, stats here")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
@@ -221,37 +295,53 @@ def main(argv: list[str]) -> int:
         serve(args.serve, args.profile)
         return 0
 
+    paths = [p for p in args.paths.split(",") if p]
+    unknown = set(paths) - set(PATHS)
+    if unknown:
+        parser.error(f"unknown paths {sorted(unknown)}; known: {sorted(PATHS)}")
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="dns-qps-") as tmp:
-        queries = Path(tmp) / "queries"
-        queries.write_text(f"{args.query}\n")
+        files = {}
+        for path in paths:
+            files[path] = Path(tmp) / f"queries-{path}"
+            files[path].write_text("\n".join(queryLines(path, args.names)) + "\n")
         port = freePort()
-        process = startFleetd(port, args.profile)
+        process = startFleetd(port, args.profile, args.server_cpus)
         try:
             waitForAnswer(port, process)
-            command, fleetd = dnsperf("fleetd", port, process.pid, queries, args)
+            for path in paths:
+                command, run = dnsperf(
+                    path, "fleetd", port, process.pid, files[path], args
+                )
+                runs.append(run)
         finally:
             process.terminate()
             process.wait(10)
-        runs.append(fleetd)
         for workers in [int(w) for w in args.knot_workers.split(",")]:
             directory = Path(tmp) / f"knot{workers}"
             directory.mkdir()
             port = freePort()
-            knot = startKnot(directory, port, workers)
+            knot = startKnot(directory, port, workers, args.server_cpus)
             try:
                 waitForAnswer(port, knot)
                 label = f"knot ({workers} udp-workers)"
-                runs.append(dnsperf(label, port, knot.pid, queries, args)[1])
+                for path in paths:
+                    runs.append(
+                        dnsperf(path, label, port, knot.pid, files[path], args)[1]
+                    )
             finally:
                 knot.terminate()
                 knot.wait(10)
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     shown = " ".join(command).replace(tmp, "TMP")
     shown = re.sub(r"-p \d+", "-p PORT", shown)
+    shown = re.sub(r"queries-\w+", "queries-PATH", shown)
+    described = "; ".join(f"`{p}`: {PATHS[p]}" for p in paths)
     report = (
-        f"{table(runs, fleetd)}\n\nMachine: {machine()}. Date: {when}.\n"
-        f"Query: `{args.query}`, every run: `{shown}`.\n"
+        f"{table(runs)}\n\nMachine: {machine()}. Date: {when}. Servers on CPUs"
+        f" {args.server_cpus or 'any'}, dnsperf on {args.client_cpus or 'any'}.\n"
+        f"Paths: {described} ({args.names} random names per file, dnsperf "
+        f"loops over them). Every run: `{shown}`.\n"
     )
     print(report)
     if args.write:

@@ -129,6 +129,19 @@ class BootLimits:
 
 
 @dataclass(frozen=True)
+class DNSRateLimit:
+    """Response-rate limiting of DNS over UDP ([dns.rate_limit]; issue 8)."""
+
+    enabled: bool = True
+    rate: float = 20.0
+    burst: float = 40.0
+    slip: int = 2
+    ipv4_prefix: int = 24
+    ipv6_prefix: int = 56
+    table_size: int = 20_000
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything fleetd reads from its configuration file."""
 
@@ -148,6 +161,7 @@ class Settings:
     tink_upstream: str
     dev_pki: bool
     dns_ttl: int = 60
+    dns_rate_limit: DNSRateLimit = field(default_factory=DNSRateLimit)
     provision: ProvisionSettings = field(
         default_factory=lambda: ProvisionSettings(Path("templates"))
     )
@@ -332,6 +346,9 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
     dnsTable = root.table("dns", required=False) or _Table({}, "dns", base)
     provision = root.table("provision", required=False) or _Table({}, "provision", base)
     boot = root.table("boot", required=False) or _Table({}, "boot", base)
+    rrl = dnsTable.table("rate_limit", required=False) or _Table(
+        {}, "dns.rate_limit", base
+    )
 
     topologyFile = site.path("topology")
     dnsPort, dnsInterface = _dnsListen(listen)
@@ -382,6 +399,15 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
         tink_upstream=tink.text("upstream"),
         dev_pki=dev.flag("generate_pki", False),
         dns_ttl=dnsTable.integer("ttl", 60, 0, 86400),
+        dns_rate_limit=DNSRateLimit(
+            enabled=rrl.flag("enabled", True),
+            rate=rrl.number("rate", 20.0, 0.001, 1e6),
+            burst=rrl.number("burst", 40.0, 1.0, 1e7),
+            slip=rrl.integer("slip", 2, 0, 10),
+            ipv4_prefix=rrl.integer("ipv4_prefix", 24, 8, 32),
+            ipv6_prefix=rrl.integer("ipv6_prefix", 56, 16, 128),
+            table_size=rrl.integer("table_size", 20_000, 16, 10_000_000),
+        ),
         provision=ProvisionSettings(
             templates=provision.path("templates", "templates"),
             default_cluster=provision.text("default_cluster", "default"),

@@ -227,6 +227,8 @@ class FleetdService(MultiService):
             topologyLoader=lambda: loadTopology(s.topology_file),
             maxConnections=s.limits.max_connections,
             idleTimeout=s.limits.idle_timeout,
+            maxConnectionsPerSource=s.limits.max_connections_per_source,
+            rateLimit=s.dns_rate_limit,
         )
         self.dns.setName("dns")
         self.dns.setServiceParent(self)

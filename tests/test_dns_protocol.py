@@ -14,7 +14,7 @@ import dns.message
 import dns.rcode
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from twisted.internet.address import IPv4Address
 from twisted.internet.interfaces import IReactorUDP
 from twisted.internet.protocol import DatagramProtocol
@@ -93,6 +93,25 @@ class UDPTests(SynchronousTestCase):
         self.assertEqual(self.transport.written, [])
         value = sample(self.registry, "fleetd_dns_malformed_total", transport="udp")
         self.assertEqual(value, 2)
+
+    def test_exposition(self) -> None:
+        """
+        The counters reach the text exposition at scrape time, with HELP,
+        TYPE and the _total suffix [A5].
+        """
+        self.protocol.datagramReceived(query(), PEER)
+        self.protocol.datagramReceived(query("example.com"), PEER)
+        text = generate_latest(self.registry).decode()
+        self.assertIn("# TYPE fleetd_dns_queries_total counter", text)
+        self.assertIn(
+            'fleetd_dns_queries_total{qtype="A",rcode="REFUSED",transport="udp"} 1.0',
+            text,
+        )
+        self.assertIn(
+            'fleetd_dns_queries_total{qtype="A",rcode="NOERROR",transport="udp"} 1.0',
+            text,
+        )
+        self.assertIn("# HELP fleetd_dns_rate_limited_total", text)
 
     def test_writeErrorSwallowed(self) -> None:
         """A send error (e.g. to port 0) drops the reply without raising [A5]."""

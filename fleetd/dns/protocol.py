@@ -1,16 +1,19 @@
 """
 Twisted protocols that carry DNS messages to a L{Responder} and back [A5].
 
-UDP: one datagram, one reply (or none). TCP (RFC 7766): messages framed by
+UDP: one datagram, one reply (or none), subject to response-rate limiting
+when a L{ResponseRateLimiter} is given. TCP (RFC 7766): messages framed by
 a two-byte length, answered in order, with a maximum message size, an idle
-timeout on the injected clock, a cap on concurrent connections, and reading
-paused while the peer does not read its replies, so memory stays bounded.
+timeout on the injected clock, a cap on concurrent connections in total and
+per source (an IPv4 address, an IPv6 /64), and reading paused while the
+peer does not read its replies, so memory stays bounded.
 """
 
 from __future__ import annotations
 
+import socket
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 from typing import Protocol as TypingProtocol
 
@@ -31,6 +34,12 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from fleetd.dns.metrics import TransportMetrics
+from fleetd.dns.ratelimit import (
+    SLIP,
+    ResponseRateLimiter,
+    SourcePrefix,
+    slipReply,
+)
 from fleetd.dns.responder import Responder
 
 _LENGTH = struct.Struct("!H")
@@ -52,10 +61,16 @@ class DNSDatagramProtocol(DatagramProtocol):
 
     noisy = False
 
-    def __init__(self, responder: Responder, metrics: TransportMetrics) -> None:
+    def __init__(
+        self,
+        responder: Responder,
+        metrics: TransportMetrics,
+        limiter: ResponseRateLimiter | None = None,
+    ) -> None:
         self._metrics = metrics
         self._fastAnswer = metrics.fastAnswer
         self.responder = responder
+        self.limiter = limiter
 
     @property
     def responder(self) -> Responder:
@@ -66,21 +81,66 @@ class DNSDatagramProtocol(DatagramProtocol):
     def responder(self, responder: Responder) -> None:
         self._responder = responder
         self._fast = responder.fast
+        self._quick = responder.quick
 
     def startProtocol(self) -> None:
-        assert self.transport is not None
-        self._write = self.transport.write
+        """
+        Send straight to the socket when there is one: the address came from
+        C{recvfrom}, so the port's per-packet address checks (about a
+        microsecond) are not needed; send errors are dropped all the same.
+        """
+        transport = self.transport
+        assert transport is not None
+        getHandle = getattr(transport, "getHandle", None)
+        handle = getHandle() if getHandle is not None else None
+        self._write: Callable[[bytes, Any], object]
+        if isinstance(handle, socket.socket):
+            self._write = handle.sendto
+        else:
+            self._write = transport.write
 
     def datagramReceived(self, datagram: bytes, addr: Any) -> None:
+        limiter = self.limiter
         wire = self._fast(datagram)
         if wire is not None:
-            self._fastAnswer.inc()
+            if limiter is not None:
+                verdict = limiter.verdict(addr[0], True)
+                if verdict:
+                    self._limited(verdict, True, datagram, addr)
+                    return
+            self._fastAnswer.value += 1
         else:
-            reply = self._responder.respond(datagram, udp=True)
+            if (
+                limiter is not None
+                and len(datagram) >= 12
+                and not datagram[2] & 0x80  # silence costs no budget
+            ):
+                verdict = limiter.verdict(addr[0], False)
+                if verdict:
+                    self._limited(verdict, False, datagram, addr)
+                    return
+            reply = self._quick(datagram, True) or self._responder.general(
+                datagram, udp=True
+            )
             self._metrics.count(reply)
-            wire = reply.wire
+            wire = reply[0]
             if wire is None:
                 return
+        try:
+            self._write(wire, addr)
+        except OSError:
+            # e.g. a spoofed source port 0: there is nobody to tell.
+            pass
+
+    def _limited(self, verdict: int, answer: bool, datagram: bytes, addr: Any) -> None:
+        """Drop the response to C{datagram}, or slip it: send it truncated."""
+        self._metrics.countLimited(verdict, answer)
+        if verdict == SLIP:
+            wire = slipReply(datagram)
+            if wire is not None:
+                self._send(wire, addr)
+
+    def _send(self, wire: bytes, addr: Any) -> None:
         try:
             self._write(wire, addr)
         except OSError:
@@ -92,8 +152,9 @@ class DNSDatagramProtocol(DatagramProtocol):
 class DNSStreamProtocol(Protocol):
     """Answer length-framed DNS queries on one TCP connection."""
 
-    def __init__(self, factory: DNSStreamFactory) -> None:
+    def __init__(self, factory: DNSStreamFactory, source: bytes | str) -> None:
         self._factory = factory
+        self.source = source
         self._buffer = b""
         self._timer: IDelayedCall | None = None
         self._closing = False
@@ -104,7 +165,7 @@ class DNSStreamProtocol(Protocol):
         return cast(_StreamTransport, self.transport)
 
     def connectionMade(self) -> None:
-        self._factory.connections.add(self)
+        self._factory.opened(self)
         self._transport.registerProducer(self, True)
         self._timer = self._factory.clock.callLater(
             self._factory.idleTimeout, self._idle
@@ -161,7 +222,7 @@ class DNSStreamProtocol(Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._factory.connections.discard(self)
+        self._factory.closed(self)
         self.lost.callback(None)
 
     # IPushProducer: the transport pauses us when the peer stops reading.
@@ -177,7 +238,10 @@ class DNSStreamProtocol(Protocol):
 
 
 class DNSStreamFactory(ServerFactory):
-    """Build L{DNSStreamProtocol}s, at most C{maxConnections} at a time."""
+    """
+    Build L{DNSStreamProtocol}s, at most C{maxConnections} at a time and
+    C{maxPerSource} from one source: an IPv4 address or an IPv6 /64.
+    """
 
     noisy = False
 
@@ -190,6 +254,7 @@ class DNSStreamFactory(ServerFactory):
         maxConnections: int,
         idleTimeout: float,
         maxMessage: int,
+        maxPerSource: int | None = None,
     ) -> None:
         self.responder = responder
         self.metrics = metrics
@@ -197,12 +262,36 @@ class DNSStreamFactory(ServerFactory):
         self.maxConnections = maxConnections
         self.idleTimeout = idleTimeout
         self.maxMessage = maxMessage
+        self.maxPerSource = maxConnections if maxPerSource is None else maxPerSource
         self.connections: set[DNSStreamProtocol] = set()
+        self.perSource: dict[bytes | str, int] = {}
+        self._sourceOf = SourcePrefix(32, 64)
 
     def buildProtocol(self, addr: IAddress | None) -> Protocol | None:
         if len(self.connections) >= self.maxConnections:
+            self.metrics.countRefused("total")
             return None
-        return DNSStreamProtocol(self)
+        source = self._sourceOf(str(getattr(addr, "host", "")))
+        if self.perSource.get(source, 0) >= self.maxPerSource:
+            self.metrics.countRefused("source")
+            return None
+        return DNSStreamProtocol(self, source)
+
+    def opened(self, protocol: DNSStreamProtocol) -> None:
+        """Count C{protocol}'s connection against the caps."""
+        self.connections.add(protocol)
+        self.perSource[protocol.source] = self.perSource.get(protocol.source, 0) + 1
+
+    def closed(self, protocol: DNSStreamProtocol) -> None:
+        """Stop counting C{protocol}'s connection; idempotent."""
+        if protocol not in self.connections:
+            return
+        self.connections.discard(protocol)
+        left = self.perSource[protocol.source] - 1
+        if left:
+            self.perSource[protocol.source] = left
+        else:
+            del self.perSource[protocol.source]
 
     def dropAll(self) -> Deferred[None]:
         """Abort every connection; fire when all of them are gone."""

@@ -27,13 +27,15 @@ at most 1232), else they are cut to header, question and OPT with TC set.
 The general path parses with dnspython. L{Responder.fast} answers the one
 query that matters under load (A at the apex, class IN, no EDNS options)
 from bytes pre-encoded by the general path itself, so both are identical
-by construction; a property test checks it.
+by construction; a property test checks it. L{Responder.respond} first
+tries L{fleetd.dns.quick.QuickAnswers}, which derives refusals, NXDOMAIN,
+NODATA and FORMERR from the query's own bytes, so a flood of other names
+costs no dnspython parse; property tests check it against the general path.
 """
 
 from __future__ import annotations
 
-import struct
-from typing import Final, NamedTuple
+from typing import Final
 
 import dns.exception
 import dns.flags
@@ -46,11 +48,31 @@ import dns.rdatatype
 import dns.rrset
 
 from fleetd.config import Topology
+from fleetd.dns.quick import QuickAnswers
+from fleetd.dns.wire import (
+    HEADER,
+    NO_QTYPE,
+    OTHER_QTYPE,
+    QTYPE_LABELS,
+    Reply,
+    headerOnly,
+    qtypeLabel,
+)
+
+__all__ = [
+    "HEADER",
+    "NO_QTYPE",
+    "OTHER_QTYPE",
+    "QTYPE_LABELS",
+    "Reply",
+    "Responder",
+    "headerOnly",
+    "qtypeLabel",
+]
 
 OUR_UDP_PAYLOAD: Final = 1232
 MINIMUM_UDP_PAYLOAD: Final = 512
 TCP_PAYLOAD: Final = 65535
-HEADER: Final = 12
 
 _QR: Final = 0x8000
 _AA: Final = 0x0400
@@ -59,12 +81,6 @@ _RD: Final = 0x0100
 _CD: Final = 0x0010
 _DO: Final = 0x8000
 
-# Bounded label values for fleetd_dns_queries_total.
-QTYPE_LABELS: Final = frozenset(
-    "A AAAA ANY NS SOA CNAME MX TXT PTR SRV HTTPS SVCB CAA DS DNSKEY AXFR IXFR".split()
-)
-NO_QTYPE: Final = "none"
-OTHER_QTYPE: Final = "other"
 
 _RCODE_TEXT: Final[dict[dns.rcode.Rcode, str]] = {
     dns.rcode.NOERROR: "NOERROR",
@@ -75,35 +91,6 @@ _RCODE_TEXT: Final[dict[dns.rcode.Rcode, str]] = {
     dns.rcode.NOTAUTH: "NOTAUTH",
     dns.rcode.BADVERS: "BADVERS",
 }
-
-
-class Reply(NamedTuple):
-    """What the general path decided for one packet."""
-
-    wire: bytes | None
-    """The encoded response, or C{None} for silence."""
-    qtype: str
-    """A bounded metric label for the question's type."""
-    rcode: str
-    """The response code as text (C{"none"} when silent)."""
-    malformed: bool
-    """The packet was not a well-formed query."""
-
-
-def qtypeLabel(rdtype: dns.rdatatype.RdataType) -> str:
-    """The metric label for C{rdtype}: its mnemonic if common, else C{other}."""
-    text = dns.rdatatype.to_text(rdtype)
-    return text if text in QTYPE_LABELS else OTHER_QTYPE
-
-
-def headerOnly(data: bytes, rcode: int) -> bytes:
-    """
-    A response with no sections to the query whose header starts C{data}.
-
-    The ID, opcode, RD and CD are copied; QR and C{rcode} are set.
-    """
-    flags = _QR | ((data[2] << 8) & 0x7900) | (data[3] & _CD) | (rcode & 0xF)
-    return data[:2] + struct.pack("!HHHHH", flags, 0, 0, 0, 0)
 
 
 class Responder:
@@ -143,12 +130,34 @@ class Responder:
         )
         self._ns = rrset("NS", str(apex))
         self._glue = [self._a] if self._aaaa is None else [self._a, self._aaaa]
+        apexAnswers = {dns.rdatatype.A, dns.rdatatype.ANY}
+        apexAnswers |= {dns.rdatatype.SOA, dns.rdatatype.NS}
+        if self._aaaa is not None:
+            apexAnswers.add(dns.rdatatype.AAAA)
+        soa = self._soa[0]
+        self.quick = QuickAnswers(
+            apex,
+            ttl,
+            (soa.serial, soa.refresh, soa.retry, soa.expire, soa.minimum),
+            frozenset(int(t) for t in apexAnswers),
+            minimumUdpPayload,
+        ).answer
         self._preEncode()
+
+    def respond(self, data: bytes, *, udp: bool) -> Reply:
+        """
+        Decide the reply to C{data}, received over UDP if C{udp}: from the
+        query's bytes when L{QuickAnswers} can, else by the general path.
+        """
+        reply = self.quick(data, udp)
+        if reply is not None:
+            return reply
+        return self.general(data, udp=udp)
 
     # -- general path -----------------------------------------------------
 
-    def respond(self, data: bytes, *, udp: bool) -> Reply:
-        """Decide the reply to C{data}, received over UDP if C{udp}."""
+    def general(self, data: bytes, *, udp: bool) -> Reply:
+        """Decide the reply to C{data} by parsing it with dnspython."""
         if len(data) < HEADER or data[2] & 0x80:
             return Reply(None, NO_QTYPE, NO_QTYPE, True)
         if (data[2] >> 3) & 0xF != dns.opcode.QUERY:
@@ -257,16 +266,16 @@ class Responder:
         self._ednsAnswer: list[bytes] = []
         for bits in (0x00, 0x01, 0x10, 0x11):
             flags = bytes([bits & 0x01, bits & 0x10])
-            reply = self.respond(plain[:2] + flags + plain[4:], udp=True).wire
+            reply = self.general(plain[:2] + flags + plain[4:], udp=True).wire
             assert reply is not None
             self._plainHead[bits] = reply[2:HEADER]
             self._plainAnswer = reply[self._qEnd :]
-            reply = self.respond(edns[:2] + flags + edns[4:], udp=True).wire
+            reply = self.general(edns[:2] + flags + edns[4:], udp=True).wire
             assert reply is not None
             self._ednsHead[bits] = reply[2:HEADER]
         for do in (0x00, 0x80):
             query = edns[:-4] + bytes([do]) + edns[-3:]
-            reply = self.respond(query, udp=True).wire
+            reply = self.general(query, udp=True).wire
             assert reply is not None
             self._ednsAnswer.append(reply[self._qEnd :])
         if len(self._ednsAnswer[0]) + self._qEnd > self._minimumUdp:

@@ -1,6 +1,10 @@
 """
 The DNS fallback responder as a Twisted service: UDP and TCP on one port [A5].
 
+Responses over UDP are rate limited per source prefix when C{rateLimit} is
+enabled (L{fleetd.dns.ratelimit}); TCP connections are capped in total and
+per source.
+
 The topology given at construction was validated at start-up [A1];
 L{DNSService.reloadTopology} (SIGHUP) swaps in a new one, or keeps the old
 answers and logs why when the new file is bad.
@@ -24,10 +28,21 @@ from twisted.internet.interfaces import (
 )
 from twisted.logger import Logger
 
-from fleetd.config import ConfigError, Topology
+from fleetd.config import ConfigError, DNSRateLimit, Topology
 from fleetd.dns.metrics import DNSMetrics
 from fleetd.dns.protocol import DNSDatagramProtocol, DNSStreamFactory
+from fleetd.dns.ratelimit import ResponseRateLimiter
 from fleetd.dns.responder import Responder
+
+UDP_READ_BYTES = 1024
+"""
+At most this many bytes of datagrams are read in one reactor turn: some 30
+queries, half a millisecond or so. Twisted's default is 256 KiB, some 8,000
+queries, a tenth of a second and more of one turn under a flood, during
+which the boot listener waits. Beyond it the reactor serves the other
+listeners first, and when a flood outruns fleetd the kernel drops the
+excess from the socket buffer, which costs fleetd nothing.
+"""
 
 
 def portNumber(port: IListeningPort) -> int:
@@ -43,6 +58,9 @@ class DNSService(Service):
 
     With C{port} 0 the TCP listener takes the port UDP got when it is free,
     else another; C{udpPort} and C{tcpPort} tell which.
+
+    @param clock: the rate limiter's and the TCP idle timers' clock; the
+        reactor when not given.
     """
 
     log = Logger()
@@ -60,17 +78,26 @@ class DNSService(Service):
         maxConnections: int = 256,
         idleTimeout: float = 10.0,
         maxMessage: int = 4096,
+        maxConnectionsPerSource: int | None = None,
+        rateLimit: DNSRateLimit | None = None,
+        clock: IReactorTime | None = None,
     ) -> None:
         self._udpReactor = reactor
         self._tcpReactor = IReactorTCP(reactor)
-        self._clock = IReactorTime(reactor)
+        self._clock = IReactorTime(reactor) if clock is None else clock
         self._port = port
         self._interface = interface
         self._ttl = ttl
         self._loader = topologyLoader
         metrics = DNSMetrics(registry)
         self.responder = self._responderFor(topology)
-        self._udp = DNSDatagramProtocol(self.responder, metrics.forTransport("udp"))
+        rateLimit = DNSRateLimit() if rateLimit is None else rateLimit
+        self.limiter = (
+            ResponseRateLimiter(rateLimit, self._clock) if rateLimit.enabled else None
+        )
+        self._udp = DNSDatagramProtocol(
+            self.responder, metrics.forTransport("udp"), self.limiter
+        )
         self._tcp = DNSStreamFactory(
             self.responder,
             metrics.forTransport("tcp"),
@@ -78,6 +105,7 @@ class DNSService(Service):
             maxConnections=maxConnections,
             idleTimeout=idleTimeout,
             maxMessage=maxMessage,
+            maxPerSource=maxConnectionsPerSource,
         )
         self.udpPort: IListeningPort | None = None
         self.tcpPort: IListeningPort | None = None
@@ -94,6 +122,8 @@ class DNSService(Service):
         udpPort = self._udpReactor.listenUDP(
             self._port, self._udp, interface=self._interface, maxPacketSize=8192
         )
+        if hasattr(udpPort, "maxThroughput"):
+            udpPort.maxThroughput = UDP_READ_BYTES
         try:
             tcpPort = self._tcpReactor.listenTCP(
                 portNumber(udpPort), self._tcp, interface=self._interface
