@@ -8,6 +8,7 @@ from typing import Any, cast
 
 from twisted.internet import reactor
 from twisted.internet.defer import DeferredList, ensureDeferred
+from twisted.internet.interfaces import IReactorFromThreads
 from twisted.trial.unittest import TestCase
 
 from fleetd.store.db import Database
@@ -18,7 +19,7 @@ class GroupCommitTests(TestCase):
     def setUp(self) -> None:
         self.db = Database.open(Path(self.mktemp()) / "db.sqlite3")
         self.db.execute("CREATE TABLE t (n INTEGER NOT NULL)")
-        self.runner = DatabaseRunner(cast(Any, reactor), self.db)
+        self.runner = DatabaseRunner(cast(IReactorFromThreads, reactor), self.db)
         self.runner.start()
         self.addCleanup(self.runner.stop)
 
@@ -82,7 +83,7 @@ class GroupCommitTests(TestCase):
 class StopOrderTests(TestCase):
     async def _order(self) -> None:
         db = Database.open(Path(self.mktemp()) / "db.sqlite3")
-        runner = DatabaseRunner(cast(Any, reactor), db)
+        runner = DatabaseRunner(cast(IReactorFromThreads, reactor), db)
         runner.start()
         order: list[str] = []
         gate = threading.Event()

@@ -8,10 +8,10 @@ import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorFromThreads
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.store import (
@@ -286,7 +286,7 @@ class DatabaseRunnerTests(TestCase):
 
     def setUp(self) -> None:
         self.db = Database.open(Path(self.mktemp()) / "db.sqlite3")
-        theReactor: Any = reactor
+        theReactor: IReactorFromThreads = reactor  # type: ignore[assignment]
         self.runner = DatabaseRunner(theReactor, self.db)
         self.runner.start()
         self.addCleanup(self.runner.stop)

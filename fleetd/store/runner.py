@@ -13,25 +13,13 @@ from typing import Any, Protocol, TypeVar
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IReactorFromThreads
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 from fleetd.store.db import Database, StoreError
 
 _T = TypeVar("_T")
-
-
-class _Reactor(Protocol):
-    """What the runner needs of the reactor (the real one is both)."""
-
-    def callFromThread(
-        self, callable: Callable[..., Any], *args: object, **kwargs: object
-    ) -> None: ...
-
-    def callLater(
-        self, delay: float, callable: Callable[..., Any], *args: object, **kw: object
-    ) -> IDelayedCall: ...
 
 
 class IRunner(Protocol):
@@ -46,21 +34,18 @@ class DatabaseRunner:
     Run database calls on one dedicated thread named C{fleetd-db}, with
     group commit.
 
-    Calls queue up while the thread is busy, and calls made in the same
-    reactor turn are handed over together (the hand-over waits for the end
-    of the turn: a thread switch each way costs more than the work of a
-    small call); the next batch runs them all, in submission order, in one
-    write transaction (each call's own transaction a savepoint) and fires
-    their Deferreds only after the single commit. Under load a boot storm's
-    many small durable writes share one hand-over and one fsync.
+    Calls queue up while the thread is busy; the next batch runs them all,
+    in submission order, in one write transaction (each call's own
+    transaction a savepoint) and fires their Deferreds only after the single
+    commit. Under load a boot storm's many small durable writes share one
+    fsync; when idle a call runs at once, alone.
     """
 
     maxBatch = 256
 
-    def __init__(self, reactor: _Reactor, db: Database) -> None:
+    def __init__(self, reactor: IReactorFromThreads, db: Database) -> None:
         self._reactor = reactor
         self._db = db
-        self._handover: IDelayedCall | None = None
         self._pool = ThreadPool(minthreads=1, maxthreads=1, name="fleetd-db")
         self._queue: list[tuple[Callable[[Database], Any], Deferred[Any]]] = []
         self._inflight: tuple[list[Any], list[tuple[bool, Any]]] | None = None
@@ -79,9 +64,6 @@ class DatabaseRunner:
         if self._stopped:
             return
         self._stopped = True
-        if self._handover is not None and self._handover.active():
-            self._handover.cancel()
-        self._handover = None
         self._pool.stop()  # the batch in flight completes...
         if self._inflight is not None:  # ...and reports before anything later
             batch, outcomes = self._inflight
@@ -101,14 +83,9 @@ class DatabaseRunner:
             return fail(StoreError("database runner is stopped"))
         d: Deferred[_T] = Deferred()
         self._queue.append((f, d))
-        if not self._busy and self._handover is None:
-            self._handover = self._reactor.callLater(0, self._handOver)
-        return d
-
-    def _handOver(self) -> None:
-        self._handover = None
         if not self._busy:
             self._next()
+        return d
 
     def _next(self) -> None:
         if self._stopped or not self._queue:
