@@ -137,6 +137,11 @@ class ChainMonitorTests(SynchronousTestCase):
     def value(self, name: str) -> float | None:
         return self.registry.get_sample_value(name)
 
+    def test_noVerdictBeforeFirstCheck(self) -> None:
+        """[J2] Before anything was verified, no series claims intact or broken."""
+        self.assertIsNone(self.value("fleetd_journal_chain_ok"))
+        self.assertIsNone(self.value("fleetd_journal_verified_timestamp_seconds"))
+
     def test_verifiedAtStart(self) -> None:
         """[J2] Starting verifies at once and exposes the result."""
         self.monitor.startService()

@@ -192,6 +192,33 @@ class ConfigResourceTests(SynchronousTestCase):
         self.assertEqual(self.fleet.fetch(run.code)[0], Outcome.CONSUMED)
         self.assertEqual(self.fleet.clock.getDelayedCalls(), [])
 
+    def test_pipelinedBehindDelivery_dropped(self) -> None:
+        """
+        [C1] Requests pipelined behind a delivery are not answered: their
+        answers would sit in fleetd's buffers after the body, so a client
+        that read the body, stopped reading and reset would look like it
+        never got it, and the run would be deliverable twice.
+        """
+        run = self.provision()
+        uuid = self.fleet.registry.identity("w1")
+        assert uuid is not None
+        transport = KernelTransport(peerAddress=PEER)
+        channel = self.site.buildProtocol(PEER)
+        channel.makeConnection(transport)
+        path = configPath(run.code, uuid[0], "SER1").encode()
+        head = b"HEAD /config HTTP/1.1\r\nHost: x\r\n\r\n"
+        channel.dataReceived(
+            b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n" + head * 200
+        )
+        self.assertEqual(transport.value().count(b"HTTP/1.1 "), 1)
+        self.assertIn(b"connection: close", transport.value().lower())
+        transport.toKernel()  # the client read everything that was sent
+        self.fleet.clock.advance(0.5)
+        transport.disconnected = True  # then reset
+        channel.connectionLost(Failure(ConnectionLost()))
+        self.fleet.clock.advance(1.0)
+        self.assertEqual(self.fleet.fetch(run.code)[0], Outcome.CONSUMED)
+
     def test_nextRequest_settlesHandoverFirst(self) -> None:
         """
         [C1] A request arriving after the operating system took the body

@@ -31,11 +31,14 @@ class FaultyJournal(Journal):
     """The real journal, refusing every append while C{failing} is set."""
 
     failing: Exception | None = None
+    onlyEvents: frozenset[str] | None = None  # fail only changes with these
 
     def appendMany(
         self, db: Database, entries: Sequence[Any], *, at: float
     ) -> list[JournalEntry]:
-        if self.failing is not None:
+        if self.failing is not None and (
+            self.onlyEvents is None or any(e.event in self.onlyEvents for e in entries)
+        ):
             raise self.failing
         return super().appendMany(db, entries, at=at)
 
@@ -182,7 +185,9 @@ class InventoryFaultTests(SynchronousTestCase):
         """[J1] An entry the journal refuses as malformed also stops the change."""
         entry = Entry("device.added", actor="owner:Jane Doe", device="w1")
         d = self.fleet.inventory.add(device("w1"), journal=[entry])
-        self.failureResultOf(d, ValueError)
+        failure = self.failureResultOf(d, InventoryError)
+        self.assertEqual(failure.value.kind, "invalid")
+        self.assertIn("journal refused", str(failure.value))
         self.assertEqual(self.successResultOf(self.fleet.inventory.list()), [])
 
     def test_add_recordedTogether(self) -> None:
@@ -301,3 +306,141 @@ class ProvisionHTTPFaultTests(SynchronousTestCase):
         self.assertIn("nothing changed", body)
         self.assertIsNone(fleet.registry.readyRun("w1"))
         self.assertEqual(fleet.vault.names(), [])
+
+
+class ReviewFaultTests(SynchronousTestCase):
+    """Races and leftovers a review found in the [J1] rework."""
+
+    def setUp(self) -> None:
+        self.fleet = Fleet(self)
+        self.fleet.add(device("w1", "SER1"))
+        (self.old,) = self.fleet.provision(device("w1", "SER1"))
+        self.faults = Faults(self.fleet)
+
+    def failDeliveries(self) -> None:
+        self.faults.journal.onlyEvents = frozenset({"run.delivered"})
+        self.faults.journal.failing = StoreError("disk I/O error")
+
+    def supersedeInDatabaseOnly(self) -> None:
+        """A provision that committed ahead of a record, in the same batch."""
+        from fleetd.runs.store import RunRecord, insertRuns
+
+        newer = RunRecord("r-00000000000000ff", "w1", "d" * 64, 5.0)
+        self.successResultOf(self.fleet.runner.run(lambda db: insertRuns(db, [newer])))
+
+    def delivered(self, run: str) -> list[Any]:
+        entries = self.successResultOf(self.fleet.journal.query(run=run))
+        return [e for e in entries if e.event == "run.delivered"]
+
+    def test_record_afterSupersedeInSameBatch_notReleased(self) -> None:
+        """
+        [J1] A delivery recorded after a provision that superseded its run
+        committed (same group commit) is journaled as superseded and
+        releases nothing: the device stays planned for the newer run.
+        """
+        self.failDeliveries()
+        self.assertEqual(self.fleet.fetch(self.old.code)[0], Outcome.DELIVER)
+        self.supersedeInDatabaseOnly()
+        self.faults.clear()
+        self.fleet.clock.advance(1.0)
+        (entry,) = self.delivered(self.old.run)
+        self.assertIs(entry.fields["superseded"], True)
+        self.assertNotIn("run.released", self.fleet.events("w1"))
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.PLANNED)
+        self.flushLoggedErrors()
+
+    def test_requestNote_afterSupersede_noStoredAlert(self) -> None:
+        """[V6] [J1] A note racing a recovery provision stores no alert row."""
+        from fleetd.runs.alerts import loadAlerts
+
+        self.fleet.fetch(self.old.code)
+        self.supersedeInDatabaseOnly()
+        self.assertEqual(self.fleet.fetch(self.old.code)[0], Outcome.CONSUMED)
+        rows = self.successResultOf(self.fleet.runner.run(loadAlerts))
+        self.assertEqual(rows, [])
+        self.assertNotIn("config.refetched", self.fleet.events("w1"))
+
+    def test_supersede_keepsMarkUntilDeliveryRecorded(self) -> None:
+        """
+        [J1] Superseding a consumed run whose delivery is not yet recorded
+        keeps its served mark until the record commits, then removes it.
+        """
+        self.failDeliveries()
+        self.fleet.fetch(self.old.code)
+        (new,) = self.fleet.provision(device("w1", "SER1"))
+        self.assertIn(servedName(self.old.run), self.fleet.vault.names())
+        self.assertNotIn(configName(self.old.run), self.fleet.vault.names())
+        self.faults.clear()
+        self.fleet.clock.advance(1.0)
+        self.assertEqual(self.fleet.vault.names(), [configName(new.run)])
+        (entry,) = self.delivered(self.old.run)
+        self.assertIs(entry.fields["superseded"], True)
+        self.flushLoggedErrors()
+
+    def test_strayMarkAtStart_recordedThenRemoved(self) -> None:
+        """
+        [J1] [C1] fleetd stopped after a provision superseded a delivered run
+        whose record had not committed: the next start records the delivery
+        (as superseded) before the mark's file goes.
+        """
+        self.failDeliveries()
+        self.fleet.fetch(self.old.code)
+        (new,) = self.fleet.provision(device("w1", "SER1"))
+        self.fleet.restart()  # the faulty journal goes with the old process
+        (entry,) = self.delivered(self.old.run)
+        self.assertIs(entry.fields["superseded"], True)
+        self.assertEqual(self.fleet.vault.names(), [configName(new.run)])
+        self.fleet.restart()
+        self.assertEqual(len(self.delivered(self.old.run)), 1)
+        self.flushLoggedErrors()
+
+    def test_configVanished_lostNotAbortedLoop(self) -> None:
+        """
+        [V4] A configuration that leaves the vault while fleetd runs makes
+        the run lost (with its alert), not "aborted" on every request.
+        """
+        self.fleet.vault.delete(configName(self.old.run))
+        for _ in range(3):
+            self.assertEqual(self.fleet.fetch(self.old.code)[0], Outcome.LOST)
+        self.assertTrue(self.fleet.alerts.active(MISSING, "w1"))
+        events = self.fleet.events("w1")
+        self.assertEqual(events.count("config.missing"), 1)
+        self.assertNotIn("run.delivery-aborted", events)
+        self.assertNotIn(servedName(self.old.run), self.fleet.vault.names())
+
+    def test_abortedDeliveries_journalThrottled(self) -> None:
+        """
+        Whoever holds a code can abort deliveries at will: one
+        run.delivery-aborted entry per run per 10 minutes, with a count.
+        """
+        for _ in range(3):
+            self.fleet.fetch(self.old.code, complete=False)
+        self.fleet.clock.advance(600)
+        self.fleet.fetch(self.old.code, complete=False)
+        entries = self.successResultOf(self.fleet.journal.query(run=self.old.run))
+        aborted = [e for e in entries if e.event == "run.delivery-aborted"]
+        self.assertEqual([e.fields["aborts"] for e in aborted], ["1", "3"])
+
+    def test_provision_journalRefusesEntry_400OneLine(self) -> None:
+        """[J1] An entry the journal refuses is one clear 400 line, not a 500."""
+        from fleetd.runs.render import TemplateRenderer
+        from fleetd.runs.resource import ProvisionResource
+        from fleetd.store.journal import JournalRefused
+        from tests.support import REPO
+
+        self.faults.journal.failing = JournalRefused("field looks like a secret")
+        resource = ProvisionResource(
+            self.fleet.registry,
+            self.fleet.inventory,
+            TemplateRenderer(REPO / "conf" / "templates"),
+            self.fleet.journal,
+            ownerName=lambda request: "jane",
+        )
+        request: Any = DummyRequest([])
+        request.method = b"POST"
+        request.content = io.BytesIO(b'{"devices": ["w1"]}')
+        resource.render(request)
+        body = b"".join(request.written).decode()
+        self.assertEqual((request.responseCode, body.count("\n")), (400, 1), body)
+        self.assertIn("the journal refused", body)
+        self.assertEqual(self.fleet.registry.readyRun("w1"), self.old.run)

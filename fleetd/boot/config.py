@@ -312,8 +312,14 @@ class ConfigResource(resource.Resource):
         request.setHeader(b"content-type", YAML)
         request.setHeader(b"cache-control", b"no-store")
         request.setHeader(b"content-length", b"%d" % (len(body),))
-
+        # The connection ends with this response: requests pipelined behind
+        # it are dropped unanswered, so nothing written after the body can
+        # sit in fleetd's buffers and make a delivered body look unsent [C1].
+        request.setHeader(b"connection", b"close")
         channel = getattr(request, "channel", None)
+        if channel is not None:
+            channel.persistent = False
+
         transport = getattr(channel, "transport", None)
 
         def settle(complete: bool) -> None:

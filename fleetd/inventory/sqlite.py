@@ -30,7 +30,7 @@ from fleetd.inventory.model import (
     validateToken,
 )
 from fleetd.store.db import Database, StoreError
-from fleetd.store.journal import AsyncJournal, Entry, Recorder
+from fleetd.store.journal import AsyncJournal, Entry, JournalRefused, Recorder
 from fleetd.store.runner import IRunner
 
 _T = TypeVar("_T")
@@ -158,6 +158,9 @@ def _translate(failure: Failure) -> Failure:
     """Report database trouble as C{"unavailable"}; pass our own errors on."""
     if failure.check(InventoryError):
         return failure
+    if failure.check(JournalRefused):
+        reason = failure.getErrorMessage()
+        return Failure(InventoryError(f"the journal refused it: {reason}", "invalid"))
     if failure.check(sqlite3.IntegrityError):
         # The checks above run in the same write transaction, so this is
         # a constraint they do not know about.

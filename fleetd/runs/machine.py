@@ -3,7 +3,7 @@ The delivery lifecycle of one run, as an automat state machine [C1].
 
     ready --request--> delivering --sent--> consumed
       ^                    |
-      +--aborted/markFailed+
+      +--aborted/markFailed+--configVanished--> lost
 
 C{request} in C{ready} writes the served-config mark to the vault before
 it returns L{Outcome.DELIVER}, so the mark is in place (tmpfs) before the
@@ -60,6 +60,9 @@ class RunInputs(Protocol):
 
     def markFailed(self) -> None:
         "The served mark could not be written; nothing was sent."
+
+    def configVanished(self, peer: str) -> None:
+        "The vault no longer holds the configuration (tmpfs emptied under us)."
 
     def supersede(self) -> None:
         "The owner provisioned the device again."
@@ -139,6 +142,14 @@ def _aborted(inputs: RunInputs, effects: RunEffects) -> None:
 @delivering.upon(RunInputs.markFailed).to(ready)
 def _markFailed(inputs: RunInputs, effects: RunEffects) -> None:
     effects.dropMark()
+
+
+@delivering.upon(RunInputs.configVanished).to(lost)
+def _vanished(inputs: RunInputs, effects: RunEffects, peer: str) -> None:
+    # Nothing was sent: the mark goes, and the run is lost like after a
+    # reboot [V4], with its alert, instead of aborting on every request.
+    effects.dropMark()
+    effects.noteMissing(peer)
 
 
 @consumed.upon(RunInputs.request).loop()

@@ -20,6 +20,7 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter
 from twisted.internet.defer import Deferred, DeferredLock
@@ -43,6 +44,7 @@ from fleetd.runs.releaser import Releaser
 from fleetd.runs.store import (
     RunRecord,
     insertRuns,
+    isSuperseded,
     latestRun,
     loadRuns,
     noteRun,
@@ -53,6 +55,7 @@ from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
 from fleetd.vault import IVault, VaultError
 
+ABORT_JOURNAL_EVERY = 600.0
 _RUN_FILE = re.compile(r"^(r-[0-9a-f]{16})\.(yaml|served)$")
 
 
@@ -84,6 +87,8 @@ class _Run(RunEffects):
         self.record = record
         self.servedPeer = ""  # who holds the served mark: the journal names them
         self._served: ServedRecord | None = None  # the mark as written
+        self._aborts = 0
+        self._abortJournaledAt = float("-inf")
         self.machine: RunInputs = RunMachine(self)
 
     @property
@@ -117,7 +122,19 @@ class _Run(RunEffects):
 
     def withdrawServed(self) -> None:
         self.vault.delete(servedName(self.record.id))
-        self.registry.journalEvent("run.delivery-aborted", self, peer=self.servedPeer)
+        self._served = None
+        # Anyone holding a code can abort deliveries at will: one entry per
+        # run per ABORT_JOURNAL_EVERY seconds, counting the ones between.
+        self._aborts += 1
+        now = self.registry.clock.seconds()
+        if now - self._abortJournaledAt >= ABORT_JOURNAL_EVERY:
+            self.registry.journalEvent(
+                "run.delivery-aborted",
+                self,
+                peer=self.servedPeer,
+                aborts=str(self._aborts),
+            )
+            self._aborts, self._abortJournaledAt = 0, now
 
     def delivered(self) -> None:
         # Never served again: once the delivery is recorded, the secret
@@ -145,8 +162,11 @@ class _Run(RunEffects):
         self.vault.delete(configName(self.record.id))
 
     def dropAll(self) -> None:
-        self.registry.releaser.supersede(self.record.id)
-        self.dropFiles()
+        self.dropConfig()
+        # A delivery not yet recorded keeps its served mark until it is
+        # (J1: files go only after the commit that retires them).
+        if not self.registry.releaser.supersede(self.record.id, self.dropFiles):
+            self.dropFiles()
 
     def dropFiles(self) -> None:
         self.vault.delete(configName(self.record.id))
@@ -163,6 +183,23 @@ class _Run(RunEffects):
             served_at=float(doc.get("served_at", self.registry.clock.seconds())),
             peer=str(doc.get("peer", self.servedPeer)),
         )
+
+
+def _readServed(vault: IVault, run: str) -> ServedRecord | None:
+    """The served record a mark in the vault holds, if it is readable."""
+    raw = vault.get(servedName(run))
+    try:
+        doc = json.loads(raw) if raw else None
+        if not isinstance(doc, dict):
+            return None
+        return ServedRecord(
+            run=run,
+            device=str(doc["device"]),
+            served_at=float(doc["served_at"]),
+            peer=str(doc.get("peer", "")),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 class NotReady(Exception):
@@ -246,6 +283,7 @@ class RunRegistry:
                 run.machine.restoreReady()
             else:
                 run.machine.restoreLost()
+        self._recordStrayMarks(names)
         self._dropOrphans(names)
         self.loaded = True
         self.log.info(
@@ -253,6 +291,31 @@ class RunRegistry:
             runs=len(self._runs),
             ready=sum(1 for r in self._current.values() if r.machine.deliverable()),
         )
+
+    def _recordStrayMarks(self, names: set[str]) -> None:
+        """
+        Served marks of runs that are no longer current: fleetd stopped
+        after the provision that superseded them committed, before their
+        delivery was recorded. Record them (as superseded, released to
+        nobody) before their files go.
+        """
+        for name in sorted(names):
+            match = _RUN_FILE.match(name)
+            if match is None or match.group(2) != "served":
+                continue
+            run = match.group(1)
+            if run in self._runs:
+                continue
+            served = _readServed(self.vault, run)
+            if served is None:
+                continue
+            names.discard(name)
+            self.releaser.release(
+                served,
+                superseded=True,
+                recovering=True,
+                onRecorded=partial(self.vault.delete, name),
+            )
 
     def _dropOrphans(self, names: Iterable[str]) -> None:
         """
@@ -453,7 +516,7 @@ class RunRegistry:
             return outcome, None
         body = self.vault.get(configName(run.record.id))
         if body is None:  # the vault lost it under us
-            run.machine.aborted()
+            run.machine.configVanished(peer)
             return Outcome.LOST, None
         return outcome, body
 
@@ -497,6 +560,8 @@ class RunRegistry:
         self._noting.add((run.record.id, note))
 
         def change(db: Database, journal: Recorder) -> None:
+            if isSuperseded(db, run.record.id):
+                return  # the recovery provision committed first: no alert
             storeAlert(db, device, kind, self.clock.seconds())
             if first:
                 noteRun(db, run.record.id, note)

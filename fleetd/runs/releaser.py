@@ -28,6 +28,7 @@ from fleetd.inventory.model import (
     InventoryError,
     ServedRecord,
 )
+from fleetd.runs.store import isSuperseded
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder
 
@@ -88,11 +89,18 @@ class Releaser:
         self._pending[record.run] = _Pending(record, superseded, onRecorded, recovering)
         self._attempt(record.run, FIRST_DELAY)
 
-    def supersede(self, run: str) -> None:
-        """C{run} was superseded: record its delivery, release nothing."""
+    def supersede(self, run: str, onRecorded: Callable[[], None]) -> bool:
+        """
+        C{run} was superseded: if its delivery is still to be recorded,
+        record it as superseded (release nothing), then call C{onRecorded}
+        instead of what was asked before. Whether one was pending.
+        """
         pending = self._pending.get(run)
-        if pending is not None:
-            pending.superseded = True
+        if pending is None:
+            return False
+        pending.superseded = True
+        pending.onRecorded = onRecorded
+        return True
 
     def _attempt(self, run: str, delay: float) -> None:
         self._timers.pop(run, None)
@@ -111,8 +119,11 @@ class Releaser:
         served = pending.record
         if pending.recovering and _alreadyRecorded(db, served.run):
             return
+        # The database decides, not the flag: a provision may have committed
+        # ahead of this record in the same batch.
+        superseded = pending.superseded or isSuperseded(db, served.run)
         fields: dict[str, str | bool] = {"peer": served.peer}
-        if pending.superseded:
+        if superseded:
             fields["superseded"] = True
         record(
             "run.delivered",
@@ -121,7 +132,7 @@ class Releaser:
             run=served.run,
             fields=fields,
         )
-        if pending.superseded:
+        if superseded:
             return
         try:
             self._inventory.releaseIn(db, served)

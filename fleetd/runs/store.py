@@ -121,3 +121,9 @@ def noteRun(db: Database, run: str, note: str) -> None:
     if note not in _NOTE:
         raise ValueError(f"unknown note {note!r}")
     db.execute(_NOTE[note], (run,))
+
+
+def isSuperseded(db: Database, run: str) -> bool:
+    """Whether a newer run of C{run}'s device committed (maybe in this batch)."""
+    row = db.execute("SELECT superseded_by FROM runs WHERE id = ?", (run,)).fetchone()
+    return row is not None and row[0] is not None

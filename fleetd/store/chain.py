@@ -12,7 +12,11 @@ the last entry stops appends (and so every change [J1]).
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Gauge
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -42,23 +46,15 @@ class ChainMonitor(Service):
         self.interval = interval
         self._loop: LoopingCall | None = None
         self._broken: str | None = None
-        self.ok = Gauge(
-            "fleetd_journal_chain_ok",
-            "1 when the last verification found the journal chain intact, 0 when"
-            " it found a break (FleetJournalChainBroken).",
-            registry=registry,
-        )
-        self.entries = Gauge(
-            "fleetd_journal_verified_entries",
-            "Entries found intact, from the first, by the last verification.",
-            registry=registry,
-        )
-        self.checked = Gauge(
-            "fleetd_journal_verified_timestamp_seconds",
-            "When the journal chain was last verified.",
-            registry=registry,
-        )
-        self.ok.set(1)
+        self._verdict: JournalVerification | None = None
+        self._checkedAt: float | None = None
+        if registry is not None:
+            registry.register(_ChainCollector(self))
+
+    @property
+    def verdict(self) -> JournalVerification | None:
+        """The last verification's result; L{None} before the first."""
+        return self._verdict
 
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]
@@ -81,9 +77,8 @@ class ChainMonitor(Service):
         return d
 
     def _verified(self, result: JournalVerification) -> JournalVerification:
-        self.checked.set(self._clock.seconds())
-        self.entries.set(result.entries)
-        self.ok.set(1 if result.ok else 0)
+        self._verdict = result
+        self._checkedAt = self._clock.seconds()
         if not result.ok and result.problem != self._broken:
             self.log.error(
                 "journal.chain.broken {problem}; run 'fleetctl journal verify'",
@@ -104,3 +99,35 @@ class ChainMonitor(Service):
 
     def _loopFailed(self, failure: Failure) -> None:
         self.log.failure("journal.chain.loop-failed", failure=failure)
+
+
+class _ChainCollector(Collector):
+    """
+    The chain's metrics; nothing before the first verification, so no
+    series claims "intact" (or "broken") before anything was checked.
+    """
+
+    def __init__(self, monitor: ChainMonitor) -> None:
+        self._monitor = monitor
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        verdict, at = self._monitor._verdict, self._monitor._checkedAt
+        if verdict is None or at is None:
+            return
+        yield GaugeMetricFamily(
+            "fleetd_journal_chain_ok",
+            "1 when the last verification found the journal chain intact, 0 when"
+            " it found a break (FleetJournalChainBroken).",
+            value=1.0 if verdict.ok else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "fleetd_journal_verified_entries",
+            "Entries found intact, from the first, by the last verification.",
+            value=float(verdict.entries),
+        )
+        yield GaugeMetricFamily(
+            "fleetd_journal_verified_timestamp_seconds",
+            "When the journal chain was last verified (FleetJournalUnverified"
+            " when it is too long ago).",
+            value=at,
+        )

@@ -92,6 +92,11 @@ class JournalEntry:
         return result
 
 
+class JournalRefused(ValueError):
+    """The journal will not take an entry as given (a bad name, a field that
+    may be a secret): the change it belongs to does not happen."""
+
+
 @dataclass(frozen=True)
 class _Pending:
     """An entry checked by L{Journal.prepare}, waiting for its seq."""
@@ -214,12 +219,17 @@ class Journal:
         @raise ValueError: a name is malformed or a field may be a secret.
         """
         if not isinstance(event, str) or _EVENT.fullmatch(event) is None:
-            raise ValueError(f"bad journal event name {str(event)[:MAX_NAME]!r}")
+            raise JournalRefused(f"bad journal event name {str(event)[:MAX_NAME]!r}")
         if not isinstance(actor, str) or _ACTOR.fullmatch(actor) is None:
-            raise ValueError(f"bad journal actor {str(actor)[:MAX_NAME]!r}")
-        checkName("device", device)
-        checkName("run", run)
-        checked = checkFields(fields)
+            raise JournalRefused(f"bad journal actor {str(actor)[:MAX_NAME]!r}")
+        try:
+            checkName("device", device)
+            checkName("run", run)
+            checked = checkFields(fields)
+        except JournalRefused:
+            raise
+        except ValueError as e:
+            raise JournalRefused(str(e)) from e
         return _Pending(event, actor, device, run, checked, canonicalJSON(checked))
 
     def appendMany(
