@@ -163,6 +163,7 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
         self.assertNotEqual(first, second)
         status, body = await self.call("GET", "/config", bearer=token["access_token"])
         self.assertEqual(status, 200, body)
+        await self.events("run.delivered")  # recorded once the OS has the body
         entries = await self.journal()
         delivered = [e["run"] for e in entries if e["event"] == "run.delivered"]
         self.assertEqual(delivered, [second])
