@@ -72,6 +72,7 @@ class TLSFiles:
     cert: Path
     key: Path
     chain: Path | None = None
+    early_ca: Path | None = None  # CAs Talos trusts before its config [A5]
 
 
 @dataclass(frozen=True)
@@ -384,7 +385,12 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
                 "admin_max_body_bytes", 8 << 20, 1024, 256 << 20
             ),
         ),
-        tls=TLSFiles(tls.path("cert"), tls.path("key"), tls.optpath("chain")),
+        tls=TLSFiles(
+            tls.path("cert"),
+            tls.path("key"),
+            tls.optpath("chain"),
+            tls.optpath("early_ca"),
+        ),
         pki=PKIFiles(
             pki.path("issuer_cert"), pki.path("issuer_key"), pki.path("bundle")
         ),

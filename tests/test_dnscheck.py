@@ -41,24 +41,74 @@ NOW = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
 DEV_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "fleetd.dev.toml"
 
 
-def certificate(names: list[str], days: int) -> ssl.CertificateOptions:
-    """Server TLS options with a self-signed P-256 certificate for C{names}."""
+def _testCA() -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A private CA, standing for a site's early CA (or any private one)."""
     key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dns-check test CA")])
     cert = (
         x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
+        .subject_name(name)
+        .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(NOW - datetime.timedelta(days=1))
+        .not_valid_before(datetime.datetime.now(datetime.UTC) - datetime.timedelta(1))
+        .not_valid_after(NOW + datetime.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+        )
+        .sign(key, hashes.SHA256())
+    )
+    return key, cert
+
+
+TEST_CA = _testCA()
+
+
+def certificate(
+    names: list[str], days: int, issued: bool = False
+) -> ssl.CertificateOptions:
+    """
+    Server TLS options with a P-256 certificate for C{names}: self-signed,
+    or C{issued} by L{TEST_CA}. Valid from yesterday (real time, which the
+    chain check uses) until C{days} after L{NOW} (the expiry check's clock).
+    """
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
+    caKey, caCert = TEST_CA
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(caCert.subject if issued else subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(datetime.datetime.now(datetime.UTC) - datetime.timedelta(1))
         .not_valid_after(NOW + datetime.timedelta(days=days, hours=1))
         .add_extension(
             x509.SubjectAlternativeName([x509.DNSName(n) for n in names]),
             critical=False,
         )
-        .sign(key, hashes.SHA256())
     )
+    if issued:
+        builder = builder.add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(caKey.public_key()),
+            critical=False,
+        )
+    cert = builder.sign(caKey if issued else key, hashes.SHA256())
     pem = cert.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
@@ -111,9 +161,15 @@ class Stage:
         self.ports.append(port)
         return portNumber(port)
 
-    def tls(self, names: list[str], days: int, alpn: list[bytes] | None = None) -> str:
+    def tls(
+        self,
+        names: list[str],
+        days: int,
+        alpn: list[bytes] | None = None,
+        issued: bool = True,
+    ) -> str:
         """A TLS listener on 127.0.0.1; its endpoint description."""
-        options = certificate(names, days)
+        options = certificate(names, days, issued)
         if alpn is not None:
             options = ssl.CertificateOptions(
                 privateKey=options.privateKey,
@@ -131,7 +187,11 @@ class Stage:
 
 
 def settingsFor(
-    anchors: tuple[Anchor, ...], dnsPort: int, boot: str, tink: str
+    anchors: tuple[Anchor, ...],
+    dnsPort: int,
+    boot: str,
+    tink: str,
+    earlyCA: Path | None = None,
 ) -> Settings:
     """The dev settings pointed at the stage; every anchor on loopback."""
     for a in anchors:
@@ -145,7 +205,8 @@ def settingsFor(
         dns_interface="127.0.0.1",
     )
     topology = Topology("10.20.0.5", "10.20.0.6", NAME, anchors)
-    return replace(settings, topology=topology, listen=listen)
+    tls = replace(settings.tls, early_ca=earlyCA)
+    return replace(settings, topology=topology, listen=listen, tls=tls)
 
 
 ANCHORS = (Anchor("anchor-a", "127.0.0.2"), Anchor("anchor-b", "127.0.0.3"))
@@ -160,6 +221,23 @@ class DNSCheckTests(TestCase):
         self.fallback = self.stage.dns("127.0.0.1", "10.20.0.6")
         self.boot = self.stage.tls([NAME], 365)
         self.tink = self.stage.tls([NAME], 365, alpn=[b"h2", b"http/1.1"])
+        self.earlyCA = Path(self.mktemp())
+        self.earlyCA.write_bytes(TEST_CA[1].public_bytes(serialization.Encoding.PEM))
+
+    def settings(
+        self,
+        anchors: tuple[Anchor, ...] = (),
+        boot: str | None = None,
+        tink: str | None = None,
+        earlyCA: bool = True,
+    ) -> Settings:
+        return settingsFor(
+            anchors,
+            self.fallback,
+            boot or self.boot,
+            tink or self.tink,
+            self.earlyCA if earlyCA else None,
+        )
 
     async def check(
         self,
@@ -192,11 +270,10 @@ class DNSCheckTests(TestCase):
             "anchor-a": self.stage.dns("127.0.0.2", "10.20.0.6"),
             "anchor-b": self.stage.dns("127.0.0.3", "10.20.0.6"),
         }
-        settings = settingsFor(ANCHORS, self.fallback, self.boot, self.tink)
-        code, out = await self.check(settings, ports)
+        code, out = await self.check(self.settings(ANCHORS), ports)
         lines = out.splitlines()
         self.assertEqual(code, 0, out)
-        self.assertEqual(len(lines), 5)
+        self.assertEqual(len(lines), 7)
         self.assertEqual(
             lines[0],
             f"OK dns anchor-a 127.0.0.2:{ports['anchor-a']}: A {NAME} = 10.20.0.6",
@@ -210,8 +287,14 @@ class DNSCheckTests(TestCase):
             f"OK tls boot 127.0.0.1:{bootPort}: "
             f"certificate covers {NAME}, 365 days left",
         )
-        self.assertTrue(lines[4].startswith("OK tls tink "), lines[4])
-        self.assertTrue(lines[4].endswith("365 days left, ALPN h2"), lines[4])
+        self.assertEqual(
+            lines[4],
+            f"OK chain boot 127.0.0.1:{bootPort}: chains to certifi's roots"
+            " and tls.early_ca",
+        )
+        self.assertTrue(lines[5].startswith("OK tls tink "), lines[5])
+        self.assertTrue(lines[5].endswith("365 days left, ALPN h2"), lines[5])
+        self.assertTrue(lines[6].startswith("OK chain tink "), lines[6])
 
     async def test_wrongAndSilent(self) -> None:
         """A wrong answer and a silent anchor are both reported; exit 1 [A5]."""
@@ -219,8 +302,7 @@ class DNSCheckTests(TestCase):
             "anchor-a": self.stage.dns("127.0.0.2", "10.9.9.9"),
             "anchor-b": self.stage.silent("127.0.0.3"),
         }
-        settings = settingsFor(ANCHORS, self.fallback, self.boot, self.tink)
-        code, out = await self.check(settings, ports)
+        code, out = await self.check(self.settings(ANCHORS), ports)
         lines = out.splitlines()
         self.assertEqual(code, 1, out)
         self.assertEqual(
@@ -237,14 +319,20 @@ class DNSCheckTests(TestCase):
     async def test_json(self) -> None:
         """--json prints one object with every check [A5]."""
         ports = {"anchor-a": self.stage.silent("127.0.0.2")}
-        settings = settingsFor(ANCHORS[:1], self.fallback, self.boot, self.tink)
-        code, out = await self.check(settings, ports, jsonOutput=True)
+        code, out = await self.check(self.settings(ANCHORS[:1]), ports, True)
         document = json.loads(out)
         self.assertEqual(code, 1)
         self.assertFalse(document["ok"])
         self.assertEqual(
             [(c["check"], c["ok"]) for c in document["checks"]],
-            [("dns", False), ("dns", True), ("tls", True), ("tls", True)],
+            [
+                ("dns", False),
+                ("dns", True),
+                ("tls", True),
+                ("chain", True),
+                ("tls", True),
+                ("chain", True),
+            ],
         )
         self.assertEqual(document["checks"][0]["detail"], "timeout after 1.0s")
         self.assertEqual(
@@ -254,8 +342,7 @@ class DNSCheckTests(TestCase):
     async def test_certificateNotCovering(self) -> None:
         """A certificate for another name fails the TLS check [A5]."""
         boot = self.stage.tls(["other.example"], 365)
-        settings = settingsFor((), self.fallback, boot, self.tink)
-        code, out = await self.check(settings, {})
+        code, out = await self.check(self.settings(boot=boot), {})
         self.assertEqual(code, 1)
         self.assertIn(
             f"FAIL tls boot 127.0.0.1:{boot.split(':')[1]}: "
@@ -265,21 +352,58 @@ class DNSCheckTests(TestCase):
 
     async def test_certificateExpiring(self) -> None:
         """A certificate with too few days left fails the TLS check [A5]."""
-        settings = settingsFor((), self.fallback, self.boot, self.tink)
-        code, out = await self.check(settings, {}, minDays=366)
+        code, out = await self.check(self.settings(), {}, minDays=366)
         self.assertEqual(code, 1)
         self.assertIn("365 days left (--min-days 366)", out)
 
     async def test_tinkWithoutALPN(self) -> None:
         """The Tink listener must select ALPN h2 [A5]."""
         tink = self.stage.tls([NAME], 365, alpn=[b"http/1.1"])
-        settings = settingsFor((), self.fallback, self.boot, tink)
-        code, out = await self.check(settings, {})
+        code, out = await self.check(self.settings(tink=tink), {})
         self.assertEqual(code, 1)
         self.assertRegex(
-            out.splitlines()[-1],
+            out.splitlines()[-2],
             r"^FAIL tls tink .*: TLS handshake failed \(ALPN h2 offered\)",
         )
+
+    async def test_selfSigned_failsChain(self) -> None:
+        """
+        [A5] A self-signed certificate that covers the name still fails:
+        Talos trusts only its bundled roots before it has a configuration.
+        """
+        boot = self.stage.tls([NAME], 365, issued=False)
+        code, out = await self.check(self.settings(boot=boot), {})
+        self.assertEqual(code, 1)
+        port = boot.split(":")[1]
+        lines = out.splitlines()
+        self.assertIn(f"OK tls boot 127.0.0.1:{port}: certificate covers {NAME},"
+                      " 365 days left", lines)  # fmt: skip
+        chain = [line for line in lines if line.startswith("FAIL chain boot")]
+        self.assertEqual(len(chain), 1, out)
+        self.assertIn("does not chain to certifi's roots and tls.early_ca", chain[0])
+
+    async def test_privateCA_withoutEarlyCA_failsChain(self) -> None:
+        """
+        [A5] A privately issued certificate fails unless the site names its
+        CA as an early CA (tls.early_ca): with it, the same listener passes.
+        """
+        code, out = await self.check(self.settings(earlyCA=False), {})
+        self.assertEqual(code, 1)
+        failed = [line for line in out.splitlines() if line.startswith("FAIL")]
+        self.assertEqual(len(failed), 2, out)
+        self.assertTrue(all(" chain " in line for line in failed), out)
+        self.assertIn("does not chain to certifi's roots:", failed[0])
+        code, out = await self.check(self.settings(), {})
+        self.assertEqual(code, 0, out)
+
+    async def test_chainsButNameNotCovered_failsName(self) -> None:
+        """[A5] A certificate that chains but covers another name fails."""
+        boot = self.stage.tls(["other.example"], 365)
+        code, out = await self.check(self.settings(boot=boot), {})
+        self.assertEqual(code, 1)
+        lines = out.splitlines()
+        self.assertTrue(any(line.startswith("FAIL tls boot") for line in lines))
+        self.assertTrue(any(line.startswith("OK chain boot") for line in lines))
 
     async def test_nothingListening(self) -> None:
         """A listener that is down fails with the reason [A5]."""

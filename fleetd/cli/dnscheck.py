@@ -9,7 +9,12 @@ Checks, one line each [A5]:
     SPORE_BOOTSTRAP_IP [A1], and fleetd's must be authoritative;
   - C{tls}: the boot listener and the Tink listener (offering ALPN h2, which
     it must select) must present a certificate that covers the enrollment
-    name (service-identity) and has more than C{--min-days} days left.
+    name (service-identity) and has more than C{--min-days} days left;
+  - C{chain}: that certificate, with the intermediates the listener sends,
+    must chain to a root Talos trusts before it has a configuration: the
+    Mozilla roots as C{certifi} ships them (what Talos bundles), plus the
+    site's C{tls.early_ca}. A self-signed or privately issued certificate
+    fails, as it would for a node.
 
 Synchronous: a command-line client, never run on fleetd's reactor.
 """
@@ -25,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import IO
 
+import certifi
 import dns.exception
 import dns.flags
 import dns.message
@@ -214,6 +220,65 @@ def checkTLS(
     return Check("tls", target, True, detail)
 
 
+def trustContext(earlyCA: str | None = None) -> ssl.SSLContext:
+    """A client context trusting what Talos trusts before its config [A5]."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = False  # the name is the C{tls} check's business
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_verify_locations(cafile=certifi.where())
+    if earlyCA is not None:
+        context.load_verify_locations(cafile=earlyCA)
+    return context
+
+
+def checkChain(
+    label: str,
+    description: str,
+    name: str,
+    *,
+    timeout: float,
+    earlyCA: str | None = None,
+    alpn: str | None = None,
+) -> Check:
+    """
+    Connect again, verifying the chain the listener sends against certifi's
+    roots and the site's early CAs: a node does no less before it has a
+    configuration.
+    """
+    try:
+        where = endpointAddress(description)
+    except (ValueError, IndexError) as e:
+        return Check("chain", label, False, f"bad endpoint {description!r}: {e}")
+    target = f"{label} {where if isinstance(where, str) else _hostPort(*where)}"
+    try:
+        context = trustContext(earlyCA)
+    except (OSError, ssl.SSLError) as e:
+        return Check("chain", target, False, f"cannot load tls.early_ca: {e}")
+    if alpn is not None:
+        context.set_alpn_protocols([alpn])
+    roots = "certifi's roots" + (" and tls.early_ca" if earlyCA else "")
+    try:
+        if isinstance(where, str):
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            raw.settimeout(timeout)
+            raw.connect(where)
+        else:
+            raw = socket.create_connection(where, timeout=timeout)
+        with raw, context.wrap_socket(raw, server_hostname=name):
+            pass
+    except ssl.SSLCertVerificationError as e:
+        reason = e.verify_message or e.reason or str(e)
+        return Check("chain", target, False, f"does not chain to {roots}: {reason}")
+    except TimeoutError:
+        return Check("chain", target, False, f"timeout after {timeout}s")
+    except ssl.SSLError as e:
+        return Check("chain", target, False, f"TLS handshake failed: {e.reason or e}")
+    except OSError as e:
+        return Check("chain", target, False, f"cannot connect: {e.strerror or e}")
+    return Check("chain", target, True, f"chains to {roots}")
+
+
 def _dnsNames(certificate: x509.Certificate) -> list[str]:
     try:
         extensions = certificate.extensions
@@ -261,6 +326,7 @@ def dnsCheck(
         )
     )
     now = clock()
+    earlyCA = settings.tls.early_ca
     for label, description, alpn in (
         ("boot", settings.listen.boot, None),
         ("tink", settings.listen.tink, "h2"),
@@ -273,6 +339,16 @@ def dnsCheck(
                 timeout=timeout,
                 minDays=minDays,
                 now=now,
+                alpn=alpn,
+            )
+        )
+        checks.append(
+            checkChain(
+                label,
+                description,
+                name,
+                timeout=timeout,
+                earlyCA=None if earlyCA is None else str(earlyCA),
                 alpn=alpn,
             )
         )
