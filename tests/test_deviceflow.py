@@ -547,6 +547,45 @@ class ApproveTests(FlowTestCase):
         self.assertEqual(self.poll(document["device_code"]).status, 200)
 
 
+class ExpiryWhileDecidingTests(FlowTestCase):
+    def test_expiresWhileApprovalRecorded_noToken(self) -> None:
+        """
+        [J1] [F2] A request that expires while its approval's entry is being
+        written never yields a token: the owner hears it expired, the node
+        gets expired_token, and the journal says so.
+        """
+        document = self.request()
+        self.journal.hold = True
+        approving = Deferred.fromCoroutine(
+            self.flow.approve(document["user_code"], "w1", "alice")
+        )
+        self.clock.advance(601)  # past the request's 600 s lifetime
+        self.flow.sweep()
+        self.journal.hold = False
+        while self.journal.held:
+            self.journal.held.pop().callback(None)
+        error = self.failureResultOf(approving).value
+        self.assertIsInstance(error, DeviceFlowError)
+        self.assertEqual(error.kind, "expired")
+        for _ in range(3):
+            self.assertError(self.poll(document["device_code"]), "expired_token")
+            self.clock.advance(5)
+        self.assertEqual(self.flow._tokens, {})
+        self.assertEqual(self.events(), ["deviceflow.approved", "deviceflow.expired"])
+
+    def test_expiresWhileDenialFails_staysExpired(self) -> None:
+        """A decision that fails after the lifetime ended leaves it expired."""
+        document = self.request()
+        self.journal.hold = True
+        denying = Deferred.fromCoroutine(self.flow.deny(document["user_code"], "al"))
+        self.clock.advance(601)
+        self.flow.sweep()
+        self.journal.hold = False
+        self.journal.held.pop().errback(OSError("disk full"))
+        self.assertEqual(self.failureResultOf(denying).value.kind, "not-recorded")
+        self.assertError(self.poll(document["device_code"]), "expired_token")
+
+
 class MachineTests(SynchronousTestCase):
     def test_settlingStatesIgnoreExpiry(self) -> None:
         """

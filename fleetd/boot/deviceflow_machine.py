@@ -19,7 +19,10 @@ first poll after an approval moves to C{issuing} and gets
 L{Outcome.ISSUE}: the caller journals the token before it hands it out,
 then says C{issued} (or C{notIssued}, and the next poll tries again).
 C{deciding} and C{issuing} ignore C{expire}: an entry being written
-settles first, and the next sweep expires what it left approved.
+settles first. The sweep has by then taken the request out of the live
+queue, so whoever settles a decision checks the request's lifetime and
+says C{expire} when it is over: an approval recorded too late never
+yields a token.
 """
 
 from __future__ import annotations

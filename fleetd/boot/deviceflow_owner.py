@@ -104,6 +104,12 @@ class Decisions:
         await self._record(held, "deviceflow.approved", owner, device, fields)
         held.machine.approved(grant)
         held.device, held.decided_by = device, owner
+        if await self._expiredMeanwhile(held, owner):
+            raise DeviceFlowError(
+                "expired",
+                f"request {held.id} expired while the approval was recorded;"
+                " the node must start the device flow again",
+            )
         self.log.info(
             "deviceflow.approved {request} {device} {owner} forced={forced}",
             request=held.id,
@@ -119,10 +125,35 @@ class Decisions:
         await self._record(held, "deviceflow.denied", owner, None, {})
         held.machine.denied()
         held.decided_by = owner
+        await self._expiredMeanwhile(held, owner)
         self.log.info(
             "deviceflow.denied {request} {owner}", request=held.id, owner=owner
         )
         return held.view()
+
+    async def _expiredMeanwhile(self, held: Held, owner: str) -> bool:
+        """
+        The request's lifetime ended while its decision was being recorded
+        (the sweep passed it by while it was C{deciding}): expire it now, so
+        no token is ever issued for it, and say so in the journal.
+        """
+        if self._clock.seconds() < held.expires_at:
+            return False
+        held.machine.expire()
+        try:
+            await self._journal.append(
+                "deviceflow.expired",
+                actor="fleetd",
+                device=held.device,
+                fields={"request": held.id, "after": "decision"},
+            )
+        except Exception as e:  # the request is expired either way
+            self.log.error(
+                "deviceflow.expiry-not-recorded {request} {reason}",
+                request=held.id,
+                reason=str(e)[:200],
+            )
+        return True
 
     def _approval(
         self, held: Held, device: str, accept: frozenset[str]
@@ -188,6 +219,8 @@ class Decisions:
             )
         except Exception as e:
             held.machine.undecided()
+            if self._clock.seconds() >= held.expires_at:
+                held.machine.expire()  # the sweep passed it by while deciding
             self.log.error(
                 "deviceflow.decision-not-recorded {request} {reason}",
                 request=held.id,
