@@ -784,6 +784,7 @@ class Spy:
                 *("taskset", "-c", "1", str(binary), "record", "--pid", str(pid)),
                 *("--rate", "500", "--format", "raw", "--threads"),
                 *("--nonblocking", "-o", str(out)),
+                *(("--gil",) if os.environ.get("SPY_GIL") else ()),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

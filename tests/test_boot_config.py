@@ -219,6 +219,28 @@ class ConfigResourceTests(SynchronousTestCase):
         self.fleet.clock.advance(1.0)
         self.assertEqual(self.fleet.fetch(run.code)[0], Outcome.CONSUMED)
 
+    def test_unsentBytes_countsTheSocketBufferOnce(self) -> None:
+        """
+        [C1] Protocol wrappers forward attribute lookups to their transport:
+        the socket's buffer is counted once, whatever wraps it.
+        """
+        from twisted.internet.protocol import Protocol
+        from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+
+        from fleetd.boot.handover import connectionGone, unsentBytes
+
+        bottom = KernelTransport(peerAddress=PEER)
+        bottom.write(b"x" * 100)
+        outer = ProtocolWrapper(WrappingFactory(None), Protocol())
+        inner = ProtocolWrapper(WrappingFactory(None), outer)
+        inner.makeConnection(bottom)  # bottom <- inner <- outer <- protocol
+        self.assertEqual(unsentBytes(outer), 100)
+        bottom.toKernel()
+        self.assertEqual(unsentBytes(outer), 0)
+        self.assertFalse(connectionGone(outer))
+        bottom.disconnected = True
+        self.assertTrue(connectionGone(outer))
+
     def test_nextRequest_settlesHandoverFirst(self) -> None:
         """
         [C1] A request arriving after the operating system took the body

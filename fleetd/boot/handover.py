@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.protocols.policies import ProtocolWrapper
+from twisted.protocols.tls import TLSMemoryBIOProtocol
 
 FIRST_WAIT = 0.0
 MAX_WAIT = 1.0
@@ -24,36 +26,43 @@ _MAX_DEPTH = 8
 
 
 def _stack(transport: object) -> list[object]:
-    """C{transport} and the transports it wraps (limit wrapper, TLS, TCP)."""
+    """
+    C{transport} and the transports it wraps (limit wrapper, TLS, TCP).
+    Read from each layer's own attributes: a L{ProtocolWrapper} forwards
+    unknown attribute lookups to its transport, which would count the TCP
+    buffer once per layer (and raise and catch on every miss).
+    """
     layers: list[object] = []
     while transport is not None and len(layers) < _MAX_DEPTH:
         layers.append(transport)
-        transport = getattr(transport, "transport", None)
+        transport = getattr(transport, "__dict__", {}).get("transport")
     return layers
 
 
 def unsentBytes(transport: object) -> int:
     """
     How many bytes written to C{transport} are still in fleetd's buffers:
-    TLS application data held back (C{_appSendBuffer}, before the handshake
-    ends) and what the TCP transport has not written to its socket.
+    TLS application data held back (before the handshake ends) and what
+    the TCP transport has not written to its socket.
     """
     total = 0
     for layer in _stack(transport):
-        pending = getattr(layer, "_appSendBuffer", None)
-        if pending:
-            total += sum(len(chunk) for chunk in pending)
-        data = getattr(layer, "dataBuffer", None)
-        if isinstance(data, bytes):
-            total += len(data) - int(getattr(layer, "offset", 0))
-            total += int(getattr(layer, "_tempDataLen", 0))
+        if isinstance(layer, TLSMemoryBIOProtocol):
+            total += sum(len(chunk) for chunk in layer._appSendBuffer)
+        elif not isinstance(layer, ProtocolWrapper):  # the socket's transport
+            data = getattr(layer, "dataBuffer", None)
+            if isinstance(data, bytes):
+                total += len(data) - int(getattr(layer, "offset", 0))
+                total += int(getattr(layer, "_tempDataLen", 0))
     return total
 
 
 def connectionGone(transport: object) -> bool:
     """Whether the socket under C{transport} has been closed."""
     return any(
-        bool(getattr(layer, "disconnected", False)) for layer in _stack(transport)
+        not isinstance(layer, ProtocolWrapper)
+        and bool(getattr(layer, "disconnected", False))
+        for layer in _stack(transport)
     )
 
 
