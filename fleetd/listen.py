@@ -24,10 +24,12 @@ from twisted.internet.interfaces import (
     IListeningPort,
     IReactorTime,
 )
+from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.protocols import policies
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
+from zope.interface import directlyProvides, providedBy
 
 from fleetd.boot.ratelimit import sourceKey
 from fleetd.config import ConfigError, TLSFiles
@@ -133,6 +135,9 @@ def loadTLSOptions(
     )
 
 
+_PROVIDES: dict[type, Any] = {}
+
+
 class _LimitedProtocol(policies.ProtocolWrapper):
     """
     Drops the connection after C{idleTimeout} seconds without a byte either
@@ -150,7 +155,21 @@ class _LimitedProtocol(policies.ProtocolWrapper):
         clock = self.factory.clock
         self._active = clock.seconds()
         self._timer = clock.callLater(self.factory.idleTimeout, self._idle)
-        super().makeConnection(transport)
+        # ProtocolWrapper.makeConnection, except that the declaration "this
+        # wrapper provides what its transport provides" is built once per
+        # transport class, not once per connection (zope's Provides objects
+        # are shared by design).
+        kind = type(transport)
+        provides = _PROVIDES.get(kind)
+        if provides is None:
+            directlyProvides(self, providedBy(transport))
+            _PROVIDES[kind] = getattr(self, "__provides__")  # noqa: B009
+        else:
+            self.__provides__ = provides
+        Protocol.makeConnection(self, transport)
+        self.factory.registerProtocol(self)
+        wrapped: Any = self.wrappedProtocol
+        wrapped.makeConnection(self)
 
     def _idle(self) -> None:
         self._timer = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import ssl
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet import reactor
 from twisted.internet.address import IPv4Address, IPv6Address
@@ -96,6 +96,29 @@ class LimitedFactoryTests(SynchronousTestCase):
         self.clock.advance(2)
         self.assertTrue(transport.disconnecting)
         proto.connectionLost(None)  # type: ignore[attr-defined]
+
+    def test_wrapperProvidesTransportInterfaces(self) -> None:
+        """
+        The limit wrapper still looks like its transport (what TLS and HTTP
+        adapt it to), connection after connection and per transport class,
+        though the declaration is built once per class.
+        """
+        from twisted.internet.interfaces import IPushProducer, ITCPTransport
+        from zope.interface import implementer
+
+        @implementer(ITCPTransport)  # declared only: the wrapper copies declarations
+        class TCPish(StringTransport):  # type: ignore[misc]
+            pass
+
+        for _ in range(2):
+            proto, _ = self.connect()
+            self.assertTrue(IPushProducer.providedBy(proto))
+            self.assertFalse(ITCPTransport.providedBy(proto))
+            tcp = self.factory.buildProtocol(ADDR)
+            tcp.makeConnection(TCPish())
+            self.assertTrue(ITCPTransport.providedBy(tcp))
+            for p in (proto, tcp):
+                cast(Any, p).connectionLost(None)
 
     def test_connectionLost_cancelsTimer(self) -> None:
         """Whoever arms the idle timer cancels it when the connection ends."""
