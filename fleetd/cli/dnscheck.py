@@ -152,6 +152,16 @@ def endpointAddress(description: str) -> tuple[str, int] | str:
     return _ANY.get(interface, interface), port
 
 
+def _connect(where: str | tuple[str, int], timeout: float) -> socket.socket:
+    """A connected socket to a listener's address (a unix path or host:port)."""
+    if isinstance(where, str):
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        raw.settimeout(timeout)
+        raw.connect(where)
+        return raw
+    return socket.create_connection(where, timeout=timeout)
+
+
 def checkTLS(
     label: str,
     description: str,
@@ -176,12 +186,7 @@ def checkTLS(
     if alpn is not None:
         context.set_alpn_protocols([alpn])
     try:
-        if isinstance(where, str):
-            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            raw.settimeout(timeout)
-            raw.connect(where)
-        else:
-            raw = socket.create_connection(where, timeout=timeout)
+        raw = _connect(where, timeout)
         with raw, context.wrap_socket(raw, server_hostname=name) as tls:
             der = tls.getpeercert(binary_form=True)
             selected = tls.selected_alpn_protocol()
@@ -259,12 +264,7 @@ def checkChain(
         context.set_alpn_protocols([alpn])
     roots = "certifi's roots" + (" and tls.early_ca" if earlyCA else "")
     try:
-        if isinstance(where, str):
-            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            raw.settimeout(timeout)
-            raw.connect(where)
-        else:
-            raw = socket.create_connection(where, timeout=timeout)
+        raw = _connect(where, timeout)
         with raw, context.wrap_socket(raw, server_hostname=name):
             pass
     except ssl.SSLCertVerificationError as e:
