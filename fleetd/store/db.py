@@ -186,13 +186,16 @@ class Database:
 
     def _migrate(self, migrations: Sequence[tuple[int, str]]) -> None:
         current = self.userVersion
-        known = len(migrations)
+        known = max((number for number, _ in migrations), default=0)
         if current > known:
             raise StoreError(
                 f"database {self.path} has schema version {current}; "
                 f"this fleetd knows up to {known}"
             )
-        for number, sql in migrations[current:]:
+        # Numbered, not positional: each subsystem owns its migration numbers.
+        for number, sql in sorted(migrations):
+            if number <= current:
+                continue
             # executescript() would commit an open transaction, so the
             # script carries its own; user_version changes inside it.
             script = f"BEGIN IMMEDIATE;\n{sql}\n;PRAGMA user_version = {number};"
