@@ -37,6 +37,8 @@ from fleetd.boot.deviceflow_resource import deviceCodeResource, tokenResource
 from fleetd.boot.ratelimit import RateLimiter
 from fleetd.boot.resource import bootRoot
 from fleetd.config import loadTopology
+from fleetd.device.disks import NodeDisksResource
+from fleetd.device.identity import Identify, unidentified
 from fleetd.device.resource import deviceRoot
 from fleetd.dns.service import DNSService
 from fleetd.inventory.model import IInventory
@@ -56,6 +58,9 @@ from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.store.keys import deriveKey
 from fleetd.store.runner import DatabaseRunner, RunnerService
 from fleetd.tink.listener import TinkListenerFactory
+from fleetd.trust.disks import DiskService
+from fleetd.trust.resource import BindingsResource, EvidenceResource
+from fleetd.trust.service import TrustService
 from fleetd.web import BoundedSite
 
 
@@ -118,13 +123,31 @@ class FleetdService(MultiService):
         self.adminAPI[b"provision"] = ProvisionResource(
             self.runs, self.inventory, renderer, self.journal
         )
+        self.trust = TrustService(self.runner, self.journal, self.inventory, reactor)
+        self.adminAPI[b"evidence"] = EvidenceResource(self.trust, self._inThread)
+        self.adminAPI[b"bindings"] = BindingsResource(self.trust)
+        self.disks = DiskService(self.runner, self.journal, reactor)
+        # Children of /v1/node/ on the device listener; who calls is decided
+        # by identifyNode (the LDevID identification replaces unidentified).
+        self.identifyNode: Identify = unidentified
+        self.nodeAPI: dict[bytes, Resource] = {
+            b"disks": NodeDisksResource(self.disks, self._identifyNode)
+        }
         self.status = StatusService(
-            self.inventory, self.runs, self.alerts, self.journal
+            self.inventory,
+            self.runs,
+            self.alerts,
+            self.journal,
+            trust=self.trust,
+            disks=self.disks,
         )
         self.adminAPI[b"status"] = StatusResource(self.status)
         self.listeners: dict[str, ListenerService] = {}
         self._loading: Deferred[None] | None = None
         self._buildListeners()
+
+    def _identifyNode(self, request: Any) -> Any:
+        return self.identifyNode(request)
 
     def _inThread(self, work: Callable[[bytes], Any], data: bytes) -> Deferred[Any]:
         """Run blocking C{work(data)} in the reactor's thread pool."""
@@ -202,7 +225,7 @@ class FleetdService(MultiService):
                 token=tokenResource(self.deviceFlow),
             ),
         )
-        self._web("device", deviceRoot())
+        self._web("device", deviceRoot(self.nodeAPI))
         admin = adminRoot(
             clock=self.reactor,
             registry=self.registry,

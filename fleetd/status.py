@@ -10,12 +10,16 @@ the admin API, the owner console and the rack simulator share it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetd.inventory.model import Device, DeviceStatus, IInventory
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry, RunView
 from fleetd.store.journal import AsyncJournal, JournalEntry
+
+if TYPE_CHECKING:
+    from fleetd.trust.disks import DiskReportView, DiskService
+    from fleetd.trust.service import TrustService, TrustState
 
 REFUSED_CLASSES = frozenset({"worker-g2"})
 RECENT_ENTRIES = 10
@@ -31,6 +35,8 @@ class DeviceReport:
     journal: list[JournalEntry]
     state: str
     recovery: str | None
+    trust: TrustState | None = None
+    disks: DiskReportView | None = None
 
     def toJSON(self) -> dict[str, Any]:
         run = None
@@ -38,6 +44,8 @@ class DeviceReport:
             run = {**self.run.record.toJSON(), "state": self.run.state}
         return {
             "device": self.device.toJSON(),
+            "trust": None if self.trust is None else self.trust.toJSON(),
+            "disks": None if self.disks is None else self.disks.toJSON(),
             "run": run,
             "alerts": list(self.alerts),
             "journal": [entry.toJSON() for entry in self.journal],
@@ -102,11 +110,16 @@ class StatusService:
         registry: RunRegistry,
         alerts: AlertTracker,
         journal: AsyncJournal,
+        *,
+        trust: TrustService | None = None,
+        disks: DiskService | None = None,
     ) -> None:
         self._inventory = inventory
         self._registry = registry
         self._alerts = alerts
         self._journal = journal
+        self._trust = trust
+        self._disks = disks
 
     async def report(self, name: str) -> DeviceReport | None:
         """C{name}'s report, or L{None} when no such device exists."""
@@ -117,4 +130,12 @@ class StatusService:
         alerts = self._alerts.openFor(device.name)
         entries = await self._journal.latest(device=device.name, limit=RECENT_ENTRIES)
         state, recovery = assess(device, run, alerts)
-        return DeviceReport(device, run, alerts, entries, state, recovery)
+        trust = (
+            None if self._trust is None else await self._trust.stateFor(device.serial)
+        )
+        disks = (
+            None if self._disks is None else await self._disks.lastReport(device.name)
+        )
+        return DeviceReport(
+            device, run, alerts, entries, state, recovery, trust=trust, disks=disks
+        )

@@ -166,6 +166,8 @@ class Health(Endpoint):
 
 # Changes (paths below /v1/admin/) whose body is CSV; all others take JSON.
 CSV_CHANGES = frozenset({b"devices/import", b"evidence/import"})
+# Imports that take either: a supplier's manifest comes as CSV or JSON.
+CSV_OR_JSON = frozenset({b"evidence/import"})
 READS = frozenset({b"GET", b"HEAD"})
 
 
@@ -174,7 +176,8 @@ class OwnerGate(resource.Resource):
     Let only owners past this point; everyone else gets a 403 line [O1].
 
     Changes (any method but GET and HEAD) must then carry the body type
-    their path takes, C{application/json} or (imports) C{text/csv}, in
+    their path takes, C{application/json} or (imports) C{text/csv} (the
+    evidence import takes either), in
     UTF-8: anything else (a browser's C{text/plain} or form encodings) is
     a 415, so a page in the owner's browser cannot forge one. A JSON body
     that is not JSON, or names a key twice, is a 400 [O3]. All of this is
@@ -194,7 +197,10 @@ class OwnerGate(resource.Resource):
             return Refusal(http.FORBIDDEN, checked.refusal)
         if request.method not in READS:
             below = b"/".join([path, *request.postpath]).rstrip(b"/")
-            refusal = _checkBody(request, csv=below in CSV_CHANGES)
+            csv = below in CSV_CHANGES
+            if below in CSV_OR_JSON and _mediaType(request)[0] != "text/csv":
+                csv = False
+            refusal = _checkBody(request, csv=csv)
             if refusal is not None:
                 return refusal
         child: resource.Resource = self._inner.getChildWithDefault(path, request)

@@ -111,7 +111,60 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         CREATE INDEX runs_current ON runs (superseded_by, device);
         """,
     ),
-    # New migrations go here as (5, "..."), ...: append only,
+    (
+        5,
+        # Machine trust (fleetd.trust): evidence tying chassis serials to EK
+        # digests, and the owner's approved EK bindings [T1].  Evidence is
+        # withdrawn, never deleted; serials compare case-insensitively.
+        """
+        CREATE TABLE evidence (
+            id INTEGER PRIMARY KEY,
+            serial TEXT NOT NULL COLLATE NOCASE,
+            ek_sha256 TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            ref TEXT,
+            recorded_at REAL NOT NULL,
+            recorded_by TEXT NOT NULL,
+            withdrawn_at REAL,
+            withdrawn_by TEXT,
+            withdrawn_reason TEXT
+        ) STRICT;
+        CREATE INDEX evidence_by_serial ON evidence (serial, id);
+        CREATE INDEX evidence_by_ek ON evidence (ek_sha256, id);
+        CREATE TABLE ek_bindings (
+            serial TEXT PRIMARY KEY COLLATE NOCASE,
+            ek_sha256 TEXT NOT NULL UNIQUE,
+            device TEXT NOT NULL,
+            evidence INTEGER NOT NULL REFERENCES evidence (id),
+            approved_at REAL NOT NULL,
+            approved_by TEXT NOT NULL
+        ) STRICT;
+        """,
+    ),
+    (
+        6,
+        # Disk reports (fleetd.trust.disks) [D1]: each device's latest
+        # report, and one row per disk serial for the fleet-wide check.
+        """
+        CREATE TABLE disk_reports (
+            device TEXT PRIMARY KEY,
+            serial TEXT NOT NULL,
+            reported_at REAL NOT NULL,
+            verdict TEXT NOT NULL,
+            target TEXT,
+            disks TEXT NOT NULL
+        ) STRICT;
+        CREATE TABLE disk_serials (
+            serial TEXT NOT NULL COLLATE NOCASE,
+            device TEXT NOT NULL
+                REFERENCES disk_reports (device) ON DELETE CASCADE,
+            name TEXT NOT NULL,
+            PRIMARY KEY (device, name)
+        ) STRICT;
+        CREATE INDEX disk_serials_by_serial ON disk_serials (serial, device);
+        """,
+    ),
+    # New migrations go here as (7, "..."), ...: append only,
     # never edit or renumber one that has shipped.
 )
 """Schema migrations in order; C{PRAGMA user_version} records the last one."""
