@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import IO, Any
 
+from fleetd.cli import agent_disks
+
 COMMANDS = ("attest", "plan", "disks", "renew")
 NOT_AVAILABLE = 3
 
@@ -34,13 +36,15 @@ def buildParser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         command = sub.add_parser(name)
         if name == "disks":
-            command.add_argument("--from", dest="source", help="disk report JSON")
+            agent_disks.addArguments(command)
     return parser
 
 
 def main(argv: Sequence[str] | None = None, err: IO[str] | None = None) -> int:
     err = sys.stderr if err is None else err
     args = buildParser().parse_args(argv)
+    if args.command == "disks":
+        return agent_disks.run(args, err=err)
     err.write(
         f"fleetd-agent: {args.command}: not-available: this build has no"
         " machine-trust support yet\n"

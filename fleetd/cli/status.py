@@ -43,8 +43,49 @@ def cmdStatus(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int
     alerts = doc["alerts"]
     out.write(f"alerts:   {', '.join(alerts) if alerts else 'none'}\n")
     out.write(f"recovery: {doc['recovery'] or 'nothing to do'}\n")
+    for line in trustLines(doc.get("trust")) + diskLines(doc.get("disks")):
+        out.write(line + "\n")
     if doc["journal"]:
         out.write("journal:\n")
         for entry in doc["journal"]:
             out.write(f"  {formatEntry(entry)}\n")
     return 0
+
+
+def trustLines(trust: dict[str, Any] | None) -> list[str]:
+    """The binding and the evidence behind it, as C{fleetctl status} shows them."""
+    if trust is None:
+        return []
+    binding = trust["binding"]
+    if binding is None:
+        lines = ["binding:  none approved"]
+    else:
+        state = binding["state"]
+        if binding["problem"]:
+            state += f" ({binding['problem']})"
+        lines = [
+            f"binding:  {state}: EK {binding['ek_sha256']}"
+            f"  on evidence {binding['evidence']}  by {binding['approved_by']}"
+        ]
+    records = trust["evidence"]
+    if not records:
+        lines.append("evidence: none")
+    else:
+        lines.append("evidence:")
+        for r in records:
+            note = "" if r["independent"] else "  (cannot approve)"
+            if r["withdrawn"]:
+                note = f"  (withdrawn: {r['withdrawn']['reason']})"
+            ref = f"  ref {r['ref']}" if r["ref"] else ""
+            lines.append(f"  {r['id']:>5}  {r['kind']}  EK {r['ek_sha256']}{ref}{note}")
+    return lines
+
+
+def diskLines(disks: dict[str, Any] | None) -> list[str]:
+    """The device's last disk report [D1]."""
+    if disks is None:
+        return ["disks:    not reported"]
+    verdict = disks["verdict"]
+    if verdict == "ok":
+        verdict = f"ok, target disk serial {disks['target']}"
+    return [f"disks:    {len(disks['disks'])} reported; {verdict}"]

@@ -2,8 +2,10 @@
 Disk identity [D1]: check a node's disk report and name its target disk.
 
 The check trusts the serial each disk reports. A report is refused when
-a disk has no serial (C{disk-serial-missing}: it could be neither wiped
-nor installed safely), when two of its disks share a serial, or when one
+a non-removable disk has no serial (C{disk-serial-missing}: it could be
+neither wiped nor installed safely; a removable one without a serial, a
+BMC's virtual media say, is listed but never a target and never
+compared), when two of its disks share a serial, or when one
 of its serials is also in another device's latest report
 (C{duplicate-disk-serial}: clones, some USB bridges), and when no disk
 qualifies as the target (C{no-target-disk}). Otherwise the target is the
@@ -116,7 +118,7 @@ def judge(
     minBytes: int = MIN_TARGET_BYTES,
 ) -> DiskVerdict:
     """Check C{device}'s report against itself and the fleet's records."""
-    missing = [d.name for d in disks if d.serial is None]
+    missing = [d.name for d in disks if d.serial is None and not d.removable]
     if missing:
         return DiskVerdict(
             device,
@@ -128,7 +130,8 @@ def judge(
     seen: dict[str, str] = {}
     problems: list[str] = []
     for d in disks:
-        assert d.serial is not None
+        if d.serial is None:  # removable: never a target, never compared
+            continue
         key = d.serial.lower()
         if key in seen:
             problems.append(f"{seen[key]} and {d.name} both report serial {d.serial}")

@@ -1,0 +1,205 @@
+"""
+C{fleetd-agent disks}: report this node's disks to fleetd [D1].
+
+The disks come from sysfs (C{--sysfs-root}, default C{/sys}) or from
+C{--from FILE}, the same JSON the agent would send
+(L{fleetd.trust.disk_report}). From sysfs, every whole disk under
+C{block/} that has a C{device} link (so not loop, ram, zram, dm or md
+devices) and is not an optical drive is reported, with:
+
+  - serial: C{device/serial} (NVMe, most SCSI), else C{serial} (virtio),
+    else the unit serial VPD page C{device/vpd_pg80}; trimmed;
+  - WWN: C{wwid}, else C{device/wwid};
+  - size: C{size} (512-byte sectors) in bytes; C{removable}: the flag.
+
+Exit 0 with the target disk fleetd chose; otherwise one line on stderr
+naming the reason code (C{duplicate-disk-serial}, C{disk-serial-missing},
+C{no-target-disk}, ...) and exit 1; 2 when the local input is bad.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import ssl
+import sys
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from fleetd.trust.disk_report import (
+    Disk,
+    DiskReportError,
+    disk,
+    parseDiskReport,
+    reportJSON,
+)
+
+PATH = "/v1/node/disks"
+REFUSED = 1
+BAD_INPUT = 2
+_SKIPPED = ("loop", "ram", "zram", "dm-", "md", "sr", "fd", "nbd")
+
+# Send a JSON body to a path on the device listener: (status, body).
+Post = Callable[[str, bytes], tuple[int, bytes]]
+
+
+class AgentError(Exception):
+    def __init__(self, line: str, status: int = REFUSED) -> None:
+        super().__init__(line)
+        self.status = status
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _text(path: Path) -> str | None:
+    data = _read(path)
+    if data is None:
+        return None
+    text = data.decode("ascii", "replace").strip().strip("\x00").strip()
+    return text or None
+
+
+def _vpdSerial(path: Path) -> str | None:
+    """The serial in a unit serial number VPD page (0x80), if any."""
+    data = _read(path)
+    if data is None or len(data) < 4 or data[1] != 0x80:
+        return None
+    length = int.from_bytes(data[2:4], "big")
+    text = data[4 : 4 + length].decode("ascii", "replace").strip().strip("\x00")
+    return text.strip() or None
+
+
+def readSysfs(root: Path) -> list[Disk]:
+    """The whole disks under C{root}/block, as fleetd wants them reported."""
+    block = root / "block"
+    try:
+        names = sorted(entry.name for entry in block.iterdir())
+    except OSError as e:
+        raise AgentError(f"cannot read {block}: {e.strerror}", BAD_INPUT) from e
+    disks: list[Disk] = []
+    for name in names:
+        base = block / name
+        if name.startswith(_SKIPPED) or not (base / "device").exists():
+            continue
+        sectors = _text(base / "size")
+        serial = (
+            _text(base / "device" / "serial")
+            or _text(base / "serial")
+            or _vpdSerial(base / "device" / "vpd_pg80")
+        )
+        entry = {
+            "name": name,
+            "serial": serial,
+            "wwn": _text(base / "wwid") or _text(base / "device" / "wwid"),
+            "size": int(sectors) * 512 if sectors and sectors.isdigit() else 0,
+            "removable": _text(base / "removable") == "1",
+        }
+        try:
+            found = disk(entry, len(disks))
+        except DiskReportError as e:
+            raise AgentError(f"{name}: {e}", BAD_INPUT) from e
+        if found.size:  # an empty card reader or drive has nothing to install on
+            disks.append(found)
+    return disks
+
+
+def httpsPost(
+    server: str, ca: str | None, context: ssl.SSLContext | None = None
+) -> Post:
+    """
+    A L{Post} to C{server} (C{https://HOST:PORT}) verifying it against
+    C{ca}; C{context} may carry the node's LDevID client certificate.
+    """
+    url = urllib.parse.urlsplit(server)
+    if url.scheme != "https" or not url.hostname:
+        raise AgentError(
+            f"--server must be https://HOST:PORT, not {server!r}", BAD_INPUT
+        )
+    if context is None:
+        context = ssl.create_default_context(cafile=ca)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+
+    def post(path: str, body: bytes) -> tuple[int, bytes]:
+        conn = http.client.HTTPSConnection(
+            url.hostname or "", url.port or 8444, context=context, timeout=30
+        )
+        try:
+            conn.request(
+                "POST", path, body=body, headers={"content-type": "application/json"}
+            )
+            response = conn.getresponse()
+            return response.status, response.read(1 << 20)
+        except (OSError, http.client.HTTPException) as e:
+            raise AgentError(f"cannot reach fleetd at {server}: {e}") from e
+        finally:
+            conn.close()
+
+    return post
+
+
+def addArguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from", dest="source", help="disk report JSON to send")
+    parser.add_argument(
+        "--sysfs-root", default="/sys", help="where sysfs is mounted (tests)"
+    )
+
+
+def collect(args: argparse.Namespace) -> list[Disk]:
+    if args.source is None:
+        return readSysfs(Path(args.sysfs_root))
+    try:
+        raw = Path(args.source).read_bytes()
+    except OSError as e:
+        raise AgentError(f"cannot read {args.source}: {e.strerror}", BAD_INPUT) from e
+    try:
+        return parseDiskReport(raw)
+    except DiskReportError as e:
+        raise AgentError(f"{args.source}: {e}", BAD_INPUT) from e
+
+
+def report(disks: list[Disk], post: Post) -> dict[str, Any]:
+    """Send the report; return fleetd's verdict or raise its one line."""
+    body = json.dumps(reportJSON(disks)).encode("utf-8")
+    status, answer = post(PATH, body)
+    if status != 200:
+        lines = answer.decode("utf-8", "replace").strip().splitlines()
+        raise AgentError(f"fleetd refused ({status}): {lines[0] if lines else ''}")
+    try:
+        verdict: dict[str, Any] = json.loads(answer)
+    except ValueError as e:
+        raise AgentError("fleetd answered something that is not JSON") from e
+    return verdict
+
+
+def run(
+    args: argparse.Namespace,
+    post: Post | None = None,
+    out: IO[str] | None = None,
+    err: IO[str] | None = None,
+) -> int:
+    """The C{disks} command; C{post} defaults to HTTPS to C{--server}."""
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    try:
+        disks = collect(args)
+        verdict = report(disks, post or httpsPost(args.server, args.ca))
+    except AgentError as e:
+        err.write(f"fleetd-agent: disks: {e}\n")
+        return e.status
+    if args.json:
+        out.write(json.dumps(verdict, sort_keys=True) + "\n")
+    else:
+        target = verdict["target"]
+        out.write(
+            f"target disk serial {target['serial']} ({target['name']},"
+            f" {target['size']} bytes)\n"
+        )
+    return 0
