@@ -23,16 +23,16 @@ from fleetd.admin.resource import adminRoot
 from fleetd.cli import fleetctl
 from fleetd.inventory import SQLiteInventory
 from fleetd.inventory.resource import devicesResource
-from fleetd.store import AsyncJournal, Database, InlineRunner, Journal, StoreError
+from fleetd.store import AsyncJournal, Database, InlineRunner, StoreError
 from fleetd.trust.resource import BindingsResource, EvidenceResource
 from fleetd.trust.service import TrustService
 from fleetd.web import BoundedSite
+from tests import test_owner
 from tests.support import writeConfig
 from tests.test_daemon import DaemonTestMixin
 from tests.test_devices_api import inline
 from tests.test_inventory import UUID1, UUID2
 from tests.test_j1 import FaultyJournal
-from tests import test_owner
 from tests.test_owner import PKIMixin, issue
 
 EK1 = hashlib.sha256(b"ek-one").hexdigest()
@@ -164,7 +164,7 @@ class TrustAPITests(PKIMixin, SynchronousTestCase):
         self.assertEqual(status, 415)
 
     def test_approve_refusedThenApproved(self) -> None:
-        """[T1] A refusal is a 409 line with its code; then approval is 201, then 200."""
+        """[T1] A refusal is a 409 line with its code; approval 201, then 200."""
         self.post(
             "/v1/admin/evidence",
             {"serial": "SER1", "ek_sha256": EK1, "kind": "reported-serial"},
@@ -203,7 +203,7 @@ class TrustAPITests(PKIMixin, SynchronousTestCase):
         self.assertEqual(listed["evidence"], [])
 
     def test_journalFails_503NothingChanged(self) -> None:
-        """[J1] When the journal refuses, the owner gets one 503 line; nothing stored."""
+        """[J1] The journal refuses: one 503 line for the owner; nothing stored."""
         self.chain.failing = StoreError("journal head is not authentic")
         status, line = self.post(
             "/v1/admin/evidence",
@@ -250,15 +250,14 @@ class TrustCommandTests(DaemonTestMixin, TestCase):
                 self.directory, {"owner": {"server": f"https://localhost:{port}"}}
             )
         )
-        await self.fleetctl(
-            "device", "add", "w1", "--serial", "SER1", "--uuid", UUID1, "--class", "worker-g3"
-        )  # fmt: skip
-        await self.fleetctl(
-            "device", "add", "w2", "--serial", "SER2", "--uuid", UUID2, "--class", "worker-g3"
-        )  # fmt: skip
+        for name, serial, uuid in (("w1", "SER1", UUID1), ("w2", "SER2", UUID2)):
+            await self.fleetctl(
+                *f"device add {name} --serial {serial} --uuid {uuid}".split(),
+                *"--class worker-g3".split(),
+            )
         code, out, err = await self.fleetctl(
-            "evidence", "add", "--serial", "SER1", "--ek-sha256", EK1, "--kind", "console"
-        )  # fmt: skip
+            *f"evidence add --serial SER1 --ek-sha256 {EK1} --kind console".split()
+        )
         self.assertEqual(code, 0, err)
         self.assertIn("can never approve", out)
         code, out, err = await self.fleetctl("binding", "approve", "SER1")
