@@ -43,7 +43,7 @@ DEVICE = {"name": "w1", "serial": "SER1", "uuid": UUID1, "class": "worker-g3"}
 class TrustAPITests(PKIMixin, SynchronousTestCase):
     """/v1/admin/evidence and /v1/admin/bindings behind the owner gate."""
 
-    send = test_owner.GateTests.send
+    send: Any = test_owner.GateTests.send
 
     def setUp(self) -> None:
         self.makePKI()
