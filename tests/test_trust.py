@@ -6,6 +6,7 @@ and [J1] with a failing journal or database.
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 from typing import Any
 
@@ -379,3 +380,41 @@ class TrustFaultTests(SynchronousTestCase):
             JournalRefused,
         )
         self.assertEqual(self.state(), before)
+
+
+class StatusTests(SynchronousTestCase):
+    """fleetctl status shows the binding, the evidence behind it, the disks."""
+
+    def test_report_showsBindingEvidenceAndDisks(self) -> None:
+        """[T1] [D1] The status report carries the binding state and disk report."""
+        from fleetd.cli.status import diskLines, trustLines
+        from fleetd.device.identity import NodeIdentity
+        from fleetd.status import StatusService
+        from fleetd.trust.disk_report import Disk
+        from fleetd.trust.disks import DiskService
+
+        t = TrustFleet(self)
+        fleet = t.fleet
+        disks = DiskService(fleet.runner, fleet.journal, fleet.clock)
+        status = StatusService(
+            fleet.inventory, fleet.registry, fleet.alerts, fleet.journal,
+            trust=t.service, disks=disks,
+        )  # fmt: skip
+        t.add("SER1", EK1, "receiving-scan", "dock")
+        t.add("SER1", EK1, "console")
+        t.approve("SER1")
+        t.run(
+            disks.report(NodeIdentity("w1", "SER1"), [Disk("sda", "D1", None, 10**12)])
+        )
+        report = t.run(status.report("w1"))
+        doc = json.loads(json.dumps(report.toJSON()))
+        self.assertEqual(doc["trust"]["binding"]["state"], "approved")
+        self.assertEqual(len(doc["trust"]["evidence"]), 2)
+        self.assertEqual(doc["disks"]["target"], "D1")
+        lines = trustLines(doc["trust"]) + diskLines(doc["disks"])
+        self.assertEqual(lines[0][:28], "binding:  approved: EK " + EK1[:5])
+        self.assertIn("(cannot approve)", lines[-2])
+        self.assertEqual(lines[-1], "disks:    1 reported; ok, target disk serial D1")
+        other = t.run(status.report("w2"))
+        self.assertIsNone(other.trust.binding)
+        self.assertIsNone(other.disks)
