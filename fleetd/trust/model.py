@@ -16,12 +16,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    PublicFormat,
-    load_der_public_key,
-)
-
 from fleetd.inventory.model import InventoryError, validateSerial
 
 ErrorKind = Literal["invalid", "not-found", "refused", "unavailable"]
@@ -91,14 +85,10 @@ def validateEKDigest(value: object, field: str = "ek_sha256") -> str:
 
 def ekDigest(subjectPublicKeyInfo: bytes) -> str:
     """
-    The EK digest of a DER SubjectPublicKeyInfo, re-encoded canonically
-    first (so a key given in any valid DER form has one digest).
-
-    @raise ValueError: the bytes are not a public key.
+    The EK digest of a DER SubjectPublicKeyInfo, hashed as given (never
+    re-encoded: EK certificates carry quirks a re-encoding would change).
     """
-    key = load_der_public_key(subjectPublicKeyInfo)
-    der = key.public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
-    return hashlib.sha256(der).hexdigest()
+    return hashlib.sha256(subjectPublicKeyInfo).hexdigest()
 
 
 def validateKind(value: object) -> EvidenceKind:
