@@ -59,7 +59,11 @@ from fleetd.store.keys import deriveKey
 from fleetd.store.runner import DatabaseRunner, RunnerService
 from fleetd.tink.listener import TinkListenerFactory
 from fleetd.trust.disks import DiskService
-from fleetd.trust.resource import BindingsResource, EvidenceResource
+from fleetd.trust.resource import (
+    BindingsResource,
+    DisksAdminResource,
+    EvidenceResource,
+)
 from fleetd.trust.service import TrustService
 from fleetd.web import BoundedSite
 
@@ -127,6 +131,7 @@ class FleetdService(MultiService):
         self.adminAPI[b"evidence"] = EvidenceResource(self.trust, self._inThread)
         self.adminAPI[b"bindings"] = BindingsResource(self.trust)
         self.disks = DiskService(self.runner, self.journal, reactor)
+        self.adminAPI[b"disks"] = DisksAdminResource(self.disks)
         # Children of /v1/node/ on the device listener; who calls is decided
         # by identifyNode (the LDevID identification replaces unidentified).
         self.identifyNode: Identify = unidentified

@@ -172,6 +172,70 @@ class DiskFaultTests(SynchronousTestCase):
             self.assertEqual([e for e, _, _ in f.entries()], ["disks.reported"])
 
 
+class ForgetTests(SynchronousTestCase):
+    """Dropping a gone machine's report, journaled [D1] [J1]."""
+
+    def setUp(self) -> None:
+        self.f = DiskFleet(self)
+
+    def forget(self, device: str, reason: str = "retired") -> Deferred[Any]:
+        coroutine = self.f.service.forget(device, actor="owner:jane", reason=reason)
+        return Deferred.fromCoroutine(coroutine)
+
+    def test_forget_clearsDuplicate(self) -> None:
+        """[D1] A disk moved from a retired machine counts once its report is gone."""
+        self.f.report(W1, d("sda", "MOVED"))
+        self.assertEqual(self.f.report(W2, d("sda", "MOVED")).code,
+                         "duplicate-disk-serial")  # fmt: skip
+        old = self.successResultOf(self.forget("w1"))
+        self.assertEqual(old.target, "MOVED")
+        self.assertIsNone(self.f.report(W2, d("sda", "MOVED")).code)
+        self.assertTrue(self.f.refusal("w1").startswith("disks-not-reported"))
+        forgotten = [e for e in self.f.entries() if e[0] == "disks.forgotten"]
+        self.assertEqual(forgotten[0][1:], ("w1", {"disks": 1, "target": "MOVED",
+                         "reason": "retired"}))  # fmt: skip
+
+    def test_forget_refusals(self) -> None:
+        """Unknown reports and missing reasons are refused; nothing changes."""
+        from fleetd.trust.model import TrustError
+
+        error = self.failureResultOf(self.forget("w1"), TrustError).value
+        self.assertEqual(error.kind, "not-found")
+        self.f.report(W1, d("sda", "S"))
+        self.failureResultOf(self.forget("w1", " "), TrustError)
+        self.assertEqual(self.f.target("w1"), "S")
+
+    def test_forget_faults_reportStays(self) -> None:
+        """[J1] A forget that cannot be journaled leaves the report."""
+        self.f.report(W1, d("sda", "S"))
+        faults = Faults(self.f.fleet)
+        for kind in FAULTS:
+            faults.inject(kind)
+            self.failureResultOf(
+                self.forget("w1"), StoreError, sqlite3.OperationalError
+            )
+            faults.clear()
+            self.assertEqual(self.f.target("w1"), "S")
+
+    def test_forget_overAdminAPI(self) -> None:
+        """POST /v1/admin/disks/NAME/forget: 200, then 404 one line."""
+        from fleetd.trust.resource import DisksAdminResource
+        from fleetd.web import Router
+
+        self.f.report(W1, d("sda", "S"))
+        root = Router()
+        root.putChild(b"disks", DisksAdminResource(self.f.service))
+        stub: Any = StubTreq(root)
+        url = "https://admin.test/disks/w1/forget"
+        for expected in (200, 404):
+            response = stub.post(url, data=b'{"reason": "retired"}')
+            stub.flush()
+            answer = self.successResultOf(response)
+            self.assertEqual(answer.code, expected)
+        body = self.successResultOf(answer.content())
+        self.assertEqual(body, b"no disk report from w1\n")
+
+
 class ReportFormatTests(SynchronousTestCase):
     def test_parse_trimsAndNormalises(self) -> None:
         """Serials are trimmed; an empty one is none; removable defaults false."""

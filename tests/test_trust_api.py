@@ -296,6 +296,9 @@ class TrustCommandTests(DaemonTestMixin, TestCase):
         self.assertIn("CONFLICT", out)
         code, out, _ = await self.fleetctl("--json", "status", "w1")
         self.assertEqual(json.loads(out)["trust"]["binding"]["state"], "suspended")
+        code, out, err = await self.fleetctl("disks", "forget", "w1", "--reason", "x")
+        self.assertEqual((code, err), (1, "fleetctl: fleetd answered 404: no disk"
+                         " report from w1\n"))  # fmt: skip
 
     def test_evidenceBindingStatus_overTLS(self) -> None:
         """

@@ -8,6 +8,7 @@ C{fleetctl evidence ...} and C{fleetctl binding ...}: machine trust [T1].
   - C{evidence list [--serial S]}
   - C{evidence withdraw ID --reason TEXT}
   - C{binding approve SERIAL [--ek-sha256 H]}, C{binding list}
+  - C{disks forget NAME --reason TEXT}: drop a device's disk report [D1]
 
 Input is checked locally first, so a bad digest or manifest line is
 reported before anything is sent; fleetd checks it again.
@@ -217,6 +218,14 @@ def cmdBindingList(settings: Settings, args: argparse.Namespace, out: IO[str]) -
     return 0
 
 
+def cmdDisksForget(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
+    name = urllib.parse.quote(args.name, safe="")
+    path = f"/v1/admin/disks/{name}/forget"
+    result = AdminClient(settings).request("POST", path, body={"reason": args.reason})
+    _emit(out, args, result, [f"forgot the disk report of {result['device']}"])
+    return 0
+
+
 def _json(parser: Any) -> None:
     parser.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
@@ -264,5 +273,15 @@ def addCommands(commands: Any) -> None:
     approve.set_defaults(handler=cmdBindingApprove)
     blist = bactions.add_parser("list", help="list bindings and their state")
     blist.set_defaults(handler=cmdBindingList)
-    for parser in (add, load, listing, withdraw, approve, blist):
+    disks = commands.add_parser("disks", help="disk reports of nodes")
+    dactions = disks.add_subparsers(
+        dest="action", required=True, parser_class=type(disks)
+    )
+    forget = dactions.add_parser(
+        "forget", help="drop a device's disk report (its disks moved on)"
+    )
+    forget.add_argument("name", metavar="NAME")
+    forget.add_argument("--reason", required=True)
+    forget.set_defaults(handler=cmdDisksForget)
+    for parser in (add, load, listing, withdraw, approve, blist, forget):
         _json(parser)

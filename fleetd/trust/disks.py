@@ -43,6 +43,7 @@ from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
 from fleetd.trust.disk_report import Disk
+from fleetd.trust.model import TrustError, validateRef
 
 MIN_TARGET_BYTES = 10 * 1024**3
 
@@ -295,6 +296,34 @@ class DiskService:
                 code=verdict.code,
             )
         return verdict
+
+    async def forget(self, device: str, *, actor: str, reason: str) -> DiskReportView:
+        """
+        Drop C{device}'s report (a retired machine whose disks moved on),
+        journaled as C{disks.forgotten}; its serials stop counting as
+        duplicates and it has no target until it reports again.
+
+        @raise TrustError: no such report (C{"not-found"}) or no reason.
+        """
+        why = validateRef(reason)
+        if why is None:
+            raise TrustError("reason: say why the report is forgotten")
+
+        def work(db: Database, record: Recorder) -> DiskReportView:
+            conn = db.connection
+            old = lastReport(conn, device)
+            if old is None:
+                raise TrustError(f"no disk report from {device}", "not-found")
+            conn.execute("DELETE FROM disk_reports WHERE device = ?", (device,))
+            record(
+                "disks.forgotten",
+                actor=actor,
+                device=device,
+                fields={"disks": len(old.disks), "target": old.target, "reason": why},
+            )
+            return old
+
+        return await self._journal.change(work)
 
     async def lastReport(self, device: str) -> DiskReportView | None:
         def read(db: Database) -> DiskReportView | None:

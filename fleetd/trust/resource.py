@@ -14,6 +14,8 @@ Machine trust on the admin API (behind the owner gate) [T1].
   - C{GET /v1/admin/bindings}: C{{"bindings": [...]}} with their state.
   - C{POST /v1/admin/bindings/approve} C{{"serial", "ek_sha256"?}}: 201
     (200 if already approved); a refusal is 409 C{"<code>: <why>"}.
+  - C{POST /v1/admin/disks/NAME/forget} C{{"reason": "..."}}: drop a
+    device's disk report [D1]; 200 with the report as it was.
 
 Other refusals are one line: 400 invalid, 404 unknown, 503 when the store
 could not record the change (nothing changed).
@@ -34,6 +36,7 @@ from fleetd.admin.refusals import storeRefusal
 from fleetd.admin.resource import ownerOf, renderAsync
 from fleetd.inventory.model import InventoryError
 from fleetd.inventory.resource import Offload
+from fleetd.trust.disks import DiskService
 from fleetd.trust.manifest import parseManifest
 from fleetd.trust.model import (
     EvidenceInput,
@@ -273,5 +276,43 @@ class ApproveBinding(Endpoint):
                 doc["serial"], actor=actor, ek=doc.get("ek_sha256")
             )
             return (http.CREATED if approval.changed else http.OK), approval.toJSON()
+
+        return render(request, work)
+
+
+class DisksAdminResource(Endpoint):
+    """C{/v1/admin/disks/NAME/forget}."""
+
+    def __init__(self, service: DiskService) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._service = service
+
+    def getChild(self, path: bytes, request: IRequest) -> resource.Resource:
+        if request.postpath != [b"forget"] or not path:
+            return notFound()
+        try:
+            device = path.decode("ascii")
+        except UnicodeDecodeError:
+            return notFound()
+        return ForgetDisks(self._service, device)
+
+
+class ForgetDisks(Endpoint):
+    isLeaf = True
+
+    def __init__(self, service: DiskService, device: str) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._service = service
+        self._device = device
+
+    def render_POST(self, request: IRequest) -> int:
+        actor, raw = _actor(request), _raw(request)
+
+        async def work() -> Outcome:
+            doc = jsonObject(raw, {"reason": True})
+            old = await self._service.forget(
+                self._device, actor=actor, reason=doc["reason"]
+            )
+            return http.OK, old.toJSON()
 
         return render(request, work)
