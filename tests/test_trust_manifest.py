@@ -7,7 +7,7 @@ import hashlib
 import io
 import json
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -72,6 +72,7 @@ class CSVManifestTests(SynchronousTestCase):
             parseManifest(f"serial,ek_sha256\nSER1,{EK1},extra\n")
         self.assertIn("line 2: expected 2 fields, got 3", str(raised.exception))
 
+    @settings(max_examples=200, deadline=None)  # no wall-time limit on a loaded CI
     @given(
         st.lists(
             st.tuples(
