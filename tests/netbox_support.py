@@ -34,7 +34,9 @@ class Switch:
     def request(self, method: str, url: str, **kwargs: Any) -> Deferred[IResponse]:
         if self.down:
             return fail(ConnectionRefusedError(111, "Connection refused"))
-        d: Deferred[IResponse] = self.stub.request(method, url, **kwargs)
+        d: Deferred[IResponse] = self.stub.request(  # type: ignore[attr-defined]
+            method, url, **kwargs
+        )
         return d
 
 
@@ -80,10 +82,14 @@ class NetBoxRig:
             self.journal,
             self.clock,
             configDigest=lambda run: "sha256:" + "ab" * 32,
-            wake=lambda: self.clock.callLater(0, self.worker.kick),
+            wake=self.wake,
         )
         self.worker.start()
         return self.inventory
+
+    def wake(self) -> None:
+        """A row was queued: kick the worker on the next turn, after the commit."""
+        self.clock.callLater(0, self.worker.kick)
 
     def settle(self) -> None:
         """Let queued wake-ups run (the reactor turn after a commit)."""

@@ -31,6 +31,7 @@ from fleetd.inventory.model import (
     DeviceStatus,
     InventoryError,
     ServedRecord,
+    validateDevice,
     validateName,
     validateServedRecord,
     validateStatus,
@@ -182,8 +183,25 @@ class NetBoxInventory:
             del found[name]
         return [found[name] for name in sorted(found)]
 
+    async def _listOrCached(self) -> list[Device]:
+        try:
+            devices = await self._list()
+        except (NetBoxError, InventoryError) as e:
+            if getattr(e, "kind", None) not in ("unavailable", "timeout", "forbidden"):
+                raise
+            # NetBox down (a start after a reboot, say): the fleet as NetBox
+            # last described it, with fleetd's own pending changes.
+            self.log.warn("netbox.list.cached: {reason}", reason=str(e))
+            cached = await self._runner.run(outbox.cachedDevices)
+            local = await self._local()
+            return [self._overlay(validateDevice(**_fields(c)), local) for c in cached]
+        await self._runner.run(
+            lambda db: outbox.cacheDevices(db, [d.toJSON() for d in devices], True)
+        )
+        return devices
+
     def list(self) -> Deferred[list[Device]]:
-        return self._wrap(Deferred.fromCoroutine(self._list()))
+        return self._wrap(Deferred.fromCoroutine(self._listOrCached()))
 
     def releasedRuns(self) -> Deferred[set[str]]:
         return self._wrap(self._runner.run(outbox.releasedRuns))
@@ -277,6 +295,12 @@ class NetBoxInventory:
         digest = self._configDigest(checked.run)
         if outbox.enqueueRelease(db, checked, digest, self._clock.seconds()):
             self._wake()
+
+
+def _fields(cached: dict[str, Any]) -> dict[str, Any]:
+    fields = dict(cached)
+    fields["device_class"] = fields.pop("class")
+    return fields
 
 
 async def _none() -> None:

@@ -213,9 +213,7 @@ class NetBoxClient:
             return failure
         where = f"{method} {self._show(url)}"
         if failure.check(TimeoutError):
-            raise NetBoxError(
-                f"{where}: no answer within {self.timeout:g}s", "timeout"
-            )
+            raise NetBoxError(f"{where}: no answer within {self.timeout:g}s", "timeout")
         if failure.check(ConnectError, ConnectionLost, ResponseFailed, OSError):
             raise NetBoxError(
                 f"{where}: NetBox unreachable: {failure.getErrorMessage()}",

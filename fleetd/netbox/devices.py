@@ -138,9 +138,7 @@ async def findBySerial(client: NetBoxClient, serial: str) -> dict[str, Any]:
     @raise InventoryError: none (C{"not-found"}) or several (C{"duplicate"}).
     """
     results = await client.listAll(DEVICES, {"serial": serial})
-    matches = [
-        r for r in results if str(r.get("serial", "")).lower() == serial.lower()
-    ]
+    matches = [r for r in results if str(r.get("serial", "")).lower() == serial.lower()]
     if not matches:
         raise InventoryError(f"NetBox has no device with serial {serial}", "not-found")
     if len(matches) > 1:

@@ -131,7 +131,7 @@ class JournalMirror:
 
     async def _round(self) -> None:
         while not self._stopped:
-            seq, doubt, entries = await self._runner.run(_next)
+            _, doubt, entries = await self._runner.run(_next)
             if not entries:
                 return
             for entry in entries:

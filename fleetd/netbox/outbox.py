@@ -15,6 +15,7 @@ transaction.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -194,3 +195,20 @@ def decide(entry: OutboxEntry, current: RemoteDevice) -> Decision:
     else:
         body["status"] = target
     return Decision(body, leftAlone)
+
+
+def cacheDevices(db: Database, devices: list[dict[str, Any]], replaceAll: bool) -> None:
+    """Keep the devices NetBox last described (their L{Device.toJSON})."""
+    with db.transaction() as conn:
+        if replaceAll:
+            conn.execute("DELETE FROM netbox_devices")
+        conn.executemany(
+            "INSERT INTO netbox_devices (name, device) VALUES (?, ?)"
+            " ON CONFLICT (name) DO UPDATE SET device = excluded.device",
+            [(d["name"], json.dumps(d, sort_keys=True)) for d in devices],
+        )
+
+
+def cachedDevices(db: Database) -> list[dict[str, Any]]:
+    rows = db.execute("SELECT device FROM netbox_devices ORDER BY name").fetchall()
+    return [json.loads(row) for (row,) in rows]

@@ -32,6 +32,7 @@ from automat import TypeMachineBuilder
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from fleetd.inventory.model import InventoryError
 from fleetd.netbox.client import NetBoxClient, NetBoxError
@@ -197,6 +198,9 @@ class Push:
         self.machine: PushInputs = PushMachine(self.core)
         self._path: str | None = None
 
+    def _failure(self, failure: Failure) -> None:
+        self._failed(failure.value or Exception(failure.getErrorMessage()))
+
     def _failed(self, error: BaseException) -> None:
         if isinstance(error, NetBoxError) and error.kind == "conflict":
             if self.core.conflicts >= MAX_CONFLICTS:
@@ -237,13 +241,12 @@ class Push:
             else:
                 self.machine.upToDate(DONE, "already so")
 
-        d = Deferred.fromCoroutine(read())
-        d.addErrback(lambda f: self._failed(f.value))
+        Deferred.fromCoroutine(read()).addErrback(self._failure)
 
     def _patch(self, body: dict[str, Any], etag: str | None) -> None:
         assert self._path is not None
         d = self._client.patch(self._path, body, etag)
-        d.addCallbacks(lambda _: self.machine.patched(), lambda f: self._failed(f.value))
+        d.addCallbacks(lambda _: self.machine.patched(), self._failure)
 
     def _settle(self, state: str, outcome: str) -> None:
         self._onSettled(self.entry, state, outcome, self.core.attempts)

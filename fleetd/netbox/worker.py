@@ -84,7 +84,9 @@ class OutboxWorker:
         self.push = Push(entry, self._client, self._clock, self._settled)
         self.push.machine.begin()
 
-    def _settled(self, entry: OutboxEntry, state: str, outcome: str, tries: int) -> None:
+    def _settled(
+        self, entry: OutboxEntry, state: str, outcome: str, tries: int
+    ) -> None:
         self.push = None
         if state == DONE:
             self.log.info(

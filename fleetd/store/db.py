@@ -116,7 +116,8 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         # The NetBox inventory (fleetd.netbox): the durable outbox of status
         # changes and releases, written in the transaction of the change
         # it carries [J1]; the journal mirror's progress; what NetBox has
-        # no field for (desired actions).
+        # no field for (desired actions); the last device list NetBox gave
+        # (so a start while NetBox is down still knows the fleet).
         """
         CREATE TABLE netbox_outbox (
             id INTEGER PRIMARY KEY,
@@ -141,6 +142,10 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         CREATE TABLE netbox_local (
             device TEXT PRIMARY KEY,
             desired_action TEXT
+        ) STRICT;
+        CREATE TABLE netbox_devices (
+            name TEXT PRIMARY KEY,
+            device TEXT NOT NULL
         ) STRICT;
         """,
     ),

@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import urlencode
 
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
@@ -57,7 +57,11 @@ STATUSES = [
 KINDS = ("info", "success", "warning", "danger")
 PAGINATE_COUNT = 50
 MAX_PAGE_SIZE = 1000
-FLEETD_FIELDS = {"fleetd_uuid": "text", "fleetd_class": "text", "fleetd_release": "json"}
+FLEETD_FIELDS = {
+    "fleetd_uuid": "text",
+    "fleetd_class": "text",
+    "fleetd_release": "json",
+}
 
 
 class _Answer(Exception):
@@ -83,10 +87,8 @@ class FakeNetBox(Resource):
         @param customFields: name -> type of custom fields on C{dcim.device}
             (default: fleetd's three).
         """
-        super().__init__()
-        self.tokens = (
-            {"nbt_fleetd01.s3cret": True} if tokens is None else dict(tokens)
-        )
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.tokens = {"nbt_fleetd01.s3cret": True} if tokens is None else dict(tokens)
         self.basePath = basePath if basePath.endswith("/") else basePath + "/"
         self.customFields = dict(
             FLEETD_FIELDS if customFields is None else customFields
@@ -101,6 +103,8 @@ class FakeNetBox(Resource):
         self.swallowWrites = 0
         self.beforePatch: Callable[[int], None] | None = None
         self.requests: list[tuple[str, str]] = []
+        self.ifMatches: list[str | None] = []
+        self.maxPageSize = MAX_PAGE_SIZE
         self.hung: list[Request] = []
 
     # Test helpers (what an operator does in NetBox's UI)
@@ -181,7 +185,7 @@ class FakeNetBox(Resource):
 
     # HTTP
 
-    def render(self, request: Request) -> bytes | int:  # type: ignore[override]
+    def render(self, request: Request) -> bytes | int:
         path = request.path.decode("ascii", "replace")
         method = request.method.decode("ascii")
         self.requests.append((method, path))
@@ -206,7 +210,9 @@ class FakeNetBox(Resource):
         header = (request.getHeader(b"authorization") or b"").decode("latin-1")
         scheme, _, token = header.partition(" ")
         if not header:
-            raise _Answer(403, {"detail": "Authentication credentials were not provided."})
+            raise _Answer(
+                403, {"detail": "Authentication credentials were not provided."}
+            )
         expected = "Bearer" if token.startswith("nbt_") else "Token"
         if scheme != expected or token not in self.tokens:
             version = "v2" if token.startswith("nbt_") else "v1"
@@ -223,9 +229,7 @@ class FakeNetBox(Resource):
             raise _Answer(404, {"detail": "Not found."})
         self._auth(request, write=method not in ("GET", "HEAD", "OPTIONS"))
         route = path[len(self.basePath) :]
-        query = {
-            k.decode(): [v.decode() for v in vs] for k, vs in request.args.items()
-        }
+        query = {k.decode(): [v.decode() for v in vs] for k, vs in request.args.items()}
         if route == "api/dcim/devices/" and method == "GET":
             return self._list(request, route, query, self._devices(query))
         if route.startswith("api/dcim/devices/") and route.count("/") == 4:
@@ -255,7 +259,9 @@ class FakeNetBox(Resource):
                 for n, (name, kind) in enumerate(sorted(self.customFields.items()), 1)
             ]
             if "object_type" in query:
-                items = [i for i in items if query["object_type"][0] in i["object_types"]]
+                items = [
+                    i for i in items if query["object_type"][0] in i["object_types"]
+                ]
             return self._list(request, route, query, items)
         if route == "api/extras/journal-entries/":
             if method == "GET":
@@ -282,11 +288,15 @@ class FakeNetBox(Resource):
         items = sorted(self.journal.values(), key=lambda e: -e["id"])
         if "assigned_object_type" in query:
             items = [
-                e for e in items if e["assigned_object_type"] in query["assigned_object_type"]
+                e
+                for e in items
+                if e["assigned_object_type"] in query["assigned_object_type"]
             ]
         if "assigned_object_id" in query:
             items = [
-                e for e in items if str(e["assigned_object_id"]) in query["assigned_object_id"]
+                e
+                for e in items
+                if str(e["assigned_object_id"]) in query["assigned_object_id"]
             ]
         if "q" in query:
             needle = query["q"][0].strip().lower()
@@ -305,8 +315,8 @@ class FakeNetBox(Resource):
             offset = int(query.get("offset", ["0"])[0])
         except ValueError:
             raise _Answer(400, {"detail": "Invalid limit or offset."}) from None
-        if limit <= 0 or limit > MAX_PAGE_SIZE:
-            limit = MAX_PAGE_SIZE
+        if limit <= 0 or limit > self.maxPageSize:
+            limit = self.maxPageSize
         offset = max(offset, 0)
         page = items[offset : offset + limit]
         host = (request.getHeader(b"host") or b"netbox").decode("ascii")
@@ -316,9 +326,8 @@ class FakeNetBox(Resource):
             params = {k: v for k, v in query.items() if k not in ("limit", "offset")}
             params["limit"] = [str(limit)]
             params["offset"] = [str(at)]
-            return (
-                f"{scheme}://{host}{self.basePath}{route}?"
-                + urlencode(sorted(params.items()), doseq=True)
+            return f"{scheme}://{host}{self.basePath}{route}?" + urlencode(
+                sorted(params.items()), doseq=True
             )
 
         return (
@@ -355,6 +364,7 @@ class FakeNetBox(Resource):
         if self.beforePatch is not None:
             self.beforePatch(ident)
         match = request.getHeader(b"if-match")
+        self.ifMatches.append(None if match is None else match.decode("latin-1"))
         if match is not None and match.decode("latin-1") != self.etag(ident):
             raise _Answer(412, {"detail": "Precondition failed."})
         device = self.devices[ident]
