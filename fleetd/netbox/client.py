@@ -23,7 +23,6 @@ from twisted.internet.defer import Deferred, TimeoutError
 from twisted.internet.error import ConnectError, ConnectionLost
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import ResponseFailed
-from twisted.web.iweb import IResponse
 
 NetBoxErrorKind = Literal[
     "unavailable",  # down, hung, 5xx: retry later
@@ -55,8 +54,15 @@ class NetBoxError(Exception):
 class IHTTP(Protocol):
     """What the client needs of treq's C{HTTPClient} (and of C{StubTreq})."""
 
-    def request(self, method: str, url: str, **kwargs: Any) -> Deferred[IResponse]:
-        """Issue one request."""
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: dict[str, list[str]],
+        data: bytes | None,
+    ) -> Deferred[Any]:
+        """Issue one request; fire with an L{IResponse}."""
 
 
 def authorization(token: str) -> str:
