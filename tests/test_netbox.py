@@ -19,10 +19,12 @@ from fleetd.inventory.netbox import NetBoxInventory, digestOf
 from fleetd.netbox.client import NetBoxClient
 from fleetd.netbox.devices import findBySerial
 from fleetd.netbox.mirror import carries
+from fleetd.netbox.service import NetBoxService
 from fleetd.netbox.worker import OutboxWorker
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import RunRegistry, configName
+from fleetd.runs.resource import ProvisionResource, Refused
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.store.runner import InlineRunner
@@ -30,7 +32,7 @@ from fleetd.testing.netbox import FakeNetBox
 from fleetd.vault import DirectoryVault, IVault
 from tests.netbox_support import TOKEN, URL, NetBoxRig, Switch, seedFake
 from tests.test_inventory import W1, W2
-from tests.test_runs import KEY, Fleet, device
+from tests.test_runs import KEY, RENDERER, Fleet, device
 
 
 def _events(rig: NetBoxRig, device: str | None = None) -> list[str]:
@@ -509,3 +511,81 @@ class DeliveryTests(SynchronousTestCase):
         self.fleet.http.down = False
         self.fleet.clock.advance(5)
         self.assertEqual(self.w1["status"], "staged")
+
+
+class NetBoxServiceTests(SynchronousTestCase):
+    """Start-up: fleetd's custom fields are checked before anything is pushed."""
+
+    def make(self, fake: FakeNetBox | None = None) -> tuple[NetBoxRig, Any, list[str]]:
+        rig = NetBoxRig(Path(self.mktemp()) / "fleetd.sqlite3", fake)
+        rig.worker.stop()
+        self.addCleanup(rig.close)
+        refusals: list[str] = []
+        service = NetBoxService(
+            rig.clock,
+            rig.client,
+            rig.runner,
+            rig.journal,
+            configDigest=lambda run: None,
+            onRefused=refusals.append,
+            wake=lambda f: rig.clock.callLater(0, f),
+        )
+        return rig, service, refusals
+
+    def test_missingFields_refuseStartNamingThem(self) -> None:
+        """A missing custom field refuses the start, naming it; nothing is pushed."""
+        fake = FakeNetBox(basePath="/netbox/", customFields={"fleetd_uuid": "text"})
+        rig, service, refusals = self.make(fake)
+        service.startService()
+        (message,) = refusals
+        self.assertIn("fleetd_class, fleetd_release", message)
+        self.assertIn("conf/netbox/custom-fields.json", message)
+        self.assertIsNone(service.worker.push)
+        self.assertEqual(rig.clock.getDelayedCalls(), [])  # worker, mirror idle
+        self.successResultOf(service.stopService())
+
+    def test_unreachable_retriedThenStarted(self) -> None:
+        """NetBox down at start: the check retries with backoff, then starts."""
+        rig, service, refusals = self.make()
+        seedFake(rig.fake, W1)
+        rig.http.down = True
+        service.startService()
+        rig.clock.advance(1)
+        rig.http.down = False
+        rig.clock.advance(2)
+        self.assertEqual(refusals, [])
+        rig.runner.run(
+            lambda db: service.inventory.setStatusIn(db, "w1", DeviceStatus.PLANNED)
+        )
+        rig.clock.advance(0)
+        self.assertEqual(rig.fake.byName("w1")["status"], "planned")
+        self.successResultOf(service.stopService())
+        self.assertEqual(rig.clock.getDelayedCalls(), [])
+
+    def test_stop_whileChecking_cancels(self) -> None:
+        """Stopping while the check backs off leaves no timer behind."""
+        rig, service, _ = self.make()
+        rig.http.down = True
+        service.startService()
+        self.successResultOf(service.stopService())
+        self.assertEqual(rig.clock.getDelayedCalls(), [])
+
+
+class ProvisionTests(SynchronousTestCase):
+    """A device NetBox holds as decommissioning cannot be provisioned."""
+
+    def test_decommissioning_refusedAndJournaled(self) -> None:
+        """Provisioning a decommissioning device is refused (409) and journaled."""
+        rig = NetBoxRig(Path(self.mktemp()) / "fleetd.sqlite3")
+        self.addCleanup(rig.close)
+        seedFake(rig.fake, W1)
+        rig.fake.edit(rig.fake.byName("w1")["id"], status="decommissioning")
+        registry: Any = None  # never reached
+        resource = ProvisionResource(registry, rig.inventory, RENDERER, rig.journal)
+        failure = self.failureResultOf(
+            Deferred.fromCoroutine(resource._provision(["w1"], None, "owner:ann")),
+            Refused,
+        )
+        self.assertEqual(failure.value.code, 409)
+        self.assertIn("decommissioning", str(failure.value))
+        self.assertEqual(_events(rig, "w1"), ["provision.refused"])

@@ -45,7 +45,7 @@ class NetBoxService(Service):
         *,
         configDigest: Callable[[str], str | None],
         onRefused: Callable[[str], None],
-        wake: Callable[[Callable[[], None]], None] | None = None,
+        wake: Callable[[Callable[[], None]], object] | None = None,
     ) -> None:
         """
         @param wake: how the database thread hands the worker's kick to the
@@ -55,7 +55,7 @@ class NetBoxService(Service):
         """
         self._clock = reactor
         self._onRefused = onRefused
-        handOver = wake if wake is not None else reactor.callFromThread
+        self._handOver = wake if wake is not None else reactor.callFromThread
         self.worker = OutboxWorker(reactor, runner, journal, client)
         self.mirror = JournalMirror(reactor, runner, client)
         self.inventory = NetBoxInventory(
@@ -64,9 +64,13 @@ class NetBoxService(Service):
             journal,
             reactor,
             configDigest=configDigest,
-            wake=lambda: handOver(self.worker.kick),
+            wake=self._wake,
         )
         self.checking: Deferred[None] | None = None
+
+    def _wake(self) -> None:
+        """On the database thread: have the reactor kick the worker."""
+        self._handOver(self.worker.kick)
 
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]
