@@ -296,8 +296,7 @@ class LoopbackFakeContractTests(NetBoxAPIContractMixin, TestCase):
             code = {"forbidden": 403, "invalid": 400, "not-found": 404, "conflict": 412}
             return code[e.kind], _fieldsOf(e), None
         finally:
-            pool = client._http._agent._pool  # type: ignore[attr-defined]
-            await pool.closeCachedConnections()
+            await client.close()
 
 
 def _fieldsOf(error: NetBoxError) -> dict[str, Any]:

@@ -13,13 +13,13 @@ L{NetBoxError}s whose C{kind} says what the caller can do about them.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 from urllib.parse import urlencode, urljoin, urlsplit
 
 import treq
-from twisted.internet.defer import Deferred, TimeoutError
+from twisted.internet.defer import Deferred, TimeoutError, succeed
 from twisted.internet.error import ConnectError, ConnectionLost
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import ResponseFailed
@@ -128,12 +128,20 @@ class NetBoxClient:
         token: str,
         *,
         timeout: float = DEFAULT_TIMEOUT,
+        closer: Callable[[], Deferred[None]] | None = None,
     ) -> None:
         self._http = http
+        self._closer = closer
         self._clock = clock
         self.base = checkURL(url)
         self._auth = authorization(token)
         self.timeout = timeout
+
+    def close(self) -> Deferred[None]:
+        """Close idle connections (on stop); fire when they are closed."""
+        if self._closer is None:
+            return succeed(None)
+        return self._closer()
 
     def url(self, path: str, params: Mapping[str, str | int] | None = None) -> str:
         """C{path} (like C{api/dcim/devices/}) under the base URL."""

@@ -95,4 +95,6 @@ def makeClient(
     agent = Agent(reactor, contextFactory=tlsPolicy(ca), pool=pool)
     # treq's signature is wider than what the client passes (see IHTTP).
     http = cast(IHTTP, HTTPClient(agent))
-    return NetBoxClient(http, reactor, url, token, timeout=timeout)
+    return NetBoxClient(
+        http, reactor, url, token, timeout=timeout, closer=pool.closeCachedConnections
+    )

@@ -113,4 +113,7 @@ class NetBoxService(Service):
             self.checking.cancel()
         worker = self.worker.stop()
         mirror = self.mirror.stop()
-        return worker.addCallback(lambda _: mirror)
+        client = self.inventory.client
+        return worker.addCallback(lambda _: mirror).addCallback(
+            lambda _: client.close()
+        )
