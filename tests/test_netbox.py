@@ -17,7 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from fleetd.inventory.model import Device, DeviceStatus, InventoryError, ServedRecord
 from fleetd.inventory.netbox import NetBoxInventory, digestOf
 from fleetd.netbox.client import NetBoxClient
-from fleetd.netbox.devices import findBySerial
+from fleetd.netbox.devices import CUSTOM_FIELD_TYPES, findBySerial
 from fleetd.netbox.mirror import carries
 from fleetd.netbox.service import NetBoxService
 from fleetd.netbox.worker import OutboxWorker
@@ -31,6 +31,7 @@ from fleetd.store.runner import InlineRunner
 from fleetd.testing.netbox import FakeNetBox
 from fleetd.vault import DirectoryVault, IVault
 from tests.netbox_support import TOKEN, URL, NetBoxRig, Switch, seedFake
+from tests.support import REPO
 from tests.test_inventory import W1, W2
 from tests.test_runs import KEY, RENDERER, Fleet, device
 
@@ -589,3 +590,16 @@ class ProvisionTests(SynchronousTestCase):
         self.assertEqual(failure.value.code, 409)
         self.assertIn("decommissioning", str(failure.value))
         self.assertEqual(_events(rig, "w1"), ["provision.refused"])
+
+
+class ShippedFieldsTests(SynchronousTestCase):
+    def test_conf_createsExactlyTheCheckedFields(self) -> None:
+        """conf/netbox/custom-fields.json creates the fields fleetd checks for."""
+        shipped = json.loads(
+            (REPO / "conf" / "netbox" / "custom-fields.json").read_text()
+        )
+        self.assertEqual(
+            {f["name"]: f["type"] for f in shipped}, dict(CUSTOM_FIELD_TYPES)
+        )
+        for field in shipped:
+            self.assertEqual(field["object_types"], ["dcim.device"])
