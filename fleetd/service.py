@@ -143,6 +143,7 @@ class FleetdService(MultiService):
             self.journal,
             configDigest=lambda run: digestOf(vault.get(configName(run))),
             onRefused=self._refused,
+            metrics=self.registry,
         )
         service.setServiceParent(self)
         return service.inventory

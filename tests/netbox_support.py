@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from treq.testing import StubTreq
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
@@ -74,8 +75,13 @@ class NetBoxRig:
         self.runner = InlineRunner(self.db)
         self.journal = AsyncJournal(self.runner, Journal(b"k" * 32), self.clock)
         self.client = NetBoxClient(self.http, self.clock, URL, TOKEN, timeout=10.0)
-        self.worker = OutboxWorker(self.clock, self.runner, self.journal, self.client)
-        self.mirror = JournalMirror(self.clock, self.runner, self.client)
+        self.metrics = CollectorRegistry()
+        self.worker = OutboxWorker(
+            self.clock, self.runner, self.journal, self.client, metrics=self.metrics
+        )
+        self.mirror = JournalMirror(
+            self.clock, self.runner, self.client, metrics=self.metrics
+        )
         self.inventory = NetBoxInventory(
             self.client,
             self.runner,
@@ -90,6 +96,9 @@ class NetBoxRig:
     def wake(self) -> None:
         """A row was queued: kick the worker on the next turn, after the commit."""
         self.clock.callLater(0, self.worker.kick)
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        return self.metrics.get_sample_value(name, labels)
 
     def settle(self) -> None:
         """Let queued wake-ups run (the reactor turn after a commit)."""

@@ -129,6 +129,8 @@ class OutboxTests(SynchronousTestCase):
         self.rig.settle()
         self.assertEqual(self.fake.devices[self.w1]["status"], "decommissioning")
         self.assertIn("netbox.push.skipped", _events(self.rig, "w1"))
+        skipped = self.rig.sample("fleetd_netbox_pushes_total", outcome="skipped")
+        self.assertEqual(skipped, 1.0)
         got = self.successResultOf(self.inventory.get("w1"))
         assert got is not None
         self.assertEqual(got.status, DeviceStatus.DECOMMISSIONING)
@@ -169,12 +171,17 @@ class OutboxTests(SynchronousTestCase):
         self.assertEqual(self.fake.devices[self.w1]["status"], "inventory")
         self.rig.clock.advance(1)  # first retry, still down
         self.assertEqual(self.fake.devices[self.w1]["status"], "inventory")
+        self.assertEqual(self.rig.sample("fleetd_netbox_outbox_pending"), 1.0)
         self.rig.http.down = False
         got = self.successResultOf(self.inventory.get("w1"))
         assert got is not None
         self.assertEqual(got.status, DeviceStatus.PLANNED)  # the outbox overlays
         self.rig.clock.advance(2)
         self.assertEqual(self.fake.devices[self.w1]["status"], "planned")
+        self.rig.clock.advance(5)  # the next poll reads the outbox again
+        self.assertEqual(self.rig.sample("fleetd_netbox_outbox_pending"), 0.0)
+        pushed = self.rig.sample("fleetd_netbox_pushes_total", outcome="done")
+        self.assertEqual(pushed, 1.0)
 
     def test_netboxHung_pushTimesOutAndRetries(self) -> None:
         """A hung NetBox costs the push a timeout on the clock, then a retry."""
@@ -342,6 +349,7 @@ class MirrorTests(SynchronousTestCase):
         self.append("provision.requested")
         self.append("fleetd.started", device=None)
         self.rig.mirror.start()
+        self.assertEqual(self.rig.sample("fleetd_netbox_mirror_behind"), 0.0)
         (comments,) = self.mirrored()
         self.assertIn("provision.requested", comments)
         self.assertRegex(comments, r"(?m)^fleetd-entry: 1-[0-9a-f]{16}$")
@@ -383,6 +391,7 @@ class MirrorTests(SynchronousTestCase):
         self.append("provision.requested")
         self.rig.http.down = True
         self.rig.mirror.start()
+        self.assertEqual(self.rig.sample("fleetd_netbox_mirror_behind"), 1.0)
         self.rig.clock.advance(1)
         self.rig.http.down = False
         self.rig.clock.advance(2)

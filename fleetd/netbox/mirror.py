@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Gauge
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
@@ -80,13 +81,17 @@ def _save(db: Database, seq: int, doubt: int | None) -> None:
 
 
 def _next(db: Database) -> tuple[int, int | None, list[JournalEntry]]:
+    """How many entries are behind, the one in doubt, and the next batch."""
     from fleetd.store.journal import _SELECT, _entryFromRow
 
     seq, doubt = _state(db)
+    (behind,) = db.execute(
+        "SELECT count(*) FROM journal WHERE seq > ?", (seq,)
+    ).fetchone()
     rows = db.execute(
         f"{_SELECT} WHERE seq > ? ORDER BY seq LIMIT ?", (seq, BATCH)
     ).fetchall()
-    return seq, doubt, [_entryFromRow(row) for row in rows]
+    return int(behind), doubt, [_entryFromRow(row) for row in rows]
 
 
 class JournalMirror:
@@ -100,6 +105,7 @@ class JournalMirror:
         runner: IRunner,
         client: NetBoxClient,
         poll: float = POLL,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
         self._clock = clock
         self._runner = runner
@@ -111,6 +117,11 @@ class JournalMirror:
         self._running: Deferred[None] | None = None
         self._stopped = True
         self.posted = 0
+        self.behind = Gauge(
+            "fleetd_netbox_mirror_behind",
+            "Journal entries not yet mirrored to NetBox (or skipped).",
+            registry=metrics,
+        )
 
     def start(self) -> None:
         self._stopped = False
@@ -131,7 +142,8 @@ class JournalMirror:
 
     async def _round(self) -> None:
         while not self._stopped:
-            _, doubt, entries = await self._runner.run(_next)
+            behind, doubt, entries = await self._runner.run(_next)
+            self.behind.set(behind)
             if not entries:
                 return
             for entry in entries:

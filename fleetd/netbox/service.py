@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from twisted.application.service import Service
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import deferLater
@@ -46,6 +47,7 @@ class NetBoxService(Service):
         configDigest: Callable[[str], str | None],
         onRefused: Callable[[str], None],
         wake: Callable[[Callable[[], None]], object] | None = None,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
         """
         @param wake: how the database thread hands the worker's kick to the
@@ -56,8 +58,8 @@ class NetBoxService(Service):
         self._clock = reactor
         self._onRefused = onRefused
         self._handOver = wake if wake is not None else reactor.callFromThread
-        self.worker = OutboxWorker(reactor, runner, journal, client)
-        self.mirror = JournalMirror(reactor, runner, client)
+        self.worker = OutboxWorker(reactor, runner, journal, client, metrics=metrics)
+        self.mirror = JournalMirror(reactor, runner, client, metrics=metrics)
         self.inventory = NetBoxInventory(
             client,
             runner,

@@ -8,19 +8,32 @@ seconds; all timers are on the injected clock and cancelled on stop.
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from fleetd.netbox.client import NetBoxClient
-from fleetd.netbox.outbox import DONE, OutboxEntry, nextPending, settle
+from fleetd.netbox.outbox import (
+    DONE,
+    REFUSED,
+    SKIPPED,
+    OutboxEntry,
+    nextPending,
+    pendingCount,
+    settle,
+)
 from fleetd.netbox.push import Push
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
 
 POLL = 5.0
+
+
+def _peek(db: Database) -> tuple[OutboxEntry | None, int]:
+    return nextPending(db), pendingCount(db)
 
 
 class OutboxWorker:
@@ -35,6 +48,7 @@ class OutboxWorker:
         journal: AsyncJournal,
         client: NetBoxClient,
         poll: float = POLL,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
         self._clock = clock
         self._runner = runner
@@ -47,6 +61,19 @@ class OutboxWorker:
         self._timer: IDelayedCall | None = None
         self._inflight: set[Deferred[object]] = set()
         self.push: Push | None = None
+        self.pendingGauge = Gauge(
+            "fleetd_netbox_outbox_pending",
+            "Changes committed in fleetd and not yet written to NetBox.",
+            registry=metrics,
+        )
+        self.settledCount = Counter(
+            "fleetd_netbox_pushes",
+            "Outbox entries settled, by outcome (done, skipped, refused).",
+            ["outcome"],
+            registry=metrics,
+        )
+        for outcome in (DONE, SKIPPED, REFUSED):
+            self.settledCount.labels(outcome)
 
     def start(self) -> None:
         self._stopped = False
@@ -61,9 +88,7 @@ class OutboxWorker:
             return
         self._cancelTimer()
         self._busy, self._again = True, False
-        self._track(self._runner.run(nextPending)).addCallbacks(
-            self._next, self._storeFailed
-        )
+        self._track(self._runner.run(_peek)).addCallbacks(self._next, self._storeFailed)
 
     def _track(self, d: Deferred[object]) -> Deferred[object]:
         if not d.called:
@@ -75,9 +100,12 @@ class OutboxWorker:
         self._inflight.discard(d)
         return result
 
-    def _next(self, entry: object) -> None:
+    def _next(self, peeked: object) -> None:
         if self._stopped:
             return
+        assert isinstance(peeked, tuple)
+        entry, pending = peeked
+        self.pendingGauge.set(pending)
         if not isinstance(entry, OutboxEntry):
             self._idle()
             return
@@ -116,9 +144,10 @@ class OutboxWorker:
                 )
 
         d = self._track(self._journal.change(change))
-        d.addCallbacks(self._recorded, self._storeFailed)
+        d.addCallbacks(self._recorded, self._storeFailed, callbackArgs=(state,))
 
-    def _recorded(self, _: object) -> None:
+    def _recorded(self, _: object, state: str) -> None:
+        self.settledCount.labels(state).inc()
         self._busy = False
         self.kick()
 
