@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.inventory.model import Device, DeviceStatus, InventoryError, ServedRecord
@@ -19,14 +19,15 @@ from fleetd.inventory.netbox import NetBoxInventory, digestOf
 from fleetd.netbox.client import NetBoxClient
 from fleetd.netbox.devices import CUSTOM_FIELD_TYPES, findBySerial
 from fleetd.netbox.mirror import carries
+from fleetd.netbox.outbox import pendingCount
 from fleetd.netbox.service import NetBoxService
 from fleetd.netbox.worker import OutboxWorker
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import RunRegistry, configName
 from fleetd.runs.resource import ProvisionResource, Refused
-from fleetd.store.db import Database
-from fleetd.store.journal import AsyncJournal, Journal
+from fleetd.store.db import Database, StoreError
+from fleetd.store.journal import AsyncJournal, Entry, Journal
 from fleetd.store.runner import InlineRunner
 from fleetd.testing.netbox import FakeNetBox
 from fleetd.vault import DirectoryVault, IVault
@@ -612,3 +613,67 @@ class ShippedFieldsTests(SynchronousTestCase):
         )
         for field in shipped:
             self.assertEqual(field["object_types"], ["dcim.device"])
+
+
+class _FailingRunner:
+    """A runner whose every call fails as a broken database does."""
+
+    def run(self, f: Any) -> Deferred[Any]:
+        return fail(StoreError("disk I/O error"))
+
+
+class FaultTests(SynchronousTestCase):
+    """[J1] Faults change nothing and give the caller one clear line."""
+
+    def setUp(self) -> None:
+        self.rig = NetBoxRig(Path(self.mktemp()) / "fleetd.sqlite3")
+        self.addCleanup(self.rig.close)
+        self.w1 = seedFake(self.rig.fake, W1)
+
+    def pending(self) -> int:
+        count: int = self.successResultOf(self.rig.runner.run(pendingCount))
+        return count
+
+    def test_journalRefuses_nothingQueued(self) -> None:
+        """[J1] When the journal refuses the entry, no change is queued for NetBox."""
+        bad = Entry("device.status", actor="owner:ann", fields={"token": "x"})
+        d = self.rig.inventory.setStatus("w1", DeviceStatus.PLANNED, journal=[bad])
+        failure = self.failureResultOf(d, InventoryError)
+        self.assertIn("journal refused", str(failure.value))
+        self.assertNotIn("\n", str(failure.value))
+        self.assertEqual(self.pending(), 0)
+        self.rig.settle()
+        self.assertEqual(self.rig.fake.devices[self.w1]["status"], "inventory")
+
+    def test_databaseFails_unavailable(self) -> None:
+        """[J1] A failing database: the change fails (unavailable), NetBox untouched."""
+        inventory = NetBoxInventory(
+            self.rig.client,
+            _FailingRunner(),
+            AsyncJournal(_FailingRunner(), Journal(KEY), self.rig.clock),
+            self.rig.clock,
+        )
+        record = ServedRecord("r-1", "w1", 1.0, "p")
+        for d in (
+            inventory.setStatus("w1", DeviceStatus.PLANNED, journal=()),
+            inventory.release(record, journal=()),
+            inventory.releasedRuns(),
+        ):
+            failure = self.failureResultOf(d, InventoryError)
+            self.assertEqual(failure.value.kind, "unavailable")
+            self.assertIn("disk I/O error", str(failure.value))
+        self.assertEqual(self.rig.fake.devices[self.w1]["status"], "inventory")
+
+    def test_netboxDown_changeRefusedBeforeCommit(self) -> None:
+        """
+        NetBox down when an owner's change needs the device read first:
+        one line saying NetBox is unreachable, nothing queued or journaled.
+        """
+        self.rig.http.down = True
+        entry = Entry("device.status", actor="owner:ann", device="w1")
+        d = self.rig.inventory.setStatus("w1", DeviceStatus.ACTIVE, journal=[entry])
+        failure = self.failureResultOf(d, InventoryError)
+        self.assertEqual(failure.value.kind, "unavailable")
+        self.assertIn("unreachable", str(failure.value))
+        self.assertEqual(self.pending(), 0)
+        self.assertEqual(_events(self.rig, "w1"), [])
