@@ -677,3 +677,23 @@ class FaultTests(SynchronousTestCase):
         self.assertIn("unreachable", str(failure.value))
         self.assertEqual(self.pending(), 0)
         self.assertEqual(_events(self.rig, "w1"), [])
+
+
+class OutboxRowTests(SynchronousTestCase):
+    def test_settled_statusRowsGoReleaseRowsStay(self) -> None:
+        """Settled status changes leave the outbox; releases stay as served records."""
+        rig = NetBoxRig(Path(self.mktemp()) / "fleetd.sqlite3")
+        self.addCleanup(rig.close)
+        seedFake(rig.fake, W1)
+        self.successResultOf(
+            rig.inventory.setStatus("w1", DeviceStatus.PLANNED, journal=())
+        )
+        record = ServedRecord("r-1", "w1", 1.0, "p")
+        self.successResultOf(rig.inventory.release(record, journal=()))
+        rig.settle()
+        rows = self.successResultOf(
+            rig.runner.run(
+                lambda db: db.execute("SELECT run, state FROM netbox_outbox").fetchall()
+            )
+        )
+        self.assertEqual(rows, [("r-1", "done")])

@@ -115,11 +115,16 @@ def nextPending(db: Database) -> OutboxEntry | None:
 
 
 def settle(db: Database, ident: int, state: str, outcome: str, attempts: int) -> None:
+    """
+    Record how an entry settled. A settled status change goes (its journal
+    entries are its record); a release stays: it is the served record.
+    """
     db.execute(
         "UPDATE netbox_outbox SET state = ?, outcome = ?, attempts = attempts + ?"
         " WHERE id = ? AND state = ?",
         (state, outcome, attempts, ident, PENDING),
     )
+    db.execute("DELETE FROM netbox_outbox WHERE id = ? AND run IS NULL", (ident,))
 
 
 def pendingStatuses(db: Database) -> dict[str, DeviceStatus]:
