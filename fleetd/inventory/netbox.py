@@ -29,6 +29,7 @@ from twisted.python.failure import Failure
 from fleetd.inventory.model import (
     Device,
     DeviceStatus,
+    ErrorKind,
     InventoryError,
     ServedRecord,
     validateDevice,
@@ -63,6 +64,7 @@ ADD_REFUSED = (
 
 
 def digestOf(body: bytes | None) -> str | None:
+    """The digest C{fleetd_release} carries for a configuration body."""
     return None if body is None else "sha256:" + hashlib.sha256(body).hexdigest()
 
 
@@ -72,10 +74,12 @@ def _translate(failure: Failure) -> Failure:
         return failure
     error = failure.value
     if isinstance(error, NetBoxError):
-        kind = {"not-found": "not-found", "invalid": "invalid"}.get(
-            error.kind, "unavailable"
-        )
-        return Failure(InventoryError(f"NetBox: {error}", kind))  # type: ignore[arg-type]
+        kind: ErrorKind = "unavailable"
+        if error.kind == "not-found":
+            kind = "not-found"
+        elif error.kind == "invalid":
+            kind = "invalid"
+        return Failure(InventoryError(f"NetBox: {error}", kind))
     if isinstance(error, JournalRefused):
         return Failure(InventoryError(f"the journal refused it: {error}", "invalid"))
     if failure.check(StoreError, sqlite3.Error):
