@@ -106,8 +106,11 @@ class KubernetesSettings:
 
 @dataclass(frozen=True)
 class NetBoxSettings:
+    """C{[netbox]}: present, NetBox is the inventory (DESIGN section 4)."""
+
     url: str
     token_file: Path
+    ca: Path | None = None  # system roots when absent
 
 
 @dataclass(frozen=True)
@@ -329,6 +332,21 @@ def _dnsListen(table: _Table) -> tuple[int, str]:
     return int(port), interface
 
 
+def _netboxURL(table: _Table) -> str:
+    """C{[netbox] url}: http:// or https://, maybe with a base path."""
+    from urllib.parse import urlsplit
+
+    url = table.text("url")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            table.key("url"), f"{url!r} must be an http:// or https:// URL"
+        )
+    if parts.query or parts.fragment:
+        raise ConfigError(table.key("url"), "must not carry a query or fragment")
+    return url
+
+
 def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
     """Turn a parsed TOML document into L{Settings}."""
     base = source.parent
@@ -437,7 +455,9 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
         netbox=None
         if netbox is None
         else NetBoxSettings(
-            url=netbox.text("url"), token_file=netbox.path("token_file")
+            url=_netboxURL(netbox),
+            token_file=netbox.path("token_file"),
+            ca=netbox.optpath("ca"),
         ),
         extra=data,
     )

@@ -47,6 +47,14 @@ def prepare(settings: Settings) -> Prepared:
     loadTLSOptions(settings.tls)
     loadTLSOptions(settings.tls, clientCA=settings.owner.client_ca)
     checkOwnerCA(settings)
+    if settings.netbox is not None:
+        from fleetd.netbox.connect import NetBoxSetupError, readToken, tlsPolicy
+
+        try:
+            readToken(settings.netbox.token_file)
+            tlsPolicy(settings.netbox.ca)
+        except NetBoxSetupError as e:
+            raise ConfigError(e.key, e.problem) from None
     try:
         vault = DirectoryVault.open(settings.vault, settings.vault_allow_any_fs)
     except VaultError as e:

@@ -36,7 +36,7 @@ from fleetd.boot.deviceflow import DeviceFlow
 from fleetd.boot.deviceflow_resource import deviceCodeResource, tokenResource
 from fleetd.boot.ratelimit import RateLimiter
 from fleetd.boot.resource import bootRoot
-from fleetd.config import loadTopology
+from fleetd.config import NetBoxSettings, loadTopology
 from fleetd.device.disks import NodeDisksResource
 from fleetd.device.identity import Identify, unidentified
 from fleetd.device.resource import deviceRoot
@@ -105,6 +105,8 @@ class FleetdService(MultiService):
         # Children of /v1/admin/ contributed by subsystems (behind the owner gate).
         self.adminAPI: dict[bytes, Resource] = {}
         self.inventory: IInventory = SQLiteInventory(self.runner, self.journal)
+        if settings.netbox is not None:
+            self.inventory = self._netbox(settings.netbox)
         self.adminAPI[b"devices"] = devicesResource(
             self.inventory, self.journal, offload=self._inThread
         )
@@ -153,6 +155,35 @@ class FleetdService(MultiService):
 
     def _identifyNode(self, request: Any) -> Any:
         return self.identifyNode(request)
+
+    def _netbox(self, netbox: NetBoxSettings) -> IInventory:
+        """C{[netbox]} present: NetBox is the inventory (DESIGN section 4)."""
+        from fleetd.inventory.netbox import digestOf
+        from fleetd.netbox.connect import makeClient
+        from fleetd.netbox.service import NetBoxService
+        from fleetd.runs.registry import configName
+
+        vault = self.vault
+        service = NetBoxService(
+            self.reactor,
+            makeClient(self.reactor, netbox.url, netbox.token_file, netbox.ca),
+            self.runner,
+            self.journal,
+            configDigest=lambda run: digestOf(vault.get(configName(run))),
+            onRefused=self._refused,
+            metrics=self.registry,
+        )
+        service.setServiceParent(self)
+        return service.inventory
+
+    def _refused(self, message: str) -> None:
+        """A peer refuses fleetd's start (NetBox lacks its fields): stop."""
+        if self.onStartupError is not None:
+            try:
+                self.onStartupError(message)
+            except SystemExit:
+                pass
+        self.reactor.stop()
 
     def _inThread(self, work: Callable[[bytes], Any], data: bytes) -> Deferred[Any]:
         """Run blocking C{work(data)} in the reactor's thread pool."""

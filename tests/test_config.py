@@ -132,6 +132,29 @@ class SettingsTests(SynchronousTestCase):
         assert s.kubernetes is not None and s.netbox is not None
         self.assertEqual(s.kubernetes.api, "https://10.20.0.10:6443")
         self.assertEqual(s.netbox.url, "https://netbox.example")
+        self.assertIsNone(s.netbox.ca)
+
+    def test_netbox_caAndURL(self) -> None:
+        """[netbox] ca is a path; url is http(s), maybe with a base path."""
+        directory = Path(self.mktemp())
+        s = loadSettings(
+            writeConfig(
+                directory,
+                {
+                    "netbox": {
+                        "url": "http://127.0.0.1:8000/netbox/",
+                        "token_file": "n",
+                        "ca": "netbox-ca.pem",
+                    }
+                },
+            )
+        )
+        assert s.netbox is not None
+        self.assertEqual(s.netbox.url, "http://127.0.0.1:8000/netbox/")
+        self.assertEqual(s.netbox.ca, directory.absolute() / "netbox-ca.pem")
+        for bad in ("ftp://netbox.example", "netbox.example", "https://x/?a=1"):
+            error = self.configError({"netbox": {"url": bad, "token_file": "n"}})
+            self.assertEqual(error.key, "netbox.url")
 
 
 class UnknownKeyTests(SynchronousTestCase):

@@ -273,7 +273,8 @@ class IInventory(Protocol):
         """
         Add one device; fire with it as stored.  A name, serial (compared
         case-insensitively), UUID or MAC already taken fails with
-        C{"duplicate"}, naming the field and the device holding it.
+        C{"duplicate"}, naming the field and the device holding it. The
+        NetBox backend refuses (C{"invalid"}): devices are created in NetBox.
         """
 
     def get(self, name: str) -> Deferred[Device | None]:

@@ -19,7 +19,13 @@ from twisted.web.iweb import IRequest
 
 from fleetd.admin.refusals import storeRefusal
 from fleetd.admin.resource import ownerOf, renderAsync
-from fleetd.inventory.model import Device, IInventory, InventoryError, validateName
+from fleetd.inventory.model import (
+    Device,
+    DeviceStatus,
+    IInventory,
+    InventoryError,
+    validateName,
+)
 from fleetd.runs.registry import NotReady, Provisioned, RunRegistry
 from fleetd.runs.render import NodeFacts, RenderError, TemplateRenderer
 from fleetd.status import REFUSED_CLASSES
@@ -122,6 +128,18 @@ class ProvisionResource(Endpoint):
                     http.CONFLICT,
                     f"class-refused: {name} is of class {device.device_class},"
                     " which cannot install through fleetd",
+                )
+            if device.status is DeviceStatus.DECOMMISSIONING:
+                await self._journal.append(
+                    "provision.refused",
+                    actor=actor,
+                    device=name,
+                    fields={"reason": "decommissioning"},
+                )
+                raise Refused(
+                    http.CONFLICT,
+                    f"decommissioning: {name} is retired (decommissioning)"
+                    " and cannot be provisioned",
                 )
             devices.append(device)
         try:

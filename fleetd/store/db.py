@@ -164,7 +164,46 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         CREATE INDEX disk_serials_by_serial ON disk_serials (serial, device);
         """,
     ),
-    # New migrations go here as (7, "..."), ...: append only,
+    (
+        11,
+        # The NetBox inventory (fleetd.netbox): the durable outbox of status
+        # changes and releases, written in the transaction of the change
+        # it carries [J1]; the journal mirror's progress; what NetBox has
+        # no field for (desired actions); the last device list NetBox gave
+        # (so a start while NetBox is down still knows the fleet).
+        """
+        CREATE TABLE netbox_outbox (
+            id INTEGER PRIMARY KEY,
+            device TEXT NOT NULL,
+            status TEXT NOT NULL,
+            run TEXT UNIQUE,
+            served_at REAL,
+            peer TEXT,
+            digest TEXT,
+            created_at REAL NOT NULL,
+            state TEXT NOT NULL DEFAULT 'pending',
+            attempts INTEGER NOT NULL DEFAULT 0,
+            outcome TEXT
+        ) STRICT;
+        CREATE INDEX netbox_outbox_by_state ON netbox_outbox (state, id);
+        CREATE INDEX netbox_outbox_by_device ON netbox_outbox (device, id);
+        CREATE TABLE netbox_mirror (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            seq INTEGER NOT NULL,
+            doubt INTEGER
+        ) STRICT;
+        CREATE TABLE netbox_local (
+            device TEXT PRIMARY KEY,
+            desired_action TEXT
+        ) STRICT;
+        CREATE TABLE netbox_devices (
+            name TEXT PRIMARY KEY,
+            device TEXT NOT NULL
+        ) STRICT;
+        """,
+    ),
+    # New migrations go here as (N, "..."), with a number reserved for
+    # the subsystem: append only,
     # never edit or renumber one that has shipped.
 )
 """Schema migrations in order; C{PRAGMA user_version} records the last one."""
@@ -175,8 +214,10 @@ class StoreError(Exception):
 
 
 def _checkMigrations(migrations: Sequence[tuple[int, str]]) -> None:
+    # Subsystems own their numbers, so there may be gaps between them
+    # while branches are apart; numbers are positive, unique and ascending.
     numbers = [number for number, _ in migrations]
-    if numbers != list(range(1, len(numbers) + 1)):
+    if numbers != sorted(set(numbers)) or (numbers and numbers[0] < 1):
         raise StoreError(f"migrations must be numbered 1, 2, ...; got {numbers}")
 
 

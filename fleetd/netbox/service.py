@@ -1,0 +1,121 @@
+"""
+NetBox as the inventory, as one service: the inventory fleetd uses, the
+outbox worker and the journal mirror, and the start-up check of fleetd's
+custom fields.
+
+At start the check runs first: a missing custom field refuses the start,
+naming it; NetBox unreachable is retried with backoff (fleetd meanwhile
+serves from its own records, so a spore reboot while NetBox is down
+delays nothing but the pushes). The worker and the mirror start once the
+fields are known to exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from twisted.application.service import Service
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.task import deferLater
+from twisted.logger import Logger
+
+from fleetd.inventory.netbox import NetBoxInventory
+from fleetd.netbox.client import NetBoxClient, NetBoxError
+from fleetd.netbox.mirror import JournalMirror
+from fleetd.netbox.worker import OutboxWorker
+from fleetd.store.journal import AsyncJournal
+from fleetd.store.runner import IRunner
+
+FIRST_DELAY = 1.0
+MAX_DELAY = 300.0
+
+
+class NetBoxService(Service):
+    """The NetBox inventory's moving parts, started and stopped together."""
+
+    log = Logger()
+
+    def __init__(
+        self,
+        reactor: Any,
+        client: NetBoxClient,
+        runner: IRunner,
+        journal: AsyncJournal,
+        *,
+        configDigest: Callable[[str], str | None],
+        onRefused: Callable[[str], None],
+        wake: Callable[[Callable[[], None]], object] | None = None,
+        metrics: CollectorRegistry | None = None,
+    ) -> None:
+        """
+        @param wake: how the database thread hands the worker's kick to the
+            reactor (default C{reactor.callFromThread}).
+        @param onRefused: called with one line when NetBox lacks fleetd's
+            custom fields; it should stop fleetd.
+        """
+        self._clock = reactor
+        self._onRefused = onRefused
+        self._handOver = wake if wake is not None else reactor.callFromThread
+        self.worker = OutboxWorker(reactor, runner, journal, client, metrics=metrics)
+        self.mirror = JournalMirror(reactor, runner, client, metrics=metrics)
+        self.inventory = NetBoxInventory(
+            client,
+            runner,
+            journal,
+            reactor,
+            configDigest=configDigest,
+            wake=self._wake,
+        )
+        self.checking: Deferred[None] | None = None
+
+    def _wake(self) -> None:
+        """On the database thread: have the reactor kick the worker."""
+        self._handOver(self.worker.kick)
+
+    def startService(self) -> None:
+        super().startService()  # type: ignore[no-untyped-call]
+        self.checking = Deferred.fromCoroutine(self._check())
+        self.checking.addErrback(lambda f: f.trap(CancelledError))
+
+    async def _check(self) -> None:
+        delay = FIRST_DELAY
+        while True:
+            try:
+                missing = await self.inventory.checkCustomFields()
+            except NetBoxError as e:
+                if e.kind == "invalid":
+                    raise
+                self.log.warn(
+                    "netbox.check.retry in {delay}s: {reason}",
+                    delay=delay,
+                    reason=str(e),
+                )
+                await deferLater(self._clock, delay)
+                delay = min(delay * 2, MAX_DELAY)
+                continue
+            break
+        if missing:
+            message = (
+                "NetBox lacks fleetd's custom fields on dcim.device: "
+                + ", ".join(missing)
+                + " (create them with conf/netbox/custom-fields.json)"
+            )
+            self.log.critical("netbox.fields.missing: {reason}", reason=message)
+            self._onRefused(message)
+            return
+        self.log.info("netbox.ready {url}", url=self.inventory.client.base)
+        self.worker.start()
+        self.mirror.start()
+
+    def stopService(self) -> Deferred[None]:
+        super().stopService()  # type: ignore[no-untyped-call]
+        if self.checking is not None and not self.checking.called:
+            self.checking.cancel()
+        worker = self.worker.stop()
+        mirror = self.mirror.stop()
+        client = self.inventory.client
+        return worker.addCallback(lambda _: mirror).addCallback(
+            lambda _: client.close()
+        )

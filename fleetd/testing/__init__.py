@@ -1,0 +1,1 @@
+"""Reusable strict fakes of fleetd's peers, for tests (see each module)."""
