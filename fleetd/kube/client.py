@@ -35,6 +35,7 @@ SECRETS = f"/api/v1/namespaces/{NAMESPACE}/secrets"
 CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
 NODES = "/api/v1/nodes"
 BINDINGS = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
+ROLES = "/apis/rbac.authorization.k8s.io/v1/clusterroles"
 KUBELET_CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 MAX_BODY = 16 << 20
 MAX_LINE = 4 << 20
@@ -418,6 +419,10 @@ class KubeClient:
         except NotFound:
             return False
         return True
+
+    async def listClusterRoles(self) -> list[dict[str, Any]]:
+        doc = await self._call("GET", ROLES, "list clusterroles")
+        return list(doc.get("items") or [])
 
     async def listClusterRoleBindings(self) -> list[dict[str, Any]]:
         doc = await self._call("GET", BINDINGS, "list clusterrolebindings")

@@ -73,6 +73,7 @@ SECRETS = ("api", "v1", "namespaces", "kube-system", "secrets")
 CSRS = ("apis", "certificates.k8s.io", "v1", "certificatesigningrequests")
 NODES = ("api", "v1", "nodes")
 BINDINGS = ("apis", "rbac.authorization.k8s.io", "v1", "clusterrolebindings")
+ROLES = ("apis", "rbac.authorization.k8s.io", "v1", "clusterroles")
 
 
 def _rfc3339(at: float) -> str:
@@ -133,6 +134,7 @@ class FakeKube:
         self.csrs: dict[str, dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
         self.bindings: dict[str, dict[str, Any]] = {}
+        self.roles: dict[str, dict[str, Any]] = {}
         self.history: list[tuple[int, str, dict[str, Any]]] = []
         self.oldest = self.rv  # watches from before this get 410
         self.watchers: list[_Watcher] = []
@@ -324,6 +326,17 @@ class FakeKube:
                     }
                     for g in groups
                 ],
+            },
+        )
+
+    def addRole(self, name: str, rules: list[dict[str, Any]]) -> None:
+        self._create(
+            self.roles,
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": name},
+                "rules": rules,
             },
         )
 
@@ -650,6 +663,7 @@ class FakeKube:
             (CSRS, self.csrs, "CertificateSigningRequestList"),
             (NODES, self.nodes, "NodeList"),
             (BINDINGS, self.bindings, "ClusterRoleBindingList"),
+            (ROLES, self.roles, "ClusterRoleList"),
         ]
         for prefix, store, kind in table:
             if path[: len(prefix)] != prefix:
