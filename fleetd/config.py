@@ -364,7 +364,9 @@ def _checkKubeCredentials(kube: KubernetesSettings | None) -> None:
             "kubernetes.token_file",
             "give token_file or client_cert and client_key, not both",
         )
-    if kube.token_file is None and (kube.client_cert is None or kube.client_key is None):
+    if kube.token_file is None and (
+        kube.client_cert is None or kube.client_key is None
+    ):
         raise ConfigError(
             "kubernetes.token_file",
             "missing: a bearer token file, or both client_cert and client_key",

@@ -9,7 +9,7 @@ for a real API server would run the same assertions.
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
@@ -33,7 +33,7 @@ def _b64(text: str) -> str:
 
 def bootstrapSecret(
     tokenId: str = "abcdef",
-    secret: str = "0123456789abcdef",
+    secret: str = "0123456789abcdef",  # noqa: S107
     expiration: str | None = "2100-01-01T00:00:00Z",
     usage: bool = True,
     groups: str = "system:bootstrappers:fleetd",
@@ -52,7 +52,13 @@ def bootstrapSecret(
     }
 
 
-class KubeContractMixin:
+if TYPE_CHECKING:
+    _Base = SynchronousTestCase
+else:
+    _Base = object
+
+
+class KubeContractMixin(_Base):
     """The assertions; C{makeCluster} gives a client and the cluster's controls."""
 
     clock: Clock
@@ -65,12 +71,12 @@ class KubeContractMixin:
     def call(self, coroutine: Any) -> Any:
         d = Deferred.fromCoroutine(coroutine)
         self.fake.flush()
-        return self.successResultOf(d)  # type: ignore[attr-defined]
+        return self.successResultOf(d)
 
     def failure(self, coroutine: Any, *kinds: type[Exception]) -> Any:
         d = Deferred.fromCoroutine(coroutine)
         self.fake.flush()
-        return self.failureResultOf(d, *kinds).value  # type: ignore[attr-defined]
+        return self.failureResultOf(d, *kinds).value
 
     def setUp(self) -> None:
         self.makeCluster()
@@ -78,18 +84,18 @@ class KubeContractMixin:
     def test_secret_createGetDelete(self) -> None:
         """Secrets: create (stringData into data), get, delete, then 404."""
         created = self.call(self.client.createSecret(bootstrapSecret()))
-        self.assertNotIn("stringData", created)  # type: ignore[attr-defined]
+        self.assertNotIn("stringData", created)
         got = self.call(self.client.getSecret("bootstrap-token-abcdef"))
-        self.assertEqual(got["data"]["token-id"], _b64("abcdef"))  # type: ignore[attr-defined]
-        self.assertTrue(self.call(self.client.deleteSecret("bootstrap-token-abcdef")))  # type: ignore[attr-defined]
-        self.assertFalse(self.call(self.client.deleteSecret("bootstrap-token-abcdef")))  # type: ignore[attr-defined]
-        self.assertIsNone(self.call(self.client.getSecret("bootstrap-token-abcdef")))  # type: ignore[attr-defined]
+        self.assertEqual(got["data"]["token-id"], _b64("abcdef"))
+        self.assertTrue(self.call(self.client.deleteSecret("bootstrap-token-abcdef")))
+        self.assertFalse(self.call(self.client.deleteSecret("bootstrap-token-abcdef")))
+        self.assertIsNone(self.call(self.client.getSecret("bootstrap-token-abcdef")))
 
     def test_secret_nameTaken_alreadyExists(self) -> None:
         """Creating a Secret whose name is taken is a 409 AlreadyExists."""
         self.call(self.client.createSecret(bootstrapSecret()))
         error = self.failure(self.client.createSecret(bootstrapSecret()), Conflict)
-        self.assertEqual(error.reason, "AlreadyExists")  # type: ignore[attr-defined]
+        self.assertEqual(error.reason, "AlreadyExists")
 
     def test_secret_badFields_invalid(self) -> None:
         """Bad base64 data, bad keys, bad names and a foreign namespace are refused."""
@@ -115,26 +121,26 @@ class KubeContractMixin:
         self.call(self.client.createSecret(bootstrapSecret()))
         who = self.fake.authenticate("abcdef.0123456789abcdef")
         assert who is not None
-        self.assertEqual(who.username, "system:bootstrap:abcdef")  # type: ignore[attr-defined]
+        self.assertEqual(who.username, "system:bootstrap:abcdef")
         self.assertEqual(
             who.groups, ["system:bootstrappers", "system:bootstrappers:fleetd"]
-        )  # type: ignore[attr-defined]
-        self.assertIsNone(self.fake.authenticate("abcdef.0123456789abcdeX"))  # type: ignore[attr-defined]
+        )
+        self.assertIsNone(self.fake.authenticate("abcdef.0123456789abcdeX"))
         self.call(
             self.client.createSecret(
                 bootstrapSecret("old000", expiration="1970-01-01T00:00:10Z")
             )
         )
         self.clock.advance(20)
-        self.assertIsNone(self.fake.authenticate("old000.0123456789abcdef"))  # type: ignore[attr-defined]
+        self.assertIsNone(self.fake.authenticate("old000.0123456789abcdef"))
         self.call(self.client.createSecret(bootstrapSecret("nouse0", usage=False)))
-        self.assertIsNone(self.fake.authenticate("nouse0.0123456789abcdef"))  # type: ignore[attr-defined]
+        self.assertIsNone(self.fake.authenticate("nouse0.0123456789abcdef"))
         self.call(
             self.client.createSecret(bootstrapSecret("badgrp", groups="system:nodes"))
         )
-        self.assertIsNone(self.fake.authenticate("badgrp.0123456789abcdef"))  # type: ignore[attr-defined]
+        self.assertIsNone(self.fake.authenticate("badgrp.0123456789abcdef"))
         self.call(self.client.deleteSecret("bootstrap-token-abcdef"))
-        self.assertIsNone(self.fake.authenticate("abcdef.0123456789abcdef"))  # type: ignore[attr-defined]
+        self.assertIsNone(self.fake.authenticate("abcdef.0123456789abcdef"))
 
     def fileCSR(self, cn: str = "system:node:w1") -> dict[str, Any]:
         self.call(self.client.createSecret(bootstrapSecret()))
@@ -143,12 +149,12 @@ class KubeContractMixin:
     def test_csr_serverSetsRequester(self) -> None:
         """spec.username and groups come from the credential, not the client."""
         csr = self.fileCSR()
-        self.assertEqual(csr["spec"]["username"], "system:bootstrap:abcdef")  # type: ignore[attr-defined]
+        self.assertEqual(csr["spec"]["username"], "system:bootstrap:abcdef")
         items, rv = self.call(self.client.listCSRs())
         self.assertEqual(
             [i["metadata"]["name"] for i in items], [csr["metadata"]["name"]]
-        )  # type: ignore[attr-defined]
-        self.assertTrue(rv)  # type: ignore[attr-defined]
+        )
+        self.assertTrue(rv)
 
     def test_approval_staleVersion_conflict(self) -> None:
         """[K2] An approval with a stale resourceVersion is a 409."""
@@ -166,7 +172,7 @@ class KubeContractMixin:
             ),
             Conflict,
         )
-        self.assertEqual(error.code, 409)  # type: ignore[attr-defined]
+        self.assertEqual(error.code, 409)
 
     def test_approval_conflictRetried(self) -> None:
         """A 409 during approveCSR reads the CSR again and succeeds."""
@@ -176,7 +182,7 @@ class KubeContractMixin:
         result = self.call(self.client.approveCSR(name, lambda c: True, "m"))
         self.assertEqual(
             [c["type"] for c in result["status"]["conditions"]], ["Approved"]
-        )  # type: ignore[attr-defined]
+        )
 
     def test_approval_exclusiveAndOnce(self) -> None:
         """Approved and Denied are exclusive; a duplicate Approved is rejected."""
@@ -203,16 +209,16 @@ class KubeContractMixin:
         self.fake.flush()
         csr = self.fileCSR()
         self.fake.flush()
-        self.assertEqual([e["type"] for e in events], ["ADDED"])  # type: ignore[attr-defined]
+        self.assertEqual([e["type"] for e in events], ["ADDED"])
         self.fake.bookmark()
-        self.assertEqual(events[-1]["type"], "BOOKMARK")  # type: ignore[attr-defined]
-        self.assertEqual(set(events[-1]["object"]["metadata"]), {"resourceVersion"})  # type: ignore[attr-defined]
+        self.assertEqual(events[-1]["type"], "BOOKMARK")
+        self.assertEqual(set(events[-1]["object"]["metadata"]), {"resourceVersion"})
         self.clock.advance(30)  # timeoutSeconds: the server ends it
         self.fake.flush()
-        self.successResultOf(watch.done)  # type: ignore[attr-defined]
+        self.successResultOf(watch.done)
         self.assertEqual(
             events[0]["object"]["metadata"]["name"], csr["metadata"]["name"]
-        )  # type: ignore[attr-defined]
+        )
 
     def test_watch_tooOld_error410(self) -> None:
         """A watch from a compacted version gets one ERROR event with code 410."""
@@ -222,15 +228,15 @@ class KubeContractMixin:
         events: list[dict[str, Any]] = []
         watch = self.client.watchCSRs(rv, events.append)
         self.fake.flush()
-        self.successResultOf(watch.done)  # type: ignore[attr-defined]
-        self.assertEqual(events[0]["type"], "ERROR")  # type: ignore[attr-defined]
-        self.assertEqual(events[0]["object"]["code"], 410)  # type: ignore[attr-defined]
+        self.successResultOf(watch.done)
+        self.assertEqual(events[0]["type"], "ERROR")
+        self.assertEqual(events[0]["object"]["code"], 410)
 
     def test_nodes_deleteAndMissing(self) -> None:
         """Deleting a Node; deleting it again says it was not there."""
         self.fake.addNode("w1")
-        self.assertTrue(self.call(self.client.deleteNode("w1")))  # type: ignore[attr-defined]
-        self.assertFalse(self.call(self.client.deleteNode("w1")))  # type: ignore[attr-defined]
+        self.assertTrue(self.call(self.client.deleteNode("w1")))
+        self.assertFalse(self.call(self.client.deleteNode("w1")))
 
     def test_bindings_list(self) -> None:
         """ClusterRoleBindings list with their subjects and roleRef."""
@@ -238,7 +244,7 @@ class KubeContractMixin:
             "b", "system:node-bootstrapper", ["system:bootstrappers:x"]
         )
         (binding,) = self.call(self.client.listClusterRoleBindings())
-        self.assertEqual(binding["roleRef"]["name"], "system:node-bootstrapper")  # type: ignore[attr-defined]
+        self.assertEqual(binding["roleRef"]["name"], "system:node-bootstrapper")
 
     def test_faults_typed(self) -> None:
         """5xx and 429 are unavailable, refused connections too, 404 NotFound."""
@@ -262,7 +268,7 @@ class KubeContractMixin:
             "https://kube.test", self.fake.http(), self.clock, bearer="wrong"
         )
         error = self.failure(other.listClusterRoleBindings(), KubeError)
-        self.assertEqual(error.code, 401)  # type: ignore[attr-defined]
+        self.assertEqual(error.code, 401)
 
     def test_gone_typed(self) -> None:
         """An HTTP 410 answer is Gone."""
@@ -288,7 +294,6 @@ class FakeStrictnessTests(SynchronousTestCase):
     def test_csrRequestMustBePEM(self) -> None:
         """A CSR whose request is not a PEM CERTIFICATE REQUEST is 422."""
         fake = FakeKube(Clock())
-        fake.createSecretForTest = None  # type: ignore[attr-defined]
         error = self.assertRaises(
             ApiError,
             fake._createCSR,

@@ -248,15 +248,18 @@ class TokenBook:
     async def discard(self, issued: list[Issued]) -> None:
         """The provision did not commit: delete the Secrets it created."""
         for item in issued:
-            try:
-                await self.client.deleteSecret(item.token.secretName)
-            except KubeError as e:
-                self.log.warn(
-                    "kube.token.discard-failed {token_id}: {reason};"
-                    " its expiration removes it",
-                    token_id=item.token.id,
-                    reason=str(e),
-                )
+            await self.discardToken(item.token)
+
+    async def discardToken(self, token: Token) -> None:
+        """Delete a Secret no commit refers to (best effort)."""
+        try:
+            await self.client.deleteSecret(token.secretName)
+        except KubeError as e:
+            self.log.warn(
+                "kube.token.discard-failed {token_id}: {reason}",
+                token_id=token.id,
+                reason=str(e),
+            )
 
     # Deletion (the machine's effect)
 
