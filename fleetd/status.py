@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetd.inventory.model import Device, DeviceStatus, IInventory
+from fleetd.kube import status as kubestatus
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry, RunView
 from fleetd.store.journal import AsyncJournal, JournalEntry
@@ -31,6 +32,7 @@ class DeviceReport:
     journal: list[JournalEntry]
     state: str
     recovery: str | None
+    kubernetes: kubestatus.Credentials | None = None
 
     def toJSON(self) -> dict[str, Any]:
         run = None
@@ -43,6 +45,7 @@ class DeviceReport:
             "journal": [entry.toJSON() for entry in self.journal],
             "state": self.state,
             "recovery": self.recovery,
+            "kubernetes": None if self.kubernetes is None else self.kubernetes.toJSON(),
         }
 
 
@@ -102,7 +105,9 @@ class StatusService:
         registry: RunRegistry,
         alerts: AlertTracker,
         journal: AsyncJournal,
+        credentials: kubestatus.KubeStatus | None = None,
     ) -> None:
+        self._credentials = credentials
         self._inventory = inventory
         self._registry = registry
         self._alerts = alerts
@@ -117,4 +122,13 @@ class StatusService:
         alerts = self._alerts.openFor(device.name)
         entries = await self._journal.latest(device=device.name, limit=RECENT_ENTRIES)
         state, recovery = assess(device, run, alerts)
-        return DeviceReport(device, run, alerts, entries, state, recovery)
+        creds = None
+        if self._credentials is not None:
+            creds = await self._credentials.credentials(device.name)
+            if recovery is None and device.status is not DeviceStatus.DECOMMISSIONING:
+                found = kubestatus.assess(
+                    device.name, None if run is None else run.state, creds
+                )
+                if found is not None:
+                    state, recovery = found
+        return DeviceReport(device, run, alerts, entries, state, recovery, creds)

@@ -147,6 +147,8 @@ class TokenBook:
 
     def load(self, records: list[TokenRecord]) -> None:
         """Rebuild every live token's machine from the database (a start)."""
+        if self.stopped:
+            return  # stopped while loading: arm nothing
         for record in records:
             token = self._add(record)
             if record.approved_at is not None and record.delete_at is not None:
