@@ -245,6 +245,10 @@ def buildParser() -> argparse.ArgumentParser:
 
     status.addCommands(commands)
 
+    from fleetd.cli import cluster
+
+    cluster.addCommands(commands)
+
     from fleetd.cli.dnscheck import addArguments
 
     dns = commands.add_parser(
