@@ -29,15 +29,16 @@ reason and records it then ("late").
 
 from __future__ import annotations
 
+import sqlite3
 from collections import OrderedDict
 from typing import Any, Protocol
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from fleetd.inventory.model import DeviceStatus, IInventory
+from fleetd.inventory.model import DeviceStatus, IInventory, InventoryError
 from fleetd.kube.book import TokenBook, _Token
 from fleetd.kube.client import KubeClient, KubeError
 from fleetd.kube.csr import (
@@ -56,11 +57,12 @@ from fleetd.kube.store import (
     noteNotAfter,
 )
 from fleetd.kube.tokens import NODE_GROUP
-from fleetd.store.db import Database
-from fleetd.store.journal import AsyncJournal, Recorder
+from fleetd.store.db import Database, StoreError
+from fleetd.store.journal import AsyncJournal, JournalRefused, Recorder
 from fleetd.store.runner import IRunner
 
 JOURNAL_EVERY = 3600.0
+_UNAVAILABLE = (StoreError, sqlite3.Error, JournalRefused, InventoryError, KubeError)
 REMEMBERED = 4096
 APPROVAL_REASON = "FleetdApproved"
 
@@ -127,7 +129,14 @@ class Approver:
         def done(result: object) -> None:
             self._busy.discard(facts.name)
             self._pending.discard(d)
-            if isinstance(result, Failure):
+            if isinstance(result, Failure) and result.check(*_UNAVAILABLE):
+                # Not recorded; the next sight of the CSR decides or records it.
+                self.log.error(
+                    "kube.csr.not-recorded {csr}: {reason}",
+                    csr=facts.name,
+                    reason=result.getErrorMessage(),
+                )
+            elif isinstance(result, Failure) and not result.check(CancelledError):
                 self.log.failure("kube.csr.failed {csr}", result, csr=facts.name)
             again = self._again.pop(facts.name, None)
             if again is not None and not self._stopped:
@@ -178,10 +187,10 @@ class Approver:
             reason = "wrong-groups"
         elif node != device:
             reason = "wrong-node"
-        elif token.approving or not token.machine.mayApprove():
-            reason = "second-csr-for-token"
         elif token.record.expires_at is not None and now >= token.record.expires_at:
             reason = "token-expired"
+        elif token.approving or not token.machine.mayApprove():
+            reason = "second-csr-for-token"
         if reason is not None:
             self._leave(facts.name, facts.username, device, reason, facts.uid)
             return

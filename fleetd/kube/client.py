@@ -177,13 +177,18 @@ class Watch:
         self._lines: _Lines | None = None
         self._request: Deferred[Any] | None = None
 
-    def stop(self) -> None:
+    def stop(self, error: Exception | None = None) -> None:
+        """End it; C{done} fails with C{error} (L{CancelledError} by default)."""
+        if not self.done.called:
+            self.done.errback(error or CancelledError())
         if self._lines is not None:
             self._lines.stop()
         elif self._request is not None:
             self._request.cancel()
-        if not self.done.called:
-            self.done.errback(CancelledError())
+
+    def expire(self) -> None:
+        """The server kept it open past its own timeout: a broken stream."""
+        self.stop(KubeUnavailable("watch csrs: no end from the server; reconnecting"))
 
 
 class KubeClient:
@@ -365,7 +370,7 @@ class KubeClient:
         d.addCallback(started)
         d.addBoth(settle)
         # The server ends the stream after timeoutSeconds; this is the backstop.
-        timer = self._clock.callLater(timeoutSeconds + 60, watch.stop)
+        timer = self._clock.callLater(timeoutSeconds + 60, watch.expire)
 
         def disarm(result: object) -> object:
             if timer.active():

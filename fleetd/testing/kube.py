@@ -143,6 +143,9 @@ class FakeKube:
         self.calls: list[tuple[str, str]] = []
         self.signingDuration = 365 * 86400.0
         self._credentials: dict[str, Identity] = {}
+        self._stubs: list[Any] = []
+        self._flushing = False
+        self._flushAgain = False
         self._generated = 0
 
     # Test controls
@@ -152,6 +155,7 @@ class FakeKube:
         from treq.testing import StubTreq
 
         stub: Any = StubTreq(self.resource())  # type: ignore[no-untyped-call]
+        self._stubs.append(stub)
         fake = self
 
         class _Client:
@@ -159,20 +163,31 @@ class FakeKube:
                 if not fake.reachable:
                     return fail(ConnectionRefusedError("fake kube is down"))
                 d: Deferred[Any] = stub.request(method, url, **kwargs)
-                stub.flush()
+                fake.flush()
                 return d
 
-            def flush(self) -> None:
-                stub.flush()
-
-        self._stub = stub
         return _Client()
 
     def flush(self) -> None:
-        """Deliver what the fake wrote to streams (StubTreq only)."""
-        stub = getattr(self, "_stub", None)
-        if stub is not None:
-            stub.flush()
+        """
+        Deliver what is pending between clients and the fake (StubTreq).
+        Re-entrant calls (a client reacting to data by making a request)
+        ask the outermost call for another round: C{StubTreq.flush} itself
+        must not be nested, or it loses the connections it is pumping.
+        """
+        if self._flushing:
+            self._flushAgain = True
+            return
+        self._flushing = True
+        try:
+            while True:
+                self._flushAgain = False
+                for stub in self._stubs:
+                    stub.flush()
+                if not self._flushAgain:
+                    break
+        finally:
+            self._flushing = False
 
     def failNext(self, method: str, contains: str, code: int, reason: str = "") -> None:
         """Answer the next C{method} call whose path contains C{contains}."""
