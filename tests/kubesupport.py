@@ -7,7 +7,6 @@ from typing import Any
 
 import yaml
 from twisted.internet.defer import Deferred
-from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.config import KubernetesSettings
 from fleetd.kube.client import KubeClient
@@ -33,14 +32,12 @@ SETTINGS = KubernetesSettings(
 class KubeFleet(Fleet):
     """A L{Fleet} whose provisions issue tokens against a L{FakeKube}."""
 
-    def __init__(self, test: SynchronousTestCase) -> None:
-        self.fake: FakeKube | None = None
-        self.kube: KubeService | None = None
-        super().__init__(test)
+    fake: FakeKube
+    kube: KubeService
 
     def start(self, vault: Any = None, inventory: Any = None) -> None:
         super().start(vault, inventory)
-        if self.fake is None:
+        if not hasattr(self, "fake"):
             self.fake = FakeKube(self.clock)
         self.client = KubeClient(
             "https://kube.test",
@@ -69,7 +66,6 @@ class KubeFleet(Fleet):
         )
 
     def stopKube(self) -> None:
-        assert self.kube is not None and self.fake is not None
         d = self.kube.stopService()
         self.fake.flush()
         self.test.successResultOf(d)
@@ -79,7 +75,6 @@ class KubeFleet(Fleet):
         super().restart(wipeVault)
 
     def provision(self, *devices: Any, action: str | None = None) -> list[Any]:
-        assert self.kube is not None and self.fake is not None
         d = Deferred.fromCoroutine(
             self.registry.provision(
                 list(devices),
@@ -115,14 +110,12 @@ class KubeFleet(Fleet):
 
     def fileCSR(self, bearer: str, node: str, **kwargs: Any) -> dict[str, Any]:
         """A kubelet files its CSR; the watch delivers it to the approver."""
-        assert self.fake is not None
         pem = csrPEM(f"system:node:{node}", **kwargs)
         csr = self.fake.fileCSR(bearer, pem)
         self.fake.flush()
         return csr
 
     def csr(self, name: str) -> dict[str, Any]:
-        assert self.fake is not None
         return self.fake.csrs[name]
 
     def approved(self, name: str) -> bool:
@@ -143,7 +136,7 @@ class KubeFleet(Fleet):
         return [e for e in found if e.event == event]
 
     def faults(self) -> Faults:
-        return Faults(self)  # type: ignore[arg-type]
+        return Faults(self)
 
 
 def secretData(fake: FakeKube, tokenId: str) -> dict[str, str]:

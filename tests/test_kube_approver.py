@@ -138,13 +138,13 @@ class ApproverTests(SynchronousTestCase):
         authenticator would refuse the token; here the CSR arrives as if
         filed just before, and is seen after).
         """
-        self.fleet.kube.watcher.stop()  # type: ignore[union-attr]
+        self.fleet.kube.watcher.stop()
         self.fake.flush()
         csr = self.fake.fileCSR(self.bearer1, csrPEM("system:node:w1"))
         self.fake.reachable = False  # the expiry's deletion is being retried
         self.fleet.clock.advance(86400)
         self.fake.reachable = True
-        self.fleet.kube.approver.seen(self.fake.csrs[csr["metadata"]["name"]])  # type: ignore[union-attr]
+        self.fleet.kube.approver.seen(self.fake.csrs[csr["metadata"]["name"]])
         self.fake.flush()
         self.refused(csr, "token-expired")
 
@@ -163,11 +163,11 @@ class ApproverTests(SynchronousTestCase):
         csr = self.fleet.fileCSR(self.bearer2, "w1")
         obj = self.fake.csrs[csr["metadata"]["name"]]
         for _ in range(5):
-            self.fleet.kube.approver.seen(obj)  # type: ignore[union-attr]
+            self.fleet.kube.approver.seen(obj)
         self.assertEqual(len(self.pending()), 1)
         self.fleet.clock.advance(3600)
         self.fake.flush()
-        self.fleet.kube.approver.seen(obj)  # type: ignore[union-attr]
+        self.fleet.kube.approver.seen(obj)
         self.assertEqual(len(self.pending()), 2)
 
     # Faults
@@ -180,13 +180,13 @@ class ApproverTests(SynchronousTestCase):
         self.assertEqual(self.fleet.status("w1"), DeviceStatus.ACTIVE)
 
     def test_apiDown_notApproved_thenApproved(self) -> None:
-        """[K2] The approval call fails (5xx): nothing recorded; a later sight approves."""
+        """[K2] The approval fails (5xx): nothing recorded; a later sight approves."""
         self.fake.failNext("PUT", "/approval", 503, "ServiceUnavailable")
         name = self.fleet.fileCSR(self.bearer1, "w1")["metadata"]["name"]
         self.assertFalse(self.fleet.approved(name))
         self.assertEqual(self.fleet.status("w1"), DeviceStatus.STAGED)
         self.assertEqual(self.fleet.entries("kube.csr-approved"), [])
-        self.fleet.kube.approver.seen(self.fake.csrs[name])  # type: ignore[union-attr]
+        self.fleet.kube.approver.seen(self.fake.csrs[name])
         self.fake.flush()
         self.assertTrue(self.fleet.approved(name))
 
@@ -198,15 +198,15 @@ class ApproverTests(SynchronousTestCase):
         faults = self.fleet.faults()
         faults.runner.failing = sqlite3.OperationalError("disk I/O error")
         self.fake.closeWatches()  # keep the MODIFIED event for later
-        self.fleet.kube.watcher.stop()  # type: ignore[union-attr]
+        self.fleet.kube.watcher.stop()
         csr = self.fake.fileCSR(self.bearer1, csrPEM("system:node:w1"))
         name = csr["metadata"]["name"]
-        self.fleet.kube.approver.seen(self.fake.csrs[name])  # type: ignore[union-attr]
+        self.fleet.kube.approver.seen(self.fake.csrs[name])
         self.fake.flush()
         self.assertTrue(self.fleet.approved(name))
         faults.clear()
         self.assertEqual(self.fleet.status("w1"), DeviceStatus.STAGED)
-        self.fleet.kube.approver.seen(self.fake.csrs[name])  # type: ignore[union-attr]
+        self.fleet.kube.approver.seen(self.fake.csrs[name])
         self.fake.flush()
         self.assertEqual(self.fleet.status("w1"), DeviceStatus.ACTIVE)
         (entry,) = self.fleet.entries("kube.csr-approved")

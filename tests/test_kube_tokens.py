@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import sqlite3
 
+from cryptography.exceptions import InvalidTag
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
+from fleetd.inventory.model import DeviceStatus
 from fleetd.kube.client import KubeUnavailable
 from fleetd.kube.tokens import (
     NODE_GROUP,
@@ -20,7 +22,6 @@ from fleetd.kube.tokens import (
     tokenSecret,
 )
 from fleetd.runs.render import NodeFacts
-from fleetd.inventory.model import DeviceStatus
 from tests.kubesupport import KubeFleet, device, secretData
 from tests.test_runs import RENDERER
 
@@ -56,7 +57,7 @@ class TokenFormatTests(SynchronousTestCase):
         sealed = sealer.seal(token)
         self.assertNotIn(token.secret.encode(), sealed)
         self.assertEqual(sealer.open(token.id, sealed), token)
-        self.assertRaises(Exception, sealer.open, "zzzzzz", sealed)
+        self.assertRaises(InvalidTag, sealer.open, "zzzzzz", sealed)
 
 
 class IssueTests(SynchronousTestCase):
@@ -79,16 +80,16 @@ class IssueTests(SynchronousTestCase):
         self.assertNotEqual(bearers[0], bearers[1])
         run, bearer = runs[0], bearers[0]
         tokenId = bearer.split(".")[0]
-        secret = self.fleet.fake.secrets[f"bootstrap-token-{tokenId}"]  # type: ignore[union-attr]
+        secret = self.fleet.fake.secrets[f"bootstrap-token-{tokenId}"]
         self.assertEqual(secret["type"], TOKEN_TYPE)
-        data = secretData(self.fleet.fake, tokenId)  # type: ignore[arg-type]
+        data = secretData(self.fleet.fake, tokenId)
         self.assertEqual(data["auth-extra-groups"], NODE_GROUP)
         self.assertEqual(data["usage-bootstrap-authentication"], "true")
         self.assertNotIn("usage-bootstrap-signing", data)
         self.assertEqual(data["expiration"], "1970-01-02T00:00:00Z")
         self.assertIn("w1", data["description"])
         self.assertIn(run.run, data["description"])
-        who = self.fleet.fake.authenticate(bearer)  # type: ignore[union-attr]
+        who = self.fleet.fake.authenticate(bearer)
         assert who is not None
         self.assertEqual(who.username, f"system:bootstrap:{tokenId}")
         record = self.fleet.token(tokenId)
@@ -112,9 +113,9 @@ class IssueTests(SynchronousTestCase):
         """A new provision supersedes the old run's unapproved token: deleted now."""
         (old,) = self.fleet.provision(device("w1", "SER1"))
         oldId = self.fleet.bearer(old.run).split(".")[0]
-        (new,) = self.fleet.provision(device("w1", "SER1"))
-        self.fleet.fake.flush()  # type: ignore[union-attr]
-        self.assertNotIn(f"bootstrap-token-{oldId}", self.fleet.fake.secrets)  # type: ignore[union-attr]
+        self.fleet.provision(device("w1", "SER1"))
+        self.fleet.fake.flush()
+        self.assertNotIn(f"bootstrap-token-{oldId}", self.fleet.fake.secrets)
         record = self.fleet.token(oldId)
         assert record is not None and record.deleted_at is not None
         self.assertEqual(
@@ -127,7 +128,7 @@ class IssueTests(SynchronousTestCase):
 
     def test_apiDown_nothingProvisioned(self) -> None:
         """[J1] The Secret cannot be created: no run, no row, no file, no entry."""
-        self.fleet.fake.reachable = False  # type: ignore[union-attr]
+        self.fleet.fake.reachable = False
         d = Deferred.fromCoroutine(
             self.fleet.registry.provision(
                 [device("w1", "SER1")],
@@ -135,7 +136,7 @@ class IssueTests(SynchronousTestCase):
                 render=lambda d, run, token=None: RENDERER.render(
                     None, NodeFacts(d.name, d.device_class, run, bootstrap_token=token)
                 ),
-                credentials=self.fleet.kube.book,  # type: ignore[union-attr]
+                credentials=self.fleet.kube.book,
             )
         )
         self.failureResultOf(d, KubeUnavailable)
@@ -155,13 +156,13 @@ class IssueTests(SynchronousTestCase):
                 render=lambda d, run, token=None: RENDERER.render(
                     None, NodeFacts(d.name, d.device_class, run, bootstrap_token=token)
                 ),
-                credentials=self.fleet.kube.book,  # type: ignore[union-attr]
+                credentials=self.fleet.kube.book,
             )
         )
-        self.fleet.fake.flush()  # type: ignore[union-attr]
+        self.fleet.fake.flush()
         self.failureResultOf(d, sqlite3.OperationalError)
         faults.clear()
-        self.assertEqual(self.fleet.fake.secrets, {})  # type: ignore[union-attr]
+        self.assertEqual(self.fleet.fake.secrets, {})
         self.assertEqual(self.fleet.vault.names(), [])
         self.assertIsNone(self.fleet.registry.current("w1"))
 
@@ -178,13 +179,13 @@ class IssueTests(SynchronousTestCase):
                 render=lambda d, run, token=None: RENDERER.render(
                     None, NodeFacts(d.name, d.device_class, run, bootstrap_token=token)
                 ),
-                credentials=self.fleet.kube.book,  # type: ignore[union-attr]
+                credentials=self.fleet.kube.book,
             )
         )
-        self.fleet.fake.flush()  # type: ignore[union-attr]
+        self.fleet.fake.flush()
         self.failureResultOf(d, StoreError)
         faults.clear()
-        self.assertEqual(self.fleet.fake.secrets, {})  # type: ignore[union-attr]
+        self.assertEqual(self.fleet.fake.secrets, {})
         self.assertEqual(self.fleet.entries("kube.token-issued"), [])
 
     def test_noCluster_templateTokenKept(self) -> None:
