@@ -423,6 +423,13 @@ class FakeKube:
         line = json.dumps({"type": kind, "object": obj}).encode("utf-8") + b"\n"
         watcher.request.write(line)
 
+    def _forgetWatch(self, watcher: _Watcher) -> None:
+        """The stream ended (either side): forget it and its timer."""
+        if watcher in self.watchers:
+            self.watchers.remove(watcher)
+        if watcher.timer is not None and watcher.timer.active():
+            watcher.timer.cancel()
+
     def _endWatch(self, watcher: _Watcher) -> None:
         if watcher in self.watchers:
             self.watchers.remove(watcher)
@@ -606,11 +613,7 @@ class FakeKube:
             request.finish()
             return server.NOT_DONE_YET
         self.watchers.append(watcher)
-        request.notifyFinish().addBoth(
-            lambda _: (
-                self.watchers.remove(watcher) if watcher in self.watchers else None
-            )
-        )
+        request.notifyFinish().addBoth(lambda _: self._forgetWatch(watcher))
         for at, kind, obj in self.history:
             if at > rv and watcher.signer in (None, obj["spec"].get("signerName")):
                 self._send(watcher, kind, obj)
