@@ -73,13 +73,13 @@ class DeletionTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.fleet = KubeFleet(self)
         self.fleet.add(device("w1", "SER1"))
-        (self.run,) = self.fleet.provision(device("w1", "SER1"))
-        self.bearer = self.fleet.bearer(self.run.run)
+        (self.theRun,) = self.fleet.provision(device("w1", "SER1"))
+        self.bearer = self.fleet.bearer(self.theRun.run)
         self.tokenId = self.bearer.split(".")[0]
         self.secret = f"bootstrap-token-{self.tokenId}"
 
     def approve(self) -> None:
-        self.fleet.fetch(self.run.code)
+        self.fleet.fetch(self.theRun.code)
         self.fleet.fileCSR(self.bearer, "w1")
         record = self.fleet.token(self.tokenId)
         assert record is not None
@@ -114,7 +114,7 @@ class DeletionTests(SynchronousTestCase):
         self.fleet.fake.flush()
         self.assertNotIn(self.secret, self.fleet.fake.secrets)
         (entry,) = self.fleet.entries("kube.token-deleted")
-        self.assertEqual(entry.at, 660.0)
+        self.assertEqual(entry.at, 600.0)
 
     def test_apiDown_retriedUntilDeleted(self) -> None:
         """[K4] The API is down at the deadline: retried with backoff until it works."""
