@@ -38,7 +38,11 @@ from fleetd.web import Endpoint, notFound, textResponse
 OwnerOf = Callable[[IRequest], str | None]
 MAX_REASON = 200
 NO_CLUSTER = "no-cluster: [kubernetes] is not configured; fleetd makes no cluster calls"
-STATUS = {"not-found": http.NOT_FOUND, "conflict": http.CONFLICT}
+STATUS = {
+    "not-found": http.NOT_FOUND,
+    "conflict": http.CONFLICT,
+    "no-cluster": http.CONFLICT,
+}
 
 
 class _Bad(Exception):
@@ -139,7 +143,7 @@ def clusterTokenResource(
 
     def need() -> ClusterTokens:
         if tokens is None:
-            raise ClusterTokenError(NO_CLUSTER.split(": ", 1)[1], "conflict")
+            raise ClusterTokenError(NO_CLUSTER.split(": ", 1)[1], "no-cluster")
         return tokens
 
     async def request(body: dict[str, str], actor: str) -> Any:
