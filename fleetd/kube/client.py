@@ -210,7 +210,9 @@ class KubeClient:
         *,
         bearer: str | None = None,
         timeout: float = 15.0,
+        pool: Any = None,
     ) -> None:
+        self._pool = pool
         self.api = api.rstrip("/")
         self._http = http
         self._clock = clock
@@ -263,6 +265,13 @@ class KubeClient:
             return json.loads(raw) if raw else {}
         except ValueError as e:
             raise KubeUnavailable(f"{what}: the answer is not JSON") from e
+
+    def close(self) -> Deferred[None] | None:
+        """Close pooled connections (the daemon stops)."""
+        if self._pool is None:
+            return None
+        result: Deferred[None] = self._pool.closeCachedConnections()
+        return result
 
     # Secrets in kube-system
 

@@ -94,5 +94,5 @@ def clientFromSettings(reactor: Any, settings: KubernetesSettings) -> KubeClient
     agent = Agent(reactor, _ClusterTLS(trust, clientCert), pool=pool)
     http = treq.client.HTTPClient(agent)
     return KubeClient(
-        settings.api, http, reactor, bearer=bearer, timeout=settings.timeout
+        settings.api, http, reactor, bearer=bearer, timeout=settings.timeout, pool=pool
     )

@@ -109,4 +109,8 @@ class KubeService(Service):
             pending.append(loop)
         if self._starting is not None:
             pending.append(self._starting)
-        return DeferredList(pending, consumeErrors=True).addCallback(lambda _: None)
+
+        def close(_: object) -> Deferred[None] | None:
+            return self.client.close()
+
+        return DeferredList(pending, consumeErrors=True).addCallback(close)
