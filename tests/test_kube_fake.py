@@ -262,6 +262,16 @@ class KubeContractMixin(_Base):
         self.fake.reachable = True
         self.failure(self.client.getCSR("nope"), NotFound)
 
+    def test_hungServer_timesOut(self) -> None:
+        """A call the server never answers fails as unavailable at its deadline."""
+        self.fake.hangNext("DELETE", "/nodes/")
+        d = Deferred.fromCoroutine(self.client.deleteNode("w1"))
+        self.fake.flush()
+        self.assertNoResult(d)
+        self.clock.advance(self.client.timeout)
+        self.fake.flush()
+        self.failureResultOf(d, KubeUnavailable)
+
     def test_unauthenticated_refused(self) -> None:
         """A wrong bearer is a 401, not a success."""
         other = KubeClient(

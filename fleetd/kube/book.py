@@ -98,13 +98,15 @@ class _Token(TokenEffects):
             return
         if f.check(KubeError):
             self.book.log.warn(
-                "kube.token.delete-failed {token_id}: {reason}; retrying",
-                token_id=self.record.id,
+                "kube.token.delete-failed {bootstrap_id}: {reason}; retrying",
+                bootstrap_id=self.record.id,
                 reason=f.getErrorMessage(),
             )
         else:
             self.book.log.failure(
-                "kube.token.delete-failed {token_id}", f, token_id=self.record.id
+                "kube.token.delete-failed {bootstrap_id}",
+                f,
+                bootstrap_id=self.record.id,
             )
         self.machine.failed()
 
@@ -205,8 +207,8 @@ class TokenBook:
             delete_at=expires,
         )
         self.log.info(
-            "kube.token.created {token_id} {device} {run}",
-            token_id=token.id,
+            "kube.token.created {bootstrap_id} {device} {run}",
+            bootstrap_id=token.id,
             device=device,
             run=run,
         )
@@ -258,8 +260,8 @@ class TokenBook:
             await self.client.deleteSecret(token.secretName)
         except KubeError as e:
             self.log.warn(
-                "kube.token.discard-failed {token_id}: {reason}",
-                token_id=token.id,
+                "kube.token.discard-failed {bootstrap_id}: {reason}",
+                bootstrap_id=token.id,
                 reason=str(e),
             )
 

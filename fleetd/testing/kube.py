@@ -38,7 +38,8 @@ the documentation or source named in C{notes/kube-netbox.md}:
     bootstrap token, or a kubelet credential from L{nodeCredential}.
 
 Faults: L{failNext} answers the next matching call with a status;
-C{reachable = False} refuses connections (through L{http}).
+L{hangNext} never answers it; C{reachable = False} refuses connections
+(through L{http}).
 """
 
 from __future__ import annotations
@@ -192,6 +193,10 @@ class FakeKube:
     def failNext(self, method: str, contains: str, code: int, reason: str = "") -> None:
         """Answer the next C{method} call whose path contains C{contains}."""
         self.faults.append((method, contains, code, reason or "InternalError"))
+
+    def hangNext(self, method: str, contains: str) -> None:
+        """Never answer the next matching call (a hung API server)."""
+        self.faults.append((method, contains, 0, "hang"))
 
     def compact(self) -> None:
         """Forget the event history, as etcd does after ~5 minutes."""
@@ -634,6 +639,8 @@ class FakeKube:
                 fmethod, contains, code, reason = fault
                 if fmethod == method and contains in "/" + "/".join(path):
                     self.faults.remove(fault)
+                    if reason == "hang":
+                        return server.NOT_DONE_YET
                     raise ApiError(code, reason, f"injected {code}")
             auth = (request.getHeader(b"authorization") or b"").decode(
                 "ascii", "replace"
