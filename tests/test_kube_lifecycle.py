@@ -257,3 +257,16 @@ class WatcherTests(SynchronousTestCase):
         self.clock.advance(1)
         self.fake.flush()
         self.assertEqual(self.watcher.lists, 1)
+
+    def test_goneRightAfterList_backsOff(self) -> None:
+        """A server answering 410 even to a fresh version is retried with backoff."""
+        self.fake.oldest = 10**9  # every version is too old
+        self.watcher.start()
+        self.fake.flush()
+        self.assertEqual(self.watcher.lists, 1)
+        self.clock.advance(1)
+        self.fake.flush()
+        self.assertEqual(self.watcher.lists, 2)
+        self.clock.advance(1)  # the next delay is 2 s
+        self.fake.flush()
+        self.assertEqual(self.watcher.lists, 2)

@@ -50,6 +50,7 @@ class CSRWatcher:
         self._waiting: Deferred[Any] | None = None
         self._watch: Watch | None = None
         self._loop: Deferred[None] | None = None
+        self._freshList = False
 
     def start(self) -> None:
         self._running = True
@@ -80,6 +81,7 @@ class CSRWatcher:
                         Deferred.fromCoroutine(self.client.listCSRs())
                     )
                     self.lists += 1
+                    self._freshList = True
                     for item in items:
                         self.onCSR(item)
                     self.resourceVersion = rv
@@ -91,6 +93,7 @@ class CSRWatcher:
                 finally:
                     self._watch = None
                 backoff = FIRST_BACKOFF  # a clean end: resume from where we are
+                self._freshList = False
             except CancelledError:
                 if not self._running:
                     return
@@ -98,6 +101,12 @@ class CSRWatcher:
             except Gone:
                 self.log.info("kube.watch.expired: listing again")
                 self.resourceVersion = None
+                if self._freshList:  # 410 straight after a list: do not spin
+                    try:
+                        await self._wait(deferLater(self.clock, backoff, lambda: None))
+                    except CancelledError:
+                        return
+                    backoff = min(backoff * 2, MAX_BACKOFF)
             except KubeError as e:
                 if not self._running:
                     return
@@ -121,6 +130,7 @@ class CSRWatcher:
             if code == 410:
                 raise Gone("watch: resourceVersion too old", 410, "Expired")
             raise KubeUnavailable(f"watch: error event {code}: {obj.get('message')}")
+        self._freshList = False
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if version:
             self.resourceVersion = str(version)
