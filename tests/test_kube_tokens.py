@@ -198,3 +198,28 @@ class IssueTests(SynchronousTestCase):
         body = plain.vault.get(f"{run.run}.yaml")
         assert body is not None
         self.assertIn(b"token: REPLACE-WITH-BOOTSTRAP-TOKEN", body)
+
+    def test_commitFails_discardFails_expiryBackstop(self) -> None:
+        """
+        [J1] The commit fails and so does deleting the Secret: the provision
+        still fails cleanly; the Secret is left to its expiration.
+        """
+        faults = self.fleet.faults()
+        faults.runner.failing = sqlite3.OperationalError("disk I/O error")
+        self.fleet.fake.failNext("DELETE", "/secrets/", 503)
+        d = Deferred.fromCoroutine(
+            self.fleet.registry.provision(
+                [device("w1", "SER1")],
+                actor="owner:test",
+                render=lambda d, run, token=None: RENDERER.render(
+                    None, NodeFacts(d.name, d.device_class, run, bootstrap_token=token)
+                ),
+                credentials=self.fleet.kube.book,
+            )
+        )
+        self.fleet.fake.flush()
+        self.failureResultOf(d, sqlite3.OperationalError)
+        faults.clear()
+        (secret,) = self.fleet.fake.secrets.values()
+        self.assertIn("expiration", secret["data"])
+        self.assertIsNone(self.fleet.registry.current("w1"))

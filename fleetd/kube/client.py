@@ -22,13 +22,32 @@ from urllib.parse import quote, urlencode
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.error import ConnectError, ConnectionLost, DNSLookupError
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.protocol import Protocol as TwistedProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web._newclient import ResponseFailed
-from twisted.web.client import ResponseDone
-from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import IResponse
+
+from fleetd.kube.errors import (
+    Conflict,
+    Gone,
+    Invalid,
+    KubeError,
+    KubeUnavailable,
+    NotFound,
+    errorFor,
+)
+from fleetd.kube.stream import Watch, _Collect, _Lines
+
+__all__ = [
+    "Conflict",
+    "Gone",
+    "Invalid",
+    "KubeClient",
+    "KubeError",
+    "KubeUnavailable",
+    "NotFound",
+    "Watch",
+]
 
 NAMESPACE = "kube-system"
 SECRETS = f"/api/v1/namespaces/{NAMESPACE}/secrets"
@@ -37,66 +56,7 @@ NODES = "/api/v1/nodes"
 BINDINGS = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
 ROLES = "/apis/rbac.authorization.k8s.io/v1/clusterroles"
 KUBELET_CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
-MAX_BODY = 16 << 20
-MAX_LINE = 4 << 20
 APPROVE_ATTEMPTS = 5
-
-
-_DONE = Failure(ResponseDone())
-
-
-class KubeError(Exception):
-    """A call failed; C{code} is the HTTP status when there was one."""
-
-    def __init__(self, message: str, code: int | None = None, reason: str = ""):
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-
-
-class KubeUnavailable(KubeError):
-    """The API could not be reached or answered 5xx/429: try again later."""
-
-
-class NotFound(KubeError):
-    """404: no such object."""
-
-
-class Conflict(KubeError):
-    """409: a stale resourceVersion (Conflict) or a taken name (AlreadyExists)."""
-
-
-class Gone(KubeError):
-    """410: the resourceVersion asked for is older than the server's history."""
-
-
-class Invalid(KubeError):
-    """422 (or 400): the server refused the object as malformed."""
-
-
-def _errorFor(code: int, body: bytes, what: str) -> KubeError:
-    reason, message = "", ""
-    try:
-        doc = json.loads(body)
-        if isinstance(doc, dict):
-            reason = str(doc.get("reason") or "")
-            message = str(doc.get("message") or "")
-    except ValueError:
-        pass
-    line = f"{what}: {code} {reason or 'error'}" + (
-        f": {message[:200]}" if message else ""
-    )
-    if code == 404:
-        return NotFound(line, code, reason)
-    if code == 409:
-        return Conflict(line, code, reason)
-    if code == 410:
-        return Gone(line, code, reason)
-    if code in (400, 422):
-        return Invalid(line, code, reason)
-    if code >= 500 or code == 429:
-        return KubeUnavailable(line, code, reason)
-    return KubeError(line, code, reason)
 
 
 _UNREACHABLE = (
@@ -115,80 +75,6 @@ class IHTTP(Protocol):
 
     def request(self, method: str, url: str, **kwargs: Any) -> Deferred[IResponse]:
         "Send one request."
-
-
-class _Lines(TwistedProtocol):
-    """Split a streamed body into lines; hand each decoded JSON to C{onLine}."""
-
-    def __init__(self, onLine: Callable[[Any], None], done: Deferred[None]) -> None:
-        self._onLine = onLine
-        self._done = done
-        self._buffer = b""
-
-    def dataReceived(self, data: bytes) -> None:
-        self._buffer += data
-        while b"\n" in self._buffer:
-            line, self._buffer = self._buffer.split(b"\n", 1)
-            if line.strip():
-                self._line(line)
-        if len(self._buffer) > MAX_LINE:
-            self._fail(KubeError("watch: an event line is too long"))
-
-    def _line(self, line: bytes) -> None:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            self._fail(KubeError("watch: an event line is not JSON"))
-            return
-        try:
-            self._onLine(event)
-        except Exception:
-            self._fail(Failure())
-
-    def _fail(self, error: Exception | Failure) -> None:
-        if not self._done.called:
-            self._done.errback(error)
-        if self.transport is not None:
-            self.transport.stopProducing()  # type: ignore[attr-defined]
-
-    def stop(self) -> None:
-        """End the stream from our side (stop, or a watch we no longer want)."""
-        if self.transport is not None:
-            self.transport.stopProducing()  # type: ignore[attr-defined]
-
-    def connectionLost(self, reason: Failure = _DONE) -> None:
-        if self._done.called:
-            return
-        if self._buffer.strip():
-            self._line(self._buffer)
-            if self._done.called:
-                return
-        if reason.check(ResponseDone, PotentialDataLoss):
-            self._done.callback(None)
-        else:
-            self._done.errback(KubeUnavailable(f"watch: stream lost: {reason.value}"))
-
-
-class Watch:
-    """An open watch stream: C{done} fires when it ends; C{stop} ends it."""
-
-    def __init__(self) -> None:
-        self.done: Deferred[None] = Deferred(lambda _: self.stop())
-        self._lines: _Lines | None = None
-        self._request: Deferred[Any] | None = None
-
-    def stop(self, error: Exception | None = None) -> None:
-        """End it; C{done} fails with C{error} (L{CancelledError} by default)."""
-        if not self.done.called:
-            self.done.errback(error or CancelledError())
-        if self._lines is not None:
-            self._lines.stop()
-        elif self._request is not None:
-            self._request.cancel()
-
-    def expire(self) -> None:
-        """The server kept it open past its own timeout: a broken stream."""
-        self.stop(KubeUnavailable("watch csrs: no end from the server; reconnecting"))
 
 
 class KubeClient:
@@ -260,7 +146,7 @@ class KubeClient:
                 f"{what}: API unreachable: {e.__class__.__name__}"
             ) from e
         if not 200 <= code < 300:
-            raise _errorFor(code, raw, what)
+            raise errorFor(code, raw, what)
         try:
             return json.loads(raw) if raw else {}
         except ValueError as e:
@@ -353,7 +239,7 @@ class KubeClient:
                 response.deliverBody(_Collect(chunks, collected))
 
                 def failed(_: object) -> None:
-                    raise _errorFor(response.code, b"".join(chunks), "watch csrs")
+                    raise errorFor(response.code, b"".join(chunks), "watch csrs")
 
                 return collected.addCallback(failed)
             lines = _Lines(onEvent, Deferred())
@@ -441,30 +327,3 @@ class KubeClient:
     async def listClusterRoleBindings(self) -> list[dict[str, Any]]:
         doc = await self._call("GET", BINDINGS, "list clusterrolebindings")
         return list(doc.get("items") or [])
-
-
-class _Collect(TwistedProtocol):
-    """Collect a bounded body."""
-
-    def __init__(self, chunks: list[bytes], done: Deferred[None]) -> None:
-        self._chunks = chunks
-        self._done = done
-        self._size = 0
-
-    def dataReceived(self, data: bytes) -> None:
-        self._size += len(data)
-        if self._size > MAX_BODY:
-            if self.transport is not None:
-                self.transport.stopProducing()  # type: ignore[attr-defined]
-            if not self._done.called:
-                self._done.errback(KubeUnavailable("answer too large"))
-            return
-        self._chunks.append(data)
-
-    def connectionLost(self, reason: Failure = _DONE) -> None:
-        if self._done.called:
-            return
-        if reason.check(ResponseDone, PotentialDataLoss):
-            self._done.callback(None)
-        else:
-            self._done.errback(reason)

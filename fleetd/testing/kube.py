@@ -21,7 +21,8 @@ the documentation or source named in C{notes/kube-netbox.md}:
   - Secrets: C{metadata.name} a DNS subdomain (or C{generateName}),
     namespace must match the path, C{data} values base64, keys
     C{[-._a-zA-Z0-9]+}, C{stringData} merged into C{data} and never
-    returned, C{type} immutable. The API server does not check a
+    returned (Secrets are never updated by fleetd, so PUT is not
+    modelled). The API server does not check a
     bootstrap token Secret's fields; the bootstrap authenticator does,
     when the token is used: L{FakeKube.authenticate} applies its checks
     (type, name, id, secret, expiration, usage, groups: section 1);
@@ -45,83 +46,35 @@ L{hangNext} never answers it; C{reachable = False} refuses connections
 from __future__ import annotations
 
 import base64
-import binascii
-import datetime
 import json
 import re
 import uuid as uuidlib
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.interfaces import IReactorTime
-from twisted.web import server
 from twisted.web.resource import Resource
 
-_SUBDOMAIN = re.compile(
-    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+from fleetd.testing.kube_http import KubeHTTP, Watcher
+from fleetd.testing.kube_rules import (
+    SUBDOMAIN,
+    ApiError,
+    Identity,
+    approvedCSR,
+    csrFromBody,
+    csrPEM,
+    invalid,
+    issueCertificate,
+    parseTime,
+    rfc3339,
+    secretFromBody,
 )
-_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+
 _TOKEN = re.compile(r"([a-z0-9]{6})\.([a-z0-9]{16})")
 _GROUP = re.compile(r"\Asystem:bootstrappers:[a-z0-9:-]{0,255}[a-z0-9]\Z")
-SECRETS = ("api", "v1", "namespaces", "kube-system", "secrets")
-CSRS = ("apis", "certificates.k8s.io", "v1", "certificatesigningrequests")
-NODES = ("api", "v1", "nodes")
-BINDINGS = ("apis", "rbac.authorization.k8s.io", "v1", "clusterrolebindings")
-ROLES = ("apis", "rbac.authorization.k8s.io", "v1", "clusterroles")
 
-
-def _rfc3339(at: float) -> str:
-    moment = datetime.datetime.fromtimestamp(at, datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parseTime(text: str) -> float:
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-        self.message = message
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "code": self.code,
-        }
-
-
-def _invalid(message: str) -> ApiError:
-    return ApiError(422, "Invalid", message)
-
-
-@dataclass
-class _Watcher:
-    request: Any
-    bookmarks: bool
-    signer: str | None
-    timer: Any = None
-
-
-@dataclass
-class Identity:
-    username: str
-    groups: list[str] = field(default_factory=list)
-    uid: str = ""
+__all__ = ["ApiError", "FakeKube", "Identity", "csrPEM"]
 
 
 class FakeKube:
@@ -138,7 +91,7 @@ class FakeKube:
         self.roles: dict[str, dict[str, Any]] = {}
         self.history: list[tuple[int, str, dict[str, Any]]] = []
         self.oldest = self.rv  # watches from before this get 410
-        self.watchers: list[_Watcher] = []
+        self.watchers: list[Watcher] = []
         self.faults: list[tuple[str, str, int, str]] = []
         self.reachable = True
         self.calls: list[tuple[str, str]] = []
@@ -257,7 +210,7 @@ class FakeKube:
         expiration = data.get("expiration")
         if expiration is not None:
             try:
-                if _parseTime(expiration) <= self.clock.seconds():
+                if parseTime(expiration) <= self.clock.seconds():
                     return None
             except ValueError:
                 return None
@@ -305,25 +258,10 @@ class FakeKube:
             types = {c["type"] for c in status.get("conditions") or []}
             if "Approved" not in types or status.get("certificate"):
                 continue
-            request = x509.load_pem_x509_csr(base64.b64decode(csr["spec"]["request"]))
-            key = ec.generate_private_key(ec.SECP256R1())
-            now = datetime.datetime.fromtimestamp(self.clock.seconds(), datetime.UTC)
-            cert = (
-                x509.CertificateBuilder()
-                .subject_name(request.subject)
-                .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ca")]))
-                .public_key(request.public_key())
-                .serial_number(x509.random_serial_number())
-                .not_valid_before(now)
-                .not_valid_after(now + datetime.timedelta(seconds=self.signingDuration))
-                .sign(key, hashes.SHA256())
-            )
-            from cryptography.hazmat.primitives.serialization import Encoding
-
             updated: dict[str, Any] = json.loads(json.dumps(csr))
-            updated["status"]["certificate"] = base64.b64encode(
-                cert.public_bytes(Encoding.PEM)
-            ).decode("ascii")
+            updated["status"]["certificate"] = issueCertificate(
+                csr, self.clock.seconds(), self.signingDuration
+            )
             self._store(self.csrs, name, updated, "MODIFIED")
 
     def addBinding(self, name: str, role: str, groups: list[str]) -> None:
@@ -378,21 +316,21 @@ class FakeKube:
         if not meta.get("name"):
             prefix = meta.get("generateName")
             if not prefix:
-                raise _invalid(
+                raise invalid(
                     "metadata.name: Required value: name or generateName is required"
                 )
             self._generated += 1
             meta["name"] = f"{prefix}{self._generated:05d}"
             del meta["generateName"]
         name = meta["name"]
-        if len(name) > 253 or _SUBDOMAIN.fullmatch(name) is None:
-            raise _invalid(
+        if len(name) > 253 or SUBDOMAIN.fullmatch(name) is None:
+            raise invalid(
                 f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain"  # noqa: E501
             )
         if name in store:
             raise ApiError(409, "AlreadyExists", f'"{name}" already exists')
         meta["uid"] = str(uuidlib.uuid4())
-        meta["creationTimestamp"] = _rfc3339(self.clock.seconds())
+        meta["creationTimestamp"] = rfc3339(self.clock.seconds())
         self._store(store, name, obj, "ADDED")
         return obj
 
@@ -424,18 +362,18 @@ class FakeKube:
             if watcher.signer in (None, copy["spec"].get("signerName")):
                 self._send(watcher, kind, copy)
 
-    def _send(self, watcher: _Watcher, kind: str, obj: dict[str, Any]) -> None:
+    def _send(self, watcher: Watcher, kind: str, obj: dict[str, Any]) -> None:
         line = json.dumps({"type": kind, "object": obj}).encode("utf-8") + b"\n"
         watcher.request.write(line)
 
-    def _forgetWatch(self, watcher: _Watcher) -> None:
+    def _forgetWatch(self, watcher: Watcher) -> None:
         """The stream ended (either side): forget it and its timer."""
         if watcher in self.watchers:
             self.watchers.remove(watcher)
         if watcher.timer is not None and watcher.timer.active():
             watcher.timer.cancel()
 
-    def _endWatch(self, watcher: _Watcher) -> None:
+    def _endWatch(self, watcher: Watcher) -> None:
         if watcher in self.watchers:
             self.watchers.remove(watcher)
             if watcher.timer is not None and watcher.timer.active():
@@ -443,343 +381,21 @@ class FakeKube:
             if not watcher.request.finished:
                 watcher.request.finish()
 
-    # Objects
+    # Objects (the API server's rules: fleetd.testing.kube_rules)
 
     def _createSecret(self, body: dict[str, Any]) -> dict[str, Any]:
-        meta = body.get("metadata") or {}
-        if meta.get("namespace") not in (None, "kube-system"):
-            raise ApiError(
-                400,
-                "BadRequest",
-                "the namespace of the provided object does not match the namespace sent on the request",  # noqa: E501
-            )
-        secret: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {**meta, "namespace": "kube-system"},
-            "type": body.get("type") or "Opaque",
-            "data": {},
-        }
-        for key, value in (body.get("data") or {}).items():
-            self._checkKey(key)
-            try:
-                base64.b64decode(value, validate=True)
-            except (binascii.Error, TypeError) as e:
-                raise _invalid(
-                    f"data[{key}]: Invalid value: illegal base64 data"
-                ) from e
-            secret["data"][key] = value
-        for key, value in (body.get("stringData") or {}).items():
-            self._checkKey(key)
-            if not isinstance(value, str):
-                raise ApiError(400, "BadRequest", f"stringData[{key}] must be a string")
-            secret["data"][key] = base64.b64encode(value.encode("utf-8")).decode(
-                "ascii"
-            )
-        data: dict[str, str] = secret["data"]
-        if sum(len(v) for v in data.values()) > 1 << 20:
-            raise _invalid("data: Too long: must have at most 1048576 bytes")
-        return self._create(self.secrets, secret)
-
-    @staticmethod
-    def _checkKey(key: str) -> None:
-        if not isinstance(key, str) or _KEY.fullmatch(key) is None or len(key) > 253:
-            raise _invalid(
-                f"data[{key}]: Invalid value: a valid config key must consist of alphanumeric characters, '-', '_' or '.'"  # noqa: E501
-            )
+        return self._create(self.secrets, secretFromBody(body))
 
     def _createCSR(self, body: dict[str, Any], identity: Identity) -> dict[str, Any]:
-        spec = dict(body.get("spec") or {})
-        try:
-            pem = base64.b64decode(spec.get("request") or "", validate=True)
-            x509.load_pem_x509_csr(pem)
-        except (binascii.Error, ValueError, TypeError) as e:
-            raise _invalid(
-                "spec.request: Invalid value: []byte{...}: PEM block type must be CERTIFICATE REQUEST"  # noqa: E501
-            ) from e
-        if not spec.get("signerName"):
-            raise _invalid("spec.signerName: Required value")
-        if not spec.get("usages"):
-            raise _invalid("spec.usages: Required value")
-        if "expirationSeconds" in spec and int(spec["expirationSeconds"]) < 600:
-            raise _invalid(
-                "spec.expirationSeconds: Invalid value: may not specify a duration less than 600 seconds"  # noqa: E501
-            )
-        # Set by the server from who asked; whatever the client sent is dropped.
-        spec.update(
-            username=identity.username,
-            groups=list(identity.groups),
-            uid=identity.uid,
-            extra={},
-        )
-        csr = {
-            "apiVersion": "certificates.k8s.io/v1",
-            "kind": "CertificateSigningRequest",
-            "metadata": dict(body.get("metadata") or {}),
-            "spec": spec,
-            "status": {},
-        }
-        return self._create(self.csrs, csr)
+        return self._create(self.csrs, csrFromBody(body, identity))
 
     def _approve(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        current = self.csrs.get(name)
-        if current is None:
-            raise ApiError(
-                404,
-                "NotFound",
-                f'certificatesigningrequests.certificates.k8s.io "{name}" not found',
-            )
-        if (body.get("metadata") or {}).get("name") != name:
-            raise ApiError(
-                400,
-                "BadRequest",
-                "the name of the object does not match the name on the URL",
-            )
-        rv = (body.get("metadata") or {}).get("resourceVersion")
-        if rv and rv != current["metadata"]["resourceVersion"]:
-            raise ApiError(
-                409,
-                "Conflict",
-                f'Operation cannot be fulfilled on certificatesigningrequests.certificates.k8s.io "{name}": the object has been modified; please apply your changes to the latest version and try again',  # noqa: E501
-            )
-        conditions = list((body.get("status") or {}).get("conditions") or [])
-        seen: set[str] = set()
-        for condition in conditions:
-            kind = condition.get("type")
-            if kind in seen:
-                raise _invalid(f"status.conditions: Duplicate value: {kind!r}")
-            seen.add(kind)
-            if kind in ("Approved", "Denied") and condition.get("status") != "True":
-                raise _invalid(
-                    'status.conditions[].status: Unsupported value: only "True" is allowed'  # noqa: E501
-                )
-        if {"Approved", "Denied"} <= seen:
-            raise _invalid(
-                "status.conditions: Invalid value: Approved and Denied conditions are mutually exclusive"  # noqa: E501
-            )
-        old = {c["type"] for c in (current.get("status") or {}).get("conditions") or []}
-        if "Denied" in old and "Approved" in seen:
-            raise _invalid(
-                "status.conditions: Forbidden: updated condition of type Denied may not be removed"  # noqa: E501
-            )
-        if "Approved" in old and "Approved" not in seen:
-            raise _invalid(
-                "status.conditions: Forbidden: updated condition of type Approved may not be removed"  # noqa: E501
-            )
-        updated: dict[str, Any] = json.loads(json.dumps(current))
-        now = _rfc3339(self.clock.seconds())
-        updated["status"]["conditions"] = [
-            {
-                **c,
-                "lastUpdateTime": c.get("lastUpdateTime", now),
-                "lastTransitionTime": c.get("lastTransitionTime", now),
-            }
-            for c in conditions
-        ]
+        now = rfc3339(self.clock.seconds())
+        updated = approvedCSR(self.csrs.get(name), name, body, now)
         self._store(self.csrs, name, updated, "MODIFIED")
         return updated
 
     # HTTP
 
     def resource(self) -> Resource:
-        return _Root(self)
-
-    def _list(
-        self, store: dict[str, dict[str, Any]], kind: str, signer: str | None
-    ) -> dict[str, Any]:
-        items = [
-            o
-            for o in store.values()
-            if signer is None or o.get("spec", {}).get("signerName") == signer
-        ]
-        return {
-            "kind": kind,
-            "apiVersion": "v1",
-            "metadata": {"resourceVersion": str(self.rv)},
-            "items": items,
-        }
-
-    def _watch(
-        self, request: Any, args: dict[str, list[str]], signer: str | None
-    ) -> int:
-        rv = int((args.get("resourceVersion") or ["0"])[0] or "0")
-        request.setResponseCode(200)
-        request.setHeader(b"content-type", b"application/json")
-        watcher = _Watcher(
-            request, (args.get("allowWatchBookmarks") or [""])[0] == "true", signer
-        )
-        if rv < self.oldest - 1 and rv != 0:
-            gone = ApiError(
-                410, "Expired", f"too old resource version: {rv} ({self.oldest})"
-            )
-            request.write(
-                json.dumps({"type": "ERROR", "object": gone.status()}).encode() + b"\n"
-            )
-            request.finish()
-            return server.NOT_DONE_YET
-        self.watchers.append(watcher)
-        request.notifyFinish().addBoth(lambda _: self._forgetWatch(watcher))
-        for at, kind, obj in self.history:
-            if at > rv and watcher.signer in (None, obj["spec"].get("signerName")):
-                self._send(watcher, kind, obj)
-        seconds = args.get("timeoutSeconds")
-        if seconds:
-            watcher.timer = self.clock.callLater(
-                int(seconds[0]), self._endWatch, watcher
-            )
-        return server.NOT_DONE_YET
-
-    def handle(self, request: Any) -> bytes | int:
-        method = request.method.decode("ascii")
-        path = tuple(p.decode("utf-8") for p in request.prepath + request.postpath if p)
-        args = parse_qs(request.uri.decode("utf-8").partition("?")[2])
-        self.calls.append((method, "/" + "/".join(path)))
-        try:
-            for fault in list(self.faults):
-                fmethod, contains, code, reason = fault
-                if fmethod == method and contains in "/" + "/".join(path):
-                    self.faults.remove(fault)
-                    if reason == "hang":
-                        return server.NOT_DONE_YET
-                    raise ApiError(code, reason, f"injected {code}")
-            auth = (request.getHeader(b"authorization") or b"").decode(
-                "ascii", "replace"
-            )
-            identity = (
-                self.authenticate(auth[7:]) if auth.startswith("Bearer ") else None
-            )
-            if identity is None:
-                raise ApiError(401, "Unauthorized", "Unauthorized")
-            body: dict[str, Any] = {}
-            if method in ("POST", "PUT"):
-                try:
-                    body = json.loads(
-                        request.content.read() if request.content else b""
-                    )
-                except ValueError as e:
-                    raise ApiError(400, "BadRequest", "the body is not JSON") from e
-            return self._json(
-                request,
-                200 if method != "POST" else 201,
-                self._route(request, method, path, args, body, identity),
-            )
-        except ApiError as e:
-            return self._json(request, e.code, e.status())
-        except _Streaming as s:
-            return s.result
-
-    def _route(
-        self,
-        request: Any,
-        method: str,
-        path: tuple[str, ...],
-        args: dict[str, list[str]],
-        body: dict[str, Any],
-        identity: Identity,
-    ) -> Any:
-        signer = None
-        for selector in args.get("fieldSelector", []):
-            key, _, value = selector.partition("=")
-            if key != "spec.signerName":
-                raise ApiError(400, "BadRequest", f"field label not supported: {key}")
-            signer = value
-        table: list[tuple[tuple[str, ...], dict[str, dict[str, Any]], str]] = [
-            (SECRETS, self.secrets, "SecretList"),
-            (CSRS, self.csrs, "CertificateSigningRequestList"),
-            (NODES, self.nodes, "NodeList"),
-            (BINDINGS, self.bindings, "ClusterRoleBindingList"),
-            (ROLES, self.roles, "ClusterRoleList"),
-        ]
-        for prefix, store, kind in table:
-            if path[: len(prefix)] != prefix:
-                continue
-            rest = path[len(prefix) :]
-            if not rest and method == "GET":
-                if (args.get("watch") or [""])[0] in ("1", "true"):
-                    if store is not self.csrs:
-                        raise ApiError(
-                            405, "MethodNotAllowed", "watch is modelled for CSRs only"
-                        )
-                    raise _Streaming(self._watch(request, args, signer))
-                return self._list(store, kind, signer)
-            if not rest and method == "POST":
-                if store is self.secrets:
-                    return self._createSecret(body)
-                if store is self.csrs:
-                    return self._createCSR(body, identity)
-                return self._create(store, body)
-            if len(rest) == 1 and method == "GET":
-                if rest[0] not in store:
-                    raise ApiError(404, "NotFound", f'"{rest[0]}" not found')
-                return self._shown(store, store[rest[0]])
-            if len(rest) == 1 and method == "DELETE":
-                self._delete(store, rest[0])
-                return {"kind": "Status", "apiVersion": "v1", "status": "Success"}
-            if (
-                store is self.csrs
-                and len(rest) == 2
-                and rest[1] == "approval"
-                and method == "PUT"
-            ):
-                return self._approve(rest[0], body)
-            raise ApiError(405, "MethodNotAllowed", f"{method} is not modelled here")
-        raise ApiError(
-            404, "NotFound", "the server could not find the requested resource"
-        )
-
-    def _shown(
-        self, store: dict[str, dict[str, Any]], obj: dict[str, Any]
-    ) -> dict[str, Any]:
-        copy: dict[str, Any] = json.loads(json.dumps(obj))
-        return copy
-
-    @staticmethod
-    def _json(request: Any, code: int, doc: Any) -> bytes:
-        request.setResponseCode(code)
-        request.setHeader(b"content-type", b"application/json")
-        return json.dumps(doc).encode("utf-8")
-
-
-class _Streaming(Exception):
-    def __init__(self, result: int) -> None:
-        self.result = result
-
-
-class _Root(Resource):
-    isLeaf = True
-
-    def __init__(self, fake: FakeKube) -> None:
-        Resource.__init__(self)
-        self._fake = fake
-
-    def render(self, request: Any) -> bytes | int:
-        return self._fake.handle(request)
-
-
-def csrPEM(
-    commonName: str,
-    organizations: tuple[str, ...] = ("system:nodes",),
-    *,
-    dnsNames: tuple[str, ...] = (),
-    ips: tuple[str, ...] = (),
-) -> bytes:
-    """A kubelet-shaped certificate request (EC P-256, as kubelets make)."""
-    import ipaddress
-
-    from cryptography.hazmat.primitives.serialization import Encoding
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    attributes = [
-        x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations
-    ]
-    attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, commonName))
-    builder = x509.CertificateSigningRequestBuilder().subject_name(
-        x509.Name(attributes)
-    )
-    names: list[x509.GeneralName] = [x509.DNSName(n) for n in dnsNames]
-    names += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-    if names:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName(names), critical=False
-        )
-    return builder.sign(key, hashes.SHA256()).public_bytes(Encoding.PEM)
+        return KubeHTTP(self)
