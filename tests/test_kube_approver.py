@@ -132,6 +132,18 @@ class ApproverTests(SynchronousTestCase):
         self.assertFalse(self.fleet.approved(name))
         self.assertIn((name, "second-csr-for-token"), self.pending())
 
+    def test_supersededRunsToken_refused(self) -> None:
+        """
+        [K2] A re-provision revokes the old run's token; while its delete is
+        retried (API trouble) a CSR made with it is still refused.
+        """
+        self.fake.failNext("DELETE", "/secrets/", 503)
+        self.fleet.provision(device("w2", "SER2"))
+        csr = self.fleet.fileCSR(self.bearer2, "w2")
+        name = csr["metadata"]["name"]
+        self.assertFalse(self.fleet.approved(name))
+        self.assertIn((name, "token-revoked"), self.pending())
+
     def test_afterExpiry_refused(self) -> None:
         """
         [K2] A CSR after the token's expiration is refused (the fake's

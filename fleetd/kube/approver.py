@@ -190,7 +190,8 @@ class Approver:
         elif token.record.expires_at is not None and now >= token.record.expires_at:
             reason = "token-expired"
         elif token.approving or not token.machine.mayApprove():
-            reason = "second-csr-for-token"
+            revoked = token.record.approved_at is None and not token.approving
+            reason = "token-revoked" if revoked else "second-csr-for-token"
         if reason is not None:
             self._leave(facts.name, facts.username, device, reason, facts.uid)
             return
