@@ -97,7 +97,9 @@ class RBACCheck:
         self._loop.clock = clock
 
     def start(self) -> None:
-        self._loop.start(self.interval, now=True)
+        self._loop.start(self.interval, now=True).addErrback(
+            lambda f: self.log.failure("kube.rbac.check-crashed", f)
+        )
 
     def stop(self) -> None:
         if self._loop.running:
