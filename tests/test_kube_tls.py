@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 from pathlib import Path
 from typing import Any
 
@@ -215,5 +216,24 @@ class DaemonWithClusterTests(FakeOverTLS, DaemonTestMixin):
         self.assertEqual(code, 0, err)
         self.assertIn(f"token:    {name.removeprefix('bootstrap-token-')}  live", out)
         self.assertTrue(self.fake.watchers)
+        # [K5][K6] the cluster-wide token through fleetctl
+        code, out, err = await fleetctl(
+            "--json", "cluster-token", "request", "--node", "cp1", "--reason", "cp"
+        )
+        self.assertEqual(code, 0, err)
+        request = json.loads(out)["request"]
+        code, out, err = await fleetctl("cluster-token", "approve", request)
+        self.assertEqual(code, 0, err)
+        self.assertRegex(out, r"cluster.token: [a-z0-9]{6}\.[a-z0-9]{16}\n")
+        code, out, err = await fleetctl("cluster-token", "rotate")
+        self.assertEqual(code, 0, err)
+        self.assertIn("what must change in the cluster's Talos configurations", out)
+        self.assertIn("is deleted at", out)
+        # [R1] retirement with a cluster
+        self.fake.addNode("w1")
+        code, out, err = await fleetctl("retire", "w1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("node:     deleted", out)
+        self.assertNotIn("w1", self.fake.nodes)
         await service.stopService()
         self.fake.closeWatches()
