@@ -97,11 +97,18 @@ class OwnerFiles:
 
 @dataclass(frozen=True)
 class KubernetesSettings:
+    """The cluster being joined ([kubernetes]; absent = no cluster calls)."""
+
     api: str
     ca: Path | None
     token_file: Path | None
     client_cert: Path | None
     client_key: Path | None
+    token_ttl: float = 86400.0  # a per-node token's expiration backstop [K1]
+    delete_after: float = 60.0  # token deleted this long after approval [K4]
+    rotate_overlap: float = 3600.0  # old cluster token kept after a rotation [K6]
+    rbac_check_interval: float = 600.0  # [K3]
+    timeout: float = 15.0  # per API call
 
 
 @dataclass(frozen=True)
@@ -347,6 +354,43 @@ def _netboxURL(table: _Table) -> str:
     return url
 
 
+def _kubernetes(kube: _Table) -> KubernetesSettings:
+    api = kube.text("api")
+    if not api.startswith("https://") or len(api) <= len("https://"):
+        raise ConfigError(kube.key("api"), "must be an https:// URL")
+    return KubernetesSettings(
+        api=api,
+        ca=kube.optpath("ca"),
+        token_file=kube.optpath("token_file"),
+        client_cert=kube.optpath("client_cert"),
+        client_key=kube.optpath("client_key"),
+        token_ttl=kube.number("token_ttl", 86400.0, 600.0, 7 * 86400.0),
+        delete_after=kube.number("delete_after", 60.0, 0.0, 3600.0),
+        rotate_overlap=kube.number("rotate_overlap", 3600.0, 0.0, 30 * 86400.0),
+        rbac_check_interval=kube.number("rbac_check_interval", 600.0, 10.0, 86400.0),
+        timeout=kube.number("timeout", 15.0, 0.5, 600.0),
+    )
+
+
+def _checkKubeCredentials(kube: KubernetesSettings | None) -> None:
+    """One way to authenticate to the cluster: a token file or a client cert."""
+    if kube is None:
+        return
+    cert = kube.client_cert is not None or kube.client_key is not None
+    if kube.token_file is not None and cert:
+        raise ConfigError(
+            "kubernetes.token_file",
+            "give token_file or client_cert and client_key, not both",
+        )
+    if kube.token_file is None and (
+        kube.client_cert is None or kube.client_key is None
+    ):
+        raise ConfigError(
+            "kubernetes.token_file",
+            "missing: a bearer token file, or both client_cert and client_key",
+        )
+
+
 def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
     """Turn a parsed TOML document into L{Settings}."""
     base = source.parent
@@ -443,15 +487,7 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
             global_failure_rate=boot.number("global_failure_rate", 200.0, 0.001, 1e7),
             global_failure_burst=boot.number("global_failure_burst", 2000.0, 1.0, 1e8),
         ),
-        kubernetes=None
-        if kube is None
-        else KubernetesSettings(
-            api=kube.text("api"),
-            ca=kube.optpath("ca"),
-            token_file=kube.optpath("token_file"),
-            client_cert=kube.optpath("client_cert"),
-            client_key=kube.optpath("client_key"),
-        ),
+        kubernetes=None if kube is None else _kubernetes(kube),
         netbox=None
         if netbox is None
         else NetBoxSettings(
@@ -462,6 +498,7 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
         extra=data,
     )
     checkUnknownKeys(root)
+    _checkKubeCredentials(settings.kubernetes)
     return settings
 
 

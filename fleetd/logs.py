@@ -61,12 +61,16 @@ SECRET_ASSIGNMENT = re.compile(
     r"[^&\s'\"<>\\,;)\]}]+(?(3)\\?['\"])"
 )
 BEARER = re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=-]+")
+# A Kubernetes bootstrap token anywhere (a rendered config, an exception):
+# its public id stays, the secret half goes [K1].
+BOOTSTRAP_TOKEN = re.compile(r"\b([a-z0-9]{6})\.[a-z0-9]{16}\b")
 
 
 def scrub(text: str) -> str:
     """C{text} with secret-looking assignments and bearer tokens masked."""
     text = SECRET_ASSIGNMENT.sub(lambda m: f"{m.group(1)}={REDACTED}", text)
-    return BEARER.sub(lambda m: m.group(1) + REDACTED, text)
+    text = BEARER.sub(lambda m: m.group(1) + REDACTED, text)
+    return BOOTSTRAP_TOKEN.sub(lambda m: f"{m.group(1)}.{REDACTED}", text)
 
 
 def describeRequest(request: Request) -> str:

@@ -44,6 +44,11 @@ from fleetd.dns.service import DNSService
 from fleetd.inventory.model import IInventory
 from fleetd.inventory.resource import devicesResource
 from fleetd.inventory.sqlite import SQLiteInventory
+from fleetd.kube.connect import clientFromSettings
+from fleetd.kube.resource import clusterTokenResource, retireResource
+from fleetd.kube.retire import RetireService
+from fleetd.kube.service import KubeService
+from fleetd.kube.status import KubeStatus
 from fleetd.listen import ListenerService, StartupError, loadTLSOptions, tlsFactory
 from fleetd.logs import makeObserver
 from fleetd.metrics import listenerGauges, makeRegistry
@@ -126,8 +131,13 @@ class FleetdService(MultiService):
         renderer = TemplateRenderer(
             settings.provision.templates, settings.provision.default_cluster
         )
+        self.kube = self._kubernetes(prepared)
         self.adminAPI[b"provision"] = ProvisionResource(
-            self.runs, self.inventory, renderer, self.journal
+            self.runs,
+            self.inventory,
+            renderer,
+            self.journal,
+            credentials=None if self.kube is None else self.kube.book,
         )
         self.trust = TrustService(self.runner, self.journal, self.inventory, reactor)
         self.adminAPI[b"evidence"] = EvidenceResource(self.trust, self._inThread)
@@ -147,6 +157,7 @@ class FleetdService(MultiService):
             self.journal,
             trust=self.trust,
             disks=self.disks,
+            credentials=KubeStatus(self.runner, reactor),
         )
         self.adminAPI[b"status"] = StatusResource(self.status)
         self.listeners: dict[str, ListenerService] = {}
@@ -184,6 +195,42 @@ class FleetdService(MultiService):
             except SystemExit:
                 pass
         self.reactor.stop()
+
+    def _kubernetes(self, prepared: Prepared) -> KubeService | None:
+        """
+        Kubernetes credentials [K1]-[K7] [R1]. Without [kubernetes] fleetd
+        makes no cluster calls: provisions carry the template's own
+        cluster.token, cluster-token commands refuse, retirement still
+        marks the device and journals what it cannot revoke.
+        """
+        kube = self.settings.kubernetes
+        service = None
+        if kube is not None:
+            service = KubeService(
+                clock=self.reactor,
+                settings=kube,
+                client=clientFromSettings(self.reactor, kube),
+                runner=self.runner,
+                journal=self.journal,
+                inventory=self.inventory,
+                sealKey=deriveKey(prepared.masterKey, "kube cluster token"),
+                metrics=self.registry,
+            )
+            service.setServiceParent(self)
+        self.adminAPI[b"cluster-token"] = clusterTokenResource(
+            None if service is None else service.cluster
+        )
+        self.adminAPI[b"retire"] = retireResource(
+            RetireService(
+                clock=self.reactor,
+                inventory=self.inventory,
+                journal=self.journal,
+                runner=self.runner,
+                client=None if service is None else service.client,
+                book=None if service is None else service.book,
+            )
+        )
+        return service
 
     def _inThread(self, work: Callable[[bytes], Any], data: bytes) -> Deferred[Any]:
         """Run blocking C{work(data)} in the reactor's thread pool."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fleetd.inventory.model import Device, DeviceStatus, IInventory
+from fleetd.kube import status as kubestatus
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry, RunView
 from fleetd.store.journal import AsyncJournal, JournalEntry
@@ -37,6 +38,7 @@ class DeviceReport:
     recovery: str | None
     trust: TrustState | None = None
     disks: DiskReportView | None = None
+    kubernetes: kubestatus.Credentials | None = None
 
     def toJSON(self) -> dict[str, Any]:
         run = None
@@ -51,6 +53,7 @@ class DeviceReport:
             "journal": [entry.toJSON() for entry in self.journal],
             "state": self.state,
             "recovery": self.recovery,
+            "kubernetes": None if self.kubernetes is None else self.kubernetes.toJSON(),
         }
 
 
@@ -113,7 +116,9 @@ class StatusService:
         *,
         trust: TrustService | None = None,
         disks: DiskService | None = None,
+        credentials: kubestatus.KubeStatus | None = None,
     ) -> None:
+        self._credentials = credentials
         self._inventory = inventory
         self._registry = registry
         self._alerts = alerts
@@ -136,6 +141,23 @@ class StatusService:
         disks = (
             None if self._disks is None else await self._disks.lastReport(device.name)
         )
+        creds = None
+        if self._credentials is not None:
+            creds = await self._credentials.credentials(device.name)
+            if recovery is None and device.status is not DeviceStatus.DECOMMISSIONING:
+                found = kubestatus.assess(
+                    device.name, None if run is None else run.state, creds
+                )
+                if found is not None:
+                    state, recovery = found
         return DeviceReport(
-            device, run, alerts, entries, state, recovery, trust=trust, disks=disks
+            device,
+            run,
+            alerts,
+            entries,
+            state,
+            recovery,
+            trust=trust,
+            disks=disks,
+            kubernetes=creds,
         )

@@ -62,14 +62,15 @@ def makeService(options: Options) -> IService:
     try:
         settings = loadSettings(Path(options["config"]))
         prepared = prepare(settings)
+        # [kubernetes] files (CA, token, client certificate) are read here.
+        service = FleetdService(
+            prepared,
+            reactor,
+            logFormat=options["log-format"],
+            logOutput=sys.stdout,
+            handleSignals=True,
+            onStartupError=_fatal,
+        )
     except ConfigError as e:
         raise _fail(f"configuration error: {e}") from None
-    service = FleetdService(
-        prepared,
-        reactor,
-        logFormat=options["log-format"],
-        logOutput=sys.stdout,
-        handleSignals=True,
-        onStartupError=_fatal,
-    )
     return service

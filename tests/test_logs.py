@@ -89,6 +89,13 @@ class PatternRedactionTests(SynchronousTestCase):
             self.assertIn(REDACTED, scrub(text), text)
         self.assertEqual(scrub("run=r-1 device=w1 uuid=u"), "run=r-1 device=w1 uuid=u")
 
+    def test_scrub_bootstrapToken(self) -> None:
+        """[K1] A bootstrap token in any text keeps its public id, loses its secret."""
+        self.assertEqual(
+            scrub("cluster:\n  token: abc123.0123456789abcdef\n"),
+            f"cluster:\n  token: abc123.{REDACTED}\n",
+        )
+
     def test_freeText_inFieldsFormatsAndLegacy_masked(self) -> None:
         """
         [A2] A code inside any field's text, a pre-formatted format string or

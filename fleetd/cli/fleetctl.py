@@ -248,6 +248,9 @@ def buildParser() -> argparse.ArgumentParser:
     from fleetd.cli import trust
 
     trust.addCommands(commands)
+    from fleetd.cli import cluster
+
+    cluster.addCommands(commands)
 
     from fleetd.cli.dnscheck import addArguments
 

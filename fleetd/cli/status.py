@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 import urllib.parse
 from typing import IO, Any
 
@@ -45,6 +46,7 @@ def cmdStatus(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int
     out.write(f"recovery: {doc['recovery'] or 'nothing to do'}\n")
     for line in trustLines(doc.get("trust")) + diskLines(doc.get("disks")):
         out.write(line + "\n")
+    _credentials(doc.get("kubernetes"), out)
     if doc["journal"]:
         out.write("journal:\n")
         for entry in doc["journal"]:
@@ -89,3 +91,43 @@ def diskLines(disks: dict[str, Any] | None) -> list[str]:
     if verdict == "ok":
         verdict = f"ok, target disk serial {disks['target']}"
     return [f"disks:    {len(disks['disks'])} reported; {verdict}"]
+
+
+def _when(at: float | None) -> str:
+    if at is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def _credentials(kube: dict[str, Any] | None, out: IO[str]) -> None:
+    """[K7] The per-node token and the kubelet certificate."""
+    if kube is None:
+        return
+    token = kube.get("token")
+    if token is None:
+        out.write("token:    none issued\n")
+    else:
+        state = (
+            "deleted"
+            if token["deleted_at"]
+            else ("expired" if token["expired"] else "live")
+        )
+        out.write(
+            f"token:    {token['token_id']}  {state}"
+            f"  expires {_when(token['expires_at'])}"
+            f"  deletion due {_when(token['delete_at'])}"
+            f"  deleted {_when(token['deleted_at'])}\n"
+        )
+    cert = kube.get("kubelet")
+    if cert is None:
+        out.write("kubelet:  no certificate approved by fleetd\n")
+    else:
+        out.write(
+            f"kubelet:  approved {_when(cert['first_approved_at'])}"
+            f"  last {_when(cert['last_approved_at'])}"
+            f"  notAfter {_when(cert['not_after'])}"
+            + (f"  retired {_when(cert['retired_at'])}" if cert["retired_at"] else "")
+            + "\n"
+        )
+    if kube.get("note"):
+        out.write(f"note:     {kube['note']}\n")

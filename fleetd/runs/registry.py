@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 from twisted.internet.defer import Deferred, DeferredLock
@@ -202,6 +203,28 @@ def _readServed(vault: IVault, run: str) -> ServedRecord | None:
         return None
 
 
+class ICredentials(Protocol):
+    """
+    Per-node cluster credentials issued with a provision [K1]
+    (L{fleetd.kube.book.TokenBook}): created outside the database before
+    the commit, recorded inside it, discarded if it fails.
+    """
+
+    async def issue(self, device: str, run: str) -> Any:
+        "Create C{device}'s credential for C{run}; C{.token.bearer} is it."
+
+    def recordIn(
+        self, db: Database, journal: Recorder, issued: list[Any], actor: str
+    ) -> None:
+        "Store them in the provision's transaction [J1]."
+
+    async def discard(self, issued: list[Any]) -> None:
+        "The provision did not commit: undo the creations."
+
+    def committed(self, issued: list[Any]) -> None:
+        "The provision committed."
+
+
 class NotReady(Exception):
     """The registry is still loading; try again shortly."""
 
@@ -348,8 +371,9 @@ class RunRegistry:
         devices: Iterable[Device],
         *,
         actor: str,
-        render: Callable[[Device, str], bytes],
+        render: Callable[..., bytes],
         desiredAction: str | None = None,
+        credentials: ICredentials | None = None,
     ) -> list[Provisioned]:
         """
         Start one run per device: render its configuration into the vault,
@@ -359,7 +383,9 @@ class RunRegistry:
         ones stop; if it fails, the new files are removed and everything
         stays as it was.
 
-        Provisions are serialised.
+        Provisions are serialised. With C{credentials}, each device's
+        bootstrap token is created first and C{render(device, run, token)}
+        gets it (L{ICredentials}); without, C{render(device, run)}.
 
         @raise NotReady: the registry is still loading after a start.
         """
@@ -369,17 +395,21 @@ class RunRegistry:
         if len({d.name for d in devices}) != len(devices):
             raise ValueError("a device appears twice in one provision")
         async with self._provisioning:
-            return await self._provision(devices, actor, render, desiredAction)
+            return await self._provision(
+                devices, actor, render, desiredAction, credentials
+            )
 
     async def _provision(
         self,
         devices: list[Device],
         actor: str,
-        render: Callable[[Device, str], bytes],
+        render: Callable[..., bytes],
         desiredAction: str | None,
+        credentials: ICredentials | None = None,
     ) -> list[Provisioned]:
         now = self.clock.seconds()
         batch: list[tuple[Device, RunRecord, str]] = []
+        issued: list[Any] = []
         try:
             for device in devices:
                 code = mintCode()
@@ -390,15 +420,23 @@ class RunRegistry:
                     created_at=now,
                     desired_action=desiredAction,
                 )
-                body = render(device, record.id)
+                if credentials is None:
+                    body = render(device, record.id)
+                else:  # the Secret exists before the run that names it [K1]
+                    issued.append(await credentials.issue(device.name, record.id))
+                    body = render(device, record.id, issued[-1].token.bearer)
                 batch.append((device, record, code))
                 self.vault.put(configName(record.id), body)
         except VaultError:
             self._forget(batch)
             self.vaultFailures.labels("config").inc()
+            if credentials is not None:
+                await credentials.discard(issued)
             raise
         except Exception:
             self._forget(batch)
+            if credentials is not None:
+                await credentials.discard(issued)
             raise
         records = [record for _, record, _ in batch]
 
@@ -422,13 +460,19 @@ class RunRegistry:
                     run=record.id,
                     fields={"desired_action": desiredAction},
                 )
+            if credentials is not None:
+                credentials.recordIn(db, journal, issued, actor)
             return superseded
 
         try:
             superseded = await self.journal.change(change)
         except Exception:
             self._forget(batch)
+            if credentials is not None:
+                await credentials.discard(issued)
             raise
+        if credentials is not None:
+            credentials.committed(issued)
         # Committed: now memory follows, and the old runs' files go.
         for old in superseded:
             run = self._runs.get(old.id)

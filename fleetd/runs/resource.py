@@ -26,7 +26,8 @@ from fleetd.inventory.model import (
     InventoryError,
     validateName,
 )
-from fleetd.runs.registry import NotReady, Provisioned, RunRegistry
+from fleetd.kube.client import KubeError
+from fleetd.runs.registry import ICredentials, NotReady, Provisioned, RunRegistry
 from fleetd.runs.render import NodeFacts, RenderError, TemplateRenderer
 from fleetd.status import REFUSED_CLASSES
 from fleetd.store.journal import AsyncJournal
@@ -88,8 +89,10 @@ class ProvisionResource(Endpoint):
         renderer: TemplateRenderer,
         journal: AsyncJournal,
         ownerName: Callable[[IRequest], str | None] = ownerOf,
+        credentials: ICredentials | None = None,
     ) -> None:
         super().__init__()
+        self._credentials = credentials
         self._registry = registry
         self._inventory = inventory
         self._renderer = renderer
@@ -117,6 +120,17 @@ class ProvisionResource(Endpoint):
             device = await self._inventory.get(name)
             if device is None:
                 raise Refused(http.NOT_FOUND, f"unknown device {name}")
+            if device.status is DeviceStatus.DECOMMISSIONING:
+                await self._journal.append(
+                    "provision.refused",
+                    actor=actor,
+                    device=name,
+                    fields={"reason": "decommissioning"},
+                )
+                raise Refused(
+                    http.CONFLICT,
+                    f"decommissioning: {name} is retired and cannot be provisioned",
+                )
             if device.device_class in REFUSED_CLASSES:
                 await self._journal.append(
                     "provision.refused",
@@ -129,18 +143,6 @@ class ProvisionResource(Endpoint):
                     f"class-refused: {name} is of class {device.device_class},"
                     " which cannot install through fleetd",
                 )
-            if device.status is DeviceStatus.DECOMMISSIONING:
-                await self._journal.append(
-                    "provision.refused",
-                    actor=actor,
-                    device=name,
-                    fields={"reason": "decommissioning"},
-                )
-                raise Refused(
-                    http.CONFLICT,
-                    f"decommissioning: {name} is retired (decommissioning)"
-                    " and cannot be provisioned",
-                )
             devices.append(device)
         try:
             provisioned = await self._provisionRuns(devices, action, actor)
@@ -152,6 +154,11 @@ class ProvisionResource(Endpoint):
             raise Refused(
                 http.SERVICE_UNAVAILABLE, f"vault: {e}; nothing was provisioned"
             ) from e
+        except KubeError as e:  # the bootstrap token's Secret [K1]
+            raise Refused(
+                http.SERVICE_UNAVAILABLE,
+                f"kubernetes: {e}; nothing was provisioned",
+            ) from e
         return http.CREATED, {"runs": [p.toJSON() for p in provisioned]}
 
     async def _provisionRuns(
@@ -161,7 +168,11 @@ class ProvisionResource(Endpoint):
             rendered,
             actor=actor,
             desiredAction=action,
-            render=lambda device, run: self._renderer.render(
-                device.cluster, NodeFacts(device.name, device.device_class, run=run)
+            render=lambda device, run, token=None: self._renderer.render(
+                device.cluster,
+                NodeFacts(
+                    device.name, device.device_class, run=run, bootstrap_token=token
+                ),
             ),
+            credentials=self._credentials,
         )

@@ -19,6 +19,8 @@ from typing import Any
 
 from twisted.logger import Logger
 
+from fleetd.kube import schema as _kube
+
 FILE_MODE = 0o600
 DIRECTORY_MODE = 0o700
 
@@ -164,6 +166,10 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         CREATE INDEX disk_serials_by_serial ON disk_serials (serial, device);
         """,
     ),
+    # Kubernetes credentials (fleetd.kube.store): tokens, kubelet
+    # certificates, the cluster-wide token and its requests.
+    (9, _kube.MIGRATION_9),
+    (10, _kube.MIGRATION_10),
     (
         11,
         # The NetBox inventory (fleetd.netbox): the durable outbox of status
@@ -203,8 +209,8 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         """,
     ),
     # New migrations go here as (N, "..."), with a number reserved for
-    # the subsystem: append only,
-    # never edit or renumber one that has shipped.
+    # the subsystem, in ascending order: never edit or renumber one that
+    # has shipped.
 )
 """Schema migrations in order; C{PRAGMA user_version} records the last one."""
 
@@ -214,10 +220,10 @@ class StoreError(Exception):
 
 
 def _checkMigrations(migrations: Sequence[tuple[int, str]]) -> None:
-    # Subsystems own their numbers, so there may be gaps between them
-    # while branches are apart; numbers are positive, unique and ascending.
+    # Subsystems own reserved numbers, so gaps are allowed while branches
+    # merge; numbers must still be positive, unique and in order.
     numbers = [number for number, _ in migrations]
-    if numbers != sorted(set(numbers)) or (numbers and numbers[0] < 1):
+    if any(n < 1 for n in numbers) or numbers != sorted(set(numbers)):
         raise StoreError(f"migrations must be numbered 1, 2, ...; got {numbers}")
 
 

@@ -1,0 +1,137 @@
+"""
+C{fleetctl cluster-token request --node NAME --reason TEXT},
+C{fleetctl cluster-token approve REQ}, C{fleetctl cluster-token rotate}
+[K5][K6] and C{fleetctl retire NAME} [R1].
+
+The token printed by C{approve} and C{rotate} appears in that output and
+nowhere else fleetd writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import IO, Any
+
+from fleetd.config import Settings
+
+
+def addCommands(commands: Any) -> None:
+    token = commands.add_parser(
+        "cluster-token", help="request, approve or rotate the cluster-wide token"
+    )
+    actions = token.add_subparsers(
+        dest="action", required=True, parser_class=token.__class__
+    )
+    request = actions.add_parser("request", help="ask to join a node with it [K5]")
+    request.add_argument("--node", required=True, metavar="NAME")
+    request.add_argument("--reason", required=True, metavar="TEXT")
+    request.set_defaults(handler=cmdRequest)
+    approve = actions.add_parser("approve", help="approve a request; prints the token")
+    approve.add_argument("request", metavar="REQ")
+    approve.set_defaults(handler=cmdApprove)
+    rotate = actions.add_parser("rotate", help="replace the cluster-wide token [K6]")
+    rotate.set_defaults(handler=cmdRotate)
+    pending = actions.add_parser("list", help="pending requests")
+    pending.set_defaults(handler=cmdList)
+
+    retire = commands.add_parser(
+        "retire", help="delete the Node and tokens, mark decommissioning [R1]"
+    )
+    retire.add_argument("name", metavar="NAME")
+    retire.set_defaults(handler=cmdRetire)
+
+
+def _when(at: float | None) -> str:
+    if at is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def _post(settings: Settings, path: str, body: dict[str, Any]) -> Any:
+    from fleetd.cli.fleetctl import AdminClient
+
+    return AdminClient(settings).request("POST", path, body=body)
+
+
+def cmdRequest(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
+    doc = _post(
+        settings,
+        "/v1/admin/cluster-token/request",
+        {"node": args.node, "reason": args.reason},
+    )
+    if args.json:
+        out.write(json.dumps(doc, sort_keys=True) + "\n")
+    else:
+        out.write(
+            f"request {doc['request']}  node {doc['node']}  pending:"
+            f" an owner runs 'fleetctl cluster-token approve {doc['request']}'\n"
+        )
+    return 0
+
+
+def cmdApprove(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
+    doc = _post(settings, "/v1/admin/cluster-token/approve", {"request": args.request})
+    if args.json:
+        out.write(json.dumps(doc, sort_keys=True) + "\n")
+    else:
+        out.write(
+            f"request {doc['request']}  node {doc['node']}  approved\n"
+            f"cluster.token: {doc['token']}\n"
+            "shown once: put it in that node's Talos configuration (cluster.token);"
+            " fleetd approves its first kubelet certificate\n"
+        )
+    return 0
+
+
+def cmdRotate(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
+    doc = _post(settings, "/v1/admin/cluster-token/rotate", {})
+    if args.json:
+        out.write(json.dumps(doc, sort_keys=True) + "\n")
+        return 0
+    out.write(f"new cluster.token: {doc['token']}  (id {doc['token_id']})\n")
+    if doc["old_token_id"]:
+        out.write(
+            f"old token {doc['old_token_id']} is deleted at"
+            f" {_when(doc['old_deleted_at'])}\n"
+        )
+    out.write("what must change in the cluster's Talos configurations:\n")
+    for n, step in enumerate(doc["steps"], 1):
+        out.write(f"  {n}. {step}\n")
+    return 0
+
+
+def cmdList(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
+    from fleetd.cli.fleetctl import AdminClient
+
+    doc = AdminClient(settings).request("GET", "/v1/admin/cluster-token")
+    if args.json:
+        out.write(json.dumps(doc["pending"], sort_keys=True) + "\n")
+        return 0
+    for r in doc["pending"]:
+        out.write(
+            f"{r['request']}  node {r['node']}  by {r['requested_by']}"
+            f"  at {_when(r['requested_at'])}  reason: {r['reason']}\n"
+        )
+    return 0
+
+
+def cmdRetire(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
+    doc = _post(settings, "/v1/admin/retire", {"device": args.name})
+    if args.json:
+        out.write(json.dumps(doc, sort_keys=True) + "\n")
+        return 0
+    node = {None: "no cluster configured", True: "deleted", False: "was not there"}
+    out.write(f"{doc['device']}  {doc['status']}\n")
+    out.write(f"node:     {node[doc['node_deleted']]}\n")
+    tokens = ", ".join(doc["tokens_deleted"]) or "none live"
+    out.write(f"tokens:   {tokens} (deleted now, retried until done)\n")
+    out.write("cannot be revoked:\n")
+    for item in doc["unrevocable"]:
+        out.write(f"  - {item}\n")
+    out.write(
+        "wipe or power off the machine: a kubelet with a valid certificate"
+        " registers its Node again when it restarts\n"
+    )
+    return 0

@@ -1,0 +1,139 @@
+"""
+What a kubelet client CSR says, and whether it is kubelet-shaped.
+
+Pure functions over the API object (no I/O): L{readCSR} parses the PEM
+request with C{cryptography}; L{shapeRefusal} applies the kubelet client
+signer's rules (notes kube-netbox.md section 2.1, C{ValidateKubeletClientCSR}):
+O exactly C{[system:nodes]}, CN C{system:node:<name>}, no SANs of any
+kind, usages C{{digital signature, client auth}} (plus C{key
+encipherment} for RSA keys), and an C{expirationSeconds}, if any, within
+policy.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+
+from fleetd.kube.client import KUBELET_CLIENT_SIGNER
+
+NODE_PREFIX = "system:node:"
+BOOTSTRAP_PREFIX = "system:bootstrap:"
+BASE_USAGES = frozenset({"digital signature", "client auth"})
+RSA_USAGES = BASE_USAGES | {"key encipherment"}
+MAX_EXPIRATION = 367 * 86400
+
+
+@dataclass(frozen=True)
+class CSRFacts:
+    """The parts of a CSR the approver decides on."""
+
+    name: str
+    uid: str
+    signer: str
+    username: str
+    groups: tuple[str, ...]
+    usages: frozenset[str]
+    expirationSeconds: int | None
+    commonNames: tuple[str, ...]
+    organizations: tuple[str, ...]
+    hasSANs: bool
+    rsaKey: bool
+    approved: bool
+    denied: bool
+    reason: str  # of the Approved condition, when there is one
+    certificate: bytes | None
+
+    @property
+    def node(self) -> str | None:
+        """The node the subject names, when its CN is C{system:node:<name>}."""
+        if len(self.commonNames) == 1 and self.commonNames[0].startswith(NODE_PREFIX):
+            return self.commonNames[0][len(NODE_PREFIX) :] or None
+        return None
+
+
+class Unreadable(ValueError):
+    """The CSR object or its PEM request cannot be read."""
+
+
+def readCSR(obj: dict[str, Any]) -> CSRFacts:
+    """
+    @raise Unreadable: not a CSR object, or its request is not a PEM
+        CERTIFICATE REQUEST.
+    """
+    try:
+        meta = obj["metadata"]
+        spec = obj["spec"]
+        status = obj.get("status") or {}
+        pem = base64.b64decode(spec["request"], validate=True)
+        request = x509.load_pem_x509_csr(pem)
+    except (KeyError, TypeError, ValueError, binascii.Error) as e:
+        raise Unreadable(f"unreadable CSR: {e.__class__.__name__}") from e
+    try:
+        request.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        sans = True
+    except x509.ExtensionNotFound:
+        sans = False
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    certificate = status.get("certificate")
+    expiration = spec.get("expirationSeconds")
+    return CSRFacts(
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        signer=str(spec.get("signerName", "")),
+        username=str(spec.get("username", "")),
+        groups=tuple(str(g) for g in spec.get("groups") or ()),
+        usages=frozenset(str(u) for u in spec.get("usages") or ()),
+        expirationSeconds=None if expiration is None else int(expiration),
+        commonNames=tuple(
+            str(a.value)
+            for a in request.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        ),
+        organizations=tuple(
+            str(a.value)
+            for a in request.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
+        ),
+        hasSANs=sans,
+        rsaKey=isinstance(request.public_key(), rsa.RSAPublicKey),
+        approved="Approved" in conditions,
+        denied="Denied" in conditions,
+        reason=str((conditions.get("Approved") or {}).get("reason", "")),
+        certificate=base64.b64decode(certificate) if certificate else None,
+    )
+
+
+def shapeRefusal(facts: CSRFacts) -> str | None:
+    """Why C{facts} is not a kubelet client CSR, or L{None} when it is."""
+    if facts.signer != KUBELET_CLIENT_SIGNER:
+        return "wrong-signer"
+    if facts.organizations != ("system:nodes",):
+        return "wrong-organization"
+    if facts.node is None:
+        return "wrong-common-name"
+    if facts.hasSANs:
+        return "has-subject-alternative-names"
+    allowed = (RSA_USAGES,) if facts.rsaKey else (BASE_USAGES, RSA_USAGES)
+    if facts.usages not in allowed:
+        return "wrong-usages"
+    if facts.expirationSeconds is not None and not (
+        600 <= facts.expirationSeconds <= MAX_EXPIRATION
+    ):
+        return "expiration-out-of-policy"
+    return None
+
+
+def notAfter(certificate: bytes) -> float | None:
+    """The issued certificate's notAfter (epoch seconds), if it parses."""
+    try:
+        cert = x509.load_pem_x509_certificate(certificate)
+    except ValueError:
+        return None
+    moment: datetime.datetime = cert.not_valid_after_utc
+    return moment.timestamp()

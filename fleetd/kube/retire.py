@@ -1,0 +1,156 @@
+"""
+Retirement [R1]: C{fleetctl retire NAME}.
+
+In this order:
+
+  1. delete the Node (when a cluster is configured; a failure refuses the
+     retirement and nothing changes: the owner runs it again);
+  2. one transaction [J1]: the device becomes C{decommissioning}, its
+     kubelet record is marked retired (later renewal CSRs are refused,
+     L{fleetd.kube.approver}), its live tokens get a deletion deadline of
+     now, and the journal records the retirement and what cannot be
+     revoked: the kubelet client certificate (with its notAfter when
+     fleetd saw it issued) and C{machine.token}, the trustd token every
+     Talos configuration carries and nothing rotates;
+  3. after the commit, the tokens are deleted (retried while the API is
+     down; their persisted deadline re-arms after a restart).
+
+A decommissioning device cannot be provisioned (the provision API
+refuses it). Deleting the Node does not stop a machine whose kubelet
+still holds a valid certificate from registering it again when it
+restarts: wipe or power off the machine (docs/operations.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from twisted.internet.interfaces import IReactorTime
+
+from fleetd.inventory.model import DeviceStatus, IInventory, InventoryError
+from fleetd.kube.book import TokenBook
+from fleetd.kube.client import KubeClient
+from fleetd.kube.store import kubelet, liveTokens, noteRetired, setDeleteAt
+from fleetd.store.db import Database
+from fleetd.store.journal import AsyncJournal, Recorder
+from fleetd.store.runner import IRunner
+
+UNROTATED_TRUSTD = (
+    "machine.token (the cluster's trustd token) is in every Talos configuration;"
+    " nothing rotates it, and a copy on disk can still obtain Talos API certificates"
+)
+
+
+@dataclass(frozen=True)
+class Retirement:
+    device: str
+    node_deleted: bool | None  # None: no cluster configured
+    tokens: list[str]
+    not_after: float | None
+    unrevocable: list[str] = field(default_factory=list)
+
+    def toJSON(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "status": DeviceStatus.DECOMMISSIONING.value,
+            "node_deleted": self.node_deleted,
+            "tokens_deleted": self.tokens,
+            "kubelet_not_after": self.not_after,
+            "unrevocable": self.unrevocable,
+        }
+
+
+class RetireService:
+    """Retire a device: Node, tokens, status, and the journal of what remains."""
+
+    def __init__(
+        self,
+        *,
+        clock: IReactorTime,
+        inventory: IInventory,
+        journal: AsyncJournal,
+        runner: IRunner,
+        client: KubeClient | None,
+        book: TokenBook | None,
+    ) -> None:
+        self.clock = clock
+        self.inventory = inventory
+        self.journal = journal
+        self.runner = runner
+        self.client = client
+        self.book = book
+
+    async def retire(self, name: str, actor: str) -> Retirement:
+        """
+        @raise InventoryError: C{not-found}, or the inventory is unavailable.
+        @raise KubeError: the Node could not be deleted; nothing changed.
+        """
+        device = await self.inventory.get(name)
+        if device is None:
+            raise InventoryError(f"no device named {name}", "not-found")
+        name = device.name
+        nodeDeleted = None
+        if self.client is not None:
+            nodeDeleted = await self.client.deleteNode(name)
+        now = self.clock.seconds()
+        holder: dict[str, Any] = {}
+
+        def change(db: Database, journal: Recorder) -> None:
+            record = kubelet(db, name)
+            tokens = [
+                t.id for t in liveTokens(db) if t.kind == "node" and t.device == name
+            ]
+            for token in tokens:
+                setDeleteAt(db, token, now)
+            self.inventory.setStatusIn(db, name, DeviceStatus.DECOMMISSIONING)
+            noteRetired(db, name, now)
+            notAfter = None if record is None else record.not_after
+            holder["tokens"], holder["not_after"] = tokens, notAfter
+            journal(
+                "device.retired",
+                actor=actor,
+                device=name,
+                fields={
+                    "node_deleted": nodeDeleted,
+                    "bootstrap_ids": ",".join(tokens),
+                },
+            )
+            journal(
+                "kube.unrevocable",
+                actor=actor,
+                device=name,
+                fields={
+                    "credential": "kubelet client certificate",
+                    "csr": None if record is None else record.last_csr,
+                    "not_after": notAfter,
+                    "note": "Kubernetes cannot revoke it; it stays valid until"
+                    " notAfter and can register the Node again",
+                },
+            )
+            journal(
+                "kube.unrevocable",
+                actor=actor,
+                device=name,
+                fields={"credential": "machine.token", "note": UNROTATED_TRUSTD},
+            )
+
+        await self.journal.change(change)
+        if self.book is not None:
+            self.book.revokeDevice(name)
+        notAfter = holder["not_after"]
+        return Retirement(
+            device=name,
+            node_deleted=nodeDeleted,
+            tokens=holder["tokens"],
+            not_after=notAfter,
+            unrevocable=[
+                "kubelet client certificate"
+                + (
+                    f" (valid until notAfter {notAfter:.0f})"
+                    if notAfter is not None
+                    else " (notAfter unknown: fleetd did not see it issued)"
+                ),
+                UNROTATED_TRUSTD,
+            ],
+        )

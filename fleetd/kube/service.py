@@ -1,0 +1,116 @@
+"""
+The Kubernetes credential services, started and stopped with the daemon.
+
+L{KubeService} exists only when C{[kubernetes]} is configured. At start
+it loads the live tokens (arming every persisted deletion deadline; an
+overdue one fires at once [K4]) and the cluster-token grants, then
+starts the CSR watch (the approver [K2]) and the RBAC check [K3]. At
+stop it cancels every timer, the watch and the calls in flight.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from fleetd.config import KubernetesSettings
+from fleetd.inventory.model import IInventory
+from fleetd.kube.approver import Approver
+from fleetd.kube.book import TokenBook
+from fleetd.kube.client import KubeClient
+from fleetd.kube.cluster import ClusterTokens
+from fleetd.kube.rbac import RBACCheck
+from fleetd.kube.tokens import Sealer
+from fleetd.kube.watcher import CSRWatcher
+from fleetd.store.journal import AsyncJournal
+from fleetd.store.runner import IRunner
+
+
+class KubeService(Service):
+    """Token book, approver, watch, RBAC check and cluster tokens."""
+
+    log = Logger()
+
+    def __init__(
+        self,
+        *,
+        clock: IReactorTime,
+        settings: KubernetesSettings,
+        client: KubeClient,
+        runner: IRunner,
+        journal: AsyncJournal,
+        inventory: IInventory,
+        sealKey: bytes,
+        metrics: CollectorRegistry | None = None,
+    ) -> None:
+        self.client = client
+        self.book = TokenBook(
+            clock=clock,
+            client=client,
+            journal=journal,
+            runner=runner,
+            tokenTTL=settings.token_ttl,
+            deleteAfter=settings.delete_after,
+        )
+        self.cluster = ClusterTokens(
+            clock=clock,
+            client=client,
+            book=self.book,
+            journal=journal,
+            runner=runner,
+            sealer=Sealer(sealKey),
+            overlap=settings.rotate_overlap,
+            grantWindow=settings.token_ttl,
+        )
+        self.approver = Approver(
+            clock=clock,
+            client=client,
+            book=self.book,
+            journal=journal,
+            runner=runner,
+            inventory=inventory,
+            grants=self.cluster,
+        )
+        self.watcher = CSRWatcher(clock, client, self.approver.seen)
+        self.rbac = RBACCheck(clock, client, metrics, settings.rbac_check_interval)
+        self._starting: Deferred[None] | None = None
+
+    def startService(self) -> None:
+        super().startService()
+        self._starting = Deferred.fromCoroutine(self._start())
+        self._starting.addErrback(self._failed)
+
+    async def _start(self) -> None:
+        await self.book.start()
+        await self.cluster.start()
+        if not self.running:
+            return
+        self.rbac.start()
+        self.watcher.start()
+        self.log.info("kube.started {api}", api=self.client.api)
+
+    def _failed(self, f: Failure) -> None:
+        self.log.failure("kube.start.failed", f)
+
+    def stopService(self) -> Deferred[Any]:
+        super().stopService()
+        self.rbac.stop()
+        self.approver.stop()
+        self.book.stop()
+        pending: list[Deferred[Any]] = []
+        loop = self.watcher.stop()
+        if loop is not None:
+            pending.append(loop)
+        if self._starting is not None:
+            pending.append(self._starting)
+
+        def close(_: object) -> Deferred[None] | None:
+            return self.client.close()
+
+        return DeferredList(pending, consumeErrors=True).addCallback(close)

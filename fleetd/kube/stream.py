@@ -1,0 +1,123 @@
+"""
+Response bodies for L{fleetd.kube.client}: bounded collection, and a
+watch stream split into newline-delimited JSON events.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.protocol import Protocol as TwistedProtocol
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone
+from twisted.web.http import PotentialDataLoss
+
+from fleetd.kube.errors import KubeError, KubeUnavailable
+
+MAX_BODY = 16 << 20
+MAX_LINE = 4 << 20
+_DONE = Failure(ResponseDone())
+
+
+class _Lines(TwistedProtocol):
+    """Split a streamed body into lines; hand each decoded JSON to C{onLine}."""
+
+    def __init__(self, onLine: Callable[[Any], None], done: Deferred[None]) -> None:
+        self._onLine = onLine
+        self._done = done
+        self._buffer = b""
+
+    def dataReceived(self, data: bytes) -> None:
+        self._buffer += data
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            if line.strip():
+                self._line(line)
+        if len(self._buffer) > MAX_LINE:
+            self._fail(KubeError("watch: an event line is too long"))
+
+    def _line(self, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            self._fail(KubeError("watch: an event line is not JSON"))
+            return
+        try:
+            self._onLine(event)
+        except Exception:
+            self._fail(Failure())
+
+    def _fail(self, error: Exception | Failure) -> None:
+        if not self._done.called:
+            self._done.errback(error)
+        if self.transport is not None:
+            self.transport.stopProducing()  # type: ignore[attr-defined]
+
+    def stop(self) -> None:
+        """End the stream from our side (stop, or a watch we no longer want)."""
+        if self.transport is not None:
+            self.transport.stopProducing()  # type: ignore[attr-defined]
+
+    def connectionLost(self, reason: Failure = _DONE) -> None:
+        if self._done.called:
+            return
+        if self._buffer.strip():
+            self._line(self._buffer)
+            if self._done.called:
+                return
+        if reason.check(ResponseDone, PotentialDataLoss):
+            self._done.callback(None)
+        else:
+            self._done.errback(KubeUnavailable(f"watch: stream lost: {reason.value}"))
+
+
+class Watch:
+    """An open watch stream: C{done} fires when it ends; C{stop} ends it."""
+
+    def __init__(self) -> None:
+        self.done: Deferred[None] = Deferred(lambda _: self.stop())
+        self._lines: _Lines | None = None
+        self._request: Deferred[Any] | None = None
+
+    def stop(self, error: Exception | None = None) -> None:
+        """End it; C{done} fails with C{error} (L{CancelledError} by default)."""
+        if not self.done.called:
+            self.done.errback(error or CancelledError())
+        if self._lines is not None:
+            self._lines.stop()
+        elif self._request is not None:
+            self._request.cancel()
+
+    def expire(self) -> None:
+        """The server kept it open past its own timeout: a broken stream."""
+        self.stop(KubeUnavailable("watch csrs: no end from the server; reconnecting"))
+
+
+class _Collect(TwistedProtocol):
+    """Collect a bounded body."""
+
+    def __init__(self, chunks: list[bytes], done: Deferred[None]) -> None:
+        self._chunks = chunks
+        self._done = done
+        self._size = 0
+
+    def dataReceived(self, data: bytes) -> None:
+        self._size += len(data)
+        if self._size > MAX_BODY:
+            if self.transport is not None:
+                self.transport.stopProducing()  # type: ignore[attr-defined]
+            if not self._done.called:
+                self._done.errback(KubeUnavailable("answer too large"))
+            return
+        self._chunks.append(data)
+
+    def connectionLost(self, reason: Failure = _DONE) -> None:
+        if self._done.called:
+            return
+        if reason.check(ResponseDone, PotentialDataLoss):
+            self._done.callback(None)
+        else:
+            self._done.errback(reason)

@@ -1,0 +1,209 @@
+"""
+The fake API's HTTP face: routing, error Status answers, LIST and WATCH
+(newline-delimited JSON events, bookmarks, the 410 ERROR event), as
+L{fleetd.testing.kube} describes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+
+from twisted.web import server
+from twisted.web.resource import Resource
+
+from fleetd.testing.kube_rules import ApiError, Identity
+
+if TYPE_CHECKING:
+    from fleetd.testing.kube import FakeKube
+
+SECRETS = ("api", "v1", "namespaces", "kube-system", "secrets")
+CSRS = ("apis", "certificates.k8s.io", "v1", "certificatesigningrequests")
+NODES = ("api", "v1", "nodes")
+BINDINGS = ("apis", "rbac.authorization.k8s.io", "v1", "clusterrolebindings")
+ROLES = ("apis", "rbac.authorization.k8s.io", "v1", "clusterroles")
+
+
+@dataclass
+class Watcher:
+    """One open watch stream."""
+
+    request: Any
+    bookmarks: bool
+    signer: str | None
+    timer: Any = None
+
+
+class _Streaming(Exception):
+    def __init__(self, result: int) -> None:
+        self.result = result
+
+
+class KubeHTTP(Resource):
+    """Every path of the fake API, answered from a L{FakeKube}'s state."""
+
+    isLeaf = True
+
+    def __init__(self, fake: FakeKube) -> None:
+        Resource.__init__(self)
+        self.fake = fake
+
+    def render(self, request: Any) -> bytes | int:
+        return self.handle(request)
+
+    def _list(
+        self, store: dict[str, dict[str, Any]], kind: str, signer: str | None
+    ) -> dict[str, Any]:
+        items = [
+            o
+            for o in store.values()
+            if signer is None or o.get("spec", {}).get("signerName") == signer
+        ]
+        return {
+            "kind": kind,
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(self.fake.rv)},
+            "items": items,
+        }
+
+    def _watch(
+        self, request: Any, args: dict[str, list[str]], signer: str | None
+    ) -> int:
+        rv = int((args.get("resourceVersion") or ["0"])[0] or "0")
+        request.setResponseCode(200)
+        request.setHeader(b"content-type", b"application/json")
+        watcher = Watcher(
+            request, (args.get("allowWatchBookmarks") or [""])[0] == "true", signer
+        )
+        if rv < self.fake.oldest - 1 and rv != 0:
+            gone = ApiError(
+                410, "Expired", f"too old resource version: {rv} ({self.fake.oldest})"
+            )
+            request.write(
+                json.dumps({"type": "ERROR", "object": gone.status()}).encode() + b"\n"
+            )
+            request.finish()
+            return server.NOT_DONE_YET
+        self.fake.watchers.append(watcher)
+        request.notifyFinish().addBoth(lambda _: self.fake._forgetWatch(watcher))
+        for at, kind, obj in self.fake.history:
+            if at > rv and watcher.signer in (None, obj["spec"].get("signerName")):
+                self.fake._send(watcher, kind, obj)
+        seconds = args.get("timeoutSeconds")
+        if seconds:
+            watcher.timer = self.fake.clock.callLater(
+                int(seconds[0]), self.fake._endWatch, watcher
+            )
+        return server.NOT_DONE_YET
+
+    def handle(self, request: Any) -> bytes | int:
+        method = request.method.decode("ascii")
+        path = tuple(p.decode("utf-8") for p in request.prepath + request.postpath if p)
+        args = parse_qs(request.uri.decode("utf-8").partition("?")[2])
+        self.fake.calls.append((method, "/" + "/".join(path)))
+        try:
+            for fault in list(self.fake.faults):
+                fmethod, contains, code, reason = fault
+                if fmethod == method and contains in "/" + "/".join(path):
+                    self.fake.faults.remove(fault)
+                    if reason == "hang":
+                        return server.NOT_DONE_YET
+                    raise ApiError(code, reason, f"injected {code}")
+            auth = (request.getHeader(b"authorization") or b"").decode(
+                "ascii", "replace"
+            )
+            identity = (
+                self.fake.authenticate(auth[7:]) if auth.startswith("Bearer ") else None
+            )
+            if identity is None:
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+            body: dict[str, Any] = {}
+            if method in ("POST", "PUT"):
+                try:
+                    body = json.loads(
+                        request.content.read() if request.content else b""
+                    )
+                except ValueError as e:
+                    raise ApiError(400, "BadRequest", "the body is not JSON") from e
+            return self._json(
+                request,
+                200 if method != "POST" else 201,
+                self._route(request, method, path, args, body, identity),
+            )
+        except ApiError as e:
+            return self._json(request, e.code, e.status())
+        except _Streaming as s:
+            return s.result
+
+    def _route(
+        self,
+        request: Any,
+        method: str,
+        path: tuple[str, ...],
+        args: dict[str, list[str]],
+        body: dict[str, Any],
+        identity: Identity,
+    ) -> Any:
+        signer = None
+        for selector in args.get("fieldSelector", []):
+            key, _, value = selector.partition("=")
+            if key != "spec.signerName":
+                raise ApiError(400, "BadRequest", f"field label not supported: {key}")
+            signer = value
+        table: list[tuple[tuple[str, ...], dict[str, dict[str, Any]], str]] = [
+            (SECRETS, self.fake.secrets, "SecretList"),
+            (CSRS, self.fake.csrs, "CertificateSigningRequestList"),
+            (NODES, self.fake.nodes, "NodeList"),
+            (BINDINGS, self.fake.bindings, "ClusterRoleBindingList"),
+            (ROLES, self.fake.roles, "ClusterRoleList"),
+        ]
+        for prefix, store, kind in table:
+            if path[: len(prefix)] != prefix:
+                continue
+            rest = path[len(prefix) :]
+            if not rest and method == "GET":
+                if (args.get("watch") or [""])[0] in ("1", "true"):
+                    if store is not self.fake.csrs:
+                        raise ApiError(
+                            405, "MethodNotAllowed", "watch is modelled for CSRs only"
+                        )
+                    raise _Streaming(self._watch(request, args, signer))
+                return self._list(store, kind, signer)
+            if not rest and method == "POST":
+                if store is self.fake.secrets:
+                    return self.fake._createSecret(body)
+                if store is self.fake.csrs:
+                    return self.fake._createCSR(body, identity)
+                return self.fake._create(store, body)
+            if len(rest) == 1 and method == "GET":
+                if rest[0] not in store:
+                    raise ApiError(404, "NotFound", f'"{rest[0]}" not found')
+                return self._shown(store, store[rest[0]])
+            if len(rest) == 1 and method == "DELETE":
+                self.fake._delete(store, rest[0])
+                return {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+            if (
+                store is self.fake.csrs
+                and len(rest) == 2
+                and rest[1] == "approval"
+                and method == "PUT"
+            ):
+                return self.fake._approve(rest[0], body)
+            raise ApiError(405, "MethodNotAllowed", f"{method} is not modelled here")
+        raise ApiError(
+            404, "NotFound", "the server could not find the requested resource"
+        )
+
+    def _shown(
+        self, store: dict[str, dict[str, Any]], obj: dict[str, Any]
+    ) -> dict[str, Any]:
+        copy: dict[str, Any] = json.loads(json.dumps(obj))
+        return copy
+
+    @staticmethod
+    def _json(request: Any, code: int, doc: Any) -> bytes:
+        request.setResponseCode(code)
+        request.setHeader(b"content-type", b"application/json")
+        return json.dumps(doc).encode("utf-8")

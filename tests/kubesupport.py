@@ -1,0 +1,147 @@
+"""A fleet (L{tests.test_runs.Fleet}) with a fake cluster and the kube services."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import yaml
+from twisted.internet.defer import Deferred
+
+from fleetd.config import KubernetesSettings
+from fleetd.kube.client import KubeClient
+from fleetd.kube.retire import RetireService
+from fleetd.kube.service import KubeService
+from fleetd.kube.status import KubeStatus
+from fleetd.kube.store import TokenRecord, getToken, kubelet
+from fleetd.runs.render import NodeFacts
+from fleetd.status import StatusService
+from fleetd.testing.kube import FakeKube, csrPEM
+from tests.test_j1 import Faults
+from tests.test_runs import RENDERER, Fleet, device
+
+SETTINGS = KubernetesSettings(
+    api="https://kube.test",
+    ca=None,
+    token_file=None,
+    client_cert=None,
+    client_key=None,
+)
+
+
+class KubeFleet(Fleet):
+    """A L{Fleet} whose provisions issue tokens against a L{FakeKube}."""
+
+    fake: FakeKube
+    kube: KubeService
+
+    def start(self, vault: Any = None, inventory: Any = None) -> None:
+        super().start(vault, inventory)
+        if not hasattr(self, "fake"):
+            self.fake = FakeKube(self.clock)
+        self.client = KubeClient(
+            "https://kube.test",
+            self.fake.http(),
+            self.clock,
+            bearer=self.fake.adminToken,
+        )
+        self.kube = KubeService(
+            clock=self.clock,
+            settings=SETTINGS,
+            client=self.client,
+            runner=self.runner,
+            journal=self.journal,
+            inventory=self.inventory,
+            sealKey=b"s" * 32,
+        )
+        self.kube.startService()
+        self.fake.flush()
+        self.retirer = RetireService(
+            clock=self.clock,
+            inventory=self.inventory,
+            journal=self.journal,
+            runner=self.runner,
+            client=self.client,
+            book=self.kube.book,
+        )
+
+    def stopKube(self) -> None:
+        d = self.kube.stopService()
+        self.fake.flush()
+        self.test.successResultOf(d)
+
+    def restart(self, wipeVault: bool = False) -> None:
+        self.stopKube()
+        super().restart(wipeVault)
+
+    def provision(self, *devices: Any, action: str | None = None) -> list[Any]:
+        d = Deferred.fromCoroutine(
+            self.registry.provision(
+                list(devices),
+                actor="owner:test",
+                desiredAction=action,
+                render=lambda d, run, token=None: RENDERER.render(
+                    None, NodeFacts(d.name, d.device_class, run, bootstrap_token=token)
+                ),
+                credentials=self.kube.book,
+            )
+        )
+        self.fake.flush()
+        result: list[Any] = self.test.successResultOf(d)
+        return result
+
+    def config(self, run: str) -> dict[str, Any]:
+        body = self.vault.get(f"{run}.yaml")
+        assert body is not None
+        doc: dict[str, Any] = next(yaml.safe_load_all(body))
+        return doc
+
+    def bearer(self, run: str) -> str:
+        token: str = self.config(run)["cluster"]["token"]
+        return token
+
+    def token(self, tokenId: str) -> TokenRecord | None:
+        return self.test.successResultOf(
+            self.runner.run(lambda db: getToken(db, tokenId))
+        )
+
+    def kubelet(self, name: str) -> Any:
+        return self.test.successResultOf(self.runner.run(lambda db: kubelet(db, name)))
+
+    def fileCSR(self, bearer: str, node: str, **kwargs: Any) -> dict[str, Any]:
+        """A kubelet files its CSR; the watch delivers it to the approver."""
+        pem = csrPEM(f"system:node:{node}", **kwargs)
+        csr = self.fake.fileCSR(bearer, pem)
+        self.fake.flush()
+        return csr
+
+    def csr(self, name: str) -> dict[str, Any]:
+        return self.fake.csrs[name]
+
+    def approved(self, name: str) -> bool:
+        conditions = (self.csr(name).get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Approved" for c in conditions)
+
+    def statusService(self) -> StatusService:
+        return StatusService(
+            self.inventory,
+            self.registry,
+            self.alerts,
+            self.journal,
+            credentials=KubeStatus(self.runner, self.clock),
+        )
+
+    def entries(self, event: str) -> list[Any]:
+        found = self.test.successResultOf(self.journal.query())
+        return [e for e in found if e.event == event]
+
+    def faults(self) -> Faults:
+        return Faults(self)
+
+
+def secretData(fake: FakeKube, tokenId: str) -> dict[str, str]:
+    secret = fake.secrets[f"bootstrap-token-{tokenId}"]
+    return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+
+
+__all__ = ["KubeFleet", "device", "secretData"]
