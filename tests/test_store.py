@@ -26,6 +26,8 @@ from fleetd.store import (
     loadOrCreateKey,
 )
 
+LAST = MIGRATIONS[-1][0]
+
 
 def tables(db: Database) -> set[str]:
     rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
@@ -48,14 +50,15 @@ class DatabaseOpenTests(SynchronousTestCase):
         return db
 
     def test_migrations_numbered(self) -> None:
-        """Shipped migrations are numbered 1, 2, ... in order."""
+        """Shipped migrations start at 1 and only grow (numbers owned per subsystem)."""
         numbers = [number for number, _ in MIGRATIONS]
-        self.assertEqual(numbers, list(range(1, len(MIGRATIONS) + 1)))
+        self.assertEqual(numbers[0], 1)
+        self.assertEqual(numbers, sorted(set(numbers)))
 
     def test_open_appliesMigrations(self) -> None:
         """A new database gets every migration and records the last one."""
         db = self.open()
-        self.assertEqual(db.userVersion, len(MIGRATIONS))
+        self.assertEqual(db.userVersion, LAST)
         self.assertTrue({"meta", "journal", "journal_head"} <= tables(db))
 
     def test_open_idempotent(self) -> None:
@@ -69,9 +72,9 @@ class DatabaseOpenTests(SynchronousTestCase):
     def test_open_appliesLaterMigration(self) -> None:
         """A migration appended later is applied on the next open, alone."""
         self.open().close()
-        later = (*MIGRATIONS, (len(MIGRATIONS) + 1, "CREATE TABLE extra (x TEXT);"))
+        later = (*MIGRATIONS, (LAST + 1, "CREATE TABLE extra (x TEXT);"))
         db = self.open(later)
-        self.assertEqual(db.userVersion, len(later))
+        self.assertEqual(db.userVersion, LAST + 1)
         self.assertIn("extra", tables(db))
 
     def test_open_failedMigrationRollsBack(self) -> None:
@@ -79,24 +82,30 @@ class DatabaseOpenTests(SynchronousTestCase):
         self.open().close()
         broken = (
             *MIGRATIONS,
-            (len(MIGRATIONS) + 1, "CREATE TABLE half (x); SELECT * FROM nowhere;"),
+            (LAST + 1, "CREATE TABLE half (x); SELECT * FROM nowhere;"),
         )
         error = self.assertRaises(StoreError, Database.open, self.path, broken)
-        self.assertIn(f"migration {len(broken)}", str(error))
+        self.assertIn(f"migration {LAST + 1}", str(error))
         db = self.open()
-        self.assertEqual(db.userVersion, len(MIGRATIONS))
+        self.assertEqual(db.userVersion, LAST)
         self.assertNotIn("half", tables(db))
 
     def test_open_refusesMisnumbered(self) -> None:
-        """Migrations with gaps or out of order are refused."""
-        bad = ((1, "SELECT 1;"), (3, "SELECT 1;"))
+        """Migrations out of order, repeated or not starting at 1 are refused."""
+        for bad in (
+            ((1, "SELECT 1;"), (3, "SELECT 1;"), (2, "SELECT 1;")),
+            ((1, "SELECT 1;"), (1, "SELECT 1;")),
+            ((2, "SELECT 1;"),),
+        ):
+            self.assertRaises(StoreError, Database.open, self.path, bad)
+        bad = ((1, "SELECT 1;"), (3, "SELECT 1;"), (2, "SELECT 1;"))
         self.assertRaises(StoreError, Database.open, self.path, bad)
 
     def test_open_refusesNewerVersion(self) -> None:
         """A database written by a newer fleetd is refused, untouched."""
         self.open().close()
         raw = sqlite3.connect(self.path)
-        raw.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+        raw.execute(f"PRAGMA user_version = {LAST + 1}")
         raw.close()
         error = self.assertRaises(StoreError, Database.open, self.path)
         self.assertIn("knows up to", str(error))
@@ -270,7 +279,7 @@ class InlineRunnerTests(SynchronousTestCase):
     def test_run_result(self) -> None:
         """The call's result is already in the returned Deferred."""
         d = self.runner.run(lambda db: db.userVersion)
-        self.assertEqual(self.successResultOf(d), len(MIGRATIONS))
+        self.assertEqual(self.successResultOf(d), LAST)
 
     def test_run_failure(self) -> None:
         """An exception becomes the returned Deferred's failure."""
@@ -297,7 +306,7 @@ class DatabaseRunnerTests(TestCase):
             lambda db: (threading.get_ident(), db.userVersion)
         )
         self.assertNotEqual(ident, threading.get_ident())
-        self.assertEqual(version, len(MIGRATIONS))
+        self.assertEqual(version, LAST)
 
     async def test_run_serialOnOneThread(self) -> None:
         """Calls run one at a time, in order, all on the same thread."""

@@ -111,8 +111,35 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         CREATE INDEX runs_current ON runs (superseded_by, device);
         """,
     ),
-    # New migrations go here as (5, "..."), ...: append only,
-    # never edit or renumber one that has shipped.
+    # 5 and 6 belong to other subsystems (machine trust: evidence/bindings
+    # and disks); they arrive with their own branches.
+    (
+        7,
+        # LDevID records [T4] (fleetd.pki.records): every certificate fleetd
+        # issued, each node's current one, and legacy cut-overs.
+        """
+        CREATE TABLE ldevids (
+            cert_serial TEXT PRIMARY KEY,
+            chassis TEXT NOT NULL COLLATE NOCASE,
+            device TEXT NOT NULL,
+            issuer TEXT NOT NULL,
+            not_after REAL NOT NULL,
+            issued_at REAL NOT NULL,
+            how TEXT NOT NULL CHECK (how IN ('attest', 'renew')),
+            ek_sha256 TEXT,
+            current INTEGER NOT NULL CHECK (current IN (0, 1))
+        ) STRICT;
+        CREATE UNIQUE INDEX ldevids_current ON ldevids (chassis) WHERE current = 1;
+        CREATE TABLE ldevid_cutovers (
+            chassis TEXT PRIMARY KEY COLLATE NOCASE,
+            at REAL NOT NULL,
+            from_issuer TEXT NOT NULL,
+            from_serial TEXT NOT NULL
+        ) STRICT;
+        """,
+    ),
+    # New migrations go here: append only, never edit or renumber one that
+    # has shipped; each subsystem uses the numbers reserved for it.
 )
 """Schema migrations in order; C{PRAGMA user_version} records the last one."""
 
@@ -123,8 +150,11 @@ class StoreError(Exception):
 
 def _checkMigrations(migrations: Sequence[tuple[int, str]]) -> None:
     numbers = [number for number, _ in migrations]
-    if numbers != list(range(1, len(numbers) + 1)):
-        raise StoreError(f"migrations must be numbered 1, 2, ...; got {numbers}")
+    # Numbers are owned per subsystem, so a branch may lack another's; they
+    # must still start at 1 and only grow.
+    ordered = all(a < b for a, b in zip(numbers, numbers[1:], strict=False))
+    if numbers and (numbers[0] != 1 or not ordered):
+        raise StoreError(f"migrations must be numbered 1, then upwards; got {numbers}")
 
 
 class Database:
