@@ -1,10 +1,10 @@
 """
 fleetd-agent: the node-side client, run as a Tinkerbell action in HookOS.
 
-The command frame follows DESIGN §6. The commands themselves (attest, plan,
-disks, renew) arrive with the machine-trust issue; until then each one
+The command frame follows DESIGN §6; each command lives in its own module
+(C{agent_attest}: attest, plan, renew). A command this build does not have
 refuses with one line and exit status 3, so a workflow that runs this build
-fails loudly instead of seeming to attest.
+fails loudly instead of seeming to work.
 """
 
 from __future__ import annotations
@@ -35,12 +35,29 @@ def buildParser() -> argparse.ArgumentParser:
         command = sub.add_parser(name)
         if name == "disks":
             command.add_argument("--from", dest="source", help="disk report JSON")
+        if name == "attest":
+            command.add_argument("--serial", help="chassis serial (default: SMBIOS)")
+            command.add_argument("--uuid", help="system uuid (default: SMBIOS)")
+            command.add_argument(
+                "--ek", choices=("auto", "rsa", "ecc"), default="auto", help="EK type"
+            )
+        if name == "plan":
+            command.add_argument("--device", help="ask for this device's plan")
     return parser
 
 
-def main(argv: Sequence[str] | None = None, err: IO[str] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    err: IO[str] | None = None,
+    out: IO[str] | None = None,
+) -> int:
     err = sys.stderr if err is None else err
+    out = sys.stdout if out is None else out
     args = buildParser().parse_args(argv)
+    if args.command in ("attest", "plan", "renew"):
+        from fleetd.cli import agent_attest
+
+        return agent_attest.run(args, out, err)
     err.write(
         f"fleetd-agent: {args.command}: not-available: this build has no"
         " machine-trust support yet\n"

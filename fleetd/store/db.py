@@ -9,6 +9,7 @@ explicit (C{isolation_level=None}).
 
 from __future__ import annotations
 
+import itertools
 import os
 import sqlite3
 import stat
@@ -152,7 +153,7 @@ def _checkMigrations(migrations: Sequence[tuple[int, str]]) -> None:
     numbers = [number for number, _ in migrations]
     # Numbers are owned per subsystem, so a branch may lack another's; they
     # must still start at 1 and only grow.
-    ordered = all(a < b for a, b in zip(numbers, numbers[1:], strict=False))
+    ordered = all(a < b for a, b in itertools.pairwise(numbers))
     if numbers and (numbers[0] != 1 or not ordered):
         raise StoreError(f"migrations must be numbered 1, then upwards; got {numbers}")
 

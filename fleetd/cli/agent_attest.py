@@ -1,0 +1,131 @@
+"""
+C{fleetd-agent attest}: EK -> AK -> LDevID against the device listener [T3].
+
+Reads the EK certificate from NV, creates the AK and the LDevID key under
+the SRK, sends the claim, activates the credential, certifies the LDevID
+key with the AK over the server's nonce, sends the proof with a CSR signed
+inside the TPM, and stores the issued LDevID (certificate, chain and the
+TSS2 key file) under C{--state}. A TPM 1.2 still asks fleetd, so that the
+refusal is journaled [T2].
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+from pathlib import Path
+from typing import IO, Any
+
+from tpm2_pytss import TSS2_Exception
+
+from fleetd.cli import agent_tpm as tpm
+from fleetd.cli.agent_client import Refusal, Unreachable, call, tlsContext
+
+CERT, CHAIN, KEY = "ldevid.pem", "ldevid-chain.pem", "ldevid.tss2.pem"
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _dmi(name: str) -> str | None:
+    try:
+        return Path("/sys/class/dmi/id", name).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def writePrivate(path: Path, data: bytes) -> None:
+    """Write C{data} (mode 0600) atomically."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def attest(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
+    serial = args.serial or _dmi("product_serial")
+    uuid = args.uuid or _dmi("product_uuid")
+    if not serial:
+        raise tpm.TPMError("no chassis serial (sysfs or --serial)")
+    context = tlsContext(args.ca)
+    try:
+        ectx = tpm.openTPM(args.tcti)
+    except tpm.TPM12:
+        call(args.server, "/v1/attest/challenge", context,
+             {"tpm_version": "1.2", "serial": serial, "uuid": uuid})  # fmt: skip
+        raise tpm.TPMError("fleetd accepted a TPM 1.2 claim") from None
+    try:
+        keys = tpm.createKeys(ectx, args.ek)
+        challenge = call(
+            args.server,
+            "/v1/attest/challenge",
+            context,
+            {
+                "tpm_version": "2.0",
+                "serial": serial,
+                "uuid": uuid,
+                "ek_cert": _b64(keys.ekCert),
+                "ek_public": _b64(keys.ekPublic.marshal()),
+                "ak_public": _b64(keys.akPublic.marshal()),
+            },
+        )
+        secret = tpm.activate(
+            ectx,
+            keys,
+            base64.b64decode(challenge["credential_blob"]),
+            base64.b64decode(challenge["encrypted_secret"]),
+        )
+        info, signature, csr = tpm.certifyAndCSR(
+            ectx, keys, base64.b64decode(challenge["nonce"]), serial
+        )
+    finally:
+        ectx.close()
+    issued = call(
+        args.server,
+        "/v1/attest/proof",
+        context,
+        {
+            "challenge": challenge["challenge"],
+            "secret": _b64(secret),
+            "ldevid_public": _b64(keys.ldevidPublic.marshal()),
+            "certify_info": _b64(info),
+            "certify_signature": _b64(signature),
+            "csr": csr.decode("ascii"),
+        },
+    )
+    state = Path(args.state)
+    writePrivate(state / KEY, tpm.tss2PEM(keys.ldevidPublic, keys.ldevidPrivate))
+    writePrivate(state / CHAIN, issued["chain"].encode("ascii"))
+    writePrivate(state / CERT, issued["certificate"].encode("ascii"))
+    return {"ldevid": str(state / CERT), "ek": keys.ekType}
+
+
+def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    """Run one command; 0, or 1 with one line naming the reason code."""
+    try:
+        result = attest(args, out)
+    except Refusal as e:
+        err.write(f"fleetd-agent: {args.command}: refused: {e.line}\n")
+        return 1
+    except Unreachable as e:
+        err.write(f"fleetd-agent: {args.command}: unreachable: {e}\n")
+        return 1
+    except tpm.TPMError as e:
+        err.write(f"fleetd-agent: {args.command}: tpm-error: {e}\n")
+        return 1
+    except TSS2_Exception as e:
+        err.write(f"fleetd-agent: {args.command}: tpm-error: {e}\n")
+        return 1
+    if args.json:
+        out.write(json.dumps(result, sort_keys=True) + "\n")
+    else:
+        out.write(f"LDevID stored in {result['ldevid']}\n")
+    return 0
