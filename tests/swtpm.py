@@ -9,6 +9,7 @@ ports and state directory; L{stop} shuts it down cleanly.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -21,31 +22,30 @@ from fleetd.pki.dev import DevPKIPaths, swtpmLocalCA
 AVAILABLE = all(shutil.which(t) for t in ("swtpm", "swtpm_setup", "swtpm_localca"))
 
 
-def freePorts(count: int) -> list[int]:
-    """C{count} ports free on 127.0.0.1 now, consecutive (swtpm's server+ctrl)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count > 65535:
+def freePortPair() -> int:
+    """
+    A port P on 127.0.0.1 with P and P+1 free now (swtpm's data and control
+    ports: the swtpm TCTI expects the control port at P+1). Chosen below the
+    kernel's ephemeral range, so client connections do not collide with it.
+    """
+    rng = random.SystemRandom()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000, 2)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", base))
+                b.bind(("127.0.0.1", base + 1))
+        except OSError:
             continue
-        ok = True
-        for port in range(base, base + count):
-            with socket.socket() as probe:
-                try:
-                    probe.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return list(range(base, base + count))
-    raise RuntimeError("no free loopback ports")
+        return base
+    raise RuntimeError("no free loopback port pair")
 
 
 class SWTPM:
     """One swtpm process with its own manufactured state."""
 
     def __init__(self, directory: Path, pki: DevPKIPaths, *, tpm2: bool = True) -> None:
+        directory = directory.resolve()  # swtpm --daemon leaves the cwd
         self.directory = directory
         self.tpm2 = tpm2
         self.state = directory / "state"
@@ -70,6 +70,7 @@ class SWTPM:
     def clone(self, directory: Path) -> SWTPM:
         """A second TPM with the same state (the same EK): a cloned TPM."""
         twin = object.__new__(SWTPM)
+        directory = directory.resolve()
         twin.directory, twin.tpm2 = directory, self.tpm2
         twin.state = directory / "state"
         shutil.copytree(self.state, twin.state)
@@ -81,14 +82,14 @@ class SWTPM:
         return f"swtpm:host=127.0.0.1,port={self.port}"
 
     def start(self) -> None:
-        self.port, ctrl = freePorts(2)
+        self.port = freePortPair()
         pidFile = self.directory / "swtpm.pid"
         pidFile.unlink(missing_ok=True)
         args = [
             "swtpm", "socket",
             "--tpmstate", f"dir={self.state}",
             "--server", f"type=tcp,port={self.port},bindaddr=127.0.0.1",
-            "--ctrl", f"type=tcp,port={ctrl},bindaddr=127.0.0.1",
+            "--ctrl", f"type=tcp,port={self.port + 1},bindaddr=127.0.0.1",
             "--flags", "not-need-init,startup-clear",
             "--daemon", "--pid", f"file={pidFile}",
             "--log", f"file={self.directory / 'swtpm.log'}",

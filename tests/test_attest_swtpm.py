@@ -124,3 +124,75 @@ class AttestECCTests(SWTPMTestCase):
     def test_attest_eccP384EK_issuesLDevID(self) -> Deferred[None]:
         """[T3] an approved ECC P-384 EK (high range, PolicyB) attests."""
         return ensureDeferred(self._attest())
+
+
+class RefusalTests(SWTPMTestCase):
+    async def refused(self, reason: str, *argv: str, tcti: str | None = None) -> str:
+        code, out, err = await self.agent("attest", *argv, tcti=tcti)
+        self.assertEqual(code, 1, err)
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertIn(f"refused: {reason}: ", err)
+        entries = self.server.entries("attest.refused")
+        self.assertEqual([e.fields["reason"] for e in entries], [reason])
+        self.assertFalse((self.state / "ldevid.pem").exists())
+        self.assertEqual(self.server.entries("ldevid.issued"), [])
+        return err
+
+    def test_attest_unboundEK_refused(self) -> Deferred[None]:
+        """[T1] an EK without an approved binding gets ek-binding-not-approved."""
+        self.server.addDevice("w1", "SER1")
+        return ensureDeferred(
+            self.refused("ek-binding-not-approved", "--serial", "SER1", "--ek", "rsa")
+        )
+
+    def test_attest_classWorkerG2_refused(self) -> Deferred[None]:
+        """[T2] a worker-g2 device cannot attest: class-refused, journaled."""
+        self.approve("old1", "SER9", cls="worker-g2")
+
+        async def check() -> None:
+            await self.refused("class-refused", "--serial", "SER9", "--ek", "rsa")
+            (entry,) = self.server.entries("attest.refused")
+            self.assertEqual(entry.device, "old1")
+
+        return ensureDeferred(check())
+
+    def test_attest_clonedTPMOtherSerial_refused(self) -> Deferred[None]:
+        """[T3] a copy of an approved TPM's state presented for another serial is refused."""
+        self.approve("w1", "SER1")
+        self.server.addDevice("w2", "SER2")
+        twin = self.swtpm.clone(Path(self.mktemp()).resolve())
+        twin.start()
+        self.addCleanup(twin.stop)
+        return ensureDeferred(
+            self.refused(
+                "serial-mismatch", "--serial", "SER2", "--ek", "rsa", tcti=twin.tcti
+            )
+        )
+
+    def test_attest_untrustedManufacturer_refused(self) -> Deferred[None]:
+        """[T3] an EK certificate from a CA outside attest.ek_roots: ek-cert-untrusted."""
+        self.approve("w1", "SER1")
+        other = ensureDevPKI(Path(self.mktemp()), "localhost")
+        from fleetd.attest.ekroots import EKRoots
+
+        self.server.service.ekRoots = EKRoots.load(other.ek_roots)
+        return ensureDeferred(
+            self.refused("ek-cert-untrusted", "--serial", "SER1", "--ek", "rsa")
+        )
+
+
+class TPM12Tests(SWTPMTestCase):
+    tpm2 = False
+
+    def test_attest_tpm12_refused(self) -> Deferred[None]:
+        """[T2] a TPM 1.2 (by version: it has an EK certificate too) cannot attest."""
+
+        async def check() -> None:
+            code, _, err = await self.agent("attest", "--serial", "SER1")
+            self.assertEqual(code, 1)
+            self.assertIn("refused: tpm12-unsupported: ", err)
+            (entry,) = self.server.entries("attest.refused")
+            self.assertEqual(entry.fields["reason"], "tpm12-unsupported")
+            self.assertEqual(entry.fields["reported_serial"], "SER1")
+
+        return ensureDeferred(check())

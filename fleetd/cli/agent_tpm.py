@@ -26,6 +26,8 @@ from tpm2_pytss import ESAPI, TSS2_Exception
 from tpm2_pytss.constants import (
     ESYS_TR,
     TPM2_ALG,
+    TPM2_CAP,
+    TPM2_PT,
     TPM2_SE,
     TPMA_OBJECT,
 )
@@ -93,11 +95,20 @@ def openTPM(tcti: str) -> ESAPI:
     # Probing absent NV indices is expected; the TSS would log each miss.
     os.environ.setdefault("TSS2_LOG", "esys+none")
     try:
-        return ESAPI(tcti)
+        ectx = ESAPI(tcti)
     except TSS2_Exception as e:
         if e.rc == TPM12_RC:
             raise TPM12() from e
         raise TPMError(f"cannot open the TPM at {tcti}: {e}") from e
+    try:
+        # The first command tells a TPM 1.2 (it answers with a 1.2 tag).
+        ectx.get_capability(TPM2_CAP.TPM_PROPERTIES, TPM2_PT.FIXED, 1)
+    except TSS2_Exception as e:
+        ectx.close()
+        if e.rc == TPM12_RC:
+            raise TPM12() from e
+        raise TPMError(f"the TPM at {tcti} does not answer: {e}") from e
+    return ectx
 
 
 @contextmanager
