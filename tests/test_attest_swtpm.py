@@ -127,8 +127,8 @@ class AttestECCTests(SWTPMTestCase):
 
 
 class RefusalTests(SWTPMTestCase):
-    async def refused(self, reason: str, *argv: str, tcti: str | None = None) -> str:
-        code, out, err = await self.agent("attest", *argv, tcti=tcti)
+    async def refused(self, reason: str, *argv: str, tcti: str | None = None) -> None:
+        code, _, err = await self.agent("attest", *argv, tcti=tcti)
         self.assertEqual(code, 1, err)
         self.assertEqual(err.count("\n"), 1, err)
         self.assertIn(f"refused: {reason}: ", err)
@@ -136,7 +136,6 @@ class RefusalTests(SWTPMTestCase):
         self.assertEqual([e.fields["reason"] for e in entries], [reason])
         self.assertFalse((self.state / "ldevid.pem").exists())
         self.assertEqual(self.server.entries("ldevid.issued"), [])
-        return err
 
     def test_attest_unboundEK_refused(self) -> Deferred[None]:
         """[T1] an EK without an approved binding gets ek-binding-not-approved."""
@@ -157,7 +156,7 @@ class RefusalTests(SWTPMTestCase):
         return ensureDeferred(check())
 
     def test_attest_clonedTPMOtherSerial_refused(self) -> Deferred[None]:
-        """[T3] a copy of an approved TPM's state presented for another serial is refused."""
+        """[T3] a copy of an approved TPM's state, claiming another serial: refused."""
         self.approve("w1", "SER1")
         self.server.addDevice("w2", "SER2")
         twin = self.swtpm.clone(Path(self.mktemp()).resolve())
@@ -170,7 +169,7 @@ class RefusalTests(SWTPMTestCase):
         )
 
     def test_attest_untrustedManufacturer_refused(self) -> Deferred[None]:
-        """[T3] an EK certificate from a CA outside attest.ek_roots: ek-cert-untrusted."""
+        """[T3] an EK certificate from outside attest.ek_roots: ek-cert-untrusted."""
         self.approve("w1", "SER1")
         other = ensureDevPKI(Path(self.mktemp()), "localhost")
         from fleetd.attest.ekroots import EKRoots
