@@ -13,8 +13,8 @@ from typing import Any
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet import reactor
+from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import blockingCallFromThread, deferToThread
 
 from fleetd.cli import agent_tpm as tpm
@@ -24,6 +24,9 @@ from tests.test_attest_swtpm import SWTPMTestCase
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
+
+
+REACTOR: Any = reactor
 
 
 class Node:
