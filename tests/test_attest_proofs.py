@@ -167,9 +167,8 @@ class ProofTests(SWTPMTestCase):
 
         def run(node: Node) -> None:
             keys, challenge = node.begin("SER1")
-            blockingCallFromThread(
-                reactor, self.server.clock.advance, challenge["ttl"] + 1
-            )
+            advance = self.server.clock.advance
+            blockingCallFromThread(REACTOR, advance, challenge["ttl"] + 1)
             node.post("/v1/attest/proof", node.proof(keys, challenge))
 
         return self.refusedWith("challenge-expired", run)
