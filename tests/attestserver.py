@@ -7,6 +7,7 @@ doubles for the other helper's binding lookup and disk choice.
 from __future__ import annotations
 
 import sqlite3
+import time
 import uuid as uuidlib
 from datetime import timedelta
 from pathlib import Path
@@ -30,10 +31,11 @@ from fleetd.listen import loadTLSOptions, tlsFactory
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from fleetd.pki.ldevid import Issuer, TrustBundle
 from fleetd.store.db import Database
-from fleetd.store.journal import AsyncJournal, Journal, JournalEntry
+from fleetd.store.journal import AsyncJournal, JournalEntry
 from fleetd.store.runner import InlineRunner
 from fleetd.vault import MemoryVault
 from fleetd.web import BoundedSite, Router
+from tests.test_j1 import FaultyJournal, FaultyRunner
 
 
 class Bindings:
@@ -71,10 +73,14 @@ class AttestServer:
         directory.mkdir(parents=True, exist_ok=True)
         self.pki = pki or ensureDevPKI(directory / "pki", "localhost")
         self.clock = Clock()
-        self.clock.advance(1_800_000_000)
+        # Injected, but starting at the wall time: TLS peers check the
+        # certificates this clock dates against their own clocks.
+        self.clock.advance(time.time())
         self.db = Database.open(directory / "state.sqlite3")
-        self.runner = InlineRunner(self.db)
-        self.journal = AsyncJournal(self.runner, Journal(b"j" * 32), self.clock)
+        # Real runner and journal, each able to fail on demand [J1].
+        self.runner = FaultyRunner(InlineRunner(self.db))
+        self.journalCore = FaultyJournal(b"j" * 32)
+        self.journal = AsyncJournal(self.runner, self.journalCore, self.clock)
         self.inventory = SQLiteInventory(self.runner, self.journal)
         self.bindings = Bindings()
         self.disks = Disks()
