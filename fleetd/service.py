@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
+from datetime import timedelta
 from typing import IO, Any
 
 from prometheus_client import CollectorRegistry
@@ -31,6 +32,12 @@ from fleetd.admin.deviceflow import (
 )
 from fleetd.admin.resource import adminRoot, isOwner
 from fleetd.admin.status import StatusResource
+from fleetd.attest.ekroots import EKRoots
+from fleetd.attest.identity import LDevIDBook, LDevIDIdentifier
+from fleetd.attest.lookup import LookupService
+from fleetd.attest.resource import deviceAPI
+from fleetd.attest.service import AttestationService
+from fleetd.attest.wiring import approvedSerialFor, targetDiskFor
 from fleetd.boot.config import ConfigResource
 from fleetd.boot.deviceflow import DeviceFlow
 from fleetd.boot.deviceflow_resource import deviceCodeResource, tokenResource
@@ -39,12 +46,13 @@ from fleetd.boot.resource import bootRoot
 from fleetd.config import loadTopology
 from fleetd.device.resource import deviceRoot
 from fleetd.dns.service import DNSService
-from fleetd.inventory.model import IInventory
+from fleetd.inventory.model import Device, IInventory
 from fleetd.inventory.resource import devicesResource
 from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.listen import ListenerService, StartupError, loadTLSOptions, tlsFactory
 from fleetd.logs import makeObserver
 from fleetd.metrics import listenerGauges, makeRegistry
+from fleetd.pki.ldevid import Issuer, TrustBundle
 from fleetd.prepare import Prepared, prepare
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry
@@ -118,6 +126,7 @@ class FleetdService(MultiService):
         self.adminAPI[b"provision"] = ProvisionResource(
             self.runs, self.inventory, renderer, self.journal
         )
+        self._buildAttestation(prepared)
         self.status = StatusService(
             self.inventory, self.runs, self.alerts, self.journal
         )
@@ -126,12 +135,52 @@ class FleetdService(MultiService):
         self._loading: Deferred[None] | None = None
         self._buildListeners()
 
+    def _buildAttestation(self, prepared: Prepared) -> None:
+        """Attestation, LDevID issuance and lookups on the device listener."""
+        s = self.settings
+        issuer = Issuer.load(
+            s.pki.issuer_cert, s.pki.issuer_key, timedelta(days=s.pki.ldevid_days)
+        )
+        self.ldevids = LDevIDBook()
+        self.ldevids.load(prepared.database)  # before any listener answers
+        self.attestation = AttestationService(
+            clock=self.reactor,
+            runner=self.runner,
+            journal=self.journal,
+            ekRoots=EKRoots.load(s.ek_roots),
+            issuer=issuer,
+            book=self.ldevids,
+            approvedSerialFor=approvedSerialFor,
+            deviceBySerial=self._deviceBySerial,
+            challengeTTL=s.challenge_ttl,
+        )
+        self.identifyLDevID = LDevIDIdentifier(
+            TrustBundle.load(s.pki.bundle, issuer.cert), self.ldevids
+        )
+        self.lookups = LookupService(
+            runner=self.runner,
+            attestation=self.attestation,
+            book=self.ldevids,
+            getDevice=self.inventory.get,
+            runs=self.runs,
+            vault=self.vault,
+            targetDiskFor=targetDiskFor,
+        )
+
+    async def _deviceBySerial(self, serial: str) -> Device | None:
+        for device in await self.inventory.list():
+            if device.serial.lower() == serial.lower():
+                return device
+        return None
+
     def _inThread(self, work: Callable[[bytes], Any], data: bytes) -> Deferred[Any]:
         """Run blocking C{work(data)} in the reactor's thread pool."""
         pool = self.reactor.getThreadPool()
         return deferToThreadPool(self.reactor, pool, work, data)
 
-    def _web(self, name: str, root: Resource, clientCA: bool = False) -> None:
+    def _web(
+        self, name: str, root: Resource, clientCA: bool = False, ldevid: bool = False
+    ) -> None:
         s = self.settings
         site = BoundedSite(
             root,
@@ -147,9 +196,14 @@ class FleetdService(MultiService):
             # [O2] Only owners may send more than 64 KiB, decided at header time.
             privileged=isOwner if clientCA else None,
         )
-        options = loadTLSOptions(
-            s.tls, clientCA=s.owner.client_ca if clientCA else None
-        )
+        if ldevid:  # [T4] optional at the TLS layer; resources that need it ask
+            options = loadTLSOptions(
+                s.tls, clientCA=s.pki.bundle, clientCAKey="pki.bundle"
+            )
+        else:
+            options = loadTLSOptions(
+                s.tls, clientCA=s.owner.client_ca if clientCA else None
+            )
         self._listen(name, getattr(s.listen, name), options, site)
 
     def _listen(self, name: str, description: str, options: Any, factory: Any) -> None:
@@ -202,7 +256,8 @@ class FleetdService(MultiService):
                 token=tokenResource(self.deviceFlow),
             ),
         )
-        self._web("device", deviceRoot())
+        api = deviceAPI(self.attestation, self.identifyLDevID, self.lookups)
+        self._web("device", deviceRoot(api), ldevid=True)
         admin = adminRoot(
             clock=self.reactor,
             registry=self.registry,
@@ -302,6 +357,7 @@ class FleetdService(MultiService):
             loading, self._loading = self._loading, None
             pending.append(loading)
         self.configResource.stop()
+        self.attestation.stop()
         pending.append(self.runs.stop())
         for child in reversed(list(self)):
             if isinstance(child, RunnerService):

@@ -28,7 +28,6 @@ from fleetd.device.identity import NodeIdentity
 from fleetd.pki.ldevid import TrustBundle, serialHex, subjectOf
 from fleetd.pki.records import LDevIDRecord, loadCurrent
 from fleetd.store.db import Database
-from fleetd.store.runner import IRunner
 
 
 class LDevIDBook:
@@ -37,11 +36,9 @@ class LDevIDBook:
     def __init__(self) -> None:
         self._current: dict[str, LDevIDRecord] = {}
 
-    async def load(self, runner: IRunner) -> None:
-        def read(db: Database) -> list[LDevIDRecord]:
-            return loadCurrent(db)
-
-        for record in await runner.run(read):
+    def load(self, db: Database) -> None:
+        """Read every node's current record (at start, before any listener)."""
+        for record in loadCurrent(db):
             self._current[record.chassis.lower()] = record
 
     def current(self, chassis: str) -> LDevIDRecord | None:
