@@ -22,6 +22,7 @@ from fleetd.attest.errors import Refused
 from fleetd.attest.identity import LDevIDBook, Peer
 from fleetd.attest.service import REFUSED_CLASSES, AttestationService
 from fleetd.inventory.model import Device
+from fleetd.runs.registry import codeName, configName
 from fleetd.store.runner import IRunner
 from fleetd.vault import IVault, VaultError
 
@@ -34,14 +35,6 @@ class TargetDiskFor(Protocol):
 
 class ReadyRuns(Protocol):
     def readyRun(self, device: str) -> str | None: ...
-
-
-def codeName(run: str) -> str:
-    return f"{run}.code"
-
-
-def configName(run: str) -> str:
-    return f"{run}.yaml"
 
 
 def _image(config: bytes | None) -> str | None:
