@@ -24,7 +24,7 @@ class PlanCodeTests(SynchronousTestCase):
         self.assertNotIn(run.code, str(digests))
 
     def test_delivered_codeLeavesWithConfig(self) -> None:
-        """[C1] once the delivery is recorded, the code leaves the vault with the body."""
+        """[C1] once the delivery is recorded, the code leaves with the body."""
         fleet = Fleet(self)
         fleet.add(device("w1", "SER1"))
         (run,) = fleet.provision(device("w1", "SER1"))

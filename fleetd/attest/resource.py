@@ -74,14 +74,21 @@ class _Post(Endpoint):
     isLeaf = True
 
     def __init__(
-        self, work: Callable[[IRequest, dict[str, Any]], Awaitable[dict[str, Any]]]
+        self,
+        work: Callable[[IRequest, dict[str, Any]], Awaitable[dict[str, Any]]],
+        attestation: AttestationService,
     ) -> None:
         super().__init__()
         self._work = work
+        self._attestation = attestation
 
     def render_POST(self, request: IRequest) -> int:
         async def run() -> tuple[int, Any]:
-            return http.OK, await self._work(request, readJSON(request))
+            try:
+                doc = readJSON(request)
+            except Refused as refusal:
+                raise await self._attestation.refuse(refusal) from None
+            return http.OK, await self._work(request, doc)
 
         return renderAsync(request, run, _refusal)
 
@@ -125,10 +132,10 @@ def deviceAPI(
         return await attestation.renew(await peer(request), doc)
 
     attest = Router()
-    attest.putChild(b"challenge", _Post(begin))
-    attest.putChild(b"proof", _Post(prove))
+    attest.putChild(b"challenge", _Post(begin, attestation))
+    attest.putChild(b"proof", _Post(prove, attestation))
     ldevid = Router()
-    ldevid.putChild(b"renew", _Post(renew))
+    ldevid.putChild(b"renew", _Post(renew, attestation))
     v1 = Router()
     v1.putChild(b"attest", attest)
     v1.putChild(b"ldevid", ldevid)

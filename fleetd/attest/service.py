@@ -181,8 +181,13 @@ class AttestationService:
                     **fields,
                 },
             )
-        except Exception:
-            self.log.failure("attest.journal-failed {reason}", reason=refusal.reason)
+        except Exception as e:
+            # The refusal stands; the operator learns the journal is failing.
+            self.log.error(
+                "attest.journal-failed {reason} {error}",
+                reason=refusal.reason,
+                error=str(e)[:200],
+            )
         self.log.warn(
             "attest.refused {reason} {device}", reason=refusal.reason, device=device
         )
