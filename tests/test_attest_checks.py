@@ -142,6 +142,12 @@ class ClaimTests(ChecklistTestCase):
         claim = self.node.claim(ek_public=b64(public.marshal()))
         self.assertRefused(self.begin(claim), "ek-attributes")
 
+    def test_ekWithOtherPolicy(self) -> None:
+        """[T3] an EK whose policy is not PolicyA/PolicyB: ek-attributes."""
+        self.node.ekPublic.publicArea.authPolicy = bytes(32)
+        claim = self.node.claim(ek_public=b64(self.node.ekPublic.marshal()))
+        self.assertRefused(self.begin(claim), "ek-attributes")
+
     def test_unapprovedBinding(self) -> None:
         """[T1] no approved binding for the EK digest: ek-binding-not-approved."""
         self.server.bindings.approved.clear()

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import TypeVar
-
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.serialization import (
     Encoding,
@@ -52,7 +50,19 @@ LDEVID_MUST = _RESIDENT | A.SIGN_ENCRYPT
 ALLOWED_CURVES = frozenset({TPM2_ECC.NIST_P256, TPM2_ECC.NIST_P384})
 MIN_RSA_BITS = 2048
 
-_T = TypeVar("_T")
+# TCG EK Credential Profile: PolicyA (low range, SHA-256) and PolicyB
+# (high range) for SHA-256/384/512.
+EK_POLICIES = frozenset(
+    bytes.fromhex(h)
+    for h in (
+        "837197674484b3f81a90cc8d46a5d724fd52d76e06520b64f2a1da1b331469aa",
+        "ca3d0a99a2b93906f7a3342414efcfb3a385d44cd1fd459089d19b5071c0b7a0",
+        "b26e7d28d11a50bc53d882bcf5fd3a1a074148bb35d3b4e4cb1c0ad9bde419ca"
+        "cb47ba09699646150f9fc000f3f80e12",
+        "b8221ca69e8550a4914de3faa6a18c072cc01208073a928d5d66d59ef79e49a4"
+        "29c41a6b269571d57edb25fbdb1838425608b413cd616a5f6db5b6071af99bea",
+    )
+)
 
 
 def parsePublic(data: bytes, what: str) -> TPM2B_PUBLIC:
@@ -107,8 +117,8 @@ def checkEK(ek: TPM2B_PUBLIC, certSPKI: bytes) -> bytes:
     attrs = ek.publicArea.objectAttributes
     if attrs & EK_MUST != EK_MUST or attrs & A.SIGN_ENCRYPT:
         raise Refused(EK_TEMPLATE, "EK public area lacks the TCG EK attributes")
-    if len(bytes(ek.publicArea.authPolicy)) == 0:
-        raise Refused(EK_TEMPLATE, "EK public area has no policy")
+    if bytes(ek.publicArea.authPolicy) not in EK_POLICIES:
+        raise Refused(EK_TEMPLATE, "EK policy is not the TCG EK policy (A or B)")
     spki = spkiOf(ek)
     try:
         certKey = canonicalSPKI(certSPKI)
