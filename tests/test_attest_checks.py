@@ -126,6 +126,8 @@ class ClaimTests(ChecklistTestCase):
         cert = self.node.ekCert
         wrapped = b"\x10\x01" + len(cert).to_bytes(2, "big") + cert + b"\xff" * 37
         self.successResultOf(self.begin(self.node.claim(ek_cert=b64(wrapped))))
+        verified = self.server.service.ekRoots.verify(wrapped)
+        self.assertEqual(verified.der, cert)  # the very bytes that were signed
 
     def test_ekPublicOtherKey(self) -> None:
         """[T3] an EK public area not the certificate's key: ek-public-mismatch."""
