@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.serialization import (
     Encoding,
