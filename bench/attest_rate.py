@@ -64,9 +64,11 @@ def main() -> None:
         wall += time.perf_counter() - clock
     total = beginTime + proveTime
     n = options.nodes
-    print(f"nodes {n}: begin {beginTime / n * 1000:.2f} ms, prove+issue "
-          f"{proveTime / n * 1000:.2f} ms, {n / total:.0f} attestations/s per core "
-          f"(CPU time); {n / wall:.0f}/s wall (SQLite commits with fsync included)")  # fmt: skip
+    print(
+        f"nodes {n}: begin {beginTime / n * 1000:.2f} ms, prove+issue "
+        f"{proveTime / n * 1000:.2f} ms, {n / total:.0f} attestations/s per core "
+        f"(CPU time); {n / wall:.0f}/s wall (SQLite fsync included)"
+    )
     server.service.stop()
     server.db.close()
 
