@@ -128,7 +128,11 @@ class FleetdService(MultiService):
         )
         self._buildAttestation(prepared)
         self.status = StatusService(
-            self.inventory, self.runs, self.alerts, self.journal
+            self.inventory,
+            self.runs,
+            self.alerts,
+            self.journal,
+            ldevid=self._ldevidStatus,
         )
         self.adminAPI[b"status"] = StatusResource(self.status)
         self.listeners: dict[str, ListenerService] = {}
@@ -166,6 +170,13 @@ class FleetdService(MultiService):
             vault=self.vault,
             targetDiskFor=targetDiskFor,
         )
+
+    def _ldevidStatus(self, serial: str) -> dict[str, Any] | None:
+        record = self.ldevids.current(serial)
+        if record is None:
+            return None
+        # Every record is from the one issuer: the node has cut over [T4].
+        return {**record.toJSON(), "legacy": False}
 
     async def _deviceBySerial(self, serial: str) -> Device | None:
         for device in await self.inventory.list():

@@ -9,6 +9,7 @@ the admin API, the owner console and the rack simulator share it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ class DeviceReport:
     journal: list[JournalEntry]
     state: str
     recovery: str | None
+    ldevid: dict[str, Any] | None = None
 
     def toJSON(self) -> dict[str, Any]:
         run = None
@@ -43,6 +45,7 @@ class DeviceReport:
             "journal": [entry.toJSON() for entry in self.journal],
             "state": self.state,
             "recovery": self.recovery,
+            "ldevid": self.ldevid,
         }
 
 
@@ -102,7 +105,13 @@ class StatusService:
         registry: RunRegistry,
         alerts: AlertTracker,
         journal: AsyncJournal,
+        ldevid: Callable[[str], dict[str, Any] | None] | None = None,
     ) -> None:
+        """
+        @param ldevid: the current LDevID record of a chassis serial [T4]
+            (issuer, notAfter; L{None} when spore issued it none).
+        """
+        self._ldevid = ldevid
         self._inventory = inventory
         self._registry = registry
         self._alerts = alerts
@@ -117,4 +126,5 @@ class StatusService:
         alerts = self._alerts.openFor(device.name)
         entries = await self._journal.latest(device=device.name, limit=RECENT_ENTRIES)
         state, recovery = assess(device, run, alerts)
-        return DeviceReport(device, run, alerts, entries, state, recovery)
+        ldevid = None if self._ldevid is None else self._ldevid(device.serial)
+        return DeviceReport(device, run, alerts, entries, state, recovery, ldevid)

@@ -43,3 +43,29 @@ class DeviceListenerTests(DaemonTestMixin, TestCase):
         """[T2][A3] the daemon's 8444 refuses a TPM 1.2 claim (journaled) and
         asks lookups for an LDevID."""
         return ensureDeferred(self._tpm12())
+
+    async def _status(self) -> None:
+        from fleetd.inventory.model import Device
+        from fleetd.pki.records import LDevIDRecord
+
+        service = self.startDaemon()
+        uuid = "4c4c4544-0000-1000-8000-000000000001"
+        await service.inventory.add(
+            Device("w1", "SER1", uuid, (), "worker", None), journal=[]
+        )
+        before = await service.status.report("w1")
+        assert before is not None
+        self.assertIsNone(before.toJSON()["ldevid"])
+        record = LDevIDRecord("ab12", "SER1", "w1", "CN=issuer", 2e9, 1e9, "attest")
+        service.ldevids.issued(record)
+        after = await service.status.report("w1")
+        assert after is not None
+        shown = after.toJSON()["ldevid"]
+        self.assertEqual(
+            (shown["issuer"], shown["not_after"], shown["legacy"]),
+            ("CN=issuer", 2e9, False),
+        )
+
+    def test_status_showsLDevID(self) -> Deferred[None]:
+        """[T4] the status report carries the node's LDevID (issuer, notAfter)."""
+        return ensureDeferred(self._status())
