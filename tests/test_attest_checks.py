@@ -342,3 +342,23 @@ class HTTPTests(ChecklistTestCase):
         self.assertEqual(code, 403)
         self.assertTrue(body.startswith("ek-cert-untrusted: "), body)
         self.assertEqual(body.count("\n"), 1)
+
+
+class JournalThrottleTests(ChecklistTestCase):
+    def test_anonymousRefusals_throttledPerReason(self) -> None:
+        """[J1] refusals naming no device: one entry per reason per 10 s, the rest
+        counted in the next entry; refusals of a known device always journaled."""
+        for _ in range(3):
+            self.assertRefused(self.begin({"tpm_version": "1.2"}), "tpm12-unsupported")
+        self.assertEqual(len(self.server.entries("attest.refused")), 1)
+        self.server.clock.advance(10)
+        self.assertRefused(self.begin({"tpm_version": "1.2"}), "tpm12-unsupported")
+        entries = self.server.entries("attest.refused")
+        self.assertEqual(len(entries), 2)
+        self.assertEqual(entries[-1].fields["not_journaled"], 2)
+        self.server.addDevice("old1", "SER9", "worker-g2")
+        self.server.bindings.approved[ekDigest(spkiOf(self.node.ekPublic))] = "SER9"
+        for _ in range(2):
+            claim = self.node.claim(serial="SER9")
+            self.assertRefused(self.begin(claim), "class-refused")
+        self.assertEqual(len(self.server.entries("attest.refused")), 4)

@@ -20,6 +20,7 @@ from twisted.trial.unittest import SkipTest, TestCase
 
 from fleetd.attest.tpm import canonicalSPKI, ekDigest
 from fleetd.cli import agent
+from fleetd.cli import agent_tpm as tpm
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from tests.attestserver import AttestServer
 from tests.swtpm import AVAILABLE, SWTPM
@@ -112,6 +113,30 @@ class AttestRSATests(SWTPMTestCase):
     def test_attest_rsaEK_issuesLDevID(self) -> Deferred[None]:
         """[T3] an approved RSA-2048 EK attests and gets an LDevID naming its device."""
         return ensureDeferred(self._attest())
+
+    def test_attest_flushesEverything(self) -> Deferred[None]:
+        """The agent leaves no transient object or session loaded (3 slots)."""
+
+        async def check() -> None:
+            await self._attest()
+            self.assertEqual(await deferToThread(self.loadedHandles), [])
+
+        return ensureDeferred(check())
+
+    def loadedHandles(self) -> list[int]:
+        from tpm2_pytss.constants import TPM2_CAP, TPM2_HC
+
+        ectx = tpm.openTPM(self.swtpm.tcti)
+        try:
+            found = []
+            for first in (TPM2_HC.TRANSIENT_FIRST, TPM2_HC.LOADED_SESSION_FIRST):
+                _, data = ectx.get_capability(TPM2_CAP.HANDLES, first, 64)
+                found += [
+                    int(h) for h in data.data.handles if (h >> 24) == (first >> 24)
+                ]
+            return found
+        finally:
+            ectx.close()
 
 
 class AttestECCTests(SWTPMTestCase):

@@ -58,6 +58,9 @@ from fleetd.store.runner import IRunner
 
 REFUSED_CLASSES = frozenset({"worker-g2"})  # [T2]
 ACTOR = "attest"
+# Anyone can reach 8444: refusals that name no device are journaled at most
+# once per reason in this many seconds, the ones between counted [J1].
+ANONYMOUS_JOURNAL_EVERY = 10.0
 
 
 class ApprovedSerialFor(Protocol):
@@ -162,6 +165,7 @@ class AttestationService:
         self._approvedSerialFor = approvedSerialFor
         self._deviceBySerial = deviceBySerial
         self.challenges = ChallengeBook(clock, challengeTTL)
+        self._anonymous: dict[str, tuple[float, int]] = {}
 
     def stop(self) -> None:
         self.challenges.stop()
@@ -169,7 +173,25 @@ class AttestationService:
     async def refuse(
         self, refusal: Refused, *, device: str | None = None, **fields: str | None
     ) -> Refused:
-        """Journal C{refusal} (a refusal changes nothing else) and return it."""
+        """
+        Journal C{refusal} (a refusal changes nothing else) and return it.
+        Refusals that name no device (anyone can reach 8444) are journaled
+        at most once per reason every L{ANONYMOUS_JOURNAL_EVERY} seconds;
+        the next entry of that reason says how many were not.
+        """
+        self.log.warn(
+            "attest.refused {reason} {device}", reason=refusal.reason, device=device
+        )
+        extra: dict[str, str | int | None] = {}
+        if device is None:
+            now = self.clock.seconds()
+            last, skipped = self._anonymous.get(refusal.reason, (None, 0))
+            if last is not None and now - last < ANONYMOUS_JOURNAL_EVERY:
+                self._anonymous[refusal.reason] = (last, skipped + 1)
+                return refusal
+            self._anonymous[refusal.reason] = (now, 0)
+            if skipped:
+                extra["not_journaled"] = skipped
         try:
             await self.journal.append(
                 "attest.refused",
@@ -179,6 +201,7 @@ class AttestationService:
                     "reason": refusal.reason,
                     "detail": refusal.detail[:200],
                     **fields,
+                    **extra,
                 },
             )
         except Exception as e:
@@ -188,9 +211,6 @@ class AttestationService:
                 reason=refusal.reason,
                 error=str(e)[:200],
             )
-        self.log.warn(
-            "attest.refused {reason} {device}", reason=refusal.reason, device=device
-        )
         return refusal
 
     # Step 1
