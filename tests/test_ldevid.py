@@ -237,14 +237,17 @@ class LegacyCutOverTests(LDevIDTestCase):
         return ensureDeferred(check())
 
     def test_renew_databaseFails_nothingChanges(self) -> Deferred[None]:
-        """[J1] the database fails during issuance: nothing changes, one line (503)."""
+        """[J1] the database fails in the issuance's transaction: nothing
+        changes, one line (503)."""
         import sqlite3
 
         async def check() -> None:
             state = self.legacy()
-            self.server.runner.failing = sqlite3.OperationalError("disk I/O error")
+            # The write transaction fails as a full or broken disk makes it.
+            self.server.journalCore.failing = sqlite3.OperationalError("disk I/O error")
+            self.server.journalCore.onlyEvents = frozenset({"ldevid.issued"})
             err = await self.refused(state, "renew", "cannot record the change")
-            self.server.runner.failing = None
+            self.server.journalCore.failing = None
             self.assertIn("nothing changed", err)
             self.assertIsNone(self.server.book.current("SER1"))
             self.assertEqual(
@@ -399,3 +402,22 @@ class PlanTests(LDevIDTestCase):
             )
 
         return ensureDeferred(check())
+
+
+class RenewSubjectTests(LDevIDTestCase):
+    def test_renew_subjectFromInventory(self) -> Deferred[None]:
+        """[T4] a legacy LDevID naming an old device name renews under the
+        inventory's name for its serial."""
+
+        async def check() -> None:
+            state = self.legacy("old-name", "SER1")
+            await self.ok(state, "renew")
+            new = x509.load_pem_x509_certificate((state / "ldevid.pem").read_bytes())
+            cn = new.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+            self.assertEqual(cn, "w1")
+
+        return ensureDeferred(check())
+
+    def test_renew_unknownSerial_refused(self) -> Deferred[None]:
+        """[T4] a legacy LDevID for a serial not in the inventory cannot renew."""
+        return self.refusal(self.legacy("w9", "SER9"), "renew", "device-unknown")

@@ -335,11 +335,16 @@ class AttestationService:
                 refusal, device=peer.identity.device, serial=peer.identity.serial
             ) from None
         ident = peer.identity
+        # The subject comes from the inventory, as at attestation.
+        device = await self._deviceBySerial(ident.serial)
+        if device is None:
+            unknown = Refused(E.UNKNOWN_DEVICE, "no inventory device has this serial")
+            raise await self.refuse(unknown, device=ident.device, serial=ident.serial)
         cert = self.issuer.issue(
-            key, Subject(ident.device, ident.serial), self.clock.seconds()
+            key, Subject(device.name, device.serial), self.clock.seconds()
         )
         legacy = (peer.issuer, serialHex(peer.cert)) if peer.legacy else None
-        await self._record(cert, ident.device, ident.serial, "renew", None, legacy)
+        await self._record(cert, device.name, device.serial, "renew", None, legacy)
         return {"certificate": _pem(cert), "chain": _pem(self.issuer.cert)}
 
     async def _record(
