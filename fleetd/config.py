@@ -82,6 +82,7 @@ class PKIFiles:
     issuer_cert: Path
     issuer_key: Path
     bundle: Path
+    ldevid_days: int = 365
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,7 @@ class Settings:
     tink_upstream: str
     dev_pki: bool
     dns_ttl: int = 60
+    challenge_ttl: float = 60.0
     dns_rate_limit: DNSRateLimit = field(default_factory=DNSRateLimit)
     provision: ProvisionSettings = field(
         default_factory=lambda: ProvisionSettings(Path("templates"))
@@ -454,9 +456,13 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
             tls.optpath("early_ca"),
         ),
         pki=PKIFiles(
-            pki.path("issuer_cert"), pki.path("issuer_key"), pki.path("bundle")
+            pki.path("issuer_cert"),
+            pki.path("issuer_key"),
+            pki.path("bundle"),
+            ldevid_days=pki.integer("ldevid_days", 365, 1, 3650),
         ),
         ek_roots=attest.path("ek_roots"),
+        challenge_ttl=attest.number("challenge_ttl", 60.0, 5.0, 3600.0),
         owner=OwnerFiles(
             client_ca=owner.path("client_ca"),
             client_cert=owner.optpath("client_cert"),

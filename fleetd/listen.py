@@ -98,6 +98,7 @@ def loadTLSOptions(
     *,
     alpn: list[bytes] | None = None,
     clientCA: Path | None = None,
+    clientCAKey: str = "owner.client_ca",
 ) -> ssl.CertificateOptions:
     """
     Build server TLS options from the configured public certificate.
@@ -105,7 +106,8 @@ def loadTLSOptions(
     TLS 1.2 is the minimum and only L{TLS12_CIPHERS} (plus TLS 1.3's
     suites) are offered; ECDSA and RSA keys both work. With C{clientCA},
     clients are asked for a certificate issued by it but not required to
-    send one: the admin resource decides per request [A3].
+    send one: the resource decides per request [A3] (the owner CA on the
+    admin listener, the LDevID trust bundle on the device listener).
     """
     leaf, *_ = loadCertificates("tls.cert", tls.cert)
     keyData = _readPEM("tls.key", tls.key)
@@ -121,7 +123,7 @@ def loadTLSOptions(
         kwargs.update(
             verify=True,
             requireCertificate=False,
-            caCerts=loadCertificates("owner.client_ca", clientCA),
+            caCerts=loadCertificates(clientCAKey, clientCA),
         )
     if alpn is not None:
         kwargs["acceptableProtocols"] = alpn

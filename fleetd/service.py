@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
+from datetime import timedelta
 from typing import IO, Any
 
 from prometheus_client import CollectorRegistry
@@ -31,6 +32,12 @@ from fleetd.admin.deviceflow import (
 )
 from fleetd.admin.resource import adminRoot, isOwner
 from fleetd.admin.status import StatusResource
+from fleetd.attest.ekroots import EKRoots
+from fleetd.attest.identity import LDevIDBook, LDevIDIdentifier
+from fleetd.attest.lookup import LookupService
+from fleetd.attest.resource import deviceAPI
+from fleetd.attest.service import AttestationService
+from fleetd.attest.wiring import approvedSerialFor, targetDiskFor
 from fleetd.boot.config import ConfigResource
 from fleetd.boot.deviceflow import DeviceFlow
 from fleetd.boot.deviceflow_resource import deviceCodeResource, tokenResource
@@ -38,10 +45,9 @@ from fleetd.boot.ratelimit import RateLimiter
 from fleetd.boot.resource import bootRoot
 from fleetd.config import NetBoxSettings, loadTopology
 from fleetd.device.disks import NodeDisksResource
-from fleetd.device.identity import Identify, unidentified
 from fleetd.device.resource import deviceRoot
 from fleetd.dns.service import DNSService
-from fleetd.inventory.model import IInventory
+from fleetd.inventory.model import Device, IInventory
 from fleetd.inventory.resource import devicesResource
 from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.kube.connect import clientFromSettings
@@ -52,6 +58,7 @@ from fleetd.kube.status import KubeStatus
 from fleetd.listen import ListenerService, StartupError, loadTLSOptions, tlsFactory
 from fleetd.logs import makeObserver
 from fleetd.metrics import listenerGauges, makeRegistry
+from fleetd.pki.ldevid import Issuer, TrustBundle
 from fleetd.prepare import Prepared, prepare
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry
@@ -144,11 +151,11 @@ class FleetdService(MultiService):
         self.adminAPI[b"bindings"] = BindingsResource(self.trust)
         self.disks = DiskService(self.runner, self.journal, reactor)
         self.adminAPI[b"disks"] = DisksAdminResource(self.disks)
-        # Children of /v1/node/ on the device listener; who calls is decided
-        # by identifyNode (the LDevID identification replaces unidentified).
-        self.identifyNode: Identify = unidentified
+        self._buildAttestation(prepared)
+        # Children of /v1/node/ on the device listener besides the lookups;
+        # who calls is decided by the LDevID identification [T4].
         self.nodeAPI: dict[bytes, Resource] = {
-            b"disks": NodeDisksResource(self.disks, self._identifyNode)
+            b"disks": NodeDisksResource(self.disks, self.identifyLDevID)
         }
         self.status = StatusService(
             self.inventory,
@@ -158,14 +165,12 @@ class FleetdService(MultiService):
             trust=self.trust,
             disks=self.disks,
             credentials=KubeStatus(self.runner, reactor),
+            ldevid=self._ldevidStatus,
         )
         self.adminAPI[b"status"] = StatusResource(self.status)
         self.listeners: dict[str, ListenerService] = {}
         self._loading: Deferred[None] | None = None
         self._buildListeners()
-
-    def _identifyNode(self, request: Any) -> Any:
-        return self.identifyNode(request)
 
     def _netbox(self, netbox: NetBoxSettings) -> IInventory:
         """C{[netbox]} present: NetBox is the inventory (DESIGN section 4)."""
@@ -232,12 +237,59 @@ class FleetdService(MultiService):
         )
         return service
 
+    def _buildAttestation(self, prepared: Prepared) -> None:
+        """Attestation, LDevID issuance and lookups on the device listener."""
+        s = self.settings
+        issuer = Issuer.load(
+            s.pki.issuer_cert, s.pki.issuer_key, timedelta(days=s.pki.ldevid_days)
+        )
+        self.ldevids = LDevIDBook()
+        self.ldevids.load(prepared.database)  # before any listener answers
+        self.attestation = AttestationService(
+            clock=self.reactor,
+            runner=self.runner,
+            journal=self.journal,
+            ekRoots=EKRoots.load(s.ek_roots),
+            issuer=issuer,
+            book=self.ldevids,
+            approvedSerialFor=approvedSerialFor,
+            deviceBySerial=self._deviceBySerial,
+            challengeTTL=s.challenge_ttl,
+        )
+        self.identifyLDevID = LDevIDIdentifier(
+            TrustBundle.load(s.pki.bundle, issuer.cert), self.ldevids
+        )
+        self.lookups = LookupService(
+            runner=self.runner,
+            attestation=self.attestation,
+            book=self.ldevids,
+            getDevice=self.inventory.get,
+            runs=self.runs,
+            vault=self.vault,
+            targetDiskFor=targetDiskFor,
+        )
+
+    def _ldevidStatus(self, serial: str) -> dict[str, Any] | None:
+        record = self.ldevids.current(serial)
+        if record is None:
+            return None
+        # Every record is from the one issuer: the node has cut over [T4].
+        return {**record.toJSON(), "legacy": False}
+
+    async def _deviceBySerial(self, serial: str) -> Device | None:
+        for device in await self.inventory.list():
+            if device.serial.lower() == serial.lower():
+                return device
+        return None
+
     def _inThread(self, work: Callable[[bytes], Any], data: bytes) -> Deferred[Any]:
         """Run blocking C{work(data)} in the reactor's thread pool."""
         pool = self.reactor.getThreadPool()
         return deferToThreadPool(self.reactor, pool, work, data)
 
-    def _web(self, name: str, root: Resource, clientCA: bool = False) -> None:
+    def _web(
+        self, name: str, root: Resource, clientCA: bool = False, ldevid: bool = False
+    ) -> None:
         s = self.settings
         site = BoundedSite(
             root,
@@ -253,9 +305,14 @@ class FleetdService(MultiService):
             # [O2] Only owners may send more than 64 KiB, decided at header time.
             privileged=isOwner if clientCA else None,
         )
-        options = loadTLSOptions(
-            s.tls, clientCA=s.owner.client_ca if clientCA else None
-        )
+        if ldevid:  # [T4] optional at the TLS layer; resources that need it ask
+            options = loadTLSOptions(
+                s.tls, clientCA=s.pki.bundle, clientCAKey="pki.bundle"
+            )
+        else:
+            options = loadTLSOptions(
+                s.tls, clientCA=s.owner.client_ca if clientCA else None
+            )
         self._listen(name, getattr(s.listen, name), options, site)
 
     def _listen(self, name: str, description: str, options: Any, factory: Any) -> None:
@@ -308,7 +365,10 @@ class FleetdService(MultiService):
                 token=tokenResource(self.deviceFlow),
             ),
         )
-        self._web("device", deviceRoot(self.nodeAPI))
+        api = deviceAPI(
+            self.attestation, self.identifyLDevID, self.lookups, node=self.nodeAPI
+        )
+        self._web("device", deviceRoot(api), ldevid=True)
         admin = adminRoot(
             clock=self.reactor,
             registry=self.registry,
@@ -408,6 +468,7 @@ class FleetdService(MultiService):
             loading, self._loading = self._loading, None
             pending.append(loading)
         self.configResource.stop()
+        self.attestation.stop()
         pending.append(self.runs.stop())
         for child in reversed(list(self)):
             if isinstance(child, RunnerService):

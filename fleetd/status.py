@@ -9,6 +9,7 @@ the admin API, the owner console and the rack simulator share it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,7 @@ class DeviceReport:
     trust: TrustState | None = None
     disks: DiskReportView | None = None
     kubernetes: kubestatus.Credentials | None = None
+    ldevid: dict[str, Any] | None = None
 
     def toJSON(self) -> dict[str, Any]:
         run = None
@@ -54,6 +56,7 @@ class DeviceReport:
             "state": self.state,
             "recovery": self.recovery,
             "kubernetes": None if self.kubernetes is None else self.kubernetes.toJSON(),
+            "ldevid": self.ldevid,
         }
 
 
@@ -117,8 +120,14 @@ class StatusService:
         trust: TrustService | None = None,
         disks: DiskService | None = None,
         credentials: kubestatus.KubeStatus | None = None,
+        ldevid: Callable[[str], dict[str, Any] | None] | None = None,
     ) -> None:
+        """
+        @param ldevid: the current LDevID record of a chassis serial [T4]
+            (issuer, notAfter; L{None} when spore issued it none).
+        """
         self._credentials = credentials
+        self._ldevid = ldevid
         self._inventory = inventory
         self._registry = registry
         self._alerts = alerts
@@ -160,4 +169,5 @@ class StatusService:
             trust=trust,
             disks=disks,
             kubernetes=creds,
+            ldevid=None if self._ldevid is None else self._ldevid(device.serial),
         )

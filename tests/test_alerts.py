@@ -11,7 +11,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.runs.alerts import DEFAULT_HOLD, MISSING, REFETCHED
 from fleetd.runs.machine import Outcome
-from fleetd.runs.registry import configName, servedName
+from fleetd.runs.registry import codeName, configName, servedName
 from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.store.runner import InlineRunner
@@ -108,7 +108,7 @@ class CrashClauseTests(SynchronousTestCase):
         # The process dies here: neither sent() nor aborted() ever comes.
         self.assertEqual(
             sorted(fleet.vault.names()),
-            sorted([configName(run.run), servedName(run.run)]),
+            sorted([codeName(run.run), configName(run.run), servedName(run.run)]),
         )
         fleet.restart()
         self.assertEqual(fleet.fetch(run.code)[0], Outcome.CONSUMED)

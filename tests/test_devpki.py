@@ -99,9 +99,10 @@ class EnsureDevPKITests(SynchronousTestCase):
     def test_ensure_writesEveryFile(self) -> None:
         """Every file of the set is written under the standard names."""
         self.assertEqual(self.paths, DevPKIPaths.inside(self.directory))
-        self.assertEqual(len(self.paths.files()), 15)
+        self.assertEqual(len(self.paths.files()), 17)
         names = sorted(p.name for p in self.directory.iterdir())
-        expected = sorted([p.name for p in self.paths.files()] + ["ek-roots"])
+        top = [p.name for p in self.paths.files() if p.parent == self.directory]
+        expected = sorted([*top, "ek-roots"])
         self.assertEqual(names, expected)
         self.assertTrue(self.paths.complete())
 
@@ -122,23 +123,29 @@ class EnsureDevPKITests(SynchronousTestCase):
         self.assertEqual(mode(paths.public_cert), 0o644)
         self.assertEqual(mode(paths.public_key), 0o600)
 
-    def test_ensure_ekRootsEmpty(self) -> None:
-        """The ek-roots directory is created empty, for manufacturer roots."""
+    def test_ensure_ekRootsHoldDevManufacturer(self) -> None:
+        """ek-roots holds only the dev TPM manufacturer CA (RSA), its key is outside."""
         self.assertTrue(self.paths.ek_roots.is_dir())
-        self.assertEqual(list(self.paths.ek_roots.iterdir()), [])
+        self.assertEqual(list(self.paths.ek_roots.iterdir()), [self.paths.ek_ca])
+        self.assertEqual(self.paths.ek_ca_key.parent, self.directory)
+        self.assertIsInstance(load(self.paths.ek_ca).public_key(), rsa.RSAPublicKey)
 
     def test_ensure_noTemporariesLeft(self) -> None:
         """Atomic writes leave no temporary files behind."""
         self.assertEqual(list(self.directory.glob(".*")), [])
 
     def test_keys_pkcs8Unencrypted(self) -> None:
-        """Private keys are unencrypted PKCS8 PEM, ECDSA P-256 by default."""
+        """Private keys are unencrypted PKCS8 PEM, ECDSA P-256 by default
+        (the dev TPM manufacturer's is RSA: swtpm_localca signs with it)."""
         for p in self.paths.files():
             if p.suffix != ".key":
                 continue
             data = p.read_bytes()
             self.assertTrue(data.startswith(PKCS8_HEADER), p)
             key = serialization.load_pem_private_key(data, password=None)
+            if p == self.paths.ek_ca_key:
+                self.assertIsInstance(key, rsa.RSAPrivateKey)
+                continue
             assert isinstance(key, ec.EllipticCurvePrivateKey)
             self.assertIsInstance(key.curve, ec.SECP256R1)
 
@@ -163,13 +170,14 @@ class EnsureDevPKITests(SynchronousTestCase):
         serverVerify(self.paths.public_ca, self.paths.public_cert, x509.DNSName(NAME))
         self.assertEqual(list(self.directory.glob(".*")), [])
 
-    def test_ensure_recreatesEkRootsOnly(self) -> None:
-        """A deleted ek-roots directory comes back; the certificates stay."""
+    def test_ensure_recreatesWithoutEkRoots(self) -> None:
+        """A deleted ek-roots directory (it holds the dev EK CA) regenerates the set."""
         before = snapshot(self.paths)
-        self.paths.ek_roots.rmdir()
+        shutil.rmtree(self.paths.ek_roots)
         ensureDevPKI(self.directory, NAME, now=NOW)
-        self.assertTrue(self.paths.ek_roots.is_dir())
-        self.assertEqual(snapshot(self.paths), before)
+        self.assertTrue(self.paths.ek_ca.is_file())
+        after = snapshot(self.paths)
+        self.assertNotEqual(after[self.paths.ek_ca], before[self.paths.ek_ca])
 
     def test_ensure_badArguments(self) -> None:
         """An unknown key type or an unusable name is refused before writing."""
@@ -233,7 +241,7 @@ class CertificateTests(SynchronousTestCase):
         """Every certificate has its own random serial."""
         certs = [p for p in self.paths.files() if p.suffix == ".pem"]
         certs.remove(self.paths.bundle)
-        self.assertEqual(len({load(p).serial_number for p in certs}), 7)
+        self.assertEqual(len({load(p).serial_number for p in certs}), 8)
 
     def test_public_sansAndUsage(self) -> None:
         """The public leaf names the enrollment name, localhost and loopback IPs."""

@@ -29,6 +29,7 @@ from fleetd.trust.disks import (
     diskRefusal,
     targetDiskFor,
 )
+from fleetd.web import Router
 from tests.test_daemon import DaemonTestMixin
 from tests.test_j1 import FAULTS, Faults
 from tests.test_runs import Fleet
@@ -276,7 +277,10 @@ class NodeDisksResourceTests(SynchronousTestCase):
         self.f = DiskFleet(self)
         self.who: NodeIdentity | None = W1
         resource = NodeDisksResource(self.f.service, lambda request: self.who)
-        self.stub: Any = StubTreq(deviceRoot({b"disks": resource}))
+        node, v1 = Router(), Router()
+        node.putChild(b"disks", resource)
+        v1.putChild(b"node", node)
+        self.stub: Any = StubTreq(deviceRoot(v1))
 
     def post(self, data: bytes) -> tuple[int, bytes]:
         d = self.stub.post("https://device.test/v1/node/disks", data=data)

@@ -12,7 +12,7 @@ from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from fleetd.cli import agent, fleetctl
+from fleetd.cli import fleetctl
 from tests.support import writeConfig
 from tests.test_daemon import DaemonTestMixin
 
@@ -81,17 +81,6 @@ class FrameTests(SynchronousTestCase):
         self.assertEqual(code, 1)
         self.assertIn("cannot reach fleetd at https://localhost:1", err)
         self.assertEqual(err.count("\n"), 1)
-
-
-class AgentFrameTests(SynchronousTestCase):
-    def test_commands_refuseUntilImplemented(self) -> None:
-        """fleetd-agent refuses every unbuilt command with one line, status 3."""
-        for command in (c for c in agent.COMMANDS if c != "disks"):
-            err = io.StringIO()
-            code = agent.main(["--server", "https://127.0.0.1:8444", command], err)
-            self.assertEqual(code, 3)
-            self.assertIn("not-available", err.getvalue())
-            self.assertEqual(err.getvalue().count("\n"), 1)
 
 
 class JournalCommandTests(DaemonTestMixin, TestCase):

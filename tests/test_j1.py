@@ -18,7 +18,7 @@ from twisted.web.test.requesthelper import DummyRequest
 from fleetd.inventory.model import DeviceStatus, InventoryError
 from fleetd.runs.alerts import MISSING, REFETCHED
 from fleetd.runs.machine import Outcome
-from fleetd.runs.registry import configName, servedName
+from fleetd.runs.registry import codeName, configName, servedName
 from fleetd.store.db import Database, StoreError
 from fleetd.store.journal import Entry, Journal, JournalEntry
 from fleetd.vault import MemoryVault, VaultError
@@ -124,7 +124,9 @@ class ProvisionFaultTests(SynchronousTestCase):
     def assertUnchanged(self) -> None:
         registry = self.fleet.registry
         self.assertEqual(registry.readyRun("w1"), self.old.run)
-        self.assertEqual(self.vault.names(), [configName(self.old.run)])
+        self.assertEqual(
+            self.vault.names(), [codeName(self.old.run), configName(self.old.run)]
+        )
         self.assertEqual(self.fleet.status("w1"), DeviceStatus.PLANNED)
         self.assertEqual(self.fleet.events("w1"), ["run.provisioned"])
         self.assertEqual(self.fleet.alerts.openFor("w1"), [])
@@ -372,7 +374,9 @@ class ReviewFaultTests(SynchronousTestCase):
         self.assertNotIn(configName(self.old.run), self.fleet.vault.names())
         self.faults.clear()
         self.fleet.clock.advance(1.0)
-        self.assertEqual(self.fleet.vault.names(), [configName(new.run)])
+        self.assertEqual(
+            self.fleet.vault.names(), [codeName(new.run), configName(new.run)]
+        )
         (entry,) = self.delivered(self.old.run)
         self.assertIs(entry.fields["superseded"], True)
         self.flushLoggedErrors()
@@ -389,7 +393,9 @@ class ReviewFaultTests(SynchronousTestCase):
         self.fleet.restart()  # the faulty journal goes with the old process
         (entry,) = self.delivered(self.old.run)
         self.assertIs(entry.fields["superseded"], True)
-        self.assertEqual(self.fleet.vault.names(), [configName(new.run)])
+        self.assertEqual(
+            self.fleet.vault.names(), [codeName(new.run), configName(new.run)]
+        )
         self.fleet.restart()
         self.assertEqual(len(self.delivered(self.old.run)), 1)
         self.flushLoggedErrors()

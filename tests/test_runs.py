@@ -26,7 +26,7 @@ from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.runs.alerts import MISSING, REFETCHED, AlertTracker
 from fleetd.runs.codes import codeDigest, mintCode, wellFormedCode
 from fleetd.runs.machine import Outcome, RunEffects, RunMachine, delivering, ready
-from fleetd.runs.registry import RunRegistry, configName, servedName
+from fleetd.runs.registry import RunRegistry, codeName, configName, servedName
 from fleetd.runs.render import NodeFacts, TemplateRenderer
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Journal
@@ -557,7 +557,9 @@ class RaceTests(SynchronousTestCase):
         entries = self.successResultOf(self.fleet.journal.query(run=old.run))
         delivered = [e for e in entries if e.event == "run.delivered"]
         self.assertIs(delivered[0].fields["superseded"], True)
-        self.assertEqual(self.fleet.vault.names(), [configName(new.run)])
+        self.assertEqual(
+            self.fleet.vault.names(), [codeName(new.run), configName(new.run)]
+        )
 
     def test_journalNamesMarkHolder(self) -> None:
         """The journal names the peer that received the body, not a later caller."""

@@ -1,10 +1,8 @@
 """
 fleetd-agent: the node-side client, run as a Tinkerbell action in HookOS.
 
-The command frame follows DESIGN §6. The commands themselves (attest, plan,
-disks, renew) arrive with the machine-trust issue; until then each one
-refuses with one line and exit status 3, so a workflow that runs this build
-fails loudly instead of seeming to attest.
+The command frame follows DESIGN §6; each command lives in its own module
+(C{agent_attest}: attest, plan, renew; C{agent_disks}: disks).
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from typing import IO, Any
 from fleetd.cli import agent_disks
 
 COMMANDS = ("attest", "plan", "disks", "renew")
-NOT_AVAILABLE = 3
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,19 +34,30 @@ def buildParser() -> argparse.ArgumentParser:
         command = sub.add_parser(name)
         if name == "disks":
             agent_disks.addArguments(command)
+        if name == "attest":
+            command.add_argument("--serial", help="chassis serial (default: SMBIOS)")
+            command.add_argument("--uuid", help="system uuid (default: SMBIOS)")
+            command.add_argument(
+                "--ek", choices=("auto", "rsa", "ecc"), default="auto", help="EK type"
+            )
+        if name == "plan":
+            command.add_argument("--device", help="ask for this device's plan")
     return parser
 
 
-def main(argv: Sequence[str] | None = None, err: IO[str] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    err: IO[str] | None = None,
+    out: IO[str] | None = None,
+) -> int:
     err = sys.stderr if err is None else err
+    out = sys.stdout if out is None else out
     args = buildParser().parse_args(argv)
     if args.command == "disks":
         return agent_disks.run(args, err=err)
-    err.write(
-        f"fleetd-agent: {args.command}: not-available: this build has no"
-        " machine-trust support yet\n"
-    )
-    return NOT_AVAILABLE
+    from fleetd.cli import agent_attest
+
+    return agent_attest.run(args, out, err)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import argparse
 import json
 import time
 import urllib.parse
+from datetime import UTC, datetime
 from typing import IO, Any
 
 from fleetd.config import Settings
@@ -41,6 +42,18 @@ def cmdStatus(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int
     else:
         out.write(f"run:      {run['run']}  {run['state']}\n")
     out.write(f"state:    {doc['state']}\n")
+    ldevid = doc.get("ldevid")
+    if ldevid is None:
+        out.write(
+            "ldevid:   none from spore (a capsule/forge LDevID is accepted"
+            " until the node renews)\n"
+        )
+    else:
+        until = datetime.fromtimestamp(ldevid["not_after"], UTC).strftime("%Y-%m-%d")
+        out.write(
+            f"ldevid:   {ldevid['issuer']}  until {until}  ({ldevid['how']},"
+            " current issuer; legacy LDevIDs refused)\n"
+        )
     alerts = doc["alerts"]
     out.write(f"alerts:   {', '.join(alerts) if alerts else 'none'}\n")
     out.write(f"recovery: {doc['recovery'] or 'nothing to do'}\n")

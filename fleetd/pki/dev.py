@@ -4,9 +4,12 @@ The development PKI: every CA, certificate and key the dev config names.
 Generated with C{cryptography} on the first dev run (and in tests), never
 committed. One directory holds a stand-in public CA and the listeners' leaf,
 the LDevID issuer plus the legacy capsule and forge software CAs and their
-concatenated trust bundle [T4], and an owner CA with one fleetctl client
-certificate. Generation is all-or-nothing: a complete set is left alone (a
-running daemon keeps its certificates), anything less is regenerated whole.
+concatenated trust bundle [T4], an owner CA with one fleetctl client
+certificate, and a stand-in TPM manufacturer CA (RSA, in C{ek-roots/})
+that can certify swtpm EKs for simulated nodes (L{swtpmLocalCA} writes
+the swtpm_setup configuration for it). Generation is all-or-nothing: a
+complete set is left alone (a running daemon keeps its certificates),
+anything less is regenerated whole.
 
 C{fleetd-devpki --config FILE} runs it from the command line.
 """
@@ -32,7 +35,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["DevPKIPaths", "ensureDevPKI", "main"]
+__all__ = ["DevPKIPaths", "ensureDevPKI", "main", "swtpmLocalCA"]
 
 CA_VALIDITY = timedelta(days=3650)
 LEAF_VALIDITY = timedelta(days=365)
@@ -66,6 +69,8 @@ class DevPKIPaths:
     owner_cert: Path
     owner_key: Path
     ek_roots: Path
+    ek_ca: Path
+    ek_ca_key: Path
 
     @classmethod
     def inside(cls, directory: Path) -> DevPKIPaths:
@@ -89,6 +94,8 @@ class DevPKIPaths:
             owner_cert=d / "owner.pem",
             owner_key=d / "owner.key",
             ek_roots=d / "ek-roots",
+            ek_ca=d / "ek-roots" / "dev-ek-ca.pem",
+            ek_ca_key=d / "dev-ek-ca.key",
         )
 
     def files(self) -> tuple[Path, ...]:
@@ -178,6 +185,11 @@ def _generate(
         cas[attribute] = (cert, key)
         out[getattr(paths, attribute)] = (_certPEM(cert), CERT_MODE)
         out[getattr(paths, attribute + "_key")] = (_keyPEM(key), KEY_MODE)
+    # The stand-in TPM manufacturer: RSA, as swtpm_localca signs with it.
+    ekKey = _newKey("rsa")
+    ekCA = _certificate("fleetd dev TPM manufacturer CA", ekKey, now)
+    out[paths.ek_ca] = (_certPEM(ekCA), CERT_MODE)
+    out[paths.ek_ca_key] = (_keyPEM(ekKey), KEY_MODE)
     bundle = [cas[a][0] for a in ("devid_issuer", "capsule_ca", "forge_ca")]
     out[paths.bundle] = (b"".join(map(_certPEM, bundle)), CERT_MODE)
 
@@ -199,6 +211,38 @@ def _generate(
         out[certPath] = (_certPEM(cert), CERT_MODE)
         out[keyPath] = (_keyPEM(key), KEY_MODE)
     return out
+
+
+def swtpmLocalCA(paths: DevPKIPaths, directory: Path) -> Path:
+    """
+    Write an swtpm_setup configuration under C{directory} whose EK
+    certificates are signed by the dev TPM manufacturer CA; return the
+    C{swtpm_setup.conf} to pass as C{--config}.
+    """
+    import shutil
+
+    directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    localca = directory / "swtpm-localca.conf"
+    options = directory / "swtpm-localca.options"
+    setup = directory / "swtpm_setup.conf"
+    localca.write_text(
+        f"statedir = {directory}\n"
+        f"signingkey = {paths.ek_ca_key}\n"
+        f"issuercert = {paths.ek_ca}\n"
+        f"certserial = {directory / 'certserial'}\n"
+    )
+    options.write_text(
+        "--platform-manufacturer fleetd\n--platform-version 1.0\n"
+        "--platform-model fleetd-dev\n"
+    )
+    tool = shutil.which("swtpm_localca") or "/usr/bin/swtpm_localca"
+    setup.write_text(
+        f"create_certs_tool = {tool}\n"
+        f"create_certs_tool_config = {localca}\n"
+        f"create_certs_tool_options = {options}\n"
+        "active_pcr_banks = sha256\n"
+    )
+    return setup
 
 
 def _newKey(keyType: str) -> _PrivateKey:

@@ -57,7 +57,7 @@ from fleetd.store.runner import IRunner
 from fleetd.vault import IVault, VaultError
 
 ABORT_JOURNAL_EVERY = 600.0
-_RUN_FILE = re.compile(r"^(r-[0-9a-f]{16})\.(yaml|served)$")
+_RUN_FILE = re.compile(r"^(r-[0-9a-f]{16})\.(yaml|served|code)$")
 
 
 def configName(run: str) -> str:
@@ -66,6 +66,11 @@ def configName(run: str) -> str:
 
 def servedName(run: str) -> str:
     return f"{run}.served"
+
+
+def codeName(run: str) -> str:
+    """The run's code, kept beside its configuration for the install plan."""
+    return f"{run}.code"
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,7 @@ class _Run(RunEffects):
 
     def dropConfig(self) -> None:
         self.vault.delete(configName(self.record.id))
+        self.vault.delete(codeName(self.record.id))
 
     def dropAll(self) -> None:
         self.dropConfig()
@@ -171,6 +177,7 @@ class _Run(RunEffects):
 
     def dropFiles(self) -> None:
         self.vault.delete(configName(self.record.id))
+        self.vault.delete(codeName(self.record.id))
         self.vault.delete(servedName(self.record.id))
 
     def servedRecord(self) -> ServedRecord:
@@ -427,6 +434,9 @@ class RunRegistry:
                     body = render(device, record.id, issued[-1].token.bearer)
                 batch.append((device, record, code))
                 self.vault.put(configName(record.id), body)
+                # The install plan hands the code to the node (META 0x0b);
+                # the database holds only its keyed digest.
+                self.vault.put(codeName(record.id), code.encode("ascii"))
         except VaultError:
             self._forget(batch)
             self.vaultFailures.labels("config").inc()
@@ -492,6 +502,7 @@ class RunRegistry:
         for _, record, _ in batch:
             try:
                 self.vault.delete(configName(record.id))
+                self.vault.delete(codeName(record.id))
             except VaultError:
                 self.log.failure("runs.vault.cleanup-failed {run}", run=record.id)
 

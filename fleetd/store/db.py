@@ -166,6 +166,31 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         CREATE INDEX disk_serials_by_serial ON disk_serials (serial, device);
         """,
     ),
+    (
+        7,
+        # LDevID records [T4] (fleetd.pki.records): every certificate fleetd
+        # issued, each node's current one, and legacy cut-overs.
+        """
+        CREATE TABLE ldevids (
+            cert_serial TEXT PRIMARY KEY,
+            chassis TEXT NOT NULL COLLATE NOCASE,
+            device TEXT NOT NULL,
+            issuer TEXT NOT NULL,
+            not_after REAL NOT NULL,
+            issued_at REAL NOT NULL,
+            how TEXT NOT NULL CHECK (how IN ('attest', 'renew')),
+            ek_sha256 TEXT,
+            current INTEGER NOT NULL CHECK (current IN (0, 1))
+        ) STRICT;
+        CREATE UNIQUE INDEX ldevids_current ON ldevids (chassis) WHERE current = 1;
+        CREATE TABLE ldevid_cutovers (
+            chassis TEXT PRIMARY KEY COLLATE NOCASE,
+            at REAL NOT NULL,
+            from_issuer TEXT NOT NULL,
+            from_serial TEXT NOT NULL
+        ) STRICT;
+        """,
+    ),
     # Kubernetes credentials (fleetd.kube.store): tokens, kubelet
     # certificates, the cluster-wide token and its requests.
     (9, _kube.MIGRATION_9),

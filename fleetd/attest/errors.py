@@ -1,0 +1,68 @@
+"""
+Why fleetd refuses a node: a stable reason code and one line for people.
+
+The codes are part of the wire contract (DESIGN §6): C{fleetd-agent}
+prints them, operators grep for them, and the journal records them.
+"""
+
+from __future__ import annotations
+
+from twisted.web import http
+
+# [T2]
+TPM12 = "tpm12-unsupported"
+CLASS_REFUSED = "class-refused"
+# [T3]
+EK_UNTRUSTED = "ek-cert-untrusted"
+EK_MISMATCH = "ek-public-mismatch"
+EK_TEMPLATE = "ek-attributes"
+NOT_APPROVED = "ek-binding-not-approved"
+SERIAL_MISMATCH = "serial-mismatch"
+UNKNOWN_DEVICE = "device-unknown"
+AK_ATTRIBUTES = "ak-attributes"
+LDEVID_ATTRIBUTES = "ldevid-attributes"
+CHALLENGE_UNKNOWN = "challenge-unknown"
+CHALLENGE_EXPIRED = "challenge-expired"
+CHALLENGE_USED = "challenge-used"
+ACTIVATION_FAILED = "activation-failed"
+CERTIFY_INVALID = "certify-invalid"
+CSR_INVALID = "csr-invalid"
+MALFORMED = "malformed"
+BUSY = "busy"
+# [T4]
+LDEVID_REQUIRED = "ldevid-required"
+LDEVID_UNKNOWN = "ldevid-unknown"
+LDEVID_SUPERSEDED = "ldevid-superseded"
+LDEVID_NOT_OURS = "ldevid-not-current-issuer"
+NOT_YOURS = "not-your-record"
+NO_PLAN = "no-plan"
+NO_TARGET_DISK = "target-disk-unknown"
+
+_STATUS = {
+    MALFORMED: http.BAD_REQUEST,
+    BUSY: http.SERVICE_UNAVAILABLE,
+    CHALLENGE_UNKNOWN: http.NOT_FOUND,
+    CHALLENGE_EXPIRED: http.GONE,
+    CHALLENGE_USED: http.GONE,
+    LDEVID_REQUIRED: http.UNAUTHORIZED,
+    NO_PLAN: http.NOT_FOUND,
+    NO_TARGET_DISK: http.CONFLICT,
+}
+
+
+class Refused(Exception):
+    """A refusal with its reason code; never carries a secret."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+    @property
+    def status(self) -> int:
+        """The HTTP status the device listener answers with."""
+        return _STATUS.get(self.reason, http.FORBIDDEN)
+
+    def line(self) -> str:
+        """One line for the node: the code first, so agents can parse it."""
+        return f"{self.reason}: {self.detail}"[:300]

@@ -1,0 +1,124 @@
+"""
+Node identity from the verified LDevID client certificate [T4].
+
+TLS has already checked the chain against the trust bundle (issuer,
+capsule and forge) and the validity period. Here the certificate must
+name a node (CN = device, serialNumber = chassis serial, as L{Issuer}
+writes them) and be acceptable for that node now: an LDevID from the
+current issuer must be the node's current one in the records, and a
+legacy (capsule/forge) LDevID is accepted only until the node has an
+LDevID from the current issuer (it renewed or attested through spore).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography import x509
+
+from fleetd.attest.errors import (
+    LDEVID_NOT_OURS,
+    LDEVID_REQUIRED,
+    LDEVID_SUPERSEDED,
+    LDEVID_UNKNOWN,
+    Refused,
+)
+from fleetd.device.identity import NodeIdentity
+from fleetd.pki.ldevid import TrustBundle, serialHex, subjectOf
+from fleetd.pki.records import LDevIDRecord, loadCurrent
+from fleetd.store.db import Database
+
+
+class LDevIDBook:
+    """Each node's current LDevID record, in memory, changed after commits."""
+
+    def __init__(self) -> None:
+        self._current: dict[str, LDevIDRecord] = {}
+
+    def load(self, db: Database) -> None:
+        """Read every node's current record (at start, before any listener)."""
+        for record in loadCurrent(db):
+            self._current[record.chassis.lower()] = record
+
+    def current(self, chassis: str) -> LDevIDRecord | None:
+        return self._current.get(chassis.lower())
+
+    def issued(self, record: LDevIDRecord) -> None:
+        """C{record} committed as its node's current LDevID."""
+        self._current[record.chassis.lower()] = record
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A node that presented an acceptable LDevID."""
+
+    identity: NodeIdentity
+    cert: x509.Certificate
+    issuer: str
+    legacy: bool
+
+
+def peerCertificate(request: Any) -> x509.Certificate | None:
+    transport = getattr(request, "transport", None)
+    getPeer = getattr(transport, "getPeerCertificate", None)
+    peer = None if getPeer is None else getPeer()
+    if peer is None:
+        return None
+    cert: x509.Certificate = peer.to_cryptography()
+    return cert
+
+
+class LDevIDIdentifier:
+    """Decides which node a request's client certificate names."""
+
+    def __init__(self, bundle: TrustBundle, book: LDevIDBook) -> None:
+        self._bundle = bundle
+        self._book = book
+
+    def check(self, request: Any) -> Peer:
+        """
+        The node behind C{request}.
+
+        @raise Refused: no certificate, or one not acceptable (any more).
+        """
+        cert = peerCertificate(request)
+        if cert is None:
+            raise Refused(
+                LDEVID_REQUIRED, "this resource needs an LDevID client certificate"
+            )
+        return self.checkCertificate(cert)
+
+    def checkCertificate(self, cert: x509.Certificate) -> Peer:
+        found = self._bundle.issuerOf(cert)
+        subject = subjectOf(cert)
+        if found is None or subject is None:
+            raise Refused(
+                LDEVID_UNKNOWN, "certificate is not an LDevID from the trust bundle"
+            )
+        ca, current = found
+        record = self._book.current(subject.serial)
+        if current:
+            if record is None or record.cert_serial != serialHex(cert):
+                if record is None:
+                    raise Refused(LDEVID_UNKNOWN, "no record of this LDevID")
+                raise Refused(
+                    LDEVID_SUPERSEDED, "a newer LDevID was issued to this node"
+                )
+            if record.device != subject.device:
+                raise Refused(LDEVID_UNKNOWN, "LDevID names another device")
+        elif record is not None:
+            raise Refused(
+                LDEVID_NOT_OURS,
+                "this node renewed through spore; only its LDevID from the current"
+                " issuer is accepted",
+            )
+        identity = NodeIdentity(device=subject.device, serial=subject.serial)
+        return Peer(identity, cert, ca.subject.rfc4514_string(), legacy=not current)
+
+    def __call__(self, request: Any) -> NodeIdentity | None:
+        """The C{identify(request)} protocol: the node, or L{None}."""
+        try:
+            return self.check(request).identity
+        except Refused:
+            return None

@@ -1,0 +1,129 @@
+"""
+A node's own record and install plan, for the device listener [T2].
+
+The plan names the target disk by serial (the disk check's choice), the
+installer image, and, when the node has a ready run, the code to write to
+META 0x0b. Codes are stored in the database only as keyed digests; the
+plan reads the code from the volatile vault, where the provision wrote it
+beside the run's configuration (the same secret class, the same life:
+both go when the run is delivered, superseded, or the host reboots).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import yaml
+
+from fleetd.attest import errors as E
+from fleetd.attest.errors import Refused
+from fleetd.attest.identity import LDevIDBook, Peer
+from fleetd.attest.service import REFUSED_CLASSES, AttestationService
+from fleetd.inventory.model import Device
+from fleetd.runs.registry import codeName, configName
+from fleetd.store.runner import IRunner
+from fleetd.vault import IVault, VaultError
+
+
+class TargetDiskFor(Protocol):
+    """The serial of the disk the node installs to, or L{None} (disk check)."""
+
+    def __call__(self, db: sqlite3.Connection, device: str) -> str | None: ...
+
+
+class ReadyRuns(Protocol):
+    def readyRun(self, device: str) -> str | None: ...
+
+
+def _image(config: bytes | None) -> str | None:
+    """C{machine.install.image} of a rendered configuration, if it has one."""
+    if not config:
+        return None
+    try:
+        for doc in yaml.safe_load_all(config):
+            image = ((doc or {}).get("machine") or {}).get("install", {}).get("image")
+            if isinstance(image, str):
+                return image
+    except (yaml.YAMLError, AttributeError):
+        return None
+    return None
+
+
+class LookupService:
+    def __init__(
+        self,
+        *,
+        runner: IRunner,
+        attestation: AttestationService,
+        book: LDevIDBook,
+        getDevice: Callable[[str], Awaitable[Device | None]],
+        runs: ReadyRuns,
+        vault: IVault,
+        targetDiskFor: TargetDiskFor,
+    ) -> None:
+        self._runner = runner
+        self._attestation = attestation
+        self._book = book
+        self._getDevice = getDevice
+        self._runs = runs
+        self._vault = vault
+        self._targetDiskFor = targetDiskFor
+
+    async def _device(self, peer: Peer, asked: str | None) -> Device:
+        ident = peer.identity
+        if asked is not None and asked != ident.device:
+            raise await self._attestation.refuse(
+                Refused(E.NOT_YOURS, "a node may look up only its own record"),
+                device=ident.device,
+                asked=asked[:128],
+            )
+        device = await self._getDevice(ident.device)
+        if device is None or device.serial.lower() != ident.serial.lower():
+            raise Refused(E.UNKNOWN_DEVICE, "no inventory device matches this LDevID")
+        return device
+
+    async def record(self, peer: Peer, asked: str | None = None) -> dict[str, Any]:
+        """The node's inventory record and LDevID."""
+        device = await self._device(peer, asked)
+        current = self._book.current(device.serial)
+        return {
+            "device": device.toJSON(),
+            "ldevid": {
+                "issuer": peer.issuer,
+                "legacy": peer.legacy,
+                "not_after": peer.cert.not_valid_after_utc.timestamp(),
+                "record": None if current is None else current.toJSON(),
+            },
+        }
+
+    async def plan(self, peer: Peer, asked: str | None = None) -> dict[str, Any]:
+        """The install plan; refuses classes that cannot install [T2]."""
+        device = await self._device(peer, asked)
+        if device.device_class in REFUSED_CLASSES:
+            raise await self._attestation.refuse(
+                Refused(E.CLASS_REFUSED, f"class {device.device_class} cannot install"),
+                device=device.name,
+            )
+        name = device.name
+        disk = await self._runner.run(
+            lambda db: self._targetDiskFor(db.connection, name)
+        )
+        run = self._runs.readyRun(name)
+        code = config = None
+        if run is not None:
+            try:
+                raw = self._vault.get(codeName(run))
+                config = self._vault.get(configName(run))
+            except VaultError:
+                raw = None
+            code = None if raw is None else raw.decode("ascii", "replace")
+        return {
+            "device": name,
+            "serial": device.serial,
+            "target_disk_serial": disk,
+            "image": _image(config),
+            "run": run if code is not None else None,
+            "meta_0x0b": code,
+        }

@@ -1,0 +1,401 @@
+"""
+Attestation and LDevID issuance over the device listener [T2] [T3] [T4].
+
+Two steps. C{begin}: the node sends its TPM version, EK certificate and
+public area, AK public area and the serial it reports; fleetd checks the
+chain, the EK, its approved binding, the device's class and the AK, and
+answers with a MakeCredential challenge and a nonce. C{prove}: the node
+sends the activated secret, its LDevID public area, a TPM2_Certify of it by
+the AK over the nonce, and a CSR; fleetd checks them and issues an LDevID
+whose subject comes from the inventory. Renewal (C{renew}) takes a CSR for
+the same key over mTLS with the current LDevID.
+
+Every refusal is journaled with its reason code; an issuance and its
+record commit in one transaction with their journal entries [J1], and the
+in-memory book follows only after that commit. HTTP lives in
+L{fleetd.attest.resource}.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import os
+import sqlite3
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from tpm2_pytss.types import TPM2B_PUBLIC
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from fleetd.attest import errors as E
+from fleetd.attest.challenge import ChallengeBook, Presented
+from fleetd.attest.ekroots import EKRoots
+from fleetd.attest.errors import Refused
+from fleetd.attest.identity import LDevIDBook, Peer
+from fleetd.attest.tpm import (
+    checkAK,
+    checkEK,
+    checkLDevID,
+    ekDigest,
+    makeChallenge,
+    parsePublic,
+    spkiOf,
+    verifyCertify,
+)
+from fleetd.inventory.model import Device
+from fleetd.pki.ldevid import Issuer, Subject, serialHex
+from fleetd.pki.records import LDevIDRecord, storeCutover, storeIssued
+from fleetd.store.db import Database
+from fleetd.store.journal import AsyncJournal, Recorder
+from fleetd.store.runner import IRunner
+
+REFUSED_CLASSES = frozenset({"worker-g2"})  # [T2]
+ACTOR = "attest"
+# Anyone can reach 8444: refusals that name no device are journaled at most
+# once per reason in this many seconds, the ones between counted [J1].
+ANONYMOUS_JOURNAL_EVERY = 10.0
+
+
+class ApprovedSerialFor(Protocol):
+    """The approved, non-conflicting binding's chassis serial for an EK digest."""
+
+    def __call__(self, db: sqlite3.Connection, ekSha256: str) -> str | None: ...
+
+
+DeviceBySerial = Callable[[str], Awaitable[Device | None]]
+
+
+@dataclass(frozen=True)
+class _Context:
+    device: str
+    serial: str
+    ekSha256: str
+    ak: TPM2B_PUBLIC
+    secret: bytes
+    nonce: bytes
+
+
+def _b64(doc: Mapping[str, Any], name: str, limit: int = 8192) -> bytes:
+    value = doc.get(name)
+    if not isinstance(value, str) or len(value) > limit * 2:
+        raise Refused(E.MALFORMED, f"{name}: missing or not base64 text")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise Refused(E.MALFORMED, f"{name}: not base64") from e
+
+
+def _text(doc: Mapping[str, Any], name: str, limit: int = 128) -> str:
+    value = doc.get(name)
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= limit
+        or not value.isprintable()
+    ):
+        raise Refused(E.MALFORMED, f"{name}: missing or not a short string")
+    return value
+
+
+def _b64out(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _pem(cert: x509.Certificate) -> str:
+    return cert.public_bytes(serialization.Encoding.PEM).decode("ascii")
+
+
+def _csr(
+    doc: Mapping[str, Any],
+) -> tuple[
+    x509.CertificateSigningRequest, ec.EllipticCurvePublicKey | rsa.RSAPublicKey
+]:
+    raw = doc.get("csr")
+    if not isinstance(raw, str) or len(raw) > 16384:
+        raise Refused(E.MALFORMED, "csr: missing or not PEM text")
+    try:
+        csr = x509.load_pem_x509_csr(raw.encode("ascii"))
+    except (ValueError, UnicodeEncodeError) as e:
+        raise Refused(E.CSR_INVALID, "csr: not a PEM certificate request") from e
+    if not csr.is_signature_valid:
+        raise Refused(
+            E.CSR_INVALID, "csr: its signature does not verify (no proof of possession)"
+        )
+    key = csr.public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey | rsa.RSAPublicKey):
+        raise Refused(E.CSR_INVALID, "csr: key type not allowed")
+    return csr, key
+
+
+def _spki(key: Any) -> bytes:
+    der: bytes = key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return der
+
+
+class AttestationService:
+    log = Logger()
+
+    def __init__(
+        self,
+        *,
+        clock: IReactorTime,
+        runner: IRunner,
+        journal: AsyncJournal,
+        ekRoots: EKRoots,
+        issuer: Issuer,
+        book: LDevIDBook,
+        approvedSerialFor: ApprovedSerialFor,
+        deviceBySerial: DeviceBySerial,
+        challengeTTL: float = 60.0,
+    ) -> None:
+        self.clock = clock
+        self.runner = runner
+        self.journal = journal
+        self.ekRoots = ekRoots
+        self.issuer = issuer
+        self.book = book
+        self._approvedSerialFor = approvedSerialFor
+        self._deviceBySerial = deviceBySerial
+        self.challenges = ChallengeBook(clock, challengeTTL)
+        self._anonymous: dict[str, tuple[float, int]] = {}
+
+    def stop(self) -> None:
+        self.challenges.stop()
+
+    async def refuse(
+        self, refusal: Refused, *, device: str | None = None, **fields: str | None
+    ) -> Refused:
+        """
+        Journal C{refusal} (a refusal changes nothing else) and return it.
+        Refusals that name no device (anyone can reach 8444) are journaled
+        at most once per reason every L{ANONYMOUS_JOURNAL_EVERY} seconds;
+        the next entry of that reason says how many were not.
+        """
+        self.log.warn(
+            "attest.refused {reason} {device}", reason=refusal.reason, device=device
+        )
+        extra: dict[str, str | int | None] = {}
+        if device is None:
+            now = self.clock.seconds()
+            last, skipped = self._anonymous.get(refusal.reason, (None, 0))
+            if last is not None and now - last < ANONYMOUS_JOURNAL_EVERY:
+                self._anonymous[refusal.reason] = (last, skipped + 1)
+                return refusal
+            self._anonymous[refusal.reason] = (now, 0)
+            if skipped:
+                extra["not_journaled"] = skipped
+        try:
+            await self.journal.append(
+                "attest.refused",
+                actor=ACTOR,
+                device=device,
+                fields={
+                    "reason": refusal.reason,
+                    "detail": refusal.detail[:200],
+                    **fields,
+                    **extra,
+                },
+            )
+        except Exception as e:
+            # The refusal stands; the operator learns the journal is failing.
+            self.log.error(
+                "attest.journal-failed {reason} {error}",
+                reason=refusal.reason,
+                error=str(e)[:200],
+            )
+        return refusal
+
+    # Step 1
+
+    async def begin(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        """Check the claim and answer with a challenge. @raise Refused."""
+        context: dict[str, str | None] = {}
+        try:
+            return await self._begin(doc, context)
+        except Refused as refusal:
+            device = context.pop("device", None)
+            raise await self.refuse(refusal, device=device, **context) from None
+
+    async def _begin(
+        self, doc: Mapping[str, Any], context: dict[str, str | None]
+    ) -> dict[str, Any]:
+        version = _text(doc, "tpm_version", 16)
+        reported = doc.get("serial")
+        context["reported_serial"] = reported if isinstance(reported, str) else None
+        if version != "2.0":
+            # [T2] by the version the node reports, not by certificate presence
+            if version.startswith("1."):
+                raise Refused(
+                    E.TPM12, f"TPM {version} cannot attest; TPM 2.0 is required"
+                )
+            raise Refused(E.MALFORMED, "tpm_version: must be 2.0")
+        reportedSerial = _text(doc, "serial")
+        ekCert = self.ekRoots.verify(_b64(doc, "ek_cert"))
+        ek = parsePublic(_b64(doc, "ek_public"), "ek_public")
+        digest = ekDigest(checkEK(ek, ekCert.spki))
+        context["ek_sha256"] = digest
+        serial = await self.runner.run(
+            lambda db: self._approvedSerialFor(db.connection, digest)
+        )
+        if serial is None:
+            raise Refused(E.NOT_APPROVED, "no approved binding for this EK")
+        context["serial"] = serial
+        if serial.lower() != reportedSerial.lower():
+            raise Refused(
+                E.SERIAL_MISMATCH,
+                "this EK is bound to another chassis than the one reported",
+            )
+        device = await self._deviceBySerial(serial)
+        if device is None:
+            raise Refused(E.UNKNOWN_DEVICE, "no inventory device has the bound serial")
+        context["device"] = device.name
+        if device.device_class in REFUSED_CLASSES:
+            raise Refused(E.CLASS_REFUSED, f"class {device.device_class} cannot attest")
+        ak = parsePublic(_b64(doc, "ak_public"), "ak_public")
+        checkAK(ak)
+        if self.challenges.full():
+            raise Refused(E.BUSY, "too many outstanding challenges; retry later")
+        secret, nonce = os.urandom(32), os.urandom(32)
+        blob, encrypted = makeChallenge(ek, ak, secret)
+        ident = self.challenges.issue(
+            _Context(device.name, device.serial, digest, ak, secret, nonce)
+        )
+        return {
+            "challenge": ident,
+            "credential_blob": _b64out(blob),
+            "encrypted_secret": _b64out(encrypted),
+            "nonce": _b64out(nonce),
+            "ttl": self.challenges.ttl,
+        }
+
+    # Step 2
+
+    async def prove(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        """Check the proof and issue the LDevID. @raise Refused."""
+        context: dict[str, str | None] = {}
+        try:
+            return await self._prove(doc, context)
+        except Refused as refusal:
+            device = context.pop("device", None)
+            raise await self.refuse(refusal, device=device, **context) from None
+
+    async def _prove(
+        self, doc: Mapping[str, Any], context: dict[str, str | None]
+    ) -> dict[str, Any]:
+        ident = _text(doc, "challenge", 64)
+        presented = self.challenges.present(ident)
+        if presented is None:
+            raise Refused(E.CHALLENGE_UNKNOWN, "no such challenge")
+        outcome, ctx = presented
+        assert isinstance(ctx, _Context)
+        context.update(device=ctx.device, serial=ctx.serial, ek_sha256=ctx.ekSha256)
+        if outcome is Presented.USED:
+            raise Refused(E.CHALLENGE_USED, "this challenge was already answered")
+        if outcome is Presented.EXPIRED:
+            raise Refused(E.CHALLENGE_EXPIRED, "this challenge expired; start again")
+        if not hmac.compare_digest(_b64(doc, "secret", 128), ctx.secret):
+            raise Refused(E.ACTIVATION_FAILED, "the activated credential is wrong")
+        ldevid = parsePublic(_b64(doc, "ldevid_public"), "ldevid_public")
+        checkLDevID(ldevid)
+        verifyCertify(
+            _b64(doc, "certify_info"),
+            _b64(doc, "certify_signature"),
+            ctx.ak,
+            ctx.nonce,
+            ldevid,
+        )
+        _, key = _csr(doc)
+        if not hmac.compare_digest(_spki(key), spkiOf(ldevid)):
+            raise Refused(E.CSR_INVALID, "csr key is not the certified LDevID key")
+        # The subject comes from the inventory, never from the CSR.
+        cert = self.issuer.issue(
+            key, Subject(ctx.device, ctx.serial), self.clock.seconds()
+        )
+        await self._record(cert, ctx.device, ctx.serial, "attest", ctx.ekSha256, None)
+        return {"certificate": _pem(cert), "chain": _pem(self.issuer.cert)}
+
+    # Renewal [T4]
+
+    async def renew(self, peer: Peer, doc: Mapping[str, Any]) -> dict[str, Any]:
+        """A new LDevID from the one issuer for the key the node holds now."""
+        try:
+            _, key = _csr(doc)
+            if not hmac.compare_digest(_spki(key), _spki(peer.cert.public_key())):
+                raise Refused(E.CSR_INVALID, "renewal keeps the key: csr key differs")
+        except Refused as refusal:
+            raise await self.refuse(
+                refusal, device=peer.identity.device, serial=peer.identity.serial
+            ) from None
+        ident = peer.identity
+        # The subject comes from the inventory, as at attestation.
+        device = await self._deviceBySerial(ident.serial)
+        if device is None:
+            unknown = Refused(E.UNKNOWN_DEVICE, "no inventory device has this serial")
+            raise await self.refuse(unknown, device=ident.device, serial=ident.serial)
+        cert = self.issuer.issue(
+            key, Subject(device.name, device.serial), self.clock.seconds()
+        )
+        legacy = (peer.issuer, serialHex(peer.cert)) if peer.legacy else None
+        await self._record(cert, device.name, device.serial, "renew", None, legacy)
+        return {"certificate": _pem(cert), "chain": _pem(self.issuer.cert)}
+
+    async def _record(
+        self,
+        cert: x509.Certificate,
+        device: str,
+        serial: str,
+        how: str,
+        ekSha256: str | None,
+        legacy: tuple[str, str] | None,
+    ) -> None:
+        now = self.clock.seconds()
+        record = LDevIDRecord(
+            cert_serial=serialHex(cert),
+            chassis=serial,
+            device=device,
+            issuer=self.issuer.name,
+            not_after=cert.not_valid_after_utc.timestamp(),
+            issued_at=now,
+            how=how,
+            ek_sha256=ekSha256,
+        )
+
+        def change(db: Database, record_: Recorder) -> None:
+            replaced = storeIssued(db, record)
+            record_(
+                "ldevid.issued",
+                actor=ACTOR,
+                device=device,
+                fields={
+                    "serial": serial,
+                    "cert_serial": record.cert_serial,
+                    "issuer": record.issuer,
+                    "not_after": record.not_after,
+                    "how": how,
+                    "ek_sha256": ekSha256,
+                    "replaces": None if replaced is None else replaced.cert_serial,
+                },
+            )
+            if legacy is not None:
+                storeCutover(db, serial, now, *legacy)
+                record_(
+                    "ldevid.cutover",
+                    actor=ACTOR,
+                    device=device,
+                    fields={
+                        "serial": serial,
+                        "from_issuer": legacy[0],
+                        "from_cert_serial": legacy[1],
+                    },
+                )
+
+        await self.journal.change(change)
+        self.book.issued(record)

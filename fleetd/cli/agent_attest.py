@@ -1,0 +1,216 @@
+"""
+C{fleetd-agent attest}, C{plan} and C{renew} against the device listener.
+
+C{attest}: EK -> AK -> LDevID [T3].
+
+Reads the EK certificate from NV, creates the AK and the LDevID key under
+the SRK, sends the claim, activates the credential, certifies the LDevID
+key with the AK over the server's nonce, sends the proof with a CSR signed
+inside the TPM, and stores the issued LDevID (certificate, chain and the
+TSS2 key file) under C{--state}. A TPM 1.2 still asks fleetd, so that the
+refusal is journaled [T2].
+
+C{plan} and C{renew} present the node's LDevID over mTLS [T4]: the install
+plan (target disk serial, image, META 0x0b code), and a new LDevID from the
+one issuer for the key the node already holds (a TPM key is asked to sign
+the CSR; a legacy node's software key in C{ldevid.key} signs it itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import ssl
+import urllib.parse
+from pathlib import Path
+from typing import IO, Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
+from tpm2_pytss import TSS2_Exception
+
+from fleetd.cli import agent_tpm as tpm
+from fleetd.cli.agent_client import Refusal, Unreachable, call, tlsContext
+
+CERT, CHAIN, KEY = "ldevid.pem", "ldevid-chain.pem", "ldevid.tss2.pem"
+# A software LDevID key (the legacy capsule/forge issuers' nodes).
+SOFT_KEY = "ldevid.key"
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _dmi(name: str) -> str | None:
+    try:
+        return Path("/sys/class/dmi/id", name).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def writePrivate(path: Path, data: bytes) -> None:
+    """Write C{data} (mode 0600) atomically."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def attest(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
+    serial = args.serial or _dmi("product_serial")
+    uuid = args.uuid or _dmi("product_uuid")
+    if not serial:
+        raise tpm.TPMError("no chassis serial (sysfs or --serial)")
+    context = tlsContext(args.ca)
+    try:
+        ectx = tpm.openTPM(args.tcti)
+    except tpm.TPM12:
+        call(args.server, "/v1/attest/challenge", context,
+             {"tpm_version": "1.2", "serial": serial, "uuid": uuid})  # fmt: skip
+        raise tpm.TPMError("fleetd accepted a TPM 1.2 claim") from None
+    try:
+        keys = tpm.createKeys(ectx, args.ek)
+        challenge = call(
+            args.server,
+            "/v1/attest/challenge",
+            context,
+            {
+                "tpm_version": "2.0",
+                "serial": serial,
+                "uuid": uuid,
+                "ek_cert": _b64(keys.ekCert),
+                "ek_public": _b64(keys.ekPublic.marshal()),
+                "ak_public": _b64(keys.akPublic.marshal()),
+            },
+        )
+        secret = tpm.activate(
+            ectx,
+            keys,
+            base64.b64decode(challenge["credential_blob"]),
+            base64.b64decode(challenge["encrypted_secret"]),
+        )
+        info, signature, csr = tpm.certifyAndCSR(
+            ectx, keys, base64.b64decode(challenge["nonce"]), serial
+        )
+    finally:
+        ectx.close()
+    issued = call(
+        args.server,
+        "/v1/attest/proof",
+        context,
+        {
+            "challenge": challenge["challenge"],
+            "secret": _b64(secret),
+            "ldevid_public": _b64(keys.ldevidPublic.marshal()),
+            "certify_info": _b64(info),
+            "certify_signature": _b64(signature),
+            "csr": csr.decode("ascii"),
+        },
+    )
+    state = Path(args.state)
+    writePrivate(state / KEY, tpm.tss2PEM(keys.ldevidPublic, keys.ldevidPrivate))
+    writePrivate(state / CHAIN, issued["chain"].encode("ascii"))
+    writePrivate(state / CERT, issued["certificate"].encode("ascii"))
+    return {"ldevid": str(state / CERT), "ek": keys.ekType}
+
+
+def _mtls(args: argparse.Namespace) -> ssl.SSLContext:
+    """TLS presenting the node's current LDevID [T4]."""
+    state = Path(args.state)
+    cert = state / CERT
+    if not cert.is_file():
+        raise tpm.TPMError(f"no LDevID in {state}: run attest first")
+    soft = state / SOFT_KEY
+    if soft.is_file():
+        return tlsContext(args.ca, cert, soft)
+    return tpmTLS(args, cert, state / KEY)
+
+
+def tpmTLS(args: argparse.Namespace, cert: Path, key: Path) -> ssl.SSLContext:
+    """
+    TLS with the TPM-resident LDevID key, through the tpm2-openssl provider.
+    Not available in this build: Python's TLS stack cannot sign its
+    handshake with a provider key here (see docs/decisions.md).
+    """
+    raise tpm.TPMError(
+        "tpm-tls-unsupported: this build cannot present a TPM-resident LDevID"
+        " over TLS yet"
+    )
+
+
+def plan(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
+    path = "/v1/node/plan"
+    if args.device:
+        path += "?device=" + urllib.parse.quote(args.device, safe="")
+    return call(args.server, path, _mtls(args))
+
+
+def renew(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
+    """A new LDevID from the one issuer, for the key the node holds."""
+    state = Path(args.state)
+    soft = state / SOFT_KEY
+    if soft.is_file():
+        key = serialization.load_pem_private_key(soft.read_bytes(), None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+            raise tpm.TPMError(f"{soft}: not an ECDSA or RSA key")
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "renewal")])
+        builder = x509.CertificateSigningRequestBuilder().subject_name(name)
+        csr = builder.sign(key, hashes.SHA256()).public_bytes(
+            serialization.Encoding.PEM
+        )
+    else:
+        public, private = tpm.readTSS2PEM((state / KEY).read_bytes())
+        ectx = tpm.openTPM(args.tcti)
+        try:
+            csr = tpm.csrFor(ectx, private, public, "renewal")
+        finally:
+            ectx.close()
+    issued = call(args.server, "/v1/ldevid/renew", _mtls(args), {"csr": csr.decode()})
+    writePrivate(state / CHAIN, issued["chain"].encode("ascii"))
+    writePrivate(state / CERT, issued["certificate"].encode("ascii"))
+    return {"ldevid": str(state / CERT)}
+
+
+COMMANDS = {"attest": attest, "plan": plan, "renew": renew}
+
+
+def _describe(command: str, result: dict[str, Any]) -> str:
+    if command == "plan":
+        return (
+            f"target disk serial: {result.get('target_disk_serial') or '-'}\n"
+            f"image: {result.get('image') or '-'}\n"
+            f"META 0x0b code: {result.get('meta_0x0b') or '- (no ready run)'}\n"
+        )
+    return f"LDevID stored in {result['ldevid']}\n"
+
+
+def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    """Run one command; 0, or 1 with one line naming the reason code."""
+    try:
+        result = COMMANDS[args.command](args, out)
+    except Refusal as e:
+        err.write(f"fleetd-agent: {args.command}: refused: {e.line}\n")
+        return 1
+    except Unreachable as e:
+        err.write(f"fleetd-agent: {args.command}: unreachable: {e}\n")
+        return 1
+    except tpm.TPMError as e:
+        err.write(f"fleetd-agent: {args.command}: tpm-error: {e}\n")
+        return 1
+    except TSS2_Exception as e:
+        err.write(f"fleetd-agent: {args.command}: tpm-error: {e}\n")
+        return 1
+    if args.json:
+        out.write(json.dumps(result, sort_keys=True) + "\n")
+    else:
+        out.write(_describe(args.command, result))
+    return 0

@@ -1,0 +1,174 @@
+"""
+A device listener for attestation tests: the real services over a real
+database, behind the real TLS listener (loopback, port 0), with test
+doubles for the other helper's binding lookup and disk choice.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import uuid as uuidlib
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import maybeDeferred
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IListeningPort
+from twisted.internet.task import Clock
+
+from fleetd.attest.ekroots import EKRoots
+from fleetd.attest.identity import LDevIDBook, LDevIDIdentifier
+from fleetd.attest.lookup import LookupService
+from fleetd.attest.resource import deviceAPI
+from fleetd.attest.service import AttestationService
+from fleetd.config import TLSFiles
+from fleetd.inventory.model import Device
+from fleetd.inventory.sqlite import SQLiteInventory
+from fleetd.listen import loadTLSOptions, tlsFactory
+from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
+from fleetd.pki.ldevid import Issuer, TrustBundle
+from fleetd.store.db import Database
+from fleetd.store.journal import AsyncJournal, JournalEntry
+from fleetd.store.runner import InlineRunner
+from fleetd.vault import MemoryVault
+from fleetd.web import BoundedSite, Router
+from tests.test_j1 import FaultyJournal, FaultyRunner
+
+
+class Bindings:
+    """Test double for fleetd.trust.bindings.approvedSerialFor."""
+
+    def __init__(self) -> None:
+        self.approved: dict[str, str] = {}
+
+    def __call__(self, db: sqlite3.Connection, ekSha256: str) -> str | None:
+        assert isinstance(db, sqlite3.Connection)
+        return self.approved.get(ekSha256)
+
+
+class Disks:
+    """Test double for fleetd.trust.disks.targetDiskFor."""
+
+    def __init__(self) -> None:
+        self.targets: dict[str, str] = {}
+
+    def __call__(self, db: sqlite3.Connection, device: str) -> str | None:
+        assert isinstance(db, sqlite3.Connection)
+        return self.targets.get(device)
+
+
+class ReadyRuns:
+    def __init__(self) -> None:
+        self.ready: dict[str, str] = {}
+
+    def readyRun(self, device: str) -> str | None:
+        return self.ready.get(device)
+
+
+class AttestServer:
+    def __init__(self, directory: Path, pki: DevPKIPaths | None = None) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.pki = pki or ensureDevPKI(directory / "pki", "localhost")
+        self.clock = Clock()
+        # Injected, but starting at the wall time: TLS peers check the
+        # certificates this clock dates against their own clocks.
+        self.clock.advance(time.time())
+        self.db = Database.open(directory / "state.sqlite3")
+        # Real runner and journal, each able to fail on demand [J1].
+        self.runner = FaultyRunner(InlineRunner(self.db))
+        self.journalCore = FaultyJournal(b"j" * 32)
+        self.journal = AsyncJournal(self.runner, self.journalCore, self.clock)
+        self.inventory = SQLiteInventory(self.runner, self.journal)
+        self.bindings = Bindings()
+        self.disks = Disks()
+        self.runs = ReadyRuns()
+        self.vault = MemoryVault()
+        self.issuer = Issuer.load(
+            self.pki.devid_issuer, self.pki.devid_issuer_key, timedelta(days=365)
+        )
+        self.bundle = TrustBundle.load(self.pki.bundle, self.issuer.cert)
+        self.book = LDevIDBook()
+        self.service = AttestationService(
+            clock=self.clock,
+            runner=self.runner,
+            journal=self.journal,
+            ekRoots=EKRoots.load(self.pki.ek_roots),
+            issuer=self.issuer,
+            book=self.book,
+            approvedSerialFor=self.bindings,
+            deviceBySerial=self.deviceBySerial,
+        )
+        self.identify = LDevIDIdentifier(self.bundle, self.book)
+        self.lookups = LookupService(
+            runner=self.runner,
+            attestation=self.service,
+            book=self.book,
+            getDevice=self.inventory.get,
+            runs=self.runs,
+            vault=self.vault,
+            targetDiskFor=self.disks,
+        )
+        self.port: IListeningPort | None = None
+
+    async def deviceBySerial(self, serial: str) -> Device | None:
+        for device in await self.inventory.list():
+            if device.serial.lower() == serial.lower():
+                return device
+        return None
+
+    def addDevice(self, name: str, serial: str, deviceClass: str = "worker") -> Device:
+        uuid = str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, name))
+        device = Device(name, serial, uuid, (), deviceClass, None)
+        result: list[Any] = []
+        self.inventory.add(device, journal=[]).addBoth(result.append)
+        assert isinstance(result[0], Device), result
+        return result[0]
+
+    def root(self) -> Router:
+        root = Router()
+        root.putChild(b"v1", deviceAPI(self.service, self.identify, self.lookups))
+        return root
+
+    async def listen(self) -> str:
+        site = BoundedSite(
+            self.root(),
+            maxHeaderBytes=8192,
+            maxHeaders=64,
+            maxBodyBytes=65536,
+            idleTimeout=30,
+            clock=reactor,
+        )
+        options = loadTLSOptions(
+            TLSFiles(self.pki.public_cert, self.pki.public_key, self.pki.public_ca),
+            clientCA=self.pki.bundle,
+            clientCAKey="pki.bundle",
+        )
+        factory = tlsFactory(
+            options,
+            site,
+            name="device",
+            clock=reactor,
+            maxConnections=64,
+            idleTimeout=30,
+        )
+        self.factory = factory
+        endpoint = serverFromString(reactor, "tcp:0:interface=127.0.0.1")
+        self.port = await endpoint.listen(factory)
+        address: Any = self.port.getHost()
+        return f"https://localhost:{address.port}"
+
+    async def stop(self) -> None:
+        self.service.stop()
+        if self.port is not None:
+            await maybeDeferred(self.port.stopListening)
+            await self.factory.closeAll()
+        self.db.close()
+
+    def entries(self, event: str | None = None) -> list[JournalEntry]:
+        result: list[Any] = []
+        self.journal.query(limit=10000).addBoth(result.append)
+        entries = result[0]
+        return [e for e in entries if event is None or e.event == event]

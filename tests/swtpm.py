@@ -1,0 +1,128 @@
+"""
+Real software TPMs for tests: swtpm on loopback, EK certificates from
+C{swtpm_setup --create-ek-cert} signed by the dev PKI's TPM manufacturer CA.
+
+One L{SWTPM} per test class (setUpClass), each on its own free loopback
+ports and state directory; L{stop} shuts it down cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from fleetd.pki.dev import DevPKIPaths, swtpmLocalCA
+
+AVAILABLE = all(shutil.which(t) for t in ("swtpm", "swtpm_setup", "swtpm_localca"))
+
+
+def freePortPair() -> int:
+    """
+    A port P on 127.0.0.1 with P and P+1 free now (swtpm's data and control
+    ports: the swtpm TCTI expects the control port at P+1). Chosen below the
+    kernel's ephemeral range, so client connections do not collide with it.
+    """
+    rng = random.SystemRandom()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000, 2)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", base))
+                b.bind(("127.0.0.1", base + 1))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free loopback port pair")
+
+
+class SWTPM:
+    """One swtpm process with its own manufactured state."""
+
+    def __init__(self, directory: Path, pki: DevPKIPaths, *, tpm2: bool = True) -> None:
+        directory = directory.resolve()  # swtpm --daemon leaves the cwd
+        self.directory = directory
+        self.tpm2 = tpm2
+        self.state = directory / "state"
+        self.state.mkdir(parents=True, exist_ok=True)
+        config = swtpmLocalCA(pki, directory / "ca")
+        args = ["swtpm_setup", "--tpmstate", str(self.state), "--create-ek-cert"]
+        if tpm2:
+            (directory / "certs").mkdir(exist_ok=True)
+            args += ["--tpm2", "--lock-nvram"]
+            args += ["--write-ek-cert-files", str(directory / "certs")]
+        else:
+            args += ["--createek"]
+        args += [
+            "--config", str(config),
+            "--overwrite",
+            "--logfile", str(directory / "setup.log"),
+        ]  # fmt: skip
+        subprocess.run(args, check=True, capture_output=True, timeout=60)
+        self.port = 0
+        self.pid: int | None = None
+
+    def clone(self, directory: Path) -> SWTPM:
+        """A second TPM with the same state (the same EK): a cloned TPM."""
+        twin = object.__new__(SWTPM)
+        directory = directory.resolve()
+        twin.directory, twin.tpm2 = directory, self.tpm2
+        twin.state = directory / "state"
+        shutil.copytree(self.state, twin.state)
+        twin.port, twin.pid = 0, None
+        return twin
+
+    @property
+    def tcti(self) -> str:
+        return f"swtpm:host=127.0.0.1,port={self.port}"
+
+    def start(self) -> None:
+        self.port = freePortPair()
+        pidFile = self.directory / "swtpm.pid"
+        pidFile.unlink(missing_ok=True)
+        args = [
+            "swtpm", "socket",
+            "--tpmstate", f"dir={self.state}",
+            "--server", f"type=tcp,port={self.port},bindaddr=127.0.0.1",
+            "--ctrl", f"type=tcp,port={self.port + 1},bindaddr=127.0.0.1",
+            "--flags", "not-need-init,startup-clear",
+            "--daemon", "--pid", f"file={pidFile}",
+            "--log", f"file={self.directory / 'swtpm.log'}",
+        ]  # fmt: skip
+        if self.tpm2:
+            args.insert(2, "--tpm2")
+        subprocess.run(args, check=True, capture_output=True, timeout=30)
+        self.pid = int(pidFile.read_text().strip())
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.01)
+        raise RuntimeError("swtpm did not start listening")
+
+    def stop(self) -> None:
+        pid, self.pid = self.pid, None
+        if pid is None:
+            return
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+
+    def ekCertificates(self) -> dict[str, bytes]:
+        """The EK certificates swtpm_setup wrote (for direct checks)."""
+        return {p.name: p.read_bytes() for p in (self.directory / "certs").glob("*")}

@@ -1,0 +1,423 @@
+"""
+LDevID trust over the device listener [T4] [T2] [J1]: legacy (capsule,
+forge) LDevIDs accepted until their node renews through spore, then
+refused; renewal from the one issuer with its cut-over recorded; unknown
+and expired certificates refused at the TLS layer; lookups of a node's own
+record and install plan, never another's. Driven by fleetd-agent over
+real TLS, with software LDevID keys (what legacy nodes hold).
+"""
+
+from __future__ import annotations
+
+import io
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import TestCase
+
+from fleetd.cli import agent
+from fleetd.pki.dev import ensureDevPKI
+from fleetd.store.journal import JournalRefused
+from tests.attestserver import AttestServer
+
+PKI: Any = None
+
+
+def sharedPKI(base: Path) -> Any:
+    global PKI
+    if PKI is None:
+        PKI = ensureDevPKI(base.resolve() / "pki", "localhost")
+    return PKI
+
+
+def issueWith(
+    caCert: Path,
+    caKey: Path,
+    device: str,
+    serial: str,
+    *,
+    expired: bool = False,
+    key: ec.EllipticCurvePrivateKey | None = None,
+) -> tuple[bytes, bytes]:
+    """A software LDevID (certificate PEM, key PEM) signed by a bundle CA."""
+    ca = x509.load_pem_x509_certificate(caCert.read_bytes())
+    signer: Any = serialization.load_pem_private_key(caKey.read_bytes(), None)
+    key = key or ec.generate_private_key(ec.SECP256R1())
+    now = datetime.now(UTC)
+    start, end = (now - timedelta(days=30), now - timedelta(days=1)) if expired else (
+        now - timedelta(hours=1), now + timedelta(days=30))  # fmt: skip
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.COMMON_NAME, device),
+            x509.NameAttribute(NameOID.SERIAL_NUMBER, serial),
+        ]
+    )
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(False, None), True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False)
+        .sign(signer, hashes.SHA256())
+    )
+    keyPEM = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), keyPEM
+
+
+class LDevIDTestCase(TestCase):
+    def setUp(self) -> Deferred[None]:  # type: ignore[override]
+        self.pki = sharedPKI(Path(self.mktemp()))
+        self.server = AttestServer(Path(self.mktemp()), self.pki)
+        self.server.addDevice("w1", "SER1")
+        self.server.addDevice("w2", "SER2")
+
+        async def start() -> None:
+            self.url = await self.server.listen()
+
+        self.addCleanup(lambda: ensureDeferred(self.server.stop()))
+        return ensureDeferred(start())
+
+    def node(self, name: str, certPEM: bytes, keyPEM: bytes) -> Path:
+        state = Path(self.mktemp())
+        state.mkdir()
+        (state / "ldevid.pem").write_bytes(certPEM)
+        (state / "ldevid.key").write_bytes(keyPEM)
+        return state
+
+    def legacy(
+        self, name: str = "w1", serial: str = "SER1", ca: str = "capsule"
+    ) -> Path:
+        pair = issueWith(
+            getattr(self.pki, f"{ca}_ca"),
+            getattr(self.pki, f"{ca}_ca_key"),
+            name,
+            serial,
+        )
+        return self.node(name, *pair)
+
+    def agent(
+        self, state: Path, command: str, *extra: str
+    ) -> Deferred[tuple[int, str, str]]:
+        argv = [
+            "--server", self.url,
+            "--ca", str(self.pki.public_ca),
+            "--state", str(state),
+            "--tcti", "swtpm:host=127.0.0.1,port=1",
+            "--json", command, *extra,
+        ]  # fmt: skip
+
+        def run() -> tuple[int, str, str]:
+            out, err = io.StringIO(), io.StringIO()
+            code = agent.main(argv, err, out)
+            return code, out.getvalue(), err.getvalue()
+
+        return deferToThread(run)
+
+    async def ok(self, state: Path, command: str, *extra: str) -> dict[str, Any]:
+        import json
+
+        code, out, err = await self.agent(state, command, *extra)
+        self.assertEqual((code, err), (0, ""))
+        doc: dict[str, Any] = json.loads(out)
+        return doc
+
+    def refusal(self, state: Path, command: str, reason: str) -> Deferred[None]:
+        async def check() -> None:
+            await self.refused(state, command, reason)
+
+        return ensureDeferred(check())
+
+    async def refused(self, state: Path, command: str, reason: str, *extra: str) -> str:
+        code, _, err = await self.agent(state, command, *extra)
+        self.assertEqual(code, 1, err)
+        self.assertEqual(err.count("\n"), 1)
+        self.assertIn(f"{reason}", err)
+        return err
+
+
+class LegacyCutOverTests(LDevIDTestCase):
+    def test_legacy_acceptedUntilRenewal_thenRefused(self) -> Deferred[None]:
+        """[T4] a capsule LDevID works until its node renews; then only the new one."""
+
+        async def check() -> None:
+            state = self.legacy()
+            legacyCert = (state / "ldevid.pem").read_bytes()
+            plan = await self.ok(state, "plan")
+            self.assertEqual(plan["device"], "w1")
+            await self.ok(state, "renew")
+            new = x509.load_pem_x509_certificate((state / "ldevid.pem").read_bytes())
+            new.verify_directly_issued_by(self.server.issuer.cert)
+            names = {a.oid: a.value for a in new.subject}
+            self.assertEqual(names[NameOID.COMMON_NAME], "w1")
+            self.assertEqual(names[NameOID.SERIAL_NUMBER], "SER1")
+            self.assertEqual((await self.ok(state, "plan"))["device"], "w1")
+            # The old certificate, same key: refused from now on.
+            (state / "ldevid.pem").write_bytes(legacyCert)
+            await self.refused(state, "plan", "ldevid-not-current-issuer")
+            (cutover,) = self.server.entries("ldevid.cutover")
+            self.assertEqual(cutover.device, "w1")
+            self.assertIn("capsule", cutover.fields["from_issuer"])
+            (issued,) = self.server.entries("ldevid.issued")
+            self.assertEqual(issued.fields["how"], "renew")
+            row = self.server.db.execute(
+                "SELECT chassis, issuer, not_after, current FROM ldevids"
+            ).fetchall()
+            self.assertEqual(len(row), 1)
+            self.assertEqual(row[0][0], "SER1")
+            self.assertEqual(row[0][2], new.not_valid_after_utc.timestamp())
+            refusals = self.server.entries("attest.refused")
+            self.assertEqual(refusals[-1].fields["reason"], "ldevid-not-current-issuer")
+
+        return ensureDeferred(check())
+
+    def test_forge_acceptedBeforeRenewal(self) -> Deferred[None]:
+        """[T4] a forge-issued LDevID is accepted too (it is in the bundle)."""
+
+        async def check() -> None:
+            state = self.legacy(ca="forge")
+            self.assertEqual((await self.ok(state, "plan"))["device"], "w1")
+
+        return ensureDeferred(check())
+
+    def test_otherNodeLegacy_unaffected(self) -> Deferred[None]:
+        """[T4] one node's cut-over does not refuse another node's legacy LDevID."""
+
+        async def check() -> None:
+            await self.ok(self.legacy(), "renew")
+            other = self.legacy("w2", "SER2")
+            self.assertEqual((await self.ok(other, "plan"))["device"], "w2")
+
+        return ensureDeferred(check())
+
+    def test_renewedTwice_olderRefused(self) -> Deferred[None]:
+        """[T4] after a second renewal the first new LDevID is superseded."""
+
+        async def check() -> None:
+            state = self.legacy()
+            await self.ok(state, "renew")
+            first = (state / "ldevid.pem").read_bytes()
+            await self.ok(state, "renew")
+            (state / "ldevid.pem").write_bytes(first)
+            await self.refused(state, "plan", "ldevid-superseded")
+
+        return ensureDeferred(check())
+
+    def test_renew_journalRefuses_nothingChanges(self) -> Deferred[None]:
+        """[J1] the journal refuses the issuance: no record, no cut-over, one line."""
+
+        async def check() -> None:
+            state = self.legacy()
+            self.server.journalCore.failing = JournalRefused("journal full")
+            self.server.journalCore.onlyEvents = frozenset({"ldevid.issued"})
+            err = await self.refused(state, "renew", "journal refused")
+            self.assertIn("nothing changed", err)
+            self.server.journalCore.failing = None
+            self.assertEqual(
+                self.server.db.execute("SELECT * FROM ldevids").fetchall(), []
+            )
+            self.assertIsNone(self.server.book.current("SER1"))
+            # Still the legacy node it was: its LDevID is accepted.
+            self.assertEqual((await self.ok(state, "plan"))["device"], "w1")
+
+        return ensureDeferred(check())
+
+    def test_renew_databaseFails_nothingChanges(self) -> Deferred[None]:
+        """[J1] the database fails in the issuance's transaction: nothing
+        changes, one line (503)."""
+        import sqlite3
+
+        async def check() -> None:
+            state = self.legacy()
+            # The write transaction fails as a full or broken disk makes it.
+            self.server.journalCore.failing = sqlite3.OperationalError("disk I/O error")
+            self.server.journalCore.onlyEvents = frozenset({"ldevid.issued"})
+            err = await self.refused(state, "renew", "cannot record the change")
+            self.server.journalCore.failing = None
+            self.assertIn("nothing changed", err)
+            self.assertIsNone(self.server.book.current("SER1"))
+            self.assertEqual(
+                self.server.db.execute("SELECT * FROM ldevids").fetchall(), []
+            )
+
+        return ensureDeferred(check())
+
+    def test_renew_otherKey_refused(self) -> Deferred[None]:
+        """[T4] renewal keeps the key: a CSR for another key is csr-invalid."""
+
+        async def check() -> None:
+            state = self.legacy()
+            other = ec.generate_private_key(ec.SECP256R1())
+            # The TLS key stays; only the CSR's key changes.
+            from fleetd.cli import agent_attest
+
+            real = agent_attest.SOFT_KEY
+            (state / "other.key").write_bytes(
+                other.private_bytes(
+                    serialization.Encoding.PEM,
+                    serialization.PrivateFormat.PKCS8,
+                    serialization.NoEncryption(),
+                )
+            )
+            doc = await deferToThread(
+                self._renewWithCSRKey, state, state / "other.key", real
+            )
+            self.assertEqual(doc, "csr-invalid")
+
+        return ensureDeferred(check())
+
+    def _renewWithCSRKey(self, state: Path, keyPath: Path, real: str) -> str:
+        from fleetd.cli.agent_client import Refusal, call, tlsContext
+
+        key: Any = serialization.load_pem_private_key(keyPath.read_bytes(), None)
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "x")])
+        csr = (
+            x509.CertificateSigningRequestBuilder()
+            .subject_name(name)
+            .sign(key, hashes.SHA256())
+        )
+        context = tlsContext(
+            str(self.pki.public_ca), state / "ldevid.pem", state / real
+        )
+        try:
+            pem = csr.public_bytes(serialization.Encoding.PEM).decode()
+            call(self.url, "/v1/ldevid/renew", context, {"csr": pem})
+        except Refusal as e:
+            return e.reason
+        return "issued"
+
+
+class TLSRefusalTests(LDevIDTestCase):
+    def test_unknownIssuer_refusedAtTLS(self) -> Deferred[None]:
+        """[T4] a certificate from a CA outside the bundle fails the TLS handshake."""
+        pair = issueWith(self.pki.owner_ca, self.pki.owner_ca_key, "w1", "SER1")
+        return self.refusal(self.node("w1", *pair), "plan", "unreachable")
+
+    def test_expired_refusedAtTLS(self) -> Deferred[None]:
+        """[T4] an expired LDevID fails the TLS handshake (certificate expired)."""
+        pair = issueWith(
+            self.pki.capsule_ca, self.pki.capsule_ca_key, "w1", "SER1", expired=True
+        )
+
+        async def check() -> None:
+            err = await self.refused(self.node("w1", *pair), "plan", "unreachable")
+            self.assertIn("expired", err.lower())
+
+        return ensureDeferred(check())
+
+    def test_noCertificate_401(self) -> Deferred[None]:
+        """[T4] a lookup without a client certificate: 401 ldevid-required."""
+        from fleetd.cli.agent_client import Refusal, call, tlsContext
+
+        def run() -> Any:
+            try:
+                call(self.url, "/v1/node/plan", tlsContext(str(self.pki.public_ca)))
+            except Refusal as e:
+                return e.status, e.reason
+            return None
+
+        async def check() -> None:
+            self.assertEqual(await deferToThread(run), (401, "ldevid-required"))
+
+        return ensureDeferred(check())
+
+    def test_currentIssuerUnrecorded_refused(self) -> Deferred[None]:
+        """[T4] an LDevID from the issuer with no record in fleetd: ldevid-unknown."""
+        issuer = self.pki.devid_issuer, self.pki.devid_issuer_key
+        pair = issueWith(*issuer, "w1", "SER1")
+        return self.refusal(self.node("w1", *pair), "plan", "ldevid-unknown")
+
+
+class PlanTests(LDevIDTestCase):
+    def test_plan_targetDiskImageAndCode(self) -> Deferred[None]:
+        """The plan names the target disk serial, image and the ready run's code."""
+        self.server.disks.targets["w1"] = "DISK-SN-1"
+        self.server.runs.ready["w1"] = "r-0123456789abcdef"
+        self.server.vault.put("r-0123456789abcdef.code", b"ABCD-1234-code")
+        config = b"machine:\n  install:\n    image: ghcr.io/x/installer:v1\n"
+        self.server.vault.put("r-0123456789abcdef.yaml", config)
+
+        async def check() -> None:
+            plan = await self.ok(self.legacy(), "plan")
+            self.assertEqual(
+                plan,
+                {
+                    "device": "w1",
+                    "serial": "SER1",
+                    "target_disk_serial": "DISK-SN-1",
+                    "image": "ghcr.io/x/installer:v1",
+                    "run": "r-0123456789abcdef",
+                    "meta_0x0b": "ABCD-1234-code",
+                },
+            )
+
+        return ensureDeferred(check())
+
+    def test_plan_noReadyRun_noCode(self) -> Deferred[None]:
+        """Without a ready run the plan carries no code."""
+
+        async def check() -> None:
+            plan = await self.ok(self.legacy(), "plan")
+            self.assertIsNone(plan["meta_0x0b"])
+            self.assertIsNone(plan["run"])
+
+        return ensureDeferred(check())
+
+    def test_plan_otherNode_refused(self) -> Deferred[None]:
+        """A node cannot read another node's plan: not-your-record, journaled."""
+
+        async def check() -> None:
+            await self.refused(
+                self.legacy(), "plan", "not-your-record", "--device", "w2"
+            )
+            (entry,) = self.server.entries("attest.refused")
+            self.assertEqual(entry.fields["reason"], "not-your-record")
+            self.assertEqual(entry.fields["asked"], "w2")
+
+        return ensureDeferred(check())
+
+    def test_plan_workerG2_refused(self) -> Deferred[None]:
+        """[T2] a worker-g2 device's plan lookup: class-refused, journaled."""
+        self.server.addDevice("old1", "SER9", "worker-g2")
+
+        async def check() -> None:
+            await self.refused(self.legacy("old1", "SER9"), "plan", "class-refused")
+            (entry,) = self.server.entries("attest.refused")
+            self.assertEqual(
+                (entry.device, entry.fields["reason"]), ("old1", "class-refused")
+            )
+
+        return ensureDeferred(check())
+
+
+class RenewSubjectTests(LDevIDTestCase):
+    def test_renew_subjectFromInventory(self) -> Deferred[None]:
+        """[T4] a legacy LDevID naming an old device name renews under the
+        inventory's name for its serial."""
+
+        async def check() -> None:
+            state = self.legacy("old-name", "SER1")
+            await self.ok(state, "renew")
+            new = x509.load_pem_x509_certificate((state / "ldevid.pem").read_bytes())
+            cn = new.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+            self.assertEqual(cn, "w1")
+
+        return ensureDeferred(check())
+
+    def test_renew_unknownSerial_refused(self) -> Deferred[None]:
+        """[T4] a legacy LDevID for a serial not in the inventory cannot renew."""
+        return self.refusal(self.legacy("w9", "SER9"), "renew", "device-unknown")
