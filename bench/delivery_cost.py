@@ -1,0 +1,256 @@
+"""
+fleetd's own CPU per delivery, without the TLS handshake that dominates
+(and blurs) the boot storm.
+
+The boot storm (L{bench.boot_storm}) measures fleetd beside nginx and a
+minimal twisted.web server, each over TLS; on this 2-core machine the
+handshake alone is 1,000-1,400 us and varies by 20 % between runs, so
+fleetd's own few hundred microseconds drown in it. Here the very same
+objects serve plain HTTP instead: this script runs fleetd's real service
+in-process (database thread, SQLite synchronous=FULL on disk, vault on
+tmpfs, journal, releaser, the boot resource and its C{BoundedSite}) and
+adds a plain-TCP listener in front of the boot site, wrapped in the same
+connection-limit wrapper the TLS listener has. The same wrk workload as
+the boot storm (every node its own code once, plus 404s, 403s and 410s;
+a new connection per request, C{Connection: close}) is then sent to it
+and to a minimal twisted.web C{Site} serving a 2 KiB C{static.Data}, in
+alternating rounds. Server CPU (all threads) divided by requests, minus
+the minimal server's, is fleetd's own work per connection on top of the
+twisted.web floor; what TLS adds on top of that is the same for both.
+
+    .venv/bin/python bench/delivery_cost.py [--nodes 2000] [--rounds 5]
+        [--profile FILE]
+
+fleetd and the minimal server are pinned to CPU 0, wrk to CPU 1.
+C{--profile FILE} writes a cProfile of fleetd's reactor thread during
+the last round (slows it; for shares, not for figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._fleet import (  # noqa: E402
+    STORM_OVERRIDES,
+    Admin,
+    makeFleet,
+    makeNodes,
+)
+from bench.boot_storm import (  # noqa: E402
+    BACKLOG,
+    BODY_BYTES,
+    Run,
+    buildWorkload,
+    runWrk,
+    waitIdle,
+)
+
+
+def serveFleetd(config: Path, log: Path, profile: Path | None) -> None:
+    """
+    fleetd's service in this process, plus a plain-TCP listener in front of
+    the boot site; print the plain port and the admin port once loaded.
+    """
+    from twisted.internet import reactor
+    from twisted.internet.task import LoopingCall
+
+    from fleetd.config import loadSettings
+    from fleetd.listen import LimitedFactory
+    from fleetd.service import FleetdService, prepare
+
+    r: Any = reactor
+    settings = loadSettings(config)
+    out = open(log, "a")
+    service = FleetdService(prepare(settings), r, logOutput=out)
+    service.privilegedStartService()
+    service.startService()
+    boot = service.listeners["boot"].factory
+    site = boot.wrappedFactory.wrappedFactory  # limit wrapper > TLS > site
+    plain = LimitedFactory(
+        site,
+        name="boot-plain",
+        clock=r,
+        maxConnections=boot.maxConnections,
+        maxPerSource=boot.maxPerSource,
+        idleTimeout=boot.idleTimeout,
+    )
+    port = r.listenTCP(0, plain, backlog=BACKLOG, interface="127.0.0.1")
+    admin = service.listeners["admin"].port
+
+    def loaded() -> None:
+        if service.runs.loaded:
+            ready.stop()
+            print(port.getHost().port, admin.getHost().port, flush=True)
+
+    ready = LoopingCall(loaded)
+    ready.start(0.05)
+    if profile is not None:
+        _profileOnSignal(profile)
+    r.addSystemEventTrigger("before", "shutdown", service.stopService)
+    r.run(installSignalHandlers=True)
+
+
+def _profileOnSignal(path: Path) -> None:
+    """SIGUSR1 starts a cProfile of the reactor thread, SIGUSR2 writes it."""
+    import cProfile
+
+    profiler = cProfile.Profile()
+    signal.signal(signal.SIGUSR1, lambda *_: profiler.enable())
+
+    def dump(*_: object) -> None:
+        profiler.disable()
+        profiler.dump_stats(str(path))
+
+    signal.signal(signal.SIGUSR2, dump)
+
+
+def serveMinimal() -> None:
+    """twisted.web over plain TCP, a 2 KiB body at C{/config}, no access log."""
+    from twisted.internet import reactor
+    from twisted.web import resource, server, static
+
+    root = resource.Resource()
+    root.putChild(b"config", static.Data(b"x" * BODY_BYTES, "text/plain"))
+    site = server.Site(root)
+    site.log = lambda request: None  # type: ignore[method-assign]
+    r: Any = reactor
+    port = r.listenTCP(0, site, backlog=BACKLOG, interface="127.0.0.1")
+    print(port.getHost().port, flush=True)
+    r.run()
+
+
+def spawn(*args: str) -> tuple[subprocess.Popen[str], list[int]]:
+    process = subprocess.Popen(
+        ["taskset", "-c", "0", sys.executable, __file__, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line:
+        raise SystemExit(f"server {args[0]} did not start")
+    return process, [int(p) for p in line.split()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--profile", type=Path)
+    parser.add_argument("--serve-fleetd", nargs=2, type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-minimal", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_fleetd is not None:
+        config, log = args.serve_fleetd
+        profile = os.environ.get("DELIVERY_PROFILE")
+        serveFleetd(config, log, Path(profile) if profile else None)
+        return
+    if args.serve_minimal:
+        serveMinimal()
+        return
+
+    os.sched_setaffinity(0, {1})
+    rng = random.Random(args.seed)
+    work = Path(tempfile.mkdtemp(prefix="fleetd-delivery-cost-"))
+    shm = Path(tempfile.mkdtemp(prefix="fleetd-delivery-cost-", dir="/dev/shm"))
+    overrides = {k: dict(v) for k, v in STORM_OVERRIDES.items()}
+    fleet = makeFleet(work / "fleet", shm / "vault", overrides)
+    if args.profile is not None:
+        os.environ["DELIVERY_PROFILE"] = str(args.profile)
+    log = work / "fleetd.log"
+    fleetd, (plain, adminPort) = spawn("--serve-fleetd", str(fleet.config), str(log))
+    minimal, (minimalPort,) = spawn("--serve-minimal")
+    runs: dict[str, list[Run]] = {"fleetd": [], "minimal": []}
+    try:
+        admin = Admin(fleet, adminPort)
+        nodes = makeNodes(args.nodes)
+        admin.importDevices(nodes)
+        for i in range(args.rounds):
+            fresh = admin.provision([n.name for n in nodes])
+            waitIdle(fleetd.pid)
+            requests = buildWorkload(
+                nodes, fresh, rng, 0.10, 0.02, 0.05, args.concurrency
+            )
+            expect = {run: name for name, (run, _) in fresh.items()}
+            profiling = args.profile is not None and i == args.rounds - 1
+            if profiling:
+                fleetd.send_signal(signal.SIGUSR1)
+            run = runWrk(
+                "fleetd", work, plain, requests, expect, args.concurrency,
+                fleetd.pid, "1", scheme="http",
+            )  # fmt: skip
+            run.trailingCPU = waitIdle(fleetd.pid)
+            if profiling:
+                fleetd.send_signal(signal.SIGUSR2)
+            bad = run.figures["wrong"] + run.figures["dup"]
+            statuses = [int(run.figures[k]) for k in ("s200", "s403", "s404", "s410")]
+            if bad or statuses != [args.nodes, *_expected(args.nodes)]:
+                raise SystemExit(f"fleetd answered wrongly: {run.figures}")
+            runs["fleetd"].append(run)
+            peer = runWrk(
+                "minimal", work, minimalPort, requests, None, args.concurrency,
+                minimal.pid, "1", scheme="http",
+            )  # fmt: skip
+            runs["minimal"].append(peer)
+            print(_line(i, run, peer, len(requests), args.nodes), flush=True)
+    finally:
+        for process in (fleetd, minimal):
+            process.send_signal(signal.SIGTERM)
+            process.wait(60)
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+    print(_summary(runs, args.nodes))
+
+
+def _expected(nodes: int) -> list[int]:
+    return [round(nodes * 0.02), round(nodes * 0.10), round(nodes * 0.05)]
+
+
+def _perConnection(run: Run, requests: int, extra: float = 0.0) -> float:
+    return (run.serverCPU + extra) / requests * 1e6
+
+
+def _line(i: int, run: Run, peer: Run, requests: int, nodes: int) -> str:
+    mine = _perConnection(run, requests)
+    withTail = _perConnection(run, requests, run.trailingCPU)
+    floor = _perConnection(peer, requests)
+    main = run.mainCPU / requests * 1e6
+    return (
+        f"round {i + 1}: fleetd {mine:.0f} us/conn (main {main:.0f}, with the"
+        f" trailing records {withTail:.0f}), minimal {floor:.0f} us/conn;"
+        f" own work {withTail - floor:.0f} us/conn ="
+        f" {(withTail - floor) * requests / nodes:.0f} us/delivery"
+    )
+
+
+def _summary(runs: dict[str, list[Run]], nodes: int) -> str:
+    requests = round(nodes * 1.17)
+    own = [
+        (_perConnection(f, requests, f.trailingCPU) - _perConnection(m, requests))
+        * requests
+        / nodes
+        for f, m in zip(runs["fleetd"], runs["minimal"], strict=True)
+    ]
+    return (
+        f"fleetd's own work per delivery over {len(own)} rounds: median"
+        f" {statistics.median(own):.0f} us, range {min(own):.0f}-{max(own):.0f} us"
+    )
+
+
+if __name__ == "__main__":
+    main()
