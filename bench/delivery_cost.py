@@ -88,7 +88,7 @@ def serveFleetd(config: Path, log: Path, profile: Path | None) -> None:
         idleTimeout=boot.idleTimeout,
     )
     port = r.listenTCP(0, plain, backlog=BACKLOG, interface="127.0.0.1")
-    admin = service.listeners["admin"].port
+    admin: Any = service.listeners["admin"].port
 
     def loaded() -> None:
         if service.runs.loaded:
