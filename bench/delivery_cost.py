@@ -37,19 +37,21 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# --serve-fleetd runs the fleetd of FLEETD_TREE when set (--baseline).
+sys.path.insert(
+    0, os.environ.get("FLEETD_TREE") or str(Path(__file__).resolve().parent.parent)
+)
 
-from bench._fleet import (  # noqa: E402
+from bench._fleet import (
     STORM_OVERRIDES,
     Admin,
     makeFleet,
     makeNodes,
 )
-from bench.boot_storm import (  # noqa: E402
+from bench.boot_storm import (
     BACKLOG,
     BODY_BYTES,
     Run,
@@ -132,11 +134,17 @@ def serveMinimal() -> None:
     r.run()
 
 
-def spawn(*args: str) -> tuple[subprocess.Popen[str], list[int]]:
+def spawn(
+    *args: str, tree: Path | None = None
+) -> tuple[subprocess.Popen[str], list[int]]:
+    env = dict(os.environ)
+    if tree is not None:
+        env["FLEETD_TREE"] = env["PYTHONPATH"] = str(tree)
     process = subprocess.Popen(
         ["taskset", "-c", "0", sys.executable, __file__, *args],
         stdout=subprocess.PIPE,
         text=True,
+        env=env,
     )
     assert process.stdout is not None
     line = process.stdout.readline()
@@ -152,6 +160,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--profile", type=Path)
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a checkout of other fleetd code, run beside this one round by round",
+    )
     parser.add_argument("--serve-fleetd", nargs=2, type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--serve-minimal", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -169,52 +182,74 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="fleetd-delivery-cost-"))
     shm = Path(tempfile.mkdtemp(prefix="fleetd-delivery-cost-", dir="/dev/shm"))
     overrides = {k: dict(v) for k, v in STORM_OVERRIDES.items()}
-    fleet = makeFleet(work / "fleet", shm / "vault", overrides)
     if args.profile is not None:
         os.environ["DELIVERY_PROFILE"] = str(args.profile)
-    log = work / "fleetd.log"
-    fleetd, (plain, adminPort) = spawn("--serve-fleetd", str(fleet.config), str(log))
+    servers: dict[str, tuple[Any, subprocess.Popen[str], int]] = {}
+    trees = {"fleetd": None}
+    if args.baseline is not None:
+        trees["baseline"] = args.baseline.resolve()
     minimal, (minimalPort,) = spawn("--serve-minimal")
-    runs: dict[str, list[Run]] = {"fleetd": [], "minimal": []}
+    runs: dict[str, list[Run]] = {name: [] for name in [*trees, "minimal"]}
     try:
-        admin = Admin(fleet, adminPort)
-        nodes = makeNodes(args.nodes)
-        admin.importDevices(nodes)
-        for i in range(args.rounds):
-            fresh = admin.provision([n.name for n in nodes])
-            waitIdle(fleetd.pid)
-            requests = buildWorkload(
-                nodes, fresh, rng, 0.10, 0.02, 0.05, args.concurrency
+        for name, tree in trees.items():
+            fleet = makeFleet(work / name, shm / name, overrides)
+            log = work / f"{name}.log"
+            process, (plain, adminPort) = spawn(
+                "--serve-fleetd", str(fleet.config), str(log), tree=tree
             )
-            expect = {run: name for name, (run, _) in fresh.items()}
-            profiling = args.profile is not None and i == args.rounds - 1
-            if profiling:
-                fleetd.send_signal(signal.SIGUSR1)
-            run = runWrk(
-                "fleetd", work, plain, requests, expect, args.concurrency,
-                fleetd.pid, "1", scheme="http",
-            )  # fmt: skip
-            run.trailingCPU = waitIdle(fleetd.pid)
-            if profiling:
-                fleetd.send_signal(signal.SIGUSR2)
-            bad = run.figures["wrong"] + run.figures["dup"]
-            statuses = [int(run.figures[k]) for k in ("s200", "s403", "s404", "s410")]
-            if bad or statuses != [args.nodes, *_expected(args.nodes)]:
-                raise SystemExit(f"fleetd answered wrongly: {run.figures}")
-            runs["fleetd"].append(run)
+            servers[name] = (Admin(fleet, adminPort), process, plain)
+        nodes = makeNodes(args.nodes)
+        for admin, _, _ in servers.values():
+            admin.importDevices(nodes)
+        for i in range(args.rounds):
+            figures = []
+            for name, (admin, process, plain) in servers.items():
+                fresh = admin.provision([n.name for n in nodes])
+                waitIdle(process.pid)
+                requests = buildWorkload(
+                    nodes, fresh, rng, 0.10, 0.02, 0.05, args.concurrency
+                )
+                expect = {run: device for device, (run, _) in fresh.items()}
+                profiling = (
+                    args.profile is not None and i == args.rounds - 1
+                    and name == "fleetd"
+                )  # fmt: skip
+                if profiling:
+                    process.send_signal(signal.SIGUSR1)
+                run = runWrk(
+                    name, work, plain, requests, expect, args.concurrency,
+                    process.pid, "1", scheme="http",
+                )  # fmt: skip
+                run.trailingCPU = waitIdle(process.pid)
+                if profiling:
+                    process.send_signal(signal.SIGUSR2)
+                _check(run, args.nodes)
+                runs[name].append(run)
+                figures.append(run)
             peer = runWrk(
                 "minimal", work, minimalPort, requests, None, args.concurrency,
                 minimal.pid, "1", scheme="http",
             )  # fmt: skip
             runs["minimal"].append(peer)
-            print(_line(i, run, peer, len(requests), args.nodes), flush=True)
+            for name, run in zip(servers, figures, strict=True):
+                print(_line(i, name, run, peer, len(requests), args.nodes), flush=True)
     finally:
-        for process in (fleetd, minimal):
+        for _, process, _ in servers.values():
             process.send_signal(signal.SIGTERM)
             process.wait(60)
+        minimal.send_signal(signal.SIGTERM)
+        minimal.wait(60)
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)
-    print(_summary(runs, args.nodes))
+    for name in servers:
+        print(_summary(name, runs[name], runs["minimal"], args.nodes))
+
+
+def _check(run: Run, nodes: int) -> None:
+    bad = run.figures["wrong"] + run.figures["dup"]
+    statuses = [int(run.figures[k]) for k in ("s200", "s403", "s404", "s410")]
+    if bad or statuses != [nodes, *_expected(nodes)]:
+        raise SystemExit(f"{run.server} answered wrongly: {run.figures}")
 
 
 def _expected(nodes: int) -> list[int]:
@@ -225,29 +260,29 @@ def _perConnection(run: Run, requests: int, extra: float = 0.0) -> float:
     return (run.serverCPU + extra) / requests * 1e6
 
 
-def _line(i: int, run: Run, peer: Run, requests: int, nodes: int) -> str:
+def _line(i: int, name: str, run: Run, peer: Run, requests: int, nodes: int) -> str:
     mine = _perConnection(run, requests)
     withTail = _perConnection(run, requests, run.trailingCPU)
     floor = _perConnection(peer, requests)
     main = run.mainCPU / requests * 1e6
     return (
-        f"round {i + 1}: fleetd {mine:.0f} us/conn (main {main:.0f}, with the"
+        f"round {i + 1}: {name} {mine:.0f} us/conn (main {main:.0f}, with the"
         f" trailing records {withTail:.0f}), minimal {floor:.0f} us/conn;"
         f" own work {withTail - floor:.0f} us/conn ="
         f" {(withTail - floor) * requests / nodes:.0f} us/delivery"
     )
 
 
-def _summary(runs: dict[str, list[Run]], nodes: int) -> str:
+def _summary(name: str, mine: list[Run], minimal: list[Run], nodes: int) -> str:
     requests = round(nodes * 1.17)
     own = [
         (_perConnection(f, requests, f.trailingCPU) - _perConnection(m, requests))
         * requests
         / nodes
-        for f, m in zip(runs["fleetd"], runs["minimal"], strict=True)
+        for f, m in zip(mine, minimal, strict=True)
     ]
     return (
-        f"fleetd's own work per delivery over {len(own)} rounds: median"
+        f"{name}: own work per delivery over {len(own)} rounds: median"
         f" {statistics.median(own):.0f} us, range {min(own):.0f}-{max(own):.0f} us"
     )
 
