@@ -591,10 +591,10 @@ class DigestPartsTests(SynchronousTestCase):
         """[J2] The journal's precomputed HMAC-SHA256 is the standard one."""
         import hmac
 
-        from fleetd.store.journal import _HMAC
+        from fleetd.keyed import KeyedHMAC
 
         self.assertEqual(
-            _HMAC(key).digest(message), hmac.digest(key, message, "sha256")
+            KeyedHMAC(key).digest(message), hmac.digest(key, message, "sha256")
         )
 
     @given(

@@ -26,7 +26,6 @@ What this does not defend against:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import hmac
 import json
 import math
@@ -42,6 +41,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
+from fleetd.keyed import KeyedHMAC
 from fleetd.store.db import Database, StoreError
 from fleetd.store.fields import (
     MAX_NAME,
@@ -142,28 +142,6 @@ def canonicalJSON(value: object) -> str:
     return _CANONICAL.encode(value)
 
 
-class _HMAC:
-    """
-    HMAC-SHA256 under one key (RFC 2104), with the keyed inner and outer
-    hash states computed once: the same digests as C{hmac.digest}, without
-    setting the key up again for every entry.
-    """
-
-    def __init__(self, key: bytes) -> None:
-        if len(key) > 64:  # SHA-256's block size
-            key = hashlib.sha256(key).digest()
-        key = key.ljust(64, b"\0")
-        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
-        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
-
-    def digest(self, message: bytes) -> bytes:
-        inner = self._inner.copy()
-        inner.update(message)
-        outer = self._outer.copy()
-        outer.update(inner.digest())
-        return outer.digest()
-
-
 def _entryFromRow(row: Sequence[Any]) -> JournalEntry:
     """Rebuild an entry from a row, checking every column's type."""
     seq, at, event, actor, device, run, fieldsText, digest = row
@@ -201,7 +179,7 @@ class Journal:
         if len(key) < 32:
             raise ValueError("journal key must be at least 32 bytes")
         self._key = key
-        self._mac = _HMAC(key)
+        self._mac = KeyedHMAC(key)
         # (database, its generation, seq, digest) of the head last written.
         self._written: tuple[Database, int, int, bytes] | None = None
 
