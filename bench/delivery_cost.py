@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -101,8 +102,40 @@ def serveFleetd(config: Path, log: Path, profile: Path | None) -> None:
     ready.start(0.05)
     if profile is not None:
         _profileOnSignal(profile)
+    if os.environ.get("DELIVERY_GC"):
+        _gcTimes()
     r.addSystemEventTrigger("before", "shutdown", service.stopService)
     r.run(installSignalHandlers=True)
+
+
+def _gcTimes() -> None:
+    """On SIGUSR2 (DELIVERY_GC set): the garbage collector's CPU since the last."""
+    import gc
+
+    spent = [[0.0, 0], [0.0, 0], [0.0, 0]]
+    started = [0.0]
+    if os.environ.get("DELIVERY_GC") == "freeze":
+        gc.freeze()
+        gc.set_threshold(7000, 10, 10)
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.thread_time()
+        else:
+            generation = spent[info["generation"]]
+            generation[0] += time.thread_time() - started[0]
+            generation[1] += 1
+
+    gc.callbacks.append(callback)
+
+    def report(*_: object) -> None:
+        shown = ", ".join(
+            f"gen{i} {n} in {t * 1e3:.0f} ms" for i, (t, n) in enumerate(spent)
+        )
+        print(f"  gc since the last report: {shown}", file=sys.stderr, flush=True)
+        spent[:] = [[0.0, 0], [0.0, 0], [0.0, 0]]
+
+    signal.signal(signal.SIGUSR2, report)
 
 
 def _profileOnSignal(path: Path) -> None:
@@ -221,6 +254,8 @@ def main() -> None:
                     process.pid, "1", scheme="http",
                 )  # fmt: skip
                 run.trailingCPU = waitIdle(process.pid)
+                if os.environ.get("DELIVERY_GC"):
+                    process.send_signal(signal.SIGUSR2)
                 if profiling:
                     process.send_signal(signal.SIGUSR2)
                 _check(run, args.nodes)
