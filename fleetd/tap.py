@@ -6,6 +6,7 @@ Only wires: options, settings, L{fleetd.service.prepare}, the service.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -71,5 +72,6 @@ def makeService(options: Options) -> IService:
         logOutput=sys.stdout,
         handleSignals=True,
         onStartupError=_fatal,
+        collector=gc,
     )
     return service
