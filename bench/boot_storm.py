@@ -468,6 +468,7 @@ def runWrk(
     serverPid: int,
     clientCPUs: str,
     sampleRSS: bool = False,
+    scheme: str = "https",
 ) -> Run:
     paths = work / "paths.txt"
     # The first line is the placeholder for wrk's own check of request().
@@ -482,7 +483,7 @@ def runWrk(
     out.unlink(missing_ok=True)
     argv = ["taskset", "-c", clientCPUs, "wrk", "-t1", f"-c{concurrency}"]
     argv += [f"-d{TIME_LIMIT}s", "--timeout", "10s", "-s", str(script)]
-    argv += [f"https://127.0.0.1:{port}", "--", str(paths), expectFile]
+    argv += [f"{scheme}://127.0.0.1:{port}", "--", str(paths), expectFile]
     sampler = RSSSampler(serverPid) if sampleRSS else None
     cpuBefore, clientBefore = cpuSeconds(serverPid), childCPU()
     mainBefore = threadCPU(serverPid)

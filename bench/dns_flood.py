@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import random
 import re
 import shutil
@@ -46,6 +45,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._dns import (  # noqa: E402
+    dnsperfFigures,
+    freePort,
+    machine,
+    startKnot,
+    waitForAnswer,
+)
 from bench._fleet import (  # noqa: E402
     STORM_OVERRIDES,
     Admin,
@@ -176,8 +182,6 @@ def startFlood(
 
 def calibrate(names: Path, work: Path, seconds: int) -> tuple[float, str]:
     """dnsperf's qps against knot (one worker, CPU 0) with C{names}: one core's rate."""
-    from bench.dns_qps import freePort, startKnot, waitForAnswer
-
     directory = work / "knot"
     directory.mkdir()
     port = freePort()
@@ -197,21 +201,6 @@ def calibrate(names: Path, work: Path, seconds: int) -> tuple[float, str]:
     qps = float(dnsperfFigures(out)["qps"])
     shown = re.sub(r"-p \d+", "-p PORT", " ".join(argv))
     return qps, re.sub(r"-d \S+", "-d NAMES", shown)
-
-
-def dnsperfFigures(out: str) -> dict[str, str]:
-    figures = {}
-    for key, pattern in (
-        ("sent", r"Queries sent:\s+(\d+)"),
-        ("completed", r"Queries completed:\s+(\d+)"),
-        ("lost", r"Queries lost:\s+(\d+)"),
-        ("qps", r"Queries per second:\s+([\d.]+)"),
-        ("rcodes", r"Response codes:\s+(.*)"),
-        ("seconds", r"Run time \(s\):\s+([\d.]+)"),
-    ):
-        match = re.search(pattern, out)
-        figures[key] = match.group(1).strip() if match else "?"
-    return figures
 
 
 def dnsCounters(port: int, ca: Path) -> dict[str, float]:
@@ -313,15 +302,6 @@ def summary(phase: Phase) -> str:
         f" p99 {phase.percentile(99) * 1e3:.1f} ms statuses {phase.statuses}"
         f" flooder {phase.flooder}"
     )
-
-
-def machine() -> str:
-    cpu = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    return f"{os.cpu_count()} CPUs (nproc), {cpu}, Python {platform.python_version()}"
 
 
 def report(

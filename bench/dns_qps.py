@@ -21,21 +21,27 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import re
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-NAME = "enroll.lolwtf.ca"
-ADDRESS = "10.20.0.6"
-TTL = 60
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
+from bench._dns import (  # noqa: E402
+    ADDRESS,
+    NAME,
+    TTL,
+    freePort,
+    machine,
+    pinned,
+    startKnot,
+    waitForAnswer,
+)
+from bench._fleet import cpuSeconds  # noqa: E402
 
 PATHS = {
     "a": "the enrollment name's A",
@@ -105,24 +111,6 @@ def serve(port: int, profile: str | None) -> None:
     profiler.dump_stats(profile)
 
 
-def freePort() -> int:
-    """A port free on 127.0.0.1 for both UDP and TCP (racy; a bench only)."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-            u.bind(("127.0.0.1", 0))
-            port: int = u.getsockname()[1]
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
-                try:
-                    t.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-
-
-def pinned(cpus: str | None, argv: list[str]) -> list[str]:
-    return argv if cpus is None else ["taskset", "-c", cpus, *argv]
-
-
 def startFleetd(
     port: int, profile: str | None, cpus: str | None
 ) -> subprocess.Popen[str]:
@@ -135,69 +123,6 @@ def startFleetd(
     if process.stdout.readline().strip() != "ready":
         raise SystemExit("fleetd did not start")
     return process
-
-
-def startKnot(
-    directory: Path, port: int, workers: int, cpus: str | None = None
-) -> subprocess.Popen[str]:
-    """knotd serving the same name on 127.0.0.1:C{port}, as the current user."""
-    (directory / "run").mkdir()
-    (directory / "db").mkdir()
-    (directory / f"{NAME}.zone").write_text(
-        f"$ORIGIN {NAME}.\n$TTL {TTL}\n"
-        f"@ SOA {NAME}. hostmaster.{NAME}. 1 3600 600 86400 {TTL}\n"
-        f"@ NS {NAME}.\n@ A {ADDRESS}\n"
-    )
-    conf = directory / "knot.conf"
-    conf.write_text(
-        f'server:\n  rundir: "{directory}/run"\n  listen: 127.0.0.1@{port}\n'
-        f"  udp-workers: {workers}\n  tcp-workers: 1\n  background-workers: 1\n"
-        f'database:\n  storage: "{directory}/db"\n'
-        "log:\n  - target: stderr\n    any: error\n"
-        f'zone:\n  - domain: {NAME}.\n    storage: "{directory}"\n'
-        f'    file: "{NAME}.zone"\n    zonefile-sync: -1\n'
-        "    journal-content: none\n"
-    )
-    return subprocess.Popen(pinned(cpus, ["knotd", "-c", str(conf)]), text=True)
-
-
-def waitForAnswer(port: int, process: subprocess.Popen[str]) -> None:
-    """
-    Poll until the server on C{port} answers the name correctly, then check
-    that it refuses a name outside the zone and denies one below the apex.
-    """
-    import dns.message
-    import dns.query
-    import dns.rcode
-
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"server on port {port} exited with {process.returncode}")
-        query = dns.message.make_query(NAME, "A")
-        try:
-            response = dns.query.udp(query, "127.0.0.1", timeout=0.2, port=port)
-        except dns.exception.Timeout:
-            continue
-        answers = {r.address for rrset in response.answer for r in rrset}
-        if response.rcode() != dns.rcode.NOERROR or answers != {ADDRESS}:
-            raise SystemExit(f"server on port {port} answers {response}")
-        for name, rcode in (
-            ("bench.example.com", dns.rcode.REFUSED),
-            (f"bench.{NAME}", dns.rcode.NXDOMAIN),
-        ):
-            query = dns.message.make_query(name, "A")
-            response = dns.query.udp(query, "127.0.0.1", timeout=1, port=port)
-            if response.rcode() != rcode:
-                raise SystemExit(f"server on port {port} answers {name}: {response}")
-        return
-    raise SystemExit(f"server on port {port} did not answer")
-
-
-def cpuSeconds(pid: int) -> float:
-    """User plus system CPU time of process C{pid}, all threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def dnsperf(
@@ -232,15 +157,6 @@ def dnsperf(
         field(r"Response codes:\s+(.*)"),
         cpu / completed if completed else 0.0,
     )
-
-
-def machine() -> str:
-    cpu = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    return f"{os.cpu_count()} CPUs (nproc), {cpu}, Python {platform.python_version()}"
 
 
 def table(runs: list[Run]) -> str:

@@ -47,6 +47,7 @@ from fleetd.config import NetBoxSettings, loadTopology
 from fleetd.device.disks import NodeDisksResource
 from fleetd.device.resource import deviceRoot
 from fleetd.dns.service import DNSService
+from fleetd.heap import ICollector, freezeStartup, tune
 from fleetd.inventory.model import Device, IInventory
 from fleetd.inventory.resource import devicesResource
 from fleetd.inventory.sqlite import SQLiteInventory
@@ -94,8 +95,15 @@ class FleetdService(MultiService):
         logOutput: IO[Any] | None = None,
         handleSignals: bool = False,
         onStartupError: Callable[[str], None] | None = None,
+        collector: ICollector | None = None,
     ) -> None:
+        """
+        @param collector: the C{gc} module, to tune for a long-running
+            daemon (L{fleetd.heap}); L{None} leaves the collector alone
+            (tests share their process).
+        """
         super().__init__()
+        self.collector = collector
         settings = prepared.settings
         self.settings = settings
         self.reactor = reactor
@@ -431,6 +439,8 @@ class FleetdService(MultiService):
 
     def startService(self) -> None:
         Service.startService(self)
+        if self.collector is not None:
+            tune(self.collector)
         for child in self:
             child.startService()
         if self.handleSignals:
@@ -445,7 +455,11 @@ class FleetdService(MultiService):
             "fleetd.started", actor="fleetd", fields={"version": __version__}
         ).addErrback(self._journalFailed)
         self._loading = Deferred.fromCoroutine(self.runs.load())
-        self._loading.addErrback(self._loadFailed)
+        self._loading.addCallbacks(self._loaded, self._loadFailed)
+
+    def _loaded(self, _: None) -> None:
+        if self.collector is not None:
+            freezeStartup(self.collector)
 
     def _loadFailed(self, f: Failure) -> None:
         # The boot listener keeps answering 503 "starting"; this needs a human.

@@ -6,6 +6,7 @@ Only wires: options, settings, L{fleetd.service.prepare}, the service.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -70,6 +71,7 @@ def makeService(options: Options) -> IService:
             logOutput=sys.stdout,
             handleSignals=True,
             onStartupError=_fatal,
+            collector=gc,
         )
     except ConfigError as e:
         raise _fail(f"configuration error: {e}") from None

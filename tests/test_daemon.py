@@ -83,8 +83,8 @@ class DaemonTestMixin:
         self.settings = loadSettings(writeConfig(self.directory, overrides))
         self.pki = DevPKIPaths.inside(self.directory / "pki")
 
-    def startDaemon(self) -> FleetdService:
-        service = FleetdService(prepare(self.settings), reactor)
+    def startDaemon(self, collector: Any = None) -> FleetdService:
+        service = FleetdService(prepare(self.settings), reactor, collector=collector)
         service.privilegedStartService()
         service.startService()
         self.addCleanup(self.stopDaemon, service)  # type: ignore[attr-defined]
@@ -110,9 +110,47 @@ class DaemonTestMixin:
         )
 
 
+class FakeCollector:
+    """Records what the daemon asks of the garbage collector."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def get_threshold(self) -> tuple[int, int, int]:
+        return (700, 10, 10)
+
+    def set_threshold(self, *thresholds: int) -> None:
+        self.calls.append(("set_threshold", *thresholds))
+
+    def collect(self, generation: int = 2) -> int:
+        self.calls.append(("collect",))
+        return 0
+
+    def freeze(self) -> None:
+        self.calls.append(("freeze",))
+
+
 class DaemonTests(DaemonTestMixin, TestCase):
     def setUp(self) -> None:
         self.makeSettings()
+
+    async def _collector(self) -> None:
+        collector = FakeCollector()
+        service = self.startDaemon(collector)
+        self.assertEqual(collector.calls, [("set_threshold", 7000, 10, 10)])
+        assert service._loading is not None
+        await service._loading
+        self.assertEqual(
+            collector.calls,
+            [("set_threshold", 7000, 10, 10), ("collect",), ("freeze",)],
+        )
+
+    def test_collector_tunedAtStart_frozenOnceLoaded(self) -> None:
+        """
+        The youngest generation is collected less often from the start, and
+        what start-up loaded is frozen only once the runs are loaded.
+        """
+        return ensureDeferred(self._collector())  # type: ignore[return-value]
 
     async def _healthz(self) -> None:
         service = self.startDaemon()

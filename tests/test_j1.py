@@ -34,13 +34,13 @@ class FaultyJournal(Journal):
     onlyEvents: frozenset[str] | None = None  # fail only changes with these
 
     def appendMany(
-        self, db: Database, entries: Sequence[Any], *, at: float
+        self, db: Database, entries: Sequence[Any], *, at: float, savepoint: bool = True
     ) -> list[JournalEntry]:
         if self.failing is not None and (
             self.onlyEvents is None or any(e.event in self.onlyEvents for e in entries)
         ):
             raise self.failing
-        return super().appendMany(db, entries, at=at)
+        return super().appendMany(db, entries, at=at, savepoint=savepoint)
 
 
 class FaultyRunner:

@@ -176,6 +176,36 @@ class JournalAppendTests(JournalFixture):
         )
 
 
+class HeadCacheTests(JournalFixture):
+    """
+    Inside one group commit the journal chains onto the head it wrote
+    last instead of reading it back; that must never outlive a rollback
+    or the transaction.
+    """
+
+    def test_groupCommit_rolledBackAppend_nextChainsOnStoredHead(self) -> None:
+        """[J2] An append rolled back to its savepoint leaves no gap or fork."""
+        with self.db.groupCommit():
+            self.journal.append(self.db, "a.one", at=1.0, actor="fleetd")
+            with self.assertRaises(KeyError):
+                with self.db.transaction():
+                    self.journal.append(self.db, "a.two", at=2.0, actor="fleetd")
+                    raise KeyError("the change failed after its entry")
+            self.journal.append(self.db, "a.three", at=3.0, actor="fleetd")
+        result = self.journal.verify(self.db)
+        self.assertTrue(result.ok, result)
+        self.assertEqual(
+            [e.event for e in self.journal.query(self.db)], ["a.one", "a.three"]
+        )
+
+    def test_nextTransaction_readsHead_tamperingRefused(self) -> None:
+        """[J2] A head changed between two transactions is read, not trusted."""
+        self.fill(2)
+        self.tamper("UPDATE journal_head SET mac = 'forged'")
+        with self.assertRaises(StoreError):
+            self.journal.append(self.db, "a.late", at=9.0, actor="fleetd")
+
+
 class SecretGuardTests(JournalFixture):
     """No secret ever appears in the journal (§4)."""
 
@@ -552,3 +582,61 @@ class DigestPartsTests(SynchronousTestCase):
             journal._digestOf(previous, seq, at, pending),
             journal._digest(previous, entry),
         )
+
+    @given(
+        key=st.binary(min_size=32, max_size=200),
+        message=st.binary(max_size=600),
+    )
+    def test_hmac_matchesStandardLibrary(self, key: bytes, message: bytes) -> None:
+        """[J2] The journal's precomputed HMAC-SHA256 is the standard one."""
+        import hmac
+
+        from fleetd.keyed import KeyedHMAC
+
+        self.assertEqual(
+            KeyedHMAC(key).digest(message), hmac.digest(key, message, "sha256")
+        )
+
+    @given(
+        event=st.from_regex(r"[a-z][a-z0-9_.-]{0,20}", fullmatch=True),
+        run=st.none() | st.text(min_size=1, max_size=30).filter(str.isprintable),
+        at=st.floats(min_value=0, max_value=4e9, allow_nan=False),
+        seq=st.integers(min_value=1, max_value=2**40),
+        text=st.text(max_size=20),
+    )
+    def test_digestOf_matchesReference(
+        self, event: str, run: str | None, at: float, seq: int, text: str
+    ) -> None:
+        """
+        [J2] The digest of an entry is HMAC-SHA256 over the previous digest
+        and the entry's canonical JSON (json.dumps, keys sorted, compact,
+        ASCII), as chains written before stay verifiable.
+        """
+        import hashlib
+        import hmac
+
+        key = b"q" * 40
+        journal = Journal(key)
+        try:
+            pending = journal.prepare(
+                event, actor="node:a1", run=run, fields={"peer": text, "x": 1.5}
+            )
+        except ValueError:
+            return
+        previous = bytes(range(32))
+        body = {
+            "actor": "node:a1",
+            "at": at,
+            "device": None,
+            "event": event,
+            "fields": {"peer": text, "x": 1.5},
+            "run": run,
+            "seq": seq,
+        }
+        text_ = json.dumps(
+            body, sort_keys=True, separators=(",", ":"), ensure_ascii=True
+        )
+        expected = hmac.new(
+            key, previous + text_.encode("ascii"), hashlib.sha256
+        ).digest()
+        self.assertEqual(journal._digestOf(previous, seq, at, pending), expected)

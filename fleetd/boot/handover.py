@@ -39,14 +39,15 @@ def _stack(transport: object) -> list[object]:
     return layers
 
 
-def unsentBytes(transport: object) -> int:
+def unsentBytes(transport: object, layers: list[object] | None = None) -> int:
     """
     How many bytes written to C{transport} are still in fleetd's buffers:
     TLS application data held back (before the handshake ends) and what
-    the TCP transport has not written to its socket.
+    the TCP transport has not written to its socket. C{layers}: the
+    transport's L{_stack}, when the caller has it already.
     """
     total = 0
-    for layer in _stack(transport):
+    for layer in _stack(transport) if layers is None else layers:
         if isinstance(layer, TLSMemoryBIOProtocol):
             total += sum(len(chunk) for chunk in layer._appSendBuffer)
         elif not isinstance(layer, ProtocolWrapper):  # the socket's transport
@@ -57,12 +58,12 @@ def unsentBytes(transport: object) -> int:
     return total
 
 
-def connectionGone(transport: object) -> bool:
+def connectionGone(transport: object, layers: list[object] | None = None) -> bool:
     """Whether the socket under C{transport} has been closed."""
     return any(
         not isinstance(layer, ProtocolWrapper)
         and bool(getattr(layer, "disconnected", False))
-        for layer in _stack(transport)
+        for layer in (_stack(transport) if layers is None else layers)
     )
 
 
@@ -80,6 +81,7 @@ class Handover:
     ) -> None:
         self._clock = clock
         self._transport = transport
+        self._layers = _stack(transport)  # a connection's stack stays put
         self._report: Callable[[bool], None] | None = report
         self._wait = FIRST_WAIT
         self._timer: IDelayedCall | None = None
@@ -102,8 +104,8 @@ class Handover:
         report = self._report
         if report is None:
             return
-        unsent = unsentBytes(self._transport)
-        if unsent == 0 or connectionGone(self._transport):
+        unsent = unsentBytes(self._transport, self._layers)
+        if unsent == 0 or connectionGone(self._transport, self._layers):
             self._report = None
             report(unsent == 0)
             return

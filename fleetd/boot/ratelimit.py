@@ -12,6 +12,7 @@ one IPv6 host cannot spread its requests over its whole /64.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
 from collections import OrderedDict
@@ -21,13 +22,16 @@ from twisted.internet.interfaces import IReactorTime
 __all__ = ["PollPacer", "RateLimiter", "sourceKey"]
 
 
+@functools.lru_cache(maxsize=4096)
 def sourceKey(host: str) -> str:
     """
     The rate-limit key of the peer address C{host}.
 
     IPv4 addresses are their own key, IPv6 addresses are grouped by /64
     (IPv4-mapped ones count as IPv4), anything else (a UNIX socket path,
-    a test's fake address) is used as given.
+    a test's fake address) is used as given. Every connection and every
+    boot request asks, so recent answers are remembered (a pure function
+    of a string; 4,096 entries bound the memory).
     """
     try:
         address = ipaddress.ip_address(host.split("%", 1)[0])

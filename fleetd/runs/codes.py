@@ -9,10 +9,10 @@ persistent master key, so a copy of the database does not reveal codes.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import re
 import secrets
+
+from fleetd.keyed import keyedHMAC
 
 CODE_BYTES = 24  # 192 bits
 _CODE = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
@@ -25,7 +25,7 @@ def mintCode() -> str:
 
 def codeDigest(key: bytes, code: str) -> str:
     """The keyed digest stored in place of C{code}."""
-    return hmac.new(key, code.encode("ascii"), hashlib.sha256).hexdigest()
+    return keyedHMAC(key).digest(code.encode("ascii")).hex()
 
 
 def wellFormedCode(value: str) -> bool:

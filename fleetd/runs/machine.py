@@ -24,6 +24,8 @@ from typing import Protocol
 
 from automat import TypeMachineBuilder
 
+from fleetd.automata import indexed
+
 
 class Outcome(enum.Enum):
     """What a request for a run's configuration gets."""
@@ -212,4 +214,4 @@ for _state, _name in (
 ):
     _state.upon(RunInputs.describe).loop().returns(_name)
 
-RunMachine = builder.build()
+RunMachine = indexed(builder.build())

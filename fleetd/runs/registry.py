@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import partial
+from json.encoder import encode_basestring_ascii as _string
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
@@ -107,14 +108,8 @@ class _Run(RunEffects):
         served = ServedRecord(
             self.record.id, self.record.device, self.registry.clock.seconds(), peer
         )
-        record = {
-            "run": served.run,
-            "device": served.device,
-            "served_at": served.served_at,
-            "peer": peer,
-        }
         self._served = None
-        self.vault.put(servedName(self.record.id), json.dumps(record).encode("utf-8"))
+        self.vault.put(servedName(self.record.id), _servedJSON(served))
         self._served = served
 
     def dropMark(self) -> None:
@@ -191,6 +186,19 @@ class _Run(RunEffects):
             served_at=float(doc.get("served_at", self.registry.clock.seconds())),
             peer=str(doc.get("peer", self.servedPeer)),
         )
+
+
+def _servedJSON(served: ServedRecord) -> bytes:
+    """
+    The served mark's contents: C{json.dumps} of run, device, served_at and
+    peer, written out directly (this runs once per delivery, on the
+    reactor thread). C{served_at} comes from the clock: a finite float,
+    which JSON writes as C{repr} does.
+    """
+    return (
+        f'{{"run": {_string(served.run)}, "device": {_string(served.device)}, '
+        f'"served_at": {served.served_at!r}, "peer": {_string(served.peer)}}}'
+    ).encode("ascii")
 
 
 def _readServed(vault: IVault, run: str) -> ServedRecord | None:

@@ -264,6 +264,10 @@ class Database:
         self._batching = False
         self._depth = 0
         self._savepoints = 0
+        # Changes whenever a transaction begins or anything is rolled back:
+        # what was read or written under one generation is still there
+        # while the generation stays the same (L{Journal}'s head cache).
+        self.generation = 0
 
     @classmethod
     def open(
@@ -358,6 +362,7 @@ class Database:
             except BaseException:
                 # SQLite may already have rolled the whole batch back (full
                 # disk, I/O error): then there is no savepoint to return to.
+                self.generation += 1
                 self._checkBatch()
                 self.connection.execute(f"ROLLBACK TO {name}")
                 self.connection.execute(f"RELEASE {name}")
@@ -366,11 +371,13 @@ class Database:
         if self.connection.in_transaction:
             raise StoreError("a transaction is open outside fleetd's control")
         self.connection.execute("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED")
+        self.generation += 1
         self._depth += 1
         try:
             yield self.connection
             self.connection.execute("COMMIT")
         except BaseException:
+            self.generation += 1
             if self.connection.in_transaction:
                 self.connection.execute("ROLLBACK")
             raise
@@ -391,11 +398,13 @@ class Database:
         if self.connection.in_transaction:
             raise StoreError("transactions do not nest")
         self.connection.execute("BEGIN IMMEDIATE")
+        self.generation += 1
         self._batching = True
         try:
             yield
             self.connection.execute("COMMIT")
         except BaseException:
+            self.generation += 1
             if self.connection.in_transaction:
                 self.connection.execute("ROLLBACK")
             raise

@@ -26,7 +26,6 @@ What this does not defend against:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import hmac
 import json
 import math
@@ -34,6 +33,7 @@ import re
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -41,6 +41,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
+from fleetd.keyed import KeyedHMAC
 from fleetd.store.db import Database, StoreError
 from fleetd.store.fields import (
     MAX_NAME,
@@ -64,7 +65,13 @@ _INSERT = (
 )
 _SELECT_HEAD = "SELECT seq, digest, mac FROM journal_head WHERE id = 1"
 _SELECT_LAST = "SELECT seq, digest FROM journal ORDER BY seq DESC LIMIT 1"
-_SCALAR = json.JSONEncoder(ensure_ascii=True, allow_nan=False)
+_string = encode_basestring_ascii  # a str as JSON writes it with ensure_ascii
+
+
+def _optional(value: str | None) -> str:
+    return "null" if value is None else _string(value)
+
+
 _UPSERT_HEAD = (
     "INSERT INTO journal_head (id, seq, digest, mac) VALUES (1, ?, ?, ?)"
     " ON CONFLICT (id) DO UPDATE SET"
@@ -125,11 +132,14 @@ class JournalVerification:
     seq: int | None = None
 
 
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+)
+
+
 def canonicalJSON(value: object) -> str:
     """The one JSON encoding the chain is computed over."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-    )
+    return _CANONICAL.encode(value)
 
 
 def _entryFromRow(row: Sequence[Any]) -> JournalEntry:
@@ -169,17 +179,20 @@ class Journal:
         if len(key) < 32:
             raise ValueError("journal key must be at least 32 bytes")
         self._key = key
+        self._mac = KeyedHMAC(key)
+        # (database, its generation, seq, digest) of the head last written.
+        self._written: tuple[Database, int, int, bytes] | None = None
 
     def _digest(self, previous: bytes, entry: JournalEntry) -> bytes:
         """Chain C{entry} (its C{digest} aside) onto the C{previous} digest."""
         body = entry.toJSON()
         del body["digest"]
         message = previous + canonicalJSON(body).encode("ascii")
-        return hmac.new(self._key, message, hashlib.sha256).digest()
+        return self._mac.digest(message)
 
     def _headMac(self, seq: int, digest: bytes) -> str:
         message = b"head" + str(seq).encode("ascii") + digest
-        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
+        return self._mac.digest(message).hex()
 
     def append(
         self,
@@ -233,54 +246,92 @@ class Journal:
         return _Pending(event, actor, device, run, checked, canonicalJSON(checked))
 
     def appendMany(
-        self, db: Database, entries: Sequence[_Pending], *, at: float
+        self,
+        db: Database,
+        entries: Sequence[_Pending],
+        *,
+        at: float,
+        savepoint: bool = True,
     ) -> list[JournalEntry]:
         """
         Durably append prepared entries, in order, in one transaction with
         the head: the head is read and written once, however many entries.
 
+        @param savepoint: C{False} when the caller's open transaction
+            already makes this all-or-nothing: an exception from here must
+            then roll the caller's transaction (or savepoint) back, as
+            L{AsyncJournal.change} does.
         @raise StoreError: the journal head is missing, forged or stale.
         """
         at = float(at)
-        if not math.isfinite(at):
-            raise ValueError("journal time is not finite")
         if not entries:
             return []
+        if not savepoint and db.connection.in_transaction:
+            return self._appendIn(db, entries, at)
+        with db.transaction():
+            return self._appendIn(db, entries, at)
+
+    def _appendIn(
+        self, db: Database, entries: Sequence[_Pending], at: float
+    ) -> list[JournalEntry]:
+        """
+        L{appendMany} inside the caller's open transaction, without a
+        savepoint of its own: an exception must roll the caller back.
+        """
+        if not math.isfinite(at):
+            raise ValueError("journal time is not finite")
+        conn = db.connection
+        seq, previous = self._head(db)
         appended: list[JournalEntry] = []
-        with db.transaction() as conn:
-            seq, previous = self._currentHead(conn)
-            rows = []
-            for pending in entries:
-                seq += 1
-                previous = self._digestOf(previous, seq, at, pending)
-                entry = JournalEntry(
+        rows = []
+        for pending in entries:
+            seq += 1
+            previous = self._digestOf(previous, seq, at, pending)
+            entry = JournalEntry(
+                seq,
+                at,
+                pending.event,
+                pending.actor,
+                pending.device,
+                pending.run,
+                MappingProxyType(pending.fields),
+                previous.hex(),
+            )
+            appended.append(entry)
+            rows.append(
+                (
                     seq,
                     at,
                     pending.event,
                     pending.actor,
                     pending.device,
                     pending.run,
-                    MappingProxyType(pending.fields),
-                    previous.hex(),
+                    pending.fieldsJSON,
+                    entry.digest,
                 )
-                appended.append(entry)
-                rows.append(
-                    (
-                        seq,
-                        at,
-                        pending.event,
-                        pending.actor,
-                        pending.device,
-                        pending.run,
-                        pending.fieldsJSON,
-                        entry.digest,
-                    )
-                )
-            conn.executemany(_INSERT, rows)
-            conn.execute(
-                _UPSERT_HEAD, (seq, previous.hex(), self._headMac(seq, previous))
             )
+        conn.executemany(_INSERT, rows)
+        conn.execute(_UPSERT_HEAD, (seq, previous.hex(), self._headMac(seq, previous)))
+        self._written = (db, db.generation, seq, previous)
         return appended
+
+    def _head(self, db: Database) -> tuple[int, bytes]:
+        """
+        The (seq, digest) to chain onto: as this journal last wrote it when
+        that was in the same write transaction, with nothing rolled back
+        since (so nobody else can have changed it, and the group commit's
+        later changes need not read and authenticate it again); otherwise
+        read and checked.
+        """
+        written = self._written
+        if (
+            written is not None
+            and written[0] is db
+            and written[1] == db.generation
+            and db.connection.in_transaction
+        ):
+            return written[2], written[3]
+        return self._currentHead(db.connection)
 
     def _digestOf(
         self, previous: bytes, seq: int, at: float, pending: _Pending
@@ -288,16 +339,15 @@ class Journal:
         """
         L{_digest} of the entry C{pending} becomes at C{seq}, built from its
         parts: the same canonical JSON (keys sorted), without the dict.
+        C{at} is a finite float, which JSON writes as C{repr} does.
         """
-        dumps = _SCALAR.encode
         body = (
-            f'{{"actor":{dumps(pending.actor)},"at":{dumps(at)},'
-            f'"device":{dumps(pending.device)},"event":{dumps(pending.event)},'
-            f'"fields":{pending.fieldsJSON},"run":{dumps(pending.run)},'
+            f'{{"actor":{_string(pending.actor)},"at":{at!r},'
+            f'"device":{_optional(pending.device)},"event":{_string(pending.event)},'
+            f'"fields":{pending.fieldsJSON},"run":{_optional(pending.run)},'
             f'"seq":{seq}}}'
         )
-        message = previous + body.encode("ascii")
-        return hmac.new(self._key, message, hashlib.sha256).digest()
+        return self._mac.digest(previous + body.encode("ascii"))
 
     def _currentHead(self, conn: sqlite3.Connection) -> tuple[int, bytes]:
         """Return the authenticated (seq, digest) to chain the next entry to."""
@@ -484,7 +534,12 @@ class Recorder:
     def flush(self) -> list[JournalEntry]:
         """Append what was recorded (still inside the change's transaction)."""
         pending, self._pending = self._pending, []
-        appended = self._journal.appendMany(self._db, pending, at=self._at)
+        if not pending:
+            return []
+        # Inside the change's own transaction: its failure rolls all back.
+        appended = self._journal.appendMany(
+            self._db, pending, at=self._at, savepoint=False
+        )
         self.entries.extend(appended)
         return appended
 

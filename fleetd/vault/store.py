@@ -17,9 +17,9 @@ Names, never contents, appear in errors and logs.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import re
-import secrets
 import stat
 import weakref
 from collections.abc import Callable, Iterable
@@ -36,6 +36,12 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 TEMP_PREFIX = ".tmp-"
 """Prefix of in-flight writes; such a file found on open is a torn write."""
+
+# Temporary names: this process's id and a counter, unique among the
+# processes alive (a dead one's leftovers are removed when a vault opens)
+# without asking the kernel for random bytes on every write; O_EXCL still
+# refuses to write over anything already there.
+_temps = itertools.count()
 
 FILE_MODE = 0o600
 
@@ -286,7 +292,7 @@ class DirectoryVault:
         checkName(name)
         data = bytes(data)
         dirFd = self._dirFd()
-        temp = TEMP_PREFIX + secrets.token_hex(8)
+        temp = f"{TEMP_PREFIX}{os.getpid():x}-{next(_temps):x}"
         try:
             self._writeTemp(dirFd, temp, data)
             try:
