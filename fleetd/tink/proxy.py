@@ -97,8 +97,7 @@ class ProxyStream:
         if self._done:
             self._responder.acknowledge(len(data))
             return
-        if self._tap is not None:
-            self._tap.request(data)
+        self._observe("request", data)
         self._pending += data
         self._push()
 
@@ -154,8 +153,7 @@ class ProxyStream:
             if self._upstream is not None:
                 self._upstream.ack(self._sid, len(data))
             return
-        if self._tap is not None:
-            self._tap.response(data)
+        self._observe("response", data)
         self._metrics.bytes.labels("downstream").inc(len(data))
         self._unacked += len(data)
         self._responder.sendData(data)
@@ -221,5 +219,14 @@ class ProxyStream:
         if dropped and self._unacked > 0 and self._upstream is not None:
             self._upstream.ack(self._sid, self._unacked)
             self._unacked = 0
-        if self._tap is not None:
-            self._tap.finished(status)
+        self._observe("finished", status)
+
+    def _observe(self, name: str, arg: object) -> None:
+        """Hand the tap a copy; a tap that fails is a bug, never the call's."""
+        if self._tap is None:
+            return
+        try:
+            getattr(self._tap, name)(arg)
+        except Exception:
+            self._tap = None
+            self.log.failure("tink.observe.failed {method}", method=self._method)
