@@ -55,7 +55,7 @@ from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.store.keys import deriveKey
 from fleetd.store.runner import DatabaseRunner, RunnerService
-from fleetd.tink.listener import TinkListenerFactory
+from fleetd.tink.service import TinkProxy
 from fleetd.web import BoundedSite
 
 
@@ -213,10 +213,23 @@ class FleetdService(MultiService):
         )
         admin.putChild(b"device", DevicePage())  # owners only [F3]
         self._web("admin", admin, clientCA=True)
-        tink = TinkListenerFactory(
-            clock=self.reactor, idleTimeout=s.limits.idle_timeout
+        self.tink = TinkProxy(
+            self.reactor,
+            s.tink,
+            idleTimeout=s.limits.idle_timeout,
+            registry=self.registry,
+            inventory=self.inventory,
+            runs=self.runs,
+            runner=self.runner,
+            journal=self.journal,
+            alerts=self.alerts,
         )
-        self._listen("tink", s.listen.tink, loadTLSOptions(s.tls, alpn=[b"h2"]), tink)
+        self._listen(
+            "tink",
+            s.listen.tink,
+            loadTLSOptions(s.tls, alpn=[b"h2"]),
+            self.tink.factory,
+        )
         self.dns = DNSService(
             self.reactor,
             s.topology,
@@ -278,8 +291,12 @@ class FleetdService(MultiService):
         self.journal.append(
             "fleetd.started", actor="fleetd", fields={"version": __version__}
         ).addErrback(self._journalFailed)
-        self._loading = Deferred.fromCoroutine(self.runs.load())
+        self._loading = Deferred.fromCoroutine(self._load())
         self._loading.addErrback(self._loadFailed)
+
+    async def _load(self) -> None:
+        await self.runs.load()
+        await self.tink.load()  # boot completion needs the runs [B1]
 
     def _loadFailed(self, f: Failure) -> None:
         # The boot listener keeps answering 503 "starting"; this needs a human.
@@ -302,6 +319,7 @@ class FleetdService(MultiService):
             loading, self._loading = self._loading, None
             pending.append(loading)
         self.configResource.stop()
+        pending.append(self.tink.stop())  # GOAWAY and drain, then upstream
         pending.append(self.runs.stop())
         for child in reversed(list(self)):
             if isinstance(child, RunnerService):

@@ -37,7 +37,7 @@ P = "/proto.WorkflowService/"
 
 
 def frame(message: Message) -> bytes:
-    payload = message.SerializeToString()
+    payload: bytes = message.SerializeToString()
     return b"\x00" + len(payload).to_bytes(4, "big") + payload
 
 
@@ -68,9 +68,7 @@ class Site:
             journal=fleet.journal,
             alerts=fleet.alerts,
         )
-        self.test.successResultOf(
-            Deferred.fromCoroutine(self.tracker.load(["w1"]))
-        )
+        self.test.successResultOf(Deferred.fromCoroutine(self.tracker.load(["w1"])))
         index = DeviceIndex(fleet.inventory, fleet.clock)
         self.test.successResultOf(index.refresh())
         self.watcher = WorkflowWatcher(index, self.tracker)
@@ -101,18 +99,30 @@ class Site:
     # tink-agent
 
     def agentPoll(self, connection: int, status: int = 5) -> None:
-        self.call("GetAction", connection, agent.ActionRequest(agent_id=MAC), (), status)
+        self.call(
+            "GetAction", connection, agent.ActionRequest(agent_id=MAC), (), status
+        )
 
     def agentWorkflow(self, connection: int) -> None:
         """Two actions, both SUCCESS, then FAILED_PRECONDITION: done."""
         for action in ("a0", "a1"):
             response = agent.ActionResponse(workflow_id="ns/wf", action_id=action)
-            self.call("GetAction", connection, agent.ActionRequest(agent_id=MAC), (response,))
+            self.call(
+                "GetAction", connection, agent.ActionRequest(agent_id=MAC), (response,)
+            )
             for state in (RUNNING, SUCCESS):
                 report = agent.ActionStatusRequest(
-                    workflow_id="ns/wf", agent_id=MAC, action_id=action, action_state=state
+                    workflow_id="ns/wf",
+                    agent_id=MAC,
+                    action_id=action,
+                    action_state=state,
                 )
-                self.call("ReportActionStatus", connection, report, (agent.ActionStatusResponse(),))
+                self.call(
+                    "ReportActionStatus",
+                    connection,
+                    report,
+                    (agent.ActionStatusResponse(),),
+                )
         self.agentPoll(connection, status=9)
 
     def events(self) -> list[str]:
@@ -289,7 +299,9 @@ class OldApiBootTests(SynchronousTestCase):
         site.fleet.clock.advance(120)
         for connection in (2, 3):
             site.call(
-                "GetWorkflowContexts", connection, v012.WorkflowContextRequest(worker_id=MAC)
+                "GetWorkflowContexts",
+                connection,
+                v012.WorkflowContextRequest(worker_id=MAC),
             )
         self.assertEqual(site.events().count("boot.hookos-after-install"), 1)
         self.assertTrue(site.fleet.alerts.active(HOOKOS, "w1"))
@@ -317,9 +329,7 @@ class ObserverTests(SynchronousTestCase):
         assert tap is not None
         payload = agent.ActionRequest(agent_id=MAC).SerializeToString()
         tap.request(b"\x01" + len(payload).to_bytes(4, "big") + payload)
-        self.assertEqual(
-            site.metrics.undecoded.labels("compressed")._value.get(), 1.0
-        )
+        self.assertEqual(site.metrics.undecoded.labels("compressed")._value.get(), 1.0)
 
     def test_garbage_countedAsDecodeFailure(self) -> None:
         """A message that is not protobuf is counted, and nothing happens."""

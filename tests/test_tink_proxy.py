@@ -29,7 +29,6 @@ from tests.test_tink_listener import selfSignedCertificate
 from tests.tinkpeers import (
     FakeTinkServer,
     Outcome,
-    actionStatus,
     channel,
     context,
     streaming,
@@ -100,7 +99,9 @@ class Proxy:
 
     async def close(self) -> None:
         self.channel.close()
-        await self.port.stopListening()
+        stopping = self.port.stopListening()
+        if stopping is not None:
+            await stopping
         await self.factory.drain()
         await self.pool.close()
         for _ in range(500):
@@ -181,9 +182,11 @@ class ProxyTests(TestCase):
         def precondition(req: bytes, ctx: Any) -> bytes:
             ctx.set_trailing_metadata([("grpc-status-details-bin", blob)])
             ctx.abort(grpc.StatusCode.FAILED_PRECONDITION, "not running: ✓ 100%")
+            raise AssertionError("abort returns by raising")
 
         def notFound(req: bytes, ctx: Any) -> bytes:
             ctx.abort(grpc.StatusCode.NOT_FOUND, "no Workflows found")
+            raise AssertionError("abort returns by raising")
 
         self.script.unary["GetAction"] = precondition
         outcome = await self.call("GetAction", b"")
@@ -221,7 +224,9 @@ class ProxyTests(TestCase):
             return [Outcome(grpc.StatusCode.OK, None, [f.result()], {}) for f in futs]
 
         outcomes = await deferToThread(many)
-        self.assertEqual([o.responses[0] for o in outcomes], [r[::-1] for r in requests])
+        self.assertEqual(
+            [o.responses[0] for o in outcomes], [r[::-1] for r in requests]
+        )
         self.assertEqual(self.proxy.sample("fleetd_tink_active_streams"), 0.0)
 
 
@@ -278,7 +283,9 @@ class UpstreamFailureTests(TestCase):
         self.addCleanup(restarted.stop, None)
         restarted.script.unary["GetAction"] = lambda req, ctx: b"again"
         outcome = await deferToThread(unary, proxy.channel, "GetAction", b"")
-        self.assertEqual((outcome.code, outcome.responses), (grpc.StatusCode.OK, [b"again"]))
+        self.assertEqual(
+            (outcome.code, outcome.responses), (grpc.StatusCode.OK, [b"again"])
+        )
         self.assertGreaterEqual(
             proxy.sample("fleetd_tink_upstream_errors_total", reason="goaway"), 1.0
         )

@@ -18,7 +18,6 @@ from typing import Any
 
 import grpc
 
-from fleetd.tink.proto import tink_agent_pb2 as agent
 from fleetd.tink.proto import tink_v012_pb2 as v012
 
 SERVICE = "/proto.WorkflowService/"
@@ -43,9 +42,7 @@ class Script:
 
     def record(self, method: str, request: bytes, context: Any) -> None:
         with self.lock:
-            self.received.append(
-                (method, request, dict(context.invocation_metadata()))
-            )
+            self.received.append((method, request, dict(context.invocation_metadata())))
 
 
 class FakeTinkServer:
@@ -69,7 +66,7 @@ class FakeTinkServer:
         return event
 
 
-class _Handler(grpc.GenericRpcHandler):
+class _Handler(grpc.GenericRpcHandler):  # type: ignore[misc]
     def __init__(self, owner: FakeTinkServer) -> None:
         self.owner = owner
 
@@ -164,7 +161,7 @@ def streaming(
 
 
 def context(workflow: str, worker: str, index: int, total: int) -> bytes:
-    return v012.WorkflowContext(
+    data: bytes = v012.WorkflowContext(
         workflow_id=workflow,
         current_worker=worker,
         current_task="install",
@@ -173,14 +170,4 @@ def context(workflow: str, worker: str, index: int, total: int) -> bytes:
         current_action_state=v012.STATE_PENDING,
         total_number_of_actions=total,
     ).SerializeToString()
-
-
-def actionStatus(agentId: str, workflow: str, action: str, state: int) -> bytes:
-    return agent.ActionStatusRequest(
-        workflow_id=workflow,
-        agent_id=agentId,
-        task_id="install",
-        action_id=action,
-        action_name=action,
-        action_state=state,  # type: ignore[arg-type]
-    ).SerializeToString()
+    return data

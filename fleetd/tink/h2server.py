@@ -15,7 +15,6 @@ from typing import cast
 
 from h2.config import H2Configuration
 from h2.connection import H2Connection
-from twisted.internet.defer import Deferred, succeed
 from h2.errors import ErrorCodes
 from h2.events import (
     ConnectionTerminated,
@@ -29,6 +28,7 @@ from h2.events import (
 )
 from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes, Settings
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger

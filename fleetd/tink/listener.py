@@ -113,13 +113,13 @@ class TinkListenerFactory(Factory):
     def closed(self, protocol: H2ServerProtocol) -> None:
         self.protocols.discard(protocol)
 
-    def drain(self) -> Deferred[object]:
+    def drain(self) -> Deferred[Any]:
         """fleetd stops: GOAWAY on every connection, let the calls in flight
         finish, close; connections still busy after C{drainTimeout} are
         aborted."""
         draining = [p.drain() for p in list(self.protocols)]
         timer = self.clock.callLater(self._drainTimeout, self._abortAll)
-        d: Deferred[object] = DeferredList(draining)
+        d: Deferred[Any] = DeferredList(draining)
 
         def done(result: object) -> object:
             if timer.active():
@@ -131,8 +131,9 @@ class TinkListenerFactory(Factory):
     def _abortAll(self) -> None:
         for protocol in list(self.protocols):
             self.log.warn("tink.drain.aborted {peer}", peer=protocol._peer())
-            if protocol.transport is not None:
-                protocol.transport.abortConnection()
+            abort = getattr(protocol.transport, "abortConnection", None)
+            if abort is not None:
+                abort()
 
 
 def proxyFactory(

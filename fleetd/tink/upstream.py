@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 from typing import Protocol as TypingProtocol
 
 from twisted.internet.defer import Deferred, DeferredList
@@ -104,7 +105,7 @@ class UpstreamPool:
         self._current: UpstreamConnection | None = None
         self._all: set[UpstreamConnection] = set()
         self._waiting: list[IWaitingStream] = []
-        self._dialling: Deferred[UpstreamConnection] | None = None
+        self._dialling: Deferred[Any] | None = None
         self._timer: IDelayedCall | None = None
 
     def open(self, stream: IWaitingStream) -> None:
@@ -128,7 +129,7 @@ class UpstreamPool:
                 self.log, self._gone, self.metrics, self._maxHeaderListSize
             )
         )
-        d: Deferred[UpstreamConnection] = self._endpoint().connect(factory)
+        d: Deferred[Any] = self._endpoint().connect(factory)
         self._dialling = d
         self._timer = self._clock.callLater(self._connectTimeout, d.cancel)
         d.addCallbacks(self._connected, self._failed)
@@ -154,7 +155,7 @@ class UpstreamPool:
     def _failed(self, failure: Failure) -> None:
         self._stopTimer()
         self._dialling = None
-        reason = failure.getErrorMessage() or failure.type.__name__
+        reason = failure.getErrorMessage() or repr(failure.type)
         self.metrics.upstreamErrors.labels("connect").inc()
         self.log.warn("tink.upstream.unreachable {reason}", reason=reason)
         waiting, self._waiting = self._waiting, []
@@ -166,7 +167,7 @@ class UpstreamPool:
         if self._current is connection:
             self._current = None
 
-    def close(self) -> Deferred[object]:
+    def close(self) -> Deferred[Any]:
         """fleetd stops (after the listener drained): close every upstream
         connection once its streams are done; cancel a dial."""
         self._stopTimer()
