@@ -28,6 +28,7 @@ from h2.events import (
 )
 from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes, Settings
+from hyperframe.frame import GoAwayFrame
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
@@ -271,10 +272,16 @@ class H2ServerProtocol(Protocol):
         try:
             events = self.h2.receive_data(data)
         except ProtocolError as e:
-            # h2 has queued GOAWAY with the matching error code.
+            # h2 has queued GOAWAY with the matching error code, except for
+            # a bad preface: then send GOAWAY(PROTOCOL_ERROR) ourselves.
             self.log.warn(
                 "tink.h2.protocol-error {error}", error=str(e), peer=self._peer()
             )
+            pending = self.h2.data_to_send()
+            if not pending:
+                pending = GoAwayFrame(error_code=ErrorCodes.PROTOCOL_ERROR).serialize()
+            if self.transport is not None:
+                self.transport.write(pending)
             self._close()
             return
         for event in events:
