@@ -13,6 +13,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from OpenSSL import crypto
 from prometheus_client import CollectorRegistry
+from twisted.internet import reactor
 from twisted.internet import ssl as tssl
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import deferLater
@@ -20,11 +21,14 @@ from twisted.internet.threads import deferToThread
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.trial.unittest import TestCase
 
+from fleetd.inventory.model import validateDevice
+from fleetd.service import FleetdService
 from fleetd.tink.listener import TinkListenerFactory, proxyFactory
 from fleetd.tink.metrics import TinkMetrics
 from fleetd.tink.proto import tink_agent_pb2 as agent
 from fleetd.tink.proto import tink_v012_pb2 as v012
 from fleetd.tink.upstream import UpstreamAddress, UpstreamPool
+from tests.test_daemon import DaemonTestMixin
 from tests.test_tink_listener import selfSignedCertificate
 from tests.tinkpeers import (
     FakeTinkServer,
@@ -289,3 +293,109 @@ class UpstreamFailureTests(TestCase):
         self.assertGreaterEqual(
             proxy.sample("fleetd_tink_upstream_errors_total", reason="goaway"), 1.0
         )
+
+
+class DaemonTinkTests(DaemonTestMixin, TestCase):
+    """The whole daemon: a tink-agent's workflow through fleetd's tink
+    listener to a grpcio tink-server, then the node's return [B1] [B2]."""
+
+    timeout = 60
+
+    async def waitFor(self, service: FleetdService, event: str) -> list[str]:
+        for _ in range(500):
+            entries = await service.journal.query(device="w1")
+            events = [e.event for e in entries]
+            if event in events:
+                return events
+            await deferLater(reactor, 0.01, lambda: None)
+        self.fail(f"{event} never journaled")
+
+    async def test_agentWorkflow_thenHookOSAgain(self) -> None:
+        """[B1] [B2] [A4] Through the running daemon: GetAction, RUNNING and
+        SUCCESS reports, FAILED_PRECONDITION: journaled as rebooting; the
+        agent back on a new connection with the configuration unread:
+        journaled once and FleetNodeBootedHookOSAfterInstall exposed."""
+        upstream = FakeTinkServer()
+        self.addCleanup(upstream.stop, None)
+        script = upstream.script
+        served = agent.ActionResponse(workflow_id="ns/wf", action_id="a0")
+        calls = {"GetAction": 0}
+
+        def getAction(req: bytes, ctx: Any) -> bytes:
+            calls["GetAction"] += 1
+            if calls["GetAction"] == 1:
+                data: bytes = served.SerializeToString()
+                return data
+            ctx.abort(grpc.StatusCode.FAILED_PRECONDITION, "Workflow not running")
+            raise AssertionError("abort raises")
+
+        script.unary["GetAction"] = getAction
+        script.unary["ReportActionStatus"] = lambda req, ctx: b""
+        self.makeSettings(
+            {"tink": {"upstream": f"tcp:127.0.0.1:{upstream.port}", "min_reboot": 0}}
+        )
+        service = self.startDaemon()
+        assert service._loading is not None
+        await service._loading
+        mac = "52:54:00:00:00:01"
+        device = validateDevice(
+            name="w1",
+            serial="S1",
+            uuid="00000000-0000-4000-8000-000000000001",
+            macs=[mac],
+            device_class="worker",
+        )
+        await service.inventory.add(device, journal=())
+        await service.tink.devices.refresh()
+        await service.runs.provision(
+            [device], actor="owner:test", render=lambda d, run: b"machine: {}\n"
+        )
+        ca = self.pki.public_ca.read_bytes()
+        port = self.port(service, "tink")
+        request = agent.ActionRequest(agent_id=mac).SerializeToString()
+
+        def workflow() -> list[grpc.StatusCode]:
+            ch = channel(port, ca)
+            try:
+                codes = [unary(ch, "GetAction", request).code]
+                for state in (2, 5):  # RUNNING, SUCCESS
+                    report = agent.ActionStatusRequest(
+                        workflow_id="ns/wf",
+                        agent_id=mac,
+                        action_id="a0",
+                        action_state=state,  # type: ignore[arg-type]
+                    ).SerializeToString()
+                    codes.append(unary(ch, "ReportActionStatus", report).code)
+                codes.append(unary(ch, "GetAction", request).code)
+                return codes
+            finally:
+                ch.close()
+
+        codes = await deferToThread(workflow)
+        self.assertEqual(
+            codes,
+            [grpc.StatusCode.OK] * 3 + [grpc.StatusCode.FAILED_PRECONDITION],
+        )
+        await self.waitFor(service, "boot.rebooting")
+
+        def poll() -> grpc.StatusCode:
+            ch = channel(port, ca)  # a new connection: the agent restarted
+            try:
+                return unary(ch, "GetAction", request).code
+            finally:
+                ch.close()
+
+        for _ in range(2):
+            self.assertEqual(
+                await deferToThread(poll), grpc.StatusCode.FAILED_PRECONDITION
+            )
+        events = await self.waitFor(service, "boot.hookos-after-install")
+        self.assertEqual(events.count("boot.hookos-after-install"), 1)
+        self.assertEqual(
+            service.alerts.openFor("w1"), ["FleetNodeBootedHookOSAfterInstall"]
+        )
+        value = service.registry.get_sample_value(
+            "fleetd_tink_rpcs_total",
+            {"method": "/proto.WorkflowService/GetAction", "code": "9"},
+        )
+        self.assertEqual(value, 3.0)
