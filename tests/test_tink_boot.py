@@ -151,6 +151,29 @@ class AgentBootTests(SynchronousTestCase):
         site.agentPoll(1, status=5)
         self.assertEqual(site.events(), ["run.provisioned"])
 
+    def test_reportOnFreshConnection_generationFromWire(self) -> None:
+        """[B1] A SUCCESS report on a connection that has carried no other
+        method (the agent reconnected) is still read as tink-agent's, from
+        its fields' wire types."""
+        site = Site(self)
+        report = agent.ActionStatusRequest(
+            workflow_id="ns/wf", agent_id=MAC, action_id="a9", action_state=SUCCESS
+        )
+        site.call("ReportActionStatus", 7, report, (agent.ActionStatusResponse(),))
+        site.agentPoll(8, status=9)
+        self.assertEqual(site.events(), ["run.provisioned", "boot.rebooting"])
+
+    def test_refusedReport_notCounted(self) -> None:
+        """[B1] A SUCCESS report tink-server refused says nothing: the next
+        FAILED_PRECONDITION is not the workflow's end."""
+        site = Site(self)
+        report = agent.ActionStatusRequest(
+            workflow_id="ns/wf", agent_id=MAC, action_id="a0", action_state=SUCCESS
+        )
+        site.call("ReportActionStatus", 1, report, (), status=5)
+        site.agentPoll(1, status=9)
+        self.assertEqual(site.events(), ["run.provisioned"])
+
     def test_pxeFirstReturn_journaledOncePerRun(self) -> None:
         """[B2] [V6] The agent polling from a fresh connection after the
         workflow's end, configuration unread: journaled once per run (also
