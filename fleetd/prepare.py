@@ -47,6 +47,7 @@ def prepare(settings: Settings) -> Prepared:
     loadTLSOptions(settings.tls)
     loadTLSOptions(settings.tls, clientCA=settings.owner.client_ca)
     checkOwnerCA(settings)
+    checkUpstreamCA(settings)
     try:
         vault = DirectoryVault.open(settings.vault, settings.vault_allow_any_fs)
     except VaultError as e:
@@ -61,6 +62,18 @@ def prepare(settings: Settings) -> Prepared:
             raise
         raise ConfigError("paths.state", str(e)) from e
     return Prepared(settings, vault, database, masterKey)
+
+
+def checkUpstreamCA(settings: Settings) -> None:
+    """C{tink.upstream_ca}, when set, is readable PEM certificates."""
+    path = settings.tink.upstream_ca
+    if path is None:
+        return
+    try:
+        pem = path.read_bytes()
+        crypto.load_certificate(crypto.FILETYPE_PEM, pem)
+    except (OSError, crypto.Error) as e:
+        raise ConfigError("tink.upstream_ca", f"cannot use {path}: {e}") from e
 
 
 def _publicKey(cert: crypto.X509) -> bytes:
