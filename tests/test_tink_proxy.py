@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+from unittest.mock import ANY
 import os
 import threading
 from collections.abc import Iterator
@@ -60,7 +61,14 @@ def details(code: int, message: str) -> bytes:
 class Proxy:
     """fleetd's tink listener over TLS on loopback, proxying to C{port}."""
 
-    def __init__(self, test: TestCase, port: int, **limits: Any) -> None:
+    def __init__(
+        self,
+        test: TestCase,
+        port: int,
+        upstream: str = "tcp:127.0.0.1",
+        upstreamCA: bytes | None = None,
+        **limits: Any,
+    ) -> None:
         from twisted.internet import reactor
 
         self.reactor = reactor
@@ -77,11 +85,11 @@ class Proxy:
         )
         self.registry = CollectorRegistry()
         self.metrics = TinkMetrics(self.registry)
-        address = UpstreamAddress.parse(f"tcp:127.0.0.1:{port}")
+        address = UpstreamAddress.parse(f"{upstream}:{port}")
         self.taps: list[Any] = []
         self.pool = UpstreamPool(
             reactor,
-            lambda: address.endpoint(reactor),
+            lambda: address.endpoint(reactor, upstreamCA),
             log=__import__("fleetd.logs", fromlist=["ThrottledLog"]).ThrottledLog(
                 reactor
             ),
@@ -254,6 +262,23 @@ class UpstreamFailureTests(TestCase):
         self.assertGreaterEqual(
             proxy.sample("fleetd_tink_upstream_errors_total", reason="connect"), 1.0
         )
+
+    async def test_tlsUpstream(self) -> None:
+        """[A4] A tls: upstream (tink-server with its own TLS): verified
+        against upstream_ca for the host named, ALPN h2; calls pass. With
+        the wrong CA the upstream is refused and calls get UNAVAILABLE."""
+        keyPEM, certPEM = selfSignedCertificate()
+        server = FakeTinkServer(tls=(keyPEM, certPEM))
+        self.addCleanup(server.stop, None)
+        server.script.unary["GetAction"] = lambda req, ctx: b"over tls"
+        proxy = Proxy(self, server.port, upstream="tls:localhost", upstreamCA=certPEM)
+        outcome: Outcome = await deferToThread(unary, proxy.channel, "GetAction", b"")
+        self.assertEqual(outcome.responses, [b"over tls"])
+        _, otherPEM = selfSignedCertificate()
+        wrong = Proxy(self, server.port, upstream="tls:localhost", upstreamCA=otherPEM)
+        outcome = await deferToThread(unary, wrong.channel, "GetAction", b"")
+        self.assertEqual(outcome.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertEqual(server.script.received, [("GetAction", b"", ANY)])
 
     async def test_upstreamRestart_midStream(self) -> None:
         """[A4] tink-server stops gracefully (GOAWAY) during a server stream:

@@ -48,7 +48,8 @@ class Script:
 class FakeTinkServer:
     """A grpcio server answering /proto.WorkflowService/* from a L{Script}."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, tls: tuple[bytes, bytes] | None = None) -> None:
+        """h2c on loopback, or TLS with C{tls} = (key PEM, cert PEM)."""
         self.script = Script()
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=8),
@@ -58,7 +59,11 @@ class FakeTinkServer:
             ],
         )
         self.server.add_generic_rpc_handlers((_Handler(self),))
-        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+        if tls is None:
+            self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+        else:
+            credentials = grpc.ssl_server_credentials([tls])
+            self.port = self.server.add_secure_port(f"127.0.0.1:{port}", credentials)
         self.server.start()
 
     def stop(self, grace: float | None = None) -> threading.Event:

@@ -132,6 +132,14 @@ class UpstreamConnection(Protocol):
         self.usable = False
         self._maybeClose()
 
+    def abort(self) -> None:
+        """Drop the connection now (it did not close in time)."""
+        abort = getattr(self.transport, "abortConnection", None)
+        if abort is not None:
+            abort()
+        elif self.transport is not None:
+            self.transport.loseConnection()
+
     def activeStreams(self) -> int:
         return len(self._streams)
 

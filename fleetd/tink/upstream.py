@@ -95,7 +95,9 @@ class UpstreamPool:
         metrics: TinkMetrics,
         connectTimeout: float = 5.0,
         maxHeaderListSize: int = 65536,
+        closeGrace: float = 2.0,
     ) -> None:
+        self._closeGrace = closeGrace
         self._clock = clock
         self._endpoint = endpoint
         self.log = log
@@ -177,4 +179,17 @@ class UpstreamPool:
         for connection in list(self._all):
             connection.drain()
         self._current = None
-        return DeferredList(closing)
+        # A TLS upstream may never answer our close_notify: cut it off.
+        timer = self._clock.callLater(self._closeGrace, self._abortAll)
+        d: Deferred[Any] = DeferredList(closing)
+
+        def closed(result: object) -> object:
+            if timer.active():
+                timer.cancel()
+            return result
+
+        return d.addBoth(closed)
+
+    def _abortAll(self) -> None:
+        for connection in list(self._all):
+            connection.abort()
