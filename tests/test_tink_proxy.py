@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import atexit
-from unittest.mock import ANY
 import os
 import threading
 from collections.abc import Iterator
 from typing import Any, cast
+from unittest.mock import ANY
 
 import grpc
 from cryptography import x509
