@@ -56,6 +56,10 @@ class IUpstreamStream(TypingProtocol):
         """The stream ended without a response end: reset by tink-server
         (C{refused}: never processed), or C{lost} with the connection."""
 
+    @property
+    def blocked(self) -> bool:
+        """Whether request bytes wait for an upstream window."""
+
     def requestWritable(self) -> None:
         """Upstream windows opened: send more request bytes."""
 
@@ -77,7 +81,16 @@ class UpstreamConnection(Protocol):
         self._streams: dict[int, IUpstreamStream] = {}
         self.usable = False  # until connected; never again after GOAWAY or loss
         self.h2 = DrainingH2Connection(
-            H2Configuration(client_side=True, header_encoding=None)
+            H2Configuration(
+                client_side=True,
+                header_encoding=None,
+                # Request headers were validated when the client sent them;
+                # tink-server is trusted like fleetd's own configuration, and
+                # what it sends reaches the client as it would directly.
+                validate_outbound_headers=False,
+                normalize_outbound_headers=False,
+                validate_inbound_headers=False,
+            )
         )
         self.h2.local_settings.max_header_list_size = maxHeaderListSize
         self.h2.local_settings.enable_push = 0
@@ -213,8 +226,13 @@ class UpstreamConnection(Protocol):
                 code = event.error_code or 0
                 stream.responseReset(code, code == ErrorCodes.REFUSED_STREAM, False)
         elif isinstance(event, WindowUpdated | RemoteSettingsChanged):
-            for each in list(self._streams.values()):
-                each.requestWritable()
+            if isinstance(event, WindowUpdated) and event.stream_id:
+                if stream is not None and stream.blocked:
+                    stream.requestWritable()
+            else:
+                for each in list(self._streams.values()):
+                    if each.blocked:
+                        each.requestWritable()
         elif isinstance(event, ConnectionTerminated):
             self._goAway(event)
         self._maybeClose()

@@ -140,6 +140,10 @@ class ProxyStream:
 
     # Upstream (IUpstreamStream)
 
+    @property
+    def blocked(self) -> bool:
+        return bool(self._pending) or (self._ended and not self._endSent)
+
     def requestWritable(self) -> None:
         self._push()
 
