@@ -34,8 +34,8 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._fleet import Daemon, cpuSeconds, makeFleet  # noqa: E402
-from bench.boot_storm import freePort, listening  # noqa: E402
+from bench._fleet import Daemon, cpuSeconds, makeFleet
+from bench.boot_storm import freePort, listening
 
 METHOD = "/proto.WorkflowService/GetAction"
 REQUEST = b"\x0a\x1152:54:00:12:34:56"  # ActionRequest{agent_id}
