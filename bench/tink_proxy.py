@@ -113,6 +113,7 @@ def openLoop(ch: grpc.Channel, rate: float, seconds: float) -> list[float]:
     call = ch.unary_unary(METHOD, lambda b: b, lambda b: b)
     call(REQUEST, timeout=10)  # connect first
     latencies: list[float] = []
+    errors = [0]
     lock = threading.Lock()
     pending = threading.Semaphore(0)
     total = int(rate * seconds)
@@ -126,14 +127,24 @@ def openLoop(ch: grpc.Channel, rate: float, seconds: float) -> list[float]:
         future = call.future(REQUEST, timeout=10)
 
         def done(f: grpc.Future, began: float = began) -> None:
-            f.result()
-            with lock:
-                latencies.append(time.perf_counter() - began)
-            pending.release()
+            try:
+                ok = f.exception() is None
+                with lock:
+                    if ok:
+                        latencies.append(time.perf_counter() - began)
+                    else:
+                        errors[0] += 1
+                        if errors[0] == 1:
+                            print(f"  first failure: {f.exception()!r}", flush=True)
+            finally:
+                pending.release()
 
         future.add_done_callback(done)
+    deadline = time.monotonic() + 30
     for _ in range(total):
-        pending.acquire(timeout=15)
+        pending.acquire(timeout=max(0.0, deadline - time.monotonic()))
+    if errors[0]:
+        print(f"  {errors[0]} of {total} calls failed", flush=True)
     return latencies
 
 
@@ -151,9 +162,8 @@ def closedLoop(ch: grpc.Channel, inflight: int, seconds: float) -> int:
 
     def completed(f: grpc.Future) -> None:
         nonlocal done
-        f.result()
         with lock:
-            done += 1
+            done += f.exception() is None
             if time.perf_counter() < stop:
                 issue()
                 return
@@ -197,7 +207,7 @@ def measure(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=300.0)
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--inflight", type=int, default=32)
     args = parser.parse_args()
     for tool in ("nginx", "taskset"):
