@@ -152,7 +152,14 @@ class FleetdService(MultiService):
         )
         self._listen(name, getattr(s.listen, name), options, site)
 
-    def _listen(self, name: str, description: str, options: Any, factory: Any) -> None:
+    def _listen(
+        self,
+        name: str,
+        description: str,
+        options: Any,
+        factory: Any,
+        idleTimeout: float | None = None,
+    ) -> None:
         limited = tlsFactory(
             options,
             factory,
@@ -160,7 +167,7 @@ class FleetdService(MultiService):
             clock=self.reactor,
             maxConnections=self.settings.limits.max_connections,
             maxPerSource=self.settings.limits.max_connections_per_source,
-            idleTimeout=self.settings.limits.idle_timeout,
+            idleTimeout=idleTimeout or self.settings.limits.idle_timeout,
         )
         self._openGauge.labels(name).set_function(limited.openConnections)
         self._maxGauge.labels(name).set(limited.maxConnections)
@@ -229,6 +236,10 @@ class FleetdService(MultiService):
             s.listen.tink,
             loadTLSOptions(s.tls, alpn=[b"h2"]),
             self.tink.factory,
+            # tink-server may take a minute to answer (it retries conflicts):
+            # a call in flight is timed by tink.stream_timeout, an idle
+            # connection still by limits.idle_timeout (the HTTP/2 layer).
+            idleTimeout=max(s.limits.idle_timeout, s.tink.stream_timeout),
         )
         self.dns = DNSService(
             self.reactor,
