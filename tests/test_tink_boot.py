@@ -15,6 +15,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from fleetd.inventory.model import validateDevice
 from fleetd.logs import ThrottledLog
 from fleetd.runs.alerts import HOOKOS
+from fleetd.status import StatusService
 from fleetd.tink.boot import BootEffects, BootMachine
 from fleetd.tink.completion import BootTracker
 from fleetd.tink.metrics import TinkMetrics
@@ -265,6 +266,28 @@ class AgentBootTests(SynchronousTestCase):
         self.assertTrue(site.fleet.alerts.active(HOOKOS, "w1"))
         self.assertEqual(site.events().count("boot.hookos-after-install"), 1)
         self.flushLoggedErrors()
+
+
+class StatusTests(SynchronousTestCase):
+    def test_status_namesPXEFirstReturn(self) -> None:
+        """[B2] fleetctl status names the alert, says the node booted back
+        into HookOS with its configuration unread, and how to fix it."""
+        site = Site(self)
+        site.agentWorkflow(connection=1)
+        site.fleet.clock.advance(120)
+        site.agentPoll(connection=2)
+        service = StatusService(
+            site.fleet.inventory,
+            site.fleet.registry,
+            site.fleet.alerts,
+            site.fleet.journal,
+        )
+        report = self.successResultOf(Deferred.fromCoroutine(service.report("w1")))
+        assert report is not None
+        self.assertEqual(report.alerts, ["FleetNodeBootedHookOSAfterInstall"])
+        self.assertIn("booted back into HookOS", report.state)
+        self.assertIn("boot first", report.recovery or "")
+        self.assertIn("boot.hookos-after-install", [e.event for e in report.journal])
 
 
 class OldApiBootTests(SynchronousTestCase):
