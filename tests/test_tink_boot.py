@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from google.protobuf.message import Message
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -367,6 +369,33 @@ class ObserverTests(SynchronousTestCase):
             for i in range(0, len(data), size):
                 out += reader.feed(data[i : i + size])
             self.assertEqual(len(out), 5)
+
+    @given(
+        st.lists(st.binary(max_size=300), min_size=1, max_size=6),
+        st.lists(st.integers(min_value=1, max_value=64), min_size=1, max_size=20),
+    )
+    @settings(max_examples=200)
+    def test_reader_property_anyCuts(
+        self, payloads: list[bytes], cuts: list[int]
+    ) -> None:
+        """Any messages cut into any chunk sizes come out whole, in order."""
+        data = b"".join(b"\x00" + len(p).to_bytes(4, "big") + p for p in payloads)
+        reader = MessageReader()
+        out: list[Any] = []
+        offset = i = 0
+        while offset < len(data):
+            size = cuts[i % len(cuts)]
+            out += reader.feed(data[offset : offset + size])
+            offset += size
+            i += 1
+        self.assertEqual(out, [(False, p) for p in payloads])
+
+    def test_reader_overLimit_skipped(self) -> None:
+        """A message over the observation limit is reported without its
+        payload and the next one is still read."""
+        reader = MessageReader(limit=4)
+        data = b"\x00\x00\x00\x00\x08" + b"x" * 8 + b"\x00\x00\x00\x00\x02ok"
+        self.assertEqual(reader.feed(data), [(False, None), (False, b"ok")])
 
     def test_compressed_notDecoded(self) -> None:
         """Compressed messages pass undecoded and are counted."""

@@ -27,6 +27,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.logs import ThrottledLog
@@ -462,6 +463,24 @@ class DrainAndTimeoutTests(SynchronousTestCase):
         self.assertIsNotNone(response.stream_ended)
         self.assertEqual(
             site.metrics.upstreamErrors.labels("connect")._value.get(), 1.0
+        )
+
+    def test_upstreamDown_logRateLimited(self) -> None:
+        """Nothing per stream is logged without a rate limit: 50 calls while
+        tink-server is down give at most 10 lines a window, the next one
+        counting those suppressed."""
+        site = Site()
+        site.upstreamDown = True
+        with capturedLogs() as events:
+            for _ in range(50):
+                site.call()
+            site.clock.advance(11)
+            site.call()
+        lines = [e for e in events if "tink.upstream" in e.get("log_format", "")]
+        self.assertEqual(len(lines), 11)
+        self.assertEqual(lines[-1]["suppressed"], 40)
+        self.assertEqual(
+            site.metrics.upstreamErrors.labels("connect")._value.get(), 51.0
         )
 
     def test_streamEnded_checked(self) -> None:
