@@ -309,6 +309,9 @@ class FleetdService(MultiService):
         await self.runs.load()
         await self.tink.load()  # boot completion needs the runs [B1]
 
+    def _stopListener(self, _: object, listener: IService) -> Deferred[Any]:
+        return maybeDeferred(listener.stopService)
+
     def _loadFailed(self, f: Failure) -> None:
         # The boot listener keeps answering 503 "starting"; this needs a human.
         self.log.failure("runs.load.failed", failure=f)
@@ -330,10 +333,16 @@ class FleetdService(MultiService):
             loading, self._loading = self._loading, None
             pending.append(loading)
         self.configResource.stop()
-        pending.append(self.tink.stop())  # GOAWAY and drain, then upstream
         pending.append(self.runs.stop())
+        tinkListener = self.listeners.get("tink")
         for child in reversed(list(self)):
             if isinstance(child, RunnerService):
+                continue
+            if tinkListener is not None and child is tinkListener:
+                # GOAWAY and let calls in flight finish (tink.drain_timeout)
+                # before the listener closes what is left; then upstream.
+                draining = self.tink.stop()
+                pending.append(draining.addBoth(self._stopListener, tinkListener))
                 continue
             pending.append(maybeDeferred(child.stopService))
 

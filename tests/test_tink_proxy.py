@@ -424,3 +424,34 @@ class DaemonTinkTests(DaemonTestMixin, TestCase):
             {"method": "/proto.WorkflowService/GetAction", "code": "9"},
         )
         self.assertEqual(value, 3.0)
+
+    async def test_stop_drainsCallsInFlight(self) -> None:
+        """[A4] fleetd stopping sends GOAWAY and lets a call in flight
+        finish before its listener closes."""
+        upstream = FakeTinkServer()
+        self.addCleanup(upstream.stop, None)
+        entered = threading.Event()
+        release = threading.Event()
+
+        def slow(req: bytes, ctx: Any) -> bytes:
+            entered.set()
+            release.wait(10)
+            return b"finished"
+
+        upstream.script.unary["GetAction"] = slow
+        self.makeSettings({"tink": {"upstream": f"tcp:127.0.0.1:{upstream.port}"}})
+        service = self.startDaemon()
+        ca = self.pki.public_ca.read_bytes()
+        ch = channel(self.port(service, "tink"), ca)
+        self.addCleanup(ch.close)
+        call = deferToThread(unary, ch, "GetAction", b"")
+        await deferToThread(entered.wait, 10)
+        stopping = service.stopService()
+        await deferLater(reactor, 0.2, lambda: None)
+        self.assertFalse(stopping.called)  # draining, not cut off
+        release.set()
+        outcome: Outcome = await call
+        self.assertEqual(
+            (outcome.code, outcome.responses), (grpc.StatusCode.OK, [b"finished"])
+        )
+        await stopping
