@@ -23,6 +23,7 @@ from h2.events import (
     StreamReset,
     TrailersReceived,
 )
+from hyperframe.frame import ContinuationFrame, HeadersFrame
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
@@ -447,6 +448,32 @@ class DrainAndTimeoutTests(SynchronousTestCase):
         client.send_headers(sid, [*grpcHeaders(), (b"x-flood", b"a" * 4000)])
         site.pump()
         self.assertTrue(transport.disconnecting)
+        [goaway] = [e for e in events if isinstance(e, ConnectionTerminated)]
+        self.assertNotEqual(goaway.error_code, ErrorCodes.NO_ERROR)
+        other = site.call()
+        site.answer(site.upstreamSid(0))
+        self.assertEqual(len(site.of(TrailersReceived, other)), 1)
+
+    def test_continuationFlood_closed(self) -> None:
+        """[A4] A HEADERS frame followed by endless CONTINUATION frames is
+        cut off (a bounded number is buffered) with GOAWAY; others served."""
+        site = Site()
+        index = site.connect()
+        proxy, transport, _, _ = site.clients[index]
+        start = HeadersFrame(1)
+        start.data = b"\x00"
+        proxy.dataReceived(start.serialize())
+        sent = 0
+        while not transport.disconnecting and sent < 1000:
+            more = ContinuationFrame(1)
+            more.data = b"\x40\x05aaaaa\x05bbbbb" * 100
+            proxy.dataReceived(more.serialize())
+            sent += 1
+        self.assertTrue(transport.disconnecting)
+        self.assertLess(sent, 100)
+        probe = H2Connection(H2Configuration(client_side=True))
+        probe.initiate_connection()
+        events = probe.receive_data(transport.value())
         [goaway] = [e for e in events if isinstance(e, ConnectionTerminated)]
         self.assertNotEqual(goaway.error_code, ErrorCodes.NO_ERROR)
         other = site.call()
