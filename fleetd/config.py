@@ -131,6 +131,24 @@ class ProvisionSettings:
 
 
 @dataclass(frozen=True)
+class TinkSettings:
+    """The tink proxy ([tink]): its upstream and its limits."""
+
+    upstream_tls: bool = False
+    upstream_host: str = "127.0.0.1"
+    upstream_port: int = 42114
+    upstream_ca: Path | None = None
+    connect_timeout: float = 5.0
+    max_concurrent_streams: int = 100
+    max_header_list_size: int = 16384
+    max_message_bytes: int = 4 << 20
+    handshake_timeout: float = 10.0
+    stream_timeout: float = 300.0
+    drain_timeout: float = 10.0
+    min_reboot: float = 60.0
+
+
+@dataclass(frozen=True)
 class BootLimits:
     """Brute-force limits on the boot listener (token buckets)."""
 
@@ -179,6 +197,7 @@ class Settings:
         default_factory=lambda: ProvisionSettings(Path("templates"))
     )
     boot_limits: BootLimits = field(default_factory=BootLimits)
+    tink: TinkSettings = field(default_factory=TinkSettings)
     kubernetes: KubernetesSettings | None = None
     netbox: NetBoxSettings | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -393,6 +412,32 @@ def _checkKubeCredentials(kube: KubernetesSettings | None) -> None:
         )
 
 
+def _tinkSettings(tink: _Table) -> TinkSettings:
+    from fleetd.tink.upstream import UpstreamAddress
+
+    try:
+        upstream = UpstreamAddress.parse(tink.text("upstream"))
+    except ValueError as e:
+        raise ConfigError(tink.key("upstream"), str(e)) from e
+    caPath = tink.optpath("upstream_ca")
+    if caPath is not None and not upstream.tls:
+        raise ConfigError(tink.key("upstream_ca"), "only for a tls: upstream")
+    return TinkSettings(
+        upstream_tls=upstream.tls,
+        upstream_host=upstream.host,
+        upstream_port=upstream.port,
+        upstream_ca=caPath,
+        connect_timeout=tink.number("connect_timeout", 5.0, 0.1, 600.0),
+        max_concurrent_streams=tink.integer("max_concurrent_streams", 100, 1, 10000),
+        max_header_list_size=tink.integer("max_header_list_size", 16384, 1024, 1 << 20),
+        max_message_bytes=tink.integer("max_message_bytes", 4 << 20, 1024, 64 << 20),
+        handshake_timeout=tink.number("handshake_timeout", 10.0, 0.1, 600.0),
+        stream_timeout=tink.number("stream_timeout", 300.0, 1.0, 86400.0),
+        drain_timeout=tink.number("drain_timeout", 10.0, 0.0, 600.0),
+        min_reboot=tink.number("min_reboot", 60.0, 0.0, 3600.0),
+    )
+
+
 def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
     """Turn a parsed TOML document into L{Settings}."""
     base = source.parent
@@ -471,6 +516,7 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
             server_ca=owner.optpath("server_ca"),
         ),
         tink_upstream=tink.text("upstream"),
+        tink=_tinkSettings(tink),
         dev_pki=dev.flag("generate_pki", False),
         dns_ttl=dnsTable.integer("ttl", 60, 0, 86400),
         dns_rate_limit=DNSRateLimit(

@@ -55,6 +55,7 @@ def prepare(settings: Settings) -> Prepared:
             tlsPolicy(settings.netbox.ca)
         except NetBoxSetupError as e:
             raise ConfigError(e.key, e.problem) from None
+    checkUpstreamCA(settings)
     try:
         vault = DirectoryVault.open(settings.vault, settings.vault_allow_any_fs)
     except VaultError as e:
@@ -69,6 +70,18 @@ def prepare(settings: Settings) -> Prepared:
             raise
         raise ConfigError("paths.state", str(e)) from e
     return Prepared(settings, vault, database, masterKey)
+
+
+def checkUpstreamCA(settings: Settings) -> None:
+    """C{tink.upstream_ca}, when set, is readable PEM certificates."""
+    path = settings.tink.upstream_ca
+    if path is None:
+        return
+    try:
+        pem = path.read_bytes()
+        crypto.load_certificate(crypto.FILETYPE_PEM, pem)
+    except (OSError, crypto.Error) as e:
+        raise ConfigError("tink.upstream_ca", f"cannot use {path}: {e}") from e
 
 
 def _publicKey(cert: crypto.X509) -> bytes:

@@ -70,7 +70,7 @@ from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.store.keys import deriveKey
 from fleetd.store.runner import DatabaseRunner, RunnerService
-from fleetd.tink.listener import TinkListenerFactory
+from fleetd.tink.service import TinkProxy
 from fleetd.trust.disks import DiskService
 from fleetd.trust.resource import (
     BindingsResource,
@@ -323,7 +323,14 @@ class FleetdService(MultiService):
             )
         self._listen(name, getattr(s.listen, name), options, site)
 
-    def _listen(self, name: str, description: str, options: Any, factory: Any) -> None:
+    def _listen(
+        self,
+        name: str,
+        description: str,
+        options: Any,
+        factory: Any,
+        idleTimeout: float | None = None,
+    ) -> None:
         limited = tlsFactory(
             options,
             factory,
@@ -331,7 +338,7 @@ class FleetdService(MultiService):
             clock=self.reactor,
             maxConnections=self.settings.limits.max_connections,
             maxPerSource=self.settings.limits.max_connections_per_source,
-            idleTimeout=self.settings.limits.idle_timeout,
+            idleTimeout=idleTimeout or self.settings.limits.idle_timeout,
         )
         self._openGauge.labels(name).set_function(limited.openConnections)
         self._maxGauge.labels(name).set(limited.maxConnections)
@@ -387,10 +394,27 @@ class FleetdService(MultiService):
         )
         admin.putChild(b"device", DevicePage())  # owners only [F3]
         self._web("admin", admin, clientCA=True)
-        tink = TinkListenerFactory(
-            clock=self.reactor, idleTimeout=s.limits.idle_timeout
+        self.tink = TinkProxy(
+            self.reactor,
+            s.tink,
+            idleTimeout=s.limits.idle_timeout,
+            registry=self.registry,
+            inventory=self.inventory,
+            runs=self.runs,
+            runner=self.runner,
+            journal=self.journal,
+            alerts=self.alerts,
         )
-        self._listen("tink", s.listen.tink, loadTLSOptions(s.tls, alpn=[b"h2"]), tink)
+        self._listen(
+            "tink",
+            s.listen.tink,
+            loadTLSOptions(s.tls, alpn=[b"h2"]),
+            self.tink.factory,
+            # tink-server may take a minute to answer (it retries conflicts):
+            # a call in flight is timed by tink.stream_timeout, an idle
+            # connection still by limits.idle_timeout (the HTTP/2 layer).
+            idleTimeout=max(s.limits.idle_timeout, s.tink.stream_timeout),
+        )
         self.dns = DNSService(
             self.reactor,
             s.topology,
@@ -454,12 +478,19 @@ class FleetdService(MultiService):
         self.journal.append(
             "fleetd.started", actor="fleetd", fields={"version": __version__}
         ).addErrback(self._journalFailed)
-        self._loading = Deferred.fromCoroutine(self.runs.load())
+        self._loading = Deferred.fromCoroutine(self._load())
         self._loading.addCallbacks(self._loaded, self._loadFailed)
 
     def _loaded(self, _: None) -> None:
         if self.collector is not None:
             freezeStartup(self.collector)
+
+    async def _load(self) -> None:
+        await self.runs.load()
+        await self.tink.load()  # boot completion needs the runs [B1]
+
+    def _stopListener(self, _: object, listener: IService) -> Deferred[Any]:
+        return maybeDeferred(listener.stopService)
 
     def _loadFailed(self, f: Failure) -> None:
         # The boot listener keeps answering 503 "starting"; this needs a human.
@@ -484,8 +515,15 @@ class FleetdService(MultiService):
         self.configResource.stop()
         self.attestation.stop()
         pending.append(self.runs.stop())
+        tinkListener = self.listeners.get("tink")
         for child in reversed(list(self)):
             if isinstance(child, RunnerService):
+                continue
+            if tinkListener is not None and child is tinkListener:
+                # GOAWAY and let calls in flight finish (tink.drain_timeout)
+                # before the listener closes what is left; then upstream.
+                draining = self.tink.stop()
+                pending.append(draining.addBoth(self._stopListener, tinkListener))
                 continue
             pending.append(maybeDeferred(child.stopService))
 

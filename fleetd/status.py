@@ -99,6 +99,13 @@ def assess(
         )
     if run.state == "delivering":
         return "its configuration is being delivered right now", None
+    if run.state == "ready" and "FleetNodeBootedHookOSAfterInstall" in alerts:
+        return (
+            "its workflow succeeded, but the node booted back into HookOS"
+            " instead of its disk; its configuration is unread [B2]",
+            "make the disk boot first (or turn off PXE for it; see"
+            " docs/operations.md, Boot completion) and power-cycle it",
+        )
     if run.state == "ready":
         return (
             "provisioned; waiting for the node to fetch its configuration",

@@ -27,7 +27,8 @@ from fleetd.store.db import Database
 
 MISSING = "missing"
 REFETCHED = "refetched"
-KINDS = (MISSING, REFETCHED)
+HOOKOS = "hookos-after-install"  # [B2], written by fleetd.tink.completion
+KINDS = (MISSING, REFETCHED, HOOKOS)
 DEFAULT_HOLD = 7200.0
 PERSIST_EVERY = 60.0
 
@@ -40,12 +41,18 @@ _HELP = {
         "fleetd_install_config_refetched",
         "1 while a node keeps asking for a configuration already delivered.",
     ),
+    HOOKOS: (
+        "fleetd_node_booted_hookos_after_install",
+        "1 while a node whose workflow succeeded keeps coming back to HookOS"
+        " with its configuration unread.",
+    ),
 }
 
 
 ALERT_NAMES = {
     MISSING: "FleetInstallConfigMissing",
     REFETCHED: "FleetInstallConfigRefetched",
+    HOOKOS: "FleetNodeBootedHookOSAfterInstall",
 }
 
 
@@ -68,6 +75,11 @@ def storeAlert(db: Database, device: str, kind: str, at: float) -> None:
 def clearAlerts(db: Database, device: str) -> None:
     """Remove C{device}'s series (a recovery provision)."""
     db.execute("DELETE FROM alerts WHERE device = ?", (device,))
+
+
+def clearAlert(db: Database, device: str, kind: str) -> None:
+    """Remove one of C{device}'s series (its cause was resolved)."""
+    db.execute("DELETE FROM alerts WHERE device = ? AND kind = ?", (device, kind))
 
 
 def loadAlerts(db: Database) -> list[tuple[str, str, float, float]]:
@@ -107,9 +119,11 @@ class AlertTracker(Collector):
         if stored:
             series.stored = now
 
-    def clear(self, device: str) -> None:
-        for series in self._series.values():
-            series.pop(device, None)
+    def clear(self, device: str, kind: str | None = None) -> None:
+        """Forget C{device}'s series (only C{kind}'s, if given)."""
+        for name, series in self._series.items():
+            if kind is None or name == kind:
+                series.pop(device, None)
 
     def active(self, kind: str, device: str) -> bool:
         series = self._series[kind].get(device)

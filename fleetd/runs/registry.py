@@ -141,6 +141,7 @@ class _Run(RunEffects):
         # Never served again: once the delivery is recorded, the secret
         # leaves the vault; the mark stays.
         self.registry.releaser.release(self.servedRecord(), onRecorded=self.dropConfig)
+        self.registry.notifyDelivered(self.record)
 
     def deliveredSuperseded(self) -> None:
         # The owner already replaced this run: record the delivery, release
@@ -284,6 +285,9 @@ class RunRegistry:
         self._provisioning = DeferredLock()
         self.loaded = False
         self.releaser = Releaser(clock, inventory, journal)
+        # Called with a run's record when its configuration was delivered
+        # (boot completion [B1] listens here).
+        self.deliveryObservers: list[Callable[[RunRecord], None]] = []
         self.vaultFailures = Counter(
             "fleetd_vault_write_failures_total",
             "Vault writes that failed (a full or broken tmpfs), by purpose.",
@@ -592,6 +596,18 @@ class RunRegistry:
             run.machine.sent()
         else:
             run.machine.aborted()
+
+    def notifyDelivered(self, record: RunRecord) -> None:
+        for observer in list(self.deliveryObservers):
+            try:
+                observer(record)
+            except Exception:
+                self.log.failure("runs.delivery-observer.failed {run}", run=record.id)
+
+    def configDelivered(self, run: str) -> bool:
+        """Whether C{run}'s configuration went out (it counts as consumed)."""
+        found = self._runs.get(run)
+        return found is not None and found.machine.describe() == "consumed"
 
     # Bookkeeping for the machine's effects
 

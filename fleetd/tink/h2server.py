@@ -10,7 +10,6 @@ L{fleetd.tink.listener}.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol as TypingProtocol
 
 from h2.config import H2Configuration
 from h2.connection import H2Connection
@@ -27,119 +26,30 @@ from h2.events import (
 )
 from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes, Settings
+from hyperframe.frame import GoAwayFrame
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from fleetd.logs import ThrottledLog
-from fleetd.tink.grpcwire import GRPCStatus, MessageSizeGuard, encodeGrpcMessage
+from fleetd.tink.grpcwire import GRPCStatus, encodeGrpcMessage
+from fleetd.tink.h2conn import DrainingH2Connection
+from fleetd.tink.h2stream import (
+    Headers,
+    IFlowControlledHandler,
+    IStreamHandler,
+    StreamResponder,
+)
 
-Headers = list[tuple[bytes, bytes]]
-
-
-class IStreamHandler(TypingProtocol):
-    """One request stream; the later gRPC proxy implements this."""
-
-    def headersReceived(self, headers: Headers) -> None:
-        """The request headers (already checked to be a gRPC request)."""
-
-    def dataReceived(self, data: bytes) -> None:
-        """Request body bytes; flow-control credit is returned after this."""
-
-    def endReceived(self) -> None:
-        """The client half-closed the stream."""
-
-    def reset(self, errorCode: int) -> None:
-        """The stream was reset by the peer or the connection went away."""
-
-
-class StreamResponder:
-    """The sending half of one stream, handed to its L{IStreamHandler}.
-
-    Calls after the stream has ended or been reset are ignored, so a handler
-    finishing late (e.g. after an upstream answer) never has to check.
-    """
-
-    def __init__(self, protocol: H2ServerProtocol, streamId: int) -> None:
-        self.streamId = streamId
-        self._protocol = protocol
-        self._handler: IStreamHandler | None = None
-        self._headersSent = False
-        self._outbound = bytearray()
-        self._trailers: Headers | None = None
-        self._guard = MessageSizeGuard(protocol.maxMessageBytes)
-
-    def sendHeaders(self, headers: Headers, endStream: bool = False) -> None:
-        """Send the response headers, ending the stream if C{endStream}."""
-        if self._live() and not self._headersSent:
-            self._headersSent = True
-            self._send(self._conn.send_headers, headers, end_stream=endStream)
-            if endStream:
-                self._protocol._ended(self)
-
-    def sendData(self, data: bytes) -> None:
-        """Queue body bytes; they leave as the peer's windows allow."""
-        if self._live() and self._trailers is None:
-            self._outbound += data
-            self.resumeSending()
-
-    def sendTrailers(self, trailers: Headers) -> None:
-        """End the stream with trailers once queued data has been sent."""
-        if self._live() and self._trailers is None:
-            self._trailers = trailers
-            self.resumeSending()
-
-    def trailersOnly(self, status: GRPCStatus, message: str = "") -> None:
-        """Answer with a gRPC status alone (Trailers-Only if nothing was sent)."""
-        trailers = [(b"grpc-status", b"%d" % status)]
-        if message:
-            trailers.append((b"grpc-message", encodeGrpcMessage(message)))
-        if self._headersSent:
-            self.sendTrailers(trailers)
-        else:
-            head = [(b":status", b"200"), (b"content-type", b"application/grpc")]
-            self.sendHeaders(head + trailers, endStream=True)
-
-    def reset(self, errorCode: int = ErrorCodes.CANCEL) -> None:
-        """Send RST_STREAM with C{errorCode} and forget the stream."""
-        if self._live():
-            self._send(self._conn.reset_stream, errorCode)
-            self._protocol._forget(self)
-
-    def resumeSending(self) -> None:
-        """Send what the windows allow, then the trailers once drained."""
-        while self._outbound and self._live():
-            try:
-                window = self._conn.local_flow_control_window(self.streamId)
-            except ProtocolError:
-                window = 0
-            size = min(window, self._conn.max_outbound_frame_size)
-            if size <= 0:
-                return
-            chunk = bytes(self._outbound[:size])
-            del self._outbound[:size]
-            self._send(self._conn.send_data, chunk)
-        if self._trailers is not None and self._live():
-            self._send(self._conn.send_headers, self._trailers, end_stream=True)
-            self._protocol._ended(self)
-
-    @property
-    def _conn(self) -> H2Connection:
-        return self._protocol.h2
-
-    def _live(self) -> bool:
-        return self._protocol._streams.get(self.streamId) is self
-
-    def _send(self, fn: Callable[..., object], *args: object, **kw: object) -> None:
-        """Call C{fn(streamId, ...)} on h2 and flush; if h2 refuses (the
-        stream or connection is already gone), forget the stream."""
-        try:
-            fn(self.streamId, *args, **kw)
-        except ProtocolError as e:
-            self._protocol.log.debug("tink.h2.send-refused {error}", error=str(e))
-            self._protocol._forget(self)
-        self._protocol._flush()
+__all__ = [
+    "H2ServerProtocol",
+    "Headers",
+    "IFlowControlledHandler",
+    "IStreamHandler",
+    "StreamResponder",
+]
 
 
 def _refusal(method: bytes, contentType: bytes) -> Headers | None:
@@ -168,6 +78,7 @@ class H2ServerProtocol(Protocol):
     """
 
     log: Logger | ThrottledLog = Logger()
+    connectionId = 0  # numbered by the listener's factory
 
     def __init__(
         self,
@@ -178,17 +89,31 @@ class H2ServerProtocol(Protocol):
         maxHeaderListSize: int = 16384,
         maxMessageBytes: int = 4 * 1024 * 1024,
         idleTimeout: float = 30.0,
+        streamTimeout: float = 300.0,
+        handshakeTimeout: float = 10.0,
     ) -> None:
         self.maxMessageBytes = maxMessageBytes
         self._handlerFactory = handlerFactory
         self._clock = clock
         self._idleTimeout = idleTimeout
+        self._streamTimeout = streamTimeout
+        self._handshakeTimeout = handshakeTimeout
         self._idleCall: IDelayedCall | None = None
         self._streams: dict[int, StreamResponder] = {}
         self._closing = False
-        self.h2 = H2Connection(
+        self._greeted = False  # the client's preface and SETTINGS arrived
+        self._lastAccepted: int | None = None  # set by drain(): GOAWAY sent
+        self._drained: list[Deferred[None]] = []
+        self.h2: H2Connection = DrainingH2Connection(
             H2Configuration(
-                client_side=False, header_encoding=None, validate_inbound_headers=True
+                client_side=False,
+                header_encoding=None,
+                validate_inbound_headers=True,
+                # What goes out was validated on the way in (the client's
+                # headers here, tink-server's by the upstream connection):
+                # checking again costs a third of a proxied call's CPU.
+                validate_outbound_headers=False,
+                normalize_outbound_headers=False,
             )
         )
         # Replaced before initiate_connection so the limits hold from the
@@ -203,9 +128,28 @@ class H2ServerProtocol(Protocol):
         self.h2.decoder.max_header_list_size = maxHeaderListSize
 
     def connectionMade(self) -> None:
+        opened = getattr(self.factory, "opened", None)
+        if opened is not None:
+            opened(self)
         self.h2.initiate_connection()
         self._flush()
         self._updateIdleTimer()
+
+    def drain(self) -> Deferred[None]:
+        """fleetd stops: send GOAWAY(NO_ERROR) naming the last stream taken,
+        let those streams finish, then close. Fires once closed."""
+        if self._closing or self.transport is None:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._drained.append(d)
+        if self._lastAccepted is None:
+            self._lastAccepted = self.h2.highest_inbound_stream_id
+            assert isinstance(self.h2, DrainingH2Connection)
+            self.h2.goAway(self._lastAccepted)
+            self._flush()
+            if not self._streams:
+                self._close()
+        return d
 
     def dataReceived(self, data: bytes) -> None:
         if self._closing:
@@ -213,10 +157,16 @@ class H2ServerProtocol(Protocol):
         try:
             events = self.h2.receive_data(data)
         except ProtocolError as e:
-            # h2 has queued GOAWAY with the matching error code.
+            # h2 has queued GOAWAY with the matching error code, except for
+            # a bad preface: then send GOAWAY(PROTOCOL_ERROR) ourselves.
             self.log.warn(
                 "tink.h2.protocol-error {error}", error=str(e), peer=self._peer()
             )
+            pending = self.h2.data_to_send()
+            if not pending:
+                pending = GoAwayFrame(error_code=ErrorCodes.PROTOCOL_ERROR).serialize()
+            if self.transport is not None:
+                self.transport.write(pending)
             self._close()
             return
         for event in events:
@@ -229,30 +179,47 @@ class H2ServerProtocol(Protocol):
     def connectionLost(self, reason: Failure | None = None) -> None:
         self._closing = True
         self._cancelIdleTimer()
+        closed = getattr(self.factory, "closed", None)
+        if closed is not None:
+            closed(self)
         streams, self._streams = self._streams, {}
         for stream in streams.values():
             self._call(stream, "reset", ErrorCodes.CANCEL)
+        drained, self._drained = self._drained, []
+        for d in drained:
+            d.callback(None)
 
     def _dispatch(self, event: Event) -> None:
         stream = self._streams.get(getattr(event, "stream_id", 0))
         if isinstance(event, RequestReceived):
             self._requestReceived(event.stream_id, event.headers)
         elif isinstance(event, DataReceived):
+            credit = event.flow_controlled_length
             if stream is not None and stream._handler is not None:
+                if getattr(stream._handler, "ownsFlowControl", False):
+                    # Padding goes back now; the data once it was forwarded.
+                    credit -= len(event.data)
                 self._dataReceived(stream, event.data)
             # Credit goes back even for streams already answered, so a
             # client still sending a body is never stalled.
-            self.h2.acknowledge_received_data(
-                event.flow_controlled_length, event.stream_id
-            )
+            if credit:
+                self.h2.acknowledge_received_data(credit, event.stream_id)
         elif isinstance(event, StreamEnded) and stream is not None:
             self._call(stream, "endReceived")
         elif isinstance(event, StreamReset) and stream is not None:
             self._forget(stream)
             self._call(stream, "reset", event.error_code or 0)
         elif isinstance(event, WindowUpdated | RemoteSettingsChanged):
-            for each in list(self._streams.values()):
-                each.resumeSending()
+            self._greeted = True
+            # Only streams with data waiting for a window need a look: a
+            # client acknowledges often, and many streams may be open.
+            if isinstance(event, WindowUpdated) and event.stream_id:
+                if stream is not None and stream._outbound:
+                    stream.resumeSending()
+            else:
+                for each in list(self._streams.values()):
+                    if each._outbound:
+                        each.resumeSending()
         elif isinstance(event, ConnectionTerminated):
             self.log.info(
                 "tink.h2.goaway-received {errorCode}",
@@ -263,6 +230,10 @@ class H2ServerProtocol(Protocol):
         # PING is ACKed by h2 itself; other events need nothing.
 
     def _requestReceived(self, streamId: int, headers: Headers) -> None:
+        if self._lastAccepted is not None and streamId > self._lastAccepted:
+            # After our GOAWAY: not processed, so the client may retry it.
+            self.h2.reset_stream(streamId, ErrorCodes.REFUSED_STREAM)
+            return
         stream = self._streams[streamId] = StreamResponder(self, streamId)
         fields = dict(headers)
         method = fields.get(b":method", b"")
@@ -329,12 +300,17 @@ class H2ServerProtocol(Protocol):
     def _forget(self, stream: StreamResponder) -> None:
         if self._streams.get(stream.streamId) is stream:
             del self._streams[stream.streamId]
-            self._updateIdleTimer()
+            if self._lastAccepted is not None and not self._streams:
+                self._close()  # drained after our GOAWAY
+            else:
+                self._updateIdleTimer()
 
     def _flush(self) -> None:
         data = self.h2.data_to_send()
         if data and self.transport is not None:
             self.transport.write(data)
+            if self._streams:
+                self._updateIdleTimer()  # a stream made progress
 
     def _close(self) -> None:
         self._closing = True
@@ -345,23 +321,40 @@ class H2ServerProtocol(Protocol):
 
     def _idleTimedOut(self) -> None:
         self._idleCall = None
-        self.log.info(
-            "tink.h2.idle-timeout {timeout}",
-            timeout=self._idleTimeout,
-            peer=self._peer(),
-        )
-        self.h2.close_connection(ErrorCodes.NO_ERROR)
+        timeout = self._timeout()
+        if not self._greeted:
+            event = "tink.h2.handshake-timeout {timeout}"
+        elif self._streams:
+            event = "tink.h2.stream-timeout {timeout}"
+        else:
+            event = "tink.h2.idle-timeout {timeout}"
+        self.log.info(event, timeout=timeout, peer=self._peer())
+        # Streams that made no progress for this long are abandoned: tell
+        # the client nothing past the last one was (or will be) processed.
+        code = ErrorCodes.NO_ERROR if not self._streams else ErrorCodes.CANCEL
+        try:
+            self.h2.close_connection(code)
+        except ProtocolError:
+            pass
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            self._call(stream, "reset", ErrorCodes.CANCEL)
         self._close()
 
+    def _timeout(self) -> float:
+        if not self._greeted:
+            return min(self._handshakeTimeout, self._idleTimeout)
+        return self._streamTimeout if self._streams else self._idleTimeout
+
     def _updateIdleTimer(self) -> None:
-        if self._streams or self._closing:
+        """Re-arm the one timer: handshake, idle (no streams) or stream
+        (streams open, no frame either way) timeout, whichever applies."""
+        if self._closing:
             self._cancelIdleTimer()
         elif self._idleCall is not None:
-            self._idleCall.reset(self._idleTimeout)
+            self._idleCall.reset(self._timeout())
         else:
-            self._idleCall = self._clock.callLater(
-                self._idleTimeout, self._idleTimedOut
-            )
+            self._idleCall = self._clock.callLater(self._timeout(), self._idleTimedOut)
 
     def _cancelIdleTimer(self) -> None:
         if self._idleCall is not None:

@@ -1,18 +1,34 @@
 """
-The tink listener until the gRPC proxy lands: every call gets a
-Trailers-Only UNIMPLEMENTED answer ([A4]).
+The tink listener [A4]: HTTP/2 connections whose streams are proxied to
+tink-server (L{fleetd.tink.proxy}), or, without an upstream (tests, and a
+listener built before its upstream), answered Trailers-Only UNIMPLEMENTED.
+
+The factory numbers connections (an agent restarting in HookOS opens a new
+one), keeps them for a graceful stop (GOAWAY, drain, close), and shares one
+rate-limited log among them all.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
+from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.protocol import Factory
 
 from fleetd.logs import ThrottledLog
 from fleetd.tink.grpcwire import GRPCStatus
-from fleetd.tink.h2server import H2ServerProtocol, Headers, StreamResponder
+from fleetd.tink.h2server import (
+    H2ServerProtocol,
+    Headers,
+    IStreamHandler,
+    StreamResponder,
+)
+from fleetd.tink.metrics import TinkMetrics
+from fleetd.tink.proxy import ProxyStream, TapFactory
+from fleetd.tink.upstream import UpstreamPool
 
 
 class UnimplementedHandler:
@@ -46,7 +62,8 @@ class UnimplementedHandler:
 
 
 class TinkListenerFactory(Factory):
-    """Build L{H2ServerProtocol}s that answer UNIMPLEMENTED, with limits."""
+    """Build L{H2ServerProtocol}s with limits; C{handlerFactory} handles each
+    stream (default: UNIMPLEMENTED)."""
 
     noisy = False
 
@@ -54,26 +71,83 @@ class TinkListenerFactory(Factory):
         self,
         clock: IReactorTime,
         *,
+        handlerFactory: Callable[[StreamResponder], IStreamHandler] | None = None,
+        log: ThrottledLog | None = None,
         maxConcurrentStreams: int = 100,
         maxHeaderListSize: int = 16384,
         maxMessageBytes: int = 4 * 1024 * 1024,
         idleTimeout: float = 30.0,
+        streamTimeout: float = 300.0,
+        handshakeTimeout: float = 10.0,
+        drainTimeout: float = 10.0,
     ) -> None:
         self.clock = clock
         # One rate-limited log for every connection and stream of the listener.
-        self.log = ThrottledLog(clock)
+        self.log = ThrottledLog(clock) if log is None else log
+        self._drainTimeout = drainTimeout
+        self._connections = 0
+        self.protocols: set[H2ServerProtocol] = set()
         self._build = partial(
             H2ServerProtocol,
-            UnimplementedHandler,
+            handlerFactory or UnimplementedHandler,
             clock=clock,
             maxConcurrentStreams=maxConcurrentStreams,
             maxHeaderListSize=maxHeaderListSize,
             maxMessageBytes=maxMessageBytes,
             idleTimeout=idleTimeout,
+            streamTimeout=streamTimeout,
+            handshakeTimeout=handshakeTimeout,
         )
 
     def buildProtocol(self, addr: IAddress | None) -> H2ServerProtocol:
         protocol = self._build()
         protocol.log = self.log
         protocol.factory = self
+        self._connections += 1
+        protocol.connectionId = self._connections
         return protocol
+
+    def opened(self, protocol: H2ServerProtocol) -> None:
+        self.protocols.add(protocol)
+
+    def closed(self, protocol: H2ServerProtocol) -> None:
+        self.protocols.discard(protocol)
+
+    def drain(self) -> Deferred[Any]:
+        """fleetd stops: GOAWAY on every connection, let the calls in flight
+        finish, close; connections still busy after C{drainTimeout} are
+        aborted."""
+        draining = [p.drain() for p in list(self.protocols)]
+        timer = self.clock.callLater(self._drainTimeout, self._abortAll)
+        d: Deferred[Any] = DeferredList(draining)
+
+        def done(result: object) -> object:
+            if timer.active():
+                timer.cancel()
+            return result
+
+        return d.addBoth(done)
+
+    def _abortAll(self) -> None:
+        for protocol in list(self.protocols):
+            self.log.warn("tink.drain.aborted {peer}", peer=protocol._peer())
+            abort = getattr(protocol.transport, "abortConnection", None)
+            if abort is not None:
+                abort()
+
+
+def proxyFactory(
+    clock: IReactorTime,
+    pool: UpstreamPool,
+    metrics: TinkMetrics,
+    *,
+    tapFactory: TapFactory | None = None,
+    **limits: Any,
+) -> TinkListenerFactory:
+    """The tink listener's factory, proxying every call through C{pool}."""
+    log = ThrottledLog(clock)
+
+    def handler(responder: StreamResponder) -> IStreamHandler:
+        return ProxyStream(responder, pool, metrics, log, tapFactory)
+
+    return TinkListenerFactory(clock, handlerFactory=handler, log=log, **limits)

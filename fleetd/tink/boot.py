@@ -1,0 +1,171 @@
+"""
+Boot completion of one run, as an automat state machine [B1] [B2] [B3].
+
+    waiting --running--> running --done--> rebooting --configFetched--> done
+       |                                    |   |                        ^
+       +-------------done-------------------+   +--returned--> returned -+
+                                                +--netbooted-> netbooted-+
+
+A workflow's SUCCESS seen through the proxy means the reboot starts, not
+that the disk boots [B1]: the run is then C{rebooting} until Talos fetches
+its configuration on the boot listener (C{configFetched}, from the run
+registry's delivery), which is the proof. If instead the node's agent
+polls again from a fresh start in HookOS while the configuration is
+unread (C{returned}), the machine PXE-booted first: the first time per run
+is journaled and C{FleetNodeBootedHookOSAfterInstall} raised and held
+while the agent keeps polling [B2] [V6]. A run whose desired_action asks
+for a network boot expects exactly that (C{netbooted}): silent [B3]. A new
+workflow starting in HookOS sends the run back to C{running}.
+
+A run restored after a restart enters the state its journal shows
+(C{boot.rebooting}, C{boot.hookos-after-install}), or C{done} once its
+configuration was delivered.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from automat import TypeMachineBuilder
+
+
+class BootInputs(Protocol):
+    def restoreRebooting(self) -> None:
+        "The journal says the workflow finished and nothing since."
+
+    def restoreReturned(self) -> None:
+        "The journal says the node came back to HookOS after its install."
+
+    def restoreDone(self) -> None:
+        "The run's configuration was delivered."
+
+    def running(self) -> None:
+        "An action of the device's workflow started."
+
+    def done(self, workflow: str) -> None:
+        "The device's workflow finished (its last action succeeded)."
+
+    def returned(self) -> None:
+        "The agent polls from a fresh start while the configuration is unread."
+
+    def netbooted(self) -> None:
+        "Like C{returned}, for a run whose desired_action is a network boot."
+
+    def configFetched(self) -> None:
+        "Talos fetched the run's configuration on the boot listener."
+
+    def describe(self) -> str:
+        "The state's name, for people and logs."
+
+
+class BootEffects:
+    """What the machine asks of its run's tracker (see L{fleetd.tink.completion})."""
+
+    def rebooting(self, workflow: str) -> None:
+        raise NotImplementedError
+
+    def inHookOS(self) -> None:
+        raise NotImplementedError
+
+    def netbootExpected(self) -> None:
+        raise NotImplementedError
+
+    def completed(self, afterHookOS: bool) -> None:
+        raise NotImplementedError
+
+
+builder = TypeMachineBuilder(BootInputs, BootEffects)
+waiting = builder.state("waiting")
+running = builder.state("running")
+rebooting = builder.state("rebooting")
+returned = builder.state("returned")
+netbooted = builder.state("netbooted")
+done = builder.state("done")
+
+waiting.upon(BootInputs.restoreRebooting).to(rebooting).returns(None)
+waiting.upon(BootInputs.restoreReturned).to(returned).returns(None)
+waiting.upon(BootInputs.restoreDone).to(done).returns(None)
+
+for _state in (waiting, running, rebooting, returned, netbooted):
+    _state.upon(BootInputs.running).to(running).returns(None)
+for _state in (waiting, running):
+    # Polls during a workflow are the agent's normal life.
+    _state.upon(BootInputs.returned).loop().returns(None)
+    _state.upon(BootInputs.netbooted).loop().returns(None)
+
+
+@waiting.upon(BootInputs.done).to(rebooting)
+def _doneWaiting(inputs: BootInputs, effects: BootEffects, workflow: str) -> None:
+    effects.rebooting(workflow)
+
+
+@running.upon(BootInputs.done).to(rebooting)
+def _doneRunning(inputs: BootInputs, effects: BootEffects, workflow: str) -> None:
+    effects.rebooting(workflow)
+
+
+@returned.upon(BootInputs.done).to(rebooting)
+def _doneAgain(inputs: BootInputs, effects: BootEffects, workflow: str) -> None:
+    effects.rebooting(workflow)
+
+
+@netbooted.upon(BootInputs.done).to(rebooting)
+def _doneNetbooted(inputs: BootInputs, effects: BootEffects, workflow: str) -> None:
+    effects.rebooting(workflow)
+
+
+rebooting.upon(BootInputs.done).loop().returns(None)  # a retried final report
+
+
+@rebooting.upon(BootInputs.returned).to(returned)
+def _returned(inputs: BootInputs, effects: BootEffects) -> None:
+    effects.inHookOS()
+
+
+@returned.upon(BootInputs.returned).loop()
+def _stillReturned(inputs: BootInputs, effects: BootEffects) -> None:
+    effects.inHookOS()  # holds the alert series while polls continue [V6]
+
+
+@rebooting.upon(BootInputs.netbooted).to(netbooted)
+def _netbooted(inputs: BootInputs, effects: BootEffects) -> None:
+    effects.netbootExpected()
+
+
+returned.upon(BootInputs.netbooted).loop().returns(None)
+netbooted.upon(BootInputs.netbooted).loop().returns(None)
+netbooted.upon(BootInputs.returned).loop().returns(None)
+
+
+@returned.upon(BootInputs.configFetched).to(done)
+def _fetchedAfterHookOS(inputs: BootInputs, effects: BootEffects) -> None:
+    effects.completed(True)
+
+
+for _state in (waiting, running, rebooting, netbooted):
+
+    @_state.upon(BootInputs.configFetched).to(done)
+    def _fetched(inputs: BootInputs, effects: BootEffects) -> None:
+        effects.completed(False)
+
+
+for _input in (
+    BootInputs.running,
+    BootInputs.done,
+    BootInputs.returned,
+    BootInputs.netbooted,
+    BootInputs.configFetched,
+):
+    done.upon(_input).loop().returns(None)
+
+for _state, _name in (
+    (waiting, "waiting"),
+    (running, "running"),
+    (rebooting, "rebooting"),
+    (returned, "returned-to-hookos"),
+    (netbooted, "netbooted"),
+    (done, "done"),
+):
+    _state.upon(BootInputs.describe).loop().returns(_name)
+
+BootMachine = builder.build()

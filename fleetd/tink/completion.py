@@ -1,0 +1,280 @@
+"""
+Boot completion per run [B1] [B2] [B3]: the L{fleetd.tink.boot} machines
+fed from the proxy's observations and the run registry's deliveries.
+
+Durable facts are journal entries, each committed in one transaction with
+the state it records [J1]: C{boot.rebooting} (a workflow's SUCCESS means
+the reboot starts, not that the disk boots [B1]) and
+C{boot.hookos-after-install} (the first return to HookOS of a run, with
+its alert series, [B2] [V6]); C{boot.completed} clears that series when
+the configuration is finally fetched. A restart re-enters each current
+run's state from those entries, so the return is journaled once per run,
+ever. A poll counts as a return to HookOS only on a downstream connection
+opened after the one the workflow finished on, and at least
+C{minReboot} seconds after the finish (a reboot through firmware and
+HookOS takes longer than that; a reconnect does not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol as TypingProtocol
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from fleetd.runs.alerts import HOOKOS, AlertTracker, clearAlert, storeAlert
+from fleetd.runs.store import RunRecord, isSuperseded
+from fleetd.store.db import Database
+from fleetd.store.journal import AsyncJournal, Recorder
+from fleetd.store.runner import IRunner
+from fleetd.tink.boot import BootEffects, BootInputs, BootMachine
+
+NETBOOT = "netboot"
+MIN_REBOOT = 60.0
+REBOOTING = "boot.rebooting"
+RETURNED = "boot.hookos-after-install"
+COMPLETED = "boot.completed"
+
+
+class IRuns(TypingProtocol):
+    """What boot completion needs of the run registry."""
+
+    deliveryObservers: list[Callable[[RunRecord], None]]
+
+    def current(self, device: str) -> RunRecord | None: ...
+
+    def configDelivered(self, run: str) -> bool: ...
+
+
+def bootHistory(db: Database, runs: list[str]) -> dict[str, str]:
+    """The last boot.* journal event of each of C{runs}."""
+    found: dict[str, str] = {}
+    for run in runs:
+        row = db.execute(
+            "SELECT event FROM journal WHERE run = ? AND event IN (?, ?, ?)"
+            " ORDER BY seq DESC LIMIT 1",
+            (run, REBOOTING, RETURNED, COMPLETED),
+        ).fetchone()
+        if row is not None:
+            found[run] = str(row[0])
+    return found
+
+
+def returnedRuns(db: Database, runs: list[str]) -> set[str]:
+    """Which of C{runs} already have their return to HookOS journaled."""
+    noted = set()
+    for run in runs:
+        row = db.execute(
+            "SELECT 1 FROM journal WHERE run = ? AND event = ? LIMIT 1",
+            (run, RETURNED),
+        ).fetchone()
+        if row is not None:
+            noted.add(run)
+    return noted
+
+
+class _RunBoot(BootEffects):
+    """One run's boot machine and the effects it asks for."""
+
+    def __init__(self, tracker: BootTracker, record: RunRecord) -> None:
+        self.tracker = tracker
+        self.record = record
+        self.doneConnection = -1
+        self.doneAt = float("-inf")
+        self.machine: BootInputs = BootMachine(self)
+
+    def rebooting(self, workflow: str) -> None:
+        self.tracker.recordRebooting(self, workflow)
+
+    def inHookOS(self) -> None:
+        self.tracker.noteHookOS(self)
+
+    def netbootExpected(self) -> None:
+        self.tracker.log.info(
+            "boot.netboot-expected {device} {run}",
+            device=self.record.device,
+            run=self.record.id,
+        )
+
+    def completed(self, afterHookOS: bool) -> None:
+        self.tracker.completed(self, afterHookOS)
+
+
+class BootTracker:
+    """Every current run's boot machine (an L{fleetd.tink.workflows.IBootEvents})."""
+
+    log = Logger()
+
+    def __init__(
+        self,
+        *,
+        clock: IReactorTime,
+        runs: IRuns,
+        runner: IRunner,
+        journal: AsyncJournal,
+        alerts: AlertTracker,
+        minReboot: float = MIN_REBOOT,
+    ) -> None:
+        self.clock = clock
+        self.runs = runs
+        self.runner = runner
+        self.journal = journal
+        self.alerts = alerts
+        self.minReboot = minReboot
+        self._byDevice: dict[str, _RunBoot] = {}
+        self._noted: set[str] = set()  # runs whose return is journaled
+        self._noting: set[str] = set()
+        runs.deliveryObservers.append(self.delivered)
+
+    async def load(self, devices: list[str]) -> None:
+        """Re-enter each current run's state (after the registry loaded)."""
+        records = [r for r in map(self.runs.current, devices) if r is not None]
+        ids = [r.id for r in records]
+        history = await self.runner.run(lambda db: bootHistory(db, ids))
+        self._noted |= await self.runner.run(lambda db: returnedRuns(db, ids))
+        now = self.clock.seconds()
+        for record in records:
+            boot = self._boot(record.device)
+            if boot is None:
+                continue
+            if self.runs.configDelivered(record.id):
+                boot.machine.restoreDone()
+            elif history.get(record.id) == REBOOTING:
+                boot.doneAt = now
+                boot.machine.restoreRebooting()
+            elif history.get(record.id) == RETURNED:
+                boot.machine.restoreReturned()
+
+    def _boot(self, device: str) -> _RunBoot | None:
+        record = self.runs.current(device)
+        if record is None:
+            self._byDevice.pop(device, None)
+            return None
+        boot = self._byDevice.get(device)
+        if boot is None or boot.record.id != record.id:
+            boot = self._byDevice[device] = _RunBoot(self, record)
+        return boot
+
+    # IBootEvents (from the proxy's observations)
+
+    def running(self, device: str) -> None:
+        boot = self._boot(device)
+        if boot is not None:
+            boot.machine.running()
+
+    def done(self, device: str, workflow: str, connection: int) -> None:
+        boot = self._boot(device)
+        if boot is not None:
+            boot.doneConnection = max(boot.doneConnection, connection)
+            boot.doneAt = self.clock.seconds()
+            boot.machine.done(workflow)
+
+    def polled(self, device: str, connection: int) -> None:
+        boot = self._boot(device)
+        if boot is None or connection <= boot.doneConnection:
+            return  # the connection the workflow finished on: not a restart
+        if self.clock.seconds() - boot.doneAt < self.minReboot:
+            return
+        if boot.record.desired_action == NETBOOT:
+            boot.machine.netbooted()  # expected: silent [B3]
+        else:
+            boot.machine.returned()
+
+    # From the run registry
+
+    def delivered(self, record: RunRecord) -> None:
+        boot = self._byDevice.get(record.device)
+        if boot is not None and boot.record.id == record.id:
+            boot.machine.configFetched()
+
+    # Effects
+
+    def recordRebooting(self, boot: _RunBoot, workflow: str) -> None:
+        record = boot.record
+        self.log.info(
+            "boot.rebooting {device} {run} {workflow}",
+            device=record.device,
+            run=record.id,
+            workflow=workflow,
+        )
+        self.journal.append(
+            REBOOTING,
+            actor=f"node:{record.device}",
+            device=record.device,
+            run=record.id,
+            fields={"workflow": workflow[:256]},
+        ).addErrback(self._failed)
+
+    def noteHookOS(self, boot: _RunBoot) -> None:
+        """The node is (still) in HookOS with its configuration unread:
+        journal the first time per run, keep the series up [B2] [V6]."""
+        record = boot.record
+        device = record.device
+        first = record.id not in self._noted
+        if record.id in self._noting:
+            return
+        if not first and not self.alerts.needsWrite(HOOKOS, device):
+            self.alerts.note(HOOKOS, device, stored=False)
+            return
+        self._noting.add(record.id)
+        now = self.clock.seconds()
+
+        def change(db: Database, journal: Recorder) -> bool:
+            if isSuperseded(db, record.id):
+                return False  # a new provision committed first: no alert
+            storeAlert(db, device, HOOKOS, now)
+            if first:
+                journal(
+                    RETURNED,
+                    actor=f"node:{device}",
+                    device=device,
+                    run=record.id,
+                    fields={"since": now - boot.doneAt if boot.doneAt > 0 else None},
+                )
+            return True
+
+        def stored(ok: bool) -> None:
+            if not ok:
+                return
+            if first:
+                self._noted.add(record.id)
+                self.log.warn(
+                    "boot.hookos-after-install {device} {run}",
+                    device=device,
+                    run=record.id,
+                )
+            current = self.runs.current(device)
+            if current is not None and current.id == record.id:
+                self.alerts.note(HOOKOS, device, stored=True)
+
+        d = self.journal.change(change)
+        d.addCallbacks(stored, self._failed)
+        d.addBoth(lambda _: self._noting.discard(record.id))
+
+    def completed(self, boot: _RunBoot, afterHookOS: bool) -> None:
+        record = boot.record
+        if not afterHookOS:
+            return  # the delivery is the registry's to journal
+        device = record.device
+
+        def change(db: Database, journal: Recorder) -> None:
+            clearAlert(db, device, HOOKOS)
+            journal(
+                COMPLETED,
+                actor=f"node:{device}",
+                device=device,
+                run=record.id,
+                fields={"after": "hookos"},
+            )
+
+        def cleared(_: None) -> None:
+            self.alerts.clear(device, HOOKOS)
+
+        self.journal.change(change).addCallbacks(cleared, self._failed)
+
+    def _failed(self, f: Failure) -> Deferred[None] | None:
+        self.log.failure("boot.record.failed", failure=f)
+        return None

@@ -1,0 +1,157 @@
+"""
+One HTTP/2 stream of the tink listener, seen from its handler.
+
+L{IStreamHandler} is what a stream's handler implements (the proxy's
+L{fleetd.tink.proxy.ProxyStream}, or the placeholder that answers
+UNIMPLEMENTED); L{StreamResponder} is the sending half it is given:
+headers, data sent as the peer's windows allow, trailers, resets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+from typing import Protocol as TypingProtocol
+
+from h2.connection import H2Connection
+from h2.errors import ErrorCodes
+from h2.exceptions import ProtocolError
+
+from fleetd.tink.grpcwire import GRPCStatus, MessageSizeGuard, encodeGrpcMessage
+
+if TYPE_CHECKING:
+    from fleetd.tink.h2server import H2ServerProtocol
+
+Headers = list[tuple[bytes, bytes]]
+
+
+class IStreamHandler(TypingProtocol):
+    """One request stream; the later gRPC proxy implements this."""
+
+    def headersReceived(self, headers: Headers) -> None:
+        """The request headers (already checked to be a gRPC request)."""
+
+    def dataReceived(self, data: bytes) -> None:
+        """Request body bytes; flow-control credit is returned after this."""
+
+    def endReceived(self) -> None:
+        """The client half-closed the stream."""
+
+    def reset(self, errorCode: int) -> None:
+        """The stream was reset by the peer or the connection went away."""
+
+
+class IFlowControlledHandler(IStreamHandler, TypingProtocol):
+    """A handler that returns request credit itself (a proxy: only once the
+    bytes were forwarded, L{StreamResponder.acknowledge}), and hears when
+    response bytes leave (L{dataSent}), for backpressure on both hops."""
+
+    ownsFlowControl: bool
+
+    def dataSent(self, size: int) -> None:
+        """C{size} bytes given to L{StreamResponder.sendData} left in frames."""
+
+
+class StreamResponder:
+    """The sending half of one stream, handed to its L{IStreamHandler}.
+
+    Calls after the stream has ended or been reset are ignored, so a handler
+    finishing late (e.g. after an upstream answer) never has to check.
+    """
+
+    def __init__(self, protocol: H2ServerProtocol, streamId: int) -> None:
+        self.streamId = streamId
+        self._protocol = protocol
+        self._handler: IStreamHandler | None = None
+        self._headersSent = False
+        self._outbound = bytearray()
+        self._trailers: Headers | None = None
+        self._guard = MessageSizeGuard(protocol.maxMessageBytes)
+        self.headersSent = False
+
+    def acknowledge(self, size: int) -> None:
+        """Return C{size} bytes of request credit (a handler that owns flow
+        control calls this once it has forwarded them)."""
+        if size > 0:
+            self._conn.acknowledge_received_data(size, self.streamId)
+            self._protocol._flush()
+
+    def sendHeaders(self, headers: Headers, endStream: bool = False) -> None:
+        """Send the response headers, ending the stream if C{endStream}."""
+        if self._live() and not self._headersSent:
+            self._headersSent = self.headersSent = True
+            self._send(self._conn.send_headers, headers, end_stream=endStream)
+            if endStream:
+                self._protocol._ended(self)
+
+    def sendData(self, data: bytes) -> None:
+        """Queue body bytes; they leave as the peer's windows allow."""
+        if self._live() and self._trailers is None:
+            self._outbound += data
+            self.resumeSending()
+
+    def sendTrailers(self, trailers: Headers) -> None:
+        """End the stream with trailers once queued data has been sent."""
+        if self._live() and self._trailers is None:
+            self._trailers = trailers
+            self.resumeSending()
+
+    def trailersOnly(self, status: GRPCStatus, message: str = "") -> None:
+        """Answer with a gRPC status alone (Trailers-Only if nothing was sent)."""
+        trailers = [(b"grpc-status", b"%d" % status)]
+        if message:
+            trailers.append((b"grpc-message", encodeGrpcMessage(message)))
+        if self._headersSent:
+            self.sendTrailers(trailers)
+        else:
+            head = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+            self.sendHeaders(head + trailers, endStream=True)
+
+    def reset(self, errorCode: int = ErrorCodes.CANCEL) -> None:
+        """Send RST_STREAM with C{errorCode} and forget the stream."""
+        if self._live():
+            self._send(self._conn.reset_stream, errorCode)
+            self._protocol._forget(self)
+
+    def resumeSending(self) -> None:
+        """Send what the windows allow, then the trailers once drained."""
+        while self._outbound and self._live():
+            try:
+                window = self._conn.local_flow_control_window(self.streamId)
+            except ProtocolError:
+                window = 0
+            size = min(window, self._conn.max_outbound_frame_size)
+            if size <= 0:
+                return
+            chunk = bytes(self._outbound[:size])
+            del self._outbound[:size]
+            self._send(self._conn.send_data, chunk)
+            handler = self._handler
+            if handler is not None and getattr(handler, "ownsFlowControl", False):
+                cast(IFlowControlledHandler, handler).dataSent(len(chunk))
+        if self._trailers is not None and self._live():
+            self._send(self._conn.send_headers, self._trailers, end_stream=True)
+            self._protocol._ended(self)
+
+    @property
+    def connectionId(self) -> int:
+        """Which downstream connection this stream is on (a new one after
+        an agent restarts)."""
+        return self._protocol.connectionId
+
+    @property
+    def _conn(self) -> H2Connection:
+        return self._protocol.h2
+
+    def _live(self) -> bool:
+        return self._protocol._streams.get(self.streamId) is self
+
+    def _send(self, fn: Callable[..., object], *args: object, **kw: object) -> None:
+        """Call C{fn(streamId, ...)} on h2 and flush; if h2 refuses (the
+        stream or connection is already gone), forget the stream."""
+        try:
+            fn(self.streamId, *args, **kw)
+        except ProtocolError as e:
+            self._protocol.log.debug("tink.h2.send-refused {error}", error=str(e))
+            self._protocol._forget(self)
+        self._protocol._flush()

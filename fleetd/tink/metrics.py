@@ -1,0 +1,72 @@
+"""The tink proxy's Prometheus metrics (issue 10, item 4).
+
+Label values are bounded: methods outside the Tinkerbell services count as
+C{other}, gRPC statuses are the 17 codes plus C{reset} (no status: the
+stream was reset), so no client can grow the series.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+KNOWN_METHODS = frozenset(
+    {
+        "/proto.WorkflowService/GetWorkflowContexts",
+        "/proto.WorkflowService/GetWorkflowActions",
+        "/proto.WorkflowService/ReportActionStatus",
+        "/proto.WorkflowService/GetAction",
+    }
+)
+
+
+def methodLabel(path: str) -> str:
+    """The C{method} label for a request path."""
+    return path if path in KNOWN_METHODS else "other"
+
+
+class TinkMetrics:
+    """Counters and gauges of the proxy, on C{registry} (or none, in tests)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.rpcs = Counter(
+            "fleetd_tink_rpcs_total",
+            "Calls proxied to tink-server, by method and gRPC status.",
+            ["method", "code"],
+            registry=registry,
+        )
+        self.upstreamErrors = Counter(
+            "fleetd_tink_upstream_errors_total",
+            "Upstream connection problems: connect (unreachable), lost"
+            " (with streams in flight), goaway, protocol.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in ("connect", "lost", "goaway", "protocol"):
+            self.upstreamErrors.labels(reason)
+        self.activeStreams = Gauge(
+            "fleetd_tink_active_streams",
+            "Proxied streams open now.",
+            registry=registry,
+        )
+        self.bytes = Counter(
+            "fleetd_tink_bytes_total",
+            "Message bytes forwarded: upstream (client to tink-server) and"
+            " downstream (tink-server to client).",
+            ["direction"],
+            registry=registry,
+        )
+        for direction in ("upstream", "downstream"):
+            self.bytes.labels(direction)
+        self.decodeFailures = Counter(
+            "fleetd_tink_decode_failures_total",
+            "Tinkerbell messages that could not be decoded (forwarded unchanged).",
+            ["method"],
+            registry=registry,
+        )
+        self.undecoded = Counter(
+            "fleetd_tink_messages_undecoded_total",
+            "Tinkerbell messages passed through without decoding: compressed,"
+            " or larger than the observation limit.",
+            ["reason"],
+            registry=registry,
+        )

@@ -1,0 +1,101 @@
+"""
+The tink proxy assembled from its settings: upstream pool, listener
+factory, the observation chain and boot completion [A4] [B1] [B2] [B3].
+
+Plain objects, no listening here: L{fleetd.service} binds the factory
+behind TLS (ALPN h2), calls L{TinkProxy.load} once the runs are loaded,
+and L{TinkProxy.stop} on shutdown (GOAWAY, drain, then the upstream).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+
+from fleetd.config import TinkSettings
+from fleetd.inventory.model import IInventory
+from fleetd.logs import ThrottledLog
+from fleetd.runs.alerts import AlertTracker
+from fleetd.store.journal import AsyncJournal
+from fleetd.store.runner import IRunner
+from fleetd.tink.completion import BootTracker, IRuns
+from fleetd.tink.listener import TinkListenerFactory, proxyFactory
+from fleetd.tink.metrics import TinkMetrics
+from fleetd.tink.observe import WireObserver
+from fleetd.tink.upstream import UpstreamAddress, UpstreamPool
+from fleetd.tink.workflows import DeviceIndex, WorkflowWatcher
+
+
+class TinkProxy:
+    """Everything behind the tink listener."""
+
+    def __init__(
+        self,
+        reactor: Any,
+        settings: TinkSettings,
+        *,
+        idleTimeout: float,
+        registry: CollectorRegistry | None,
+        inventory: IInventory,
+        runs: IRuns,
+        runner: IRunner,
+        journal: AsyncJournal,
+        alerts: AlertTracker,
+    ) -> None:
+        clock: IReactorTime = reactor
+        self.inventory = inventory
+        self.metrics = TinkMetrics(registry)
+        address = UpstreamAddress(
+            settings.upstream_tls, settings.upstream_host, settings.upstream_port
+        )
+        caPEM = None
+        if settings.upstream_ca is not None:
+            caPEM = settings.upstream_ca.read_bytes()
+        self.pool = UpstreamPool(
+            clock,
+            lambda: address.endpoint(reactor, caPEM),
+            log=ThrottledLog(clock),
+            metrics=self.metrics,
+            connectTimeout=settings.connect_timeout,
+            maxHeaderListSize=max(65536, settings.max_header_list_size),
+        )
+        self.boot = BootTracker(
+            clock=clock,
+            runs=runs,
+            runner=runner,
+            journal=journal,
+            alerts=alerts,
+            minReboot=settings.min_reboot,
+        )
+        self.devices = DeviceIndex(inventory, clock)
+        self.watcher = WorkflowWatcher(self.devices, self.boot)
+        self.observer = WireObserver(self.watcher, self.metrics, ThrottledLog(clock))
+        self.factory: TinkListenerFactory = proxyFactory(
+            clock,
+            self.pool,
+            self.metrics,
+            tapFactory=self.observer,
+            maxConcurrentStreams=settings.max_concurrent_streams,
+            maxHeaderListSize=settings.max_header_list_size,
+            maxMessageBytes=settings.max_message_bytes,
+            idleTimeout=idleTimeout,
+            streamTimeout=settings.stream_timeout,
+            handshakeTimeout=settings.handshake_timeout,
+            drainTimeout=settings.drain_timeout,
+        )
+
+    async def load(self) -> None:
+        """After the run registry loaded: the device index and every current
+        run's boot state."""
+        devices = await self.inventory.list()
+        await self.devices.refresh()
+        await self.boot.load([d.name for d in devices])
+
+    def stop(self) -> Deferred[Any]:
+        """GOAWAY to every client, let calls finish, then close upstream."""
+        d = self.factory.drain()
+        d.addBoth(lambda _: self.pool.close())
+        return d

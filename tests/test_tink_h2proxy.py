@@ -1,0 +1,518 @@
+"""
+The tink proxy frame by frame: an h2 client, fleetd's proxy and an h2
+server playing tink-server, joined by in-memory transports with a
+task.Clock ([A4]). What grpcio cannot be made to do on purpose (GOAWAY with
+a chosen last stream, a server that stops reading, a client that never
+ends its stream) is done here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.errors import ErrorCodes
+from h2.events import (
+    ConnectionTerminated,
+    DataReceived,
+    Event,
+    RequestReceived,
+    ResponseReceived,
+    StreamEnded,
+    StreamReset,
+    TrailersReceived,
+)
+from hyperframe.frame import ContinuationFrame, HeadersFrame
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.logger import capturedLogs
+from twisted.trial.unittest import SynchronousTestCase
+
+from fleetd.logs import ThrottledLog
+from fleetd.tink.h2conn import DrainingH2Connection
+from fleetd.tink.h2server import H2ServerProtocol
+from fleetd.tink.listener import proxyFactory
+from fleetd.tink.metrics import TinkMetrics
+from fleetd.tink.upstream import UpstreamPool
+from tests.test_tink_listener import grpcHeaders, grpcMessage
+
+OK_TRAILERS = [(b"grpc-status", b"0")]
+
+
+class FakeEndpoint:
+    """Connects synchronously to a new in-memory tink-server."""
+
+    def __init__(self, site: Site) -> None:
+        self.site = site
+
+    def connect(self, factory: Any) -> Deferred[Any]:
+        if self.site.upstreamDown:
+            return fail(ConnectionRefusedError())
+        protocol = factory.buildProtocol(None)
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        # Like grpc-go's GracefulStop: GOAWAY, then finish what was taken.
+        server = DrainingH2Connection(
+            H2Configuration(client_side=False, header_encoding=None)
+        )
+        server.initiate_connection()
+        self.site.upstreams.append((protocol, transport, server, []))
+        return succeed(protocol)
+
+
+class Site:
+    """Client ↔ proxy ↔ tink-server, pumped by hand."""
+
+    def __init__(self, **limits: Any) -> None:
+        self.clock = Clock()
+        self.upstreamDown = False
+        self.upstreams: list[
+            tuple[Any, StringTransport, DrainingH2Connection, list[Event]]
+        ] = []
+        self.metrics = TinkMetrics()
+        self.pool = UpstreamPool(
+            self.clock,
+            lambda: FakeEndpoint(self),  # type: ignore[arg-type,return-value]
+            log=ThrottledLog(self.clock),
+            metrics=self.metrics,
+        )
+        self.factory = proxyFactory(self.clock, self.pool, self.metrics, **limits)
+        self.clients: list[
+            tuple[H2ServerProtocol, StringTransport, H2Connection, list[Event]]
+        ] = []
+        self.connect()
+
+    def connect(self) -> int:
+        proxy = self.factory.buildProtocol(None)
+        transport = StringTransport()
+        proxy.makeConnection(transport)
+        # Like grpc-go, the client keeps its streams going after a GOAWAY.
+        client = DrainingH2Connection(
+            H2Configuration(client_side=True, header_encoding=None)
+        )
+        client.initiate_connection()
+        self.clients.append((proxy, transport, client, []))
+        self.pump()
+        return len(self.clients) - 1
+
+    @property
+    def client(self) -> H2Connection:
+        return self.clients[0][2]
+
+    @property
+    def server(self) -> DrainingH2Connection:
+        return self.upstreams[-1][2]
+
+    def clientEvents(self, index: int = 0) -> list[Event]:
+        return self.clients[index][3]
+
+    def serverEvents(self, index: int = -1) -> list[Event]:
+        return self.upstreams[index][3]
+
+    def pump(self) -> None:
+        for _ in range(1000):
+            moved = False
+            for proxy, transport, client, events in self.clients:
+                out = client.data_to_send()
+                if out and not transport.disconnecting:
+                    proxy.dataReceived(out)
+                    moved = True
+                back = transport.value()
+                transport.clear()
+                if back:
+                    events += client.receive_data(back)
+                    moved = True
+            for protocol, transport, server, events in self.upstreams:
+                out = transport.value()
+                transport.clear()
+                if out:
+                    events += server.receive_data(out)
+                    moved = True
+                back = server.data_to_send()
+                if (
+                    back
+                    and protocol.transport is not None
+                    and not transport.disconnecting
+                ):
+                    protocol.dataReceived(back)
+                    moved = True
+            if not moved:
+                return
+        raise AssertionError("pump did not settle")
+
+    def call(self, body: bytes = b"x", end: bool = True, index: int = 0) -> int:
+        client = self.clients[index][2]
+        sid = client.get_next_available_stream_id()
+        client.send_headers(sid, grpcHeaders())
+        if body or end:
+            client.send_data(sid, grpcMessage(body) if body else b"", end_stream=end)
+        self.pump()
+        return sid
+
+    def upstreamSid(self, nth: int = 0, index: int = -1) -> int:
+        requests = [
+            e for e in self.serverEvents(index) if isinstance(e, RequestReceived)
+        ]
+        sid: int = requests[nth].stream_id
+        return sid
+
+    def answer(self, usid: int, payload: bytes = b"ok", index: int = -1) -> None:
+        server = self.upstreams[index][2]
+        server.send_headers(
+            usid, [(b":status", b"200"), (b"content-type", b"application/grpc")]
+        )
+        server.send_data(usid, grpcMessage(payload))
+        server.send_headers(usid, OK_TRAILERS, end_stream=True)
+        self.pump()
+
+    def of(self, kind: type, sid: int | None = None, index: int = 0) -> list[Any]:
+        return [
+            e
+            for e in self.clientEvents(index)
+            if isinstance(e, kind)
+            and (sid is None or getattr(e, "stream_id", None) == sid)
+        ]
+
+
+class GoAwayTests(SynchronousTestCase):
+    """tink-server's GOAWAY [A4]."""
+
+    def test_upstreamGoaway_inFlightFinish_unprocessedRefused(self) -> None:
+        """[A4] Streams at or below GOAWAY's last_stream_id finish; those
+        above are reset REFUSED_STREAM to the client (which retries); the
+        next call dials a fresh upstream connection."""
+        site = Site()
+        first = site.call()
+        second = site.call()
+        usid = site.upstreamSid(0)
+        site.server.goAway(usid)
+        site.pump()
+        [reset] = site.of(StreamReset, second)
+        self.assertEqual(reset.error_code, ErrorCodes.REFUSED_STREAM)
+        # The old connection still carries the first call to its end.
+        site.answer(usid)
+        self.assertEqual(len(site.of(TrailersReceived, first)), 1)
+        third = site.call()
+        self.assertEqual(len(site.upstreams), 2)
+        site.answer(site.upstreamSid(0))
+        self.assertEqual(len(site.of(TrailersReceived, third)), 1)
+        self.assertTrue(site.upstreams[0][1].disconnecting)
+
+    def test_upstreamErrorGoaway_unavailable(self) -> None:
+        """[A4] A GOAWAY with an error ends the calls it had taken
+        UNAVAILABLE (the connection is gone)."""
+        site = Site()
+        sid = site.call()
+        site.server.close_connection(
+            ErrorCodes.INTERNAL_ERROR, last_stream_id=site.upstreamSid(0)
+        )
+        site.pump()
+        [response] = site.of(ResponseReceived, sid)
+        self.assertEqual(dict(response.headers)[b"grpc-status"], b"14")
+
+
+class FlowControlTests(SynchronousTestCase):
+    """Credit is returned only for what was forwarded [A4]."""
+
+    def test_requestBackpressure(self) -> None:
+        """[A4] A tink-server that stops reading stops the client: the proxy
+        returns credit only for bytes it forwarded (it holds at most one
+        window), and delivers everything unchanged once reading resumes."""
+        site = Site()
+        client = site.client
+        message = grpcMessage(bytes(range(256)) * 800)  # 200 KiB
+        sid = client.get_next_available_stream_id()
+        client.send_headers(sid, grpcHeaders())
+        sent = 0
+
+        def sendWhatFits() -> None:
+            nonlocal sent
+            while sent < len(message):
+                window = min(
+                    client.local_flow_control_window(sid),
+                    client.max_outbound_frame_size,
+                )
+                if window <= 0:
+                    return
+                chunk = message[sent : sent + window]
+                sent += len(chunk)
+                client.send_data(sid, chunk, end_stream=sent == len(message))
+
+        def received() -> bytes:
+            return b"".join(
+                e.data for e in site.serverEvents() if isinstance(e, DataReceived)
+            )
+
+        for _ in range(3):
+            sendWhatFits()
+            site.pump()
+        self.assertLess(sent, len(message))
+        self.assertEqual(len(received()), 65535)  # the upstream window
+        self.assertLessEqual(sent - len(received()), 65535)  # held by the proxy
+        stalled = sent
+        sendWhatFits()
+        site.pump()
+        self.assertEqual(sent, stalled)
+        usid = site.upstreamSid(0)
+        acked = 0
+        for _ in range(100):
+            got = len(received())
+            if got > acked:
+                site.server.acknowledge_received_data(got - acked, usid)
+                acked = got
+            sendWhatFits()
+            site.pump()
+            if len(received()) == len(message):
+                break
+        self.assertEqual(received(), message)
+
+    def test_responseLarge_manyFrames(self) -> None:
+        """[A4] A 1 MiB response crosses the windows of both hops unchanged;
+        tink-server may send only as fast as the client reads."""
+        site = Site()
+        sid = site.call()
+        usid = site.upstreamSid(0)
+        data = grpcMessage(bytes(i % 251 for i in range(1 << 20)))
+        server = site.server
+        server.send_headers(usid, [(b":status", b"200")])
+        offset = acked = 0
+
+        def got() -> bytes:
+            return b"".join(e.data for e in site.of(DataReceived, sid))
+
+        for _ in range(1000):
+            while offset < len(data):
+                window = min(
+                    server.local_flow_control_window(usid),
+                    server.max_outbound_frame_size,
+                )
+                if window <= 0:
+                    break
+                server.send_data(usid, data[offset : offset + window])
+                offset += window
+            site.pump()
+            self.assertLessEqual(offset - len(got()), 2 * 65535)
+            if len(got()) > acked:
+                site.client.acknowledge_received_data(len(got()) - acked, sid)
+                acked = len(got())
+                site.pump()
+            if len(got()) == len(data):
+                break
+        server.send_headers(usid, OK_TRAILERS, end_stream=True)
+        site.pump()
+        self.assertEqual(got(), data)
+        self.assertEqual(len(site.of(TrailersReceived, sid)), 1)
+
+
+class TrailersTests(SynchronousTestCase):
+    def test_trailersOnly_oneHeadersFrame(self) -> None:
+        """[A4] A Trailers-Only answer reaches the client as one HEADERS
+        frame with END_STREAM, every field unchanged."""
+        site = Site()
+        sid = site.call()
+        headers = [
+            (b":status", b"200"),
+            (b"content-type", b"application/grpc"),
+            (b"grpc-status", b"9"),
+            (b"grpc-message", b"Workflow not in pending or running state"),
+            (b"grpc-status-details-bin", b"CAkSKFdvcmtmbG93"),
+        ]
+        site.server.send_headers(site.upstreamSid(0), headers, end_stream=True)
+        site.pump()
+        [response] = site.of(ResponseReceived, sid)
+        self.assertEqual(response.headers, headers)
+        self.assertIsNotNone(response.stream_ended)
+        self.assertEqual(site.of(DataReceived, sid), [])
+
+    def test_requestHeaders_forwarded(self) -> None:
+        """[A4] te, grpc-timeout and -bin metadata reach tink-server as sent."""
+        site = Site()
+        sid = site.client.get_next_available_stream_id()
+        sent = [*grpcHeaders(), (b"grpc-timeout", b"5S"), (b"x-id-bin", b"AAEC")]
+        site.client.send_headers(sid, sent, end_stream=True)
+        site.pump()
+        [request] = [e for e in site.serverEvents() if isinstance(e, RequestReceived)]
+        self.assertEqual(request.headers, sent)
+
+    def test_upstreamReset_passedOn(self) -> None:
+        """[A4] tink-server resetting a stream resets the client's with the
+        same code."""
+        site = Site()
+        sid = site.call()
+        site.server.reset_stream(site.upstreamSid(0), ErrorCodes.CANCEL)
+        site.pump()
+        [reset] = site.of(StreamReset, sid)
+        self.assertEqual(reset.error_code, ErrorCodes.CANCEL)
+
+    def test_clientReset_resetsUpstream(self) -> None:
+        """[A4] A client giving up resets the upstream stream."""
+        site = Site()
+        sid = site.call(end=False)
+        site.client.reset_stream(sid, ErrorCodes.CANCEL)
+        site.pump()
+        resets = [e for e in site.serverEvents() if isinstance(e, StreamReset)]
+        self.assertEqual([r.error_code for r in resets], [ErrorCodes.CANCEL])
+        self.assertEqual(site.metrics.activeStreams._value.get(), 0)
+
+
+class DrainAndTimeoutTests(SynchronousTestCase):
+    """fleetd's own GOAWAY, and clients that stall [A4]."""
+
+    def test_drain_goawayThenFinish(self) -> None:
+        """[A4] On stop: GOAWAY naming the last stream taken; that call
+        finishes; a new stream is refused; then the connection closes."""
+        site = Site()
+        sid = site.call()
+        drained = site.factory.drain()
+        site.pump()
+        [goaway] = site.of(ConnectionTerminated)
+        self.assertEqual((goaway.error_code, goaway.last_stream_id), (0, sid))
+        late = site.call()
+        [reset] = site.of(StreamReset, late)
+        self.assertEqual(reset.error_code, ErrorCodes.REFUSED_STREAM)
+        self.assertNoResult(drained)
+        site.answer(site.upstreamSid(0))
+        self.assertEqual(len(site.of(TrailersReceived, sid)), 1)
+        proxy, transport = site.clients[0][:2]
+        self.assertTrue(transport.disconnecting)
+        proxy.connectionLost(None)
+        self.successResultOf(drained)
+        self.assertEqual(site.clock.getDelayedCalls(), [])
+
+    def test_drain_timeoutAborts(self) -> None:
+        """[A4] A call still running after drain_timeout is cut off."""
+        site = Site(drainTimeout=5)
+        site.call(end=False)
+        site.factory.drain()
+        site.clock.advance(5)
+        self.assertTrue(site.clients[0][1].disconnecting)
+
+    def test_neverEndingStream_closed(self) -> None:
+        """[A4] A stream with no frame either way for stream_timeout seconds
+        closes its connection (GOAWAY CANCEL), the upstream stream is reset,
+        and other connections keep working."""
+        site = Site(streamTimeout=60, idleTimeout=120)
+        site.call(end=False)
+        other = site.connect()
+        site.clock.advance(59)
+        self.assertFalse(site.clients[0][1].disconnecting)
+        site.clock.advance(1)
+        site.pump()
+        [goaway] = site.of(ConnectionTerminated)
+        self.assertEqual(goaway.error_code, ErrorCodes.CANCEL)
+        self.assertTrue(site.clients[0][1].disconnecting)
+        resets = [e for e in site.serverEvents() if isinstance(e, StreamReset)]
+        self.assertEqual(len(resets), 1)
+        sid = site.call(index=other)
+        site.answer(site.upstreamSid(1))
+        self.assertEqual(len(site.of(TrailersReceived, sid, index=other)), 1)
+
+    def test_noPreface_handshakeTimeout(self) -> None:
+        """[A4] A connection that never sends the HTTP/2 preface is closed
+        after handshake_timeout."""
+        site = Site(handshakeTimeout=3)
+        proxy = site.factory.buildProtocol(None)
+        transport = StringTransport()
+        proxy.makeConnection(transport)
+        site.clock.advance(3)
+        self.assertTrue(transport.disconnecting)
+
+    def test_garbageBeforePreface_othersServed(self) -> None:
+        """[A4] Garbage instead of the preface closes that connection with
+        GOAWAY PROTOCOL_ERROR; fleetd keeps serving the others."""
+        site = Site()
+        proxy = site.factory.buildProtocol(None)
+        transport = StringTransport()
+        proxy.makeConnection(transport)
+        proxy.dataReceived(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertTrue(transport.disconnecting)
+        probe = H2Connection(H2Configuration(client_side=True))
+        probe.initiate_connection()
+        events = probe.receive_data(transport.value())
+        [goaway] = [e for e in events if isinstance(e, ConnectionTerminated)]
+        self.assertEqual(goaway.error_code, ErrorCodes.PROTOCOL_ERROR)
+        sid = site.call()
+        site.answer(site.upstreamSid(0))
+        self.assertEqual(len(site.of(TrailersReceived, sid)), 1)
+
+    def test_headerFlood_closed(self) -> None:
+        """[A4] Headers beyond the header list limit close the connection
+        with a protocol error; the others are served."""
+        site = Site(maxHeaderListSize=2048)
+        index = site.connect()
+        _proxy, transport, client, events = site.clients[index]
+        sid = client.get_next_available_stream_id()
+        client.send_headers(sid, [*grpcHeaders(), (b"x-flood", b"a" * 4000)])
+        site.pump()
+        self.assertTrue(transport.disconnecting)
+        [goaway] = [e for e in events if isinstance(e, ConnectionTerminated)]
+        self.assertNotEqual(goaway.error_code, ErrorCodes.NO_ERROR)
+        other = site.call()
+        site.answer(site.upstreamSid(0))
+        self.assertEqual(len(site.of(TrailersReceived, other)), 1)
+
+    def test_continuationFlood_closed(self) -> None:
+        """[A4] A HEADERS frame followed by endless CONTINUATION frames is
+        cut off (a bounded number is buffered) with GOAWAY; others served."""
+        site = Site()
+        index = site.connect()
+        proxy, transport, _, _ = site.clients[index]
+        start = HeadersFrame(1)
+        start.data = b"\x00"
+        proxy.dataReceived(start.serialize())
+        sent = 0
+        while not transport.disconnecting and sent < 1000:
+            more = ContinuationFrame(1)
+            more.data = b"\x40\x05aaaaa\x05bbbbb" * 100
+            proxy.dataReceived(more.serialize())
+            sent += 1
+        self.assertTrue(transport.disconnecting)
+        self.assertLess(sent, 100)
+        probe = H2Connection(H2Configuration(client_side=True))
+        probe.initiate_connection()
+        events = probe.receive_data(transport.value())
+        [goaway] = [e for e in events if isinstance(e, ConnectionTerminated)]
+        self.assertNotEqual(goaway.error_code, ErrorCodes.NO_ERROR)
+        other = site.call()
+        site.answer(site.upstreamSid(0))
+        self.assertEqual(len(site.of(TrailersReceived, other)), 1)
+
+    def test_upstreamDown_unavailable(self) -> None:
+        """[A4] Upstream refusing connections: UNAVAILABLE, Trailers-Only."""
+        site = Site()
+        site.upstreamDown = True
+        sid = site.call()
+        [response] = site.of(ResponseReceived, sid)
+        self.assertEqual(dict(response.headers)[b"grpc-status"], b"14")
+        self.assertIsNotNone(response.stream_ended)
+        self.assertEqual(
+            site.metrics.upstreamErrors.labels("connect")._value.get(), 1.0
+        )
+
+    def test_upstreamDown_logRateLimited(self) -> None:
+        """Nothing per stream is logged without a rate limit: 50 calls while
+        tink-server is down give at most 10 lines a window, the next one
+        counting those suppressed."""
+        site = Site()
+        site.upstreamDown = True
+        with capturedLogs() as events:
+            for _ in range(50):
+                site.call()
+            site.clock.advance(11)
+            site.call()
+        lines = [e for e in events if "tink.upstream" in e.get("log_format", "")]
+        self.assertEqual(len(lines), 11)
+        self.assertEqual(lines[-1]["suppressed"], 40)
+        self.assertEqual(
+            site.metrics.upstreamErrors.labels("connect")._value.get(), 51.0
+        )
+
+    def test_streamEnded_checked(self) -> None:
+        """Sanity: a plain call ends with trailers and one StreamEnded."""
+        site = Site()
+        sid = site.call()
+        site.answer(site.upstreamSid(0))
+        self.assertEqual(len(site.of(StreamEnded, sid)), 1)
