@@ -133,7 +133,9 @@ class HelperTests(SynchronousTestCase):
         before connecting."""
         pki = ensureDevPKI(Path(self.mktemp()), "localhost")
         bad = Path(self.mktemp())
-        bad.write_text("-----BEGIN TSS2 PRIVATE KEY-----\nAAAA\n-----END TSS2 PRIVATE KEY-----\n")
+        bad.write_text(
+            "-----BEGIN TSS2 PRIVATE KEY-----\nAAAA\n-----END TSS2 PRIVATE KEY-----\n"
+        )
         answer = agent_mtls._exchange(
             {"method": "GET", "url": "https://localhost:1/", "ca": None,
              "cert": str(pki.public_cert), "key": str(bad), "body": None}
@@ -157,7 +159,7 @@ class TPMKeyDaemonTests(DaemonTestMixin, TestCase):
             raise SkipTest("swtpm, tpm2-abrmd, dbus-daemon or tpm2-openssl missing")
         base = Path(tempfile.mkdtemp(prefix="fleetd-tpmtls-"))
         atexit.register(shutil.rmtree, base, True)
-        cls.classPKI = ensureDevPKI(base / "pki", TOPOLOGY["enrollment_name"])
+        cls.classPKI = ensureDevPKI(base / "pki", str(TOPOLOGY["enrollment_name"]))
         cls.swtpm = SWTPM(base / "tpm", cls.classPKI)
         cls.swtpm.start()
         atexit.register(cls.swtpm.stop)
@@ -240,7 +242,9 @@ class TPMKeyDaemonTests(DaemonTestMixin, TestCase):
         self.assertEqual((code, err), (0, ""))
         code, out, err = await self.agent("plan", state=old)
         self.assertEqual((code, out), (1, ""))
-        self.assertTrue(err.startswith("fleetd-agent: plan: refused: "), err)
+        self.assertTrue(
+            err.startswith("fleetd-agent: plan: refused: ldevid-superseded: "), err
+        )
         self.assertEqual(err.count("\n"), 1, err)
 
     def test_tpmKey_attestDisksPlanRenew(self) -> Deferred[None]:

@@ -9,14 +9,15 @@ request runs in a short child process (C{python -m fleetd.cli.agent_mtls})
 with its own configuration, its TCTI (C{TPM2OPENSSL_TCTI}) and the request
 on stdin; it answers one JSON object on stdout.
 
-The configuration activates C{tpm2} before C{default} and excludes the
-provider's digests and ciphers: OpenSSL 3.0 picks a signature by name,
-first provider first, so the TPM key signs with the TPM (and the server's
-signatures are checked by the TPM too); TPM hash sequences for the
-handshake transcript cannot be copied without more object slots than a
-TPM has. A TPM without a resource manager (swtpm, C{/dev/tpm0}) runs out
-of its three object slots in the handshake (rc 0x902): such a TCTI is
-refused up front with C{tpm-tls-unsupported} (docs/decisions.md).
+The configuration activates C{tpm2} before C{default}: OpenSSL 3.0 picks
+a signature by name, first provider first, and tpm2-openssl 1.1.1 lets a
+TPM key's public half be exported, so with C{default} first the handshake
+would be signed with a public-only copy. The provider's digests and
+ciphers are excluded (slow, and each transcript copy is a TPM context).
+The server's signatures are then verified by the TPM as well, which needs
+more than the three object slots a TPM without a resource manager (swtpm,
+C{/dev/tpm0}) offers (rc 0x902): such a TCTI is refused up front with
+C{tpm-tls-unsupported} (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def tpmSender(tcti: str, ca: str | None, cert: Path, key: Path) -> Send:
             env = dict(os.environ, OPENSSL_CONF=str(conf), TPM2OPENSSL_TCTI=tcti)
             env.setdefault("TSS2_LOG", "all+none")
             try:
-                done = subprocess.run(  # noqa: S603
+                done = subprocess.run(
                     [sys.executable, "-m", "fleetd.cli.agent_mtls"],
                     input=json.dumps(request).encode(),
                     capture_output=True,
