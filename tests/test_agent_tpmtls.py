@@ -94,7 +94,13 @@ class RefusalTests(SynchronousTestCase):
         report.write_text(json.dumps(DISKS))
         code, out, err = runAgent(self.argv("disks", "--from", str(report)))
         self.assertEqual((code, out), (1, ""))
-        self.assertTrue(err.startswith("fleetd-agent: disks: tpm-tls-unsupported: "))
+        self.assertTrue(
+            err.startswith(
+                "fleetd-agent: disks: tpm-tls-unsupported: swtpm:host=127.0.0.1,"
+                "port=1 has no resource manager; "
+            ),
+            err,
+        )
         self.assertEqual(err.count("\n"), 1, err)
 
     def test_disks_noLDevID_oneLine(self) -> None:
