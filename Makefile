@@ -5,7 +5,10 @@ BIN := $(VENV)/bin
 DEV_CONFIG := conf/fleetd.dev.toml
 # System packages: building tpm2-pytss, and the real peers the tests drive.
 APT_BUILD := libtss2-dev pkg-config gcc
-APT_TEST := swtpm swtpm-tools tpm2-tools prometheus bind9-dnsutils openssl curl
+# tpm2-openssl, tpm2-abrmd (+ its TCTI) and D-Bus: fleetd-agent's mTLS with
+# the TPM-resident LDevID, behind a resource manager as on a node.
+APT_TEST := swtpm swtpm-tools tpm2-tools prometheus bind9-dnsutils openssl curl \
+	tpm2-openssl tpm2-abrmd libtss2-tcti-tabrmd0 dbus-daemon dbus-bin
 STAMP := $(VENV)/.installed
 
 .PHONY: run test lint types unit rules system-build system-test devpki clean bench

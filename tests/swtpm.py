@@ -8,6 +8,7 @@ ports and state directory; L{stop} shuts it down cleanly.
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import shutil
@@ -126,3 +127,107 @@ class SWTPM:
     def ekCertificates(self) -> dict[str, bytes]:
         """The EK certificates swtpm_setup wrote (for direct checks)."""
         return {p.name: p.read_bytes() for p in (self.directory / "certs").glob("*")}
+
+
+def _tabrmdTCTI() -> bool:
+    import ctypes.util
+
+    return ctypes.util.find_library("tss2-tcti-tabrmd") is not None
+
+
+def _tpm2Provider() -> bool:
+    """Whether OpenSSL's modules directory has the tpm2 provider."""
+    if shutil.which("openssl") is None:
+        return False
+    probe = subprocess.run(
+        ["openssl", "version", "-m"], capture_output=True, timeout=30, check=False
+    )
+    _, _, quoted = probe.stdout.decode().partition(":")
+    return Path(quoted.strip().strip('"'), "tpm2.so").is_file()
+
+
+# A resource manager for swtpm (tpm2-abrmd on a private D-Bus session bus)
+# and OpenSSL's tpm2 provider: what mTLS with the TPM key needs.
+RM_AVAILABLE = (
+    AVAILABLE
+    and all(shutil.which(t) for t in ("tpm2-abrmd", "dbus-daemon", "dbus-send"))
+    and _tabrmdTCTI()
+    and _tpm2Provider()
+)
+
+_bus: list[str] = []
+
+
+def sessionBus(directory: Path) -> str:
+    """
+    The test process's own D-Bus session bus (started once; GLib keeps the
+    first session bus it connects to for the life of the process), also
+    put in C{DBUS_SESSION_BUS_ADDRESS} for the tabrmd TCTI.
+    """
+    if _bus:
+        return _bus[0]
+    directory.mkdir(parents=True, exist_ok=True)
+    printed = directory / "dbus.out"
+    with printed.open("wb") as sink:
+        subprocess.run(
+            ["dbus-daemon", "--session", "--fork", "--nopidfile",
+             "--print-address=1", "--print-pid=1"],
+            stdout=sink, check=True, timeout=30,
+        )  # fmt: skip
+    address, pid = printed.read_text().split()[:2]
+    atexit.register(_kill, int(pid))
+    os.environ["DBUS_SESSION_BUS_ADDRESS"] = address
+    _bus.append(address)
+    return address
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+
+
+class ResourceManager:
+    """tpm2-abrmd in front of one L{SWTPM}, as /dev/tpmrm0 is on a node."""
+
+    def __init__(self, tpm: SWTPM, directory: Path) -> None:
+        self.tpm = tpm
+        self.directory = directory
+        self.name = f"com.intel.tss2.Tabrmd.fleetd{os.getpid()}p{tpm.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def tcti(self) -> str:
+        return f"tabrmd:bus_name={self.name},bus_type=session"
+
+    def start(self) -> None:
+        sessionBus(self.directory)
+        args = ["tpm2-abrmd", "--session", "--flush-all",
+                f"--dbus-name={self.name}", f"--tcti={self.tpm.tcti}"]  # fmt: skip
+        if os.geteuid() == 0:
+            args.append("--allow-root")
+        log = (self.directory / "abrmd.log").open("wb")
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        ask = ["dbus-send", "--session", "--print-reply",
+               "--dest=org.freedesktop.DBus", "/org/freedesktop/DBus",
+               "org.freedesktop.DBus.NameHasOwner", f"string:{self.name}"]  # fmt: skip
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            owned = subprocess.run(ask, capture_output=True, timeout=10, check=False)
+            if b"boolean true" in owned.stdout:
+                return
+            time.sleep(0.02)
+        raise RuntimeError("tpm2-abrmd did not come up")
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

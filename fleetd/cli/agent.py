@@ -54,7 +54,7 @@ def main(
     out = sys.stdout if out is None else out
     args = buildParser().parse_args(argv)
     if args.command == "disks":
-        return agent_disks.run(args, err=err)
+        return agent_disks.run(args, out=out, err=err)
     from fleetd.cli import agent_attest
 
     return agent_attest.run(args, out, err)

@@ -10,7 +10,8 @@ inside the TPM, and stores the issued LDevID (certificate, chain and the
 TSS2 key file) under C{--state}. A TPM 1.2 still asks fleetd, so that the
 refusal is journaled [T2].
 
-C{plan} and C{renew} present the node's LDevID over mTLS [T4]: the install
+C{plan} and C{renew} (and C{disks}) present the node's LDevID over mTLS
+[T4], a TPM key through L{fleetd.cli.agent_mtls}: the install
 plan (target disk serial, image, META 0x0b code), and a new LDevID from the
 one issuer for the key the node already holds (a TPM key is asked to sign
 the CSR; a legacy node's software key in C{ldevid.key} signs it itself).
@@ -34,7 +35,8 @@ from cryptography.x509.oid import NameOID
 from tpm2_pytss import TSS2_Exception
 
 from fleetd.cli import agent_tpm as tpm
-from fleetd.cli.agent_client import Refusal, Unreachable, call, tlsContext
+from fleetd.cli.agent_client import Refusal, Send, Unreachable, call, tlsContext
+from fleetd.cli.agent_mtls import TPMTLSError, tpmSender
 
 CERT, CHAIN, KEY = "ldevid.pem", "ldevid-chain.pem", "ldevid.tss2.pem"
 # A software LDevID key (the legacy capsule/forge issuers' nodes).
@@ -123,8 +125,11 @@ def attest(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
     return {"ldevid": str(state / CERT), "ek": keys.ekType}
 
 
-def _mtls(args: argparse.Namespace) -> ssl.SSLContext:
-    """TLS presenting the node's current LDevID [T4]."""
+def _mtls(args: argparse.Namespace) -> ssl.SSLContext | Send:
+    """
+    How to present the node's current LDevID [T4]: a TLS context for a
+    software key, or the TPM key's transport (L{agent_mtls}).
+    """
     state = Path(args.state)
     cert = state / CERT
     if not cert.is_file():
@@ -135,16 +140,17 @@ def _mtls(args: argparse.Namespace) -> ssl.SSLContext:
     return tpmTLS(args, cert, state / KEY)
 
 
-def tpmTLS(args: argparse.Namespace, cert: Path, key: Path) -> ssl.SSLContext:
+def tpmTLS(args: argparse.Namespace, cert: Path, key: Path) -> Send:
     """
-    TLS with the TPM-resident LDevID key, through the tpm2-openssl provider.
-    Not available in this build: Python's TLS stack cannot sign its
-    handshake with a provider key here (see docs/decisions.md).
+    TLS with the TPM-resident LDevID key, through OpenSSL's tpm2 provider
+    in a child process; every transient object of the agent's own is
+    flushed before (its ESAPI context is closed by then).
+
+    @raise TPMTLSError: C{tpm-tls-unsupported}, e.g. no resource manager.
     """
-    raise tpm.TPMError(
-        "tpm-tls-unsupported: this build cannot present a TPM-resident LDevID"
-        " over TLS yet"
-    )
+    if not key.is_file():
+        raise tpm.TPMError(f"no LDevID key in {key.parent}: run attest first")
+    return tpmSender(args.tcti, args.ca, cert, key)
 
 
 def plan(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
@@ -202,6 +208,9 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         return 1
     except Unreachable as e:
         err.write(f"fleetd-agent: {args.command}: unreachable: {e}\n")
+        return 1
+    except TPMTLSError as e:
+        err.write(f"fleetd-agent: {args.command}: {e}\n")
         return 1
     except tpm.TPMError as e:
         err.write(f"fleetd-agent: {args.command}: tpm-error: {e}\n")

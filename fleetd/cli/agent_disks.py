@@ -12,7 +12,9 @@ devices) and is not an optical drive is reported, with:
   - WWN: C{wwid}, else C{device/wwid};
   - size: C{size} (512-byte sectors) in bytes; C{removable}: the flag.
 
-Exit 0 with the target disk fleetd chose; otherwise one line on stderr
+The report presents the node's LDevID over mTLS, as C{plan} does (a TPM
+key through OpenSSL's tpm2 provider). Exit 0 with the target disk fleetd
+chose; otherwise one line on stderr
 naming the reason code (C{duplicate-disk-serial}, C{disk-serial-missing},
 C{no-target-disk}, ...) and exit 1; 2 when the local input is bad.
 """
@@ -145,6 +147,43 @@ def httpsPost(
     return post
 
 
+def nodePost(args: argparse.Namespace) -> Post:
+    """
+    A L{Post} presenting the node's LDevID [T4] as C{plan} and C{renew}
+    do (L{fleetd.cli.agent_attest._mtls}); a TPM or TLS failure is one
+    L{AgentError} line.
+    """
+    from fleetd.cli import agent_attest, agent_tpm
+    from fleetd.cli.agent_client import Unreachable
+    from fleetd.cli.agent_mtls import TPMTLSError
+
+    try:
+        via = agent_attest._mtls(args)
+    except TPMTLSError as e:
+        raise AgentError(str(e)) from e
+    except agent_tpm.TPMError as e:
+        raise AgentError(f"tpm-error: {e}") from e
+    if isinstance(via, ssl.SSLContext):
+        return httpsPost(args.server, args.ca, via)
+    url = urllib.parse.urlsplit(args.server)
+    if url.scheme != "https" or not url.hostname:
+        raise AgentError(
+            f"--server must be https://HOST:PORT, not {args.server!r}", BAD_INPUT
+        )
+    send = via
+    base = args.server.rstrip("/")
+
+    def post(path: str, body: bytes) -> tuple[int, bytes]:
+        try:
+            return send("POST", base + path, body)
+        except Unreachable as e:
+            raise AgentError(f"cannot reach fleetd at {args.server}: {e}") from e
+        except TPMTLSError as e:
+            raise AgentError(str(e)) from e
+
+    return post
+
+
 def addArguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="source", help="disk report JSON to send")
     parser.add_argument(
@@ -190,7 +229,7 @@ def run(
     err = sys.stderr if err is None else err
     try:
         disks = collect(args)
-        verdict = report(disks, post or httpsPost(args.server, args.ca))
+        verdict = report(disks, post or nodePost(args))
     except AgentError as e:
         err.write(f"fleetd-agent: disks: {e}\n")
         return e.status
