@@ -46,7 +46,7 @@ rules:
 	promtool test rules tests/rules/*.yml
 
 unit: $(STAMP)
-	$(BIN)/python -m twisted.trial $(TRIAL_ARGS) tests
+	FLEETD_REQUIRE_PEERS=1 $(BIN)/python -m twisted.trial $(TRIAL_ARGS) tests
 
 bench: $(STAMP)
 	@echo "see bench/README.md"

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+from twisted.trial.unittest import SkipTest
 
 from fleetd.inventory.sqlite import SQLiteInventory
 
@@ -104,3 +107,14 @@ def inventoryOver(runner: Any) -> SQLiteInventory:
     from fleetd.store.journal import AsyncJournal, Journal
 
     return SQLiteInventory(runner, AsyncJournal(runner, Journal(b"k" * 32), Clock()))
+
+
+def missingPeer(message: str) -> Exception:
+    """
+    A real peer the tests drive (swtpm, dig, a resource manager) is missing:
+    a skip on a developer's machine, a failure under C{make test}, which
+    installs every peer first and sets C{FLEETD_REQUIRE_PEERS}.
+    """
+    if os.environ.get("FLEETD_REQUIRE_PEERS"):
+        return AssertionError(f"{message}; make test installs it")
+    return SkipTest(message)

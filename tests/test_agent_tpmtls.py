@@ -18,12 +18,12 @@ from typing import Any
 from cryptography import x509
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
-from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.cli import agent, agent_mtls
 from fleetd.cli.agent_client import Unreachable
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
-from tests.support import TOPOLOGY, writeConfig
+from tests.support import TOPOLOGY, missingPeer, writeConfig
 from tests.swtpm import RM_AVAILABLE, SWTPM, ResourceManager
 from tests.test_attest_swtpm import ekDigestOf
 from tests.test_daemon import DaemonTestMixin
@@ -162,7 +162,7 @@ class TPMKeyDaemonTests(DaemonTestMixin, TestCase):
         if "swtpm" in cls.__dict__:
             return
         if not RM_AVAILABLE:
-            raise SkipTest("swtpm, tpm2-abrmd, dbus-daemon or tpm2-openssl missing")
+            raise missingPeer("swtpm, tpm2-abrmd, dbus-daemon or tpm2-openssl missing")
         base = Path(tempfile.mkdtemp(prefix="fleetd-tpmtls-"))
         atexit.register(shutil.rmtree, base, True)
         cls.classPKI = ensureDevPKI(base / "pki", str(TOPOLOGY["enrollment_name"]))

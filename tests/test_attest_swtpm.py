@@ -16,13 +16,14 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
-from twisted.trial.unittest import SkipTest, TestCase
+from twisted.trial.unittest import TestCase
 
 from fleetd.attest.tpm import canonicalSPKI, ekDigest
 from fleetd.cli import agent
 from fleetd.cli import agent_tpm as tpm
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from tests.attestserver import AttestServer
+from tests.support import missingPeer
 from tests.swtpm import AVAILABLE, SWTPM
 
 
@@ -53,7 +54,7 @@ class SWTPMTestCase(TestCase):
         if "swtpm" in cls.__dict__:
             return
         if not AVAILABLE:
-            raise SkipTest("swtpm is not installed")
+            raise missingPeer("swtpm is not installed")
         cls.base = Path(tempfile.mkdtemp(prefix="fleetd-swtpm-"))
         cls.pki = ensureDevPKI(cls.base / "pki", "localhost")
         cls.swtpm = SWTPM(cls.base / "tpm", cls.pki, tpm2=cls.tpm2)

@@ -22,10 +22,11 @@ from twisted.internet.task import Clock
 from twisted.internet.threads import deferToThreadPool
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.python.threadpool import ThreadPool
-from twisted.trial.unittest import SkipTest, TestCase
+from twisted.trial.unittest import TestCase
 
 from fleetd.config import DNSRateLimit
 from fleetd.dns.service import UDP_READ_BYTES, DNSService, portNumber
+from tests.support import missingPeer
 from tests.test_dns_responder import NAME, TOPOLOGY, query
 
 
@@ -82,7 +83,7 @@ class DigTests(TestCase):
     def setUp(self) -> None:
         self.digPath = shutil.which("dig")
         if self.digPath is None:
-            raise SkipTest("dig not installed (Debian package bind9-dnsutils)")
+            raise missingPeer("dig not installed (Debian package bind9-dnsutils)")
         self.service = startService(self)
 
     async def query(self, *args: str) -> str:
