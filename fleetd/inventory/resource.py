@@ -26,6 +26,7 @@ from twisted.logger import Logger
 from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
+from fleetd.admin.refusals import inventoryRefusal
 from fleetd.admin.resource import ownerOf, renderAsync
 from fleetd.inventory.csvimport import parseDeviceCSV
 from fleetd.inventory.model import Device, IInventory, InventoryError, validateDevice
@@ -34,13 +35,6 @@ from fleetd.store.journal import AsyncJournal, Entry
 from fleetd.web import Endpoint, notFound
 
 log = Logger()
-
-STATUS_OF_KIND = {
-    "invalid": http.BAD_REQUEST,
-    "duplicate": http.CONFLICT,
-    "not-found": http.NOT_FOUND,
-    "unavailable": http.SERVICE_UNAVAILABLE,
-}
 
 _FIELDS = {
     # key: (type check, required)
@@ -146,7 +140,7 @@ def _refusal(error: Exception) -> tuple[int, str] | None:
     if not isinstance(error, InventoryError):
         return None
     log.warn("inventory.refused {kind} {reason}", kind=error.kind, reason=str(error))
-    return STATUS_OF_KIND[error.kind], str(error)
+    return inventoryRefusal(error)
 
 
 def renderInventory(request: Any, work: Callable[[], Awaitable[Outcome]]) -> int:
