@@ -225,6 +225,33 @@ class OutboxTests(SynchronousTestCase):
         self.rig.clock.advance(1)
         self.assertEqual(self.fake.devices[self.w1]["status"], "planned")
 
+    def test_unexpectedError_loggedAndRetried(self) -> None:
+        """
+        M9: an error the push does not know (a bug, not NetBox's answer)
+        is logged with its traceback and the entry is retried with
+        backoff; the outbox does not stall until a restart.
+        """
+        request = self.rig.http.request
+        broken = [True]
+
+        def once(method: str, url: str, **kwargs: Any) -> Deferred[Any]:
+            if broken:
+                broken.clear()
+                return fail(RuntimeError("boom"))
+            return request(method, url, **kwargs)
+
+        self.rig.http.request = once  # type: ignore[method-assign]
+        self.rig.runner.run(
+            lambda db: self.inventory.setStatusIn(db, "w1", DeviceStatus.PLANNED)
+        )
+        self.rig.settle()
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.assertEqual(self.fake.devices[self.w1]["status"], "inventory")
+        self.rig.clock.advance(1)  # the backoff
+        self.assertEqual(self.fake.devices[self.w1]["status"], "planned")
+        self.rig.clock.advance(5)  # the next poll settles the row
+        self.assertEqual(self.rig.sample("fleetd_netbox_outbox_pending"), 0.0)
+
     def test_stop_cancelsTimers(self) -> None:
         """Stopping the worker while it backs off leaves no delayed call."""
         self.rig.http.down = True
