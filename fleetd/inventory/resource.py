@@ -18,7 +18,6 @@ additions are journaled with the owner as actor.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -26,10 +25,12 @@ from twisted.logger import Logger
 from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
+from fleetd import jsonbody
 from fleetd.admin.refusals import inventoryRefusal
 from fleetd.admin.resource import ownerOf, renderAsync
 from fleetd.inventory.csvimport import parseDeviceCSV
 from fleetd.inventory.model import Device, IInventory, InventoryError, validateDevice
+from fleetd.jsonbody import JSONBodyError
 from fleetd.store.fields import FieldValue
 from fleetd.store.journal import AsyncJournal, Entry
 from fleetd.web import Endpoint, notFound
@@ -80,19 +81,6 @@ def parseDeviceCSVBody(raw: bytes) -> list[Device]:
     return parseDeviceCSV(_text(raw))
 
 
-def _strictObject(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise InventoryError(f"body: key {key!r} appears twice")
-        result[key] = value
-    return result
-
-
-def _noConstant(name: str) -> Any:
-    raise InventoryError(f"body: {name} is not JSON")
-
-
 def parseDeviceJSON(text: str) -> Device:
     """
     A device from a strict JSON object: known keys only, right types.
@@ -100,11 +88,9 @@ def parseDeviceJSON(text: str) -> Device:
     @raise InventoryError: (C{"invalid"}) one line naming the problem.
     """
     try:
-        document = json.loads(
-            text, object_pairs_hook=_strictObject, parse_constant=_noConstant
-        )
-    except ValueError as e:
-        raise InventoryError(f"body: not JSON ({e})") from None
+        document = jsonbody.loads(text)
+    except JSONBodyError as e:
+        raise InventoryError(f"body: {e}") from None
     if not isinstance(document, dict):
         raise InventoryError("body: must be a JSON object")
     for key in document:
