@@ -2,7 +2,8 @@
 An L{InventoryError} reaching an HTTP resource is a one-line answer by its
 kind (400 invalid, 404 not-found, 409 duplicate, 503 unavailable), never a
 500 with a logged traceback: on the device listener's lookups and disk
-reports and on the admin routes that use C{storeRefusal}.
+reports, the admin status view, and the admin routes that use
+C{storeRefusal}.
 
 (The review's probe C{test_review_500} showed a duplicate as a 500.)
 """
@@ -18,6 +19,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.test.requesthelper import DummyRequest
 
 from fleetd.admin.refusals import inventoryRefusal, storeRefusal
+from fleetd.admin.status import DeviceStatusResource
 from fleetd.attest.identity import Peer
 from fleetd.attest.lookup import LookupService
 from fleetd.attest.resource import deviceAPI
@@ -40,11 +42,13 @@ class _Identify:
         return Peer(NodeIdentity("w1", "S1"), None, "CN=x", False)  # type: ignore[arg-type]
 
 
-class _Disks:
+class _Failing:
+    """A disk or status service whose inventory read fails."""
+
     def __init__(self, kind: ErrorKind) -> None:
         self.kind = kind
 
-    def report(self, identity: NodeIdentity, disks: list[Disk]) -> Deferred[Any]:
+    def report(self, *args: object) -> Deferred[Any]:
         return fail(InventoryError(MESSAGE, self.kind))
 
 
@@ -92,7 +96,7 @@ class InventoryRefusalTests(SynchronousTestCase):
         raw = json.dumps(reportJSON([Disk("sda", "D1", None, 4096)])).encode()
         for kind, status in EXPECTED.items():
             resource = NodeDisksResource(
-                _Disks(kind),  # type: ignore[arg-type]
+                _Failing(kind),  # type: ignore[arg-type]
                 lambda request: NodeIdentity("w1", "S1"),
             )
             request = DummyRequest([])
@@ -102,6 +106,22 @@ class InventoryRefusalTests(SynchronousTestCase):
             code, body = _answer(request)
             self.assertEqual(code, status, kind)
             self.assertEqual(body.count("\n"), 1, body)
+        self.assertEqual(self.flushLoggedErrors(), [])
+
+    def test_adminStatus_eachKindOneLine(self) -> None:
+        """C{GET /v1/admin/status/NAME} whose inventory read fails: one line by kind."""
+        for kind, status in EXPECTED.items():
+            service = _Failing(kind)
+            resource = DeviceStatusResource(
+                service,  # type: ignore[arg-type]
+                "w1",
+            )
+            request = DummyRequest([])
+            request.method = b"GET"
+            resource.render(request)  # type: ignore[arg-type]
+            code, body = _answer(request)
+            self.assertEqual(code, status, kind)
+            self.assertEqual(body, MESSAGE + "\n")
         self.assertEqual(self.flushLoggedErrors(), [])
 
     def test_storeRefusal_everyKind(self) -> None:
