@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.inventory import Device, IInventory
+from fleetd.inventory import Device, DeviceStatus, IInventory
 from tests.netbox_support import NetBoxRig, seedFake
 from tests.test_inventory import W1, W2, InventoryContractMixin
 
@@ -88,3 +88,18 @@ class NetBoxInventoryContractTests(InventoryContractMixin, SynchronousTestCase):
         self.rig.http.down = True
         self.assertEqual(self.ok(self.rig.inventory.bySerial("SN-0002")), W2)
         self.assertIsNone(self.ok(self.rig.inventory.bySerial("SN-404")))
+
+    def test_bySerial_overlaysPendingStatus(self) -> None:
+        """
+        [J1] A status fleetd committed but has not pushed yet shows in
+        bySerial (the outbox overlays NetBox's answer), as in get.
+        """
+        ident = seedFake(self.rig.fake, W1)
+        self.successResultOf(self.rig.worker.stop())
+        self.successResultOf(
+            self.rig.inventory.setStatus("w1", DeviceStatus.PLANNED, journal=())
+        )
+        self.assertEqual(self.rig.fake.devices[ident]["status"], "inventory")
+        found = self.ok(self.rig.inventory.bySerial("SN-0001"))
+        assert found is not None
+        self.assertEqual(found.status, DeviceStatus.PLANNED)
