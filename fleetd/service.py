@@ -48,7 +48,7 @@ from fleetd.device.disks import NodeDisksResource
 from fleetd.device.resource import deviceRoot
 from fleetd.dns.service import DNSService
 from fleetd.heap import ICollector, freezeStartup, tune
-from fleetd.inventory.model import Device, IInventory
+from fleetd.inventory.model import IInventory
 from fleetd.inventory.resource import devicesResource
 from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.kube.connect import clientFromSettings
@@ -261,7 +261,7 @@ class FleetdService(MultiService):
             issuer=issuer,
             book=self.ldevids,
             approvedSerialFor=approvedSerialFor,
-            deviceBySerial=self._deviceBySerial,
+            deviceBySerial=self.inventory.bySerial,
             challengeTTL=s.challenge_ttl,
         )
         self.identifyLDevID = LDevIDIdentifier(
@@ -283,12 +283,6 @@ class FleetdService(MultiService):
             return None
         # Every record is from the one issuer: the node has cut over [T4].
         return {**record.toJSON(), "legacy": False}
-
-    async def _deviceBySerial(self, serial: str) -> Device | None:
-        for device in await self.inventory.list():
-            if device.serial.lower() == serial.lower():
-                return device
-        return None
 
     def _inThread(self, work: Callable[[bytes], Any], data: bytes) -> Deferred[Any]:
         """Run blocking C{work(data)} in the reactor's thread pool."""

@@ -99,7 +99,7 @@ class AttestServer:
             issuer=self.issuer,
             book=self.book,
             approvedSerialFor=self.bindings,
-            deviceBySerial=self.deviceBySerial,
+            deviceBySerial=self.inventory.bySerial,
         )
         self.identify = LDevIDIdentifier(self.bundle, self.book)
         self.lookups = LookupService(
@@ -112,12 +112,6 @@ class AttestServer:
             targetDiskFor=self.disks,
         )
         self.port: IListeningPort | None = None
-
-    async def deviceBySerial(self, serial: str) -> Device | None:
-        for device in await self.inventory.list():
-            if device.serial.lower() == serial.lower():
-                return device
-        return None
 
     def addDevice(self, name: str, serial: str, deviceClass: str = "worker") -> Device:
         uuid = str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, name))

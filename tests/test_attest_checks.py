@@ -319,7 +319,7 @@ class HTTPTests(ChecklistTestCase):
     def test_notJSON(self) -> None:
         """A body that is not JSON: 400 malformed, journaled."""
         code, body = self.post([b"attest", b"challenge"], b"{nope")
-        self.assertEqual((code, body), (400, "malformed: body is not JSON\n"))
+        self.assertEqual((code, body), (400, "malformed: body: not JSON\n"))
         self.assertEqual(
             self.server.entries("attest.refused")[-1].fields["reason"], "malformed"
         )

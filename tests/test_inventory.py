@@ -116,6 +116,28 @@ class InventoryContractMixin(_Base):
         """An empty inventory lists nothing."""
         self.assertEqual(self.ok(self.inventory.list()), [])
 
+    def test_bySerial_caseInsensitive(self) -> None:
+        """bySerial finds the device with that serial, in any case (DESIGN 4)."""
+        self.seed(W1, W2)
+        self.assertEqual(self.ok(self.inventory.bySerial("sn-0002")), W2)
+        self.assertEqual(self.ok(self.inventory.bySerial("SN-0001")), W1)
+
+    def test_bySerial_unknownIsNone(self) -> None:
+        """bySerial of an unknown or malformed serial fires with None."""
+        self.seed(W1)
+        self.assertIsNone(self.ok(self.inventory.bySerial("SN-404")))
+        self.assertIsNone(self.ok(self.inventory.bySerial("not a serial")))
+        self.assertIsNone(self.ok(self.inventory.bySerial("")))
+
+    def test_bySerial_showsChanges(self) -> None:
+        """bySerial shows the device as changed, like get."""
+        self.seed(W1)
+        self.ok(self.inventory.setStatus("w1", DeviceStatus.PLANNED, journal=()))
+        found = self.ok(self.inventory.bySerial("SN-0001"))
+        self.assertEqual(found, self.ok(self.inventory.get("w1")))
+        assert found is not None
+        self.assertEqual(found.status, DeviceStatus.PLANNED)
+
     def test_setStatus_changesAndReturns(self) -> None:
         """setStatus changes the status and fires with the changed device."""
         self.seed(W1)
@@ -300,6 +322,22 @@ class SQLiteInventoryContractTests(InventoryAddContractMixin, SynchronousTestCas
         self.db = Database.open(self.path)
         self.addCleanup(self.db.close)
         return inventoryOver(InlineRunner(self.db))
+
+
+class SQLiteBySerialTests(SynchronousTestCase):
+    def test_bySerial_usesTheSerialIndex(self) -> None:
+        """
+        bySerial is one indexed lookup: devices.serial is COLLATE NOCASE
+        UNIQUE, so its equality uses that unique index, never a scan.
+        """
+        from fleetd.inventory.sqlite import _BY_SERIAL
+
+        db = Database.open(Path(self.mktemp()) / "fleetd.sqlite3")
+        self.addCleanup(db.close)
+        plan = db.execute(f"EXPLAIN QUERY PLAN {_BY_SERIAL}", ("x",)).fetchall()
+        details = " ".join(str(row[-1]) for row in plan)
+        self.assertIn("USING INDEX sqlite_autoindex_devices", details)
+        self.assertNotIn("SCAN", details)
 
 
 class _FailingRunner:

@@ -5,15 +5,16 @@ NetBox (L{fleetd.testing.netbox}), and what is particular to it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.inventory import Device, IInventory
+from fleetd.inventory import Device, DeviceStatus, IInventory
 from tests.netbox_support import NetBoxRig, seedFake
-from tests.test_inventory import W1, InventoryContractMixin
+from tests.test_inventory import W1, W2, InventoryContractMixin
 
 _T = TypeVar("_T")
 
@@ -45,3 +46,60 @@ class NetBoxInventoryContractTests(InventoryContractMixin, SynchronousTestCase):
             error = self.refused(d, "invalid")
             self.assertIn("added in NetBox", str(error))
         self.assertEqual(self.rig.fake.devices, {})
+
+    def test_bySerial_severalNamedThem(self) -> None:
+        """
+        DESIGN 4: several NetBox devices with one serial (in any case) are
+        a duplicate error naming them, not the first one found.
+        """
+        self.seed(W1)
+        seedFake(self.rig.fake, replace(W2, serial="sn-0001"))
+        d = self.rig.inventory.bySerial("SN-0001")
+        self.rig.settle()
+        error = self.refused(d, "duplicate")
+        self.assertIn("w1, w2", str(error))
+
+    def test_bySerial_asksNetBoxForThatSerialOnly(self) -> None:
+        """
+        M5: a serial lookup filters by serial in NetBox and reads one
+        device's interfaces; it never lists the whole fleet.
+        """
+        self.seed(W1, W2)
+        asked: list[tuple[str, dict[str, Any]]] = []
+        listAll = self.rig.client.listAll
+
+        async def spy(path: str, params: Any = None) -> list[dict[str, Any]]:
+            asked.append((path, dict(params or {})))
+            return await listAll(path, params)
+
+        self.rig.client.listAll = spy  # type: ignore[method-assign]
+        self.assertEqual(self.ok(self.rig.inventory.bySerial("sn-0002")), W2)
+        self.assertEqual([sorted(p) for _, p in asked], [["serial"], ["device_id"]])
+
+    def test_bySerial_notAFleetDeviceIsNone(self) -> None:
+        """A NetBox device without fleetd_class is not fleetd's: None."""
+        self.rig.fake.addDevice("pdu1", "SN-PDU")
+        self.assertIsNone(self.ok(self.rig.inventory.bySerial("SN-PDU")))
+
+    def test_bySerial_netboxDown_answersFromCache(self) -> None:
+        """NetBox down: bySerial answers from the list NetBox last gave, like list."""
+        self.seed(W1, W2)
+        self.ok(self.rig.inventory.list())
+        self.rig.http.down = True
+        self.assertEqual(self.ok(self.rig.inventory.bySerial("SN-0002")), W2)
+        self.assertIsNone(self.ok(self.rig.inventory.bySerial("SN-404")))
+
+    def test_bySerial_overlaysPendingStatus(self) -> None:
+        """
+        [J1] A status fleetd committed but has not pushed yet shows in
+        bySerial (the outbox overlays NetBox's answer), as in get.
+        """
+        ident = seedFake(self.rig.fake, W1)
+        self.successResultOf(self.rig.worker.stop())
+        self.successResultOf(
+            self.rig.inventory.setStatus("w1", DeviceStatus.PLANNED, journal=())
+        )
+        self.assertEqual(self.rig.fake.devices[ident]["status"], "inventory")
+        found = self.ok(self.rig.inventory.bySerial("SN-0001"))
+        assert found is not None
+        self.assertEqual(found.status, DeviceStatus.PLANNED)

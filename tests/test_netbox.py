@@ -8,6 +8,7 @@ and faults (NetBox down, hung, refusing). All over the fake NetBox.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from fleetd.inventory.model import Device, DeviceStatus, InventoryError, ServedR
 from fleetd.inventory.netbox import NetBoxInventory, digestOf
 from fleetd.netbox.client import NetBoxClient
 from fleetd.netbox.devices import CUSTOM_FIELD_TYPES, findBySerial
-from fleetd.netbox.mirror import carries
+from fleetd.netbox.mirror import carries, codeSpan
 from fleetd.netbox.outbox import pendingCount
 from fleetd.netbox.service import NetBoxService
 from fleetd.netbox.worker import OutboxWorker
@@ -42,6 +43,24 @@ def _events(rig: NetBoxRig, device: str | None = None) -> list[str]:
     result: list[Any] = []
     entries.addCallback(result.append)
     return [e.event for e in result[0]]
+
+
+def _spanContent(text: str) -> str:
+    """
+    What CommonMark shows for C{text} when it is exactly one code span
+    (fails otherwise): the content between an opening backtick run and
+    the first later run of the same length, line breaks as spaces, one
+    edge space stripped each side when both are there.
+    """
+    opening = re.match("`+", text)
+    assert opening is not None, text
+    n = opening.end()
+    closing = next(r for r in re.finditer("`+", text[n:]) if len(r.group()) == n)
+    assert n + closing.end() == len(text), f"{text!r} is more than one span"
+    content = text[n : n + closing.start()].replace("\n", " ")
+    if content.startswith(" ") and content.endswith(" ") and content.strip(" "):
+        content = content[1:-1]
+    return content
 
 
 class OutboxTests(SynchronousTestCase):
@@ -225,6 +244,33 @@ class OutboxTests(SynchronousTestCase):
         self.rig.clock.advance(1)
         self.assertEqual(self.fake.devices[self.w1]["status"], "planned")
 
+    def test_unexpectedError_loggedAndRetried(self) -> None:
+        """
+        M9: an error the push does not know (a bug, not NetBox's answer)
+        is logged with its traceback and the entry is retried with
+        backoff; the outbox does not stall until a restart.
+        """
+        request = self.rig.http.request
+        broken = [True]
+
+        def once(method: str, url: str, **kwargs: Any) -> Deferred[Any]:
+            if broken:
+                broken.clear()
+                return fail(RuntimeError("boom"))
+            return request(method, url, **kwargs)
+
+        self.rig.http.request = once  # type: ignore[method-assign]
+        self.rig.runner.run(
+            lambda db: self.inventory.setStatusIn(db, "w1", DeviceStatus.PLANNED)
+        )
+        self.rig.settle()
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.assertEqual(self.fake.devices[self.w1]["status"], "inventory")
+        self.rig.clock.advance(1)  # the backoff
+        self.assertEqual(self.fake.devices[self.w1]["status"], "planned")
+        self.rig.clock.advance(5)  # the next poll settles the row
+        self.assertEqual(self.rig.sample("fleetd_netbox_outbox_pending"), 0.0)
+
     def test_stop_cancelsTimers(self) -> None:
         """Stopping the worker while it backs off leaves no delayed call."""
         self.rig.http.down = True
@@ -397,6 +443,36 @@ class MirrorTests(SynchronousTestCase):
         self.rig.http.down = False
         self.rig.clock.advance(2)
         self.assertEqual(len(self.mirrored()), 1)
+
+    def test_codeSpan_valueNeverLeavesTheSpan(self) -> None:
+        """
+        A value with backticks, edge spaces or line breaks is exactly one
+        CommonMark code span showing that value (line breaks as spaces).
+        """
+        for value in ("a`b", "``", "`x", "x`", " a ", "`", "a```b`", "  ", "x"):
+            self.assertEqual(_spanContent(codeSpan(value)), value, value)
+        spoof = codeSpan("x\r\nfleetd-entry: 1-ab\ny")
+        self.assertNotIn("\n", spoof)
+        self.assertNotIn("\r", spoof)
+        self.assertEqual(_spanContent(spoof), "x fleetd-entry: 1-ab y")
+
+    def test_mirror_backtickInFieldStaysInCode(self) -> None:
+        """A field holding backticks is mirrored as one code span, not Markdown."""
+        self.successResultOf(
+            self.rig.journal.append(
+                "attest.refused",
+                actor="owner:ann",
+                device="w1",
+                fields={"reason": "x` **bold** ``y"},
+            )
+        )
+        self.rig.mirror.start()
+        (comments,) = self.mirrored()
+        lines = comments.splitlines()
+        self.assertEqual(
+            json.loads(_spanContent(lines[1])), {"reason": "x` **bold** ``y"}
+        )
+        self.assertEqual(_spanContent(lines[0].split(" by ", 1)[1]), "owner:ann")
 
     def test_carries_exactMarkerOnly(self) -> None:
         """q is a substring search: the marker of entry 1 is not the marker of 12."""

@@ -23,7 +23,6 @@ bound port.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -31,9 +30,11 @@ from twisted.logger import Logger
 from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
+from fleetd import jsonbody
 from fleetd.admin.resource import ownerOf, renderAsync
 from fleetd.boot.deviceflow import DeviceFlow
 from fleetd.boot.deviceflow_model import COMPARED, DeviceFlowError, RequestView
+from fleetd.jsonbody import JSONBodyError
 from fleetd.web import Endpoint, jsonResponse, notFound, textResponse
 
 log = Logger()
@@ -88,24 +89,15 @@ def requestJSON(view: RequestView) -> dict[str, object]:
     }
 
 
-def _strictObject(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise DeviceFlowError("invalid", f"body: key {key!r} appears twice")
-        result[key] = value
-    return result
-
-
 def _jsonBody(
     request: IRequest, keys: tuple[str, ...], optional: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """A JSON object with the string members C{keys}, and maybe C{optional}."""
     raw = b"" if request.content is None else request.content.read()
     try:
-        document = json.loads(raw.decode("utf-8"), object_pairs_hook=_strictObject)
-    except (UnicodeDecodeError, ValueError):
-        raise DeviceFlowError("invalid", "body: not a JSON object") from None
+        document = jsonbody.loads(raw)
+    except JSONBodyError as e:
+        raise DeviceFlowError("invalid", f"body: {e}") from None
     if not isinstance(document, dict) or not (
         set(keys) <= set(document) <= set(keys) | set(optional)
     ):

@@ -1,8 +1,11 @@
 """
-One clear line for a change the store could not record [J1].
+One clear line for a change the store could not record [J1], and for an
+inventory error wherever an HTTP resource meets one.
 
 When the database or the journal refuses a change, nothing changed; the
-owner is told so in one line instead of a bare 500.
+owner is told so in one line instead of a bare 500. An L{InventoryError}
+is answered by its kind (L{inventoryRefusal}): 400 invalid, 404
+not-found, 409 duplicate, 503 unavailable; never a 500.
 """
 
 from __future__ import annotations
@@ -11,11 +14,28 @@ import sqlite3
 
 from twisted.web import http
 
-from fleetd.inventory.model import InventoryError
+from fleetd.inventory.model import ErrorKind, InventoryError
 from fleetd.store.db import StoreError
 from fleetd.store.journal import JournalRefused
 
 NOTHING_CHANGED = "nothing changed"
+
+STATUS_OF_INVENTORY_KIND: dict[ErrorKind, int] = {
+    "invalid": http.BAD_REQUEST,
+    "not-found": http.NOT_FOUND,
+    "duplicate": http.CONFLICT,
+    "unavailable": http.SERVICE_UNAVAILABLE,
+}
+
+
+def _line(error: Exception) -> str:
+    text = str(error).splitlines()
+    return text[0][:300] if text else type(error).__name__
+
+
+def inventoryRefusal(error: InventoryError) -> tuple[int, str]:
+    """The status for C{error}'s kind and its one line."""
+    return STATUS_OF_INVENTORY_KIND[error.kind], _line(error)
 
 
 def storeRefusal(error: Exception) -> tuple[int, str] | None:
@@ -25,8 +45,10 @@ def storeRefusal(error: Exception) -> tuple[int, str] | None:
             http.BAD_REQUEST,
             f"the journal refused this change ({str(error)[:200]}); {NOTHING_CHANGED}",
         )
-    if isinstance(error, InventoryError) and error.kind == "unavailable":
-        return http.SERVICE_UNAVAILABLE, f"inventory unavailable; {NOTHING_CHANGED}"
+    if isinstance(error, InventoryError):
+        if error.kind == "unavailable":
+            return http.SERVICE_UNAVAILABLE, f"inventory unavailable; {NOTHING_CHANGED}"
+        return inventoryRefusal(error)
     if isinstance(error, StoreError | sqlite3.Error):
         reason = str(error).splitlines()[0][:200] if str(error) else "unavailable"
         return (

@@ -13,7 +13,6 @@ key twice with 400 [O3], before any child sees the request.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -29,6 +28,8 @@ from twisted.python.failure import Failure
 from twisted.web import http, resource, server
 from twisted.web.iweb import IRequest
 
+from fleetd import jsonbody
+from fleetd.jsonbody import JSONBodyError
 from fleetd.logs import ThrottledLog
 from fleetd.metrics import MetricsResource
 from fleetd.store.journal import AsyncJournal
@@ -224,19 +225,6 @@ def _mediaType(request: IRequest) -> tuple[str, dict[str, str]]:
     return kind.lower(), parsed
 
 
-def _strictPairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _DuplicateKey(key)
-        result[key] = value
-    return result
-
-
-class _DuplicateKey(ValueError):
-    pass
-
-
 def _checkBody(request: IRequest, *, csv: bool) -> Refusal | None:
     """A 415 or 400 for a change whose body this API does not take [O3]."""
     kind, params = _mediaType(request)
@@ -254,11 +242,9 @@ def _checkBody(request: IRequest, *, csv: bool) -> Refusal | None:
     if content is not None:
         content.seek(0)
     try:
-        json.loads(raw.decode("utf-8"), object_pairs_hook=_strictPairs)
-    except _DuplicateKey as e:
-        return Refusal(http.BAD_REQUEST, f"body: key {str(e)!r} appears twice")
-    except (UnicodeDecodeError, ValueError):
-        return Refusal(http.BAD_REQUEST, "body: not JSON")
+        jsonbody.loads(raw)
+    except JSONBodyError as e:
+        return Refusal(http.BAD_REQUEST, f"body: {e}")
     return None
 
 

@@ -7,7 +7,9 @@ from typing import Any
 from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
+from fleetd.admin.refusals import inventoryRefusal
 from fleetd.admin.resource import renderAsync
+from fleetd.inventory.model import InventoryError
 from fleetd.status import StatusService
 from fleetd.web import Endpoint, notFound
 
@@ -34,6 +36,8 @@ class DeviceStatusResource(Endpoint):
         def refusal(error: Exception) -> tuple[int, str] | None:
             if isinstance(error, _NotFound):
                 return http.NOT_FOUND, str(error)
+            if isinstance(error, InventoryError):
+                return inventoryRefusal(error)
             return None
 
         return renderAsync(request, work, refusal)

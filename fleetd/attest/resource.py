@@ -9,13 +9,13 @@ certificate; renewal and lookups need an acceptable LDevID (L{LDevIDIdentifier})
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
+from fleetd import jsonbody
 from fleetd.admin.refusals import storeRefusal
 from fleetd.admin.resource import renderAsync
 from fleetd.attest import errors as E
@@ -23,6 +23,7 @@ from fleetd.attest.errors import Refused
 from fleetd.attest.identity import LDevIDIdentifier, Peer
 from fleetd.attest.lookup import LookupService
 from fleetd.attest.service import AttestationService
+from fleetd.jsonbody import JSONBodyError
 from fleetd.web import Endpoint, Router
 
 
@@ -32,19 +33,6 @@ def _refusal(error: Exception) -> tuple[int, str] | None:
     return storeRefusal(error)
 
 
-class _Duplicate(ValueError):
-    pass
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _Duplicate(key)
-        out[key] = value
-    return out
-
-
 def readJSON(request: IRequest) -> dict[str, Any]:
     """The request's JSON object body. @raise Refused: C{malformed}."""
     kind = (request.getHeader(b"content-type") or b"").split(b";")[0].strip().lower()
@@ -52,11 +40,9 @@ def readJSON(request: IRequest) -> dict[str, Any]:
         raise Refused(E.MALFORMED, "body must be application/json")
     raw = b"" if request.content is None else request.content.read()
     try:
-        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_pairs)
-    except _Duplicate as e:
-        raise Refused(E.MALFORMED, f"key {str(e)!r} appears twice") from e
-    except (UnicodeDecodeError, ValueError) as e:
-        raise Refused(E.MALFORMED, "body is not JSON") from e
+        doc = jsonbody.loads(raw)
+    except JSONBodyError as e:
+        raise Refused(E.MALFORMED, f"body: {e}") from e
     if not isinstance(doc, dict):
         raise Refused(E.MALFORMED, "body must be a JSON object")
     return doc

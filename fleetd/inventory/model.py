@@ -283,6 +283,15 @@ class IInventory(Protocol):
     def list(self) -> Deferred[list[Device]]:
         """Every device, ordered by name."""
 
+    def bySerial(self, serial: str) -> Deferred[Device | None]:
+        """
+        The device whose chassis serial is C{serial} (compared
+        case-insensitively), or L{None} (also for a malformed serial).
+        Several devices with that serial fail with C{"duplicate"}, naming
+        them (DESIGN section 4: serials are not unique in NetBox; the
+        embedded inventory refuses a duplicate when it is added).
+        """
+
     def importDevices(
         self, devices: Sequence[Device], *, journal: Sequence[Entry]
     ) -> Deferred[int]:

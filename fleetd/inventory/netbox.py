@@ -34,6 +34,7 @@ from fleetd.inventory.model import (
     ServedRecord,
     validateDevice,
     validateName,
+    validateSerial,
     validateServedRecord,
     validateStatus,
     validateToken,
@@ -44,6 +45,7 @@ from fleetd.netbox.devices import (
     DEVICES,
     INTERFACES,
     findByName,
+    findBySerial,
     interfacesOf,
     isFleetDevice,
     missingCustomFields,
@@ -55,6 +57,9 @@ from fleetd.store.journal import AsyncJournal, Entry, JournalRefused, Recorder
 from fleetd.store.runner import IRunner
 
 _T = TypeVar("_T")
+
+# NetBox error kinds for which reads answer from the cached device list.
+_DOWN = ("unavailable", "timeout", "forbidden")
 
 ADD_REFUSED = (
     "with [netbox] set, devices are added in NetBox: create the dcim.device"
@@ -158,6 +163,43 @@ class NetBoxInventory:
             return Deferred.fromCoroutine(_none())
         return self._wrap(Deferred.fromCoroutine(self._get(key)))
 
+    async def _bySerial(self, serial: str) -> Device | None:
+        try:
+            data = await findBySerial(self.client, serial)
+        except InventoryError as e:
+            if e.kind == "not-found":
+                return None
+            raise
+        except NetBoxError as e:
+            if e.kind not in _DOWN:
+                raise
+            # NetBox down: the fleet as NetBox last described it, as list does.
+            self.log.warn("netbox.serial.cached: {reason}", reason=str(e))
+            return await self._cachedBySerial(serial)
+        if not isFleetDevice(data):
+            return None
+        interfaces = await interfacesOf(self.client, remote(data).id)
+        return self._overlay(toDevice(data, interfaces), await self._local())
+
+    async def _cachedBySerial(self, serial: str) -> Device | None:
+        cached = await self._runner.run(outbox.cachedDevices)
+        matches = [c for c in cached if str(c.get("serial")).lower() == serial.lower()]
+        if len(matches) > 1:
+            names = ", ".join(sorted(str(c.get("name")) for c in matches))
+            raise InventoryError(
+                f"{len(matches)} devices have serial {serial} ({names})", "duplicate"
+            )
+        if not matches:
+            return None
+        return self._overlay(validateDevice(**_fields(matches[0])), await self._local())
+
+    def bySerial(self, serial: str) -> Deferred[Device | None]:
+        try:
+            key = validateSerial(serial)
+        except InventoryError:
+            return Deferred.fromCoroutine(_none())
+        return self._wrap(Deferred.fromCoroutine(self._bySerial(key)))
+
     async def _list(self) -> list[Device]:
         devices = [d for d in await self.client.listAll(DEVICES) if isFleetDevice(d)]
         byId: dict[int, list[dict[str, Any]]] = {}
@@ -191,7 +233,7 @@ class NetBoxInventory:
         try:
             devices = await self._list()
         except (NetBoxError, InventoryError) as e:
-            if getattr(e, "kind", None) not in ("unavailable", "timeout", "forbidden"):
+            if getattr(e, "kind", None) not in _DOWN:
                 raise
             # NetBox down (a start after a reboot, say): the fleet as NetBox
             # last described it, with fleetd's own pending changes.

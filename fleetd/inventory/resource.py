@@ -18,7 +18,6 @@ additions are journaled with the owner as actor.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -26,21 +25,17 @@ from twisted.logger import Logger
 from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
+from fleetd import jsonbody
+from fleetd.admin.refusals import inventoryRefusal
 from fleetd.admin.resource import ownerOf, renderAsync
 from fleetd.inventory.csvimport import parseDeviceCSV
 from fleetd.inventory.model import Device, IInventory, InventoryError, validateDevice
+from fleetd.jsonbody import JSONBodyError
 from fleetd.store.fields import FieldValue
 from fleetd.store.journal import AsyncJournal, Entry
 from fleetd.web import Endpoint, notFound
 
 log = Logger()
-
-STATUS_OF_KIND = {
-    "invalid": http.BAD_REQUEST,
-    "duplicate": http.CONFLICT,
-    "not-found": http.NOT_FOUND,
-    "unavailable": http.SERVICE_UNAVAILABLE,
-}
 
 _FIELDS = {
     # key: (type check, required)
@@ -86,19 +81,6 @@ def parseDeviceCSVBody(raw: bytes) -> list[Device]:
     return parseDeviceCSV(_text(raw))
 
 
-def _strictObject(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise InventoryError(f"body: key {key!r} appears twice")
-        result[key] = value
-    return result
-
-
-def _noConstant(name: str) -> Any:
-    raise InventoryError(f"body: {name} is not JSON")
-
-
 def parseDeviceJSON(text: str) -> Device:
     """
     A device from a strict JSON object: known keys only, right types.
@@ -106,11 +88,9 @@ def parseDeviceJSON(text: str) -> Device:
     @raise InventoryError: (C{"invalid"}) one line naming the problem.
     """
     try:
-        document = json.loads(
-            text, object_pairs_hook=_strictObject, parse_constant=_noConstant
-        )
-    except ValueError as e:
-        raise InventoryError(f"body: not JSON ({e})") from None
+        document = jsonbody.loads(text)
+    except JSONBodyError as e:
+        raise InventoryError(f"body: {e}") from None
     if not isinstance(document, dict):
         raise InventoryError("body: must be a JSON object")
     for key in document:
@@ -146,7 +126,7 @@ def _refusal(error: Exception) -> tuple[int, str] | None:
     if not isinstance(error, InventoryError):
         return None
     log.warn("inventory.refused {kind} {reason}", kind=error.kind, reason=str(error))
-    return STATUS_OF_KIND[error.kind], str(error)
+    return inventoryRefusal(error)
 
 
 def renderInventory(request: Any, work: Callable[[], Awaitable[Outcome]]) -> int:

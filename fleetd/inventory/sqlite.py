@@ -25,6 +25,7 @@ from fleetd.inventory.model import (
     ServedRecord,
     validateDevice,
     validateName,
+    validateSerial,
     validateServedRecord,
     validateStatus,
     validateToken,
@@ -43,6 +44,7 @@ _INSERT_DEVICE = (
     " VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
 _INSERT_MAC = "INSERT INTO device_macs (mac, device, position) VALUES (?, ?, ?)"
+_BY_SERIAL = "SELECT name FROM devices WHERE serial = ?"
 _UNIQUE_COLUMNS = (("name", "name"), ("serial", "serial"), ("uuid", "uuid"))
 
 log = Logger()
@@ -127,6 +129,13 @@ def _read(conn: sqlite3.Connection, name: str) -> Device | None:
         "SELECT mac FROM device_macs WHERE device = ? ORDER BY position", (name,)
     ).fetchall()
     return _fromRow(row, [mac for (mac,) in macs])
+
+
+def _readBySerial(conn: sqlite3.Connection, serial: str) -> Device | None:
+    # devices.serial is COLLATE NOCASE UNIQUE (migration 2): this equality
+    # compares case-insensitively and is answered from that unique index.
+    row = conn.execute(_BY_SERIAL, (serial,)).fetchone()
+    return None if row is None else _read(conn, str(row[0]))
 
 
 def _readAll(conn: sqlite3.Connection) -> list[Device]:
@@ -259,6 +268,18 @@ class SQLiteInventory:
                 return _readAll(conn)
 
         return self._run(readAll)
+
+    def bySerial(self, serial: str) -> Deferred[Device | None]:
+        try:
+            key = validateSerial(serial)
+        except InventoryError:
+            return succeed(None)
+
+        def find(db: Database) -> Device | None:
+            with db.transaction(write=False) as conn:
+                return _readBySerial(conn, key)
+
+        return self._run(find)
 
     def importDevices(
         self, devices: Sequence[Device], *, journal: Sequence[Entry]

@@ -55,13 +55,28 @@ def kindOf(event: str) -> str:
     return "info"
 
 
+def codeSpan(text: str) -> str:
+    """
+    C{text} as one Markdown (CommonMark) code span, whatever it holds: the
+    fence is one backtick longer than the longest run inside, a space pads
+    content that starts or ends with a backtick or a space (CommonMark
+    strips one each side), and line breaks become spaces, so a value can
+    neither leave the span nor start a line of its own (a marker, say).
+    """
+    text = re.sub(r"\r\n|[\r\n]", " ", text)
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    if text.strip(" ") and (text[0] in "` " or text[-1] in "` "):
+        text = f" {text} "
+    return f"{fence}{text or ' '}{fence}"
+
+
 def comments(entry: JournalEntry) -> str:
     """The entry as Markdown: event, actor, run, fields, then the marker."""
-    lines = [f"**{entry.event}** by `{entry.actor}`"]
+    lines = [f"**{entry.event}** by {codeSpan(entry.actor)}"]
     if entry.run:
-        lines.append(f"run `{entry.run}`")
+        lines.append(f"run {codeSpan(entry.run)}")
     if entry.fields:
-        lines.append(f"`{canonicalJSON(dict(entry.fields))}`")
+        lines.append(codeSpan(canonicalJSON(dict(entry.fields))))
     lines.append("")
     lines.append(marker(entry))
     return "\n".join(lines)

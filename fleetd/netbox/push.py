@@ -221,7 +221,7 @@ class Push:
             )
             self.machine.unreachable(str(error))
         else:
-            self.log.failure("netbox.push.bug", error=error)
+            self.log.failure("netbox.push.bug", failure=Failure(error))
             self.machine.unreachable(repr(error))
 
     def _read(self) -> None:

@@ -16,10 +16,12 @@ fleetd. No other key is accepted, none twice.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from fleetd import jsonbody
+from fleetd.jsonbody import JSONBodyError
 
 MAX_DISKS = 256
 MAX_SERIAL = 128
@@ -92,15 +94,6 @@ def disk(entry: object, index: int = 0) -> Disk:
     )
 
 
-def _strict(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise DiskReportError(f"key {key!r} appears twice")
-        result[key] = value
-    return result
-
-
 def parseDiskReport(raw: bytes) -> list[Disk]:
     """
     The disks of a JSON report.
@@ -108,11 +101,9 @@ def parseDiskReport(raw: bytes) -> list[Disk]:
     @raise DiskReportError: one line naming the first problem.
     """
     try:
-        document = json.loads(raw.decode("utf-8"), object_pairs_hook=_strict)
-    except DiskReportError:
-        raise
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise DiskReportError("not a JSON disk report") from None
+        document = jsonbody.loads(raw)
+    except JSONBodyError as e:
+        raise DiskReportError(f"not a JSON disk report: {e}") from None
     if not isinstance(document, dict) or set(document) != {"disks"}:
         raise DiskReportError('a disk report is {"disks": [...]}')
     entries = document["disks"]

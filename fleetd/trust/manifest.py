@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from typing import Any
 
+from fleetd import jsonbody
 from fleetd.trust.model import (
     EvidenceInput,
     EvidenceKind,
@@ -108,25 +108,8 @@ def _parseCSV(text: str, rows: _Rows) -> None:
         raise _lineError(1, "no header row (expected serial,ek_sha256[,kind][,ref])")
 
 
-class _Repeated(ValueError):
-    pass
-
-
-def _strict(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _Repeated(f"key {key!r} appears twice")
-        result[key] = value
-    return result
-
-
-def _noConstant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _parseJSON(text: str, rows: _Rows) -> None:
-    decoder = json.JSONDecoder(object_pairs_hook=_strict, parse_constant=_noConstant)
+    decoder = jsonbody.DECODER
 
     def lineAt(index: int) -> int:
         return text.count("\n", 0, index) + 1

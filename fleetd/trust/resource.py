@@ -24,7 +24,6 @@ could not record the change (nothing changed).
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,10 +31,12 @@ from twisted.logger import Logger
 from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
+from fleetd import jsonbody
 from fleetd.admin.refusals import storeRefusal
 from fleetd.admin.resource import ownerOf, renderAsync
 from fleetd.inventory.model import InventoryError
 from fleetd.inventory.resource import Offload
+from fleetd.jsonbody import JSONBodyError
 from fleetd.trust.disks import DiskService
 from fleetd.trust.manifest import parseManifest
 from fleetd.trust.model import (
@@ -69,21 +70,12 @@ def _raw(request: IRequest) -> bytes:
     return b"" if content is None else content.read()
 
 
-def _strict(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise TrustError(f"body: key {key!r} appears twice")
-        result[key] = value
-    return result
-
-
 def jsonObject(raw: bytes, keys: dict[str, bool]) -> dict[str, Any]:
     """A strict JSON object with only C{keys} (name -> required), strings."""
     try:
-        document = json.loads(raw.decode("utf-8"), object_pairs_hook=_strict)
-    except (UnicodeDecodeError, ValueError):
-        raise TrustError("body: not JSON") from None
+        document = jsonbody.loads(raw)
+    except JSONBodyError as e:
+        raise TrustError(f"body: {e}") from None
     if not isinstance(document, dict):
         raise TrustError("body: must be a JSON object")
     for key in document:

@@ -292,10 +292,8 @@ class TrustService:
 
     async def _inventoryDevice(self, serial: str) -> tuple[str, str] | None:
         """The (name, serial as the inventory spells it) of C{serial}'s device."""
-        for device in await self._inventory.list():
-            if device.serial.lower() == serial.lower():
-                return device.name, device.serial
-        return None
+        device = await self._inventory.bySerial(serial)
+        return None if device is None else (device.name, device.serial)
 
     async def evidence(self, serial: object = None) -> list[EvidenceRecord]:
         """Every piece of evidence (withdrawn too), or that naming C{serial}."""
