@@ -261,12 +261,15 @@ class AttestationService:
             raise Refused(E.CLASS_REFUSED, f"class {device.device_class} cannot attest")
         ak = parsePublic(_b64(doc, "ak_public"), "ak_public")
         checkAK(ak)
-        if self.challenges.full():
+        # One outstanding challenge per EK: a new one replaces the older, so
+        # replaying an EK cannot fill the book; the global cap stays.
+        if self.challenges.full() and not self.challenges.holds(digest):
             raise Refused(E.BUSY, "too many outstanding challenges; retry later")
         secret, nonce = os.urandom(32), os.urandom(32)
         blob, encrypted = makeChallenge(ek, ak, secret)
         ident = self.challenges.issue(
-            _Context(device.name, device.serial, digest, ak, secret, nonce)
+            _Context(device.name, device.serial, digest, ak, secret, nonce),
+            key=digest,
         )
         return {
             "challenge": ident,
