@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from treq.testing import StubTreq
 from twisted.internet.defer import Deferred
+from twisted.logger import Logger
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.attest.errors import Refused
@@ -33,6 +34,7 @@ from fleetd.device.disks import NodeDisksResource
 from fleetd.device.identity import NodeIdentity
 from fleetd.device.resource import deviceRoot
 from fleetd.inventory.model import DeviceStatus
+from fleetd.logs import ThrottledLog
 from fleetd.pki.ldevid import Subject, serialHex
 from fleetd.pki.records import LDevIDRecord
 from fleetd.trust.disks import DiskService
@@ -252,6 +254,24 @@ class AttestTests(HoldsTestCase):
         self.server.bindings.approved.clear()
         refusal = self.refused(self.begin(self.node.claim()), "ek-binding-not-approved")
         self.assertEqual(refusal.line(), WHY)
+
+    def test_reportedSerial_boundedBeforeJournal(self) -> None:
+        """A reported serial of any length is journaled cut to 64 characters."""
+        self.server.bindings.approved.clear()
+        self.begin(self.node.claim(serial="S" * 100)).addErrback(lambda f: None)
+        self.begin(self.node.claim(serial="S" * 5000)).addErrback(lambda f: None)
+        for entry in self.server.entries("attest.refused"):
+            self.assertLessEqual(len(entry.fields["reported_serial"]), 64)
+
+    def test_refusalLog_throttled(self) -> None:
+        """A flood of refusals from anyone is a handful of log lines."""
+        events: list[dict[str, Any]] = []
+        self.server.service._log = ThrottledLog(
+            self.server.clock, Logger(observer=events.append)
+        )
+        for _ in range(50):
+            self.begin({"tpm_version": "1.2"}).addErrback(lambda f: None)
+        self.assertTrue(1 <= len(events) <= 10, len(events))
 
 
 class ChallengePerEKTests(HoldsTestCase):

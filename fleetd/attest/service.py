@@ -50,6 +50,7 @@ from fleetd.attest.tpm import (
     verifyCertify,
 )
 from fleetd.inventory.model import Device
+from fleetd.logs import ThrottledLog
 from fleetd.pki.ldevid import Issuer, Subject, serialHex
 from fleetd.pki.records import LDevIDRecord, storeIssued
 from fleetd.store.db import Database
@@ -80,6 +81,8 @@ def _noReason(db: sqlite3.Connection, ekSha256: str) -> str:
 
 
 DeviceBySerial = Callable[[str], Awaitable[Device | None]]
+# A reported serial is the caller's text: journaled, but never at any length.
+REPORTED_SERIAL_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,8 @@ class AttestationService:
         self._bindingRefusal = bindingRefusal
         self.challenges = ChallengeBook(clock, challengeTTL)
         self._anonymous: dict[str, tuple[float, int]] = {}
+        # Anyone can reach 8444: refusal lines in the log are throttled too.
+        self._log = ThrottledLog(clock, self.log)
 
     def stop(self) -> None:
         self.challenges.stop()
@@ -199,7 +204,7 @@ class AttestationService:
         at most once per reason every L{ANONYMOUS_JOURNAL_EVERY} seconds;
         the next entry of that reason says how many were not.
         """
-        self.log.warn(
+        self._log.warn(
             "attest.refused {reason} {device}", reason=refusal.reason, device=device
         )
         extra: dict[str, str | int | None] = {}
@@ -249,7 +254,9 @@ class AttestationService:
     ) -> dict[str, Any]:
         version = _text(doc, "tpm_version", 16)
         reported = doc.get("serial")
-        context["reported_serial"] = reported if isinstance(reported, str) else None
+        context["reported_serial"] = (
+            reported[:REPORTED_SERIAL_MAX] if isinstance(reported, str) else None
+        )
         if version != "2.0":
             # [T2] by the version the node reports, not by certificate presence
             if version.startswith("1."):
