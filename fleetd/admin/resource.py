@@ -63,7 +63,9 @@ def checkOwner(request: IRequest) -> OwnerCheck:
     certificate must carry the clientAuth extended key usage (a certificate
     without that extension is refused: device and LDevID certificates
     often have none), must not be a CA, and its single CN must fit
-    L{OWNER_NAME}.
+    L{OWNER_NAME}. This relies on the owner CA being the admin listener's
+    only trust anchor (L{fleetd.prepare.checkOwnerCA}): never add the LDevID
+    bundle to that listener's TLS trust.
     """
     transport = getattr(request, "transport", None)
     getPeer = getattr(transport, "getPeerCertificate", None)
