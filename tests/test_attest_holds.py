@@ -319,7 +319,8 @@ class LookupTests(HoldsTestCase):
     def readyRun(self) -> None:
         self.server.runs.ready["w1"] = "r-0123456789abcdef"
         self.server.vault.put("r-0123456789abcdef.code", b"ABCD-1234-code")
-        self.server.vault.put("r-0123456789abcdef.yaml", b"machine: {}\n")
+        config = b"machine:\n  install:\n    image: ghcr.io/x/installer:v1\n"
+        self.server.vault.put("r-0123456789abcdef.yaml", config)
 
     def test_plan_retired_refused(self) -> None:
         """
@@ -356,6 +357,7 @@ class LookupTests(HoldsTestCase):
         plan = self.successResultOf(self.plan(peer))
         self.assertIsNone(plan["meta_0x0b"])
         self.assertIsNone(plan["run"])
+        self.assertEqual(plan["image"], "ghcr.io/x/installer:v1")
         self.assertEqual(
             plan["meta_0x0b_withheld"], "disks-not-reported: w1 has not reported"
         )

@@ -5,12 +5,13 @@ The plan names the target disk by serial (the disk check's choice), the
 installer image, and, when the node has a ready run and a target disk
 [D1], the code to write to META 0x0b; without a target disk the code is
 withheld and C{meta_0x0b_withheld} says why (the disk check's reason). A
-device being decommissioned gets neither record nor plan [R1], and a node
-whose LDevID came from attestation gets its plan only while that EK's
-binding still holds [T1]. Codes are stored in the database only as keyed digests; the
-plan reads the code from the volatile vault, where the provision wrote it
-beside the run's configuration (the same secret class, the same life:
-both go when the run is delivered, superseded, or the host reboots).
+device being decommissioned gets neither record nor plan [R1], and a
+node whose LDevID came from attestation gets its plan only while that
+EK's binding still holds [T1]. Codes are stored in the database only as
+keyed digests; the plan reads the code from the volatile vault, where
+the provision wrote it beside the run's configuration (the same secret
+class, the same life: both go when the run is delivered, superseded, or
+the host reboots).
 """
 
 from __future__ import annotations
@@ -170,6 +171,10 @@ class LookupService:
         if run is not None and disk is None:
             # [D1] No code before the node has a disk it can be installed to.
             withheld = (noDisk or E.NO_TARGET_DISK)[:300]
+            try:
+                config = self._vault.get(configName(run))
+            except VaultError:
+                config = None
         elif run is not None:
             try:
                 raw = self._vault.get(codeName(run))
