@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from OpenSSL import crypto
 
@@ -93,14 +95,26 @@ def _publicKey(cert: crypto.X509) -> bytes:
     return der
 
 
+def _issuedBy(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+    """Whether C{issuer}'s key signed C{cert} (names match, signature verifies)."""
+    try:
+        cert.verify_directly_issued_by(issuer)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
 def checkOwnerCA(settings: Settings) -> None:
     """
     [O1] The owner CA is one certificate and trusted for nothing else.
 
     C{owner.client_ca} must hold exactly one certificate, and that CA (its
     key) must not also be in the LDevID trust bundle, be the LDevID issuer
-    or appear in the public certificate's chain: a CA that issues device
-    or server certificates would make their holders owners.
+    or appear in the public certificate's chain; nor may any certificate
+    there be issued by it (so nothing there chains to it): a CA under the
+    owner CA that issues device or server certificates would make their
+    holders owners once they send it along. Checked by signature, not by
+    name.
 
     @raise ConfigError: naming C{owner.client_ca} and the other key.
     """
@@ -118,12 +132,22 @@ def checkOwnerCA(settings: Settings) -> None:
         ("tls.cert", "in the public certificate chain", settings.tls.cert),
         ("tls.chain", "in the public certificate chain", settings.tls.chain),
     ]
+    ownerCA = cas[0].to_cryptography()
     for key, what, path in others:
         if path is None:
             continue
-        if any(_publicKey(c) == owner for c in loadCertificates(key, path)):
-            raise ConfigError(
-                "owner.client_ca",
-                f"the owner CA is also {what} ({key}); owners need a CA "
-                "that issues nothing else",
-            )
+        for cert in loadCertificates(key, path):
+            if _publicKey(cert) == owner:
+                raise ConfigError(
+                    "owner.client_ca",
+                    f"the owner CA is also {what} ({key}); owners need a CA "
+                    "that issues nothing else",
+                )
+            if _issuedBy(cert.to_cryptography(), ownerCA):
+                raise ConfigError(
+                    "owner.client_ca",
+                    f"a certificate {what} ({key}), "
+                    f"{cert.to_cryptography().subject.rfc4514_string()[:80]!r}, "
+                    "was issued by the owner CA; owners need a CA that issues "
+                    "nothing else",
+                )

@@ -37,7 +37,12 @@ from fleetd.attest.identity import LDevIDBook, LDevIDIdentifier
 from fleetd.attest.lookup import LookupService
 from fleetd.attest.resource import deviceAPI
 from fleetd.attest.service import AttestationService
-from fleetd.attest.wiring import approvedSerialFor, targetDiskFor
+from fleetd.attest.wiring import (
+    approvedSerialFor,
+    bindingRefusal,
+    diskRefusal,
+    targetDiskFor,
+)
 from fleetd.boot.config import ConfigResource
 from fleetd.boot.deviceflow import DeviceFlow
 from fleetd.boot.deviceflow_resource import deviceCodeResource, tokenResource
@@ -163,7 +168,9 @@ class FleetdService(MultiService):
         # Children of /v1/node/ on the device listener besides the lookups;
         # who calls is decided by the LDevID identification [T4].
         self.nodeAPI: dict[bytes, Resource] = {
-            b"disks": NodeDisksResource(self.disks, self.identifyLDevID)
+            b"disks": NodeDisksResource(
+                self.disks, self.identifyLDevID, admit=self.lookups.admit
+            )
         }
         self.status = StatusService(
             self.inventory,
@@ -263,6 +270,7 @@ class FleetdService(MultiService):
             approvedSerialFor=approvedSerialFor,
             deviceBySerial=self.inventory.bySerial,
             challengeTTL=s.challenge_ttl,
+            bindingRefusal=bindingRefusal,
         )
         self.identifyLDevID = LDevIDIdentifier(
             TrustBundle.load(s.pki.bundle, issuer.cert), self.ldevids
@@ -275,6 +283,7 @@ class FleetdService(MultiService):
             runs=self.runs,
             vault=self.vault,
             targetDiskFor=targetDiskFor,
+            diskRefusal=diskRefusal,
         )
 
     def _ldevidStatus(self, serial: str) -> dict[str, Any] | None:

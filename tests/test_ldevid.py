@@ -1,7 +1,8 @@
 """
 LDevID trust over the device listener [T4] [T2] [J1]: legacy (capsule,
-forge) LDevIDs accepted until their node renews through spore, then
-refused; renewal from the one issuer with its cut-over recorded; unknown
+forge) LDevIDs accepted until their node attests through spore (its
+cut-over: a legacy software key is never renewed, attest-required), then
+refused; renewal of attested LDevIDs from the one issuer; unknown
 and expired certificates refused at the TLS layer; lookups of a node's own
 record and install plan, never another's. Driven by fleetd-agent over
 real TLS, with software LDevID keys (what legacy nodes hold).
@@ -110,6 +111,38 @@ class LDevIDTestCase(TestCase):
         )
         return self.node(name, *pair)
 
+    def attested(
+        self, name: str = "w1", serial: str = "SER1", ek: str = "ab" * 32
+    ) -> Path:
+        """
+        A node as attestation leaves it (a software key stands in for the
+        TPM's): an LDevID from the issuer, its record with the EK digest,
+        and that EK's binding approved for C{serial}.
+        """
+        from fleetd.pki.ldevid import Subject, serialHex
+        from fleetd.pki.records import LDevIDRecord, storeIssued
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        issuer = self.server.issuer
+        cert = issuer.issue(
+            key.public_key(), Subject(name, serial), self.server.clock.seconds()
+        )
+        record = LDevIDRecord(
+            serialHex(cert), serial, name, issuer.name,
+            cert.not_valid_after_utc.timestamp(), self.server.clock.seconds(),
+            "attest", ek,
+        )  # fmt: skip
+        with self.server.db.transaction():
+            storeIssued(self.server.db, record)
+        self.server.book.issued(record)
+        self.server.bindings.approved[ek] = serial
+        keyPEM = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        return self.node(name, cert.public_bytes(serialization.Encoding.PEM), keyPEM)
+
     def agent(
         self, state: Path, command: str, *extra: str
     ) -> Deferred[tuple[int, str, str]]:
@@ -151,35 +184,28 @@ class LDevIDTestCase(TestCase):
 
 
 class LegacyCutOverTests(LDevIDTestCase):
-    def test_legacy_acceptedUntilRenewal_thenRefused(self) -> Deferred[None]:
-        """[T4] a capsule LDevID works until its node renews; then only the new one."""
+    def test_legacy_acceptedUntilAttested_neverRenewed(self) -> Deferred[None]:
+        """
+        [T4] [T3] A capsule LDevID works for lookups, but its software key is
+        never renewed into an LDevID from the current issuer (attest-required,
+        journaled, nothing issued); once the node attested through spore only
+        the new one is accepted (ldevid-not-current-issuer).
+        """
 
         async def check() -> None:
             state = self.legacy()
-            legacyCert = (state / "ldevid.pem").read_bytes()
             plan = await self.ok(state, "plan")
             self.assertEqual(plan["device"], "w1")
-            await self.ok(state, "renew")
-            new = x509.load_pem_x509_certificate((state / "ldevid.pem").read_bytes())
-            new.verify_directly_issued_by(self.server.issuer.cert)
-            names = {a.oid: a.value for a in new.subject}
-            self.assertEqual(names[NameOID.COMMON_NAME], "w1")
-            self.assertEqual(names[NameOID.SERIAL_NUMBER], "SER1")
-            self.assertEqual((await self.ok(state, "plan"))["device"], "w1")
-            # The old certificate, same key: refused from now on.
-            (state / "ldevid.pem").write_bytes(legacyCert)
+            err = await self.refused(state, "renew", "attest-required")
+            self.assertIn("fleetd-agent attest", err)
+            self.assertEqual(self.server.entries("ldevid.issued"), [])
+            self.assertEqual(self.server.entries("ldevid.cutover"), [])
+            refusals = self.server.entries("attest.refused")
+            self.assertEqual(refusals[-1].fields["reason"], "attest-required")
+            # The node attests (its record as attestation leaves it).
+            new = self.attested()
+            self.assertEqual((await self.ok(new, "plan"))["device"], "w1")
             await self.refused(state, "plan", "ldevid-not-current-issuer")
-            (cutover,) = self.server.entries("ldevid.cutover")
-            self.assertEqual(cutover.device, "w1")
-            self.assertIn("capsule", cutover.fields["from_issuer"])
-            (issued,) = self.server.entries("ldevid.issued")
-            self.assertEqual(issued.fields["how"], "renew")
-            row = self.server.db.execute(
-                "SELECT chassis, issuer, not_after, current FROM ldevids"
-            ).fetchall()
-            self.assertEqual(len(row), 1)
-            self.assertEqual(row[0][0], "SER1")
-            self.assertEqual(row[0][2], new.not_valid_after_utc.timestamp())
             refusals = self.server.entries("attest.refused")
             self.assertEqual(refusals[-1].fields["reason"], "ldevid-not-current-issuer")
 
@@ -198,7 +224,7 @@ class LegacyCutOverTests(LDevIDTestCase):
         """[T4] one node's cut-over does not refuse another node's legacy LDevID."""
 
         async def check() -> None:
-            await self.ok(self.legacy(), "renew")
+            await self.ok(self.attested(), "renew")
             other = self.legacy("w2", "SER2")
             self.assertEqual((await self.ok(other, "plan"))["device"], "w2")
 
@@ -208,7 +234,7 @@ class LegacyCutOverTests(LDevIDTestCase):
         """[T4] after a second renewal the first new LDevID is superseded."""
 
         async def check() -> None:
-            state = self.legacy()
+            state = self.attested()
             await self.ok(state, "renew")
             first = (state / "ldevid.pem").read_bytes()
             await self.ok(state, "renew")
@@ -218,20 +244,22 @@ class LegacyCutOverTests(LDevIDTestCase):
         return ensureDeferred(check())
 
     def test_renew_journalRefuses_nothingChanges(self) -> Deferred[None]:
-        """[J1] the journal refuses the issuance: no record, no cut-over, one line."""
+        """[J1] the journal refuses the renewal: no new record, one line."""
 
         async def check() -> None:
-            state = self.legacy()
+            state = self.attested()
+            before = self.server.book.current("SER1")
+            rows = self.server.db.execute("SELECT * FROM ldevids").fetchall()
             self.server.journalCore.failing = JournalRefused("journal full")
             self.server.journalCore.onlyEvents = frozenset({"ldevid.issued"})
             err = await self.refused(state, "renew", "journal refused")
             self.assertIn("nothing changed", err)
             self.server.journalCore.failing = None
             self.assertEqual(
-                self.server.db.execute("SELECT * FROM ldevids").fetchall(), []
+                self.server.db.execute("SELECT * FROM ldevids").fetchall(), rows
             )
-            self.assertIsNone(self.server.book.current("SER1"))
-            # Still the legacy node it was: its LDevID is accepted.
+            self.assertEqual(self.server.book.current("SER1"), before)
+            # Still the LDevID it had: accepted.
             self.assertEqual((await self.ok(state, "plan"))["device"], "w1")
 
         return ensureDeferred(check())
@@ -242,16 +270,18 @@ class LegacyCutOverTests(LDevIDTestCase):
         import sqlite3
 
         async def check() -> None:
-            state = self.legacy()
+            state = self.attested()
+            before = self.server.book.current("SER1")
+            rows = self.server.db.execute("SELECT * FROM ldevids").fetchall()
             # The write transaction fails as a full or broken disk makes it.
             self.server.journalCore.failing = sqlite3.OperationalError("disk I/O error")
             self.server.journalCore.onlyEvents = frozenset({"ldevid.issued"})
             err = await self.refused(state, "renew", "cannot record the change")
             self.server.journalCore.failing = None
             self.assertIn("nothing changed", err)
-            self.assertIsNone(self.server.book.current("SER1"))
+            self.assertEqual(self.server.book.current("SER1"), before)
             self.assertEqual(
-                self.server.db.execute("SELECT * FROM ldevids").fetchall(), []
+                self.server.db.execute("SELECT * FROM ldevids").fetchall(), rows
             )
 
         return ensureDeferred(check())
@@ -362,6 +392,7 @@ class PlanTests(LDevIDTestCase):
                     "image": "ghcr.io/x/installer:v1",
                     "run": "r-0123456789abcdef",
                     "meta_0x0b": "ABCD-1234-code",
+                    "meta_0x0b_withheld": None,
                 },
             )
 
@@ -406,11 +437,11 @@ class PlanTests(LDevIDTestCase):
 
 class RenewSubjectTests(LDevIDTestCase):
     def test_renew_subjectFromInventory(self) -> Deferred[None]:
-        """[T4] a legacy LDevID naming an old device name renews under the
-        inventory's name for its serial."""
+        """[T4] an attested LDevID naming an old device name renews under
+        the inventory's name for its serial."""
 
         async def check() -> None:
-            state = self.legacy("old-name", "SER1")
+            state = self.attested("old-name", "SER1")
             await self.ok(state, "renew")
             new = x509.load_pem_x509_certificate((state / "ldevid.pem").read_bytes())
             cn = new.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
@@ -419,5 +450,6 @@ class RenewSubjectTests(LDevIDTestCase):
         return ensureDeferred(check())
 
     def test_renew_unknownSerial_refused(self) -> Deferred[None]:
-        """[T4] a legacy LDevID for a serial not in the inventory cannot renew."""
-        return self.refusal(self.legacy("w9", "SER9"), "renew", "device-unknown")
+        """[T4] an attested LDevID for a serial no longer in the inventory
+        cannot renew."""
+        return self.refusal(self.attested("w9", "SER9"), "renew", "device-unknown")

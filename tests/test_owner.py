@@ -10,14 +10,15 @@ through the real daemon over TLS.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from OpenSSL import crypto
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import ensureDeferred
@@ -28,10 +29,12 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.iweb import IRequest
 
 from fleetd.admin.resource import OWNER_NAME, adminRoot, checkOwner
-from fleetd.config import ConfigError, loadSettings
+from fleetd.config import ConfigError, TLSFiles, loadSettings
 from fleetd.inventory import SQLiteInventory
 from fleetd.inventory.resource import devicesResource
+from fleetd.listen import loadTLSOptions
 from fleetd.pki.dev import DevPKIPaths, _certificate, ensureDevPKI
+from fleetd.pki.ldevid import Issuer, Subject
 from fleetd.prepare import checkOwnerCA
 from fleetd.store import AsyncJournal, Database, InlineRunner, Journal
 from fleetd.web import BoundedSite, Endpoint
@@ -73,22 +76,109 @@ def issue(
     return cert, certPath, keyPath
 
 
-class CertTransport(StringTransport):
-    """A transport whose TLS peer presented C{cert} (or nothing)."""
+class _Handle:
+    """The TLS connection's verified chain, as pyOpenSSL gives it."""
 
-    def __init__(self, cert: x509.Certificate | None) -> None:
+    def __init__(self, chain: list[x509.Certificate] | None) -> None:
+        self._chain = chain
+
+    def get_verified_chain(self) -> list[crypto.X509] | None:
+        if self._chain is None:
+            return None
+        return [crypto.X509.from_cryptography(c) for c in self._chain]
+
+
+class CertTransport(StringTransport):
+    """
+    A transport whose TLS peer presented C{cert} (or nothing), verified as
+    the chain C{[cert, *above]}.
+    """
+
+    def __init__(self, cert: x509.Certificate | None, *above: x509.Certificate) -> None:
         super().__init__()
         self._cert = cert
+        self._chain = None if cert is None else [cert, *above]
 
     def getPeerCertificate(self) -> crypto.X509 | None:
         if self._cert is None:
             return None
         return crypto.X509.from_cryptography(self._cert)
 
+    def getHandle(self) -> _Handle:
+        return _Handle(self._chain)
+
 
 class FakeRequest:
-    def __init__(self, cert: x509.Certificate | None) -> None:
-        self.transport = CertTransport(cert)
+    def __init__(self, cert: x509.Certificate | None, *above: x509.Certificate) -> None:
+        self.transport = CertTransport(cert, *above)
+
+
+def _ca(name: str, key: Any, signer: tuple[x509.Certificate, Any] | None) -> Any:
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject if signer is None else signer[0].subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(NOW - timedelta(days=1))
+        .not_valid_after(NOW + timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(True, None), critical=True)
+        .add_extension(
+            x509.KeyUsage(True, False, False, False, False, True, True, False, False),
+            critical=True,
+        )
+        .add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False
+        )
+        .sign(key if signer is None else signer[1], hashes.SHA256())
+    )
+
+
+def siteRoot(directory: Path) -> tuple[x509.Certificate, Any, Path]:
+    """A site root CA with no path length limit, to serve as the owner CA."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _ca("site-root (owner CA)", key, None)
+    path = directory / "site-root.pem"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert, key, path
+
+
+def intermediate(
+    root: x509.Certificate, rootKey: Any, directory: Path
+) -> tuple[x509.Certificate, Any, Path]:
+    """
+    A CA signed by C{root} (as an LDevID issuer under the site root would
+    be), written to C{directory}; its certificate, key and path.
+    """
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _ca("folly devid CA", key, (root, rootKey))
+    path = directory / "under-owner-ca.pem"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert, key, path
+
+
+def ldevidUnder(
+    ca: x509.Certificate, caKey: Any, directory: Path
+) -> tuple[x509.Certificate, Path, Path]:
+    """
+    An LDevID from L{Issuer} under C{ca} (clientAuth, CN = device name); the
+    certificate file holds the leaf and C{ca}, as a node's client sends it.
+    """
+    issuer = Issuer(ca, caKey, timedelta(days=30))
+    key = ec.generate_private_key(ec.SECP256R1())
+    # Valid now: TLS checks it against the real time.
+    now = datetime.now(UTC).timestamp()
+    leaf = issuer.issue(key.public_key(), Subject("w1", "SER1"), now)
+    pem = serialization.Encoding.PEM
+    certPath, keyPath = directory / "w1-ldevid.pem", directory / "w1-ldevid.key"
+    certPath.write_bytes(leaf.public_bytes(pem) + ca.public_bytes(pem))
+    keyPath.write_bytes(
+        key.private_bytes(
+            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return leaf, certPath, keyPath
 
 
 class PKIMixin:
@@ -105,9 +195,16 @@ class CheckOwnerTests(PKIMixin, SynchronousTestCase):
     def setUp(self) -> None:
         self.makePKI()
 
-    def check(self, cert: x509.Certificate | None) -> tuple[str | None, str]:
-        checked = checkOwner(FakeRequest(cert))  # type: ignore[arg-type]
+    def check(
+        self, cert: x509.Certificate | None, *above: x509.Certificate
+    ) -> tuple[str | None, str]:
+        if not above:
+            above = (self.ca("owner_ca"),)
+        checked = checkOwner(FakeRequest(cert, *above))  # type: ignore[arg-type]
         return checked.owner, checked.refusal
+
+    def ca(self, name: str) -> x509.Certificate:
+        return x509.load_pem_x509_certificate(getattr(self.pki, name).read_bytes())
 
     def test_clientAuthLeaf_owner(self) -> None:
         """[O1] A leaf with the clientAuth EKU and a usable CN is an owner."""
@@ -120,7 +217,7 @@ class CheckOwnerTests(PKIMixin, SynchronousTestCase):
         capsule carry) is not an owner, whatever CA issued it.
         """
         cert, _, _ = issue(self.pki, "node-7", NO_EKU, ca="capsule_ca")
-        owner, refusal = self.check(cert)
+        owner, refusal = self.check(cert, self.ca("capsule_ca"))
         self.assertIsNone(owner)
         self.assertIn("no extended key usage", refusal)
 
@@ -130,6 +227,38 @@ class CheckOwnerTests(PKIMixin, SynchronousTestCase):
         owner, refusal = self.check(cert)
         self.assertIsNone(owner)
         self.assertIn("lacks clientAuth", refusal)
+
+    def test_leafUnderIntermediate_refused(self) -> None:
+        """
+        [O1] An LDevID (clientAuth, CN = device name) from an issuer that is
+        itself under the owner CA is not an owner: its verified chain is
+        leaf, intermediate, owner CA, not leaf and owner CA.
+        """
+        root, rootKey, _ = siteRoot(self.pki.directory)
+        ca, caKey, _ = intermediate(root, rootKey, self.pki.directory)
+        leaf, _, _ = ldevidUnder(ca, caKey, self.pki.directory)
+        owner, refusal = self.check(leaf, ca, root)
+        self.assertIsNone(owner)
+        self.assertEqual(
+            refusal,
+            "owner certificate refused: it was not issued directly by the owner CA",
+        )
+
+    def test_noVerifiedChain_refused(self) -> None:
+        """
+        [O1] A peer certificate without the chain TLS verified (or whose
+        verified chain does not start with it) is never an owner.
+        """
+        cert, _, _ = issue(self.pki, "jane")
+        other, _, _ = issue(self.pki, "john")
+        request = FakeRequest(cert)
+        request.transport._chain = None
+        self.assertIsNone(checkOwner(request).owner)  # type: ignore[arg-type]
+        owner, _ = self.check(cert, self.ca("capsule_ca"))
+        self.assertIsNone(owner)
+        request = FakeRequest(cert, self.ca("owner_ca"))
+        request.transport._chain = [other, self.ca("owner_ca")]
+        self.assertIsNone(checkOwner(request).owner)  # type: ignore[arg-type]
 
     def test_noCertificate_refused(self) -> None:
         """[O1] No certificate, no owner."""
@@ -218,7 +347,8 @@ class GateTests(PKIMixin, SynchronousTestCase):
         cert: Any = None,
     ) -> tuple[int, bytes]:
         channel = self.site.buildProtocol(None)
-        transport = CertTransport(self.owner if cert is None else cert)
+        ownerCA = x509.load_pem_x509_certificate(self.pki.owner_ca.read_bytes())
+        transport = CertTransport(self.owner if cert is None else cert, ownerCA)
         channel.makeConnection(transport)
         self.addCleanup(channel.connectionLost, None)
         headers = f"{method} {path} HTTP/1.1\r\nHost: x\r\n"
@@ -386,13 +516,36 @@ class OwnerCATests(PKIMixin, SynchronousTestCase):
 
     def test_inPublicChain_refused(self) -> None:
         """[O1] A CA of the public certificate's chain cannot be the owner CA."""
-        self.assertIn("tls.chain", self.refusal("pki/public-ca.pem"))
+        # The public certificate itself was issued by that CA: refused first.
+        self.assertIn("public certificate chain", self.refusal("pki/public-ca.pem"))
         both = self.directory / "pki" / "public-with-ca.pem"
         both.write_bytes(
             self.pki.public_cert.read_bytes() + self.pki.public_ca.read_bytes()
         )
         message = self.refusal("pki/public-ca.pem", cert="pki/public-with-ca.pem")
         self.assertIn("tls.cert", message)
+
+    def test_caUnderOwnerCA_refused(self) -> None:
+        """
+        [O1] An LDevID issuer, a bundle CA or a public-chain CA signed by the
+        owner CA is refused at start: every node would otherwise be an
+        owner once its client sends the intermediate.
+        """
+        root = x509.load_pem_x509_certificate(self.pki.owner_ca.read_bytes())
+        rootKey = serialization.load_pem_private_key(
+            self.pki.owner_ca_key.read_bytes(), None
+        )
+        _, _, under = intermediate(root, rootKey, self.directory / "pki")
+        settings = self.load("pki/owner-ca.pem")
+        for key in ("issuer_cert", "bundle"):
+            pki = replace(settings.pki, **{key: under})
+            with self.assertRaises(ConfigError) as caught:
+                checkOwnerCA(replace(settings, pki=pki))
+            message = str(caught.exception)
+            self.assertIn(f"(pki.{key})", message)
+            self.assertIn("was issued by the owner CA", message)
+        message = self.refusal("pki/owner-ca.pem", chain="pki/under-owner-ca.pem")
+        self.assertIn("(tls.chain)", message)
 
     def test_severalCAs_refused(self) -> None:
         """
@@ -405,6 +558,68 @@ class OwnerCATests(PKIMixin, SynchronousTestCase):
         )
         message = self.refusal("pki/owner-and-capsule.pem")
         self.assertIn("holds 2 certificates", message)
+
+
+class _Who(Endpoint):
+    isLeaf = True
+
+    def render_GET(self, request: IRequest) -> bytes:
+        checked = checkOwner(request)
+        return json.dumps([checked.owner, checked.refusal]).encode()
+
+
+class OwnerChainOverTLSTests(PKIMixin, TestCase):
+    """[O1] checkOwner behind a real TLS listener trusting the owner CA."""
+
+    async def _chain(self) -> None:
+        from twisted.internet import reactor
+        from twisted.web.server import Site
+
+        self.makePKI()
+        where = self.pki.directory
+        root, rootKey, rootPath = siteRoot(where)
+        ca, caKey, _ = intermediate(root, rootKey, where)
+        _, ldevidCert, ldevidKey = ldevidUnder(ca, caKey, where)
+        ownerKey = ec.generate_private_key(ec.SECP256R1())
+        ownerCert = _certificate("owner", ownerKey, NOW, (root, rootKey), CLIENT_AUTH)
+        pem = serialization.Encoding.PEM
+        (where / "o.pem").write_bytes(ownerCert.public_bytes(pem))
+        (where / "o.key").write_bytes(
+            ownerKey.private_bytes(
+                pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+        options = loadTLSOptions(
+            TLSFiles(self.pki.public_cert, self.pki.public_key), clientCA=rootPath
+        )
+        port = reactor.listenSSL(  # type: ignore[attr-defined]
+            0, Site(_Who()), options, interface="127.0.0.1"
+        )
+        self.addCleanup(port.stopListening)
+        number = port.getHost().port
+
+        async def who(cert: tuple[Path, Path]) -> list[Any]:
+            _, body = await deferToThread(
+                httpsRequest, number, "GET", "/", self.pki.public_ca, cert
+            )
+            found: list[Any] = json.loads(body)
+            return found
+
+        self.assertEqual(
+            await who((ldevidCert, ldevidKey)),
+            [None, "owner certificate refused: it was not issued directly by the "
+             "owner CA"],
+        )  # fmt: skip
+        owner = await who((where / "o.pem", where / "o.key"))
+        self.assertEqual(owner[0], "owner")
+
+    def test_ldevidUnderOwnerCA_notOwner_overTLS(self) -> None:
+        """
+        [O1] Over real TLS (the review's probe): a node that sends its
+        LDevID with an issuer signed by the owner CA verifies at the TLS
+        layer but is not an owner; the owner's own certificate still is.
+        """
+        return ensureDeferred(self._chain())  # type: ignore[return-value]
 
 
 class OwnerDaemonTests(DaemonTestMixin, TestCase):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred
@@ -57,10 +58,15 @@ def checkOwner(request: IRequest) -> OwnerCheck:
     Decide whether C{request}'s client is an owner [O1].
 
     The TLS layer has already verified the chain against the one owner CA.
-    Here the certificate must also carry the clientAuth extended key usage
-    (a certificate without that extension is refused: device and LDevID
-    certificates often have none), must not be a CA, and its single CN must
-    fit L{OWNER_NAME}.
+    Here the verified chain must be exactly the leaf and the owner CA, the
+    leaf's signature made by that CA (a leaf under an intermediate, such as
+    an LDevID whose node sends its issuer along, is never an owner), the
+    certificate must carry the clientAuth extended key usage (a certificate
+    without that extension is refused: device and LDevID certificates
+    often have none), must not be a CA, and its single CN must fit
+    L{OWNER_NAME}. This relies on the owner CA being the admin listener's
+    only trust anchor (L{fleetd.prepare.checkOwnerCA}): never add the LDevID
+    bundle to that listener's TLS trust.
     """
     transport = getattr(request, "transport", None)
     getPeer = getattr(transport, "getPeerCertificate", None)
@@ -68,6 +74,20 @@ def checkOwner(request: IRequest) -> OwnerCheck:
     if peer is None:
         return OwnerCheck(None)
     cert = peer.to_cryptography()
+    # The chain OpenSSL verified (sessions are not resumed: it is always there).
+    getHandle = getattr(transport, "getHandle", None)
+    getChain = getattr(getHandle() if getHandle else None, "get_verified_chain", None)
+    verified = None if getChain is None else getChain()
+    chain = [] if verified is None else [c.to_cryptography() for c in verified]
+    try:
+        if len(chain) != 2 or chain[0] != cert:
+            raise ValueError("not leaf and owner CA")
+        cert.verify_directly_issued_by(chain[1])
+    except (ValueError, TypeError, InvalidSignature):
+        return OwnerCheck(
+            None, "owner certificate refused: it was not issued directly by the "
+            "owner CA",
+        )  # fmt: skip
     try:
         eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     except x509.ExtensionNotFound:

@@ -11,6 +11,11 @@ proof turns out to be (a wrong answer cannot be retried against the same
 secret), a later one is a replay. At its TTL a pending challenge expires;
 answered or expired, it is remembered for one more TTL so that a late
 node is told what happened, then forgotten.
+
+Each challenge may carry a key (the EK digest): a new challenge for a key
+replaces the older one (forgotten at once, its timer cancelled), so one
+EK holds at most one entry and replaying an EK cannot fill the book. The
+global C{limit} still caps keys.
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ class _Entry:
     machine: ChallengeInputs
     context: Any
     timer: IDelayedCall | None = field(default=None)
+    key: str | None = None
 
 
 class ChallengeBook:
@@ -87,6 +93,7 @@ class ChallengeBook:
         self.ttl = ttl
         self.limit = limit
         self._entries: dict[str, _Entry] = {}
+        self._byKey: dict[str, str] = {}  # key -> id of its one entry
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -94,13 +101,33 @@ class ChallengeBook:
     def full(self) -> bool:
         return len(self._entries) >= self.limit
 
-    def issue(self, context: Any) -> str:
-        """A new pending challenge for C{context}; returns its id."""
+    def holds(self, key: str) -> bool:
+        """Whether C{key} has an entry (a new challenge for it replaces that)."""
+        return key in self._byKey
+
+    def issue(self, context: Any, key: str | None = None) -> str:
+        """
+        A new pending challenge for C{context}; returns its id. With
+        C{key}, the older challenge of that key is forgotten.
+        """
+        if key is not None and key in self._byKey:
+            self._drop(self._byKey[key])
         ident = secrets.token_urlsafe(18)
-        entry = _Entry(ChallengeMachine(ChallengeEffects()), context)
+        entry = _Entry(ChallengeMachine(ChallengeEffects()), context, key=key)
         entry.timer = self._clock.callLater(self.ttl, self._expire, ident)
         self._entries[ident] = entry
+        if key is not None:
+            self._byKey[key] = ident
         return ident
+
+    def _drop(self, ident: str) -> None:
+        entry = self._entries.pop(ident, None)
+        if entry is None:
+            return
+        if entry.timer is not None and entry.timer.active():
+            entry.timer.cancel()
+        if entry.key is not None and self._byKey.get(entry.key) == ident:
+            del self._byKey[entry.key]
 
     def present(self, ident: str) -> tuple[Presented, Any] | None:
         """Present an answer: the outcome and the context, or L{None} if unknown."""
@@ -115,7 +142,7 @@ class ChallengeBook:
         entry.timer = self._clock.callLater(self.ttl, self._forget, ident)
 
     def _forget(self, ident: str) -> None:
-        self._entries.pop(ident, None)
+        self._drop(ident)
 
     def stop(self) -> None:
         """Cancel every timer and forget every challenge."""
@@ -123,3 +150,4 @@ class ChallengeBook:
             if entry.timer is not None and entry.timer.active():
                 entry.timer.cancel()
         self._entries.clear()
+        self._byKey.clear()

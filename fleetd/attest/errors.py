@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from twisted.web import http
 
+from fleetd.inventory.model import Device, DeviceStatus
+
 # [T2]
 TPM12 = "tpm12-unsupported"
 CLASS_REFUSED = "class-refused"
@@ -35,6 +37,9 @@ LDEVID_UNKNOWN = "ldevid-unknown"
 LDEVID_SUPERSEDED = "ldevid-superseded"
 LDEVID_NOT_OURS = "ldevid-not-current-issuer"
 NOT_YOURS = "not-your-record"
+ATTEST_REQUIRED = "attest-required"
+# [R1] a device being decommissioned gets nothing more from fleetd
+RETIRED = "device-retired"
 NO_PLAN = "no-plan"
 NO_TARGET_DISK = "target-disk-unknown"
 
@@ -66,3 +71,18 @@ class Refused(Exception):
     def line(self) -> str:
         """One line for the node: the code first, so agents can parse it."""
         return f"{self.reason}: {self.detail}"[:300]
+
+
+def refuseRetired(device: Device) -> None:
+    """
+    [R1] A device in status C{decommissioning} is refused attestation,
+    renewal, its plan, its record and the disk check.
+
+    @raise Refused: C{device-retired}.
+    """
+    if device.status is DeviceStatus.DECOMMISSIONING:
+        raise Refused(
+            RETIRED,
+            f"{device.name[:64]} is being decommissioned; fleetd issues it"
+            " nothing more (no LDevID, plan or disk check)",
+        )

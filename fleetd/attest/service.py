@@ -50,8 +50,9 @@ from fleetd.attest.tpm import (
     verifyCertify,
 )
 from fleetd.inventory.model import Device
+from fleetd.logs import ThrottledLog
 from fleetd.pki.ldevid import Issuer, Subject, serialHex
-from fleetd.pki.records import LDevIDRecord, storeCutover, storeIssued
+from fleetd.pki.records import LDevIDRecord, storeIssued
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
@@ -69,7 +70,19 @@ class ApprovedSerialFor(Protocol):
     def __call__(self, db: sqlite3.Connection, ekSha256: str) -> str | None: ...
 
 
+class BindingRefusal(Protocol):
+    """Why an EK digest has no usable binding: C{"<code>: <sentence>"} [T1]."""
+
+    def __call__(self, db: sqlite3.Connection, ekSha256: str) -> str: ...
+
+
+def _noReason(db: sqlite3.Connection, ekSha256: str) -> str:
+    return f"{E.NOT_APPROVED}: no approved binding for this EK"
+
+
 DeviceBySerial = Callable[[str], Awaitable[Device | None]]
+# A reported serial is the caller's text: journaled, but never at any length.
+REPORTED_SERIAL_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,14 @@ def _text(doc: Mapping[str, Any], name: str, limit: int = 128) -> str:
     ):
         raise Refused(E.MALFORMED, f"{name}: missing or not a short string")
     return value
+
+
+def _lineRefusal(line: str) -> Refused:
+    """A refusal from a C{"<code>: <sentence>"} line (bindingRefusal's form)."""
+    code, sep, detail = line.partition(": ")
+    if not sep or not code:
+        return Refused(E.NOT_APPROVED, line[:200] or "no approved binding for this EK")
+    return Refused(code, detail)
 
 
 def _b64out(data: bytes) -> str:
@@ -155,6 +176,7 @@ class AttestationService:
         approvedSerialFor: ApprovedSerialFor,
         deviceBySerial: DeviceBySerial,
         challengeTTL: float = 60.0,
+        bindingRefusal: BindingRefusal = _noReason,
     ) -> None:
         self.clock = clock
         self.runner = runner
@@ -164,8 +186,11 @@ class AttestationService:
         self.book = book
         self._approvedSerialFor = approvedSerialFor
         self._deviceBySerial = deviceBySerial
+        self._bindingRefusal = bindingRefusal
         self.challenges = ChallengeBook(clock, challengeTTL)
         self._anonymous: dict[str, tuple[float, int]] = {}
+        # Anyone can reach 8444: refusal lines in the log are throttled too.
+        self._log = ThrottledLog(clock, self.log)
 
     def stop(self) -> None:
         self.challenges.stop()
@@ -179,7 +204,7 @@ class AttestationService:
         at most once per reason every L{ANONYMOUS_JOURNAL_EVERY} seconds;
         the next entry of that reason says how many were not.
         """
-        self.log.warn(
+        self._log.warn(
             "attest.refused {reason} {device}", reason=refusal.reason, device=device
         )
         extra: dict[str, str | int | None] = {}
@@ -229,7 +254,9 @@ class AttestationService:
     ) -> dict[str, Any]:
         version = _text(doc, "tpm_version", 16)
         reported = doc.get("serial")
-        context["reported_serial"] = reported if isinstance(reported, str) else None
+        context["reported_serial"] = (
+            reported[:REPORTED_SERIAL_MAX] if isinstance(reported, str) else None
+        )
         if version != "2.0":
             # [T2] by the version the node reports, not by certificate presence
             if version.startswith("1."):
@@ -246,7 +273,7 @@ class AttestationService:
             lambda db: self._approvedSerialFor(db.connection, digest)
         )
         if serial is None:
-            raise Refused(E.NOT_APPROVED, "no approved binding for this EK")
+            raise await self._unbound(digest)
         context["serial"] = serial
         if serial.lower() != reportedSerial.lower():
             raise Refused(
@@ -259,14 +286,18 @@ class AttestationService:
         context["device"] = device.name
         if device.device_class in REFUSED_CLASSES:
             raise Refused(E.CLASS_REFUSED, f"class {device.device_class} cannot attest")
+        E.refuseRetired(device)  # [R1]
         ak = parsePublic(_b64(doc, "ak_public"), "ak_public")
         checkAK(ak)
-        if self.challenges.full():
+        # One outstanding challenge per EK: a new one replaces the older, so
+        # replaying an EK cannot fill the book; the global cap stays.
+        if self.challenges.full() and not self.challenges.holds(digest):
             raise Refused(E.BUSY, "too many outstanding challenges; retry later")
         secret, nonce = os.urandom(32), os.urandom(32)
         blob, encrypted = makeChallenge(ek, ak, secret)
         ident = self.challenges.issue(
-            _Context(device.name, device.serial, digest, ak, secret, nonce)
+            _Context(device.name, device.serial, digest, ak, secret, nonce),
+            key=digest,
         )
         return {
             "challenge": ident,
@@ -315,37 +346,85 @@ class AttestationService:
         _, key = _csr(doc)
         if not hmac.compare_digest(_spki(key), spkiOf(ldevid)):
             raise Refused(E.CSR_INVALID, "csr key is not the certified LDevID key")
+        # The device as it is now: retired since the challenge, no LDevID [R1].
+        device = await self._deviceBySerial(ctx.serial)
+        if device is None or device.name != ctx.device:
+            raise Refused(E.UNKNOWN_DEVICE, "no inventory device has the bound serial")
+        E.refuseRetired(device)
         # The subject comes from the inventory, never from the CSR.
         cert = self.issuer.issue(
             key, Subject(ctx.device, ctx.serial), self.clock.seconds()
         )
-        await self._record(cert, ctx.device, ctx.serial, "attest", ctx.ekSha256, None)
+        # The binding is checked again in the issuing transaction [T1] [T3].
+        await self._record(cert, ctx.device, ctx.serial, "attest", ctx.ekSha256)
         return {"certificate": _pem(cert), "chain": _pem(self.issuer.cert)}
 
     # Renewal [T4]
 
     async def renew(self, peer: Peer, doc: Mapping[str, Any]) -> dict[str, Any]:
-        """A new LDevID from the one issuer for the key the node holds now."""
+        """
+        A new LDevID from the one issuer for the key the node holds now.
+
+        Only an LDevID that attestation issued (or renewed from one) is
+        renewed: its record carries the EK digest, whose binding must still
+        hold for this serial when the new one commits, and the device must
+        not be retired [T1] [T3] [R1]. A legacy (capsule/forge) LDevID holds
+        a software key with no TPM proof: such a node cuts over by
+        attesting (C{attest-required}), never by renewal [T4].
+        """
+        ident = peer.identity
         try:
             _, key = _csr(doc)
             if not hmac.compare_digest(_spki(key), _spki(peer.cert.public_key())):
                 raise Refused(E.CSR_INVALID, "renewal keeps the key: csr key differs")
+            current = self.book.current(ident.serial)
+            if peer.legacy or current is None or current.ek_sha256 is None:
+                raise Refused(
+                    E.ATTEST_REQUIRED,
+                    "this LDevID was not issued on a TPM attestation; attest"
+                    " (fleetd-agent attest) to get one from the current issuer",
+                )
+            # The subject comes from the inventory, as at attestation.
+            device = await self._deviceBySerial(ident.serial)
+            if device is None:
+                raise Refused(E.UNKNOWN_DEVICE, "no inventory device has this serial")
+            E.refuseRetired(device)
+            cert = self.issuer.issue(
+                key, Subject(device.name, device.serial), self.clock.seconds()
+            )
+            # The EK link is carried forward and checked again [T1].
+            await self._record(
+                cert, device.name, device.serial, "renew", current.ek_sha256
+            )
         except Refused as refusal:
             raise await self.refuse(
-                refusal, device=peer.identity.device, serial=peer.identity.serial
+                refusal, device=ident.device, serial=ident.serial
             ) from None
-        ident = peer.identity
-        # The subject comes from the inventory, as at attestation.
-        device = await self._deviceBySerial(ident.serial)
-        if device is None:
-            unknown = Refused(E.UNKNOWN_DEVICE, "no inventory device has this serial")
-            raise await self.refuse(unknown, device=ident.device, serial=ident.serial)
-        cert = self.issuer.issue(
-            key, Subject(device.name, device.serial), self.clock.seconds()
-        )
-        legacy = (peer.issuer, serialHex(peer.cert)) if peer.legacy else None
-        await self._record(cert, device.name, device.serial, "renew", None, legacy)
         return {"certificate": _pem(cert), "chain": _pem(self.issuer.cert)}
+
+    async def _unbound(self, ekSha256: str) -> Refused:
+        """[T1] The refusal for an EK without a usable binding, saying why."""
+        line = await self.runner.run(
+            lambda db: self._bindingRefusal(db.connection, ekSha256)
+        )
+        return _lineRefusal(line)
+
+    def bindingHolds(self, db: sqlite3.Connection, ekSha256: str, serial: str) -> None:
+        """
+        [T1] The approved binding of C{ekSha256} still names C{serial};
+        usable inside the caller's transaction.
+
+        @raise Refused: C{ek-binding-not-approved} with the reason, or
+            C{serial-mismatch} when the EK is now bound to another chassis.
+        """
+        bound = self._approvedSerialFor(db, ekSha256)
+        if bound is None:
+            raise _lineRefusal(self._bindingRefusal(db, ekSha256))
+        if bound.lower() != serial.lower():
+            raise Refused(
+                E.SERIAL_MISMATCH,
+                "this node's EK is now bound to another chassis than its LDevID names",
+            )
 
     async def _record(
         self,
@@ -353,8 +432,7 @@ class AttestationService:
         device: str,
         serial: str,
         how: str,
-        ekSha256: str | None,
-        legacy: tuple[str, str] | None,
+        ekSha256: str,
     ) -> None:
         now = self.clock.seconds()
         record = LDevIDRecord(
@@ -369,6 +447,7 @@ class AttestationService:
         )
 
         def change(db: Database, record_: Recorder) -> None:
+            self.bindingHolds(db.connection, ekSha256, serial)
             replaced = storeIssued(db, record)
             record_(
                 "ldevid.issued",
@@ -384,18 +463,6 @@ class AttestationService:
                     "replaces": None if replaced is None else replaced.cert_serial,
                 },
             )
-            if legacy is not None:
-                storeCutover(db, serial, now, *legacy)
-                record_(
-                    "ldevid.cutover",
-                    actor=ACTOR,
-                    device=device,
-                    fields={
-                        "serial": serial,
-                        "from_issuer": legacy[0],
-                        "from_cert_serial": legacy[1],
-                    },
-                )
 
         await self.journal.change(change)
         self.book.issued(record)

@@ -8,12 +8,15 @@ records it (L{fleetd.trust.disks.DiskService}). Answers:
   - 200 C{{"device", "target": {...}, "refused": null, "reason": null}};
   - 409 C{"duplicate-disk-serial: ..."}, C{"disk-serial-missing: ..."}
     or C{"no-target-disk: ..."}: one line, the reason code first;
-  - 400 a malformed report, 403 no node identity, 503 the report could
-    not be recorded (nothing changed). Always one line of text.
+  - 400 a malformed report, 403 no node identity or C{"device-retired:
+    ..."} (a device being decommissioned is not checked [R1]; with the
+    injected C{admit}), 503 the report could not be recorded (nothing
+    changed). Always one line of text.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from twisted.web import http
@@ -21,7 +24,8 @@ from twisted.web.iweb import IRequest
 
 from fleetd.admin.refusals import storeRefusal
 from fleetd.admin.resource import renderAsync
-from fleetd.device.identity import Identify
+from fleetd.attest.errors import Refused
+from fleetd.device.identity import Identify, NodeIdentity
 from fleetd.trust.disk_report import DiskReportError, parseDiskReport
 from fleetd.trust.disks import DiskService
 from fleetd.web import Endpoint, textResponse
@@ -41,6 +45,8 @@ class _Refused(Exception):
 def _refusal(error: Exception) -> tuple[int, str] | None:
     if isinstance(error, _Refused):
         return error.code, str(error)
+    if isinstance(error, Refused):
+        return error.status, error.line()
     if isinstance(error, DiskReportError):
         return http.BAD_REQUEST, f"disk report: {error}"
     return storeRefusal(error)
@@ -51,10 +57,21 @@ class NodeDisksResource(Endpoint):
 
     isLeaf = True
 
-    def __init__(self, service: DiskService, identify: Identify) -> None:
+    def __init__(
+        self,
+        service: DiskService,
+        identify: Identify,
+        admit: Callable[[NodeIdentity], Awaitable[object]] | None = None,
+    ) -> None:
+        """
+        @param admit: checks the node's device before its report is judged,
+            raising L{Refused} (journaled by it) for one that may not report,
+            such as a device being decommissioned [R1].
+        """
         super().__init__()  # type: ignore[no-untyped-call]
         self._service = service
         self._identify = identify
+        self._admit = admit
 
     def render_POST(self, request: IRequest) -> bytes | int:
         identity = self._identify(request)
@@ -64,6 +81,8 @@ class NodeDisksResource(Endpoint):
         raw = b"" if content is None else content.read()
 
         async def work() -> tuple[int, Any]:
+            if self._admit is not None:
+                await self._admit(identity)
             disks = parseDiskReport(raw)
             verdict = await self._service.report(identity, disks)
             if verdict.code is not None:

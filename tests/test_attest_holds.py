@@ -1,0 +1,398 @@
+"""
+LDevIDs, plans and disk checks only while the attestation still holds
+(review H3, H2, M6, M7; regression tests for the review's probes).
+
+A software node (no TPM: L{tests.softtpm.SoftNode}) attests against the
+real services over a real database. Then: renewal carries the EK digest
+forward and needs the binding to still name the serial [T1] [T3];
+a legacy LDevID cuts over by attesting, never by renewal [T4]; a device
+being decommissioned gets no challenge, LDevID, renewal, record, plan or
+disk check [R1]; attestation refusals say why the binding is missing
+[T1]; the plan withholds the META code until a target disk exists [D1];
+an EK holds at most one outstanding challenge [T3].
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from treq.testing import StubTreq
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.trial.unittest import SynchronousTestCase
+
+from fleetd.attest.errors import Refused
+from fleetd.attest.identity import Peer
+from fleetd.attest.tpm import ekDigest, spkiOf
+from fleetd.device.disks import NodeDisksResource
+from fleetd.device.identity import NodeIdentity
+from fleetd.device.resource import deviceRoot
+from fleetd.inventory.model import DeviceStatus
+from fleetd.logs import ThrottledLog
+from fleetd.pki.ldevid import Subject, serialHex
+from fleetd.pki.records import LDevIDRecord
+from fleetd.trust.disks import DiskService
+from fleetd.web import Router
+from tests.attestserver import AttestServer
+from tests.softtpm import SoftNode
+from tests.test_attest_checks import pki
+
+WHY = (
+    "ek-binding-not-approved: the binding of serial SER1 to EK 0123456789abcdef..."
+    " is suspended: its receiving-scan evidence was withdrawn"
+)
+
+
+class HoldsTestCase(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.server = AttestServer(Path(self.mktemp()), pki(Path(self.mktemp())))
+        self.addCleanup(self.server.db.close)
+        self.addCleanup(self.server.service.stop)
+        caCert = x509.load_pem_x509_certificate(self.server.pki.ek_ca.read_bytes())
+        caKey = serialization.load_pem_private_key(
+            self.server.pki.ek_ca_key.read_bytes(), None
+        )
+        self.caCert, self.caKey = caCert, caKey
+        self.node = SoftNode(caCert, caKey)
+        self.server.addDevice("w1", "SER1")
+        self.server.addDevice("w2", "SER2")
+        self.digest = ekDigest(spkiOf(self.node.ekPublic))
+        self.server.bindings.approved[self.digest] = "SER1"
+        self.reasons: list[str] = []
+
+        def why(db: sqlite3.Connection, ekSha256: str) -> str:
+            self.reasons.append(ekSha256)
+            return WHY
+
+        self.server.service._bindingRefusal = why
+
+    def begin(self, doc: dict[str, Any]) -> Deferred[Any]:
+        return Deferred.fromCoroutine(self.server.service.begin(doc))
+
+    def prove(self, doc: dict[str, Any]) -> Deferred[Any]:
+        return Deferred.fromCoroutine(self.server.service.prove(doc))
+
+    def challenge(self, node: SoftNode | None = None) -> dict[str, Any]:
+        node = node or self.node
+        result: dict[str, Any] = self.successResultOf(self.begin(node.claim()))
+        return result
+
+    def attest(self) -> Peer:
+        """Attest the software node; the peer its new LDevID makes it."""
+        issued = self.successResultOf(self.prove(self.node.proof(self.challenge())))
+        cert = x509.load_pem_x509_certificate(issued["certificate"].encode())
+        return self.server.identify.checkCertificate(cert)
+
+    def renew(self, peer: Peer) -> Deferred[Any]:
+        doc = {"csr": self.node.csr()}
+        return Deferred.fromCoroutine(self.server.service.renew(peer, doc))
+
+    def retire(self, name: str = "w1") -> None:
+        self.successResultOf(
+            self.server.inventory.setStatus(
+                name, DeviceStatus.DECOMMISSIONING, journal=[]
+            )
+        )
+
+    def refused(self, d: Deferred[Any], reason: str) -> Refused:
+        """C{d} failed with C{reason}, journaled as the last refusal."""
+        refusal: Refused = self.failureResultOf(d, Refused).value
+        self.assertEqual(refusal.reason, reason, refusal.line())
+        self.assertEqual(refusal.line().count("\n"), 0)
+        entries = self.server.entries("attest.refused")
+        self.assertEqual(entries[-1].fields["reason"], reason)
+        return refusal
+
+    def issued(self) -> list[str]:
+        return [str(e.fields["how"]) for e in self.server.entries("ldevid.issued")]
+
+
+class RenewTests(HoldsTestCase):
+    """Renewal needs the attestation to still hold [T1] [T3] [T4] [R1]."""
+
+    def test_renew_carriesEKDigest(self) -> None:
+        """
+        [T3] [T1] Renewal carries the EK digest forward: the renewed record
+        and its journal entry name the attested EK, so a second renewal
+        still knows (and checks) it.
+        """
+        peer = self.attest()
+        for _ in range(2):
+            out = self.successResultOf(self.renew(peer))
+            cert = x509.load_pem_x509_certificate(out["certificate"].encode())
+            peer = self.server.identify.checkCertificate(cert)
+            current = self.server.book.current("SER1")
+            assert current is not None
+            self.assertEqual(current.ek_sha256, self.digest)
+        entries = self.server.entries("ldevid.issued")
+        self.assertEqual(
+            [e.fields["how"] for e in entries], ["attest", "renew", "renew"]
+        )
+        self.assertEqual({e.fields["ek_sha256"] for e in entries}, {self.digest})
+        rows = self.server.db.execute("SELECT ek_sha256 FROM ldevids").fetchall()
+        self.assertEqual(rows, [(self.digest,)] * 3)
+
+    def test_renew_bindingWithdrawn_refusedSayingWhy(self) -> None:
+        """
+        [T1] A node whose binding was withdrawn or suspended since it
+        attested cannot renew: ek-binding-not-approved with the binding's
+        own reason, journaled; nothing issued.
+        """
+        peer = self.attest()
+        self.server.bindings.approved.clear()
+        refusal = self.refused(self.renew(peer), "ek-binding-not-approved")
+        self.assertEqual(refusal.line(), WHY)
+        self.assertEqual(self.reasons, [self.digest])
+        self.assertEqual(self.issued(), ["attest"])
+
+    def test_renew_reboundToOtherChassis_refused(self) -> None:
+        """[T1] The EK now bound to another serial: serial-mismatch, no LDevID."""
+        peer = self.attest()
+        self.server.bindings.approved[self.digest] = "SER2"
+        self.refused(self.renew(peer), "serial-mismatch")
+        self.assertEqual(self.issued(), ["attest"])
+
+    def test_renew_retired_refused(self) -> None:
+        """
+        [R1] A device being decommissioned cannot renew: device-retired,
+        journaled with the device; nothing issued, the record unchanged.
+        """
+        peer = self.attest()
+        before = self.server.book.current("SER1")
+        self.retire()
+        refusal = self.refused(self.renew(peer), "device-retired")
+        self.assertIn("decommissioned", refusal.detail)
+        self.assertEqual(self.server.entries("attest.refused")[-1].device, "w1")
+        self.assertEqual(self.issued(), ["attest"])
+        self.assertEqual(self.server.book.current("SER1"), before)
+
+    def test_renew_withoutAttestation_attestRequired(self) -> None:
+        """
+        [T4] [T3] The review's probe: an LDevID with no attested record (a
+        legacy software key, or one renewed before EK digests were kept)
+        is never renewed into an LDevID from the current issuer, whatever
+        the binding says: attest-required, nothing issued.
+        """
+        key = ec.generate_private_key(ec.SECP256R1())
+        issuer = self.server.issuer
+        cert = issuer.issue(key.public_key(), Subject("w1", "SER1"), 1.8e9)
+        csr = (
+            x509.CertificateSigningRequestBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "x")]))
+            .sign(key, hashes.SHA256())
+            .public_bytes(serialization.Encoding.PEM)
+            .decode()
+        )
+        peer = Peer(NodeIdentity("w1", "SER1"), cert, "CN=issuer", True)
+        d = Deferred.fromCoroutine(self.server.service.renew(peer, {"csr": csr}))
+        self.refused(d, "attest-required")
+        # Renewed before EK digests were kept: current, but no EK on record.
+        self.server.book.issued(
+            LDevIDRecord(
+                serialHex(cert), "SER1", "w1", issuer.name, 2e9, 1.8e9, "renew"
+            )
+        )
+        peer = self.server.identify.checkCertificate(cert)
+        d = Deferred.fromCoroutine(self.server.service.renew(peer, {"csr": csr}))
+        self.refused(d, "attest-required")
+        # A legacy certificate is never renewed, even beside an attested record.
+        self.server.book.issued(
+            LDevIDRecord(
+                "01", "SER1", "w1", issuer.name, 2e9, 1.8e9, "attest", "ab" * 32
+            )
+        )
+        self.server.bindings.approved["ab" * 32] = "SER1"
+        peer = Peer(NodeIdentity("w1", "SER1"), cert, "CN=capsule", True)
+        d = Deferred.fromCoroutine(self.server.service.renew(peer, {"csr": csr}))
+        self.refused(d, "attest-required")
+        self.assertEqual(self.issued(), [])
+
+
+class AttestTests(HoldsTestCase):
+    """Attestation refuses retired devices and re-checks the binding [T1] [R1]."""
+
+    def test_begin_retired_refused(self) -> None:
+        """[R1] A device being decommissioned gets no challenge: device-retired."""
+        self.retire()
+        self.refused(self.begin(self.node.claim()), "device-retired")
+        self.assertEqual(len(self.server.service.challenges), 0)
+
+    def test_prove_retiredAfterChallenge_refused(self) -> None:
+        """[R1] Retired between challenge and proof: device-retired, no LDevID."""
+        challenge = self.challenge()
+        self.retire()
+        self.refused(self.prove(self.node.proof(challenge)), "device-retired")
+        self.assertEqual(self.issued(), [])
+        self.assertIsNone(self.server.book.current("SER1"))
+
+    def test_prove_bindingWithdrawnAfterChallenge_refused(self) -> None:
+        """
+        [T1] The binding withdrawn between challenge and proof: the proof is
+        refused with the binding's reason in the issuing transaction;
+        nothing recorded.
+        """
+        challenge = self.challenge()
+        self.server.bindings.approved.clear()
+        refusal = self.refused(
+            self.prove(self.node.proof(challenge)), "ek-binding-not-approved"
+        )
+        self.assertEqual(refusal.line(), WHY)
+        self.assertEqual(self.issued(), [])
+        self.assertEqual(self.server.db.execute("SELECT * FROM ldevids").fetchall(), [])
+
+    def test_begin_unapproved_saysWhy(self) -> None:
+        """
+        [T1] An EK without a usable binding is refused with the binding's
+        reason (bindingRefusal), not a bare "no approved binding".
+        """
+        self.server.bindings.approved.clear()
+        refusal = self.refused(self.begin(self.node.claim()), "ek-binding-not-approved")
+        self.assertEqual(refusal.line(), WHY)
+
+    def test_reportedSerial_boundedBeforeJournal(self) -> None:
+        """A reported serial of any length is journaled cut to 64 characters."""
+        self.server.bindings.approved.clear()
+        self.begin(self.node.claim(serial="S" * 100)).addErrback(lambda f: None)
+        self.begin(self.node.claim(serial="S" * 5000)).addErrback(lambda f: None)
+        for entry in self.server.entries("attest.refused"):
+            self.assertLessEqual(len(str(entry.fields["reported_serial"])), 64)
+
+    def test_refusalLog_throttled(self) -> None:
+        """A flood of refusals from anyone is a handful of log lines."""
+        events: list[Any] = []
+        observer: Any = events.append
+        self.server.service._log = ThrottledLog(
+            self.server.clock, Logger(observer=observer)
+        )
+        for _ in range(50):
+            self.begin({"tpm_version": "1.2"}).addErrback(lambda f: None)
+        self.assertTrue(1 <= len(events) <= 10, len(events))
+
+
+class ChallengePerEKTests(HoldsTestCase):
+    """[T3] One outstanding challenge per EK digest, under a global cap."""
+
+    def test_newChallenge_replacesOlder(self) -> None:
+        """
+        [T3] A second challenge for the same EK replaces the first: the book
+        holds one entry, the old one is unknown, the new one is answered.
+        """
+        first = self.challenge()
+        second = self.challenge()
+        self.assertEqual(len(self.server.service.challenges), 1)
+        self.refused(self.prove(self.node.proof(first)), "challenge-unknown")
+        self.successResultOf(self.prove(self.node.proof(second)))
+        self.assertEqual(self.issued(), ["attest"])
+
+    def test_replay_cannotFillBook(self) -> None:
+        """
+        [T3] With the book at its cap, replaying a held EK still gets a
+        (replacing) challenge, while a new EK is told busy; timers stay one
+        per entry.
+        """
+        self.server.service.challenges.limit = 1
+        other = SoftNode(self.caCert, self.caKey, serial="SER2")
+        self.server.bindings.approved[ekDigest(spkiOf(other.ekPublic))] = "SER2"
+        for _ in range(5):
+            self.challenge()
+        self.assertEqual(len(self.server.service.challenges), 1)
+        self.assertEqual(len(self.server.clock.getDelayedCalls()), 1)
+        self.refused(self.begin(other.claim()), "busy")
+
+
+class LookupTests(HoldsTestCase):
+    """Record, plan and disk check of a retired or unbound node [R1] [T1] [D1]."""
+
+    def plan(self, peer: Peer) -> Deferred[Any]:
+        return Deferred.fromCoroutine(self.server.lookups.plan(peer))
+
+    def record(self, peer: Peer) -> Deferred[Any]:
+        return Deferred.fromCoroutine(self.server.lookups.record(peer))
+
+    def readyRun(self) -> None:
+        self.server.runs.ready["w1"] = "r-0123456789abcdef"
+        self.server.vault.put("r-0123456789abcdef.code", b"ABCD-1234-code")
+        config = b"machine:\n  install:\n    image: ghcr.io/x/installer:v1\n"
+        self.server.vault.put("r-0123456789abcdef.yaml", config)
+
+    def test_plan_retired_refused(self) -> None:
+        """
+        [R1] A retired device's plan and record are refused (device-retired,
+        journaled): its ready run's code is never handed out.
+        """
+        peer = self.attest()
+        self.readyRun()
+        self.server.disks.targets["w1"] = "DISK-1"
+        self.retire()
+        self.refused(self.plan(peer), "device-retired")
+        self.refused(self.record(peer), "device-retired")
+
+    def test_plan_bindingWithdrawn_refused(self) -> None:
+        """[T1] An attested node whose binding no longer holds gets no plan."""
+        peer = self.attest()
+        self.readyRun()
+        self.server.disks.targets["w1"] = "DISK-1"
+        self.server.bindings.approved.clear()
+        refusal = self.refused(self.plan(peer), "ek-binding-not-approved")
+        self.assertEqual(refusal.line(), WHY)
+
+    def test_plan_noTargetDisk_codeWithheld(self) -> None:
+        """
+        [D1] With a ready run but no target disk the plan withholds the META
+        code and says why (the disk check's reason); with a target it is
+        handed out.
+        """
+        peer = self.attest()
+        self.readyRun()
+        self.server.lookups._diskRefusal = lambda db, device: (
+            f"disks-not-reported: {device} has not reported"
+        )
+        plan = self.successResultOf(self.plan(peer))
+        self.assertIsNone(plan["meta_0x0b"])
+        self.assertIsNone(plan["run"])
+        self.assertEqual(plan["image"], "ghcr.io/x/installer:v1")
+        self.assertEqual(
+            plan["meta_0x0b_withheld"], "disks-not-reported: w1 has not reported"
+        )
+        self.server.disks.targets["w1"] = "DISK-1"
+        plan = self.successResultOf(self.plan(peer))
+        self.assertEqual(plan["meta_0x0b"], "ABCD-1234-code")
+        self.assertIsNone(plan["meta_0x0b_withheld"])
+
+    def test_disks_retired_refused(self) -> None:
+        """
+        [R1] [D1] A device being decommissioned cannot report disks: 403
+        device-retired, one line, journaled; no report stored.
+        """
+        self.retire()
+        service = DiskService(
+            self.server.runner, self.server.journal, self.server.clock
+        )
+        resource = NodeDisksResource(
+            service,
+            lambda request: NodeIdentity("w1", "SER1"),
+            admit=self.server.lookups.admit,
+        )
+        node, v1 = Router(), Router()
+        node.putChild(b"disks", resource)
+        v1.putChild(b"node", node)
+        stub: Any = StubTreq(deviceRoot(v1))
+        d = stub.post(
+            "https://device.test/v1/node/disks", data=json.dumps({"disks": []})
+        )
+        stub.flush()
+        response = self.successResultOf(d)
+        body = self.successResultOf(response.content())
+        self.assertEqual(response.code, 403)
+        self.assertTrue(body.startswith(b"device-retired: "), body)
+        self.assertEqual(body.count(b"\n"), 1)
+        self.assertEqual(self.server.entries("disks.reported"), [])
+        self.assertEqual(self.server.entries("disks.refused"), [])
+        self.assertEqual(self.server.entries("attest.refused")[-1].device, "w1")
