@@ -20,8 +20,8 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from fleetd.cli import agent, agent_mtls
-from fleetd.cli.agent_client import Unreachable
+from fleetd.cli import agent, agent_attest, agent_mtls
+from fleetd.cli.agent_client import Refusal, Unreachable
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from tests.support import TOPOLOGY, missingPeer, writeConfig
 from tests.swtpm import RM_AVAILABLE, SWTPM, ResourceManager
@@ -261,3 +261,28 @@ class TPMKeyDaemonTests(DaemonTestMixin, TestCase):
         and the old certificate is refused afterwards.
         """
         return ensureDeferred(self._endToEnd())
+
+
+class InstallableTests(SynchronousTestCase):
+    """What C{fleetd-agent plan} does with the plan fleetd answers."""
+
+    def test_codeWithheld_refusedNamingTheDiskReason(self) -> None:
+        """
+        [D1] A ready run whose code fleetd withheld (no target disk) stops
+        the workflow with the disk check's line, its reason code first.
+        """
+        plan = {
+            "meta_0x0b": None,
+            "meta_0x0b_withheld": "duplicate-disk-serial: S1 is also on w2",
+        }
+        e = self.assertRaises(Refusal, agent_attest.installable, plan)
+        self.assertEqual(e.reason, "duplicate-disk-serial")
+        self.assertEqual(e.line, "duplicate-disk-serial: S1 is also on w2")
+
+    def test_noReadyRun_orCode_passes(self) -> None:
+        """A plan with its code, or with no ready run at all, goes on."""
+        for plan in (
+            {"meta_0x0b": "abc", "meta_0x0b_withheld": None},
+            {"meta_0x0b": None, "meta_0x0b_withheld": None},
+        ):
+            self.assertIs(agent_attest.installable(plan), plan)

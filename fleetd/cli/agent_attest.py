@@ -157,7 +157,19 @@ def plan(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
     path = "/v1/node/plan"
     if args.device:
         path += "?device=" + urllib.parse.quote(args.device, safe="")
-    return call(args.server, path, _mtls(args))
+    return installable(call(args.server, path, _mtls(args)))
+
+
+def installable(plan: dict[str, Any]) -> dict[str, Any]:
+    """
+    The plan, unless fleetd withheld the META code for a ready run because
+    the disk check has not passed [D1]: then the install cannot go on, and
+    the workflow stops on the disk check's line (its reason code first).
+    """
+    withheld = plan.get("meta_0x0b_withheld")
+    if withheld:
+        raise Refusal(409, str(withheld))
+    return plan
 
 
 def renew(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
