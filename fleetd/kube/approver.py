@@ -65,6 +65,9 @@ JOURNAL_EVERY = 3600.0
 _UNAVAILABLE = (StoreError, sqlite3.Error, JournalRefused, InventoryError, KubeError)
 REMEMBERED = 4096
 APPROVAL_REASON = "FleetdApproved"
+# The statuses a first kubelet certificate moves to active [K2]; never
+# decommissioning [R1], nor a status an operator set.
+TO_ACTIVE = frozenset({DeviceStatus.PLANNED, DeviceStatus.STAGED, DeviceStatus.ACTIVE})
 
 
 class IClusterGrants(Protocol):
@@ -216,18 +219,19 @@ class Approver:
     async def _recordFirst(self, token: _Token, facts: CSRFacts, late: bool) -> None:
         device = token.record.device
         assert device is not None
-        current = await self.inventory.get(device)
         holder: dict[str, Any] = {}
 
         def change(db: Database, journal: Recorder) -> None:
             record, deadline = self.book.approvedIn(db, token, facts.name)
             holder["record"], holder["deadline"] = record, deadline
             noteKubeletFirst(db, device, facts.name, self.clock.seconds())
-            if (
-                current is not None
-                and current.status is not DeviceStatus.DECOMMISSIONING
-            ):
-                self.inventory.setStatusIn(db, device, DeviceStatus.ACTIVE)
+            # Compare and set in this transaction: a retirement (or an
+            # operator's status) committed since is never overwritten.
+            try:
+                self.inventory.transitionIn(db, device, TO_ACTIVE, DeviceStatus.ACTIVE)
+            except InventoryError as e:
+                if e.kind != "not-found":
+                    raise
             journal(
                 "kube.csr-approved",
                 actor="fleetd",

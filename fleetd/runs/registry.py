@@ -245,6 +245,22 @@ class NotReady(Exception):
     """The registry is still loading; try again shortly."""
 
 
+class Decommissioning(Exception):
+    """
+    A device of the provision was retired (its status is
+    C{decommissioning}) when the provision's transaction ran; nothing
+    was provisioned [R1].
+    """
+
+    def __init__(self, device: str) -> None:
+        super().__init__(f"{device} is retired and cannot be provisioned")
+        self.device = device
+
+
+# Every status a provision may move to planned: all but a retirement's.
+PROVISIONABLE = frozenset(DeviceStatus) - {DeviceStatus.DECOMMISSIONING}
+
+
 @dataclass(frozen=True)
 class RunView:
     """A run as people see it (C{fleetctl status}): no code, no body."""
@@ -402,6 +418,9 @@ class RunRegistry:
         ones stop; if it fails, the new files are removed and everything
         stays as it was.
 
+        A device that is C{decommissioning} when that transaction runs
+        refuses the whole provision (L{Decommissioning}).
+
         Provisions are serialised. With C{credentials}, each device's
         bootstrap token is created first and C{render(device, run, token)}
         gets it (L{ICredentials}); without, C{render(device, run)}.
@@ -473,7 +492,12 @@ class RunRegistry:
                     fields={"by": old.superseded_by},
                 )
             for device, record, _ in batch:
-                self.inventory.setStatusIn(db, device.name, DeviceStatus.PLANNED)
+                # Checked here, not before: a retirement that committed
+                # since the caller looked refuses the whole provision.
+                if not self.inventory.transitionIn(
+                    db, device.name, PROVISIONABLE, DeviceStatus.PLANNED
+                ):
+                    raise Decommissioning(device.name)
                 clearAlerts(db, device.name)
                 journal(
                     "run.provisioned",
