@@ -290,7 +290,7 @@ class ApprovalRaceTests(SynchronousTestCase):
             def __getattr__(self, name: str) -> Any:
                 return getattr(inner, name)
 
-        fleet.kube.approver.inventory = RetiredInBetween()  # type: ignore[assignment]
+        fleet.kube.approver.inventory = RetiredInBetween()
         csr = fleet.fileCSR(bearer, "w1")
         self.assertTrue(fleet.approved(csr["metadata"]["name"]))
         self.assertEqual(len(fleet.entries("kube.csr-approved")), 1)
