@@ -6,25 +6,29 @@ In this order:
   1. delete the Node (when a cluster is configured; a failure refuses the
      retirement and nothing changes: the owner runs it again);
   2. one transaction [J1]: the device becomes C{decommissioning}, its
-     kubelet record is marked retired (later renewal CSRs are refused,
+     current run ends (C{run.superseded} by C{retired}: its code stops
+     working, L{fleetd.runs.registry.RunRegistry.retire}), its kubelet
+     record is marked retired (later renewal CSRs are refused,
      L{fleetd.kube.approver}), its live tokens get a deletion deadline of
      now, and the journal records the retirement and what cannot be
      revoked: the kubelet client certificate (with its notAfter when
      fleetd saw it issued) and C{machine.token}, the trustd token every
      Talos configuration carries and nothing rotates;
-  3. after the commit, the tokens are deleted (retried while the API is
-     down; their persisted deadline re-arms after a restart).
+  3. after the commit, the run's files leave the vault and the tokens are
+     deleted (retried while the API is down; their persisted deadline
+     re-arms after a restart).
 
-A decommissioning device cannot be provisioned (the provision API
-refuses it). Deleting the Node does not stop a machine whose kubelet
-still holds a valid certificate from registering it again when it
+A decommissioning device cannot be provisioned (the provision checks it
+in its own transaction). Deleting the Node does not stop a machine whose
+kubelet still holds a valid certificate from registering it again when it
 restarts: wipe or power off the machine (docs/operations.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from twisted.internet.interfaces import IReactorTime
 
@@ -35,6 +39,18 @@ from fleetd.kube.store import kubelet, liveTokens, noteRetired, setDeleteAt
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
+
+_T = TypeVar("_T")
+
+
+class IRetiringRuns(Protocol):
+    """The run registry's part (L{fleetd.runs.registry.RunRegistry.retire})."""
+
+    async def retire(
+        self, device: str, actor: str, work: Callable[[Database, Recorder], _T]
+    ) -> _T:
+        "End C{device}'s current run in C{work}'s transaction; memory after."
+
 
 UNROTATED_TRUSTD = (
     "machine.token (the cluster's trustd token) is in every Talos configuration;"
@@ -73,8 +89,10 @@ class RetireService:
         runner: IRunner,
         client: KubeClient | None,
         book: TokenBook | None,
+        runs: IRetiringRuns | None,
     ) -> None:
         self.clock = clock
+        self.runs = runs
         self.inventory = inventory
         self.journal = journal
         self.runner = runner
@@ -135,7 +153,10 @@ class RetireService:
                 fields={"credential": "machine.token", "note": UNROTATED_TRUSTD},
             )
 
-        await self.journal.change(change)
+        if self.runs is not None:
+            await self.runs.retire(name, actor, change)
+        else:
+            await self.journal.change(change)
         if self.book is not None:
             self.book.revokeDevice(name)
         notAfter = holder["not_after"]

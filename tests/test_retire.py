@@ -1,0 +1,112 @@
+"""
+Retirement ends the device's run and journals the Node deletion (review
+H2, M3; formerly the probe test_review_retire).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.trial.unittest import SynchronousTestCase
+
+from fleetd.inventory.model import DeviceStatus
+from fleetd.kube.retire import RetireService
+from fleetd.runs.machine import Outcome
+from fleetd.runs.registry import RETIRED, codeName, configName, servedName
+from fleetd.store.db import StoreError
+from tests.test_j1 import Faults
+from tests.test_runs import Fleet, device
+
+
+def _retirer(fleet: Fleet) -> RetireService:
+    return RetireService(
+        clock=fleet.clock,
+        inventory=fleet.inventory,
+        journal=fleet.journal,
+        runner=fleet.runner,
+        client=None,
+        book=None,
+        runs=fleet.registry,
+    )
+
+
+def _retire(fleet: Fleet) -> Deferred[Any]:
+    return Deferred.fromCoroutine(_retirer(fleet).retire("w1", "owner:t"))
+
+
+class RetireRunTests(SynchronousTestCase):
+    """[R1] [C1] [J1] A retirement supersedes the device's current run."""
+
+    def setUp(self) -> None:
+        self.fleet = Fleet(self)
+        self.fleet.add(device("w1", "SER1"))
+        (self.first,) = self.fleet.provision(device("w1", "SER1"))
+
+    def test_retire_readyRun_codeStopsFilesGo(self) -> None:
+        """
+        [R1] [C1] [J1] After a retirement the ready run's code is refused
+        (superseded), its files leave the vault, the device stays
+        decommissioning, and run.superseded by retired is journaled with
+        device.retired in one transaction.
+        """
+        self.successResultOf(_retire(self.fleet))
+        self.assertIsNone(self.fleet.registry.readyRun("w1"))
+        self.assertIsNone(self.fleet.registry.current("w1"))
+        outcome, body = self.fleet.fetch(self.first.code)
+        self.assertEqual((outcome, body), (Outcome.SUPERSEDED, None))
+        self.assertEqual(self.fleet.vault.names(), [])
+        self.fleet.clock.advance(5)
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.DECOMMISSIONING)
+        entries = self.successResultOf(self.fleet.journal.query(device="w1"))
+        (superseded,) = [e for e in entries if e.event == "run.superseded"]
+        (retired,) = [e for e in entries if e.event == "device.retired"]
+        self.assertEqual(superseded.fields["by"], RETIRED)
+        self.assertEqual(superseded.run, self.first.run)
+        self.assertEqual(superseded.at, retired.at)
+
+    def test_retire_survivesRestart(self) -> None:
+        """[R1] [C1] After a restart the retired run's code is still refused."""
+        self.successResultOf(_retire(self.fleet))
+        self.fleet.restart()
+        self.assertIsNone(self.fleet.registry.readyRun("w1"))
+        self.assertIsNone(self.fleet.registry.byCode(self.first.code))
+
+    def test_retire_duringDelivery_recordedNotReleased(self) -> None:
+        """
+        [R1] [J1] A delivery in flight when the retirement commits finishes,
+        is journaled as superseded and releases nothing: the device stays
+        decommissioning; the served mark goes only after that record.
+        """
+        registry = self.fleet.registry
+        run = registry.byCode(self.first.code)
+        assert run is not None
+        outcome, _ = registry.request(run, "127.0.0.1")
+        self.assertEqual(outcome, Outcome.DELIVER)
+        self.successResultOf(_retire(self.fleet))
+        self.assertEqual(self.fleet.vault.names(), [servedName(self.first.run)])
+        registry.finished(run, complete=True)
+        self.fleet.clock.advance(5)
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.DECOMMISSIONING)
+        entries = self.successResultOf(self.fleet.journal.query(run=self.first.run))
+        (delivered,) = [e for e in entries if e.event == "run.delivered"]
+        self.assertTrue(delivered.fields["superseded"])
+        self.assertNotIn("run.released", [e.event for e in entries])
+        self.assertEqual(self.fleet.vault.names(), [])
+
+    def test_retire_journalFails_runStillReady(self) -> None:
+        """
+        [J1] The retirement cannot be recorded: the run stays ready, its
+        files stay, the device keeps its status.
+        """
+        faults = Faults(self.fleet)
+        faults.inject("journal")
+        self.failureResultOf(_retire(self.fleet), StoreError)
+        faults.clear()
+        self.assertEqual(self.fleet.registry.readyRun("w1"), self.first.run)
+        self.assertEqual(
+            self.fleet.vault.names(),
+            [codeName(self.first.run), configName(self.first.run)],
+        )
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.PLANNED)
+        self.assertNotIn("run.superseded", self.fleet.events("w1"))
