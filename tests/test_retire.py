@@ -11,10 +11,12 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.inventory.model import DeviceStatus
+from fleetd.kube.errors import KubeUnavailable
 from fleetd.kube.retire import RetireService
 from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import RETIRED, codeName, configName, servedName
 from fleetd.store.db import StoreError
+from tests.kubesupport import KubeFleet
 from tests.test_j1 import Faults
 from tests.test_runs import Fleet, device
 
@@ -110,3 +112,68 @@ class RetireRunTests(SynchronousTestCase):
         )
         self.assertEqual(self.fleet.status("w1"), DeviceStatus.PLANNED)
         self.assertNotIn("run.superseded", self.fleet.events("w1"))
+
+
+class NodeDeletionJournalTests(SynchronousTestCase):
+    """[R1] [J1] The Node deletion is never left out of the journal (M3)."""
+
+    def setUp(self) -> None:
+        self.fleet = KubeFleet(self)
+        self.addCleanup(self.fleet.stopKube)
+        self.fleet.add(device("w1", "SER1"))
+        self.fleet.provision(device("w1", "SER1"))
+        self.fleet.fake.addNode("w1")
+        self.fleet.fake.flush()
+
+    def retire(self) -> Deferred[Any]:
+        d = Deferred.fromCoroutine(self.fleet.retirer.retire("w1", "owner:o"))
+        self.fleet.fake.flush()
+        return d
+
+    def test_retire_journalsIntentBeforeDeletion(self) -> None:
+        """[R1] [J1] kube.node-delete-requested comes before device.retired."""
+        self.successResultOf(self.retire())
+        events = self.fleet.events("w1")
+        self.assertLess(
+            events.index("kube.node-delete-requested"),
+            events.index("device.retired"),
+        )
+        self.assertNotIn("w1", self.fleet.fake.nodes)
+
+    def test_retire_commitFails_deletionJournaled(self) -> None:
+        """
+        [R1] [J1] The Node went but the retirement's commit failed: the
+        journal holds the request and its outcome; the device and run are
+        unchanged, so the owner retires again.
+        """
+        faults = self.fleet.faults()
+        faults.journal.onlyEvents = frozenset({"device.retired"})
+        faults.journal.failing = StoreError("journal head is not authentic")
+        self.failureResultOf(self.retire(), StoreError)
+        faults.clear()
+        self.assertNotIn("w1", self.fleet.fake.nodes)
+        (outcome,) = self.fleet.entries("kube.node-deleted")
+        self.assertEqual(
+            (outcome.device, outcome.fields["node_deleted"], outcome.fields["retired"]),
+            ("w1", True, False),
+        )
+        self.assertEqual(len(self.fleet.entries("kube.node-delete-requested")), 1)
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.PLANNED)
+        self.assertIsNotNone(self.fleet.registry.readyRun("w1"))
+
+    def test_retire_intentNotJournaled_nodeKept(self) -> None:
+        """[J1] The intent cannot be journaled: the Node is not touched."""
+        faults = self.fleet.faults()
+        faults.inject("journal")
+        self.failureResultOf(self.retire(), StoreError)
+        faults.clear()
+        self.assertIn("w1", self.fleet.fake.nodes)
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.PLANNED)
+
+    def test_retire_apiDown_intentOnly(self) -> None:
+        """[R1] The API is down: the intent is journaled, nothing else changes."""
+        self.fleet.fake.reachable = False
+        self.failureResultOf(self.retire(), KubeUnavailable)
+        self.assertEqual(len(self.fleet.entries("kube.node-delete-requested")), 1)
+        self.assertEqual(self.fleet.entries("device.retired"), [])
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.PLANNED)

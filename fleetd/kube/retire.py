@@ -3,8 +3,11 @@ Retirement [R1]: C{fleetctl retire NAME}.
 
 In this order:
 
-  1. delete the Node (when a cluster is configured; a failure refuses the
-     retirement and nothing changes: the owner runs it again);
+  1. delete the Node (when a cluster is configured): first journal
+     C{kube.node-delete-requested} in its own transaction, then ask the
+     API. A failure refuses the retirement and nothing else changes: the
+     owner runs it again. Should the transaction below fail after the
+     Node went, C{kube.node-deleted} records that (when the journal can);
   2. one transaction [J1]: the device becomes C{decommissioning}, its
      current run ends (C{run.superseded} by C{retired}: its code stops
      working, L{fleetd.runs.registry.RunRegistry.retire}), its kubelet
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
 
 from fleetd.inventory.model import DeviceStatus, IInventory, InventoryError
 from fleetd.kube.book import TokenBook
@@ -80,6 +84,8 @@ class Retirement:
 class RetireService:
     """Retire a device: Node, tokens, status, and the journal of what remains."""
 
+    log = Logger()
+
     def __init__(
         self,
         *,
@@ -99,6 +105,45 @@ class RetireService:
         self.client = client
         self.book = book
 
+    async def _deleteNode(self, client: KubeClient, name: str, actor: str) -> bool:
+        """
+        Journal the deletion before asking for it, in its own transaction
+        (a failure here refuses the retirement before anything changed),
+        so a retirement whose commit then fails never leaves a deletion
+        the journal does not know of [J1].
+        """
+        await self.journal.append(
+            "kube.node-delete-requested",
+            actor=actor,
+            device=name,
+            fields={"reason": "retirement"},
+        )
+        try:
+            return await client.deleteNode(name)
+        except Exception as e:
+            self.log.warn(
+                "kube.retire.node-delete-failed {device}: {reason}",
+                device=name,
+                reason=str(e),
+            )
+            raise
+
+    async def _nodeOutcome(self, name: str, actor: str, deleted: bool) -> None:
+        """The retirement did not commit: journal what the API did, if we can."""
+        try:
+            await self.journal.append(
+                "kube.node-deleted",
+                actor=actor,
+                device=name,
+                fields={"node_deleted": deleted, "retired": False},
+            )
+        except Exception as e:
+            self.log.error(
+                "kube.retire.outcome-not-journaled {device}: {reason}",
+                device=name,
+                reason=str(e),
+            )
+
     async def retire(self, name: str, actor: str) -> Retirement:
         """
         @raise InventoryError: C{not-found}, or the inventory is unavailable.
@@ -110,7 +155,7 @@ class RetireService:
         name = device.name
         nodeDeleted = None
         if self.client is not None:
-            nodeDeleted = await self.client.deleteNode(name)
+            nodeDeleted = await self._deleteNode(self.client, name, actor)
         now = self.clock.seconds()
         holder: dict[str, Any] = {}
 
@@ -153,10 +198,15 @@ class RetireService:
                 fields={"credential": "machine.token", "note": UNROTATED_TRUSTD},
             )
 
-        if self.runs is not None:
-            await self.runs.retire(name, actor, change)
-        else:
-            await self.journal.change(change)
+        try:
+            if self.runs is not None:
+                await self.runs.retire(name, actor, change)
+            else:
+                await self.journal.change(change)
+        except Exception:
+            if nodeDeleted:
+                await self._nodeOutcome(name, actor, nodeDeleted)
+            raise
         if self.book is not None:
             self.book.revokeDevice(name)
         notAfter = holder["not_after"]
