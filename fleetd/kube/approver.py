@@ -24,7 +24,8 @@ it. CSRs of other signers are not fleetd's business and are ignored.
 An approval is a call to the API first and a commit second. If the
 commit fails after the API approved, the next sight of the CSR (the
 watch's MODIFIED event, or a re-list) finds it Approved with fleetd's
-reason and records it then ("late").
+reason and records it then ("late"); meanwhile the token stays used in
+memory, so no second CSR on it is approved [K2].
 """
 
 from __future__ import annotations
@@ -192,8 +193,16 @@ class Approver:
             reason = "wrong-node"
         elif token.record.expires_at is not None and now >= token.record.expires_at:
             reason = "token-expired"
-        elif token.approving or not token.machine.mayApprove():
-            revoked = token.record.approved_at is None and not token.approving
+        elif (
+            token.approving
+            or token.apiApproved is not None
+            or not token.machine.mayApprove()
+        ):
+            revoked = (
+                token.record.approved_at is None
+                and not token.approving
+                and token.apiApproved is None
+            )
             reason = "token-revoked" if revoked else "second-csr-for-token"
         if reason is not None:
             self._leave(facts.name, facts.username, device, reason, facts.uid)
@@ -208,6 +217,9 @@ class Approver:
             )
             if approved is None:
                 return  # decided by someone else meanwhile
+            # Approved by the API: no other CSR on this token, whether or
+            # not the record below commits (it is then recorded late).
+            token.apiApproved = facts.name
             await self._recordFirst(token, facts, late=False)
         except KubeError as e:
             self.log.warn(
@@ -348,6 +360,7 @@ class Approver:
                 and token.record.kind == "node"
                 and token.record.approved_at is None
                 and not token.approving
+                and token.apiApproved in (None, facts.name)
                 and node == token.record.device
             ):
                 await self._recordFirst(token, facts, late=True)
