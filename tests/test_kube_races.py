@@ -6,9 +6,12 @@ Races and faults of the kubelet approver and the cluster-wide token
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
+from fleetd.kube.cluster import ClusterTokenError
 from fleetd.testing.kube import csrPEM
 from tests.kubesupport import KubeFleet, device
 
@@ -53,3 +56,101 @@ class OncePerTokenTests(SynchronousTestCase):
         (entry,) = fleet.entries("kube.csr-approved")
         self.assertEqual(entry.fields["csr"], first["metadata"]["name"])
         self.assertTrue(entry.fields["late"])
+
+
+def _clusterSecrets(fleet: KubeFleet) -> list[str]:
+    return sorted(
+        name
+        for name, secret in fleet.fake.secrets.items()
+        if "expiration" not in (secret.get("data") or {})
+    )
+
+
+class ClusterTokenRaceTests(SynchronousTestCase):
+    """[K6] Concurrent approvals and rotations leave one cluster token (M1)."""
+
+    def setUp(self) -> None:
+        self.fleet = KubeFleet(self)
+        self.addCleanup(self.fleet.stopKube)
+        self.tokens = self.fleet.kube.cluster
+        self.gates: list[Deferred[None]] = []
+        self.real = self.tokens.client.createSecret
+
+    def request(self, node: str) -> Any:
+        d = Deferred.fromCoroutine(self.tokens.request(node, "x", "owner:o"))
+        self.fleet.fake.flush()
+        return self.successResultOf(d)
+
+    def slowSecrets(self) -> None:
+        """Secret creations wait at a gate: the API round trip."""
+
+        async def slow(secret: Any) -> Any:
+            gate: Deferred[None] = Deferred()
+            self.gates.append(gate)
+            await gate
+            return await self.real(secret)
+
+        self.tokens.client.createSecret = slow  # type: ignore[method-assign]
+
+    def openGates(self) -> None:
+        while self.gates:
+            self.gates.pop(0).callback(None)
+            self.fleet.fake.flush()
+        self.tokens.client.createSecret = self.real  # type: ignore[method-assign]
+
+    def test_twoApprovals_oneClusterToken(self) -> None:
+        """
+        [K6] [K5] Two approvals at once hand out the same cluster token;
+        only one cluster Secret exists, and a rotation then leaves only
+        the new one after the overlap.
+        """
+        a, b = self.request("cp1"), self.request("cp2")
+        self.slowSecrets()
+        d1 = Deferred.fromCoroutine(self.tokens.approve(a.id, "owner:o"))
+        d2 = Deferred.fromCoroutine(self.tokens.approve(b.id, "owner:o"))
+        self.openGates()
+        (_, t1), (_, t2) = self.successResultOf(d1), self.successResultOf(d2)
+        self.assertEqual(t1.id, t2.id)
+        self.assertEqual(_clusterSecrets(self.fleet), [f"bootstrap-token-{t1.id}"])
+        d3 = Deferred.fromCoroutine(self.tokens.rotate("owner:o"))
+        self.fleet.fake.flush()
+        new, _, _ = self.successResultOf(d3)
+        self.fleet.clock.advance(10 * 86400)
+        self.fleet.fake.flush()
+        self.assertEqual(_clusterSecrets(self.fleet), [f"bootstrap-token-{new.id}"])
+
+    def test_approveAndRotate_oneCurrentTokenOldExpires(self) -> None:
+        """
+        [K6] An approval and a rotation at once: the rotation replaces the
+        token the approval created, which then gets its deletion deadline.
+        """
+        a = self.request("cp1")
+        self.slowSecrets()
+        d1 = Deferred.fromCoroutine(self.tokens.approve(a.id, "owner:o"))
+        d2 = Deferred.fromCoroutine(self.tokens.rotate("owner:o"))
+        self.openGates()
+        _, approved = self.successResultOf(d1)
+        new, old, _ = self.successResultOf(d2)
+        self.assertEqual(old, approved.id)
+        self.assertEqual(self.tokens.clusterTokenId(), new.id)
+        self.fleet.clock.advance(10 * 86400)
+        self.fleet.fake.flush()
+        self.assertEqual(_clusterSecrets(self.fleet), [f"bootstrap-token-{new.id}"])
+
+    def test_currentChangedUnderneath_conflictSecretDiscarded(self) -> None:
+        """
+        [K6] [J1] The transaction finds a current token the approval did
+        not decide from: refused (conflict), its new Secret deleted,
+        nothing recorded.
+        """
+        a, b = self.request("cp1"), self.request("cp2")
+        d = Deferred.fromCoroutine(self.tokens.approve(a.id, "owner:o"))
+        self.fleet.fake.flush()
+        _, first = self.successResultOf(d)
+        self.tokens._current = None  # memory behind the database
+        d = Deferred.fromCoroutine(self.tokens.approve(b.id, "owner:o"))
+        self.fleet.fake.flush()
+        error = self.failureResultOf(d, ClusterTokenError).value
+        self.assertEqual(error.kind, "conflict")
+        self.assertEqual(_clusterSecrets(self.fleet), [f"bootstrap-token-{first.id}"])
+        self.assertEqual(len(self.fleet.entries("cluster-token.approved")), 1)
