@@ -154,3 +154,31 @@ class ClusterTokenRaceTests(SynchronousTestCase):
         self.assertEqual(error.kind, "conflict")
         self.assertEqual(_clusterSecrets(self.fleet), [f"bootstrap-token-{first.id}"])
         self.assertEqual(len(self.fleet.entries("cluster-token.approved")), 1)
+
+
+class ClusterGrantTests(SynchronousTestCase):
+    """[K5] A grant is used once, even when its commit fails."""
+
+    def test_grantCommitFails_secondCSRLeftPending(self) -> None:
+        """
+        [K5] [J1] The API approved the grant's CSR but the commit failed:
+        the grant is not handed to a second CSR; once the record commits
+        on a later attempt the grant is gone.
+        """
+        fleet = KubeFleet(self)
+        self.addCleanup(fleet.stopKube)
+        tokens = fleet.kube.cluster
+        d = Deferred.fromCoroutine(tokens.request("cp1", "x", "owner:o"))
+        fleet.fake.flush()
+        request = self.successResultOf(d)
+        d2 = Deferred.fromCoroutine(tokens.approve(request.id, "owner:o"))
+        fleet.fake.flush()
+        _, token = self.successResultOf(d2)
+        faults = fleet.faults()
+        faults.runner.failing = sqlite3.OperationalError("disk I/O error")
+        first = fleet.fileCSR(token.bearer, "cp1")
+        self.assertTrue(fleet.approved(first["metadata"]["name"]))
+        faults.clear()
+        second = fleet.fileCSR(token.bearer, "cp1")
+        self.assertFalse(fleet.approved(second["metadata"]["name"]))
+        self.assertIsNone(tokens.grantFor("cp1", token.id))

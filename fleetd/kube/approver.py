@@ -80,8 +80,17 @@ class IClusterGrants(Protocol):
     def grantFor(self, node: str, tokenId: str) -> str | None:
         "The approved, unused request letting C{node} join with C{tokenId}."
 
+    def claim(self, request: str) -> None:
+        "The approver asks the API to approve with C{request}."
+
+    def unclaim(self, request: str) -> None:
+        "The API did not approve: C{request} may be used again."
+
     def usedIn(self, db: Database, request: str, csr: str) -> None:
         "Mark the grant used, in the approval's transaction."
+
+    def usedCommitted(self, request: str) -> None:
+        "That transaction committed: forget the grant."
 
 
 class Approver:
@@ -272,6 +281,10 @@ class Approver:
                 facts.uid,
             )
             return
+        grants = self.grants
+        # Once per grant: claimed while the API decides, and kept once it
+        # approved, whether or not the record below commits.
+        grants.claim(request)
         try:
             approved = await self.client.approveCSR(
                 facts.name,
@@ -279,13 +292,17 @@ class Approver:
                 f"fleetd: {node} joins with the cluster token (request {request})",
             )
         except KubeError as e:
+            grants.unclaim(request)
             self.log.warn(
                 "kube.csr.approve-failed {csr}: {reason}", csr=facts.name, reason=str(e)
             )
             return
+        except BaseException:
+            grants.unclaim(request)
+            raise
         if approved is None:
+            grants.unclaim(request)
             return
-        grants = self.grants
 
         def change(db: Database, journal: Recorder) -> None:
             grants.usedIn(db, request, facts.name)
@@ -296,6 +313,7 @@ class Approver:
             )
 
         await self.journal.change(change)
+        grants.usedCommitted(request)
 
     # Renewals [R1]
 

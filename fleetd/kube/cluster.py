@@ -133,6 +133,7 @@ class ClusterTokens:
         self.grantWindow = grantWindow
         self._current: str | None = None
         self._grants: dict[str, tuple[str, float, str]] = {}  # request -> node, at, id
+        self._claimed: set[str] = set()  # grants the API used, commit or not
         # Approvals and rotations one at a time: each decides from the
         # current token, which the other may be replacing [K6].
         self._changing = DeferredLock()
@@ -158,17 +159,31 @@ class ClusterTokens:
     def grantFor(self, node: str, tokenId: str) -> str | None:
         now = self.clock.seconds()
         for request, (grantNode, at, grantToken) in self._grants.items():
+            if request in self._claimed:
+                continue
             if grantNode == node and grantToken == tokenId:
                 if now - at < self.grantWindow:
                     return request
         return None
+
+    def claim(self, request: str) -> None:
+        """The approver is using C{request}: no other CSR gets it meanwhile."""
+        self._claimed.add(request)
+
+    def unclaim(self, request: str) -> None:
+        """The API did not approve: C{request} is free again."""
+        self._claimed.discard(request)
 
     def usedIn(self, db: Database, request: str, csr: str) -> None:
         db.execute(
             "UPDATE cluster_token_requests SET state = 'used', csr = ? WHERE id = ?",
             (csr, request),
         )
-        self._grants.pop(request, None)  # once per grant, whatever the commit
+
+    def usedCommitted(self, request: str) -> None:
+        """L{usedIn} committed: the grant is gone [J1]."""
+        self._grants.pop(request, None)
+        self._claimed.discard(request)
 
     # The owner's commands
 
