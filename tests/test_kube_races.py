@@ -12,6 +12,7 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.kube.cluster import ClusterTokenError
+from fleetd.kube.service import KubeService
 from fleetd.testing.kube import csrPEM
 from tests.kubesupport import KubeFleet, device
 
@@ -182,3 +183,70 @@ class ClusterGrantTests(SynchronousTestCase):
         second = fleet.fileCSR(token.bearer, "cp1")
         self.assertFalse(fleet.approved(second["metadata"]["name"]))
         self.assertIsNone(tokens.grantFor("cp1", token.id))
+
+
+class StartRetryTests(SynchronousTestCase):
+    """A failed start of the Kubernetes services is tried again."""
+
+    def test_startFails_retriedWithBackoff_thenWatches(self) -> None:
+        """
+        [K2] The database is down at start: the watch (and so the
+        approver) starts once it answers, retried on the injected clock
+        with backoff; stopping cancels a pending retry.
+        """
+        from tests.kubesupport import SETTINGS
+        from tests.test_j1 import FaultyRunner
+
+        fleet = KubeFleet(self)
+        fleet.stopKube()
+        runner = FaultyRunner(fleet.runner)
+        runner.failing = sqlite3.OperationalError("disk I/O error")
+        service = KubeService(
+            clock=fleet.clock,
+            settings=SETTINGS,
+            client=fleet.client,
+            runner=runner,
+            journal=fleet.journal,
+            inventory=fleet.inventory,
+            sealKey=b"s" * 32,
+        )
+        service.startService()
+        fleet.fake.flush()
+        self.assertFalse(service.watcher._running)
+        fleet.clock.advance(1)  # first retry: still down
+        self.assertFalse(service.watcher._running)
+        runner.failing = None
+        fleet.clock.advance(1.5)  # not yet: the delay doubled
+        self.assertFalse(service.watcher._running)
+        fleet.clock.advance(0.5)
+        fleet.fake.flush()
+        self.assertTrue(service.watcher._running)
+        d = service.stopService()
+        fleet.fake.flush()
+        self.successResultOf(d)
+        self.assertEqual(fleet.clock.getDelayedCalls(), [])
+        self.flushLoggedErrors(sqlite3.OperationalError)
+
+    def test_stopWhileRetryPending_noDelayedCall(self) -> None:
+        """Stopping while a retry waits cancels it: no delayed call is left."""
+        from tests.kubesupport import SETTINGS
+        from tests.test_j1 import FaultyRunner
+
+        fleet = KubeFleet(self)
+        fleet.stopKube()
+        runner = FaultyRunner(fleet.runner)
+        runner.failing = sqlite3.OperationalError("disk I/O error")
+        service = KubeService(
+            clock=fleet.clock,
+            settings=SETTINGS,
+            client=fleet.client,
+            runner=runner,
+            journal=fleet.journal,
+            inventory=fleet.inventory,
+            sealKey=b"s" * 32,
+        )
+        service.startService()
+        self.assertEqual(len(fleet.clock.getDelayedCalls()), 1)
+        self.successResultOf(service.stopService())
+        self.assertEqual(fleet.clock.getDelayedCalls(), [])
+        self.flushLoggedErrors(sqlite3.OperationalError)
