@@ -67,6 +67,40 @@ class RetireRunTests(SynchronousTestCase):
         self.assertEqual(superseded.run, self.first.run)
         self.assertEqual(superseded.at, retired.at)
 
+    def test_retire_planCarriesNoCode(self) -> None:
+        """
+        [R1] [C1] The install plan for a retired device hands out no code
+        (META 0x0b) and no run: the run it would name has ended.
+        """
+        from fleetd.attest.identity import LDevIDBook, Peer
+        from fleetd.attest.lookup import LookupService
+        from fleetd.device.identity import NodeIdentity
+
+        class Attestation:
+            async def refuse(self, refusal: Any, **kw: Any) -> Any:
+                return refusal
+
+        self.successResultOf(_retire(self.fleet))
+        lookups = LookupService(
+            runner=self.fleet.runner,
+            attestation=Attestation(),  # type: ignore[arg-type]
+            book=LDevIDBook(),
+            getDevice=self.fleet.inventory.get,
+            runs=self.fleet.registry,
+            vault=self.fleet.vault,
+            targetDiskFor=lambda db, d: None,
+        )
+        peer = Peer(NodeIdentity("w1", "SER1"), None, "CN=x", False)  # type: ignore[arg-type]
+        d = Deferred.fromCoroutine(lookups.plan(peer))
+        try:
+            plan = self.successResultOf(d)
+        except self.failureException:
+            # Another change refuses plans for decommissioning devices.
+            self.failureResultOf(d)
+            return
+        self.assertIsNone(plan["meta_0x0b"])
+        self.assertIsNone(plan["run"])
+
     def test_retire_survivesRestart(self) -> None:
         """[R1] [C1] After a restart the retired run's code is still refused."""
         self.successResultOf(_retire(self.fleet))
