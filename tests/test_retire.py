@@ -211,3 +211,29 @@ class NodeDeletionJournalTests(SynchronousTestCase):
         self.assertEqual(len(self.fleet.entries("kube.node-delete-requested")), 1)
         self.assertEqual(self.fleet.entries("device.retired"), [])
         self.assertEqual(self.fleet.status("w1"), DeviceStatus.PLANNED)
+
+
+class RetireHTTPTests(SynchronousTestCase):
+    """[R1] Over the admin API."""
+
+    def test_retire_runsStillLoading_503OneLine(self) -> None:
+        """[R1] Right after a start (runs loading) a retirement is a one-line 503."""
+        import io
+
+        from twisted.web.test.requesthelper import DummyRequest
+
+        from fleetd.kube.resource import retireResource
+
+        fleet = Fleet(self)
+        fleet.add(device("w1", "SER1"))
+        fleet.registry.loaded = False
+        resource = retireResource(_retirer(fleet), owner=lambda request: "jane")
+        request: Any = DummyRequest([])
+        request.method = b"POST"
+        request.content = io.BytesIO(b'{"device": "w1"}')
+        resource.render(request)
+        self.assertEqual(request.responseCode, 503)
+        body = b"".join(request.written).decode()
+        self.assertEqual(body.count("\n"), 1, body)
+        self.assertIn("nothing changed", body)
+        self.assertEqual(fleet.status("w1"), DeviceStatus.INVENTORY)
