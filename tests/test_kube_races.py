@@ -250,3 +250,50 @@ class StartRetryTests(SynchronousTestCase):
         self.successResultOf(service.stopService())
         self.assertEqual(fleet.clock.getDelayedCalls(), [])
         self.flushLoggedErrors(sqlite3.OperationalError)
+
+    def test_partialStart_tokensLoadedOnce(self) -> None:
+        """
+        [K4] The tokens loaded but the cluster tokens did not: the retry
+        does not load (and arm) the tokens a second time, so stopping
+        leaves no timer behind.
+        """
+        from tests.kubesupport import SETTINGS
+        from tests.test_j1 import FaultyRunner
+
+        fleet = KubeFleet(self)
+        fleet.add(device("w1", "SER1"))
+        fleet.provision(device("w1", "SER1"))  # a live token with its expiry
+        fleet.stopKube()
+        self.assertEqual(fleet.clock.getDelayedCalls(), [])
+
+        class SecondCallFails(FaultyRunner):
+            calls = 0
+
+            def run(self, f: Any) -> Any:
+                self.calls += 1
+                if self.calls == 2:
+                    self.failing = sqlite3.OperationalError("disk I/O error")
+                try:
+                    return super().run(f)
+                finally:
+                    self.failing = None
+
+        service = KubeService(
+            clock=fleet.clock,
+            settings=SETTINGS,
+            client=fleet.client,
+            runner=SecondCallFails(fleet.runner),
+            journal=fleet.journal,
+            inventory=fleet.inventory,
+            sealKey=b"s" * 32,
+        )
+        service.startService()
+        fleet.fake.flush()
+        fleet.clock.advance(1)
+        fleet.fake.flush()
+        self.assertTrue(service.watcher._running)
+        d = service.stopService()
+        fleet.fake.flush()
+        self.successResultOf(d)
+        self.assertEqual(fleet.clock.getDelayedCalls(), [])
+        self.flushLoggedErrors(sqlite3.OperationalError)
