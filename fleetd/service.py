@@ -248,6 +248,7 @@ class FleetdService(MultiService):
                 runner=self.runner,
                 client=None if service is None else service.client,
                 book=None if service is None else service.book,
+                runs=self.runs,
             )
         )
         return service

@@ -63,6 +63,7 @@ class KubeFleet(Fleet):
             runner=self.runner,
             client=self.client,
             book=self.kube.book,
+            runs=self.registry,
         )
 
     def stopKube(self) -> None:

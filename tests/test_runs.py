@@ -56,11 +56,11 @@ class FlakyInventory:
         self._inner = inner
         self.failures = failures
 
-    def releaseIn(self, db: Database, record: ServedRecord) -> None:
+    def releaseIn(self, db: Database, record: ServedRecord) -> bool:
         if self.failures > 0:
             self.failures -= 1
             raise InventoryError("netbox down", "unavailable")
-        self._inner.releaseIn(db, record)
+        return self._inner.releaseIn(db, record)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

@@ -314,10 +314,11 @@ class IInventory(Protocol):
         self, record: ServedRecord, *, journal: Sequence[Entry]
     ) -> Deferred[None]:
         """
-        Make the served-config record durable and move its device to
-        C{staged}, together.  Releasing the same run for the same device
-        again changes nothing (retries after an unknown outcome are safe);
-        the same run for another device fails with C{"duplicate"}.
+        Make the served-config record durable and move its device, if it
+        is still C{planned}, to C{staged}, together.  Releasing the same
+        run for the same device again changes nothing (retries after an
+        unknown outcome are safe); the same run for another device fails
+        with C{"duplicate"}.
         """
 
     def releasedRuns(self) -> Deferred[set[str]]:
@@ -326,5 +327,27 @@ class IInventory(Protocol):
     def setStatusIn(self, db: Database, name: str, status: DeviceStatus) -> None:
         """L{setStatus} as part of the caller's transaction."""
 
-    def releaseIn(self, db: Database, record: ServedRecord) -> None:
-        """L{release} as part of the caller's transaction."""
+    def releaseIn(self, db: Database, record: ServedRecord) -> bool:
+        """
+        L{release} as part of the caller's transaction; whether the
+        device moved to C{staged}. Only a C{planned} device does (as
+        L{transitionIn}): one retired or approved since keeps its status.
+        """
+
+    def transitionIn(
+        self,
+        db: Database,
+        name: str,
+        from_: Iterable[DeviceStatus],
+        to: DeviceStatus,
+    ) -> bool:
+        """
+        Compare and set, in the caller's transaction: move the device to
+        C{to} only if its status is one of C{from_}; whether it moved. A
+        status written since the caller looked (a retirement, say) is
+        never overwritten. The NetBox backend compares with the status
+        fleetd last knew (its pending change, else NetBox's last answer)
+        and decides again when it pushes (L{fleetd.netbox.outbox.decide}).
+
+        @raise InventoryError: C{not-found}: no such device.
+        """

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -324,7 +324,7 @@ class NetBoxInventory:
 
         async def work() -> None:
             await self._existing(checked.device)
-            await self._commit(lambda db: self.releaseIn(db, checked), journal)
+            await self._commit(lambda db: void(self.releaseIn(db, checked)), journal)
 
         return self._wrap(Deferred.fromCoroutine(work()))
 
@@ -336,11 +336,36 @@ class NetBoxInventory:
         )
         self._wake()
 
-    def releaseIn(self, db: Database, record: ServedRecord) -> None:
+    def releaseIn(self, db: Database, record: ServedRecord) -> bool:
+        # As decide() at push time: only a planned device becomes staged;
+        # one fleetd knows to be otherwise keeps its status in the row, so
+        # reads do not show staged meanwhile.
         checked = validateServedRecord(record)
         digest = self._configDigest(checked.run)
-        if outbox.enqueueRelease(db, checked, digest, self._clock.seconds()):
+        known = outbox.localStatus(db, checked.device)
+        moved = known in (None, DeviceStatus.PLANNED)
+        status = DeviceStatus.STAGED if moved or known is None else known
+        if outbox.enqueueRelease(db, checked, digest, self._clock.seconds(), status):
             self._wake()
+            return moved
+        return False
+
+    def transitionIn(
+        self,
+        db: Database,
+        name: str,
+        from_: Iterable[DeviceStatus],
+        to: DeviceStatus,
+    ) -> bool:
+        key, target = validateName(name), validateStatus(to)
+        allowed = {validateStatus(s) for s in from_}
+        known = outbox.localStatus(db, key)
+        # Unknown locally: queue it; decide() compares with NetBox's
+        # status at push time (decommissioning and site statuses stay).
+        if known is not None and known not in allowed:
+            return False
+        self.setStatusIn(db, key, target)
+        return True
 
 
 def _fields(cached: dict[str, Any]) -> dict[str, Any]:
@@ -350,4 +375,8 @@ def _fields(cached: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _none() -> None:
+    return None
+
+
+def void(_: object) -> None:
     return None

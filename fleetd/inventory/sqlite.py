@@ -11,7 +11,7 @@ transaction, committed (C{synchronous=FULL}) before the Deferred fires.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from twisted.internet.defer import Deferred, fail, succeed
@@ -185,26 +185,47 @@ def _translate(failure: Failure) -> Failure:
     return failure
 
 
-def _release(conn: sqlite3.Connection, record: ServedRecord) -> None:
+def _transition(
+    conn: sqlite3.Connection,
+    name: str,
+    from_: Iterable[DeviceStatus],
+    to: DeviceStatus,
+) -> bool:
+    """Compare and set one device's status; whether it moved."""
+    allowed = sorted({validateStatus(s).value for s in from_})
+    if allowed:
+        marks = ", ".join("?" * len(allowed))
+        cursor = conn.execute(
+            f"UPDATE devices SET status = ? WHERE name = ? AND status IN ({marks})",  # noqa: S608
+            (validateStatus(to).value, name, *allowed),
+        )
+        if cursor.rowcount:
+            return True
+    if conn.execute("SELECT 1 FROM devices WHERE name = ?", (name,)).fetchone() is None:
+        raise InventoryError(f"no device named {name}", "not-found")
+    return False
+
+
+def _release(conn: sqlite3.Connection, record: ServedRecord) -> bool:
     row = conn.execute(
         "SELECT device FROM served_records WHERE run = ?", (record.run,)
     ).fetchone()
     if row is not None:
         if row[0] == record.device:
-            return
+            return False
         raise InventoryError(
             f"run {record.run} was released for device {row[0]}", "duplicate"
         )
-    cursor = conn.execute(
-        "UPDATE devices SET status = ? WHERE name = ?",
-        (DeviceStatus.STAGED.value, record.device),
+    # Only a planned device becomes staged: a retirement or an approval
+    # that committed since the delivery keeps its status [J1].
+    moved = _transition(
+        conn, record.device, (DeviceStatus.PLANNED,), DeviceStatus.STAGED
     )
-    if cursor.rowcount == 0:
-        raise InventoryError(f"no device named {record.device}", "not-found")
     conn.execute(
         "INSERT INTO served_records (run, device, served_at, peer) VALUES (?, ?, ?, ?)",
         (record.run, record.device, record.served_at, record.peer),
     )
+    return moved
 
 
 class SQLiteInventory:
@@ -330,7 +351,11 @@ class SQLiteInventory:
             checked = validateServedRecord(record)
         except InventoryError:
             return fail()
-        return self._change(lambda db: self.releaseIn(db, checked), journal)
+
+        def release(db: Database) -> None:
+            self.releaseIn(db, checked)
+
+        return self._change(release, journal)
 
     def releasedRuns(self) -> Deferred[set[str]]:
         def released(db: Database) -> set[str]:
@@ -344,6 +369,15 @@ class SQLiteInventory:
     def setStatusIn(self, db: Database, name: str, status: DeviceStatus) -> None:
         _update(db, validateName(name), "status", validateStatus(status).value)
 
-    def releaseIn(self, db: Database, record: ServedRecord) -> None:
+    def releaseIn(self, db: Database, record: ServedRecord) -> bool:
         # No savepoint needed: _release refuses before it writes anything.
-        _release(db.connection, validateServedRecord(record))
+        return _release(db.connection, validateServedRecord(record))
+
+    def transitionIn(
+        self,
+        db: Database,
+        name: str,
+        from_: Iterable[DeviceStatus],
+        to: DeviceStatus,
+    ) -> bool:
+        return _transition(db.connection, validateName(name), from_, to)

@@ -24,7 +24,8 @@ it. CSRs of other signers are not fleetd's business and are ignored.
 An approval is a call to the API first and a commit second. If the
 commit fails after the API approved, the next sight of the CSR (the
 watch's MODIFIED event, or a re-list) finds it Approved with fleetd's
-reason and records it then ("late").
+reason and records it then ("late"); meanwhile the token stays used in
+memory, so no second CSR on it is approved [K2].
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ JOURNAL_EVERY = 3600.0
 _UNAVAILABLE = (StoreError, sqlite3.Error, JournalRefused, InventoryError, KubeError)
 REMEMBERED = 4096
 APPROVAL_REASON = "FleetdApproved"
+# The statuses a first kubelet certificate moves to active [K2]; never
+# decommissioning [R1], nor a status an operator set.
+TO_ACTIVE = frozenset({DeviceStatus.PLANNED, DeviceStatus.STAGED, DeviceStatus.ACTIVE})
 
 
 class IClusterGrants(Protocol):
@@ -76,8 +80,17 @@ class IClusterGrants(Protocol):
     def grantFor(self, node: str, tokenId: str) -> str | None:
         "The approved, unused request letting C{node} join with C{tokenId}."
 
+    def claim(self, request: str) -> None:
+        "The approver asks the API to approve with C{request}."
+
+    def unclaim(self, request: str) -> None:
+        "The API did not approve: C{request} may be used again."
+
     def usedIn(self, db: Database, request: str, csr: str) -> None:
         "Mark the grant used, in the approval's transaction."
+
+    def usedCommitted(self, request: str) -> None:
+        "That transaction committed: forget the grant."
 
 
 class Approver:
@@ -189,8 +202,16 @@ class Approver:
             reason = "wrong-node"
         elif token.record.expires_at is not None and now >= token.record.expires_at:
             reason = "token-expired"
-        elif token.approving or not token.machine.mayApprove():
-            revoked = token.record.approved_at is None and not token.approving
+        elif (
+            token.approving
+            or token.apiApproved is not None
+            or not token.machine.mayApprove()
+        ):
+            revoked = (
+                token.record.approved_at is None
+                and not token.approving
+                and token.apiApproved is None
+            )
             reason = "token-revoked" if revoked else "second-csr-for-token"
         if reason is not None:
             self._leave(facts.name, facts.username, device, reason, facts.uid)
@@ -205,6 +226,9 @@ class Approver:
             )
             if approved is None:
                 return  # decided by someone else meanwhile
+            # Approved by the API: no other CSR on this token, whether or
+            # not the record below commits (it is then recorded late).
+            token.apiApproved = facts.name
             await self._recordFirst(token, facts, late=False)
         except KubeError as e:
             self.log.warn(
@@ -216,18 +240,19 @@ class Approver:
     async def _recordFirst(self, token: _Token, facts: CSRFacts, late: bool) -> None:
         device = token.record.device
         assert device is not None
-        current = await self.inventory.get(device)
         holder: dict[str, Any] = {}
 
         def change(db: Database, journal: Recorder) -> None:
             record, deadline = self.book.approvedIn(db, token, facts.name)
             holder["record"], holder["deadline"] = record, deadline
             noteKubeletFirst(db, device, facts.name, self.clock.seconds())
-            if (
-                current is not None
-                and current.status is not DeviceStatus.DECOMMISSIONING
-            ):
-                self.inventory.setStatusIn(db, device, DeviceStatus.ACTIVE)
+            # Compare and set in this transaction: a retirement (or an
+            # operator's status) committed since is never overwritten.
+            try:
+                self.inventory.transitionIn(db, device, TO_ACTIVE, DeviceStatus.ACTIVE)
+            except InventoryError as e:
+                if e.kind != "not-found":
+                    raise
             journal(
                 "kube.csr-approved",
                 actor="fleetd",
@@ -256,6 +281,10 @@ class Approver:
                 facts.uid,
             )
             return
+        grants = self.grants
+        # Once per grant: claimed while the API decides, and kept once it
+        # approved, whether or not the record below commits.
+        grants.claim(request)
         try:
             approved = await self.client.approveCSR(
                 facts.name,
@@ -263,13 +292,17 @@ class Approver:
                 f"fleetd: {node} joins with the cluster token (request {request})",
             )
         except KubeError as e:
+            grants.unclaim(request)
             self.log.warn(
                 "kube.csr.approve-failed {csr}: {reason}", csr=facts.name, reason=str(e)
             )
             return
+        except BaseException:
+            grants.unclaim(request)
+            raise
         if approved is None:
+            grants.unclaim(request)
             return
-        grants = self.grants
 
         def change(db: Database, journal: Recorder) -> None:
             grants.usedIn(db, request, facts.name)
@@ -280,6 +313,7 @@ class Approver:
             )
 
         await self.journal.change(change)
+        grants.usedCommitted(request)
 
     # Renewals [R1]
 
@@ -344,6 +378,7 @@ class Approver:
                 and token.record.kind == "node"
                 and token.record.approved_at is None
                 and not token.approving
+                and token.apiApproved in (None, facts.name)
                 and node == token.record.device
             ):
                 await self._recordFirst(token, facts, late=True)

@@ -64,6 +64,9 @@ class _Token(TokenEffects):
         self.book = book
         self.record = record
         self.approving = False
+        # The CSR the API approved with this token, kept even when the
+        # commit that records it fails: once per token [K2].
+        self.apiApproved: str | None = None
         self._timer: IDelayedCall | None = None
         self._call: Deferred[None] | None = None
         self._delay = FIRST_RETRY

@@ -18,7 +18,10 @@ the cluster's shared token (Talos's C{cluster.token}). fleetd manages it:
     answer says what must change in the Talos configurations.
 
 Each change creates its Secret before its commit and deletes it if the
-commit fails, as per-node tokens do (L{fleetd.kube.book}).
+commit fails, as per-node tokens do (L{fleetd.kube.book}). Approvals and
+rotations run one at a time, and each checks again inside its
+transaction that the current token is still the one it decided from: two
+at once never leave a second cluster token that nothing expires [K6].
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from twisted.internet.defer import DeferredLock
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
@@ -129,6 +133,10 @@ class ClusterTokens:
         self.grantWindow = grantWindow
         self._current: str | None = None
         self._grants: dict[str, tuple[str, float, str]] = {}  # request -> node, at, id
+        self._claimed: set[str] = set()  # grants the API used, commit or not
+        # Approvals and rotations one at a time: each decides from the
+        # current token, which the other may be replacing [K6].
+        self._changing = DeferredLock()
 
     async def start(self) -> None:
         current = await self.runner.run(_current)
@@ -151,17 +159,31 @@ class ClusterTokens:
     def grantFor(self, node: str, tokenId: str) -> str | None:
         now = self.clock.seconds()
         for request, (grantNode, at, grantToken) in self._grants.items():
+            if request in self._claimed:
+                continue
             if grantNode == node and grantToken == tokenId:
                 if now - at < self.grantWindow:
                     return request
         return None
+
+    def claim(self, request: str) -> None:
+        """The approver is using C{request}: no other CSR gets it meanwhile."""
+        self._claimed.add(request)
+
+    def unclaim(self, request: str) -> None:
+        """The API did not approve: C{request} is free again."""
+        self._claimed.discard(request)
 
     def usedIn(self, db: Database, request: str, csr: str) -> None:
         db.execute(
             "UPDATE cluster_token_requests SET state = 'used', csr = ? WHERE id = ?",
             (csr, request),
         )
-        self._grants.pop(request, None)  # once per grant, whatever the commit
+
+    def usedCommitted(self, request: str) -> None:
+        """L{usedIn} committed: the grant is gone [J1]."""
+        self._grants.pop(request, None)
+        self._claimed.discard(request)
 
     # The owner's commands
 
@@ -196,6 +218,10 @@ class ClusterTokens:
         return request
 
     async def approve(self, requestId: str, actor: str) -> tuple[Request, Token]:
+        async with self._changing:
+            return await self._approve(requestId, actor)
+
+    async def _approve(self, requestId: str, actor: str) -> tuple[Request, Token]:
         found = await self.runner.run(
             lambda db: _requests(db, "WHERE id = ?", (requestId,))
         )
@@ -221,6 +247,12 @@ class ClusterTokens:
             )
             if cursor.rowcount != 1:
                 raise ClusterTokenError(f"request {requestId} was decided", "conflict")
+            current = _current(db)
+            expected = None if created is not None else newToken.id
+            if (None if current is None else current.id) != expected:
+                raise ClusterTokenError(
+                    "the cluster token changed meanwhile; approve again", "conflict"
+                )
             if created is not None:
                 self._insert(db, journal, created, actor)
             journal(
@@ -255,11 +287,20 @@ class ClusterTokens:
 
     async def rotate(self, actor: str) -> tuple[Token, str | None, float | None]:
         """A new current token; the old one deleted C{overlap} seconds later."""
+        async with self._changing:
+            return await self._rotate(actor)
+
+    async def _rotate(self, actor: str) -> tuple[Token, str | None, float | None]:
         old = self._current
         token = await self._create()
         deadline = self.clock.seconds() + self.overlap
 
         def change(db: Database, journal: Recorder) -> None:
+            current = _current(db)
+            if (None if current is None else current.id) != old:
+                raise ClusterTokenError(
+                    "the cluster token changed meanwhile; rotate again", "conflict"
+                )
             if old is not None:
                 setDeleteAt(db, old, deadline)
             self._insert(db, journal, token, actor)

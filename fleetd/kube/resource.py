@@ -33,6 +33,7 @@ from fleetd.inventory.model import InventoryError, validateName
 from fleetd.kube.client import KubeError
 from fleetd.kube.cluster import ClusterTokenError, ClusterTokens
 from fleetd.kube.retire import RetireService
+from fleetd.runs.registry import NotReady
 from fleetd.web import Endpoint, notFound, textResponse
 
 OwnerOf = Callable[[IRequest], str | None]
@@ -67,6 +68,8 @@ def _refusal(error: Exception) -> tuple[int, str] | None:
         return STATUS.get(error.kind, http.BAD_REQUEST), f"{error.kind}: {error}"
     if isinstance(error, KubeError):
         return http.SERVICE_UNAVAILABLE, f"kubernetes: {error}; nothing changed"
+    if isinstance(error, NotReady):  # a retirement right after a start
+        return http.SERVICE_UNAVAILABLE, f"{error}; nothing changed"
     if isinstance(error, InventoryError) and error.kind == "not-found":
         return http.NOT_FOUND, f"not-found: {error}"
     return storeRefusal(error)

@@ -3,30 +3,38 @@ Retirement [R1]: C{fleetctl retire NAME}.
 
 In this order:
 
-  1. delete the Node (when a cluster is configured; a failure refuses the
-     retirement and nothing changes: the owner runs it again);
+  1. delete the Node (when a cluster is configured): first journal
+     C{kube.node-delete-requested} in its own transaction, then ask the
+     API. A failure refuses the retirement and nothing else changes: the
+     owner runs it again. Should the transaction below fail after the
+     Node went, C{kube.node-deleted} records that (when the journal can);
   2. one transaction [J1]: the device becomes C{decommissioning}, its
-     kubelet record is marked retired (later renewal CSRs are refused,
+     current run ends (C{run.superseded} by C{retired}: its code stops
+     working, L{fleetd.runs.registry.RunRegistry.retire}), its kubelet
+     record is marked retired (later renewal CSRs are refused,
      L{fleetd.kube.approver}), its live tokens get a deletion deadline of
      now, and the journal records the retirement and what cannot be
      revoked: the kubelet client certificate (with its notAfter when
      fleetd saw it issued) and C{machine.token}, the trustd token every
      Talos configuration carries and nothing rotates;
-  3. after the commit, the tokens are deleted (retried while the API is
-     down; their persisted deadline re-arms after a restart).
+  3. after the commit, the run's files leave the vault and the tokens are
+     deleted (retried while the API is down; their persisted deadline
+     re-arms after a restart).
 
-A decommissioning device cannot be provisioned (the provision API
-refuses it). Deleting the Node does not stop a machine whose kubelet
-still holds a valid certificate from registering it again when it
+A decommissioning device cannot be provisioned (the provision checks it
+in its own transaction). Deleting the Node does not stop a machine whose
+kubelet still holds a valid certificate from registering it again when it
 restarts: wipe or power off the machine (docs/operations.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
 
 from fleetd.inventory.model import DeviceStatus, IInventory, InventoryError
 from fleetd.kube.book import TokenBook
@@ -35,6 +43,18 @@ from fleetd.kube.store import kubelet, liveTokens, noteRetired, setDeleteAt
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
+
+_T = TypeVar("_T")
+
+
+class IRetiringRuns(Protocol):
+    """The run registry's part (L{fleetd.runs.registry.RunRegistry.retire})."""
+
+    async def retire(
+        self, device: str, actor: str, work: Callable[[Database, Recorder], _T]
+    ) -> _T:
+        "End C{device}'s current run in C{work}'s transaction; memory after."
+
 
 UNROTATED_TRUSTD = (
     "machine.token (the cluster's trustd token) is in every Talos configuration;"
@@ -64,6 +84,8 @@ class Retirement:
 class RetireService:
     """Retire a device: Node, tokens, status, and the journal of what remains."""
 
+    log = Logger()
+
     def __init__(
         self,
         *,
@@ -73,13 +95,54 @@ class RetireService:
         runner: IRunner,
         client: KubeClient | None,
         book: TokenBook | None,
+        runs: IRetiringRuns | None,
     ) -> None:
         self.clock = clock
+        self.runs = runs
         self.inventory = inventory
         self.journal = journal
         self.runner = runner
         self.client = client
         self.book = book
+
+    async def _deleteNode(self, client: KubeClient, name: str, actor: str) -> bool:
+        """
+        Journal the deletion before asking for it, in its own transaction
+        (a failure here refuses the retirement before anything changed),
+        so a retirement whose commit then fails never leaves a deletion
+        the journal does not know of [J1].
+        """
+        await self.journal.append(
+            "kube.node-delete-requested",
+            actor=actor,
+            device=name,
+            fields={"reason": "retirement"},
+        )
+        try:
+            return await client.deleteNode(name)
+        except Exception as e:
+            self.log.warn(
+                "kube.retire.node-delete-failed {device}: {reason}",
+                device=name,
+                reason=str(e),
+            )
+            raise
+
+    async def _nodeOutcome(self, name: str, actor: str, deleted: bool) -> None:
+        """The retirement did not commit: journal what the API did, if we can."""
+        try:
+            await self.journal.append(
+                "kube.node-deleted",
+                actor=actor,
+                device=name,
+                fields={"node_deleted": deleted, "retired": False},
+            )
+        except Exception as e:
+            self.log.error(
+                "kube.retire.outcome-not-journaled {device}: {reason}",
+                device=name,
+                reason=str(e),
+            )
 
     async def retire(self, name: str, actor: str) -> Retirement:
         """
@@ -92,7 +155,7 @@ class RetireService:
         name = device.name
         nodeDeleted = None
         if self.client is not None:
-            nodeDeleted = await self.client.deleteNode(name)
+            nodeDeleted = await self._deleteNode(self.client, name, actor)
         now = self.clock.seconds()
         holder: dict[str, Any] = {}
 
@@ -135,7 +198,15 @@ class RetireService:
                 fields={"credential": "machine.token", "note": UNROTATED_TRUSTD},
             )
 
-        await self.journal.change(change)
+        try:
+            if self.runs is not None:
+                await self.runs.retire(name, actor, change)
+            else:
+                await self.journal.change(change)
+        except Exception:
+            if nodeDeleted:
+                await self._nodeOutcome(name, actor, nodeDeleted)
+            raise
         if self.book is not None:
             self.book.revokeDevice(name)
         notAfter = holder["not_after"]

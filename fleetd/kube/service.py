@@ -4,8 +4,10 @@ The Kubernetes credential services, started and stopped with the daemon.
 L{KubeService} exists only when C{[kubernetes]} is configured. At start
 it loads the live tokens (arming every persisted deletion deadline; an
 overdue one fires at once [K4]) and the cluster-token grants, then
-starts the CSR watch (the approver [K2]) and the RBAC check [K3]. At
-stop it cancels every timer, the watch and the calls in flight.
+starts the CSR watch (the approver [K2]) and the RBAC check [K3]; a
+start that fails (the database unavailable) is tried again with
+exponential backoff. At stop it cancels every timer, the retry, the
+watch and the calls in flight.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -30,6 +32,9 @@ from fleetd.kube.tokens import Sealer
 from fleetd.kube.watcher import CSRWatcher
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.runner import IRunner
+
+FIRST_RETRY = 1.0
+MAX_RETRY = 60.0
 
 
 class KubeService(Service):
@@ -49,6 +54,7 @@ class KubeService(Service):
         sealKey: bytes,
         metrics: CollectorRegistry | None = None,
     ) -> None:
+        self.clock = clock
         self.client = client
         self.book = TokenBook(
             clock=clock,
@@ -80,14 +86,24 @@ class KubeService(Service):
         self.watcher = CSRWatcher(clock, client, self.approver.seen)
         self.rbac = RBACCheck(clock, client, metrics, settings.rbac_check_interval)
         self._starting: Deferred[None] | None = None
+        self._retry: IDelayedCall | None = None
+        self._delay = FIRST_RETRY
+        self._bookLoaded = False
 
     def startService(self) -> None:
         super().startService()
+        self._delay = FIRST_RETRY
+        self._attempt()
+
+    def _attempt(self) -> None:
+        self._retry = None
         self._starting = Deferred.fromCoroutine(self._start())
         self._starting.addErrback(self._failed)
 
     async def _start(self) -> None:
-        await self.book.start()
+        if not self._bookLoaded:  # loaded once: it arms the tokens' timers
+            await self.book.start()
+            self._bookLoaded = True
         await self.cluster.start()
         if not self.running:
             return
@@ -96,10 +112,21 @@ class KubeService(Service):
         self.log.info("kube.started {api}", api=self.client.api)
 
     def _failed(self, f: Failure) -> None:
-        self.log.failure("kube.start.failed", f)
+        if not self.running:
+            return
+        # The database was unavailable (say): without the watch no CSR is
+        # ever approved, so try again, backing off, on the injected clock.
+        self.log.failure(
+            "kube.start.failed, retrying in {delay}s", f, delay=self._delay
+        )
+        self._retry = self.clock.callLater(self._delay, self._attempt)
+        self._delay = min(self._delay * 2, MAX_RETRY)
 
     def stopService(self) -> Deferred[Any]:
         super().stopService()
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self._retry = None
         self.rbac.stop()
         self.approver.stop()
         self.book.stop()

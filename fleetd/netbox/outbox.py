@@ -70,12 +70,41 @@ def enqueueStatus(db: Database, device: str, status: DeviceStatus, at: float) ->
     )
 
 
+def localStatus(db: Database, device: str) -> DeviceStatus | None:
+    """
+    The status fleetd last knew for C{device}: its last change still
+    waiting for NetBox, else NetBox's last answer (the device cache);
+    None when fleetd knows neither.
+    """
+    row = db.execute(
+        "SELECT status FROM netbox_outbox WHERE device = ? AND state = ?"
+        " ORDER BY id DESC LIMIT 1",
+        (device, PENDING),
+    ).fetchone()
+    if row is not None:
+        return DeviceStatus(row[0])
+    row = db.execute(
+        "SELECT device FROM netbox_devices WHERE name = ?", (device,)
+    ).fetchone()
+    if row is None:
+        return None
+    try:
+        return DeviceStatus(json.loads(row[0])["status"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def enqueueRelease(
-    db: Database, record: ServedRecord, digest: str | None, at: float
+    db: Database,
+    record: ServedRecord,
+    digest: str | None,
+    at: float,
+    status: DeviceStatus = DeviceStatus.STAGED,
 ) -> bool:
     """
-    Queue C{record}'s release; False when this run was already released
-    for this device (nothing to do).
+    Queue C{record}'s release, asking for C{status} (C{staged}, or the
+    status the device keeps when it is no longer planned); False when
+    this run was already released for this device (nothing to do).
 
     @raise InventoryError: (C{"duplicate"}) the run was released for another device.
     """
@@ -94,7 +123,7 @@ def enqueueRelease(
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
         (
             record.device,
-            DeviceStatus.STAGED.value,
+            status.value,
             record.run,
             record.served_at,
             record.peer,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from json.encoder import encode_basestring_ascii as _string
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter
 from twisted.internet.defer import Deferred, DeferredLock
@@ -45,6 +45,7 @@ from fleetd.runs.machine import Outcome, RunEffects, RunInputs, RunMachine
 from fleetd.runs.releaser import Releaser
 from fleetd.runs.store import (
     RunRecord,
+    endRuns,
     insertRuns,
     isSuperseded,
     latestRun,
@@ -58,6 +59,8 @@ from fleetd.store.runner import IRunner
 from fleetd.vault import IVault, VaultError
 
 ABORT_JOURNAL_EVERY = 600.0
+RETIRED = "retired"  # superseded_by of a run its device's retirement ended [R1]
+_T = TypeVar("_T")
 _RUN_FILE = re.compile(r"^(r-[0-9a-f]{16})\.(yaml|served|code)$")
 
 
@@ -245,6 +248,22 @@ class NotReady(Exception):
     """The registry is still loading; try again shortly."""
 
 
+class Decommissioning(Exception):
+    """
+    A device of the provision was retired (its status is
+    C{decommissioning}) when the provision's transaction ran; nothing
+    was provisioned [R1].
+    """
+
+    def __init__(self, device: str) -> None:
+        super().__init__(f"{device} is retired and cannot be provisioned")
+        self.device = device
+
+
+# Every status a provision may move to planned: all but a retirement's.
+PROVISIONABLE = frozenset(DeviceStatus) - {DeviceStatus.DECOMMISSIONING}
+
+
 @dataclass(frozen=True)
 class RunView:
     """A run as people see it (C{fleetctl status}): no code, no body."""
@@ -402,6 +421,9 @@ class RunRegistry:
         ones stop; if it fails, the new files are removed and everything
         stays as it was.
 
+        A device that is C{decommissioning} when that transaction runs
+        refuses the whole provision (L{Decommissioning}).
+
         Provisions are serialised. With C{credentials}, each device's
         bootstrap token is created first and C{render(device, run, token)}
         gets it (L{ICredentials}); without, C{render(device, run)}.
@@ -473,7 +495,12 @@ class RunRegistry:
                     fields={"by": old.superseded_by},
                 )
             for device, record, _ in batch:
-                self.inventory.setStatusIn(db, device.name, DeviceStatus.PLANNED)
+                # Checked here, not before: a retirement that committed
+                # since the caller looked refuses the whole provision.
+                if not self.inventory.transitionIn(
+                    db, device.name, PROVISIONABLE, DeviceStatus.PLANNED
+                ):
+                    raise Decommissioning(device.name)
                 clearAlerts(db, device.name)
                 journal(
                     "run.provisioned",
@@ -496,12 +523,7 @@ class RunRegistry:
         if credentials is not None:
             credentials.committed(issued)
         # Committed: now memory follows, and the old runs' files go.
-        for old in superseded:
-            run = self._runs.get(old.id)
-            if run is not None:
-                run.record = old
-                self._current.pop(old.device, None)
-                run.machine.supersede()
+        self._supersededCommitted(superseded)
         results = []
         for device, record, code in batch:
             self._identity[device.name] = (device.uuid, device.serial)
@@ -509,6 +531,53 @@ class RunRegistry:
             self.alerts.clear(device.name)
             results.append(Provisioned(record.id, code, device.name))
         return results
+
+    def _supersededCommitted(self, superseded: list[RunRecord]) -> None:
+        for old in superseded:
+            run = self._runs.get(old.id)
+            if run is not None:
+                run.record = old
+                if self._current.get(old.device) is run:
+                    self._current.pop(old.device)
+                run.machine.supersede()
+
+    async def retire(
+        self,
+        device: str,
+        actor: str,
+        work: Callable[[Database, Recorder], _T],
+    ) -> _T:
+        """
+        A retirement [R1]: in one transaction with C{work} (the rest of the
+        retirement) and their journal entries, end C{device}'s current run
+        (C{run.superseded} by C{retired}) so its code stops working [J1].
+        Only after that commit does memory follow; the run's files leave
+        the vault then (a delivery in flight finishes and is recorded as
+        superseded, releasing nothing). Serialised with provisions.
+
+        @raise NotReady: the registry is still loading after a start.
+        """
+        if not self.loaded:
+            raise NotReady("fleetd is still loading its runs")
+
+        def change(db: Database, journal: Recorder) -> tuple[list[RunRecord], _T]:
+            ended = endRuns(db, device, RETIRED)
+            for old in ended:
+                journal(
+                    "run.superseded",
+                    actor=actor,
+                    device=device,
+                    run=old.id,
+                    fields={"by": RETIRED},
+                )
+            clearAlerts(db, device)
+            return ended, work(db, journal)
+
+        async with self._provisioning:
+            ended, result = await self.journal.change(change)
+            self._supersededCommitted(ended)
+            self.alerts.clear(device)
+        return result
 
     def _forget(self, batch: list[tuple[Device, RunRecord, str]]) -> None:
         for _, record, _ in batch:

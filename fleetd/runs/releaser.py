@@ -4,12 +4,14 @@ transaction [J1], retried until it commits.
 
 Right after a delivery the served-config record exists only in the vault.
 Recording it appends C{run.delivered}, makes the record durable in the
-inventory (moving the device to C{staged}) and appends C{run.released},
-all in one commit. If the database or inventory is unavailable the whole
-change is retried with exponential backoff; the vault keeps the record,
-so the next start records it again. A run superseded before its delivery
-was recorded is journaled as delivered but released to nobody: the
-device keeps the status its newer run gave it.
+inventory (moving the device to C{staged} if it is still C{planned}: a
+retirement or a kubelet approval that committed since keeps its status)
+and appends C{run.released}, all in one commit. If the database or
+inventory is unavailable the whole change is retried with exponential
+backoff; the vault keeps the record, so the next start records it again.
+A run superseded before its delivery was recorded is journaled as
+delivered but released to nobody: the device keeps the status its newer
+run (or its retirement) gave it.
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ class Releaser:
         if superseded:
             return
         try:
-            self._inventory.releaseIn(db, served)
+            moved = self._inventory.releaseIn(db, served)
         except InventoryError as e:
             if e.kind == "unavailable":
                 raise
@@ -152,12 +154,15 @@ class Releaser:
                 "runs.release.refused {run}: {reason}", run=served.run, reason=str(e)
             )
             return
+        released: dict[str, str | bool] = {"status": DeviceStatus.STAGED.value}
+        if not moved:  # retired or approved meanwhile: it keeps that status
+            released = {"status_kept": True}
         record(
             "run.released",
             actor="fleetd",
             device=served.device,
             run=served.run,
-            fields={"status": DeviceStatus.STAGED.value},
+            fields=released,
         )
 
     def _settled(self, result: object, d: Deferred[None]) -> object:

@@ -27,7 +27,13 @@ from fleetd.inventory.model import (
     validateName,
 )
 from fleetd.kube.client import KubeError
-from fleetd.runs.registry import ICredentials, NotReady, Provisioned, RunRegistry
+from fleetd.runs.registry import (
+    Decommissioning,
+    ICredentials,
+    NotReady,
+    Provisioned,
+    RunRegistry,
+)
 from fleetd.runs.render import NodeFacts, RenderError, TemplateRenderer
 from fleetd.status import REFUSED_CLASSES
 from fleetd.store.journal import AsyncJournal
@@ -121,16 +127,7 @@ class ProvisionResource(Endpoint):
             if device is None:
                 raise Refused(http.NOT_FOUND, f"unknown device {name}")
             if device.status is DeviceStatus.DECOMMISSIONING:
-                await self._journal.append(
-                    "provision.refused",
-                    actor=actor,
-                    device=name,
-                    fields={"reason": "decommissioning"},
-                )
-                raise Refused(
-                    http.CONFLICT,
-                    f"decommissioning: {name} is retired and cannot be provisioned",
-                )
+                raise await self._decommissioning(name, actor)
             if device.device_class in REFUSED_CLASSES:
                 await self._journal.append(
                     "provision.refused",
@@ -148,6 +145,8 @@ class ProvisionResource(Endpoint):
             provisioned = await self._provisionRuns(devices, action, actor)
         except NotReady as e:
             raise Refused(http.SERVICE_UNAVAILABLE, str(e)) from e
+        except Decommissioning as e:  # retired while this request ran [R1]
+            raise await self._decommissioning(e.device, actor) from e
         except RenderError as e:  # rendered once each, before any run is stored
             raise Refused(http.CONFLICT, f"template: {e}") from e
         except VaultError as e:
@@ -160,6 +159,18 @@ class ProvisionResource(Endpoint):
                 f"kubernetes: {e}; nothing was provisioned",
             ) from e
         return http.CREATED, {"runs": [p.toJSON() for p in provisioned]}
+
+    async def _decommissioning(self, name: str, actor: str) -> Refused:
+        await self._journal.append(
+            "provision.refused",
+            actor=actor,
+            device=name,
+            fields={"reason": "decommissioning"},
+        )
+        return Refused(
+            http.CONFLICT,
+            f"decommissioning: {name} is retired and cannot be provisioned",
+        )
 
     async def _provisionRuns(
         self, rendered: list[Device], action: str | None, actor: str

@@ -87,6 +87,23 @@ def insertRuns(db: Database, runs: list[RunRecord]) -> list[RunRecord]:
     return superseded
 
 
+def endRuns(db: Database, device: str, by: str) -> list[RunRecord]:
+    """
+    Supersede C{device}'s current run without a successor (C{by} says
+    why, e.g. its retirement); the records as updated.
+    """
+    with db.transaction() as conn:
+        rows = conn.execute(
+            _SELECT + " WHERE device = ? AND superseded_by IS NULL", (device,)
+        ).fetchall()
+        conn.execute(
+            "UPDATE runs SET superseded_by = ? WHERE device = ?"
+            " AND superseded_by IS NULL",
+            (by, device),
+        )
+    return [replace(_record(r), superseded_by=by) for r in rows]
+
+
 def loadRuns(db: Database) -> list[RunRecord]:
     """
     Every device's current run (none superseded), oldest first: superseded

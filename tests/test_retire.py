@@ -1,0 +1,239 @@
+"""
+Retirement ends the device's run and journals the Node deletion (review
+H2, M3; formerly the probe test_review_retire).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.trial.unittest import SynchronousTestCase
+
+from fleetd.inventory.model import DeviceStatus
+from fleetd.kube.errors import KubeUnavailable
+from fleetd.kube.retire import RetireService
+from fleetd.runs.machine import Outcome
+from fleetd.runs.registry import RETIRED, codeName, configName, servedName
+from fleetd.store.db import StoreError
+from tests.kubesupport import KubeFleet
+from tests.test_j1 import Faults
+from tests.test_runs import Fleet, device
+
+
+def _retirer(fleet: Fleet) -> RetireService:
+    return RetireService(
+        clock=fleet.clock,
+        inventory=fleet.inventory,
+        journal=fleet.journal,
+        runner=fleet.runner,
+        client=None,
+        book=None,
+        runs=fleet.registry,
+    )
+
+
+def _retire(fleet: Fleet) -> Deferred[Any]:
+    return Deferred.fromCoroutine(_retirer(fleet).retire("w1", "owner:t"))
+
+
+class RetireRunTests(SynchronousTestCase):
+    """[R1] [C1] [J1] A retirement supersedes the device's current run."""
+
+    def setUp(self) -> None:
+        self.fleet = Fleet(self)
+        self.fleet.add(device("w1", "SER1"))
+        (self.first,) = self.fleet.provision(device("w1", "SER1"))
+
+    def test_retire_readyRun_codeStopsFilesGo(self) -> None:
+        """
+        [R1] [C1] [J1] After a retirement the ready run's code is refused
+        (superseded), its files leave the vault, the device stays
+        decommissioning, and run.superseded by retired is journaled with
+        device.retired in one transaction.
+        """
+        self.successResultOf(_retire(self.fleet))
+        self.assertIsNone(self.fleet.registry.readyRun("w1"))
+        self.assertIsNone(self.fleet.registry.current("w1"))
+        outcome, body = self.fleet.fetch(self.first.code)
+        self.assertEqual((outcome, body), (Outcome.SUPERSEDED, None))
+        self.assertEqual(self.fleet.vault.names(), [])
+        self.fleet.clock.advance(5)
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.DECOMMISSIONING)
+        entries = self.successResultOf(self.fleet.journal.query(device="w1"))
+        (superseded,) = [e for e in entries if e.event == "run.superseded"]
+        (retired,) = [e for e in entries if e.event == "device.retired"]
+        self.assertEqual(superseded.fields["by"], RETIRED)
+        self.assertEqual(superseded.run, self.first.run)
+        self.assertEqual(superseded.at, retired.at)
+
+    def test_retire_planCarriesNoCode(self) -> None:
+        """
+        [R1] [C1] The install plan for a retired device hands out no code
+        (META 0x0b) and no run: the run it would name has ended.
+        """
+        from fleetd.attest.identity import LDevIDBook, Peer
+        from fleetd.attest.lookup import LookupService
+        from fleetd.device.identity import NodeIdentity
+
+        class Attestation:
+            async def refuse(self, refusal: Any, **kw: Any) -> Any:
+                return refusal
+
+        self.successResultOf(_retire(self.fleet))
+        lookups = LookupService(
+            runner=self.fleet.runner,
+            attestation=Attestation(),  # type: ignore[arg-type]
+            book=LDevIDBook(),
+            getDevice=self.fleet.inventory.get,
+            runs=self.fleet.registry,
+            vault=self.fleet.vault,
+            targetDiskFor=lambda db, d: None,
+        )
+        peer = Peer(NodeIdentity("w1", "SER1"), None, "CN=x", False)  # type: ignore[arg-type]
+        d = Deferred.fromCoroutine(lookups.plan(peer))
+        try:
+            plan = self.successResultOf(d)
+        except self.failureException:
+            # Another change refuses plans for decommissioning devices.
+            self.failureResultOf(d)
+            return
+        self.assertIsNone(plan["meta_0x0b"])
+        self.assertIsNone(plan["run"])
+
+    def test_retire_survivesRestart(self) -> None:
+        """[R1] [C1] After a restart the retired run's code is still refused."""
+        self.successResultOf(_retire(self.fleet))
+        self.fleet.restart()
+        self.assertIsNone(self.fleet.registry.readyRun("w1"))
+        self.assertIsNone(self.fleet.registry.byCode(self.first.code))
+
+    def test_retire_duringDelivery_recordedNotReleased(self) -> None:
+        """
+        [R1] [J1] A delivery in flight when the retirement commits finishes,
+        is journaled as superseded and releases nothing: the device stays
+        decommissioning; the served mark goes only after that record.
+        """
+        registry = self.fleet.registry
+        run = registry.byCode(self.first.code)
+        assert run is not None
+        outcome, _ = registry.request(run, "127.0.0.1")
+        self.assertEqual(outcome, Outcome.DELIVER)
+        self.successResultOf(_retire(self.fleet))
+        self.assertEqual(self.fleet.vault.names(), [servedName(self.first.run)])
+        registry.finished(run, complete=True)
+        self.fleet.clock.advance(5)
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.DECOMMISSIONING)
+        entries = self.successResultOf(self.fleet.journal.query(run=self.first.run))
+        (delivered,) = [e for e in entries if e.event == "run.delivered"]
+        self.assertTrue(delivered.fields["superseded"])
+        self.assertNotIn("run.released", [e.event for e in entries])
+        self.assertEqual(self.fleet.vault.names(), [])
+
+    def test_retire_journalFails_runStillReady(self) -> None:
+        """
+        [J1] The retirement cannot be recorded: the run stays ready, its
+        files stay, the device keeps its status.
+        """
+        faults = Faults(self.fleet)
+        faults.inject("journal")
+        self.failureResultOf(_retire(self.fleet), StoreError)
+        faults.clear()
+        self.assertEqual(self.fleet.registry.readyRun("w1"), self.first.run)
+        self.assertEqual(
+            self.fleet.vault.names(),
+            [codeName(self.first.run), configName(self.first.run)],
+        )
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.PLANNED)
+        self.assertNotIn("run.superseded", self.fleet.events("w1"))
+
+
+class NodeDeletionJournalTests(SynchronousTestCase):
+    """[R1] [J1] The Node deletion is never left out of the journal (M3)."""
+
+    def setUp(self) -> None:
+        self.fleet = KubeFleet(self)
+        self.addCleanup(self.fleet.stopKube)
+        self.fleet.add(device("w1", "SER1"))
+        self.fleet.provision(device("w1", "SER1"))
+        self.fleet.fake.addNode("w1")
+        self.fleet.fake.flush()
+
+    def retire(self) -> Deferred[Any]:
+        d = Deferred.fromCoroutine(self.fleet.retirer.retire("w1", "owner:o"))
+        self.fleet.fake.flush()
+        return d
+
+    def test_retire_journalsIntentBeforeDeletion(self) -> None:
+        """[R1] [J1] kube.node-delete-requested comes before device.retired."""
+        self.successResultOf(self.retire())
+        events = self.fleet.events("w1")
+        self.assertLess(
+            events.index("kube.node-delete-requested"),
+            events.index("device.retired"),
+        )
+        self.assertNotIn("w1", self.fleet.fake.nodes)
+
+    def test_retire_commitFails_deletionJournaled(self) -> None:
+        """
+        [R1] [J1] The Node went but the retirement's commit failed: the
+        journal holds the request and its outcome; the device and run are
+        unchanged, so the owner retires again.
+        """
+        faults = self.fleet.faults()
+        faults.journal.onlyEvents = frozenset({"device.retired"})
+        faults.journal.failing = StoreError("journal head is not authentic")
+        self.failureResultOf(self.retire(), StoreError)
+        faults.clear()
+        self.assertNotIn("w1", self.fleet.fake.nodes)
+        (outcome,) = self.fleet.entries("kube.node-deleted")
+        self.assertEqual(
+            (outcome.device, outcome.fields["node_deleted"], outcome.fields["retired"]),
+            ("w1", True, False),
+        )
+        self.assertEqual(len(self.fleet.entries("kube.node-delete-requested")), 1)
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.PLANNED)
+        self.assertIsNotNone(self.fleet.registry.readyRun("w1"))
+
+    def test_retire_intentNotJournaled_nodeKept(self) -> None:
+        """[J1] The intent cannot be journaled: the Node is not touched."""
+        faults = self.fleet.faults()
+        faults.inject("journal")
+        self.failureResultOf(self.retire(), StoreError)
+        faults.clear()
+        self.assertIn("w1", self.fleet.fake.nodes)
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.PLANNED)
+
+    def test_retire_apiDown_intentOnly(self) -> None:
+        """[R1] The API is down: the intent is journaled, nothing else changes."""
+        self.fleet.fake.reachable = False
+        self.failureResultOf(self.retire(), KubeUnavailable)
+        self.assertEqual(len(self.fleet.entries("kube.node-delete-requested")), 1)
+        self.assertEqual(self.fleet.entries("device.retired"), [])
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.PLANNED)
+
+
+class RetireHTTPTests(SynchronousTestCase):
+    """[R1] Over the admin API."""
+
+    def test_retire_runsStillLoading_503OneLine(self) -> None:
+        """[R1] Right after a start (runs loading) a retirement is a one-line 503."""
+        import io
+
+        from twisted.web.test.requesthelper import DummyRequest
+
+        from fleetd.kube.resource import retireResource
+
+        fleet = Fleet(self)
+        fleet.add(device("w1", "SER1"))
+        fleet.registry.loaded = False
+        resource = retireResource(_retirer(fleet), owner=lambda request: "jane")
+        request: Any = DummyRequest([])
+        request.method = b"POST"
+        request.content = io.BytesIO(b'{"device": "w1"}')
+        resource.render(request)
+        self.assertEqual(request.responseCode, 503)
+        body = b"".join(request.written).decode()
+        self.assertEqual(body.count("\n"), 1, body)
+        self.assertIn("nothing changed", body)
+        self.assertEqual(fleet.status("w1"), DeviceStatus.INVENTORY)
