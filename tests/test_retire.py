@@ -69,9 +69,11 @@ class RetireRunTests(SynchronousTestCase):
 
     def test_retire_planCarriesNoCode(self) -> None:
         """
-        [R1] [C1] The install plan for a retired device hands out no code
-        (META 0x0b) and no run: the run it would name has ended.
+        [R1] [C1] A retired device gets no install plan (so no META 0x0b
+        code): the plan is refused C{device-retired}, and the run it would
+        have named has ended.
         """
+        from fleetd.attest.errors import Refused
         from fleetd.attest.identity import LDevIDBook, Peer
         from fleetd.attest.lookup import LookupService
         from fleetd.device.identity import NodeIdentity
@@ -91,15 +93,11 @@ class RetireRunTests(SynchronousTestCase):
             targetDiskFor=lambda db, d: None,
         )
         peer = Peer(NodeIdentity("w1", "SER1"), None, "CN=x", False)  # type: ignore[arg-type]
-        d = Deferred.fromCoroutine(lookups.plan(peer))
-        try:
-            plan = self.successResultOf(d)
-        except self.failureException:
-            # Another change refuses plans for decommissioning devices.
-            self.failureResultOf(d)
-            return
-        self.assertIsNone(plan["meta_0x0b"])
-        self.assertIsNone(plan["run"])
+        failure = self.failureResultOf(
+            Deferred.fromCoroutine(lookups.plan(peer)), Refused
+        )
+        self.assertEqual(failure.value.reason, "device-retired")
+        self.assertIsNone(self.fleet.registry.readyRun("w1"))
 
     def test_retire_survivesRestart(self) -> None:
         """[R1] [C1] After a restart the retired run's code is still refused."""
