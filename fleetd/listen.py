@@ -142,21 +142,21 @@ _PROVIDES: dict[type, Any] = {}
 
 class _LimitedProtocol(policies.ProtocolWrapper):
     """
-    Drops the connection after C{idleTimeout} seconds without a byte either
-    way. Traffic only stamps the time; the one timer per connection looks
-    at the stamp when it fires and sleeps again for what is left, so the
-    hot path costs an attribute store, not a timer reschedule.
+    Counts towards its factory's limits and stamps the time of every byte
+    in or out; the factory's idle sweep drops it after C{idleTimeout}
+    seconds without one. The hot path costs an attribute store, and a
+    connection no timer of its own.
     """
 
     factory: LimitedFactory
-    _timer: IDelayedCall | None = None
     _lost = False
+    _aborted = False
     _active = 0.0
 
     def makeConnection(self, transport: Any) -> None:
-        clock = self.factory.clock
-        self._active = clock.seconds()
-        self._timer = clock.callLater(self.factory.idleTimeout, self._idle)
+        factory = self.factory
+        self._active = factory.clock.seconds()
+        factory.armSweep()
         # ProtocolWrapper.makeConnection, except that the declaration "this
         # wrapper provides what its transport provides" is built once per
         # transport class, not once per connection (zope's Provides objects
@@ -169,19 +169,13 @@ class _LimitedProtocol(policies.ProtocolWrapper):
         else:
             self.__provides__ = provides
         Protocol.makeConnection(self, transport)
-        self.factory.registerProtocol(self)
+        factory.registerProtocol(self)
         wrapped: Any = self.wrappedProtocol
         wrapped.makeConnection(self)
 
-    def _idle(self) -> None:
-        self._timer = None
-        if self._lost:
-            return
-        clock, timeout = self.factory.clock, self.factory.idleTimeout
-        left = self._active + timeout - clock.seconds()
-        if left > 0:
-            self._timer = clock.callLater(left, self._idle)
-            return
+    def idleAbort(self) -> None:
+        """Drop the connection: it was idle for too long."""
+        self._aborted = True
         self.factory.log.info(
             "listen.idle-timeout {listener}", listener=self.factory.name
         )
@@ -202,15 +196,19 @@ class _LimitedProtocol(policies.ProtocolWrapper):
 
     def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
         self._lost = True
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
         super().connectionLost(reason)
 
 
 class LimitedFactory(policies.WrappingFactory):
     """
     Cap concurrent connections and drop idle ones.
+
+    Idle connections are found by one sweep per listener, a single timer
+    due when the connection that has been quiet longest reaches
+    C{idleTimeout}: it drops every connection past its deadline and sleeps
+    until the next one's, but at least C{idleTimeout / 16} (so staggered
+    deadlines cannot make it run for every connection; a connection may
+    then be dropped up to that much late). No connection, no timer.
 
     Connections over C{maxConnections}, or over C{maxPerSource} from one
     source (L{connectionSource}: an IPv6 /64 is one source), are closed as
@@ -220,6 +218,7 @@ class LimitedFactory(policies.WrappingFactory):
     """
 
     logEvery = 10.0
+    sweepSteps = 16
 
     protocol = _LimitedProtocol
     log = Logger()
@@ -247,6 +246,28 @@ class LimitedFactory(policies.WrappingFactory):
         self._drained: list[Deferred[None]] = []
         self._lastWarning: float | None = None
         self._unreported = 0
+        self._sweep: IDelayedCall | None = None
+
+    def armSweep(self) -> None:
+        """A connection opens: make sure the idle sweep will look at it."""
+        if self._sweep is None:
+            self._sweep = self.clock.callLater(self.idleTimeout, self._sweepIdle)
+
+    def _sweepIdle(self) -> None:
+        self._sweep = None
+        now, timeout = self.clock.seconds(), self.idleTimeout
+        due: float | None = None
+        for proto in list(self.protocols):
+            if proto._lost or proto._aborted:
+                continue
+            deadline = proto._active + timeout
+            if deadline <= now:
+                proto.idleAbort()
+            elif due is None or deadline < due:
+                due = deadline
+        if due is not None:
+            wait = max(due - now, timeout / self.sweepSteps)
+            self._sweep = self.clock.callLater(wait, self._sweepIdle)
 
     def buildProtocol(self, addr: IAddress | None) -> Any:
         source = connectionSource(addr)
@@ -288,6 +309,10 @@ class LimitedFactory(policies.WrappingFactory):
             else:
                 del self._perSource[source]
         if not self.protocols:
+            if self._sweep is not None:
+                if self._sweep.active():
+                    self._sweep.cancel()
+                self._sweep = None
             waiters, self._drained = self._drained, []
             for d in waiters:
                 d.callback(None)

@@ -130,3 +130,26 @@ class AutoRollbackTests(TestCase):
         outcomes = _runBatch(db, [insert(1), interrupted, insert(2), insert(3)])
         self.assertEqual([ok for ok, _ in outcomes], [False] * 4)
         self.assertEqual(list(db.execute("SELECT n FROM t")), [])
+
+
+class DedicatedThreadTests(TestCase):
+    async def _early(self) -> None:
+        db = Database.open(Path(self.mktemp()) / "db.sqlite3")
+        runner = DatabaseRunner(cast(IReactorFromThreads, reactor), db)
+        self.addCleanup(runner.stop)
+        early = runner.run(lambda db: threading.current_thread().name)
+        self.assertNoResult(early)
+        runner.start()
+        runner.start()  # idempotent: still one thread
+        self.assertEqual(await early, "fleetd-db")
+        names = [t.name for t in threading.enumerate()]
+        self.assertEqual(names.count("fleetd-db"), 1)
+        runner.stop()
+        self.assertNotIn("fleetd-db", [t.name for t in threading.enumerate()])
+
+    def test_callsBeforeStart_runOnceStarted_oneThread_joinedOnStop(self) -> None:
+        """
+        A call made before the runner starts waits for it and then runs on
+        the one dedicated C{fleetd-db} thread; stopping joins that thread.
+        """
+        return ensureDeferred(self._early())  # type: ignore[return-value]

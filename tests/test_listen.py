@@ -97,6 +97,44 @@ class LimitedFactoryTests(SynchronousTestCase):
         self.assertTrue(transport.disconnecting)
         proto.connectionLost(None)  # type: ignore[attr-defined]
 
+    def test_idle_oneSweepPerListener_eachAtItsOwnDeadline(self) -> None:
+        """
+        However many connections are open, the listener holds one timer;
+        each idle connection is still dropped at its own deadline, and the
+        timer goes when the last connection does.
+        """
+        self.factory.maxConnections = self.factory.maxPerSource = 10
+        first, firstT = self.connect()
+        self.clock.advance(3)
+        second, secondT = self.connect()
+        self.clock.advance(3)
+        third, thirdT = self.connect()
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        self.clock.advance(3.5)  # t = 9.5
+        third.dataReceived(b"x")  # type: ignore[attr-defined]
+        self.clock.advance(0.5)  # t = 10: the first one's deadline
+        self.assertEqual(
+            [t.disconnecting for t in (firstT, secondT, thirdT)], [True, False, False]
+        )
+        first.connectionLost(None)  # type: ignore[attr-defined]
+        self.clock.advance(2.9)  # t = 12.9
+        self.assertFalse(secondT.disconnecting)
+        self.clock.advance(0.1)  # t = 13
+        self.assertEqual([t.disconnecting for t in (secondT, thirdT)], [True, False])
+        second.connectionLost(None)  # type: ignore[attr-defined]
+        self.clock.advance(6.4)  # t = 19.4
+        self.assertFalse(thirdT.disconnecting)
+        self.clock.advance(0.1)  # t = 19.5
+        self.assertTrue(thirdT.disconnecting)
+        self.assertEqual(len(self.clock.getDelayedCalls()), 0)
+        third.connectionLost(None)  # type: ignore[attr-defined]
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        fourth, fourthT = self.connect()  # a new connection arms it again
+        self.clock.advance(10)
+        self.assertTrue(fourthT.disconnecting)
+        fourth.connectionLost(None)  # type: ignore[attr-defined]
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
     def test_wrapperProvidesTransportInterfaces(self) -> None:
         """
         The limit wrapper still looks like its transport (what TLS and HTTP
@@ -121,7 +159,7 @@ class LimitedFactoryTests(SynchronousTestCase):
                 cast(Any, p).connectionLost(None)
 
     def test_connectionLost_cancelsTimer(self) -> None:
-        """Whoever arms the idle timer cancels it when the connection ends."""
+        """The idle sweep's timer goes when the last connection ends."""
         proto, _ = self.connect()
         self.assertEqual(len(self.clock.getDelayedCalls()), 1)
         proto.connectionLost(None)  # type: ignore[attr-defined]

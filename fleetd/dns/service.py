@@ -33,6 +33,7 @@ from fleetd.dns.metrics import DNSMetrics
 from fleetd.dns.protocol import DNSDatagramProtocol, DNSStreamFactory
 from fleetd.dns.ratelimit import ResponseRateLimiter
 from fleetd.dns.responder import Responder
+from fleetd.dns.udp import listenUDP
 
 UDP_READ_BYTES = 1024
 """
@@ -119,8 +120,12 @@ class DNSService(Service):
         return self.responder.topology
 
     def startService(self) -> None:
-        udpPort = self._udpReactor.listenUDP(
-            self._port, self._udp, interface=self._interface, maxPacketSize=8192
+        udpPort = listenUDP(
+            self._udpReactor,
+            self._port,
+            self._udp,
+            interface=self._interface,
+            maxPacketSize=8192,
         )
         if hasattr(udpPort, "maxThroughput"):
             udpPort.maxThroughput = UDP_READ_BYTES

@@ -8,6 +8,8 @@ synchronously for L{twisted.trial.unittest.SynchronousTestCase} tests.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -15,7 +17,6 @@ from twisted.application.service import Service
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.python.failure import Failure
-from twisted.python.threadpool import ThreadPool
 
 from fleetd.store.db import Database, StoreError
 
@@ -39,6 +40,12 @@ class DatabaseRunner:
     transaction a savepoint) and fires their Deferreds only after the single
     commit. Under load a boot storm's many small durable writes share one
     fsync; when idle a call runs at once, alone.
+
+    The thread is fed batches through a L{queue.SimpleQueue} and reports
+    back with C{callFromThread}: at most one batch is in flight, so the
+    thread needs no pool, no worker bookkeeping and no context capture
+    (a Twisted C{ThreadPool} call cost the reactor thread several times
+    more).
     """
 
     maxBatch = 256
@@ -46,7 +53,8 @@ class DatabaseRunner:
     def __init__(self, reactor: IReactorFromThreads, db: Database) -> None:
         self._reactor = reactor
         self._db = db
-        self._pool = ThreadPool(minthreads=1, maxthreads=1, name="fleetd-db")
+        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
         self._queue: list[tuple[Callable[[Database], Any], Deferred[Any]]] = []
         self._inflight: tuple[list[Any], list[tuple[bool, Any]]] | None = None
         self._busy = False
@@ -54,7 +62,16 @@ class DatabaseRunner:
 
     def start(self) -> None:
         """Start the database thread."""
-        self._pool.start()
+        if self._thread is None and not self._stopped:
+            self._thread = threading.Thread(
+                target=self._loop, name="fleetd-db", daemon=True
+            )
+            self._thread.start()
+
+    def _loop(self) -> None:
+        get = self._work.get
+        while (work := get()) is not None:
+            work()
 
     def stop(self) -> None:
         """
@@ -64,7 +81,10 @@ class DatabaseRunner:
         if self._stopped:
             return
         self._stopped = True
-        self._pool.stop()  # the batch in flight completes...
+        if self._thread is not None:  # the batch in flight completes...
+            self._work.put(None)
+            self._thread.join()
+            self._thread = None
         if self._inflight is not None:  # ...and reports before anything later
             batch, outcomes = self._inflight
             self._inflight = None
@@ -106,7 +126,7 @@ class DatabaseRunner:
                 self._inflight = (batch, outcomes)
                 self._reactor.callFromThread(self._finished)
 
-        self._pool.callInThread(work)
+        self._work.put(work)
 
     def _finished(self) -> None:
         if self._inflight is not None:  # not already delivered by stop()
