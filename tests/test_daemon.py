@@ -289,19 +289,21 @@ class DaemonTests(DaemonTestMixin, TestCase):
 
     async def _dns(self) -> None:
         service = self.startDaemon()
-        assert service.dns.udpPort is not None
+        assert service.dns.udpPort is not None and service.dns.tcpPort is not None
         address: Any = service.dns.udpPort.getHost()
         port = int(address.port)
         query = dns.message.make_query("enroll.lolwtf.ca", dns.rdatatype.A)
         answer = await deferToThread(dns.query.udp, query, "127.0.0.1", 5, port)
         self.assertEqual([str(r) for r in answer.answer[0]], ["10.20.0.6"])
-        for transport in ("+notcp", "+tcp"):
+        # With port 0 the TCP port is the UDP one only when that was free.
+        tcpAddress: Any = service.dns.tcpPort.getHost()
+        for transport, p in (("+notcp", port), ("+tcp", int(tcpAddress.port))):
             out, err, code = await getProcessOutputAndValue(
                 "dig",
-                ["@127.0.0.1", "-p", str(port), "enroll.lolwtf.ca", "A", "+norec",
+                ["@127.0.0.1", "-p", str(p), "enroll.lolwtf.ca", "A", "+norec",
                  transport, "+time=5", "+tries=1"],
             )  # fmt: skip
-            self.assertEqual(code, 0, err)
+            self.assertEqual(code, 0, (transport, out, err))
             self.assertIn(b"status: NOERROR", out)
             self.assertRegex(out, rb"flags: qr aa")
             self.assertRegex(
