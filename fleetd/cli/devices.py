@@ -123,23 +123,27 @@ def cmdShow(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
     return 0
 
 
-def _readCSV(path: Path) -> str:
+def readUpload(path: Path, limit: int, command: str) -> str:
+    """
+    The UTF-8 text of a file to import, at most C{limit} bytes; otherwise
+    one line naming C{command} and the file.
+    """
     try:
         with path.open("rb") as f:
-            raw = f.read(MAX_CSV_BYTES + 1)
+            raw = f.read(limit + 1)
     except OSError as e:
-        raise CLIError(f"device import: cannot read {path}: {e.strerror}") from e
-    if len(raw) > MAX_CSV_BYTES:
-        raise CLIError(f"device import: {path} is larger than {MAX_CSV_BYTES} bytes")
+        raise CLIError(f"{command}: cannot read {path}: {e.strerror}") from e
+    if len(raw) > limit:
+        raise CLIError(f"{command}: {path} is larger than {limit} bytes")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise CLIError(f"device import: {path}: not UTF-8 (byte {e.start})") from e
+        raise CLIError(f"{command}: {path}: not UTF-8 (byte {e.start})") from e
 
 
 def cmdImport(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
     path = Path(args.file)
-    text = _readCSV(path)
+    text = readUpload(path, MAX_CSV_BYTES, "device import")
     try:
         devices = parseDeviceCSV(text)
     except InventoryError as e:

@@ -23,7 +23,7 @@ import urllib.parse
 from pathlib import Path
 from typing import IO, Any
 
-from fleetd.cli.devices import postText
+from fleetd.cli.devices import postText, readUpload
 from fleetd.cli.fleetctl import AdminClient, CLIError
 from fleetd.config import Settings
 from fleetd.trust.manifest import parseManifest
@@ -131,27 +131,11 @@ def cmdEvidenceAdd(settings: Settings, args: argparse.Namespace, out: IO[str]) -
     return 0
 
 
-def _readManifest(path: Path) -> str:
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
-    except OSError as e:
-        raise CLIError(f"evidence import: cannot read {path}: {e.strerror}") from e
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise CLIError(
-            f"evidence import: {path} is larger than {MAX_MANIFEST_BYTES} bytes"
-        )
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise CLIError(f"evidence import: {path}: not UTF-8 (byte {e.start})") from e
-
-
 def cmdEvidenceImport(
     settings: Settings, args: argparse.Namespace, out: IO[str]
 ) -> int:
     path = Path(args.file)
-    text = _readManifest(path)
+    text = readUpload(path, MAX_MANIFEST_BYTES, "evidence import")
     ref = args.ref if args.ref is not None else path.name[:128]
     try:
         kind = validateKind(args.kind)

@@ -11,9 +11,7 @@ number (the first line of the file is line 1) of the row.
 
 from __future__ import annotations
 
-import csv
-import io
-
+from fleetd.csvrows import CSVLineError, csvRows
 from fleetd.inventory.model import Device, InventoryError, validateDevice
 
 COLUMNS = ("name", "serial", "uuid", "mac", "class", "cluster")
@@ -94,26 +92,19 @@ def parseDeviceCSV(text: str) -> list[Device]:
     """
     if text.startswith(_BOM):
         text = text[len(_BOM) :]
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     columns: list[str] | None = None
     seen = _Seen()
     devices: list[Device] = []
-    line = 1
-    while True:
-        try:
-            cells = next(reader)
-        except StopIteration:
-            break
-        except csv.Error as e:
-            raise _lineError(line, f"malformed CSV: {e}") from None
-        if any(cell.strip() for cell in cells):
+    try:
+        for line, cells in csvRows(text):
             if columns is None:
                 columns = _header(cells, line)
             else:
                 device = _device(columns, cells, line)
                 seen.claim(device, line)
                 devices.append(device)
-        line = reader.line_num + 1
+    except CSVLineError as e:
+        raise _lineError(e.line, e.what) from None
     if columns is None:
         raise _lineError(
             1, "no header row (expected columns such as " + ",".join(COLUMNS) + ")"

@@ -18,11 +18,10 @@ the same claim twice in one file is a bad row.
 
 from __future__ import annotations
 
-import csv
-import io
 from typing import Any
 
 from fleetd import jsonbody
+from fleetd.csvrows import CSVLineError, csvRows
 from fleetd.trust.model import (
     EvidenceInput,
     EvidenceKind,
@@ -83,17 +82,9 @@ def _header(cells: list[str], line: int) -> list[str]:
 
 
 def _parseCSV(text: str, rows: _Rows) -> None:
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     columns: list[str] | None = None
-    line = 1
-    while True:
-        try:
-            cells = next(reader)
-        except StopIteration:
-            break
-        except csv.Error as e:
-            raise _lineError(line, f"malformed CSV: {e}") from None
-        if any(cell.strip() for cell in cells):
+    try:
+        for line, cells in csvRows(text):
             if columns is None:
                 columns = _header(cells, line)
             elif len(cells) != len(columns):
@@ -103,7 +94,8 @@ def _parseCSV(text: str, rows: _Rows) -> None:
             else:
                 values = (cell.strip() for cell in cells)
                 rows.add(dict(zip(columns, values, strict=True)), line)
-        line = reader.line_num + 1
+    except CSVLineError as e:
+        raise _lineError(e.line, e.what) from None
     if columns is None:
         raise _lineError(1, "no header row (expected serial,ek_sha256[,kind][,ref])")
 
