@@ -1,0 +1,308 @@
+"""
+Issue 9's acceptance, end to end: the real C{fleetd-agent} against a
+running fleetd daemon over TLS, with a real swtpm (behind tpm2-abrmd where
+the agent presents its TPM-resident LDevID) [T1] [T2] [T4] [D1]: weak
+evidence never lets a node attest; a TPM 1.2 is refused; a legacy
+(capsule/forge) LDevID works until the node attests through spore, then
+is refused, and C{fleetctl status} shows the binding, its evidence and
+the LDevID; duplicate and missing disk serials are refused.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import TestCase
+
+from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
+from tests.support import TOPOLOGY, missingPeer, writeConfig
+from tests.swtpm import AVAILABLE, SWTPM
+from tests.test_agent_tpmtls import UUID, TPMKeyDaemonCase, runAgent
+from tests.test_attest_swtpm import ekDigestOf
+from tests.test_daemon import DaemonTestMixin
+from tests.test_devices_api import run as fleetctlRun
+from tests.test_ldevid import issueWith
+
+BIG = 240_057_409_536
+
+
+def disk(name: str, serial: str | None, size: int = BIG) -> dict[str, Any]:
+    return {"name": name, "serial": serial, "wwn": None, "size": size,
+            "removable": False}  # fmt: skip
+
+
+class SporeDaemonCase(TPMKeyDaemonCase):
+    """Helpers over the daemon + swtpm + abrmd fixtures."""
+
+    async def fleetctlRaw(self, *words: str) -> tuple[int, str, str]:
+        code, out, err = await deferToThread(
+            fleetctlRun, ["--config", self.config, *words]
+        )
+        return code, str(out), str(err)
+
+    async def journal(self, event: str) -> list[Any]:
+        entries = await self.service.journal.query(limit=10000)
+        return [e for e in entries if e.event == event]
+
+    def legacy(self, name: str, serial: str, ca: str) -> Path:
+        """A node holding a software LDevID from a legacy CA (capsule, forge)."""
+        cert, key = issueWith(
+            getattr(self.pki, f"{ca}_ca"), getattr(self.pki, f"{ca}_ca_key"),
+            name, serial,
+        )  # fmt: skip
+        state = Path(self.mktemp()).resolve()
+        state.mkdir()
+        (state / "ldevid.pem").write_bytes(cert)
+        (state / "ldevid.key").write_bytes(key)
+        return state
+
+    async def refused(self, reason: str, command: str, *extra: str,
+                      state: Path | None = None) -> str:  # fmt: skip
+        code, out, err = await self.agent(command, *extra, state=state)
+        self.assertEqual((code, out), (1, ""), err)
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertIn(f"{reason}: ", err)
+        return str(err)
+
+    async def attest(self) -> None:
+        code, _, err = await self.agent("attest", "--serial", "SER1", "--ek", "rsa")
+        self.assertEqual((code, err), (0, ""))
+
+    async def reportDisks(self, *disks: dict[str, Any],
+                          state: Path | None = None) -> tuple[int, str, str]:  # fmt: skip
+        report = Path(self.mktemp())
+        report.write_text(json.dumps({"disks": list(disks)}))
+        result: tuple[int, str, str] = await self.agent(
+            "disks", "--from", str(report), state=state
+        )
+        return result
+
+
+class WeakEvidenceTests(SporeDaemonCase):
+    async def _weak(self) -> None:
+        await self._start(approve=False)
+        digest = ekDigestOf(self.swtpm.ekCertificates()["ek-rsa2048.crt"])
+        # No evidence at all: approval refused, attestation refused.
+        code, _, err = await self.fleetctlRaw("binding", "approve", "SER1")
+        self.assertEqual(code, 1)
+        self.assertIn("evidence-missing:", err)
+        self.assertIn("receiving-scan or supplier-record", err)
+        await self.refused("ek-binding-not-approved", "attest",
+                           "--serial", "SER1", "--ek", "rsa")  # fmt: skip
+        for kind in ("reported-serial", "pending-claim", "console"):
+            await self.fleetctl("evidence", "add", "--serial", "SER1",
+                                "--ek-sha256", digest, "--kind", kind)  # fmt: skip
+            code, _, err = await self.fleetctlRaw("binding", "approve", "SER1")
+            self.assertEqual(code, 1, kind)
+            self.assertEqual(err.count("\n"), 1, err)
+            self.assertIn("evidence-insufficient:", err)
+            self.assertIn("receiving-scan", err)
+            await self.refused("ek-binding-not-approved", "attest",
+                               "--serial", "SER1", "--ek", "rsa")  # fmt: skip
+        # Refusals naming no device pass the journal throttle (one per
+        # reason per 10 s, the rest counted): at least the first is there.
+        refusals = await self.journal("attest.refused")
+        self.assertEqual(
+            {e.fields["reason"] for e in refusals}, {"ek-binding-not-approved"}
+        )
+        self.assertEqual(await self.journal("binding.approved"), [])
+        self.assertEqual(await self.journal("ldevid.issued"), [])
+        self.assertFalse((self.state / "ldevid.pem").exists())
+        out = await self.fleetctl("status", "w1")
+        self.assertIn("binding:  none approved", out)
+        self.assertEqual(out.count("(cannot approve)"), 3, out)
+
+    def test_weakEvidenceOnly_bindingAndAttestRefused(self) -> Deferred[None]:
+        """
+        [T1] Real daemon, real agent, real swtpm: with no evidence
+        (evidence-missing), then with reported-serial, pending-claim and console evidence naming the
+        TPM's own EK, `binding approve` refuses (evidence-insufficient, names
+        what is missing) and `fleetd-agent attest` is refused
+        (ek-binding-not-approved, journaled); no LDevID anywhere.
+        """
+        return ensureDeferred(self._weak())
+
+
+class LegacyCutOverTests(SporeDaemonCase):
+    async def _cutOver(self) -> None:
+        await self._start()
+        capsule = self.legacy("w1", "SER1", "capsule")
+        forge = self.legacy("w1", "SER1", "forge")
+        for state in (capsule, forge):
+            code, out, err = await self.agent("plan", state=state)
+            self.assertEqual((code, err), (0, ""))
+            self.assertEqual(json.loads(out)["device"], "w1")
+        code, out, _ = await self.fleetctlRaw("--json", "status", "w1")
+        self.assertIsNone(json.loads(out)["ldevid"])
+        # A legacy software key is never renewed into a spore LDevID.
+        err = await self.refused("attest-required", "renew", state=capsule)
+        self.assertIn("fleetd-agent attest", err)
+        self.assertEqual(await self.journal("ldevid.issued"), [])
+
+        await self.attest()
+        for state in (capsule, forge):
+            await self.refused("ldevid-not-current-issuer", "plan", state=state)
+        code, out, err = await self.agent("plan")
+        self.assertEqual((code, err), (0, ""))
+        (issued,) = await self.journal("ldevid.issued")
+        self.assertEqual(issued.fields["how"], "attest")
+
+        cert = x509.load_pem_x509_certificate((self.state / "ldevid.pem").read_bytes())
+        code, out, err = await self.fleetctlRaw("--json", "status", "w1")
+        self.assertEqual(code, 0, err)
+        doc = json.loads(out)
+        ldevid = doc["ldevid"]
+        self.assertEqual(ldevid["issuer"], cert.issuer.rfc4514_string())
+        self.assertEqual(ldevid["not_after"], cert.not_valid_after_utc.timestamp())
+        self.assertFalse(ldevid["legacy"])
+        binding = doc["trust"]["binding"]
+        digest = ekDigestOf(self.swtpm.ekCertificates()["ek-rsa2048.crt"])
+        self.assertEqual((binding["state"], binding["ek_sha256"]), ("approved", digest))
+        (evidence,) = doc["trust"]["evidence"]
+        self.assertEqual(
+            (evidence["kind"], evidence["ref"]), ("receiving-scan", "scan-1")
+        )
+        text = await self.fleetctl("status", "w1")
+        self.assertIn(f"ldevid:   {cert.issuer.rfc4514_string()}  until ", text)
+        self.assertIn(f"binding:  approved: EK {digest}", text)
+        self.assertIn("receiving-scan", text)
+
+    def test_legacyAcceptedUntilAttested_thenRefused_statusShowsIt(
+        self,
+    ) -> Deferred[None]:
+        """
+        [T4] Real daemon, real agent, real swtpm: capsule- and forge-issued
+        LDevIDs serve lookups and are never renewed (attest-required); once
+        the node attests through spore with its TPM both are refused
+        (ldevid-not-current-issuer) and the new TPM-held one is accepted;
+        `fleetctl status` shows the binding, the evidence behind it and the
+        LDevID (issuer, notAfter, not legacy).
+        """
+        return ensureDeferred(self._cutOver())
+
+
+class DiskSerialTests(SporeDaemonCase):
+    async def _disks(self) -> None:
+        await self._start()
+        await self.fleetctl("device", "add", "w2", "--serial", "SER2", "--uuid",
+                            "4c4c4544-0042-3510-8050-b4c04f4d3233",
+                            "--class", "worker")  # fmt: skip
+        await self.attest()
+        # Missing serial on a fixed disk.
+        await self.refused("disk-serial-missing", "disks",
+                           "--from", str(self.write(disk("sda", None))))  # fmt: skip
+        # The same serial twice in one machine.
+        await self.refused("duplicate-disk-serial", "disks", "--from",
+                           str(self.write(disk("sda", "S-A"), disk("sdb", "S-A"))))  # fmt: skip
+        # Another node (a legacy LDevID) already reported S-B.
+        other = self.legacy("w2", "SER2", "capsule")
+        code, _, err = await self.reportDisks(disk("sda", "S-B"), state=other)
+        self.assertEqual((code, err), (0, ""))
+        err = await self.refused("duplicate-disk-serial", "disks", "--from",
+                                 str(self.write(disk("nvme0n1", "S-B"))))  # fmt: skip
+        self.assertIn("w2", err)
+        refused = await self.journal("disks.refused")
+        self.assertEqual(
+            [(e.device, e.fields["reason"]) for e in refused],
+            [("w1", "disk-serial-missing"), ("w1", "duplicate-disk-serial"),
+             ("w1", "duplicate-disk-serial")],
+        )  # fmt: skip
+        # A ready run: the plan withholds the code, the agent stops the workflow.
+        await self.fleetctl("provision", "w1")
+        err = await self.refused("duplicate-disk-serial", "plan")
+        self.assertIn("S-B", err)
+        # A clean report names the target; the plan then carries the code.
+        code, out, err = await self.reportDisks(disk("nvme0n1", "S-C"))
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual(json.loads(out)["target"]["serial"], "S-C")
+        code, out, err = await self.agent("plan")
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual(json.loads(out)["target_disk_serial"], "S-C")
+
+    def write(self, *disks: dict[str, Any]) -> Path:
+        report = Path(self.mktemp())
+        report.write_text(json.dumps({"disks": list(disks)}))
+        return report
+
+    def test_duplicateAndMissingSerials_refused(self) -> Deferred[None]:
+        """
+        [D1] Real daemon, real agent presenting its TPM-held LDevID (swtpm
+        behind tpm2-abrmd): `fleetd-agent disks` is refused for a fixed
+        disk without a serial, a serial twice in the machine and a serial
+        another node reported (each journaled, one line, exit 1); the plan
+        of a ready run then stops on that reason; a clean report names the
+        target by serial.
+        """
+        return ensureDeferred(self._disks())
+
+
+class TPM12DaemonTests(DaemonTestMixin, TestCase):
+    """A TPM 1.2 swtpm against the real daemon [T2]; one swtpm per class."""
+
+    swtpm: SWTPM
+    classPKI: DevPKIPaths
+
+    @classmethod
+    def shared(cls) -> None:
+        if "swtpm" in cls.__dict__:
+            return
+        if not AVAILABLE:
+            raise missingPeer("swtpm is not installed")
+        base = Path(tempfile.mkdtemp(prefix="fleetd-tpm12-"))
+        atexit.register(shutil.rmtree, base, True)
+        cls.classPKI = ensureDevPKI(base / "pki", str(TOPOLOGY["enrollment_name"]))
+        cls.swtpm = SWTPM(base / "tpm", cls.classPKI, tpm2=False)
+        cls.swtpm.start()
+        atexit.register(cls.swtpm.stop)
+
+    def setUp(self) -> None:
+        self.shared()
+        self.makeSettings()
+        shutil.copytree(self.classPKI.ek_roots.parent, self.directory / "pki")
+
+    async def _tpm12(self) -> None:
+        service = self.startDaemon()
+        assert service._loading is not None
+        await service._loading
+        admin = self.port(service, "admin")
+        config = writeConfig(
+            self.directory, {"owner": {"server": f"https://localhost:{admin}"}}
+        )
+        code, _, err = await deferToThread(
+            fleetctlRun, ["--config", str(config), "device", "add", "w1",
+                          "--serial", "SER1", "--uuid", UUID, "--class", "worker"]
+        )  # fmt: skip
+        self.assertEqual(code, 0, err)
+        state = Path(self.mktemp())
+        argv = [
+            "--server", f"https://localhost:{self.port(service, 'device')}",
+            "--ca", str(self.pki.public_ca),
+            "--tcti", self.swtpm.tcti,
+            "--state", str(state),
+            "attest", "--serial", "SER1",
+        ]  # fmt: skip
+        code, out, err = await deferToThread(runAgent, argv)
+        self.assertEqual((code, out), (1, ""))
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertIn("refused: tpm12-unsupported: ", err)
+        entries = await service.journal.query(limit=1000)
+        refused = [e for e in entries if e.event == "attest.refused"]
+        self.assertEqual([e.fields["reason"] for e in refused], ["tpm12-unsupported"])
+        self.assertEqual(refused[0].fields["reported_serial"], "SER1")
+        self.assertFalse((state / "ldevid.pem").exists())
+
+    def test_tpm12_refusedByTheDaemon(self) -> Deferred[None]:
+        """
+        [T2] Real daemon, real agent, a real TPM 1.2 swtpm (with an EK
+        certificate: refused by its version): tpm12-unsupported, one line,
+        journaled with the reported serial, no LDevID.
+        """
+        return ensureDeferred(self._tpm12())
