@@ -76,8 +76,9 @@ class SporeDaemonCase(TPMKeyDaemonCase):
         code, _, err = await self.agent("attest", "--serial", "SER1", "--ek", "rsa")
         self.assertEqual((code, err), (0, ""))
 
-    async def reportDisks(self, *disks: dict[str, Any],
-                          state: Path | None = None) -> tuple[int, str, str]:  # fmt: skip
+    async def reportDisks(
+        self, *disks: dict[str, Any], state: Path | None = None
+    ) -> tuple[int, str, str]:
         report = Path(self.mktemp())
         report.write_text(json.dumps({"disks": list(disks)}))
         result: tuple[int, str, str] = await self.agent(
@@ -123,10 +124,11 @@ class WeakEvidenceTests(SporeDaemonCase):
     def test_weakEvidenceOnly_bindingAndAttestRefused(self) -> Deferred[None]:
         """
         [T1] Real daemon, real agent, real swtpm: with no evidence
-        (evidence-missing), then with reported-serial, pending-claim and console evidence naming the
-        TPM's own EK, `binding approve` refuses (evidence-insufficient, names
-        what is missing) and `fleetd-agent attest` is refused
-        (ek-binding-not-approved, journaled); no LDevID anywhere.
+        (evidence-missing), then with reported-serial, pending-claim and
+        console evidence naming the TPM's own EK, `binding approve` refuses
+        (evidence-insufficient, names what is missing) and `fleetd-agent
+        attest` is refused (ek-binding-not-approved, journaled); no LDevID
+        anywhere.
         """
         return ensureDeferred(self._weak())
 
@@ -142,6 +144,12 @@ class LegacyCutOverTests(SporeDaemonCase):
             self.assertEqual(json.loads(out)["device"], "w1")
         code, out, _ = await self.fleetctlRaw("--json", "status", "w1")
         self.assertIsNone(json.loads(out)["ldevid"])
+        text = await self.fleetctl("status", "w1")
+        self.assertIn(
+            "ldevid:   none from spore (a capsule/forge LDevID is accepted until"
+            " the node attests through spore)",
+            text,
+        )
         # A legacy software key is never renewed into a spore LDevID.
         err = await self.refused("attest-required", "renew", state=capsule)
         self.assertIn("fleetd-agent attest", err)
@@ -200,8 +208,8 @@ class DiskSerialTests(SporeDaemonCase):
         await self.refused("disk-serial-missing", "disks",
                            "--from", str(self.write(disk("sda", None))))  # fmt: skip
         # The same serial twice in one machine.
-        await self.refused("duplicate-disk-serial", "disks", "--from",
-                           str(self.write(disk("sda", "S-A"), disk("sdb", "S-A"))))  # fmt: skip
+        twice = self.write(disk("sda", "S-A"), disk("sdb", "S-A"))
+        await self.refused("duplicate-disk-serial", "disks", "--from", str(twice))
         # Another node (a legacy LDevID) already reported S-B.
         other = self.legacy("w2", "SER2", "capsule")
         code, _, err = await self.reportDisks(disk("sda", "S-B"), state=other)

@@ -46,7 +46,7 @@ def cmdStatus(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int
     if ldevid is None:
         out.write(
             "ldevid:   none from spore (a capsule/forge LDevID is accepted"
-            " until the node renews)\n"
+            " until the node attests through spore)\n"
         )
     else:
         until = datetime.fromtimestamp(ldevid["not_after"], UTC).strftime("%Y-%m-%d")
