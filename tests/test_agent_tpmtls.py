@@ -183,11 +183,17 @@ class TPMKeyDaemonCase(DaemonTestMixin, TestCase):
         shutil.copytree(self.classPKI.ek_roots.parent, self.directory / "pki")
         self.state = Path(self.mktemp()).resolve()
 
-    def agent(self, command: str, *extra: str, state: Path | None = None) -> Any:
+    def agent(
+        self,
+        command: str,
+        *extra: str,
+        state: Path | None = None,
+        tcti: str | None = None,
+    ) -> Any:
         argv = [
             "--server", self.url,
             "--ca", str(self.pki.public_ca),
-            "--tcti", self.rm.tcti,
+            "--tcti", tcti or self.rm.tcti,
             "--state", str(state or self.state),
             "--json", command, *extra,
         ]  # fmt: skip

@@ -133,6 +133,38 @@ class WeakEvidenceTests(SporeDaemonCase):
         return ensureDeferred(self._weak())
 
 
+class ClonedTPMTests(SporeDaemonCase):
+    async def _clone(self) -> None:
+        await self._start()
+        await self.fleetctl("device", "add", "w2", "--serial", "SER2", "--uuid",
+                            "4c4c4544-0042-3510-8050-b4c04f4d3233",
+                            "--class", "worker")  # fmt: skip
+        twin = self.swtpm.clone(Path(self.mktemp()).resolve())
+        twin.start()
+        self.addCleanup(twin.stop)
+        code, out, err = await self.agent(
+            "attest", "--serial", "SER2", "--ek", "rsa", tcti=twin.tcti
+        )
+        self.assertEqual((code, out), (1, ""))
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertIn("refused: serial-mismatch: ", err)
+        (refused,) = await self.journal("attest.refused")
+        self.assertEqual(refused.fields["reason"], "serial-mismatch")
+        self.assertEqual(refused.fields["reported_serial"], "SER2")
+        self.assertEqual(await self.journal("ldevid.issued"), [])
+        self.assertFalse((self.state / "ldevid.pem").exists())
+        code, out, err = await self.fleetctlRaw("--json", "status", "w2")
+        self.assertIsNone(json.loads(out)["ldevid"])
+
+    def test_clonedTPM_otherSerial_refused(self) -> Deferred[None]:
+        """
+        [T3] [T1] Real daemon, real agent: a copy of w1's swtpm state (its
+        approved EK) in a machine reporting w2's serial is refused
+        (serial-mismatch, journaled); nothing is issued to w2.
+        """
+        return ensureDeferred(self._clone())
+
+
 class LegacyCutOverTests(SporeDaemonCase):
     async def _cutOver(self) -> None:
         await self._start()
