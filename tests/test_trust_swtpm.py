@@ -11,10 +11,12 @@ the LDevID; duplicate and missing disk serials are refused.
 from __future__ import annotations
 
 import atexit
+import base64
 import json
 import shutil
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from cryptography import x509
@@ -22,10 +24,12 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
+from fleetd.cli.agent_client import Refusal
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from tests.support import TOPOLOGY, missingPeer, writeConfig
 from tests.swtpm import AVAILABLE, SWTPM
 from tests.test_agent_tpmtls import UUID, TPMKeyDaemonCase, runAgent
+from tests.test_attest_proofs import Node
 from tests.test_attest_swtpm import ekDigestOf
 from tests.test_daemon import DaemonTestMixin
 from tests.test_devices_api import run as fleetctlRun
@@ -163,6 +167,62 @@ class ClonedTPMTests(SporeDaemonCase):
         (serial-mismatch, journaled); nothing is issued to w2.
         """
         return ensureDeferred(self._clone())
+
+
+class BentProofTests(SporeDaemonCase):
+    def bent(self, node: Node) -> list[tuple[str, int]]:
+        """Three bent proofs, then a good one replayed: (reason, status) each."""
+        answers = []
+
+        def refusal(proof: dict[str, Any]) -> None:
+            try:
+                node.post("/v1/attest/proof", proof)
+            except Refusal as e:
+                answers.append((e.reason, e.status))
+            else:
+                answers.append(("issued", 200))
+
+        keys, challenge = node.begin("SER1")
+        refusal(node.proof(keys, challenge, nonce=b"\x00\xff\x55\xaa"))
+        keys, challenge = node.begin("SER1")
+        proof = node.proof(keys, challenge)
+        info = bytearray(base64.b64decode(proof["certify_info"]))
+        info[-1] ^= 1
+        proof["certify_info"] = base64.b64encode(bytes(info)).decode()
+        refusal(proof)
+        keys, challenge = node.begin("SER1")
+        proof = node.proof(keys, challenge)
+        refusal(proof)
+        refusal(proof)
+        return answers
+
+    async def _bent(self) -> None:
+        await self._start()
+        case: Any = SimpleNamespace(
+            url=self.url, pki=self.pki, swtpm=SimpleNamespace(tcti=self.rm.tcti)
+        )
+        answers = await deferToThread(self.bent, Node(case))
+        self.assertEqual(
+            answers,
+            [("certify-invalid", 403), ("certify-invalid", 403), ("issued", 200),
+             ("challenge-used", 410)],
+        )  # fmt: skip
+        refused = await self.journal("attest.refused")
+        self.assertEqual(
+            [(e.device, e.fields["reason"]) for e in refused],
+            [("w1", "certify-invalid"), ("w1", "certify-invalid"),
+             ("w1", "challenge-used")],
+        )  # fmt: skip
+        self.assertEqual(len(await self.journal("ldevid.issued")), 1)
+
+    def test_wrongNonce_tamperedCertify_replay_refused(self) -> Deferred[None]:
+        """
+        [T3] Real daemon, real swtpm (the agent's TPM steps, the proof bent
+        on purpose): a certify over another nonce and a certify with one
+        flipped byte are certify-invalid; a good proof is issued once and
+        its replay is challenge-used (410); each refusal journaled.
+        """
+        return ensureDeferred(self._bent())
 
 
 class LegacyCutOverTests(SporeDaemonCase):
