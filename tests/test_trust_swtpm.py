@@ -1,8 +1,10 @@
 """
 Issue 9's acceptance, end to end: the real C{fleetd-agent} against a
 running fleetd daemon over TLS, with a real swtpm (behind tpm2-abrmd where
-the agent presents its TPM-resident LDevID) [T1] [T2] [T4] [D1]: weak
-evidence never lets a node attest; a TPM 1.2 is refused; a legacy
+the agent presents its TPM-resident LDevID) [T1] [T3] [T4] [D1]: weak
+evidence never lets a node attest; a cloned TPM claiming another serial,
+a certify over another nonce, a tampered certify and a replayed proof
+are refused; a legacy
 (capsule/forge) LDevID works until the node attests through spore, then
 is refused, and C{fleetctl status} shows the binding, its evidence and
 the LDevID; duplicate and missing disk serials are refused.
@@ -10,11 +12,8 @@ the LDevID; duplicate and missing disk serials are refused.
 
 from __future__ import annotations
 
-import atexit
 import base64
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,16 +21,11 @@ from typing import Any
 from cryptography import x509
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
-from twisted.trial.unittest import TestCase
 
 from fleetd.cli.agent_client import Refusal
-from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
-from tests.support import TOPOLOGY, missingPeer, writeConfig
-from tests.swtpm import AVAILABLE, SWTPM
-from tests.test_agent_tpmtls import UUID, TPMKeyDaemonCase, runAgent
+from tests.test_agent_tpmtls import TPMKeyDaemonCase
 from tests.test_attest_proofs import Node
 from tests.test_attest_swtpm import ekDigestOf
-from tests.test_daemon import DaemonTestMixin
 from tests.test_devices_api import run as fleetctlRun
 from tests.test_ldevid import issueWith
 
@@ -342,67 +336,3 @@ class DiskSerialTests(SporeDaemonCase):
         target by serial.
         """
         return ensureDeferred(self._disks())
-
-
-class TPM12DaemonTests(DaemonTestMixin, TestCase):
-    """A TPM 1.2 swtpm against the real daemon [T2]; one swtpm per class."""
-
-    swtpm: SWTPM
-    classPKI: DevPKIPaths
-
-    @classmethod
-    def shared(cls) -> None:
-        if "swtpm" in cls.__dict__:
-            return
-        if not AVAILABLE:
-            raise missingPeer("swtpm is not installed")
-        base = Path(tempfile.mkdtemp(prefix="fleetd-tpm12-"))
-        atexit.register(shutil.rmtree, base, True)
-        cls.classPKI = ensureDevPKI(base / "pki", str(TOPOLOGY["enrollment_name"]))
-        cls.swtpm = SWTPM(base / "tpm", cls.classPKI, tpm2=False)
-        cls.swtpm.start()
-        atexit.register(cls.swtpm.stop)
-
-    def setUp(self) -> None:
-        self.shared()
-        self.makeSettings()
-        shutil.copytree(self.classPKI.ek_roots.parent, self.directory / "pki")
-
-    async def _tpm12(self) -> None:
-        service = self.startDaemon()
-        assert service._loading is not None
-        await service._loading
-        admin = self.port(service, "admin")
-        config = writeConfig(
-            self.directory, {"owner": {"server": f"https://localhost:{admin}"}}
-        )
-        code, _, err = await deferToThread(
-            fleetctlRun, ["--config", str(config), "device", "add", "w1",
-                          "--serial", "SER1", "--uuid", UUID, "--class", "worker"]
-        )  # fmt: skip
-        self.assertEqual(code, 0, err)
-        state = Path(self.mktemp())
-        argv = [
-            "--server", f"https://localhost:{self.port(service, 'device')}",
-            "--ca", str(self.pki.public_ca),
-            "--tcti", self.swtpm.tcti,
-            "--state", str(state),
-            "attest", "--serial", "SER1",
-        ]  # fmt: skip
-        code, out, err = await deferToThread(runAgent, argv)
-        self.assertEqual((code, out), (1, ""))
-        self.assertEqual(err.count("\n"), 1, err)
-        self.assertIn("refused: tpm12-unsupported: ", err)
-        entries = await service.journal.query(limit=1000)
-        refused = [e for e in entries if e.event == "attest.refused"]
-        self.assertEqual([e.fields["reason"] for e in refused], ["tpm12-unsupported"])
-        self.assertEqual(refused[0].fields["reported_serial"], "SER1")
-        self.assertFalse((state / "ldevid.pem").exists())
-
-    def test_tpm12_refusedByTheDaemon(self) -> Deferred[None]:
-        """
-        [T2] Real daemon, real agent, a real TPM 1.2 swtpm (with an EK
-        certificate: refused by its version): tpm12-unsupported, one line,
-        journaled with the reported serial, no LDevID.
-        """
-        return ensureDeferred(self._tpm12())
