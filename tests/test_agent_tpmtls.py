@@ -150,8 +150,12 @@ class HelperTests(SynchronousTestCase):
         self.assertIn("cannot load the TPM key", answer["line"])
 
 
-class TPMKeyDaemonTests(DaemonTestMixin, TestCase):
-    """One swtpm behind tpm2-abrmd and one dev PKI per class."""
+class TPMKeyDaemonCase(DaemonTestMixin, TestCase):
+    """
+    A real daemon per test; one swtpm behind tpm2-abrmd and one dev PKI
+    per concrete class (the daemon's PKI is a copy, so its EK roots are
+    the swtpm's manufacturer CA).
+    """
 
     swtpm: SWTPM
     rm: ResourceManager
@@ -179,11 +183,17 @@ class TPMKeyDaemonTests(DaemonTestMixin, TestCase):
         shutil.copytree(self.classPKI.ek_roots.parent, self.directory / "pki")
         self.state = Path(self.mktemp()).resolve()
 
-    def agent(self, command: str, *extra: str, state: Path | None = None) -> Any:
+    def agent(
+        self,
+        command: str,
+        *extra: str,
+        state: Path | None = None,
+        tcti: str | None = None,
+    ) -> Any:
         argv = [
             "--server", self.url,
             "--ca", str(self.pki.public_ca),
-            "--tcti", self.rm.tcti,
+            "--tcti", tcti or self.rm.tcti,
             "--state", str(state or self.state),
             "--json", command, *extra,
         ]  # fmt: skip
@@ -196,8 +206,8 @@ class TPMKeyDaemonTests(DaemonTestMixin, TestCase):
         self.assertEqual(code, 0, err)
         return str(out)
 
-    async def _start(self) -> None:
-        service = self.startDaemon()
+    async def _start(self, approve: bool = True) -> None:
+        self.service = service = self.startDaemon()
         assert service._loading is not None
         await service._loading
         admin = self.port(service, "admin")
@@ -209,12 +219,16 @@ class TPMKeyDaemonTests(DaemonTestMixin, TestCase):
         )
         await self.fleetctl("device", "add", "w1", "--serial", "SER1",
                             "--uuid", UUID, "--class", "worker")  # fmt: skip
+        if not approve:
+            return
         der = self.swtpm.ekCertificates()["ek-rsa2048.crt"]
         await self.fleetctl("evidence", "add", "--serial", "SER1",
                             "--ek-sha256", ekDigestOf(der),
                             "--kind", "receiving-scan", "--ref", "scan-1")  # fmt: skip
         await self.fleetctl("binding", "approve", "SER1")
 
+
+class TPMKeyDaemonTests(TPMKeyDaemonCase):
     async def _endToEnd(self) -> None:
         await self._start()
         code, _, err = await self.agent("attest", "--serial", "SER1", "--ek", "rsa")

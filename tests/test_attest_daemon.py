@@ -1,7 +1,14 @@
-"""The device listener of a running daemon serves attestation and lookups [A3] [T2]."""
+"""
+The device listener of a running daemon serves attestation and lookups,
+and refuses a real TPM 1.2 swtpm driven by fleetd-agent [A3] [T2].
+"""
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from twisted.internet.defer import Deferred, ensureDeferred
@@ -9,7 +16,12 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
 from fleetd.cli.agent_client import Refusal, call, tlsContext
+from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
+from tests.support import TOPOLOGY, missingPeer, writeConfig
+from tests.swtpm import AVAILABLE, SWTPM
+from tests.test_agent_tpmtls import UUID, runAgent
 from tests.test_daemon import DaemonTestMixin
+from tests.test_devices_api import run as fleetctlRun
 
 
 class DeviceListenerTests(DaemonTestMixin, TestCase):
@@ -69,3 +81,67 @@ class DeviceListenerTests(DaemonTestMixin, TestCase):
     def test_status_showsLDevID(self) -> Deferred[None]:
         """[T4] the status report carries the node's LDevID (issuer, notAfter)."""
         return ensureDeferred(self._status())
+
+
+class TPM12DaemonTests(DaemonTestMixin, TestCase):
+    """A TPM 1.2 swtpm against the real daemon [T2]; one swtpm per class."""
+
+    swtpm: SWTPM
+    classPKI: DevPKIPaths
+
+    @classmethod
+    def shared(cls) -> None:
+        if "swtpm" in cls.__dict__:
+            return
+        if not AVAILABLE:
+            raise missingPeer("swtpm is not installed")
+        base = Path(tempfile.mkdtemp(prefix="fleetd-tpm12-"))
+        atexit.register(shutil.rmtree, base, True)
+        cls.classPKI = ensureDevPKI(base / "pki", str(TOPOLOGY["enrollment_name"]))
+        cls.swtpm = SWTPM(base / "tpm", cls.classPKI, tpm2=False)
+        cls.swtpm.start()
+        atexit.register(cls.swtpm.stop)
+
+    def setUp(self) -> None:
+        self.shared()
+        self.makeSettings()
+        shutil.copytree(self.classPKI.ek_roots.parent, self.directory / "pki")
+
+    async def _tpm12(self) -> None:
+        service = self.startDaemon()
+        assert service._loading is not None
+        await service._loading
+        admin = self.port(service, "admin")
+        config = writeConfig(
+            self.directory, {"owner": {"server": f"https://localhost:{admin}"}}
+        )
+        code, _, err = await deferToThread(
+            fleetctlRun, ["--config", str(config), "device", "add", "w1",
+                          "--serial", "SER1", "--uuid", UUID, "--class", "worker"]
+        )  # fmt: skip
+        self.assertEqual(code, 0, err)
+        state = Path(self.mktemp())
+        argv = [
+            "--server", f"https://localhost:{self.port(service, 'device')}",
+            "--ca", str(self.pki.public_ca),
+            "--tcti", self.swtpm.tcti,
+            "--state", str(state),
+            "attest", "--serial", "SER1",
+        ]  # fmt: skip
+        code, out, err = await deferToThread(runAgent, argv)
+        self.assertEqual((code, out), (1, ""))
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertIn("refused: tpm12-unsupported: ", err)
+        entries = await service.journal.query(limit=1000)
+        refused = [e for e in entries if e.event == "attest.refused"]
+        self.assertEqual([e.fields["reason"] for e in refused], ["tpm12-unsupported"])
+        self.assertEqual(refused[0].fields["reported_serial"], "SER1")
+        self.assertFalse((state / "ldevid.pem").exists())
+
+    def test_tpm12_refusedByTheDaemon(self) -> Deferred[None]:
+        """
+        [T2] Real daemon, real agent, a real TPM 1.2 swtpm (with an EK
+        certificate: refused by its version): tpm12-unsupported, one line,
+        journaled with the reported serial, no LDevID.
+        """
+        return ensureDeferred(self._tpm12())

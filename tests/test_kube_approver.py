@@ -83,6 +83,35 @@ class ApproverTests(SynchronousTestCase):
         """[K2] w2's token asking for w1's name is refused (wrong requester)."""
         self.refused(self.fleet.fileCSR(self.bearer2, "w1"), "wrong-node")
 
+    def test_requesterNotANode_refused(self) -> None:
+        """
+        [K2] A kubelet-shaped CSR for w1 filed by a requester that is neither
+        a bootstrap token nor a node (a service account) is left pending.
+        """
+        csr = self.fake.fileCSR(self.fake.adminToken, csrPEM("system:node:w1"))
+        self.fake.flush()
+        self.refused(csr, "requester-not-a-node")
+
+    def test_cnNotANodeName_refused(self) -> None:
+        """[K2] Its own token, but a CN that is not system:node:<name>."""
+        for cn in ("w1", "system:node:", "system:nodes:w1"):
+            csr = self.fake.fileCSR(self.bearer1, csrPEM(cn))
+            self.fake.flush()
+            self.refused(csr, "wrong-common-name")
+
+    def test_tokenOutsideFleetdsGroup_refused(self) -> None:
+        """
+        [K2] [K1] fleetd's token whose Secret no longer carries the group
+        system:bootstrappers:fleetd (edited in the cluster) is not trusted.
+        """
+        import base64
+
+        secret = self.fake.secrets[f"bootstrap-token-{self.id1}"]
+        secret["data"]["auth-extra-groups"] = base64.b64encode(
+            b"system:bootstrappers:other"
+        ).decode()
+        self.refused(self.fleet.fileCSR(self.bearer1, "w1"), "wrong-groups")
+
     def test_unknownToken_refused(self) -> None:
         """[K2] A token fleetd did not issue (Talos's shared one) is refused."""
         from tests.test_kube_fake import bootstrapSecret

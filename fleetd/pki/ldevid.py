@@ -3,7 +3,9 @@ The LDevID issuer and the trust bundle [T4].
 
 One issuer (C{pki.issuer_cert}/C{pki.issuer_key}) signs every new LDevID;
 the bundle (C{pki.bundle}) holds it and the legacy software CAs (capsule,
-forge) whose LDevIDs are accepted until their node renews through spore.
+forge) whose LDevIDs are accepted until their node attests through spore
+(a legacy software key is never renewed; docs/decisions.md).
+
 The subject of an LDevID is set here from the inventory (device name as
 CN, chassis serial as serialNumber), never copied from a CSR, so a
 verified client certificate names its node.
