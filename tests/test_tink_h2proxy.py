@@ -516,3 +516,52 @@ class DrainAndTimeoutTests(SynchronousTestCase):
         sid = site.call()
         site.answer(site.upstreamSid(0))
         self.assertEqual(len(site.of(StreamEnded, sid)), 1)
+
+
+class WriteCoalescingTests(SynchronousTestCase):
+    def test_oneWritePerConnectionPerBatch(self) -> None:
+        """[A4] Bytes received on one connection make each connection they
+        touch write once, all frames together (one TLS record, one socket
+        write), not once per frame: the request's HEADERS and DATA leave for
+        tink-server in one write, the answer's HEADERS, DATA and trailers
+        leave for the client in one write."""
+        site = Site()
+        site.call()
+        site.answer(site.upstreamSid(0))
+        proxy, downstream, client, _ = site.clients[0]
+        upstreamProtocol, upstream, server, _ = site.upstreams[-1]
+        writes: dict[str, list[bytes]] = {"down": [], "up": []}
+
+        def counting(transport: StringTransport, key: str) -> None:
+            write = transport.write
+
+            def counted(data: bytes) -> None:
+                writes[key].append(data)
+                write(data)
+
+            transport.write = counted  # type: ignore[method-assign]
+
+        counting(downstream, "down")
+        counting(upstream, "up")
+        sid = client.get_next_available_stream_id()
+        client.send_headers(sid, grpcHeaders())
+        client.send_data(sid, grpcMessage(b"x" * 100), end_stream=True)
+        proxy.dataReceived(client.data_to_send())
+        self.assertEqual(len(writes["up"]), 1)
+        site.pump()
+        usid = site.upstreamSid(1)
+        writes["down"].clear()
+        server.send_headers(
+            usid, [(b":status", b"200"), (b"content-type", b"application/grpc")]
+        )
+        server.send_data(usid, grpcMessage(b"y" * 100))
+        server.send_headers(usid, OK_TRAILERS, end_stream=True)
+        upstreamProtocol.dataReceived(server.data_to_send())
+        self.assertEqual(len(writes["down"]), 1)
+        site.pump()
+        [trailers] = site.of(TrailersReceived, sid)
+        self.assertEqual(trailers.headers, OK_TRAILERS)
+        self.assertEqual(
+            b"".join(e.data for e in site.of(DataReceived, sid)),
+            grpcMessage(b"y" * 100),
+        )
