@@ -90,6 +90,7 @@ class UpstreamConnection(Protocol):
                 validate_outbound_headers=False,
                 normalize_outbound_headers=False,
                 validate_inbound_headers=False,
+                normalize_inbound_headers=False,
             )
         )
         self.h2.local_settings.max_header_list_size = maxHeaderListSize

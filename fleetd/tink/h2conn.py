@@ -22,10 +22,38 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import h2.connection
+import hpack.hpack
+import hpack.table
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.events import ConnectionTerminated, Event
 from hyperframe.frame import Frame, GoAwayFrame
+
+
+class _Silent:
+    """A logger that drops everything, without even a level check."""
+
+    def debug(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+def _quietLibraries() -> None:
+    """Stop per-frame and per-header debug work inside the h2 stack.
+
+    hpack logs every integer and header it encodes or decodes through
+    C{logging.debug} (about 60 calls per proxied call, each with a level
+    check; its lines would also carry header values, which may be secrets
+    and must not reach a log), and h2 builds a C{repr} of every received
+    frame for a trace line its default logger then drops. Both modules
+    look these names up as globals, so shadowing them here is enough.
+    """
+    hpack.hpack.log = _Silent()  # type: ignore[assignment]
+    hpack.table.log = _Silent()  # type: ignore[assignment]
+    h2.connection.repr = lambda _: ""  # type: ignore[attr-defined]
+
+
+_quietLibraries()
 
 
 class DrainingH2Connection(H2Connection):
