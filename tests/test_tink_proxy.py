@@ -241,7 +241,6 @@ class ProxyTests(TestCase):
         )
         self.assertEqual(self.proxy.sample("fleetd_tink_active_streams"), 0.0)
 
-
     async def test_noDelay_bothHops(self) -> None:
         """[A4] TCP_NODELAY is set on the client's connection (under TLS) and
         on the upstream connection, so a call's small frames are not held
