@@ -575,8 +575,12 @@ class QuietLibrariesTests(SynchronousTestCase):
         (tokens, metadata), never reach the stdlib logging even at DEBUG;
         also the proxy's CPU: ~60 of those calls per proxied call."""
         records: list[logging.LogRecord] = []
-        handler = logging.Handler(logging.DEBUG)
-        handler.emit = records.append  # type: ignore[method-assign]
+
+        class Recording(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                records.append(record)
+
+        handler = Recording(logging.DEBUG)
         hpackLog = logging.getLogger("hpack")
         hpackLog.addHandler(handler)
         self.addCleanup(hpackLog.removeHandler, handler)
