@@ -209,7 +209,13 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=300.0)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--inflight", type=int, default=32)
+    parser.add_argument(
+        "--paths",
+        default="direct,fleetd,nginx",
+        help="which of direct, fleetd, nginx to measure (comma-separated)",
+    )
     args = parser.parse_args()
+    paths = set(args.paths.split(","))
     for tool in ("nginx", "taskset"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is needed")
@@ -232,16 +238,22 @@ def main() -> None:
         daemon = Daemon(fleet, cpus="0")
         daemon.start()
         started.append(daemon)
-        results = {"direct": measure("direct", direct, ca, None, args)}
-        results["fleetd"] = measure(
-            "fleetd", daemon.ports["tink"], ca, daemon.pid, args
-        )
+        results = {}
+        if "direct" in paths:
+            results["direct"] = measure("direct", direct, ca, None, args)
+        if "fleetd" in paths:
+            results["fleetd"] = measure(
+                "fleetd", daemon.ports["tink"], ca, daemon.pid, args
+            )
         daemon.stop()
-        grpcPass = Nginx(
-            work / "grpcpass", grpcPassConfig(pki, proxied, h2c), "0", proxied
-        )
-        started.append(grpcPass)
-        results["nginx"] = measure("nginx", proxied, ca, grpcPass.pid, args)
+        if "nginx" in paths:
+            grpcPass = Nginx(
+                work / "grpcpass", grpcPassConfig(pki, proxied, h2c), "0", proxied
+            )
+            started.append(grpcPass)
+            results["nginx"] = measure("nginx", proxied, ca, grpcPass.pid, args)
+        if len(results) < 3:
+            return
         f, n = results["fleetd"], results["nginx"]
         print(
             f"fleetd adds {f['p99_ms'] - results['direct']['p99_ms']:.2f} ms at p99;"

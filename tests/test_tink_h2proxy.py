@@ -8,6 +8,7 @@ ends its stream) is done here.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from h2.config import H2Configuration
@@ -23,7 +24,8 @@ from h2.events import (
     StreamReset,
     TrailersReceived,
 )
-from hyperframe.frame import ContinuationFrame, HeadersFrame
+from hpack import Decoder, Encoder
+from hyperframe.frame import ContinuationFrame, HeadersFrame, PingFrame
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
@@ -516,3 +518,95 @@ class DrainAndTimeoutTests(SynchronousTestCase):
         sid = site.call()
         site.answer(site.upstreamSid(0))
         self.assertEqual(len(site.of(StreamEnded, sid)), 1)
+
+
+class WriteCoalescingTests(SynchronousTestCase):
+    def test_oneWritePerConnectionPerBatch(self) -> None:
+        """[A4] Bytes received on one connection make each connection they
+        touch write once, all frames together (one TLS record, one socket
+        write), not once per frame: the request's HEADERS and DATA leave for
+        tink-server in one write, the answer's HEADERS, DATA and trailers
+        leave for the client in one write."""
+        site = Site()
+        site.call()
+        site.answer(site.upstreamSid(0))
+        proxy, downstream, client, _ = site.clients[0]
+        upstreamProtocol, upstream, server, _ = site.upstreams[-1]
+        writes: dict[str, list[bytes]] = {"down": [], "up": []}
+
+        def counting(transport: StringTransport, key: str) -> None:
+            write = transport.write
+
+            def counted(data: bytes) -> None:
+                writes[key].append(data)
+                write(data)
+
+            transport.write = counted  # type: ignore[method-assign]
+
+        counting(downstream, "down")
+        counting(upstream, "up")
+        sid = client.get_next_available_stream_id()
+        client.send_headers(sid, grpcHeaders())
+        client.send_data(sid, grpcMessage(b"x" * 100), end_stream=True)
+        proxy.dataReceived(client.data_to_send())
+        self.assertEqual(len(writes["up"]), 1)
+        site.pump()
+        usid = site.upstreamSid(1)
+        writes["down"].clear()
+        server.send_headers(
+            usid, [(b":status", b"200"), (b"content-type", b"application/grpc")]
+        )
+        server.send_data(usid, grpcMessage(b"y" * 100))
+        server.send_headers(usid, OK_TRAILERS, end_stream=True)
+        upstreamProtocol.dataReceived(server.data_to_send())
+        self.assertEqual(len(writes["down"]), 1)
+        site.pump()
+        [trailers] = site.of(TrailersReceived, sid)
+        self.assertEqual(trailers.headers, OK_TRAILERS)
+        self.assertEqual(
+            b"".join(e.data for e in site.of(DataReceived, sid)),
+            grpcMessage(b"y" * 100),
+        )
+
+
+class QuietLibrariesTests(SynchronousTestCase):
+    def test_hpack_logsNothing(self) -> None:
+        """hpack's per-header debug lines, which would carry header values
+        (tokens, metadata), never reach the stdlib logging even at DEBUG;
+        also the proxy's CPU: ~60 of those calls per proxied call."""
+        records: list[logging.LogRecord] = []
+
+        class Recording(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                records.append(record)
+
+        handler = Recording(logging.DEBUG)
+        hpackLog = logging.getLogger("hpack")
+        hpackLog.addHandler(handler)
+        self.addCleanup(hpackLog.removeHandler, handler)
+        self.patch(hpackLog, "level", logging.DEBUG)
+        self.patch(hpackLog, "propagate", False)
+        headers = [(b"authorization", b"Bearer s3cret"), (b"te", b"trailers")]
+        encoded = Encoder().encode(headers)
+        self.assertEqual(Decoder().decode(encoded, raw=True), headers)
+        self.assertEqual(len(records), 0)
+
+    def test_receivedFrame_noRepr(self) -> None:
+        """A received frame is not turned into a trace string (h2 builds
+        one for every frame, for a logger that drops it)."""
+        built: list[object] = []
+
+        def counting(frame: object) -> str:
+            built.append(frame)
+            return "frame"
+
+        self.patch(PingFrame, "__repr__", counting)
+        client = H2Connection(H2Configuration(client_side=True))
+        client.initiate_connection()
+        server = DrainingH2Connection(H2Configuration(client_side=False))
+        server.initiate_connection()
+        server.receive_data(client.data_to_send())
+        client.ping(b"12345678")
+        events = server.receive_data(client.data_to_send())
+        self.assertEqual([type(e).__name__ for e in events], ["PingReceived"])
+        self.assertEqual(len(built), 0)

@@ -241,6 +241,19 @@ class ProxyTests(TestCase):
         )
         self.assertEqual(self.proxy.sample("fleetd_tink_active_streams"), 0.0)
 
+    async def test_noDelay_bothHops(self) -> None:
+        """[A4] TCP_NODELAY is set on the client's connection (under TLS) and
+        on the upstream connection, so a call's small frames are not held
+        back by Nagle until the peer's delayed ACK (tens of ms at p99)."""
+        self.script.unary["GetAction"] = lambda req, ctx: b"ok"
+        outcome = await self.call("GetAction", b"x")
+        self.assertEqual(outcome.code, grpc.StatusCode.OK)
+        [downstream] = self.proxy.factory.protocols
+        self.assertTrue(downstream.transport.getTcpNoDelay())  # type: ignore[union-attr]
+        upstream = self.proxy.pool._current
+        assert upstream is not None
+        self.assertTrue(upstream.transport.getTcpNoDelay())  # type: ignore[union-attr]
+
 
 class UpstreamFailureTests(TestCase):
     """tink-server down or restarting [A4]."""

@@ -34,7 +34,7 @@ from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 
 from fleetd.logs import ThrottledLog
-from fleetd.tink.h2conn import DrainingH2Connection
+from fleetd.tink.h2conn import DrainingH2Connection, noDelay, writes
 from fleetd.tink.metrics import TinkMetrics
 
 Headers = list[tuple[bytes, bytes]]
@@ -90,6 +90,7 @@ class UpstreamConnection(Protocol):
                 validate_outbound_headers=False,
                 normalize_outbound_headers=False,
                 validate_inbound_headers=False,
+                normalize_inbound_headers=False,
             )
         )
         self.h2.local_settings.max_header_list_size = maxHeaderListSize
@@ -159,17 +160,25 @@ class UpstreamConnection(Protocol):
     # Protocol
 
     def connectionMade(self) -> None:
+        # Twisted leaves Nagle on for client connections: a request's
+        # HEADERS and DATA would wait for tink-server's delayed ACK.
+        noDelay(self.transport)
         self.h2.initiate_connection()
         self._flush()
         self.usable = True
 
     def dataReceived(self, data: bytes) -> None:
+        # One write per connection for everything the events below send.
+        with writes.batch():
+            self._received(data)
+
+    def _received(self, data: bytes) -> None:
         try:
             events = self.h2.receive_data(data)
         except ProtocolError as e:
             self.log.warn("tink.upstream.protocol-error {error}", error=str(e))
             self.metrics.upstreamErrors.labels("protocol").inc()
-            self._flush()
+            self._flushNow()  # the GOAWAY h2 queued, before the close
             self._abandon(ErrorCodes.PROTOCOL_ERROR)
             if self.transport is not None:
                 self.transport.loseConnection()
@@ -267,10 +276,14 @@ class UpstreamConnection(Protocol):
                     self.h2.close_connection()
                 except ProtocolError:
                     pass
-                self._flush()
+                self._flushNow()
             self.transport.loseConnection()
 
     def _flush(self) -> None:
+        if not writes.defer(self, self._flushNow):
+            self._flushNow()
+
+    def _flushNow(self) -> None:
         data = self.h2.data_to_send()
         if data and self.transport is not None:
             self.transport.write(data)

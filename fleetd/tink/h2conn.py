@@ -8,16 +8,52 @@ go on: a graceful GOAWAY only stops new ones. L{DrainingH2Connection} keeps
 the connection open for the streams in flight when the GOAWAY carries
 NO_ERROR; the protocols built on it stop opening (or accepting) new streams
 themselves. A GOAWAY with an error code still closes at once.
+
+Also here, for both hops: L{noDelay} (TCP_NODELAY, so a small frame is not
+held back by Nagle waiting for the peer's delayed ACK) and L{writes}, which
+lets every connection touched while one connection's bytes are processed
+write what h2 queued once, at the end, instead of once per frame (one TLS
+record and one socket write per connection per batch).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import h2.connection
+import hpack.hpack
+import hpack.table
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.events import ConnectionTerminated, Event
 from hyperframe.frame import Frame, GoAwayFrame
+
+
+class _Silent:
+    """A logger that drops everything, without even a level check."""
+
+    def debug(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+def _quietLibraries() -> None:
+    """Stop per-frame and per-header debug work inside the h2 stack.
+
+    hpack logs every integer and header it encodes or decodes through
+    C{logging.debug} (about 60 calls per proxied call, each with a level
+    check; its lines would also carry header values, which may be secrets
+    and must not reach a log), and h2 builds a C{repr} of every received
+    frame for a trace line its default logger then drops. Both modules
+    look these names up as globals, so shadowing them here is enough.
+    """
+    hpack.hpack.log = _Silent()  # type: ignore[assignment]
+    hpack.table.log = _Silent()  # type: ignore[assignment]
+    h2.connection.repr = lambda _: ""  # type: ignore[attr-defined]
+
+
+_quietLibraries()
 
 
 class DrainingH2Connection(H2Connection):
@@ -45,3 +81,51 @@ class DrainingH2Connection(H2Connection):
         event.last_stream_id = frame.last_stream_id
         event.additional_data = frame.additional_data or None
         return [], [event]
+
+
+def noDelay(transport: object) -> bool:
+    """Set TCP_NODELAY on C{transport}'s socket, through TLS and other
+    wrappers (which pass unknown attributes on to the transport they wrap).
+    Returns whether the transport had a socket option to set."""
+    setter = getattr(transport, "setTcpNoDelay", None)
+    if setter is None:
+        return False
+    setter(True)
+    return True
+
+
+class WriteBatch:
+    """Defers h2 output flushes while a batch of received bytes is processed.
+
+    Inside L{batch}, L{defer} records the flush (once per connection) and
+    says to skip it; the outermost L{batch} runs the recorded flushes when
+    it ends, even if processing raised. Outside a batch nothing is deferred.
+    One reactor thread, so one instance serves every connection.
+    """
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._pending: dict[int, Callable[[], None]] = {}
+
+    def defer(self, key: object, flush: Callable[[], None]) -> bool:
+        """Inside a batch: remember C{flush} for C{key} and return True."""
+        if not self._depth:
+            return False
+        self._pending.setdefault(id(key), flush)
+        return True
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if not self._depth:
+                while self._pending:
+                    pending, self._pending = self._pending, {}
+                    for flush in pending.values():
+                        flush()
+
+
+writes = WriteBatch()

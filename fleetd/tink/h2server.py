@@ -35,7 +35,7 @@ from twisted.python.failure import Failure
 
 from fleetd.logs import ThrottledLog
 from fleetd.tink.grpcwire import GRPCStatus, encodeGrpcMessage
-from fleetd.tink.h2conn import DrainingH2Connection
+from fleetd.tink.h2conn import DrainingH2Connection, noDelay, writes
 from fleetd.tink.h2stream import (
     Headers,
     IFlowControlledHandler,
@@ -109,6 +109,8 @@ class H2ServerProtocol(Protocol):
                 client_side=False,
                 header_encoding=None,
                 validate_inbound_headers=True,
+                # Only joins split cookie fields: a proxy forwards them as sent.
+                normalize_inbound_headers=False,
                 # What goes out was validated on the way in (the client's
                 # headers here, tink-server's by the upstream connection):
                 # checking again costs a third of a proxied call's CPU.
@@ -131,6 +133,7 @@ class H2ServerProtocol(Protocol):
         opened = getattr(self.factory, "opened", None)
         if opened is not None:
             opened(self)
+        noDelay(self.transport)
         self.h2.initiate_connection()
         self._flush()
         self._updateIdleTimer()
@@ -154,6 +157,12 @@ class H2ServerProtocol(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self._closing:
             return
+        # What the events below make any connection send (this one, and
+        # upstream ones) leaves in one write per connection, at the end.
+        with writes.batch():
+            self._received(data)
+
+    def _received(self, data: bytes) -> None:
         try:
             events = self.h2.receive_data(data)
         except ProtocolError as e:
@@ -306,6 +315,10 @@ class H2ServerProtocol(Protocol):
                 self._updateIdleTimer()
 
     def _flush(self) -> None:
+        if not writes.defer(self, self._flushNow):
+            self._flushNow()
+
+    def _flushNow(self) -> None:
         data = self.h2.data_to_send()
         if data and self.transport is not None:
             self.transport.write(data)
@@ -315,7 +328,7 @@ class H2ServerProtocol(Protocol):
     def _close(self) -> None:
         self._closing = True
         self._cancelIdleTimer()
-        self._flush()
+        self._flushNow()  # before the close, batch or not
         if self.transport is not None:
             self.transport.loseConnection()
 

@@ -7,6 +7,8 @@ stream was reset), so no client can grow the series.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 KNOWN_METHODS = frozenset(
@@ -55,8 +57,10 @@ class TinkMetrics:
             ["direction"],
             registry=registry,
         )
-        for direction in ("upstream", "downstream"):
-            self.bytes.labels(direction)
+        # Children resolved once: labels() costs more than inc() per call.
+        self.bytesUpstream = self.bytes.labels("upstream")
+        self.bytesDownstream = self.bytes.labels("downstream")
+        self._rpcChildren: dict[tuple[str, str], Any] = {}
         self.decodeFailures = Counter(
             "fleetd_tink_decode_failures_total",
             "Tinkerbell messages that could not be decoded (forwarded unchanged).",
@@ -70,3 +74,10 @@ class TinkMetrics:
             ["reason"],
             registry=registry,
         )
+
+    def rpcDone(self, method: str, code: str) -> None:
+        """Count one call (both labels bounded, see the module docstring)."""
+        child = self._rpcChildren.get((method, code))
+        if child is None:
+            child = self._rpcChildren[method, code] = self.rpcs.labels(method, code)
+        child.inc()

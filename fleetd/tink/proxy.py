@@ -158,7 +158,7 @@ class ProxyStream:
                 self._upstream.ack(self._sid, len(data))
             return
         self._observe("response", data)
-        self._metrics.bytes.labels("downstream").inc(len(data))
+        self._metrics.bytesDownstream.inc(len(data))
         self._unacked += len(data)
         self._responder.sendData(data)
 
@@ -196,7 +196,7 @@ class ProxyStream:
             last = self._ended and not self._pending
             upstream.sendData(self._sid, chunk, end=last)
             self._endSent = self._endSent or last
-            self._metrics.bytes.labels("upstream").inc(size)
+            self._metrics.bytesUpstream.inc(size)
             self._responder.acknowledge(size)
         if self._ended and not self._endSent:
             self._endSent = True
@@ -214,7 +214,7 @@ class ProxyStream:
         self._done = True
         self._metrics.activeStreams.dec()
         code = "reset" if status is None else str(status)
-        self._metrics.rpcs.labels(self._method, code).inc()
+        self._metrics.rpcDone(self._method, code)
         # Credit for bytes that will never be forwarded goes back now, so
         # neither connection's window shrinks for good.
         if self._pending:
