@@ -94,7 +94,10 @@ class DNSDatagramProtocol(DatagramProtocol):
         getHandle = getattr(transport, "getHandle", None)
         handle = getHandle() if getHandle is not None else None
         self._write: Callable[[bytes, Any], object]
-        if isinstance(handle, socket.socket):
+        batched = getattr(transport, "sendBatched", None)
+        if batched is not None:  # fleetd.dns.udp.BatchPort: sendmmsg
+            self._write = batched
+        elif isinstance(handle, socket.socket):
             self._write = handle.sendto
         else:
             self._write = transport.write
