@@ -23,14 +23,10 @@ import errno
 import socket
 import struct
 import sys
-from collections.abc import Callable
 from typing import Any
 
 BATCH = 64
 """The most datagrams one call receives or sends."""
-
-REPLY_SLOT = 4096
-"""Bytes kept per reply in the send buffer; larger replies go by C{sendto}."""
 
 MSG_DONTWAIT = 0x40
 MSG_TRUNC = 0x20
@@ -58,15 +54,12 @@ class _MMsgHdr(ctypes.Structure):
 
 _HDR = ctypes.sizeof(_MMsgHdr)
 _IOV = ctypes.sizeof(_IOVec)
-_NAME = 28  # sizeof(struct sockaddr_in6) >= sizeof(struct sockaddr_in)
+_NAME = 32  # a slot: sizeof(struct sockaddr_in6) is 28, sockaddr_in 16
 _NAMELEN_AT = _MsgHdr.msg_namelen.offset
 _FLAGS_AT = _MsgHdr.msg_flags.offset
 _LEN_AT = _MMsgHdr.msg_len.offset
 _IOVLEN_AT = _IOVec.iov_len.offset
-_UINT = struct.Struct("I")
-_INT = struct.Struct("i")
-_SIZE = struct.Struct("N")
-_PTR = struct.Struct("P")
+_SIZE = struct.Struct("L")  # size_t is unsigned long on Linux
 _PORT = struct.Struct("!H")
 _SCOPE = struct.Struct("I")
 
@@ -101,42 +94,21 @@ def available() -> bool:
     return _CALLS is not None
 
 
-class _Arrays:
-    """C{count} message headers with one iovec and one address slot each."""
-
-    def __init__(self, count: int, slot: int) -> None:
-        self.headers = bytearray(_HDR * count)
-        self.iovecs = bytearray(_IOV * count)
-        self.names = bytearray(_NAME * count)
-        self.data = bytearray(slot * count)
-        hdrs = (_MMsgHdr * count).from_buffer(self.headers)
-        iovs = (_IOVec * count).from_buffer(self.iovecs)
-        names = ctypes.addressof(
-            (ctypes.c_char * len(self.names)).from_buffer(self.names)
-        )
-        data = ctypes.addressof((ctypes.c_char * len(self.data)).from_buffer(self.data))
-        self.address = ctypes.addressof(hdrs)
-        self.nameAddress = names
-        for i in range(count):
-            iovs[i].iov_base = data + i * slot
-            iovs[i].iov_len = slot
-            hdr = hdrs[i].msg_hdr
-            hdr.msg_name = names + i * _NAME
-            hdr.msg_namelen = _NAME
-            hdr.msg_iov = ctypes.addressof(iovs[i])
-            hdr.msg_iovlen = 1
-
-
 class Batch:
     """
     Receive and send datagrams in batches on one socket's descriptor.
 
-    @param fd: the socket's file descriptor (non-blocking or not: every call
-        passes C{MSG_DONTWAIT}).
+    C{count} message headers, each with one iovec, one address slot and one
+    C{size}-byte buffer, serve both directions: a reply to datagram C{i} is
+    copied into buffer C{i} and sent from header C{i}, to the address the
+    datagram came from, so nothing is encoded per reply.
+
+    @param fd: the socket's file descriptor (every call passes
+        C{MSG_DONTWAIT}).
     @param family: C{AF_INET} or C{AF_INET6}; addresses are reported as
         C{socket.recvfrom} reports them, trimmed to C{(host, port)}.
     @param size: the largest datagram kept; longer ones are cut to it, as
-        C{recvfrom(size)} cuts them.
+        C{recvfrom(size)} cuts them. Also the largest reply queued.
     """
 
     def __init__(self, fd: int, family: int, size: int, count: int = BATCH) -> None:
@@ -144,15 +116,37 @@ class Batch:
         self._recv, self._send = _CALLS
         self._fd = fd
         self._v6 = family == socket.AF_INET6
-        self._size = size
+        self.size = size
         self.count = count
-        self._in = _Arrays(count, size)
-        self._out = _Arrays(count, REPLY_SLOT)
-        self._nameLen = 28 if self._v6 else 16
-        self._pending = 0
-        self._pendingNames: list[int] = []
-        self.sendto: Callable[[bytes, Any], object] | None = None
-        """Where replies that do not fit a slot, or to other addresses, go."""
+        self._headers = bytearray(_HDR * count)
+        self._iovecs = bytearray(_IOV * count)
+        self.names = bytearray(_NAME * count)
+        self._data = bytearray(size * count)
+        hdrs = (_MMsgHdr * count).from_buffer(self._headers)
+        iovs = (_IOVec * count).from_buffer(self._iovecs)
+        names = (ctypes.c_char * len(self.names)).from_buffer(self.names)
+        data = (ctypes.c_char * len(self._data)).from_buffer(self._data)
+        for i in range(count):
+            iovs[i].iov_base = ctypes.addressof(data) + i * size
+            iovs[i].iov_len = size
+            hdr = hdrs[i].msg_hdr
+            hdr.msg_name = ctypes.addressof(names) + i * _NAME
+            hdr.msg_namelen = 28
+            hdr.msg_iov = ctypes.addressof(iovs[i])
+            hdr.msg_iovlen = 1
+        self._address = ctypes.addressof(hdrs)
+        self._fullIovecs = bytes(self._iovecs)
+        self._dataView = memoryview(self._data)
+        self._lengths = memoryview(self._headers).cast("I")[_LEN_AT // 4 :: _HDR // 4]
+        self._flags = memoryview(self._headers).cast("i")[_FLAGS_AT // 4 :: _HDR // 4]
+        self._iovLengths = memoryview(self._iovecs).cast("L")[
+            _IOVLEN_AT // _SIZE.size :: _IOV // _SIZE.size
+        ]
+        # an IPv4 source's first 8 bytes (family, port, address) as one int
+        self._keys4 = memoryview(self.names).cast("Q")[:: _NAME // 8]
+        self._hosts: dict[int | bytes, tuple[str, int]] = {}
+        self.queued: list[int] = []
+        """Slots whose replies wait for L{flush}, in order."""
 
     # -- receiving
 
@@ -161,13 +155,11 @@ class Batch:
         Receive up to C{vlen} datagrams without waiting; return how many.
 
         C{EAGAIN}/C{EWOULDBLOCK} return 0; C{EINTR} is retried; any other
-        error raises L{OSError} with its errno.
+        error raises L{OSError} with its errno. Replies still queued are
+        lost: L{flush} first.
         """
-        headers = self._in.headers
-        for i in range(vlen):  # the kernel wrote back the last lengths
-            _UINT.pack_into(headers, i * _HDR + _NAMELEN_AT, _NAME)
         while True:
-            n: int = self._recv(self._fd, self._in.address, vlen, MSG_DONTWAIT, None)
+            n: int = self._recv(self._fd, self._address, vlen, MSG_DONTWAIT, None)
             if n >= 0:
                 return n
             code = ctypes.get_errno()
@@ -177,82 +169,102 @@ class Batch:
                 return 0
             raise OSError(code, "recvmmsg: " + errno.errorcode.get(code, str(code)))
 
-    def datagram(self, i: int) -> bytes:
-        """Datagram C{i} of the last receive, cut to C{size} when longer."""
-        (length,) = _UINT.unpack_from(self._in.headers, i * _HDR + _LEN_AT)
-        start = i * self._size
-        return bytes(self._in.data[start : start + min(length, self._size)])
+    def datagrams(self, n: int) -> list[tuple[bytes, tuple[str, int]]]:
+        """
+        The first C{n} datagrams of the last receive with their sources as
+        C{recvfrom} has them, C{(host, port)}; datagrams cut to C{size}.
+        """
+        view, size = self._dataView, self.size
+        hosts = self._hosts
+        if self._v6:
+            names = self.names
+            keys: list[Any] = [
+                bytes(names[at : at + 28]) for at in range(0, n * _NAME, _NAME)
+            ]
+        else:
+            keys = self._keys4[:n].tolist()
+        out = []
+        start = 0
+        for length, key in zip(self._lengths[:n].tolist(), keys, strict=True):
+            addr = hosts.get(key)
+            if addr is None:
+                addr = self._decode(key, start // size)
+            out.append((view[start : start + min(length, size)].tobytes(), addr))
+            start += size
+        return out
 
     def truncated(self, i: int) -> bool:
         """Whether datagram C{i} was longer than C{size} (C{MSG_TRUNC})."""
-        (flags,) = _INT.unpack_from(self._in.headers, i * _HDR + _FLAGS_AT)
-        return bool(flags & MSG_TRUNC)
+        return bool(self._flags[i] & MSG_TRUNC)
 
-    def address(self, i: int) -> tuple[str, int]:
-        """Datagram C{i}'s source as C{(host, port)}, as C{recvfrom} has it."""
-        names = self._in.names
+    def _decode(self, key: int | bytes, i: int) -> tuple[str, int]:
+        """Slot C{i}'s address, remembered under C{key}."""
+        hosts = self._hosts
+        if len(hosts) >= 4096:  # a flood of many sources: start again
+            hosts.clear()
         at = i * _NAME
-        (port,) = _PORT.unpack_from(names, at + 2)
+        name = bytes(self.names[at : at + 28])
+        (port,) = _PORT.unpack_from(name, 2)
         if not self._v6:
-            return socket.inet_ntop(socket.AF_INET, names[at + 4 : at + 8]), port
-        host = socket.inet_ntop(socket.AF_INET6, names[at + 8 : at + 24])
-        (scope,) = _SCOPE.unpack_from(names, at + 24)
-        if scope:
-            try:
-                host += "%" + socket.if_indextoname(scope)
-            except OSError:
-                host += "%" + str(scope)
-        return host, port
+            addr = socket.inet_ntop(socket.AF_INET, name[4:8]), port
+        else:
+            host = socket.inet_ntop(socket.AF_INET6, name[8:24])
+            (scope,) = _SCOPE.unpack_from(name, 24)
+            if scope:
+                try:
+                    host += "%" + socket.if_indextoname(scope)
+                except OSError:
+                    host += "%" + str(scope)
+            addr = host, port
+        hosts[key] = addr
+        return addr
 
     # -- sending
 
     def queue(self, i: int, wire: bytes) -> bool:
         """
         Queue C{wire} for the source of received datagram C{i}; C{False}
-        when it does not fit a slot or the queue is full (send it yourself).
+        when it is longer than C{size} or C{i} has a reply queued already
+        (send it yourself).
         """
-        j = self._pending
-        if j >= self.count or len(wire) > REPLY_SLOT:
+        length = len(wire)
+        queued = self.queued
+        if length > self.size or (queued and queued[-1] >= i):
             return False
-        out = self._out
-        start = j * REPLY_SLOT
-        out.data[start : start + len(wire)] = wire
-        _SIZE.pack_into(out.iovecs, j * _IOV + _IOVLEN_AT, len(wire))
-        at = j * _HDR
-        _PTR.pack_into(out.headers, at, self._in.nameAddress + i * _NAME)
-        _UINT.pack_into(out.headers, at + _NAMELEN_AT, self._nameLen)
-        self._pending = j + 1
+        start = i * self.size
+        self._data[start : start + length] = wire
+        self._iovLengths[i] = length
+        queued.append(i)
         return True
-
-    @property
-    def pending(self) -> int:
-        """Replies queued and not yet sent."""
-        return self._pending
 
     def flush(self) -> int:
         """
         Send every queued reply; return how many were dropped.
 
-        C{sendmmsg} stops at the first message that fails after others were
-        sent and returns their count: the rest is sent again, and a message
-        that fails first is dropped (as a failed C{sendto} is) and the rest
-        sent after it. C{EINTR} is retried. Must run before the next
-        L{receive}: the replies' addresses are the receive slots'.
+        Consecutive slots go with one C{sendmmsg}. It stops at the first
+        message that fails after others were sent and returns their count:
+        the rest is sent again, and a message that fails first is dropped
+        (as a failed C{sendto} is) and the rest sent after it. C{EINTR} is
+        retried. Must run before the next L{receive}.
         """
-        total = self._pending
-        self._pending = 0
-        sent = dropped = 0
-        base = self._out.address
-        while sent < total:
-            n: int = self._send(
-                self._fd, base + sent * _HDR, total - sent, MSG_DONTWAIT
-            )
+        queued = self.queued
+        self.queued = []
+        dropped = 0
+        at = 0
+        total = len(queued)
+        send, fd, base = self._send, self._fd, self._address
+        while at < total:
+            first = queued[at]
+            run = 1
+            while at + run < total and queued[at + run] == first + run:
+                run += 1
+            n: int = send(fd, base + first * _HDR, run, MSG_DONTWAIT)
             if n > 0:
-                sent += n
+                at += n
                 continue
-            code = ctypes.get_errno()
-            if n < 0 and code == errno.EINTR:
+            if n < 0 and ctypes.get_errno() == errno.EINTR:
                 continue
-            sent += 1  # the first message failed: drop it, go on with the rest
+            at += 1  # the first message failed: drop it, go on with the rest
             dropped += 1
+        self._iovecs[:] = self._fullIovecs
         return dropped

@@ -73,7 +73,8 @@ class BatchPort(QuickPort):
     """
 
     _batch: mmsg.Batch
-    _current: tuple[int, Any] | None = None
+    _current = -1
+    _currentAddr: Any = None
     _estimate = 64
 
     def startListening(self) -> None:
@@ -84,7 +85,6 @@ class BatchPort(QuickPort):
 
     def doRead(self) -> None:
         batch = self._batch
-        datagram, address = batch.datagram, batch.address
         received = self.protocol.datagramReceived
         budget = self.maxThroughput
         read = 0
@@ -102,18 +102,17 @@ class BatchPort(QuickPort):
                 return
             got = 0
             try:
-                for i in range(n):
-                    data = datagram(i)
+                for i, (data, addr) in enumerate(batch.datagrams(n)):
                     got += len(data)
-                    addr = address(i)
-                    self._current = (i, addr)
+                    self._current = i
+                    self._currentAddr = addr
                     try:
                         received(data, addr)
                     except BaseException:
                         self.log.failure("dns.udp.handler-failed")
             finally:
-                self._current = None
-                if batch.pending:
+                self._current = -1
+                if batch.queued:
                     batch.flush()
             read += got
             self._estimate = max(1, got // n)
@@ -126,11 +125,10 @@ class BatchPort(QuickPort):
         the datagram being answered, else now (L{OSError} raised as by
         C{sendto}).
         """
-        current = self._current
-        if current is not None and addr is current[1]:
-            if self._batch.queue(current[0], wire):
+        if addr is self._currentAddr and self._current >= 0:
+            if self._batch.queue(self._current, wire):
                 return
-        if self._batch.pending:
+        if self._batch.queued:
             self._batch.flush()
         self.socket.sendto(wire, addr)
 
