@@ -89,7 +89,8 @@ class BatchPort(QuickPort):
         budget = self.maxThroughput
         read = 0
         while read < budget:
-            vlen = min(batch.count, max(1, (budget - read) // self._estimate))
+            # as many as reach the budget at the last size seen, like QuickPort
+            vlen = min(batch.count, -(-(budget - read) // self._estimate))
             try:
                 n = batch.receive(vlen)
             except OSError as e:
