@@ -74,11 +74,23 @@ class SameRepliesTests(SynchronousTestCase):
             c.setblocking(False)
             clients.append(c)
         target = (host, port.getHost().port)
+        sent: list[int] = []
+        if batched:  # count the replies that went by sendmmsg
+            flush = port._batch.flush
+
+            def counted() -> int:
+                sent.append(len(port._batch.queued))
+                return flush()
+
+            port._batch.flush = counted
         for i, q in enumerate(queries() * 2):
             clients[i % 3].sendto(q, target)
         for _ in range(200):
             port.doRead()
-        return [drain(c) for c in clients]
+        got = [drain(c) for c in clients]
+        if batched:
+            self.assertEqual(sum(sent), sum(map(len, got)))
+        return got
 
     def test_batchedAndPerPacket_sameBytesToSameAddresses(self) -> None:
         """
