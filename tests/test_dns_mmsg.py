@@ -80,7 +80,8 @@ class SameRepliesTests(SynchronousTestCase):
 
             def counted() -> int:
                 sent.append(len(port._batch.queued))
-                return flush()
+                dropped: int = flush()
+                return dropped
 
             port._batch.flush = counted
         for i, q in enumerate(queries() * 2):
