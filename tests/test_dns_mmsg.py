@@ -235,6 +235,26 @@ class BatchPortTests(SynchronousTestCase):
         port.doRead()
         self.assertEqual(drain(client), [b"a" * 10, b"big" * 3000, b"c" * 10])
 
+    def test_twoRepliesToOneDatagram_bothSent_inOrder(self) -> None:
+        """A second reply to the same datagram does not overwrite the first
+        in its buffer: it goes by C{sendto}, after the first."""
+        client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.addCleanup(client.close)
+        client.bind(("127.0.0.1", 0))
+        client.setblocking(False)
+
+        class Twice(Collector):
+            def datagramReceived(self, datagram: bytes, addr: Any) -> None:
+                port.sendBatched(datagram + b"-1", addr)
+                port.sendBatched(datagram + b"-2", addr)
+
+        port: Any = listenUDP(reactor, 0, Twice(), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        for q in (b"a", b"b"):
+            client.sendto(q, ("127.0.0.1", port.getHost().port))
+        port.doRead()
+        self.assertEqual(drain(client), [b"a-1", b"a-2", b"b-1", b"b-2"])
+
     def test_noLibcSupport_fallsBackToPerPacket(self) -> None:
         """Without C{recvmmsg}/C{sendmmsg} the port is a L{QuickPort}."""
         self.patch(mmsg, "_CALLS", None)
