@@ -85,8 +85,9 @@ class DNSDatagramProtocol(DatagramProtocol):
 
     def startProtocol(self) -> None:
         """
-        Send straight to the socket when there is one: the address came from
-        C{recvfrom}, so the port's per-packet address checks (about a
+        Send through the port's batch when it has one (C{sendBatched}, one
+        C{sendmmsg} a batch), else straight to the socket: the address came
+        from C{recvfrom}, so the port's per-packet address checks (about a
         microsecond) are not needed; send errors are dropped all the same.
         """
         transport = self.transport
