@@ -29,7 +29,6 @@ BATCH = 64
 """The most datagrams one call receives or sends."""
 
 MSG_DONTWAIT = 0x40
-MSG_TRUNC = 0x20
 
 
 class _IOVec(ctypes.Structure):
@@ -56,7 +55,6 @@ _HDR = ctypes.sizeof(_MMsgHdr)
 _IOV = ctypes.sizeof(_IOVec)
 _NAME = 32  # a slot: sizeof(struct sockaddr_in6) is 28, sockaddr_in 16
 _NAMELEN_AT = _MsgHdr.msg_namelen.offset
-_FLAGS_AT = _MsgHdr.msg_flags.offset
 _LEN_AT = _MMsgHdr.msg_len.offset
 _IOVLEN_AT = _IOVec.iov_len.offset
 _SIZE = struct.Struct("L")  # size_t is unsigned long on Linux
@@ -138,7 +136,6 @@ class Batch:
         self._fullIovecs = bytes(self._iovecs)
         self._dataView = memoryview(self._data)
         self._lengths = memoryview(self._headers).cast("I")[_LEN_AT // 4 :: _HDR // 4]
-        self._flags = memoryview(self._headers).cast("i")[_FLAGS_AT // 4 :: _HDR // 4]
         self._iovLengths = memoryview(self._iovecs).cast("L")[
             _IOVLEN_AT // _SIZE.size :: _IOV // _SIZE.size
         ]
@@ -192,10 +189,6 @@ class Batch:
             out.append((view[start : start + min(length, size)].tobytes(), addr))
             start += size
         return out
-
-    def truncated(self, i: int) -> bool:
-        """Whether datagram C{i} was longer than C{size} (C{MSG_TRUNC})."""
-        return bool(self._flags[i] & MSG_TRUNC)
 
     def _decode(self, key: int | bytes, i: int) -> tuple[str, int]:
         """Slot C{i}'s address, remembered under C{key}."""
