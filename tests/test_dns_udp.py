@@ -26,7 +26,7 @@ class Collector(DatagramProtocol):
 class QuickPortTests(SynchronousTestCase):
     def listen(self, interface: str, family: int) -> tuple[Collector, Any, Any]:
         proto = Collector()
-        port = listenUDP(reactor, 0, proto, interface=interface)
+        port = listenUDP(reactor, 0, proto, interface=interface, batched=False)
         self.addCleanup(port.stopListening)
         self.assertIsInstance(port, QuickPort)
         sender = socket.socket(family, socket.SOCK_DGRAM)

@@ -85,8 +85,9 @@ class DNSDatagramProtocol(DatagramProtocol):
 
     def startProtocol(self) -> None:
         """
-        Send straight to the socket when there is one: the address came from
-        C{recvfrom}, so the port's per-packet address checks (about a
+        Send through the port's batch when it has one (C{sendBatched}, one
+        C{sendmmsg} a batch), else straight to the socket: the address came
+        from C{recvfrom}, so the port's per-packet address checks (about a
         microsecond) are not needed; send errors are dropped all the same.
         """
         transport = self.transport
@@ -94,7 +95,10 @@ class DNSDatagramProtocol(DatagramProtocol):
         getHandle = getattr(transport, "getHandle", None)
         handle = getHandle() if getHandle is not None else None
         self._write: Callable[[bytes, Any], object]
-        if isinstance(handle, socket.socket):
+        batched = getattr(transport, "sendBatched", None)
+        if batched is not None:  # fleetd.dns.udp.BatchPort: sendmmsg
+            self._write = batched
+        elif isinstance(handle, socket.socket):
             self._write = handle.sendto
         else:
             self._write = transport.write
