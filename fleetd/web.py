@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from cryptography import x509
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http, resource, server
@@ -377,3 +378,14 @@ class BoundedSite(server.Site):
         )
 
     _accessLog = Logger(namespace="fleetd.access")
+
+
+def peerCertificate(request: Any) -> x509.Certificate | None:
+    """The client certificate TLS verified for C{request}, if it sent one."""
+    transport = getattr(request, "transport", None)
+    getPeer = getattr(transport, "getPeerCertificate", None)
+    peer = None if getPeer is None else getPeer()
+    if peer is None:
+        return None
+    cert: x509.Certificate = peer.to_cryptography()
+    return cert

@@ -34,7 +34,14 @@ from fleetd.jsonbody import JSONBodyError
 from fleetd.logs import ThrottledLog
 from fleetd.metrics import MetricsResource
 from fleetd.store.journal import AsyncJournal
-from fleetd.web import Endpoint, Refusal, Router, jsonResponse, textResponse
+from fleetd.web import (
+    Endpoint,
+    Refusal,
+    Router,
+    jsonResponse,
+    peerCertificate,
+    textResponse,
+)
 
 log = Logger()
 
@@ -68,12 +75,10 @@ def checkOwner(request: IRequest) -> OwnerCheck:
     only trust anchor (L{fleetd.prepare.checkOwnerCA}): never add the LDevID
     bundle to that listener's TLS trust.
     """
-    transport = getattr(request, "transport", None)
-    getPeer = getattr(transport, "getPeerCertificate", None)
-    peer = None if getPeer is None else getPeer()
-    if peer is None:
+    cert = peerCertificate(request)
+    if cert is None:
         return OwnerCheck(None)
-    cert = peer.to_cryptography()
+    transport = getattr(request, "transport", None)
     # The chain OpenSSL verified (sessions are not resumed: it is always there).
     getHandle = getattr(transport, "getHandle", None)
     getChain = getattr(getHandle() if getHandle else None, "get_verified_chain", None)

@@ -28,6 +28,7 @@ from fleetd.device.identity import NodeIdentity
 from fleetd.pki.ldevid import TrustBundle, serialHex, subjectOf
 from fleetd.pki.records import LDevIDRecord, loadCurrent
 from fleetd.store.db import Database
+from fleetd.web import peerCertificate
 
 
 class LDevIDBook:
@@ -57,16 +58,6 @@ class Peer:
     cert: x509.Certificate
     issuer: str
     legacy: bool
-
-
-def peerCertificate(request: Any) -> x509.Certificate | None:
-    transport = getattr(request, "transport", None)
-    getPeer = getattr(transport, "getPeerCertificate", None)
-    peer = None if getPeer is None else getPeer()
-    if peer is None:
-        return None
-    cert: x509.Certificate = peer.to_cryptography()
-    return cert
 
 
 class LDevIDIdentifier:

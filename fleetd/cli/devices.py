@@ -36,14 +36,19 @@ def _cell(value: Any) -> str:
 
 def formatTable(devices: list[dict[str, Any]]) -> list[str]:
     """The device list as aligned columns under a header."""
-    rows = [[c.upper() for c in LIST_COLUMNS]]
-    rows += [[_cell(d.get(c)) for c in LIST_COLUMNS] for d in devices]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(LIST_COLUMNS))]
+    header = [c.upper() for c in LIST_COLUMNS]
+    return alignedTable(
+        header, [[_cell(d.get(c)) for c in LIST_COLUMNS] for d in devices]
+    )
+
+
+def alignedTable(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Rows under a header, each column padded to its widest cell."""
+    table = [header, *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     return [
-        "  ".join(
-            cell.ljust(width) for cell, width in zip(row, widths, strict=True)
-        ).rstrip()
-        for row in rows
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in table
     ]
 
 
@@ -53,7 +58,7 @@ def formatDevice(device: dict[str, Any]) -> list[str]:
     return [f"{key}: {_cell(device.get(key))}" for key in keys]
 
 
-def _emit(
+def emit(
     out: IO[str], args: argparse.Namespace, document: Any, lines: list[str]
 ) -> None:
     if args.json:
@@ -106,20 +111,20 @@ def cmdAdd(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
     for key in ("status", "desired_action"):
         del body[key]
     result = AdminClient(settings).request("POST", DEVICES, body=body)
-    _emit(out, args, result, [f"added device {result['name']}"])
+    emit(out, args, result, [f"added device {result['name']}"])
     return 0
 
 
 def cmdList(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
     devices = AdminClient(settings).request("GET", DEVICES)["devices"]
-    _emit(out, args, devices, formatTable(devices))
+    emit(out, args, devices, formatTable(devices))
     return 0
 
 
 def cmdShow(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
     path = f"{DEVICES}/{urllib.parse.quote(args.name, safe='')}"
     device = AdminClient(settings).request("GET", path)
-    _emit(out, args, device, formatDevice(device))
+    emit(out, args, device, formatDevice(device))
     return 0
 
 
@@ -153,7 +158,7 @@ def cmdImport(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int
     lines = [f"imported {result['imported']} devices from {path}"]
     if not devices:
         lines = [f"{path} lists no devices; nothing imported"]
-    _emit(out, args, result, lines)
+    emit(out, args, result, lines)
     return 0
 
 

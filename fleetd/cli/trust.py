@@ -17,13 +17,12 @@ reported before anything is sent; fleetd checks it again.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import urllib.parse
 from pathlib import Path
 from typing import IO, Any
 
-from fleetd.cli.devices import postText, readUpload
+from fleetd.cli.devices import alignedTable, emit, postText, readUpload
 from fleetd.cli.fleetctl import AdminClient, CLIError
 from fleetd.config import Settings
 from fleetd.trust.manifest import parseManifest
@@ -39,15 +38,6 @@ def _when(at: float | None) -> str:
     if at is None:
         return "-"
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    table = [header, *rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    return [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in table
-    ]
 
 
 def evidenceLines(records: list[dict[str, Any]]) -> list[str]:
@@ -71,7 +61,7 @@ def evidenceLines(records: list[dict[str, Any]]) -> list[str]:
             ]
         )
     header = ["ID", "SERIAL", "EK-SHA256", "KIND", "REF", "RECORDED", "BY", "NOTE"]
-    return _table(header, rows)
+    return alignedTable(header, rows)
 
 
 def bindingLines(views: list[dict[str, Any]]) -> list[str]:
@@ -88,16 +78,7 @@ def bindingLines(views: list[dict[str, Any]]) -> list[str]:
         for v in views
     ]
     header = ["SERIAL", "DEVICE", "EK-SHA256", "EVIDENCE", "APPROVED", "BY", "STATE"]
-    return _table(header, rows)
-
-
-def _emit(
-    out: IO[str], args: argparse.Namespace, document: Any, lines: list[str]
-) -> None:
-    if args.json:
-        out.write(json.dumps(document) + "\n")
-    else:
-        out.write("".join(line + "\n" for line in lines))
+    return alignedTable(header, rows)
 
 
 def _conflictLines(conflicts: list[str]) -> list[str]:
@@ -127,7 +108,7 @@ def cmdEvidenceAdd(settings: Settings, args: argparse.Namespace, out: IO[str]) -
             )
     else:
         lines = [f"already recorded as evidence {result['unchanged'][0]['id']}"]
-    _emit(out, args, result, lines + _conflictLines(result["conflicts"]))
+    emit(out, args, result, lines + _conflictLines(result["conflicts"]))
     return 0
 
 
@@ -143,7 +124,7 @@ def cmdEvidenceImport(
     except TrustError as e:
         raise CLIError(f"evidence import: {path}: {e}") from None
     if not claims:
-        _emit(out, args, {"recorded": 0, "unchanged": 0, "conflicts": []},
+        emit(out, args, {"recorded": 0, "unchanged": 0, "conflicts": []},
               [f"{path} lists no evidence; nothing recorded"])  # fmt: skip
         return 0
     isJSON = text.lstrip("\ufeff \t\r\n").startswith(("[", "{"))
@@ -155,14 +136,14 @@ def cmdEvidenceImport(
         f"recorded {result['recorded']} new evidence from {path}"
         f" ({result['unchanged']} already recorded)"
     ]
-    _emit(out, args, result, lines + _conflictLines(result["conflicts"]))
+    emit(out, args, result, lines + _conflictLines(result["conflicts"]))
     return 0
 
 
 def cmdEvidenceList(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
     query = {} if args.serial is None else {"serial": args.serial}
     result = AdminClient(settings).request("GET", EVIDENCE, query)
-    _emit(out, args, result["evidence"], evidenceLines(result["evidence"]))
+    emit(out, args, result["evidence"], evidenceLines(result["evidence"]))
     return 0
 
 
@@ -172,7 +153,7 @@ def cmdEvidenceWithdraw(
     body = {"reason": args.reason}
     path = f"{EVIDENCE}/{args.id}/withdraw"
     result = AdminClient(settings).request("POST", path, body=body)
-    _emit(out, args, result, [f"withdrew evidence {result['id']}"])
+    emit(out, args, result, [f"withdrew evidence {result['id']}"])
     return 0
 
 
@@ -192,13 +173,13 @@ def cmdBindingApprove(
         line = (
             f"already approved: serial {result['serial']} <-> EK {result['ek_sha256']}"
         )
-    _emit(out, args, result, [line])
+    emit(out, args, result, [line])
     return 0
 
 
 def cmdBindingList(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
     result = AdminClient(settings).request("GET", BINDINGS)
-    _emit(out, args, result["bindings"], bindingLines(result["bindings"]))
+    emit(out, args, result["bindings"], bindingLines(result["bindings"]))
     return 0
 
 
@@ -206,7 +187,7 @@ def cmdDisksForget(settings: Settings, args: argparse.Namespace, out: IO[str]) -
     name = urllib.parse.quote(args.name, safe="")
     path = f"/v1/admin/disks/{name}/forget"
     result = AdminClient(settings).request("POST", path, body={"reason": args.reason})
-    _emit(out, args, result, [f"forgot the disk report of {result['device']}"])
+    emit(out, args, result, [f"forgot the disk report of {result['device']}"])
     return 0
 
 
