@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -146,6 +147,11 @@ class TinkSettings:
     stream_timeout: float = 300.0
     drain_timeout: float = 10.0
     min_reboot: float = 60.0
+    # Boot completion's second "done" signal: "off" or "kubernetes" (read
+    # the Workflows' status.state through [kubernetes]); the namespace to
+    # watch, None for all namespaces ("*").
+    workflow_state: str = "off"
+    workflow_namespace: str | None = None
 
 
 @dataclass(frozen=True)
@@ -412,6 +418,38 @@ def _checkKubeCredentials(kube: KubernetesSettings | None) -> None:
         )
 
 
+WORKFLOW_STATES = ("off", "kubernetes")
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def _workflowState(tink: _Table) -> tuple[str, str | None]:
+    """C{tink.workflow_state} and C{tink.workflow_namespace} (L{None}: all)."""
+    state = tink.text("workflow_state", "off")
+    if state not in WORKFLOW_STATES:
+        raise ConfigError(tink.key("workflow_state"), 'must be "off" or "kubernetes"')
+    namespace = tink.optstr("workflow_namespace")
+    if state == "off":
+        if namespace is not None:
+            raise ConfigError(
+                tink.key("workflow_namespace"),
+                'only with workflow_state = "kubernetes"',
+            )
+        return state, None
+    if namespace is None:
+        raise ConfigError(
+            tink.key("workflow_namespace"),
+            'missing: the namespace of the Workflows (or "*" for all)',
+        )
+    if namespace == "*":
+        return state, None
+    if _NAMESPACE.fullmatch(namespace) is None:
+        raise ConfigError(
+            tink.key("workflow_namespace"),
+            f'{namespace!r} is not a namespace name (or "*" for all)',
+        )
+    return state, namespace
+
+
 def _tinkSettings(tink: _Table) -> TinkSettings:
     from fleetd.tink.upstream import UpstreamAddress
 
@@ -422,6 +460,7 @@ def _tinkSettings(tink: _Table) -> TinkSettings:
     caPath = tink.optpath("upstream_ca")
     if caPath is not None and not upstream.tls:
         raise ConfigError(tink.key("upstream_ca"), "only for a tls: upstream")
+    workflowState, workflowNamespace = _workflowState(tink)
     return TinkSettings(
         upstream_tls=upstream.tls,
         upstream_host=upstream.host,
@@ -435,6 +474,8 @@ def _tinkSettings(tink: _Table) -> TinkSettings:
         stream_timeout=tink.number("stream_timeout", 300.0, 1.0, 86400.0),
         drain_timeout=tink.number("drain_timeout", 10.0, 0.0, 600.0),
         min_reboot=tink.number("min_reboot", 60.0, 0.0, 3600.0),
+        workflow_state=workflowState,
+        workflow_namespace=workflowNamespace,
     )
 
 
@@ -551,6 +592,11 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
     )
     checkUnknownKeys(root)
     _checkKubeCredentials(settings.kubernetes)
+    if settings.tink.workflow_state == "kubernetes" and settings.kubernetes is None:
+        raise ConfigError(
+            "tink.workflow_state",
+            '"kubernetes" reads Workflows through [kubernetes], which is absent',
+        )
     return settings
 
 

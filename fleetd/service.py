@@ -408,6 +408,7 @@ class FleetdService(MultiService):
             runner=self.runner,
             journal=self.journal,
             alerts=self.alerts,
+            kube=None if self.kube is None else self.kube.client,
         )
         self._listen(
             "tink",

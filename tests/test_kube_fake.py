@@ -280,6 +280,57 @@ class KubeContractMixin(_Base):
         error = self.failure(other.listClusterRoleBindings(), KubeError)
         self.assertEqual(error.code, 401)
 
+    def test_workflows_listNamespacedOrAll(self) -> None:
+        """Workflows (tinkerbell.org/v1alpha1) list in one namespace or in
+        all, with the list's resourceVersion; either state spelling kept."""
+        self.fake.addWorkflow("tink", "a", "52:54:00:00:00:01", state="RUNNING")
+        self.fake.addWorkflow("other", "b", "52:54:00:00:00:02", v012=True)
+        items, rv = self.call(self.client.listWorkflows("tink"))
+        self.assertEqual([i["metadata"]["name"] for i in items], ["a"])
+        self.assertEqual(items[0]["status"]["state"], "RUNNING")
+        self.assertEqual(items[0]["status"]["agentID"], "52:54:00:00:00:01")
+        self.assertTrue(rv)
+        items, _ = self.call(self.client.listWorkflows(None))
+        self.assertEqual(
+            sorted(i["status"]["state"] for i in items), ["RUNNING", "STATE_PENDING"]
+        )
+        self.assertEqual(self.call(self.client.listWorkflows("none")), ([], rv))
+
+    def test_workflows_watchNamespaceOnly(self) -> None:
+        """A Workflow watch replays from its version and delivers status
+        changes and deletions in its namespace only."""
+        _, rv = self.call(self.client.listWorkflows("tink"))
+        events: list[dict[str, Any]] = []
+        watch = self.client.watchWorkflows("tink", rv, events.append, 30)
+        self.fake.flush()
+        self.fake.addWorkflow("tink", "a", "52:54:00:00:00:01", state="RUNNING")
+        self.fake.addWorkflow("other", "b", "52:54:00:00:00:02")
+        self.fake.setWorkflowState("tink", "a", "POST")
+        self.fake.deleteWorkflow("tink", "a")
+        self.assertEqual(
+            [(e["type"], e["object"]["status"]["state"]) for e in events],
+            [("ADDED", "RUNNING"), ("MODIFIED", "POST"), ("DELETED", "POST")],
+        )
+        self.clock.advance(30)
+        self.fake.flush()
+        self.successResultOf(watch.done)
+
+    def test_workflows_watchTooOld_error410(self) -> None:
+        """A Workflow watch from a compacted version gets the 410 ERROR event."""
+        _, rv = self.call(self.client.listWorkflows("tink"))
+        self.fake.addWorkflow("tink", "a", "52:54:00:00:00:01")
+        self.fake.compact()
+        events: list[dict[str, Any]] = []
+        watch = self.client.watchWorkflows("tink", rv, events.append)
+        self.fake.flush()
+        self.successResultOf(watch.done)
+        self.assertEqual(events[0]["object"]["code"], 410)
+
+    def test_workflows_noCRD_notFound(self) -> None:
+        """Without the Workflow CRD the group answers 404."""
+        self.fake.workflowsInstalled = False
+        self.failure(self.client.listWorkflows("tink"), NotFound)
+
     def test_gone_typed(self) -> None:
         """An HTTP 410 answer is Gone."""
         self.fake.failNext("GET", "/certificatesigningrequests", 410, "Expired")
@@ -301,6 +352,19 @@ class FakeKubeContractTests(KubeContractMixin, SynchronousTestCase):
 
 
 class FakeStrictnessTests(SynchronousTestCase):
+    def test_workflowFieldsChecked(self) -> None:
+        """Workflow names, namespaces and states are checked (422)."""
+        fake = FakeKube(Clock())
+        for args, state in (
+            (("Bad_NS", "a"), "PENDING"),
+            (("ns", "Bad_Name"), "PENDING"),
+            (("ns", "a"), "DONE"),
+        ):
+            error = self.assertRaises(
+                ApiError, fake.addWorkflow, *args, "m", state=state
+            )
+            self.assertEqual(error.code, 422)
+
     def test_csrRequestMustBePEM(self) -> None:
         """A CSR whose request is not a PEM CERTIFICATE REQUEST is 422."""
         fake = FakeKube(Clock())

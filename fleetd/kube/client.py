@@ -2,7 +2,8 @@
 A small Kubernetes API client on treq: exactly the calls fleetd makes.
 
 Secrets in C{kube-system}, CertificateSigningRequests (list, watch, the
-approval subresource), Nodes and ClusterRoleBindings (read). Every call
+approval subresource), Nodes and ClusterRoleBindings (read), Tinkerbell
+Workflows (list, watch). Every call
 has a deadline on the injected clock. Failures are L{KubeError}s whose
 subclass says what the caller may do: L{KubeUnavailable} (connection
 refused, timeout, 5xx, 429: retry later), L{Conflict} (409: read again),
@@ -56,6 +57,7 @@ NODES = "/api/v1/nodes"
 BINDINGS = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
 ROLES = "/apis/rbac.authorization.k8s.io/v1/clusterroles"
 KUBELET_CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
+WORKFLOWS = "/apis/tinkerbell.org/v1alpha1"
 APPROVE_ATTEMPTS = 5
 
 
@@ -68,6 +70,13 @@ _UNREACHABLE = (
     CancelledError,
     OSError,
 )
+
+
+def workflowsPath(namespace: str | None) -> str:
+    """The Workflow collection in C{namespace}, or in all namespaces."""
+    if namespace is None:
+        return f"{WORKFLOWS}/workflows"
+    return f"{WORKFLOWS}/namespaces/{quote(namespace)}/workflows"
 
 
 class IHTTP(Protocol):
@@ -219,15 +228,34 @@ class KubeClient:
         server ends the stream, or fails (L{KubeUnavailable}, L{Gone} for
         a 410 answer).
         """
+        return self._watch(
+            CSRS,
+            {"fieldSelector": f"spec.signerName={KUBELET_CLIENT_SIGNER}"},
+            "watch csrs",
+            resourceVersion,
+            onEvent,
+            timeoutSeconds,
+        )
+
+    def _watch(
+        self,
+        path: str,
+        extra: Mapping[str, str],
+        what: str,
+        resourceVersion: str,
+        onEvent: Callable[[dict[str, Any]], None],
+        timeoutSeconds: int,
+    ) -> Watch:
+        """A watch of the collection at C{path} (see L{watchCSRs})."""
         query = {
             "watch": "1",
             "resourceVersion": resourceVersion,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeoutSeconds),
-            "fieldSelector": f"spec.signerName={KUBELET_CLIENT_SIGNER}",
+            **extra,
         }
-        url = f"{self.api}{CSRS}?{urlencode(query)}"
-        watch = Watch()
+        url = f"{self.api}{path}?{urlencode(query)}"
+        watch = Watch(what)
         d = self._http.request("GET", url, headers=self._headers())
         watch._request = d
 
@@ -239,7 +267,7 @@ class KubeClient:
                 response.deliverBody(_Collect(chunks, collected))
 
                 def failed(_: object) -> None:
-                    raise errorFor(response.code, b"".join(chunks), "watch csrs")
+                    raise errorFor(response.code, b"".join(chunks), what)
 
                 return collected.addCallback(failed)
             lines = _Lines(onEvent, Deferred())
@@ -256,7 +284,7 @@ class KubeClient:
                 else:
                     watch.done.errback(
                         KubeUnavailable(
-                            f"watch csrs: API unreachable: {result.getErrorMessage()}"
+                            f"{what}: API unreachable: {result.getErrorMessage()}"
                         )
                     )
             else:
@@ -274,6 +302,34 @@ class KubeClient:
 
         watch.done.addBoth(disarm)
         return watch
+
+    # Tinkerbell Workflows (read only: boot completion's second signal)
+
+    async def listWorkflows(
+        self, namespace: str | None
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Every Workflow in C{namespace} (L{None}: all namespaces), and the
+        list's resourceVersion."""
+        doc = await self._call("GET", workflowsPath(namespace), "list workflows")
+        items = doc.get("items") or []
+        return list(items), str(doc.get("metadata", {}).get("resourceVersion", ""))
+
+    def watchWorkflows(
+        self,
+        namespace: str | None,
+        resourceVersion: str,
+        onEvent: Callable[[dict[str, Any]], None],
+        timeoutSeconds: int = 300,
+    ) -> Watch:
+        """Watch Workflows in C{namespace} (L{None}: all), as L{watchCSRs}."""
+        return self._watch(
+            workflowsPath(namespace),
+            {},
+            "watch workflows",
+            resourceVersion,
+            onEvent,
+            timeoutSeconds,
+        )
 
     async def approveCSR(
         self, name: str, check: Callable[[dict[str, Any]], bool], message: str

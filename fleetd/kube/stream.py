@@ -77,7 +77,8 @@ class _Lines(TwistedProtocol):
 class Watch:
     """An open watch stream: C{done} fires when it ends; C{stop} ends it."""
 
-    def __init__(self) -> None:
+    def __init__(self, what: str = "watch") -> None:
+        self.what = what
         self.done: Deferred[None] = Deferred(lambda _: self.stop())
         self._lines: _Lines | None = None
         self._request: Deferred[Any] | None = None
@@ -93,7 +94,7 @@ class Watch:
 
     def expire(self) -> None:
         """The server kept it open past its own timeout: a broken stream."""
-        self.stop(KubeUnavailable("watch csrs: no end from the server; reconnecting"))
+        self.stop(KubeUnavailable(f"{self.what}: no end from the server; reconnecting"))
 
 
 class _Collect(TwistedProtocol):

@@ -1,5 +1,5 @@
 """
-List, then watch, kubelet client CSRs; hand every one to a callback.
+List, then watch, a collection; hand every object to a callback.
 
 The loop (api-concepts, notes kube-netbox.md section 2.3): LIST gives the
 objects and a resourceVersion; WATCH from it with bookmarks; every event
@@ -8,11 +8,15 @@ from the last version at once; an ERROR event or answer with 410 Gone
 means the version is too old: LIST again. Anything else (API down,
 5xx, a broken stream) waits with exponential backoff on the injected
 clock before trying again. L{stop} cancels the call or wait in progress.
+
+L{ListWatcher} is the loop for any collection; L{CSRWatcher} watches
+kubelet client CSRs (the approver [K2]); the Workflow watch of boot
+completion (L{fleetd.tink.wfstate}) is another.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
@@ -25,24 +29,53 @@ from fleetd.kube.client import Gone, KubeClient, KubeError, KubeUnavailable, Wat
 FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 60.0
 
+Lister = Callable[[], Coroutine[Any, Any, tuple[list[dict[str, Any]], str]]]
+Watcher = Callable[[str, Callable[[dict[str, Any]], None], int], Watch]
 
-class CSRWatcher:
-    """Keep C{onCSR} told of every kubelet client CSR, across failures."""
 
-    log = Logger()
+class ListWatcher:
+    """
+    Keep C{onObject} told of every object of a collection, across failures.
+
+    @param onList: when given, gets each LIST's items at once (instead of
+        C{onObject} per item), so the caller can tell a snapshot from a
+        change and forget what the snapshot no longer holds.
+    @param onDeleted: gets each DELETED event's object.
+    @param onFailure: gets every failure (after it is counted), with the
+        error: for metrics.
+    @param onWatching: called each time a watch stream is open after a
+        successful LIST or resume (C{True}), and when the loop waits after
+        a failure (C{False}).
+    @param log: where failures are told (a L{fleetd.logs.ThrottledLog} for
+        a loop whose failures must not flood the log).
+    """
 
     def __init__(
         self,
         clock: IReactorTime,
-        client: KubeClient,
-        onCSR: Callable[[dict[str, Any]], None],
+        lister: Lister,
+        watcher: Watcher,
+        onObject: Callable[[dict[str, Any]], None],
         *,
         timeoutSeconds: int = 300,
+        name: str = "kube.watch",
+        onList: Callable[[list[dict[str, Any]]], None] | None = None,
+        onDeleted: Callable[[dict[str, Any]], None] | None = None,
+        onFailure: Callable[[KubeError], None] | None = None,
+        onWatching: Callable[[bool], None] | None = None,
+        log: Any = None,
     ) -> None:
         self.clock = clock
-        self.client = client
-        self.onCSR = onCSR
+        self.lister = lister
+        self.watcher = watcher
+        self.onObject = onObject
+        self.onList = onList
+        self.onDeleted = onDeleted
+        self.onFailure = onFailure
+        self.onWatching = onWatching
+        self.name = name
         self.timeoutSeconds = timeoutSeconds
+        self.log: Any = Logger() if log is None else log
         self.resourceVersion: str | None = None
         self.lists = 0
         self.failures = 0
@@ -55,7 +88,9 @@ class CSRWatcher:
     def start(self) -> None:
         self._running = True
         self._loop = Deferred.fromCoroutine(self._run())
-        self._loop.addErrback(lambda f: self.log.failure("kube.watch.crashed", f))
+        self._loop.addErrback(
+            lambda f: Logger().failure("{name}.crashed", f, name=self.name)
+        )
 
     def stop(self) -> Deferred[None] | None:
         self._running = False
@@ -72,22 +107,28 @@ class CSRWatcher:
         finally:
             self._waiting = None
 
+    def _told(self, watching: bool) -> None:
+        if self.onWatching is not None:
+            self.onWatching(watching)
+
     async def _run(self) -> None:
         backoff = FIRST_BACKOFF
         while self._running:
             try:
                 if self.resourceVersion is None:
-                    items, rv = await self._wait(
-                        Deferred.fromCoroutine(self.client.listCSRs())
-                    )
+                    items, rv = await self._wait(Deferred.fromCoroutine(self.lister()))
                     self.lists += 1
                     self._freshList = True
-                    for item in items:
-                        self.onCSR(item)
+                    if self.onList is not None:
+                        self.onList(items)
+                    else:
+                        for item in items:
+                            self.onObject(item)
                     self.resourceVersion = rv
-                self._watch = self.client.watchCSRs(
+                self._watch = self.watcher(
                     self.resourceVersion, self._event, self.timeoutSeconds
                 )
+                self._told(True)
                 try:
                     await self._watch.done
                 finally:
@@ -98,10 +139,13 @@ class CSRWatcher:
                 if not self._running:
                     return
                 raise
-            except Gone:
-                self.log.info("kube.watch.expired: listing again")
+            except Gone as e:
+                self.log.info("{name}.expired: listing again", name=self.name)
+                if self.onFailure is not None:
+                    self.onFailure(e)
                 self.resourceVersion = None
                 if self._freshList:  # 410 straight after a list: do not spin
+                    self._told(False)
                     try:
                         await self._wait(deferLater(self.clock, backoff, lambda: None))
                     except CancelledError:
@@ -111,8 +155,12 @@ class CSRWatcher:
                 if not self._running:
                     return
                 self.failures += 1
+                if self.onFailure is not None:
+                    self.onFailure(e)
+                self._told(False)
                 self.log.warn(
-                    "kube.watch.failed {reason}; again in {delay}s",
+                    "{name}.failed {reason}; again in {delay}s",
+                    name=self.name,
                     reason=str(e),
                     delay=backoff,
                 )
@@ -135,4 +183,29 @@ class CSRWatcher:
         if version:
             self.resourceVersion = str(version)
         if kind in ("ADDED", "MODIFIED"):
-            self.onCSR(obj)
+            self.onObject(obj)
+        elif kind == "DELETED" and self.onDeleted is not None:
+            self.onDeleted(obj)
+
+
+class CSRWatcher(ListWatcher):
+    """Keep C{onCSR} told of every kubelet client CSR, across failures."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        client: KubeClient,
+        onCSR: Callable[[dict[str, Any]], None],
+        *,
+        timeoutSeconds: int = 300,
+    ) -> None:
+        super().__init__(
+            clock,
+            client.listCSRs,
+            client.watchCSRs,
+            onCSR,
+            timeoutSeconds=timeoutSeconds,
+            name="kube.watch",
+        )
+        self.client = client
+        self.onCSR = onCSR

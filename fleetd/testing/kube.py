@@ -35,6 +35,13 @@ the documentation or source named in C{notes/kube-netbox.md}:
   - L{sign} models the csrsigning controller: an Approved CSR gets a
     certificate for its subject, valid C{signingDuration};
   - Nodes (create, get, delete) and ClusterRoleBindings (list, create);
+  - Tinkerbell Workflows (C{tinkerbell.org/v1alpha1}, namespaced; notes
+    tinkerbell.md section 3): list, watch and get, in one namespace or all;
+    404 for the whole group while the CRD is not installed
+    (C{workflowsInstalled = False}). fleetd only reads them; the test
+    plays tink-controller with L{addWorkflow} and L{setWorkflowState}, in
+    the monorepo's shape (C{status.agentID}, C{tasks[].agentID}, states
+    without prefix) or tink v0.12's (C{STATE_} prefix, C{tasks[].worker});
   - a bearer token: the admin token (fleetd's service account), a
     bootstrap token, or a kubelet credential from L{nodeCredential}.
 
@@ -56,7 +63,7 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.resource import Resource
 
-from fleetd.testing.kube_http import KubeHTTP, Watcher
+from fleetd.testing.kube_http import CSR, WORKFLOW, KubeHTTP, Watcher
 from fleetd.testing.kube_rules import (
     SUBDOMAIN,
     ApiError,
@@ -73,6 +80,16 @@ from fleetd.testing.kube_rules import (
 
 _TOKEN = re.compile(r"([a-z0-9]{6})\.([a-z0-9]{16})")
 _GROUP = re.compile(r"\Asystem:bootstrappers:[a-z0-9:-]{0,255}[a-z0-9]\Z")
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+MONOREPO_STATES = (
+    "PREPARING",
+    "PENDING",
+    "RUNNING",
+    "POST",
+    "SUCCESS",
+    "FAILED",
+    "TIMEOUT",
+)
 
 __all__ = ["ApiError", "FakeKube", "Identity", "csrPEM"]
 
@@ -89,7 +106,9 @@ class FakeKube:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.bindings: dict[str, dict[str, Any]] = {}
         self.roles: dict[str, dict[str, Any]] = {}
-        self.history: list[tuple[int, str, dict[str, Any]]] = []
+        self.workflows: dict[str, dict[str, Any]] = {}  # "namespace/name"
+        self.workflowsInstalled = True
+        self.history: list[tuple[int, str, dict[str, Any], str]] = []
         self.oldest = self.rv  # watches from before this get 410
         self.watchers: list[Watcher] = []
         self.faults: list[tuple[str, str, int, str]] = []
@@ -160,12 +179,17 @@ class FakeKube:
         """Send a BOOKMARK to every watch that allowed them."""
         for watcher in list(self.watchers):
             if watcher.bookmarks:
+                kind, version = (
+                    ("Workflow", "tinkerbell.org/v1alpha1")
+                    if watcher.resource == WORKFLOW
+                    else ("CertificateSigningRequest", "certificates.k8s.io/v1")
+                )
                 self._send(
                     watcher,
                     "BOOKMARK",
                     {
-                        "kind": "CertificateSigningRequest",
-                        "apiVersion": "certificates.k8s.io/v1",
+                        "kind": kind,
+                        "apiVersion": version,
                         "metadata": {"resourceVersion": str(self.rv)},
                     },
                 )
@@ -303,6 +327,84 @@ class FakeKube:
             self.nodes, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
         )
 
+    # tink-controller (Workflows; fleetd only reads them)
+
+    def addWorkflow(
+        self,
+        namespace: str,
+        name: str,
+        agentID: str,
+        *,
+        state: str = "PENDING",
+        hardwareRef: str = "",
+        v012: bool = False,
+    ) -> dict[str, Any]:
+        """
+        A Workflow for the agent C{agentID} (a MAC, usually), as
+        tink-controller leaves it once its template is rendered. C{v012}:
+        tink v0.12's shape (states prefixed C{STATE_}, the worker id in
+        C{status.tasks[].worker}, no C{status.agentID}).
+        """
+        if _LABEL.fullmatch(namespace) is None:
+            raise invalid(f"metadata.namespace: Invalid value: {namespace!r}")
+        if len(name) > 253 or SUBDOMAIN.fullmatch(name) is None:
+            raise invalid(f"metadata.name: Invalid value: {name!r}")
+        key = f"{namespace}/{name}"
+        if key in self.workflows:
+            raise ApiError(409, "AlreadyExists", f'"{name}" already exists')
+        task: dict[str, Any] = {"name": "install", "actions": [{"name": "image"}]}
+        status: dict[str, Any] = {}
+        if v012:
+            task["worker"] = agentID
+        else:
+            task["id"] = "t0"
+            task["agentID"] = agentID
+            status["agentID"] = agentID
+        status["tasks"] = [task]
+        obj: dict[str, Any] = {
+            "apiVersion": "tinkerbell.org/v1alpha1",
+            "kind": "Workflow",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": str(uuidlib.uuid4()),
+                "creationTimestamp": rfc3339(self.clock.seconds()),
+                "generation": 1,
+            },
+            "spec": {
+                "templateRef": "talos",
+                "hardwareRef": hardwareRef,
+                "hardwareMap": {"device_1": agentID},
+            },
+            "status": status,
+        }
+        self._setState(obj, state, v012)
+        self._store(self.workflows, key, obj, "ADDED")
+        self.flush()
+        return obj
+
+    def setWorkflowState(self, namespace: str, name: str, state: str) -> None:
+        """tink-controller (or tink-server) moves the Workflow to C{state}."""
+        key = f"{namespace}/{name}"
+        current = self.workflows.get(key)
+        if current is None:
+            raise ApiError(404, "NotFound", f'"{name}" not found')
+        updated: dict[str, Any] = json.loads(json.dumps(current))
+        self._setState(updated, state, "agentID" not in updated["status"])
+        self._store(self.workflows, key, updated, "MODIFIED")
+        self.flush()
+
+    def deleteWorkflow(self, namespace: str, name: str) -> None:
+        self._delete(self.workflows, f"{namespace}/{name}")
+        self.flush()
+
+    @staticmethod
+    def _setState(obj: dict[str, Any], state: str, v012: bool) -> None:
+        bare = state.removeprefix("STATE_")
+        if bare not in MONOREPO_STATES:
+            raise invalid(f"status.state: Unsupported value: {state!r}")
+        obj["status"]["state"] = f"STATE_{bare}" if v012 else bare
+
     # Storage
 
     def _bump(self) -> str:
@@ -344,7 +446,9 @@ class FakeKube:
         obj["metadata"]["resourceVersion"] = self._bump()
         store[name] = obj
         if store is self.csrs:
-            self._event(kind, obj)
+            self._event(kind, obj, CSR)
+        elif store is self.workflows:
+            self._event(kind, obj, WORKFLOW)
 
     def _delete(self, store: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
         obj = store.pop(name, None)
@@ -352,14 +456,16 @@ class FakeKube:
             raise ApiError(404, "NotFound", f'"{name}" not found')
         obj["metadata"]["resourceVersion"] = self._bump()
         if store is self.csrs:
-            self._event("DELETED", obj)
+            self._event("DELETED", obj, CSR)
+        elif store is self.workflows:
+            self._event("DELETED", obj, WORKFLOW)
         return obj
 
-    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+    def _event(self, kind: str, obj: dict[str, Any], resource: str) -> None:
         copy = json.loads(json.dumps(obj))
-        self.history.append((self.rv, kind, copy))
+        self.history.append((self.rv, kind, copy, resource))
         for watcher in list(self.watchers):
-            if watcher.signer in (None, copy["spec"].get("signerName")):
+            if watcher.wants(resource, copy):
                 self._send(watcher, kind, copy)
 
     def _send(self, watcher: Watcher, kind: str, obj: dict[str, Any]) -> None:

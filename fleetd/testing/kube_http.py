@@ -24,16 +24,28 @@ CSRS = ("apis", "certificates.k8s.io", "v1", "certificatesigningrequests")
 NODES = ("api", "v1", "nodes")
 BINDINGS = ("apis", "rbac.authorization.k8s.io", "v1", "clusterrolebindings")
 ROLES = ("apis", "rbac.authorization.k8s.io", "v1", "clusterroles")
+TINKERBELL = ("apis", "tinkerbell.org", "v1alpha1")
+CSR, WORKFLOW = "csrs", "workflows"
 
 
 @dataclass
 class Watcher:
-    """One open watch stream."""
+    """One open watch stream: of CSRs (maybe of one signer) or of Workflows
+    (maybe in one namespace)."""
 
     request: Any
     bookmarks: bool
     signer: str | None
     timer: Any = None
+    resource: str = CSR
+    namespace: str | None = None
+
+    def wants(self, resource: str, obj: dict[str, Any]) -> bool:
+        if resource != self.resource:
+            return False
+        if resource == WORKFLOW:
+            return self.namespace in (None, obj["metadata"].get("namespace"))
+        return self.signer in (None, obj["spec"].get("signerName"))
 
 
 class _Streaming(Exception):
@@ -69,13 +81,22 @@ class KubeHTTP(Resource):
         }
 
     def _watch(
-        self, request: Any, args: dict[str, list[str]], signer: str | None
+        self,
+        request: Any,
+        args: dict[str, list[str]],
+        signer: str | None,
+        resource: str = CSR,
+        namespace: str | None = None,
     ) -> int:
         rv = int((args.get("resourceVersion") or ["0"])[0] or "0")
         request.setResponseCode(200)
         request.setHeader(b"content-type", b"application/json")
         watcher = Watcher(
-            request, (args.get("allowWatchBookmarks") or [""])[0] == "true", signer
+            request,
+            (args.get("allowWatchBookmarks") or [""])[0] == "true",
+            signer,
+            resource=resource,
+            namespace=namespace,
         )
         if rv < self.fake.oldest - 1 and rv != 0:
             gone = ApiError(
@@ -88,8 +109,8 @@ class KubeHTTP(Resource):
             return server.NOT_DONE_YET
         self.fake.watchers.append(watcher)
         request.notifyFinish().addBoth(lambda _: self.fake._forgetWatch(watcher))
-        for at, kind, obj in self.fake.history:
-            if at > rv and watcher.signer in (None, obj["spec"].get("signerName")):
+        for at, kind, obj, what in self.fake.history:
+            if at > rv and watcher.wants(what, obj):
                 self.fake._send(watcher, kind, obj)
         seconds = args.get("timeoutSeconds")
         if seconds:
@@ -152,6 +173,8 @@ class KubeHTTP(Resource):
             if key != "spec.signerName":
                 raise ApiError(400, "BadRequest", f"field label not supported: {key}")
             signer = value
+        if path[: len(TINKERBELL)] == TINKERBELL:
+            return self._workflows(request, method, path[len(TINKERBELL) :], args)
         table: list[tuple[tuple[str, ...], dict[str, dict[str, Any]], str]] = [
             (SECRETS, self.fake.secrets, "SecretList"),
             (CSRS, self.fake.csrs, "CertificateSigningRequestList"),
@@ -195,6 +218,50 @@ class KubeHTTP(Resource):
         raise ApiError(
             404, "NotFound", "the server could not find the requested resource"
         )
+
+    def _workflows(
+        self,
+        request: Any,
+        method: str,
+        rest: tuple[str, ...],
+        args: dict[str, list[str]],
+    ) -> Any:
+        """Workflows (tinkerbell.org/v1alpha1, namespaced): list, watch and
+        get, in one namespace or all of them; 404 when the CRD is absent."""
+        if not self.fake.workflowsInstalled:
+            raise ApiError(
+                404, "NotFound", "the server could not find the requested resource"
+            )
+        namespace: str | None
+        if rest == ("workflows",):
+            namespace, name = None, None
+        elif len(rest) in (3, 4) and rest[0] == "namespaces" and rest[2] == "workflows":
+            namespace, name = rest[1], (rest[3] if len(rest) == 4 else None)
+        else:
+            raise ApiError(
+                404, "NotFound", "the server could not find the requested resource"
+            )
+        if method != "GET":
+            raise ApiError(405, "MethodNotAllowed", f"{method} is not modelled here")
+        if name is not None:
+            found = self.fake.workflows.get(f"{namespace}/{name}")
+            if found is None:
+                raise ApiError(
+                    404, "NotFound", f'workflows.tinkerbell.org "{name}" not found'
+                )
+            return self._shown(self.fake.workflows, found)
+        if (args.get("watch") or [""])[0] in ("1", "true"):
+            raise _Streaming(self._watch(request, args, None, WORKFLOW, namespace))
+        return {
+            "kind": "WorkflowList",
+            "apiVersion": "tinkerbell.org/v1alpha1",
+            "metadata": {"resourceVersion": str(self.fake.rv)},
+            "items": [
+                o
+                for o in self.fake.workflows.values()
+                if namespace in (None, o["metadata"]["namespace"])
+            ],
+        }
 
     def _shown(
         self, store: dict[str, dict[str, Any]], obj: dict[str, Any]

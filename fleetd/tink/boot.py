@@ -6,8 +6,9 @@ Boot completion of one run, as an automat state machine [B1] [B2] [B3].
        +-------------done-------------------+   +--returned--> returned -+
                                                 +--netbooted-> netbooted-+
 
-A workflow's SUCCESS seen through the proxy means the reboot starts, not
-that the disk boots [B1]: the run is then C{rebooting} until Talos fetches
+A workflow's SUCCESS seen through the proxy (or read from its Workflow
+resource, when configured) means the reboot starts, not that the disk
+boots [B1]: the run is then C{rebooting} until Talos fetches
 its configuration on the boot listener (C{configFetched}, from the run
 registry's delivery), which is the proof. If instead the node's agent
 polls again from a fresh start in HookOS while the configuration is
@@ -42,8 +43,10 @@ class BootInputs(Protocol):
     def running(self) -> None:
         "An action of the device's workflow started."
 
-    def done(self, workflow: str) -> None:
-        "The device's workflow finished (its last action succeeded)."
+    def done(self, workflow: str, signal: str) -> None:
+        """The device's workflow finished (its last action succeeded), as
+        C{signal} says: C{proxy} (the calls seen) or C{kubernetes} (the
+        Workflow's state); the tracker passes each workflow once per run."""
 
     def returned(self) -> None:
         "The agent polls from a fresh start while the configuration is unread."
@@ -61,7 +64,7 @@ class BootInputs(Protocol):
 class BootEffects:
     """What the machine asks of its run's tracker (see L{fleetd.tink.completion})."""
 
-    def rebooting(self, workflow: str) -> None:
+    def rebooting(self, workflow: str, signal: str) -> None:
         raise NotImplementedError
 
     def inHookOS(self) -> None:
@@ -95,26 +98,34 @@ for _state in (waiting, running):
 
 
 @waiting.upon(BootInputs.done).to(rebooting)
-def _doneWaiting(inputs: BootInputs, effects: BootEffects, workflow: str) -> None:
-    effects.rebooting(workflow)
+def _doneWaiting(
+    inputs: BootInputs, effects: BootEffects, workflow: str, signal: str
+) -> None:
+    effects.rebooting(workflow, signal)
 
 
 @running.upon(BootInputs.done).to(rebooting)
-def _doneRunning(inputs: BootInputs, effects: BootEffects, workflow: str) -> None:
-    effects.rebooting(workflow)
+def _doneRunning(
+    inputs: BootInputs, effects: BootEffects, workflow: str, signal: str
+) -> None:
+    effects.rebooting(workflow, signal)
 
 
 @returned.upon(BootInputs.done).to(rebooting)
-def _doneAgain(inputs: BootInputs, effects: BootEffects, workflow: str) -> None:
-    effects.rebooting(workflow)
+def _doneAgain(
+    inputs: BootInputs, effects: BootEffects, workflow: str, signal: str
+) -> None:
+    effects.rebooting(workflow, signal)
 
 
 @netbooted.upon(BootInputs.done).to(rebooting)
-def _doneNetbooted(inputs: BootInputs, effects: BootEffects, workflow: str) -> None:
-    effects.rebooting(workflow)
+def _doneNetbooted(
+    inputs: BootInputs, effects: BootEffects, workflow: str, signal: str
+) -> None:
+    effects.rebooting(workflow, signal)
 
 
-rebooting.upon(BootInputs.done).loop().returns(None)  # a retried final report
+rebooting.upon(BootInputs.done).loop().returns(None)  # another workflow's end
 
 
 @rebooting.upon(BootInputs.returned).to(returned)

@@ -13,10 +13,22 @@ ever. A poll counts as a return to HookOS only on a downstream connection
 opened after the one the workflow finished on, and at least
 C{minReboot} seconds after the finish (a reboot through firmware and
 HookOS takes longer than that; a reconnect does not).
+
+A workflow's end can be told twice: by the calls the proxy sees and by
+the Workflow's state in Kubernetes (L{fleetd.tink.wfstate}), in either
+order. Each run keeps the workflows whose end it took (restored from its
+C{boot.rebooting} entries after a restart); a second signal for one of
+them changes nothing, so the outcome is the same whichever comes first
+and the end is journaled once [B2]. A new action of that workflow (it
+runs again) makes its next end count. The Kubernetes signal for a
+Workflow first seen already finished counts only if the Workflow was
+created after the run (an older one belongs to an older run).
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable
 from typing import Protocol as TypingProtocol
 
@@ -63,6 +75,23 @@ def bootHistory(db: Database, runs: list[str]) -> dict[str, str]:
     return found
 
 
+def finishedWorkflows(db: Database, runs: list[str]) -> dict[str, set[str]]:
+    """The workflows whose end each of C{runs} journaled (C{boot.rebooting})."""
+    found: dict[str, set[str]] = {}
+    for run in runs:
+        for (fields,) in db.execute(
+            "SELECT fields FROM journal WHERE run = ? AND event = ?",
+            (run, REBOOTING),
+        ):
+            try:
+                workflow = json.loads(fields).get("workflow")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(workflow, str):
+                found.setdefault(run, set()).add(workflow)
+    return found
+
+
 def returnedRuns(db: Database, runs: list[str]) -> set[str]:
     """Which of C{runs} already have their return to HookOS journaled."""
     noted = set()
@@ -84,10 +113,11 @@ class _RunBoot(BootEffects):
         self.record = record
         self.doneConnection = -1
         self.doneAt = float("-inf")
+        self.finished: set[str] = set()  # workflows whose end this run took
         self.machine: BootInputs = BootMachine(self)
 
-    def rebooting(self, workflow: str) -> None:
-        self.tracker.recordRebooting(self, workflow)
+    def rebooting(self, workflow: str, signal: str) -> None:
+        self.tracker.recordRebooting(self, workflow, signal)
 
     def inHookOS(self) -> None:
         self.tracker.noteHookOS(self)
@@ -135,11 +165,13 @@ class BootTracker:
         ids = [r.id for r in records]
         history = await self.runner.run(lambda db: bootHistory(db, ids))
         self._noted |= await self.runner.run(lambda db: returnedRuns(db, ids))
+        finished = await self.runner.run(lambda db: finishedWorkflows(db, ids))
         now = self.clock.seconds()
         for record in records:
             boot = self._boot(record.device)
             if boot is None:
                 continue
+            boot.finished |= finished.get(record.id, set())
             if self.runs.configDelivered(record.id):
                 boot.machine.restoreDone()
             elif history.get(record.id) == REBOOTING:
@@ -160,17 +192,44 @@ class BootTracker:
 
     # IBootEvents (from the proxy's observations)
 
-    def running(self, device: str) -> None:
+    def running(self, device: str, workflow: str) -> None:
         boot = self._boot(device)
         if boot is not None:
+            boot.finished.discard(workflow)  # it runs (again): its end counts
             boot.machine.running()
 
-    def done(self, device: str, workflow: str, connection: int) -> None:
+    def done(
+        self,
+        device: str,
+        workflow: str,
+        connection: int,
+        *,
+        signal: str = "proxy",
+        createdAt: float | None = None,
+    ) -> None:
+        """
+        C{device}'s C{workflow} finished, as C{signal} tells; the proxy's
+        last poll for it was on C{connection}. C{createdAt}: when the
+        Workflow was created, for a Workflow first seen finished (it must
+        not be older than the run, whole seconds as Kubernetes keeps them).
+        """
         boot = self._boot(device)
-        if boot is not None:
-            boot.doneConnection = max(boot.doneConnection, connection)
-            boot.doneAt = self.clock.seconds()
-            boot.machine.done(workflow)
+        if boot is None:
+            return
+        boot.doneConnection = max(boot.doneConnection, connection)
+        if workflow in boot.finished:
+            return  # told already (the other signal, or a retried report)
+        if createdAt is not None and createdAt < math.floor(boot.record.created_at):
+            self.log.info(
+                "boot.workflow-older-than-run {device} {run} {workflow}",
+                device=device,
+                run=boot.record.id,
+                workflow=workflow,
+            )
+            return
+        boot.finished.add(workflow)
+        boot.doneAt = self.clock.seconds()
+        boot.machine.done(workflow, signal)
 
     def polled(self, device: str, connection: int) -> None:
         boot = self._boot(device)
@@ -192,20 +251,21 @@ class BootTracker:
 
     # Effects
 
-    def recordRebooting(self, boot: _RunBoot, workflow: str) -> None:
+    def recordRebooting(self, boot: _RunBoot, workflow: str, signal: str) -> None:
         record = boot.record
         self.log.info(
-            "boot.rebooting {device} {run} {workflow}",
+            "boot.rebooting {device} {run} {workflow} {signal}",
             device=record.device,
             run=record.id,
             workflow=workflow,
+            signal=signal,
         )
         self.journal.append(
             REBOOTING,
             actor=f"node:{record.device}",
             device=record.device,
             run=record.id,
-            fields={"workflow": workflow[:256]},
+            fields={"workflow": workflow[:256], "signal": signal},
         ).addErrback(self._failed)
 
     def noteHookOS(self, boot: _RunBoot) -> None:

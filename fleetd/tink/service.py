@@ -5,6 +5,11 @@ factory, the observation chain and boot completion [A4] [B1] [B2] [B3].
 Plain objects, no listening here: L{fleetd.service} binds the factory
 behind TLS (ALPN h2), calls L{TinkProxy.load} once the runs are loaded,
 and L{TinkProxy.stop} on shutdown (GOAWAY, drain, then the upstream).
+
+With C{tink.workflow_state = "kubernetes"} the Workflows' state is read
+from the cluster as boot completion's second "done" signal
+(L{fleetd.tink.wfstate}): watched from L{TinkProxy.load} on, stopped
+first by L{TinkProxy.stop}.
 """
 
 from __future__ import annotations
@@ -12,11 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReactorTime
 
 from fleetd.config import TinkSettings
 from fleetd.inventory.model import IInventory
+from fleetd.kube.client import KubeClient
 from fleetd.logs import ThrottledLog
 from fleetd.runs.alerts import AlertTracker
 from fleetd.store.journal import AsyncJournal
@@ -26,6 +32,7 @@ from fleetd.tink.listener import TinkListenerFactory, proxyFactory
 from fleetd.tink.metrics import TinkMetrics
 from fleetd.tink.observe import WireObserver
 from fleetd.tink.upstream import UpstreamAddress, UpstreamPool
+from fleetd.tink.wfstate import WorkflowStateWatch
 from fleetd.tink.workflows import DeviceIndex, WorkflowWatcher
 
 
@@ -44,7 +51,12 @@ class TinkProxy:
         runner: IRunner,
         journal: AsyncJournal,
         alerts: AlertTracker,
+        kube: KubeClient | None = None,
     ) -> None:
+        """
+        @param kube: the C{[kubernetes]} cluster client, for
+            C{tink.workflow_state = "kubernetes"} (ignored otherwise).
+        """
         clock: IReactorTime = reactor
         self.inventory = inventory
         self.metrics = TinkMetrics(registry)
@@ -73,6 +85,19 @@ class TinkProxy:
         self.devices = DeviceIndex(inventory, clock)
         self.watcher = WorkflowWatcher(self.devices, self.boot)
         self.observer = WireObserver(self.watcher, self.metrics, ThrottledLog(clock))
+        self.workflowState: WorkflowStateWatch | None = None
+        self._stopped = False
+        if settings.workflow_state == "kubernetes":
+            if kube is None:
+                raise ValueError("tink.workflow_state = kubernetes needs [kubernetes]")
+            self.workflowState = WorkflowStateWatch(
+                clock,
+                kube,
+                settings.workflow_namespace,
+                self.devices,
+                self.watcher,
+                registry=registry,
+            )
         self.factory: TinkListenerFactory = proxyFactory(
             clock,
             self.pool,
@@ -93,9 +118,18 @@ class TinkProxy:
         devices = await self.inventory.list()
         await self.devices.refresh()
         await self.boot.load([d.name for d in devices])
+        if self.workflowState is not None and not self._stopped:
+            self.workflowState.start()
 
     def stop(self) -> Deferred[Any]:
-        """GOAWAY to every client, let calls finish, then close upstream."""
+        """Stop reading Workflows; GOAWAY to every client, let calls
+        finish, then close upstream."""
+        self._stopped = True
+        watching = None
+        if self.workflowState is not None:
+            watching = self.workflowState.stop()
         d = self.factory.drain()
         d.addBoth(lambda _: self.pool.close())
-        return d
+        if watching is None:
+            return d
+        return DeferredList([d, watching], consumeErrors=True)

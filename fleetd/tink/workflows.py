@@ -17,6 +17,9 @@ completion tracker):
   downstream connection (an agent that restarted, e.g. after a reboot into
   HookOS, comes on a new one).
 
+When configured, the Workflow's state in Kubernetes is a second C{done}
+(L{WorkflowWatcher.workflowFinished}, fed by L{fleetd.tink.wfstate}).
+
 Worker and agent ids (the MAC by default) are mapped to devices through
 the inventory (L{DeviceIndex}); ids that match no device are ignored, so
 strangers cannot grow this state.
@@ -45,10 +48,18 @@ _AGENT_RUNNING = agent.ActionStatusRequest.STATE_TYPE_RUNNING
 
 
 class IBootEvents(TypingProtocol):
-    def running(self, device: str) -> None:
-        """An action of C{device}'s workflow started."""
+    def running(self, device: str, workflow: str) -> None:
+        """An action of C{device}'s C{workflow} started."""
 
-    def done(self, device: str, workflow: str, connection: int) -> None:
+    def done(
+        self,
+        device: str,
+        workflow: str,
+        connection: int,
+        *,
+        signal: str = "proxy",
+        createdAt: float | None = None,
+    ) -> None:
         """C{device}'s workflow finished; last seen on C{connection}."""
 
     def polled(self, device: str, connection: int) -> None:
@@ -165,7 +176,7 @@ class WorkflowWatcher:
         if device is None:
             return
         if status.action_status == _OLD_RUNNING:
-            self._boot.running(device)
+            self._boot.running(device, status.workflow_id)
         elif status.action_status == _OLD_SUCCESS and known is not None:
             if _isLastOld(known, status.task_name, status.action_name):
                 self._old.pop(status.workflow_id, None)
@@ -181,7 +192,7 @@ class WorkflowWatcher:
             return
         if status.action_state == _AGENT_RUNNING:
             self._agentSucceeded.pop(device, None)
-            self._boot.running(device)
+            self._boot.running(device, status.workflow_id)
         elif status.action_state == _AGENT_SUCCESS:
             self._agentSucceeded[device] = status.workflow_id
         else:
@@ -199,6 +210,21 @@ class WorkflowWatcher:
         workflow = self._agentSucceeded.pop(device, None)
         if workflow is not None:
             self._boot.done(device, workflow, self._connection.get(device, 0))
+
+    def workflowFinished(
+        self, device: str, workflow: str, createdAt: float | None
+    ) -> None:
+        """The Workflow C{workflow} (C{namespace/name}, as the wire names
+        it) of C{device} reached POST or SUCCESS."""
+        if self._agentSucceeded.get(device) == workflow:
+            del self._agentSucceeded[device]  # its FAILED_PRECONDITION: no news
+        self._boot.done(
+            device,
+            workflow,
+            self._connection.get(device, 0),
+            signal="kubernetes",
+            createdAt=createdAt,
+        )
 
 
 def _isLastOld(known: _OldWorkflow, task: str, action: str) -> bool:

@@ -1,0 +1,251 @@
+"""
+The Workflow's state read from Kubernetes: boot completion's second
+"done" signal (issue 10, item 3) [B1] [B2].
+
+Opt-in (C{[tink] workflow_state = "kubernetes"} with C{workflow_namespace}).
+A L{ListWatcher} lists and watches C{workflows.tinkerbell.org} (v1alpha1)
+through the C{[kubernetes]} cluster client. A Workflow has ended when its
+C{status.state} is POST (the last action succeeded; tink-controller's post
+steps, such as turning network boot off, are running) or SUCCESS (they
+are done); tink v0.12 spells them C{STATE_POST}, C{STATE_SUCCESS}. POST is
+the moment the proxy's own inference fires (the agent's next C{GetAction}
+is refused because the workflow left RUNNING), so both signals mean the
+same thing. PREPARING, PENDING, RUNNING, FAILED, TIMEOUT and anything
+unknown have not ended.
+
+The boot tracker is told of an end (L{WorkflowWatcher.workflowFinished})
+when a Workflow seen before as not ended has ended (a watch event, or a
+list after a gap: it ended meanwhile), or when a Workflow is first seen
+already ended (the list at start, or one created during a gap): then with
+its creation time, which the tracker holds against the run's. The device
+is the one the Workflow's agent id maps to (C{status.agentID}, then
+C{status.currentState.agentID}, then each task's C{agentID} or tink
+v0.12's C{worker}), through the proxy's own L{DeviceIndex}; ids that map
+to no device, or to several, are skipped.
+
+Nothing here can stop or slow the proxy: failures (API down, 403, a CRD
+that is not installed, 410) are counted in
+C{fleetd_tink_workflow_watch_errors_total{reason}}, logged at most a few
+times a minute, and retried with backoff; C{fleetd_tink_workflow_watch_up}
+is 1 while a watch stream is open.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+
+from fleetd.kube.client import Gone, KubeClient, KubeError, KubeUnavailable
+from fleetd.kube.watcher import ListWatcher
+from fleetd.logs import ThrottledLog
+
+ENDED = frozenset({"POST", "SUCCESS"})
+REASONS = ("unavailable", "expired", "forbidden", "not-found", "error")
+RBAC_FILE = "conf/kube/fleetd-workflows-rbac.yaml"
+
+
+class IDeviceLookup(Protocol):
+    def lookup(self, workerId: str) -> str | None: ...
+
+
+class IWorkflowEnds(Protocol):
+    def workflowFinished(
+        self, device: str, workflow: str, createdAt: float | None
+    ) -> None: ...
+
+
+def hasEnded(state: object) -> bool:
+    """Whether a Workflow's C{status.state} says its last action succeeded."""
+    if not isinstance(state, str):
+        return False
+    return state.upper().removeprefix("STATE_") in ENDED
+
+
+def agentIds(workflow: dict[str, Any]) -> list[str]:
+    """The agent (worker) ids a Workflow names, most authoritative first."""
+    status = workflow.get("status") or {}
+    found = [status.get("agentID"), (status.get("currentState") or {}).get("agentID")]
+    for task in (status.get("tasks") or [])[:16]:
+        if isinstance(task, dict):
+            found += [task.get("agentID"), task.get("worker")]
+    return [i for i in found if isinstance(i, str) and i]
+
+
+def parseCreated(text: object) -> float | None:
+    """C{metadata.creationTimestamp} (RFC 3339) as seconds, or L{None}."""
+    if not isinstance(text, str):
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        return None
+    return moment.timestamp()
+
+
+def failureReason(error: KubeError) -> str:
+    """The C{reason} label of a watch failure."""
+    if isinstance(error, Gone):
+        return "expired"
+    if isinstance(error, KubeUnavailable):
+        return "unavailable"
+    if error.code in (401, 403):
+        return "forbidden"
+    if error.code == 404:
+        return "not-found"
+    return "error"
+
+
+class WorkflowStateMetrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.up = Gauge(
+            "fleetd_tink_workflow_watch_up",
+            "1 while fleetd watches the Workflows' state in Kubernetes.",
+            registry=registry,
+        )
+        self.errors = Counter(
+            "fleetd_tink_workflow_watch_errors_total",
+            "Failures listing or watching Workflows: unavailable, expired"
+            " (410, listed again), forbidden, not-found (no CRD), error.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in REASONS:
+            self.errors.labels(reason)
+        self.ends = Counter(
+            "fleetd_tink_workflow_state_ends_total",
+            "Workflow ends (POST or SUCCESS) read from Kubernetes and handed"
+            " to boot completion.",
+            registry=registry,
+        )
+
+
+class WorkflowStateWatch:
+    """List and watch Workflows; tell the boot side which ones ended."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        client: KubeClient,
+        namespace: str | None,
+        devices: IDeviceLookup,
+        ends: IWorkflowEnds,
+        *,
+        registry: CollectorRegistry | None = None,
+        timeoutSeconds: int = 300,
+    ) -> None:
+        self.namespace = namespace
+        self.devices = devices
+        self.ends = ends
+        self.metrics = WorkflowStateMetrics(registry)
+        self.log = ThrottledLog(clock, burst=2, window=60.0)
+        self._ended: dict[str, bool] = {}  # uid -> ended when last seen
+        self._failing = False
+        self.loop = ListWatcher(
+            clock,
+            lambda: client.listWorkflows(namespace),
+            lambda rv, onEvent, timeout: client.watchWorkflows(
+                namespace, rv, onEvent, timeout
+            ),
+            self._seen,
+            timeoutSeconds=timeoutSeconds,
+            name="tink.workflow-state.watch",
+            onList=self._listed,
+            onDeleted=self._deleted,
+            onFailure=self._failed,
+            onWatching=self._watching,
+            log=self.log,
+        )
+
+    def start(self) -> None:
+        self.loop.start()
+
+    def stop(self) -> Deferred[None] | None:
+        self.metrics.up.set(0)
+        return self.loop.stop()
+
+    # From the loop
+
+    def _listed(self, items: list[dict[str, Any]]) -> None:
+        present = set()
+        for item in items:
+            present.add(self._key(item))
+            self._seen(item)
+        for gone in set(self._ended) - present:
+            del self._ended[gone]  # deleted during a gap
+
+    def _deleted(self, workflow: dict[str, Any]) -> None:
+        self._ended.pop(self._key(workflow), None)
+
+    def _watching(self, watching: bool) -> None:
+        self.metrics.up.set(1 if watching else 0)
+        if watching and self._failing:
+            self.log.info(
+                "tink.workflow-state.watching {namespace}",
+                namespace=self.namespace or "*",
+            )
+        self._failing = not watching
+
+    def _failed(self, error: KubeError) -> None:
+        reason = failureReason(error)
+        self.metrics.errors.labels(reason).inc()
+        if reason == "forbidden":
+            self.log.warn(
+                "tink.workflow-state.forbidden: fleetd may not list and watch"
+                " workflows.tinkerbell.org in {namespace}; see {rbac}",
+                namespace=self.namespace or "all namespaces",
+                rbac=RBAC_FILE,
+            )
+        elif reason == "not-found":
+            self.log.warn(
+                "tink.workflow-state.no-crd: the cluster of [kubernetes] serves"
+                " no workflows.tinkerbell.org/v1alpha1"
+            )
+
+    @staticmethod
+    def _key(workflow: dict[str, Any]) -> str:
+        meta = workflow.get("metadata") or {}
+        uid = meta.get("uid")
+        if isinstance(uid, str) and uid:
+            return uid
+        return f"{meta.get('namespace')}/{meta.get('name')}"
+
+    def _seen(self, workflow: dict[str, Any]) -> None:
+        key = self._key(workflow)
+        ended = hasEnded((workflow.get("status") or {}).get("state"))
+        before = self._ended.get(key)
+        self._ended[key] = ended
+        if not ended or before is True:
+            return
+        meta = workflow.get("metadata") or {}
+        name = f"{meta.get('namespace')}/{meta.get('name')}"
+        createdAt = None
+        if before is None:  # first seen already ended: when was it made?
+            createdAt = parseCreated(meta.get("creationTimestamp"))
+            if createdAt is None:
+                self.log.warn(
+                    "tink.workflow-state.no-creation-time {workflow}", workflow=name
+                )
+                return
+        device = self._device(workflow, name)
+        if device is None:
+            return
+        self.metrics.ends.inc()
+        self.ends.workflowFinished(device, name, createdAt)
+
+    def _device(self, workflow: dict[str, Any], name: str) -> str | None:
+        found = {self.devices.lookup(i) for i in agentIds(workflow)} - {None}
+        if len(found) == 1:
+            device: str | None = found.pop()
+            return device
+        self.log.info(
+            "tink.workflow-state.unmapped {workflow} {devices}",
+            workflow=name,
+            devices=len(found),
+        )
+        return None
