@@ -454,3 +454,29 @@ class ReadingTests(SynchronousTestCase):
         }
         self.assertEqual(agentIds(workflow), ["a", "b", "c", "d"])
         self.assertEqual(agentIds({}), [])
+
+
+class RobustnessTests(SynchronousTestCase):
+    def test_bugInHandling_loggedWatchGoesOn(self) -> None:
+        """A Workflow whose handling raises (a bug) is logged; the watch and
+        the next Workflows go on."""
+        site = KubeSite(self)
+        site.start()
+        real = site.watcher.workflowFinished
+        calls: list[str] = []
+
+        def once(device: str, workflow: str, createdAt: float | None) -> None:
+            calls.append(workflow)
+            if len(calls) == 1:
+                raise RuntimeError("boom")
+            real(device, workflow, createdAt)
+
+        site.watch.ends = type("Ends", (), {"workflowFinished": staticmethod(once)})()
+        site.fake.addWorkflow(NS, "a", MAC, state="RUNNING")
+        site.fake.setWorkflowState(NS, "a", "SUCCESS")
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        site.fake.addWorkflow(NS, "wf", MAC, state="RUNNING")
+        site.fake.setWorkflowState(NS, "wf", "SUCCESS")
+        self.assertEqual(calls, ["ns/a", "ns/wf"])
+        self.assertEqual(site.watch.loop.lists, 1)
+        self.assertEqual(site.events().count("boot.rebooting"), 1)

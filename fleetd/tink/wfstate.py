@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
 
 from fleetd.kube.client import Gone, KubeClient, KubeError, KubeUnavailable
 from fleetd.kube.watcher import ListWatcher
@@ -46,6 +47,7 @@ from fleetd.logs import ThrottledLog
 ENDED = frozenset({"POST", "SUCCESS"})
 REASONS = ("unavailable", "expired", "forbidden", "not-found", "error")
 RBAC_FILE = "conf/kube/fleetd-workflows-rbac.yaml"
+_log = Logger()
 
 
 class IDeviceLookup(Protocol):
@@ -152,7 +154,7 @@ class WorkflowStateWatch:
             lambda rv, onEvent, timeout: client.watchWorkflows(
                 namespace, rv, onEvent, timeout
             ),
-            self._seen,
+            self._guarded,
             timeoutSeconds=timeoutSeconds,
             name="tink.workflow-state.watch",
             onList=self._listed,
@@ -175,7 +177,7 @@ class WorkflowStateWatch:
         present = set()
         for item in items:
             present.add(self._key(item))
-            self._seen(item)
+            self._guarded(item)
         for gone in set(self._ended) - present:
             del self._ended[gone]  # deleted during a gap
 
@@ -214,6 +216,13 @@ class WorkflowStateWatch:
         if isinstance(uid, str) and uid:
             return uid
         return f"{meta.get('namespace')}/{meta.get('name')}"
+
+    def _guarded(self, workflow: dict[str, Any]) -> None:
+        """L{_seen}, with a bug logged instead of stopping the watch."""
+        try:
+            self._seen(workflow)
+        except Exception:
+            _log.failure("tink.workflow-state.bug")
 
     def _seen(self, workflow: dict[str, Any]) -> None:
         key = self._key(workflow)
