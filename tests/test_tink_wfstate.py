@@ -218,16 +218,20 @@ class KubernetesSignalTests(SynchronousTestCase):
 
     def test_restart_noSecondEntry(self) -> None:
         """[B2] After a restart the list shows the ended Workflow again; the
-        run's journal already holds its end, so nothing more is written."""
+        run's journal already holds its end (and the node's return to
+        HookOS since), so nothing more is written."""
         site = KubeSite(self)
         site.start()
         site.fake.addWorkflow(NS, "wf", MAC, state="RUNNING")
         site.fake.setWorkflowState(NS, "wf", "SUCCESS")
+        site.fleet.clock.advance(120)
+        site.agentPoll(connection=2)  # back in HookOS: returned
         site.restart()
         site.start()
         site.agentReport(1, "a1", SUCCESS)  # the proxy's late signal too
         site.agentPoll(connection=1, status=9)
         self.assertEqual(site.events().count("boot.rebooting"), 1)
+        self.assertEqual(site.events().count("boot.hookos-after-install"), 1)
 
     def test_rerun_countsAgain(self) -> None:
         """[B1] The same Workflow run again (an action of it started on the
