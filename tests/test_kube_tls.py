@@ -237,3 +237,68 @@ class DaemonWithClusterTests(FakeOverTLS, DaemonTestMixin):
         self.assertNotIn("w1", self.fake.nodes)
         await service.stopService()
         self.fake.closeWatches()
+
+    def test_workflowState_secondSignal(self) -> None:
+        """
+        [B1] With tink.workflow_state = "kubernetes" the daemon watches the
+        namespace's Workflows through its [kubernetes] client once the runs
+        are loaded; a Workflow's SUCCESS puts the device's run in rebooting
+        (journaled with the signal named), and stopping ends the watch.
+        """
+        return ensureDeferred(self._workflowState())  # type: ignore[return-value]
+
+    async def _workflowState(self) -> None:
+        from twisted.internet.task import deferLater
+
+        from fleetd.inventory.model import validateDevice
+
+        kube = {
+            "api": f"https://127.0.0.1:{self.port.getHost().port}",
+            "ca": str(self.cert),
+            "token_file": str(self.tokenFile),
+        }
+        self.makeSettings(
+            {
+                "kubernetes": kube,
+                "tink": {
+                    "upstream": "tcp:127.0.0.1:1",
+                    "workflow_state": "kubernetes",
+                    "workflow_namespace": "tink",
+                },
+            }
+        )
+        service = self.startDaemon()
+        assert service._loading is not None
+        await service._loading
+        mac = "52:54:00:00:00:07"
+        device = validateDevice(
+            name="w1",
+            serial="S1",
+            uuid="00000000-0000-4000-8000-000000000001",
+            macs=[mac],
+            device_class="worker",
+        )
+        await service.inventory.add(device, journal=())
+        await service.tink.devices.refresh()
+        await service.runs.provision(
+            [device], actor="owner:test", render=lambda d, run: b"machine: {}\n"
+        )
+        self.fake.addWorkflow("tink", "wf", mac, state="RUNNING")
+        self.fake.setWorkflowState("tink", "wf", "SUCCESS")
+        for _ in range(500):
+            entries = await service.journal.query(device="w1")
+            rebooting = [e for e in entries if e.event == "boot.rebooting"]
+            if rebooting:
+                break
+            await deferLater(reactor, 0.01, lambda: None)
+        self.assertEqual(
+            [dict(e.fields) for e in rebooting],
+            [{"workflow": "tink/wf", "signal": "kubernetes"}],
+        )
+        up = service.registry.get_sample_value("fleetd_tink_workflow_watch_up")
+        self.assertEqual(up, 1.0)
+        await service.stopService()
+        self.assertEqual(
+            service.registry.get_sample_value("fleetd_tink_workflow_watch_up"), 0.0
+        )
+        self.fake.closeWatches()
