@@ -319,8 +319,9 @@ class WatchFailureTests(SynchronousTestCase):
         self.assertEqual(site.metric("fleetd_tink_workflow_watch_up"), 1.0)
 
     def test_journalRefuses_nothingTwice(self) -> None:
-        """[J1] When the journal refuses the end's entry, the failure is
-        logged and the Workflow's later SUCCESS does not write it twice."""
+        """[J1] When the journal refuses the end's entry nothing changes (the
+        run is not C{rebooting}) and the failure is logged; the workflow's
+        end told again later (by the proxy) is recorded, once."""
         site = KubeSite(self)
         site.start()
         site.fake.addWorkflow(NS, "wf", MAC, state="RUNNING")
@@ -329,10 +330,19 @@ class WatchFailureTests(SynchronousTestCase):
         faults = Faults(site.fleet)
         faults.inject("journal")
         site.fake.setWorkflowState(NS, "wf", "POST")
-        faults.clear()
-        site.fake.setWorkflowState(NS, "wf", "SUCCESS")
         self.assertEqual(site.events(), ["run.provisioned"])
+        boot = site.tracker._byDevice[site.device.name]
+        self.assertEqual(boot.machine.describe(), "waiting")
         self.assertEqual(len(self.flushLoggedErrors()), 1)
+        faults.clear()
+        site.fake.setWorkflowState(NS, "wf", "SUCCESS")  # no new end: no entry
+        self.assertEqual(site.events(), ["run.provisioned"])
+        # The other signal (the proxy's) for that workflow still counts.
+        site.tracker.done(site.device.name, f"{NS}/wf", 1)
+        self.assertEqual(site.events(), ["run.provisioned", "boot.rebooting"])
+        self.assertEqual(boot.machine.describe(), "rebooting")
+        site.tracker.done(site.device.name, f"{NS}/wf", 1)  # again: nothing
+        self.assertEqual(site.events(), ["run.provisioned", "boot.rebooting"])
 
 
 class WiringTests(SynchronousTestCase):

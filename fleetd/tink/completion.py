@@ -49,6 +49,7 @@ MIN_REBOOT = 60.0
 REBOOTING = "boot.rebooting"
 RETURNED = "boot.hookos-after-install"
 COMPLETED = "boot.completed"
+_ENDED = frozenset({"rebooting", "done"})  # states a workflow's end leaves as they are
 
 
 class IRuns(TypingProtocol):
@@ -117,7 +118,7 @@ class _RunBoot(BootEffects):
         self.machine: BootInputs = BootMachine(self)
 
     def rebooting(self, workflow: str, signal: str) -> None:
-        self.tracker.recordRebooting(self, workflow, signal)
+        self.tracker.logRebooting(self, workflow, signal)
 
     def inHookOS(self) -> None:
         self.tracker.noteHookOS(self)
@@ -227,9 +228,11 @@ class BootTracker:
                 workflow=workflow,
             )
             return
-        boot.finished.add(workflow)
-        boot.doneAt = self.clock.seconds()
-        boot.machine.done(workflow, signal)
+        boot.finished.add(workflow)  # a second signal meanwhile changes nothing
+        if boot.machine.describe() in _ENDED:
+            boot.machine.done(workflow, signal)  # another workflow's end: nothing
+            return
+        self._recordDone(boot, workflow, signal)
 
     def polled(self, device: str, connection: int) -> None:
         boot = self._boot(device)
@@ -251,7 +254,37 @@ class BootTracker:
 
     # Effects
 
-    def recordRebooting(self, boot: _RunBoot, workflow: str, signal: str) -> None:
+    def _recordDone(self, boot: _RunBoot, workflow: str, signal: str) -> None:
+        """Journal the workflow's end [B1], then move the run to C{rebooting}
+        [J1]: a refused entry changes nothing, and the next signal for the
+        workflow (a retried report, the other signal) tries again."""
+        record = boot.record
+
+        def change(db: Database, journal: Recorder) -> bool:
+            if isSuperseded(db, record.id):
+                return False  # a new provision committed first
+            journal(
+                REBOOTING,
+                actor=f"node:{record.device}",
+                device=record.device,
+                run=record.id,
+                fields={"workflow": workflow[:256], "signal": signal},
+            )
+            return True
+
+        def recorded(ok: bool) -> None:
+            if ok and self._byDevice.get(record.device) is boot:
+                boot.doneAt = self.clock.seconds()
+                boot.machine.done(workflow, signal)
+
+        def refused(f: Failure) -> None:
+            boot.finished.discard(workflow)
+            self._failed(f)
+
+        self.journal.change(change).addCallbacks(recorded, refused)
+
+    def logRebooting(self, boot: _RunBoot, workflow: str, signal: str) -> None:
+        """The run moved to C{rebooting}; its entry is already committed."""
         record = boot.record
         self.log.info(
             "boot.rebooting {device} {run} {workflow} {signal}",
@@ -260,13 +293,6 @@ class BootTracker:
             workflow=workflow,
             signal=signal,
         )
-        self.journal.append(
-            REBOOTING,
-            actor=f"node:{record.device}",
-            device=record.device,
-            run=record.id,
-            fields={"workflow": workflow[:256], "signal": signal},
-        ).addErrback(self._failed)
 
     def noteHookOS(self, boot: _RunBoot) -> None:
         """The node is (still) in HookOS with its configuration unread:
