@@ -11,8 +11,10 @@ grpcio in this process: open loop at C{--rate} calls/s for latency
 (p50/p99), then closed loop with C{--inflight} calls in flight for
 saturated throughput. The proxy under test is pinned to CPU 0, the
 upstream and the client to CPU 1; CPU per call is the proxy process's
-user+system time over the calls it carried (/proc). Loopback only; every
-process started is stopped.
+user+system time over the calls it carried (/proc). Calls carry no
+deadline unless C{--deadline} asks for one: tink-agent and tink-worker
+send none (no C{grpc-timeout} header). Loopback only; every process
+started is stopped.
 
     .venv/bin/python bench/tink_proxy.py --rate 300 --seconds 10
 """
@@ -108,7 +110,9 @@ def channel(port: int, ca: bytes) -> grpc.Channel:
     )
 
 
-def openLoop(ch: grpc.Channel, rate: float, seconds: float) -> list[float]:
+def openLoop(
+    ch: grpc.Channel, rate: float, seconds: float, deadline: float | None
+) -> list[float]:
     """Latencies (s) of calls started at C{rate}/s for C{seconds}."""
     call = ch.unary_unary(METHOD, lambda b: b, lambda b: b)
     call(REQUEST, timeout=10)  # connect first
@@ -124,7 +128,7 @@ def openLoop(ch: grpc.Channel, rate: float, seconds: float) -> list[float]:
         if delay > 0:
             time.sleep(delay)
         began = time.perf_counter()
-        future = call.future(REQUEST, timeout=10)
+        future = call.future(REQUEST, timeout=deadline)
 
         def done(f: grpc.Future, began: float = began) -> None:
             try:
@@ -140,15 +144,17 @@ def openLoop(ch: grpc.Channel, rate: float, seconds: float) -> list[float]:
                 pending.release()
 
         future.add_done_callback(done)
-    deadline = time.monotonic() + 30
+    until = time.monotonic() + 30
     for _ in range(total):
-        pending.acquire(timeout=max(0.0, deadline - time.monotonic()))
+        pending.acquire(timeout=max(0.0, until - time.monotonic()))
     if errors[0]:
         print(f"  {errors[0]} of {total} calls failed", flush=True)
     return latencies
 
 
-def closedLoop(ch: grpc.Channel, inflight: int, seconds: float) -> int:
+def closedLoop(
+    ch: grpc.Channel, inflight: int, seconds: float, deadline: float | None
+) -> int:
     """Calls completed with C{inflight} always in flight."""
     call = ch.unary_unary(METHOD, lambda b: b, lambda b: b)
     done = 0
@@ -158,7 +164,7 @@ def closedLoop(ch: grpc.Channel, inflight: int, seconds: float) -> int:
     active = [inflight]
 
     def issue() -> None:
-        call.future(REQUEST, timeout=10).add_done_callback(completed)
+        call.future(REQUEST, timeout=deadline).add_done_callback(completed)
 
     def completed(f: grpc.Future) -> None:
         nonlocal done
@@ -182,9 +188,10 @@ def measure(
 ) -> dict[str, float]:
     ch = channel(port, ca)
     try:
-        latencies = openLoop(ch, args.rate, args.seconds)
+        deadline = args.deadline or None
+        latencies = openLoop(ch, args.rate, args.seconds, deadline)
         cpu0 = cpuSeconds(pid) if pid else 0.0
-        calls = closedLoop(ch, args.inflight, args.seconds)
+        calls = closedLoop(ch, args.inflight, args.seconds, deadline)
         cpu = (cpuSeconds(pid) - cpu0) if pid else 0.0
     finally:
         ch.close()
@@ -209,6 +216,14 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=300.0)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--inflight", type=int, default=32)
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=0.0,
+        help="give each call this deadline in seconds (sent as grpc-timeout,"
+        " a new value every call); 0, the default, sends none, as tink-agent"
+        " and tink-worker do",
+    )
     parser.add_argument(
         "--paths",
         default="direct,fleetd,nginx",

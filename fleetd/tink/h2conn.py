@@ -9,8 +9,9 @@ the connection open for the streams in flight when the GOAWAY carries
 NO_ERROR; the protocols built on it stop opening (or accepting) new streams
 themselves. A GOAWAY with an error code still closes at once.
 
-Also here, for both hops: L{noDelay} (TCP_NODELAY, so a small frame is not
-held back by Nagle waiting for the peer's delayed ACK) and L{writes}, which
+Also here, for both hops: the HPACK memory of L{fleetd.tink.h2memo},
+L{noDelay} (TCP_NODELAY, so a small frame is not held back by Nagle
+waiting for the peer's delayed ACK) and L{writes}, which
 lets every connection touched while one connection's bytes are processed
 write what h2 queued once, at the end, instead of once per frame (one TLS
 record and one socket write per connection per batch).
@@ -25,10 +26,13 @@ from typing import Any
 import h2.connection
 import hpack.hpack
 import hpack.table
+from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.events import ConnectionTerminated, Event
 from hyperframe.frame import Frame, GoAwayFrame
+
+from fleetd.tink.h2memo import remember
 
 
 class _Silent:
@@ -57,7 +61,12 @@ _quietLibraries()
 
 
 class DrainingH2Connection(H2Connection):
-    """Graceful GOAWAY both ways (see the module docstring)."""
+    """Graceful GOAWAY both ways (see the module docstring), with HPACK
+    work remembered (L{fleetd.tink.h2memo})."""
+
+    def __init__(self, config: H2Configuration | None = None) -> None:
+        super().__init__(config)
+        remember(self)
 
     def goAway(self, lastStreamId: int, debug: bytes = b"") -> None:
         """Queue GOAWAY(NO_ERROR, C{lastStreamId}) and keep serving the
