@@ -115,18 +115,38 @@ class DecoderTests(SynchronousTestCase):
     """L{MemoDecoder} reads what C{hpack.Decoder} reads."""
 
     @settings(max_examples=200, deadline=None)
-    @given(_lists, _blocks)
+    @given(_lists, _blocks, st.sampled_from([None, 0, 2048]))
     def test_sameFields_everyState(
-        self, pool: list[list[tuple[bytes, bytes]]], order: list[int]
+        self,
+        pool: list[list[tuple[bytes, bytes]]],
+        order: list[int],
+        size: int | None,
     ) -> None:
-        """Blocks from a real encoder decode to the same fields, of the
-        same types (never-indexed kept), as with hpack's own decoder."""
+        """Blocks from a real encoder (its table resized halfway, to 0
+        too) decode to the same fields, of the same types (never-indexed
+        kept), as with hpack's own decoder."""
         encoder, memo, plain = Encoder(), MemoDecoder(65536), Decoder(65536)
-        for i in order:
+        for n, i in enumerate(order):
+            if n == len(order) // 2 and size is not None:
+                encoder.header_table_size = size
             block = encoder.encode(pool[i % len(pool)])
             got, want = memo.decode(block, raw=True), plain.decode(block, raw=True)
             self.assertEqual(got, want)
             self.assertEqual([type(f) for f in got], [type(f) for f in want])
+
+    def test_sizeZeroTable_remembered(self) -> None:
+        """A peer that sets its table to size 0 and then sends fields "with
+        indexing" (nginx does) changes nothing: its repeated block is
+        decoded once."""
+        encoder, memo = Encoder(), MemoDecoder(65536)
+        encoder.header_table_size = 0
+        fields = [(b":status", b"200"), (b"server", b"nginx/1.22.1")]
+        memo.decode(encoder.encode(fields), raw=True)  # carries the size update
+        block = encoder.encode(fields)
+        self.assertEqual(block, encoder.encode(fields))
+        memo.decode(block, raw=True)
+        memo._memory = {k: (g, ()) for k, (g, _) in memo._memory.items()}
+        self.assertEqual(memo.decode(block, raw=True), [])  # from memory
 
     def test_remembered_andLimitKept(self) -> None:
         """A block that changes nothing is decoded once; the header list

@@ -52,11 +52,15 @@ class CountingTable(HeaderTable):
     generation = 0
 
     def add(self, name: bytes, value: bytes) -> None:
-        self.generation += 1
+        if self.dynamic_entries or self._maxsize > 0:
+            self.generation += 1
+        # else: an empty table of size 0 stays empty (a peer that turned
+        # indexing off this way, as nginx does, changes nothing).
         HeaderTable.add(self, name, value)
 
     def _resize(self, value: int) -> None:
-        self.generation += 1
+        if value != self._maxsize:
+            self.generation += 1
         assert _maxsize.fset is not None
         _maxsize.fset(self, value)
 
