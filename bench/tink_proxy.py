@@ -251,7 +251,7 @@ def main() -> None:
         )
         started.append(upstream)
         daemon = Daemon(fleet, cpus="0")
-        daemon.start()
+        daemon.start(waitFor=b"listen.started tink ")
         started.append(daemon)
         results = {}
         if "direct" in paths:
