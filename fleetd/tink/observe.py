@@ -48,6 +48,11 @@ class MessageReader:
     def feed(self, data: bytes) -> list[tuple[bool, bytes | None]]:
         """Complete messages: (compressed, payload), payload L{None} when
         it was over the limit."""
+        if not self._buffer and not self._skip and len(data) >= 5:
+            # The usual: a DATA frame holding exactly one whole message.
+            length = int.from_bytes(data[1:5], "big")
+            if len(data) == length + 5 and length <= self._limit:
+                return [(data[0] != 0, bytes(data[5:]))]
         out: list[tuple[bool, bytes | None]] = []
         view = memoryview(data)
         while view:

@@ -110,6 +110,9 @@ class DeviceIndex:
         return d
 
     def lookup(self, workerId: str) -> str | None:
+        found = self._byId.get(workerId)  # the usual: a MAC as the index keeps it
+        if found is not None:
+            return found
         key = workerId.strip().lower()
         try:
             key = validateMAC(key)
