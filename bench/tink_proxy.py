@@ -1,7 +1,10 @@
 """
 The tink proxy's cost per unary call: direct to a fast tink-server stand-in,
-through fleetd's tink listener (C{twistd -n fleetd}) and through nginx
-C{grpc_pass}, all with the same TLS certificate (issue 10).
+through fleetd's tink listener (C{twistd -n fleetd}), through the floor
+(C{bench/_h2floor.py}: the thinnest gRPC unary proxy on Twisted and ``h2``,
+with fleetd's remembered HPACK coders as C{floor} and without them as
+C{floor-plain}) and through nginx C{grpc_pass}, all with the same TLS
+certificate (issue 10).
 
 The upstream is nginx (one worker) answering every
 C{/proto.WorkflowService/*} call with an empty message and
@@ -70,6 +73,31 @@ class Nginx:
             time.sleep(0.02)
         self.stop()
         raise SystemExit("nginx did not start")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(30)
+
+
+class Floor:
+    """C{bench/_h2floor.py} pinned to C{cpu}, proxying to h2c C{upstream}."""
+
+    def __init__(
+        self, pki: Path, cpu: str, port: int, upstream: int, memo: bool
+    ) -> None:
+        here = Path(__file__).resolve().parent
+        argv = ["taskset", "-c", cpu, sys.executable, str(here / "_h2floor.py")]
+        argv += ["--port", str(port), "--upstream", str(upstream)]
+        argv += ["--cert", str(pki / "public.pem"), "--key", str(pki / "public.key")]
+        env = dict(os.environ, PYTHONPATH=str(here.parent))
+        self.process = subprocess.Popen(argv + ["--memo"] * memo, env=env)
+        self.pid = self.process.pid
+        deadline = time.monotonic() + 10
+        while not listening(port):
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                self.stop()
+                raise SystemExit("the floor did not start")
+            time.sleep(0.02)
 
     def stop(self) -> None:
         self.process.terminate()
@@ -203,12 +231,34 @@ def measure(
         "cpu_us_per_call": 1e6 * cpu / calls if pid else float("nan"),
     }
     print(
-        f"{name:8} p50 {result['p50_ms']:6.2f} ms  p99 {result['p99_ms']:6.2f} ms"
+        f"{name:11} p50 {result['p50_ms']:6.2f} ms  p99 {result['p99_ms']:6.2f} ms"
         f" at {args.rate:.0f}/s  |  saturated {result['rate']:7.0f} calls/s,"
         f" {result['cpu_us_per_call']:6.1f} µs CPU per call",
         flush=True,
     )
     return result
+
+
+def summary(results: dict[str, dict[str, float]]) -> None:
+    """The ratios between the paths measured."""
+    cpu = {name: r["cpu_us_per_call"] for name, r in results.items()}
+    if {"direct", "fleetd", "nginx"} <= results.keys():
+        f, n = results["fleetd"], results["nginx"]
+        print(
+            f"fleetd adds {f['p99_ms'] - results['direct']['p99_ms']:.2f} ms at p99;"
+            f" CPU per call {f['cpu_us_per_call'] / n['cpu_us_per_call']:.1f}x nginx's;"
+            f" saturated throughput {f['rate'] / n['rate']:.2f}x nginx's"
+        )
+    for floor in ("floor", "floor-plain"):
+        ratios = [
+            f"{a} ÷ {b} CPU {cpu[a] / cpu[b]:.2f}x"
+            for a, b in (("fleetd", floor), (floor, "nginx"))
+            if a in cpu and b in cpu
+        ]
+        if ratios:
+            print("; ".join(ratios))
+    if "fleetd" in cpu and "nginx" in cpu:
+        print(f"fleetd ÷ nginx CPU {cpu['fleetd'] / cpu['nginx']:.2f}x")
 
 
 def main() -> None:
@@ -226,8 +276,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--paths",
-        default="direct,fleetd,nginx",
-        help="which of direct, fleetd, nginx to measure (comma-separated)",
+        default="direct,fleetd,floor,nginx",
+        help="which of direct, fleetd, floor, floor-plain, nginx to measure"
+        " (comma-separated)",
     )
     args = parser.parse_args()
     paths = set(args.paths.split(","))
@@ -261,20 +312,20 @@ def main() -> None:
                 "fleetd", daemon.ports["tink"], ca, daemon.pid, args
             )
         daemon.stop()
+        for name in ("floor", "floor-plain"):
+            if name in paths:
+                port = freePort()
+                floor = Floor(pki, "0", port, h2c, memo=name == "floor")
+                started.append(floor)
+                results[name] = measure(name, port, ca, floor.pid, args)
+                floor.stop()
         if "nginx" in paths:
             grpcPass = Nginx(
                 work / "grpcpass", grpcPassConfig(pki, proxied, h2c), "0", proxied
             )
             started.append(grpcPass)
             results["nginx"] = measure("nginx", proxied, ca, grpcPass.pid, args)
-        if len(results) < 3:
-            return
-        f, n = results["fleetd"], results["nginx"]
-        print(
-            f"fleetd adds {f['p99_ms'] - results['direct']['p99_ms']:.2f} ms at p99;"
-            f" CPU per call {f['cpu_us_per_call'] / n['cpu_us_per_call']:.1f}x nginx's;"
-            f" saturated throughput {f['rate'] / n['rate']:.2f}x nginx's"
-        )
+        summary(results)
     finally:
         for each in reversed(started):
             each.stop()  # type: ignore[attr-defined]
