@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet.defer import Deferred, fail
+from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.inventory.model import Device, DeviceStatus, InventoryError, ServedRecord
 from fleetd.inventory.netbox import NetBoxInventory, digestOf
-from fleetd.netbox.client import NetBoxClient
+from fleetd.netbox.client import NetBoxClient, NetBoxError
 from fleetd.netbox.devices import CUSTOM_FIELD_TYPES, findBySerial
 from fleetd.netbox.mirror import carries, codeSpan
 from fleetd.netbox.outbox import pendingCount
@@ -282,6 +283,53 @@ class OutboxTests(SynchronousTestCase):
         self.successResultOf(self.rig.worker.stop())
         self.successResultOf(self.rig.mirror.stop())
         self.assertEqual(self.rig.clock.getDelayedCalls(), [])
+
+
+class ClientCloseTests(SynchronousTestCase):
+    """Stopping the client leaves no connection behind."""
+
+    def test_close_cancelsRequestsInFlight(self) -> None:
+        """A request still unanswered when fleetd stops is cancelled before
+        the idle connections are closed (else its connection, once the
+        answer came, would go back to the pool and stay open); a call
+        after that fails at once."""
+        pending: list[Deferred[Any]] = []
+        cancelled: list[bool] = []
+
+        class Hung:
+            def request(self, method: str, url: str, **kwargs: Any) -> Deferred[Any]:
+                d: Deferred[Any] = Deferred(lambda _: cancelled.append(True))
+                pending.append(d)
+                return d
+
+        closed: list[bool] = []
+
+        def closer() -> Deferred[None]:
+            closed.append(bool(cancelled))  # were requests cancelled first?
+            return Deferred.fromCoroutine(_nothing())
+
+        clock = Clock()
+        client = NetBoxClient(Hung(), clock, URL, TOKEN, timeout=10.0, closer=closer)
+        call = client.call("GET", client.url("api/dcim/devices/"))
+        closing = client.close()
+        self.assertEqual(cancelled, [True])
+        clock.advance(0)  # closed on the next turn
+        self.successResultOf(closing)
+        self.assertEqual(closed, [True])
+        self.failureResultOf(call)
+        self.assertEqual(client._inflight, set())
+        self.assertEqual(clock.getDelayedCalls(), [])
+        # Nothing opens a connection once stopping (an inventory read from
+        # another service shutting down, say): the call fails at once.
+        late = client.call("GET", client.url("api/dcim/devices/"))
+        self.assertEqual(len(pending), 1)
+        error = self.failureResultOf(late, NetBoxError).value
+        self.assertEqual(error.kind, "unavailable")
+        self.assertIn("stopping", str(error))
+
+
+async def _nothing() -> None:
+    return None
 
 
 class LookupTests(SynchronousTestCase):

@@ -19,9 +19,10 @@ from typing import Any, Literal, Protocol
 from urllib.parse import urlencode, urljoin, urlsplit
 
 import treq
-from twisted.internet.defer import Deferred, TimeoutError, succeed
+from twisted.internet.defer import Deferred, TimeoutError, fail, succeed
 from twisted.internet.error import ConnectError, ConnectionLost
 from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import deferLater
 from twisted.web.client import ResponseFailed
 
 NetBoxErrorKind = Literal[
@@ -132,16 +133,31 @@ class NetBoxClient:
     ) -> None:
         self._http = http
         self._closer = closer
+        self._inflight: set[Deferred[tuple[Any, str | None]]] = set()
+        self._closed = False
         self._clock = clock
         self.base = checkURL(url)
         self._auth = authorization(token)
         self.timeout = timeout
 
     def close(self) -> Deferred[None]:
-        """Close idle connections (on stop); fire when they are closed."""
+        """On stop: cancel the requests in flight (a connection that
+        finished one later would go back to the pool, open), then close
+        the idle connections; fire when they are closed. Later calls fail
+        at once: nothing opens a connection once fleetd is stopping."""
+        self._closed = True
+        for call in list(self._inflight):
+            call.cancel()
         if self._closer is None:
             return succeed(None)
-        return self._closer()
+        # A response read to its end fires its caller before its connection
+        # goes back to the pool, in the same turn: close on the next one.
+        closer = self._closer
+
+        def close() -> Deferred[None]:
+            return closer()
+
+        return deferLater(self._clock, 0, close).addCallback(lambda _: None)
 
     def url(self, path: str, params: Mapping[str, str | int] | None = None) -> str:
         """C{path} (like C{api/dcim/devices/}) under the base URL."""
@@ -170,8 +186,21 @@ class NetBoxClient:
         One request; fire with the decoded JSON body (None for 204) and
         the ETag, or fail with a L{NetBoxError}.
         """
+        if self._closed:
+            return fail(
+                NetBoxError(
+                    f"{method} {self._show(url)}: fleetd is stopping", "unavailable"
+                )
+            )
         d = Deferred.fromCoroutine(self._call(method, url, body, ifMatch))
         d.addTimeout(self.timeout, self._clock)
+        self._inflight.add(d)
+
+        def settled(result: object) -> object:
+            self._inflight.discard(d)
+            return result
+
+        d.addBoth(settled)
         d.addErrback(self._translate, method, url)
         return d
 
