@@ -374,7 +374,7 @@ class ObserverTests(SynchronousTestCase):
         st.lists(st.binary(max_size=300), min_size=1, max_size=6),
         st.lists(st.integers(min_value=1, max_value=64), min_size=1, max_size=20),
     )
-    @settings(max_examples=200)
+    @settings(max_examples=200, deadline=None)
     def test_reader_property_anyCuts(
         self, payloads: list[bytes], cuts: list[int]
     ) -> None:
