@@ -10,6 +10,7 @@ source, an IPv6 /64 counting as one source) and closes connections idle
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -140,18 +141,34 @@ def loadTLSOptions(
 _PROVIDES: dict[type, Any] = {}
 
 
-class _LimitedProtocol(policies.ProtocolWrapper):
+class LimitedProtocol(policies.ProtocolWrapper):
     """
     Counts towards its factory's limits and stamps the time of every byte
     in or out; the factory's idle sweep drops it after C{idleTimeout}
     seconds without one. The hot path costs an attribute store, and a
     connection no timer of its own.
+
+    It sits right above the socket's transport (below TLS), so it also
+    counts the bytes handed to that transport (C{bytesWritten}) and tells
+    whoever asks (L{whenLost}) when the socket is gone: the transport's
+    buffers then hold exactly what never reached the kernel.
     """
 
     factory: LimitedFactory
     _lost = False
     _aborted = False
     _active = 0.0
+    _onLost: list[Callable[[], None]] | None = None
+    bytesWritten = 0
+
+    def whenLost(self, callback: Callable[[], None]) -> None:
+        """Call C{callback} once the connection is lost (at once if it is)."""
+        if self._lost:
+            callback()
+            return
+        if self._onLost is None:
+            self._onLost = []
+        self._onLost.append(callback)
 
     def makeConnection(self, transport: Any) -> None:
         factory = self.factory
@@ -188,15 +205,28 @@ class _LimitedProtocol(policies.ProtocolWrapper):
 
     def write(self, data: bytes) -> None:
         self._active = self.factory.clock.seconds()
-        super().write(data)
+        self.bytesWritten += len(data)
+        transport: Any = self.transport
+        transport.write(data)
 
     def writeSequence(self, data: Any) -> None:
         self._active = self.factory.clock.seconds()
-        super().writeSequence(data)
+        data = list(data)
+        self.bytesWritten += sum(map(len, data))
+        transport: Any = self.transport
+        transport.writeSequence(data)
 
     def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
         self._lost = True
         super().connectionLost(reason)
+        callbacks, self._onLost = self._onLost, None
+        for callback in callbacks or ():
+            try:
+                callback()
+            except Exception:
+                self.factory.log.failure(
+                    "listen.lost-callback {listener}", listener=self.factory.name
+                )
 
 
 class LimitedFactory(policies.WrappingFactory):
@@ -220,7 +250,7 @@ class LimitedFactory(policies.WrappingFactory):
     logEvery = 10.0
     sweepSteps = 16
 
-    protocol = _LimitedProtocol
+    protocol = LimitedProtocol
     log = Logger()
     noisy = False
 

@@ -12,10 +12,18 @@ backoff; the vault keeps the record, so the next start records it again.
 A run superseded before its delivery was recorded is journaled as
 delivered but released to nobody: the device keeps the status its newer
 run (or its retirement) gave it.
+
+Records wait together: while one change for new records is queued for the
+database thread, later deliveries join it, so a boot storm records tens of
+deliveries in one change (one savepoint, one append of all their journal
+entries) instead of one change each. Each record's entries and writes are
+still in the transaction that commits them [J1]. If that change fails,
+nothing of it stays, and each of its records is retried on its own.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,6 +52,7 @@ class _Pending:
     superseded: bool
     onRecorded: Callable[[], None]
     recovering: bool = False  # found at start: it may have been recorded before
+    at: float | None = None  # when it was handed over, for its journal entries
 
 
 def _alreadyRecorded(db: Database, run: str) -> bool:
@@ -69,6 +78,10 @@ class Releaser:
         self._timers: dict[str, IDelayedCall] = {}
         self._inflight: set[Deferred[None]] = set()
         self._stopped = False
+        # New records not yet taken by the database thread; the lock
+        # guards the hand-over between the two threads.
+        self._batch: list[_Pending] | None = None
+        self._lock = threading.Lock()
 
     def pending(self) -> int:
         return len(self._pending)
@@ -88,8 +101,47 @@ class Releaser:
         """
         if self._stopped or record.run in self._pending:
             return
-        self._pending[record.run] = _Pending(record, superseded, onRecorded, recovering)
-        self._attempt(record.run, FIRST_DELAY)
+        pending = _Pending(
+            record, superseded, onRecorded, recovering, self._clock.seconds()
+        )
+        self._pending[record.run] = pending
+        with self._lock:
+            batch = self._batch
+            if batch is not None:  # a change not yet started takes it along
+                batch.append(pending)
+                return
+            batch = self._batch = [pending]
+        d = self._journal.change(
+            lambda db, record: self._recordBatch(db, record, batch)
+        ).addCallbacks(self._batchRecorded, self._batchFailed, errbackArgs=(batch,))
+        if not d.called:
+            self._inflight.add(d)
+            d.addBoth(self._settled, d)
+
+    def _close(self, batch: list[_Pending]) -> list[_Pending]:
+        """Let no more records join C{batch}; what it holds."""
+        with self._lock:
+            if self._batch is batch:
+                self._batch = None
+            return list(batch)
+
+    def _recordBatch(
+        self, db: Database, record: Recorder, batch: list[_Pending]
+    ) -> list[_Pending]:
+        """(Database thread.) Record every delivery in C{batch}, in one change."""
+        taken = self._close(batch)
+        for pending in taken:
+            self._record(db, record, pending, pending.at)
+        return taken
+
+    def _batchRecorded(self, taken: list[_Pending]) -> None:
+        for pending in taken:
+            self._recorded(None, pending.record.run)
+
+    def _batchFailed(self, f: Failure, batch: list[_Pending]) -> None:
+        # Nothing of the change stayed: each record is tried again alone.
+        for pending in self._close(batch):
+            self._failed(f, pending.record.run, FIRST_DELAY)
 
     def supersede(self, run: str, onRecorded: Callable[[], None]) -> bool:
         """
@@ -117,7 +169,13 @@ class Releaser:
             self._inflight.add(d)
             d.addBoth(self._settled, d)
 
-    def _record(self, db: Database, record: Recorder, pending: _Pending) -> None:
+    def _record(
+        self,
+        db: Database,
+        record: Recorder,
+        pending: _Pending,
+        at: float | None = None,
+    ) -> None:
         served = pending.record
         if pending.recovering and _alreadyRecorded(db, served.run):
             return
@@ -133,6 +191,7 @@ class Releaser:
             device=served.device,
             run=served.run,
             fields=fields,
+            at=at,
         )
         if superseded:
             return
@@ -149,6 +208,7 @@ class Releaser:
                 device=served.device,
                 run=served.run,
                 fields={"reason": str(e)},
+                at=at,
             )
             self.log.error(
                 "runs.release.refused {run}: {reason}", run=served.run, reason=str(e)
@@ -163,6 +223,7 @@ class Releaser:
             device=served.device,
             run=served.run,
             fields=released,
+            at=at,
         )
 
     def _settled(self, result: object, d: Deferred[None]) -> object:
