@@ -8,8 +8,8 @@ SQLite database on disk (WAL, synchronous=FULL, as fleetd runs it),
 hands C{--batch} deliveries at a time to the real releaser and journal
 and runs what they queued the way the database thread does
 (L{fleetd.store.runner._runBatch}: one group commit), timing the
-releaser's side and the database work with C{time.process_time}. Compare two checkouts by running it
-with each one's C{PYTHONPATH}::
+releaser's side and the database work with C{time.process_time}.
+Compare two checkouts by running it with each one's C{PYTHONPATH}::
 
     PYTHONPATH=. .venv/bin/python bench/record_cost.py [--records 3000]
         [--batch 50] [--repeat 3] [--profile]
