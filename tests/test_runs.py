@@ -527,6 +527,23 @@ class ReleaserBatchTests(SynchronousTestCase):
         verified = self.successResultOf(self.fleet.journal.verify())
         self.assertTrue(verified.ok, verified)
 
+    def test_supersededAmong_asIsSuperseded(self) -> None:
+        """
+        The batch asks the database which runs were superseded, as a
+        lone record does (L{isSuperseded}), over more runs than one query's
+        list holds.
+        """
+        from fleetd.runs.store import endRuns, isSuperseded, supersededAmong
+
+        runs = self.fleet.provision(device("w1", "SER1"), device("w2", "SER2"))
+        with self.fleet.db.transaction():
+            endRuns(self.fleet.db, "w2", "retired")
+        ids = [f"r-{i:016x}" for i in range(1200)] + [r.run for r in runs]
+        self.assertEqual(supersededAmong(self.fleet.db, ids), {runs[1].run})
+        self.assertEqual(
+            {i for i in ids if isSuperseded(self.fleet.db, i)}, {runs[1].run}
+        )
+
     def test_failedBatch_nothingStays_eachRetriedAlone(self) -> None:
         """
         [J1] When the change recording several deliveries fails, none of

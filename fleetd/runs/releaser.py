@@ -38,7 +38,7 @@ from fleetd.inventory.model import (
     InventoryError,
     ServedRecord,
 )
-from fleetd.runs.store import isSuperseded
+from fleetd.runs.store import isSuperseded, supersededAmong
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder
 
@@ -130,8 +130,7 @@ class Releaser:
     ) -> list[_Pending]:
         """(Database thread.) Record every delivery in C{batch}, in one change."""
         taken = self._close(batch)
-        for pending in taken:
-            self._record(db, record, pending, pending.at)
+        self._recordMany(db, record, taken)
         return taken
 
     def _batchRecorded(self, taken: list[_Pending]) -> None:
@@ -176,14 +175,76 @@ class Releaser:
         pending: _Pending,
         at: float | None = None,
     ) -> None:
+        """One delivery's record, alone in its change (a retry)."""
         served = pending.record
         if pending.recovering and _alreadyRecorded(db, served.run):
             return
         # The database decides, not the flag: a provision may have committed
         # ahead of this record in the same batch.
-        superseded = pending.superseded or isSuperseded(db, served.run)
+        if pending.superseded or isSuperseded(db, served.run):
+            outcome: bool | InventoryError | None = None
+        else:
+            outcome = self._releaseOne(db, served)
+        self._entries(record, served, outcome, at)
+
+    def _recordMany(
+        self, db: Database, record: Recorder, taken: list[_Pending]
+    ) -> None:
+        """
+        L{_record} for each of C{taken}, in order, reading what decides
+        them and writing the releases once for all (when the inventory
+        can: L{SQLiteInventory.releaseManyIn}); same entries, same writes.
+        """
+        todo = [
+            p
+            for p in taken
+            if not (p.recovering and _alreadyRecorded(db, p.record.run))
+        ]
+        superseded = supersededAmong(db, [p.record.run for p in todo])
+        toRelease = [
+            p.record for p in todo if not (p.superseded or p.record.run in superseded)
+        ]
+        releaseMany = getattr(type(self._inventory), "releaseManyIn", None)
+        if releaseMany is None:
+            outcomes = [self._releaseOne(db, served) for served in toRelease]
+        else:
+            outcomes = releaseMany(self._inventory, db, toRelease)
+            for outcome in outcomes:
+                if (
+                    isinstance(outcome, InventoryError)
+                    and outcome.kind == "unavailable"
+                ):
+                    raise outcome
+        released = {
+            served.run: outcome
+            for served, outcome in zip(toRelease, outcomes, strict=True)
+        }
+        for p in todo:
+            self._entries(record, p.record, released.get(p.record.run), p.at)
+
+    def _releaseOne(self, db: Database, served: ServedRecord) -> bool | InventoryError:
+        """Release C{served}; a refusal is returned, unavailability raised."""
+        try:
+            return self._inventory.releaseIn(db, served)
+        except InventoryError as e:
+            if e.kind == "unavailable":
+                raise
+            return e
+
+    def _entries(
+        self,
+        record: Recorder,
+        served: ServedRecord,
+        outcome: bool | InventoryError | None,
+        at: float | None,
+    ) -> None:
+        """
+        A delivery's journal entries: C{outcome} is whether the device
+        moved to staged, the inventory's refusal, or L{None} when the run
+        was superseded (released to nobody).
+        """
         fields: dict[str, str | bool] = {"peer": served.peer}
-        if superseded:
+        if outcome is None:
             fields["superseded"] = True
         record(
             "run.delivered",
@@ -193,13 +254,9 @@ class Releaser:
             fields=fields,
             at=at,
         )
-        if superseded:
+        if outcome is None:
             return
-        try:
-            moved = self._inventory.releaseIn(db, served)
-        except InventoryError as e:
-            if e.kind == "unavailable":
-                raise
+        if isinstance(outcome, InventoryError):
             # Retrying cannot help (device deleted, run claimed elsewhere):
             # the delivery is recorded, the refusal beside it.
             record(
@@ -207,16 +264,20 @@ class Releaser:
                 actor="fleetd",
                 device=served.device,
                 run=served.run,
-                fields={"reason": str(e)},
+                fields={"reason": str(outcome)},
                 at=at,
             )
             self.log.error(
-                "runs.release.refused {run}: {reason}", run=served.run, reason=str(e)
+                "runs.release.refused {run}: {reason}",
+                run=served.run,
+                reason=str(outcome),
             )
             return
-        released: dict[str, str | bool] = {"status": DeviceStatus.STAGED.value}
-        if not moved:  # retired or approved meanwhile: it keeps that status
-            released = {"status_kept": True}
+        # Moved: staged now; else retired or approved meanwhile, it keeps
+        # that status.
+        released: dict[str, str | bool] = (
+            {"status": DeviceStatus.STAGED.value} if outcome else {"status_kept": True}
+        )
         record(
             "run.released",
             actor="fleetd",
