@@ -35,6 +35,7 @@ from zope.interface import directlyProvides, implementer, providedBy
 
 from fleetd.boot.ratelimit import sourceKey
 from fleetd.config import ConfigError, TLSFiles
+from fleetd.logs import ThrottledLog
 
 # TLS 1.2: ECDHE key exchange (forward secrecy) with an AEAD cipher only,
 # for ECDSA and RSA certificates alike. No static RSA, no CBC, no SHA-1
@@ -194,7 +195,7 @@ class LimitedProtocol(policies.ProtocolWrapper):
     def idleAbort(self) -> None:
         """Drop the connection: it was idle for too long."""
         self._aborted = True
-        self.factory.log.info(
+        self.factory.idleLog.info(
             "listen.idle-timeout {listener}", listener=self.factory.name
         )
         transport: Any = self.transport
@@ -278,6 +279,9 @@ class LimitedFactory(policies.WrappingFactory):
         self._lastWarning: float | None = None
         self._unreported = 0
         self._sweep: IDelayedCall | None = None
+        # A client can open many connections and leave them idle: their
+        # closes are logged at most ten per 10 s per listener.
+        self.idleLog = ThrottledLog(clock, self.log)
 
     def armSweep(self) -> None:
         """A connection opens: make sure the idle sweep will look at it."""
