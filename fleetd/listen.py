@@ -10,10 +10,11 @@ source, an IPv6 /64 counting as one source) and closes connections idle
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from OpenSSL import crypto
+from OpenSSL import SSL, crypto
 from twisted.application.service import Service
 from twisted.internet import ssl
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
@@ -22,6 +23,7 @@ from twisted.internet.interfaces import (
     IAddress,
     IDelayedCall,
     IListeningPort,
+    IOpenSSLServerConnectionCreator,
     IReactorTime,
 )
 from twisted.internet.protocol import Protocol
@@ -29,10 +31,11 @@ from twisted.logger import Logger
 from twisted.protocols import policies
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
-from zope.interface import directlyProvides, providedBy
+from zope.interface import directlyProvides, implementer, providedBy
 
 from fleetd.boot.ratelimit import sourceKey
 from fleetd.config import ConfigError, TLSFiles
+from fleetd.logs import ThrottledLog
 
 # TLS 1.2: ECDHE key exchange (forward secrecy) with an AEAD cipher only,
 # for ECDSA and RSA certificates alike. No static RSA, no CBC, no SHA-1
@@ -140,18 +143,34 @@ def loadTLSOptions(
 _PROVIDES: dict[type, Any] = {}
 
 
-class _LimitedProtocol(policies.ProtocolWrapper):
+class LimitedProtocol(policies.ProtocolWrapper):
     """
     Counts towards its factory's limits and stamps the time of every byte
     in or out; the factory's idle sweep drops it after C{idleTimeout}
     seconds without one. The hot path costs an attribute store, and a
     connection no timer of its own.
+
+    It sits right above the socket's transport (below TLS), so it also
+    counts the bytes handed to that transport (C{bytesWritten}) and tells
+    whoever asks (L{whenLost}) when the socket is gone: the transport's
+    buffers then hold exactly what never reached the kernel.
     """
 
     factory: LimitedFactory
     _lost = False
     _aborted = False
     _active = 0.0
+    _onLost: list[Callable[[], None]] | None = None
+    bytesWritten = 0
+
+    def whenLost(self, callback: Callable[[], None]) -> None:
+        """Call C{callback} once the connection is lost (at once if it is)."""
+        if self._lost:
+            callback()
+            return
+        if self._onLost is None:
+            self._onLost = []
+        self._onLost.append(callback)
 
     def makeConnection(self, transport: Any) -> None:
         factory = self.factory
@@ -176,7 +195,7 @@ class _LimitedProtocol(policies.ProtocolWrapper):
     def idleAbort(self) -> None:
         """Drop the connection: it was idle for too long."""
         self._aborted = True
-        self.factory.log.info(
+        self.factory.idleLog.info(
             "listen.idle-timeout {listener}", listener=self.factory.name
         )
         transport: Any = self.transport
@@ -188,15 +207,28 @@ class _LimitedProtocol(policies.ProtocolWrapper):
 
     def write(self, data: bytes) -> None:
         self._active = self.factory.clock.seconds()
-        super().write(data)
+        self.bytesWritten += len(data)
+        transport: Any = self.transport
+        transport.write(data)
 
     def writeSequence(self, data: Any) -> None:
         self._active = self.factory.clock.seconds()
-        super().writeSequence(data)
+        data = list(data)
+        self.bytesWritten += sum(map(len, data))
+        transport: Any = self.transport
+        transport.writeSequence(data)
 
     def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
         self._lost = True
         super().connectionLost(reason)
+        callbacks, self._onLost = self._onLost, None
+        for callback in callbacks or ():
+            try:
+                callback()
+            except Exception:
+                self.factory.log.failure(
+                    "listen.lost-callback {listener}", listener=self.factory.name
+                )
 
 
 class LimitedFactory(policies.WrappingFactory):
@@ -220,7 +252,7 @@ class LimitedFactory(policies.WrappingFactory):
     logEvery = 10.0
     sweepSteps = 16
 
-    protocol = _LimitedProtocol
+    protocol = LimitedProtocol
     log = Logger()
     noisy = False
 
@@ -247,6 +279,9 @@ class LimitedFactory(policies.WrappingFactory):
         self._lastWarning: float | None = None
         self._unreported = 0
         self._sweep: IDelayedCall | None = None
+        # A client can open many connections and leave them idle: their
+        # closes are logged at most ten per 10 s per listener.
+        self.idleLog = ThrottledLog(clock, self.log)
 
     def armSweep(self) -> None:
         """A connection opens: make sure the idle sweep will look at it."""
@@ -328,6 +363,24 @@ class LimitedFactory(policies.WrappingFactory):
         return d
 
 
+@implementer(IOpenSSLServerConnectionCreator)
+class ServerConnections:
+    """
+    Server-side TLS connections from C{options}' context, as
+    L{ssl.CertificateOptions} makes them minus its per-connection
+    C{set_alpn_protos}: that sets the list a I{client} offers, which a
+    server never sends (about 9 us a connection here). The server's ALPN
+    choice is the context's select callback, which C{options} installs and
+    which still asks the wrapped factory's C{acceptableProtocols}.
+    """
+
+    def __init__(self, options: ssl.CertificateOptions) -> None:
+        self.options = options
+
+    def serverConnectionForTLS(self, protocol: Any) -> SSL.Connection:
+        return SSL.Connection(self.options.getContext(), None)
+
+
 def tlsFactory(
     options: ssl.CertificateOptions,
     factory: Any,
@@ -339,7 +392,7 @@ def tlsFactory(
     maxPerSource: int | None = None,
 ) -> LimitedFactory:
     """Wrap C{factory} in TLS, then in connection limits."""
-    wrapped = TLSMemoryBIOFactory(options, False, factory)
+    wrapped = TLSMemoryBIOFactory(ServerConnections(options), False, factory)
     wrapped.noisy = False
     return LimitedFactory(
         wrapped,

@@ -311,7 +311,9 @@ class FleetdService(MultiService):
             maxBodyBytes=s.limits.admin_max_body_bytes
             if clientCA
             else s.limits.max_body_bytes,
-            idleTimeout=s.limits.idle_timeout,
+            # The listener's sweep closes idle connections (no byte either
+            # way for limits.idle_timeout): no HTTP timer per connection.
+            idleTimeout=None,
             requestTimeout=s.limits.request_timeout,
             clock=self.reactor,
             # [O2] Only owners may send more than 64 KiB, decided at header time.

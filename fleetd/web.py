@@ -154,10 +154,10 @@ class BoundedRequest(server.Request):
 
     def setHeader(self, name: bytes | str, value: bytes | str) -> None:
         """Every header but C{Server}: the software is nobody's business."""
-        key = name.encode("ascii") if isinstance(name, str) else name
-        if key.lower() == b"server":
+        # Only a six-letter name can be "server": the rest skip the lower().
+        if len(name) == 6 and name.lower() in (b"server", "server"):
             return
-        super().setHeader(name, value)
+        http.Request.setHeader(self, name, value)
 
     def render(self, resrc: resource.IResource) -> None:
         """
@@ -229,28 +229,19 @@ class BoundedChannel(http.HTTPChannel):
     The idle timeout alone lets a client trickle one byte at a time forever;
     here the request line, headers and body must all arrive within
     C{requestTimeout} seconds of the connection (or of the previous
-    response), else the connection is closed.
+    response), else the connection is closed. The deadlines are kept by
+    the site (L{BoundedSite.awaitRequest}): one timer per site, not one
+    per connection.
     """
 
     requestTimeout = 10.0
-    _deadline: Any = None
     site: BoundedSite
 
     def connectionMade(self) -> None:
         super().connectionMade()
-        self._arm()
-
-    def _arm(self) -> None:
-        self._cancel()
-        self._deadline = self.callLater(self.requestTimeout, self._tooSlow)
-
-    def _cancel(self) -> None:
-        if self._deadline is not None and self._deadline.active():
-            self._deadline.cancel()
-        self._deadline = None
+        self.site.awaitRequest(self)
 
     def _tooSlow(self) -> None:
-        self._deadline = None
         self.site.throttledLog.info(
             "http.request-timeout {limit}", limit=self.requestTimeout
         )
@@ -272,7 +263,7 @@ class BoundedChannel(http.HTTPChannel):
         transport.abortConnection()
 
     def allContentReceived(self) -> None:
-        self._cancel()
+        self.site.requestArrived(self)
         super().allContentReceived()
 
     def requestDone(self, request: Any) -> None:
@@ -284,10 +275,10 @@ class BoundedChannel(http.HTTPChannel):
             and not self.requests
             and not getattr(self.transport, "disconnecting", False)
         ):
-            self._arm()
+            self.site.awaitRequest(self)
 
     def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
-        self._cancel()
+        self.site.requestArrived(self)
         super().connectionLost(reason)
 
 
@@ -295,6 +286,13 @@ class BoundedSite(server.Site):
     """
     A L{server.Site} with per-request limits and no tracebacks for clients.
 
+    @ivar idleTimeout: Twisted's own idle timer for each connection, in
+        seconds; L{None} when the listener below closes idle connections
+        already (L{fleetd.listen.LimitedFactory}'s sweep does, for every
+        listener fleetd opens), which spares each connection a timer.
+    @ivar requestTimeout: how long a request may take to arrive whole,
+        kept by one sweep per site: a connection is closed within
+        C{requestTimeout / 16} after its deadline.
     @ivar maxBodyBytes: the largest request body accepted (from a
         C{privileged} peer, when that is given).
     @ivar privileged: decides, when a request's headers are complete,
@@ -314,7 +312,7 @@ class BoundedSite(server.Site):
         maxHeaderBytes: int,
         maxHeaders: int,
         maxBodyBytes: int,
-        idleTimeout: float,
+        idleTimeout: float | None,
         clock: Any,
         requestTimeout: float = 10.0,
         privileged: Callable[[IRequest], bool] | None = None,
@@ -329,6 +327,39 @@ class BoundedSite(server.Site):
         self.unprivilegedBodyBytes = unprivilegedBodyBytes
         self.throttledLog = ThrottledLog(clock)
         self.noisy = False
+        self._deadlines: dict[BoundedChannel, float] = {}
+        self._sweep: Any = None
+
+    sweepSteps = 16
+
+    def awaitRequest(self, channel: BoundedChannel) -> None:
+        """C{channel} waits for a request: it must arrive whole in time."""
+        self._deadlines[channel] = self.reactor.seconds() + self.requestTimeout
+        if self._sweep is None:
+            self._sweep = self.reactor.callLater(self.requestTimeout, self._tooSlow)
+
+    def requestArrived(self, channel: BoundedChannel) -> None:
+        """C{channel}'s request is complete, or the connection is gone."""
+        deadlines = self._deadlines
+        if deadlines.pop(channel, None) is not None and not deadlines:
+            sweep, self._sweep = self._sweep, None
+            if sweep is not None and sweep.active():
+                sweep.cancel()
+
+    def _tooSlow(self) -> None:
+        """Close the connections past their deadline; sleep until the next."""
+        self._sweep = None
+        now = self.reactor.seconds()
+        due: float | None = None
+        for channel, deadline in list(self._deadlines.items()):
+            if deadline <= now:
+                del self._deadlines[channel]
+                channel._tooSlow()
+            elif due is None or deadline < due:
+                due = deadline
+        if due is not None and self._sweep is None:
+            wait = max(due - now, self.requestTimeout / self.sweepSteps)
+            self._sweep = self.reactor.callLater(wait, self._tooSlow)
 
     def bodyLimit(self, request: IRequest) -> int:
         """The largest body C{request} may send (its headers are complete)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from twisted.internet.address import IPv4Address
-from twisted.internet.error import ConnectionLost
+from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
@@ -18,6 +18,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.boot.config import BodyProducer, ConfigResource
 from fleetd.boot.resource import bootRoot
+from fleetd.listen import LimitedFactory
 from fleetd.runs.machine import Outcome
 from fleetd.runs.render import TemplateRenderer
 from fleetd.web import BoundedSite
@@ -250,6 +251,78 @@ class ConfigResourceTests(SynchronousTestCase):
         run = self.provision()
         transport = KernelTransport(peerAddress=PEER)
         self.getThrough(transport, run.code)
+        transport.toKernel()
+        again = StringTransport(peerAddress=PEER)
+        self.getThrough(again, run.code)
+        self.assertTrue(again.value().startswith(b"HTTP/1.1 410"), again.value())
+
+    def limitedGet(self, transport: StringTransport, code: str) -> Any:
+        """GET through the listener's limit wrapper, as on a real listener."""
+        factory = LimitedFactory(
+            self.site, name="boot", clock=self.fleet.clock,
+            maxConnections=10, idleTimeout=30,
+        )  # fmt: skip
+        uuid = self.fleet.registry.identity("w1")
+        assert uuid is not None
+        protocol = factory.buildProtocol(PEER)
+        protocol.makeConnection(transport)
+        path = configPath(code, uuid[0], "SER1").encode()
+        protocol.dataReceived(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        return protocol
+
+    def test_limitedStack_settledWhenLost_noPolling(self) -> None:
+        """
+        [C1] Behind the listener's limit wrapper the hand-over sets no
+        timer: the run counts as delivered when the connection is lost
+        with the whole body with the kernel.
+        """
+        run = self.provision()
+        transport = KernelTransport(peerAddress=PEER)
+        protocol = self.limitedGet(transport, run.code)
+        self.assertIn(b"hostname: w1", transport.value())
+        self.assertIsNone(self.fleet.registry.readyRun("w1"))  # being delivered
+        # Only the listener's idle sweep is scheduled, no hand-over poll.
+        self.assertEqual(len(self.fleet.clock.getDelayedCalls()), 1)
+        transport.toKernel()
+        transport.disconnected = True
+        protocol.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(self.fleet.fetch(run.code)[0], Outcome.CONSUMED)
+
+    def test_limitedStack_bodyHeldWhenLost_deliverableAgain(self) -> None:
+        """
+        [C1] Behind the limit wrapper, a connection lost while part of the
+        body is still in fleetd's buffers withdraws the mark.
+        """
+        run = self.provision()
+        transport = KernelTransport(peerAddress=PEER)
+        protocol = self.limitedGet(transport, run.code)
+        transport.disconnected = True
+        protocol.connectionLost(Failure(ConnectionLost()))
+        self.assertEqual(self.fleet.registry.readyRun("w1"), run.run)
+
+    def test_limitedStack_bytesAfterBodyHeld_stillDelivered(self) -> None:
+        """
+        [C1] Bytes written after the body (a TLS close alert) that never
+        reach the kernel do not make a delivered body look unsent: the run
+        stays consumed, never deliverable twice.
+        """
+        run = self.provision()
+        transport = KernelTransport(peerAddress=PEER)
+        protocol = self.limitedGet(transport, run.code)
+        transport.toKernel()  # the kernel took the whole body...
+        protocol.write(b"\x15\x03\x03\x00\x13" + b"x" * 19)  # ...not the alert
+        transport.disconnected = True
+        protocol.connectionLost(Failure(ConnectionLost()))
+        self.assertEqual(self.fleet.fetch(run.code)[0], Outcome.CONSUMED)
+
+    def test_limitedStack_nextRequest_settlesFirst(self) -> None:
+        """
+        [C1] Behind the limit wrapper too, a request arriving once the
+        kernel has the body sees the run consumed (410), not busy.
+        """
+        run = self.provision()
+        transport = KernelTransport(peerAddress=PEER)
+        self.limitedGet(transport, run.code)
         transport.toKernel()
         again = StringTransport(peerAddress=PEER)
         self.getThrough(again, run.code)

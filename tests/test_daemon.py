@@ -279,6 +279,27 @@ class DaemonTests(DaemonTestMixin, TestCase):
         status, _, _ = await self.get(service, "boot", "/metrics")
         self.assertEqual(status, 404)
 
+    def test_webListeners_timersAreSweeps(self) -> None:
+        """
+        Every web listener closes idle connections by its sweep
+        (limits.idle_timeout, no Twisted HTTP timer per connection) and
+        slow requests by its site's deadline sweep (limits.request_timeout).
+        """
+        from fleetd.listen import LimitedFactory
+        from fleetd.web import BoundedSite
+
+        service = self.startDaemon()
+        limits = self.settings.limits
+        for name in ("boot", "device", "admin"):
+            limited = service.listeners[name].factory
+            self.assertIsInstance(limited, LimitedFactory, name)
+            self.assertEqual(limited.idleTimeout, limits.idle_timeout, name)
+            tls = limited.wrappedFactory
+            site = tls.wrappedFactory
+            self.assertIsInstance(site, BoundedSite, name)
+            self.assertIsNone(site.timeOut, name)
+            self.assertEqual(site.requestTimeout, limits.request_timeout, name)
+
     def test_webListeners_negotiateHTTP11(self) -> None:
         """A client offering h2 (curl, Go) gets HTTP/1.1 on the web listeners."""
         return ensureDeferred(self._alpn())  # type: ignore[return-value]

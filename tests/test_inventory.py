@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from twisted.internet.defer import Deferred, fail
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
@@ -496,3 +498,103 @@ class ValidateDeviceTests(SynchronousTestCase):
                 "offline active planned staged failed inventory decommissioning".split()
             ),
         )
+
+
+_STATUSES = ["planned", "staged", "active", "decommissioning"]
+
+
+class ReleaseManyTests(SynchronousTestCase):
+    """L{SQLiteInventory.releaseManyIn} is L{releaseIn} for each, in bulk."""
+
+    def setUp(self) -> None:
+        self.directory = Path(self.mktemp())
+        self.directory.mkdir()
+        self.count = 0
+
+    def database(
+        self, statuses: list[str | None], served: list[tuple[int, int]]
+    ) -> Database:
+        self.count += 1
+        db = Database.open(self.directory / f"db{self.count}.sqlite3")
+        self.addCleanup(db.close)
+        with db.transaction() as conn:
+            for i, status in enumerate(statuses):
+                if status is not None:
+                    conn.execute(
+                        "INSERT INTO devices (name, serial, uuid, class, status)"
+                        " VALUES (?, ?, ?, 'worker', ?)",
+                        (f"n{i}", f"S{i}", f"u{i}", status),
+                    )
+            for run, device in served:
+                if statuses[device] is None:
+                    continue  # a served record names an existing device
+                conn.execute(
+                    "INSERT INTO served_records (run, device, served_at, peer)"
+                    " VALUES (?, ?, 1.0, '10.0.0.1')",
+                    (f"r-{run}", f"n{device}"),
+                )
+        return db
+
+    @staticmethod
+    def state(db: Database) -> tuple[list[Any], list[Any]]:
+        return (
+            list(db.execute("SELECT name, status FROM devices ORDER BY name")),
+            list(db.execute("SELECT * FROM served_records ORDER BY run")),
+        )
+
+    @given(
+        statuses=st.lists(st.sampled_from([*_STATUSES, None]), min_size=3, max_size=3),
+        served=st.lists(
+            st.tuples(st.integers(0, 5), st.integers(0, 2)),
+            max_size=3,
+            unique_by=lambda pair: pair[0],
+        ),
+        records=st.lists(
+            st.tuples(st.integers(0, 5), st.integers(0, 3), st.booleans()),
+            max_size=6,
+        ),
+    )
+    @example(  # two runs of one planned device: only the first moves it
+        statuses=["planned", "staged", None],
+        served=[],
+        records=[(0, 0, True), (1, 0, True)],
+    )
+    @example(
+        statuses=["planned", "active", None],
+        served=[(2, 1)],
+        records=[(2, 1, True), (2, 0, True), (3, 2, True), (4, 1, False), (5, 0, True)],
+    )
+    @settings(max_examples=40, deadline=None)
+    def test_releaseManyIn_sameAsOneByOne(
+        self,
+        statuses: list[str | None],
+        served: list[tuple[int, int]],
+        records: list[tuple[int, int, bool]],
+    ) -> None:
+        """
+        [J1] Releasing records in bulk gives each the outcome, and leaves
+        the tables as, releasing them one by one in order: moved to staged
+        or kept, refused (unknown device, run released to another device,
+        a bad record) with nothing written for it.
+        """
+        batch = [
+            ServedRecord(f"r-{run}", f"n{device}", 2.0, "10.0.0.9" if ok else "\x00")
+            for run, device, ok in records
+        ]
+        one = self.database(statuses, served)
+        many = self.database(statuses, served)
+        inventory = inventoryOver(InlineRunner(one))
+        expected: list[Any] = []
+        with one.transaction():
+            for record in batch:
+                try:
+                    expected.append(inventory.releaseIn(one, record))
+                except InventoryError as e:
+                    expected.append((e.kind, str(e)))
+        with many.transaction():
+            got = [
+                (o.kind, str(o)) if isinstance(o, InventoryError) else o
+                for o in inventory.releaseManyIn(many, batch)
+            ]
+        self.assertEqual(got, expected)
+        self.assertEqual(self.state(many), self.state(one))

@@ -530,6 +530,31 @@ class AsyncJournalTests(SynchronousTestCase):
         result = self.successResultOf(self.journal.verify())
         self.assertEqual((result.ok, result.entries), (True, 2))
 
+    def test_change_entriesWithOwnTimes_chainVerifies(self) -> None:
+        """
+        [J1] [J2] Entries recorded in one change with their own times keep
+        them (the others take the change's time) and the chain verifies.
+        """
+        self.clock.advance(100.0)
+
+        def work(db: Database, record: Any) -> None:
+            record("a", actor="fleetd", run="r1", at=90.25)
+            record("b", actor="fleetd", run="r2")
+            record("c", actor="fleetd", run="r3", at=95.5)
+
+        self.successResultOf(self.journal.change(work))
+        entries = self.successResultOf(self.journal.query())
+        self.assertEqual(
+            [(e.event, e.at) for e in entries],
+            [("a", 90.25), ("b", 100.0), ("c", 95.5)],
+        )
+        result = self.successResultOf(self.journal.verify())
+        self.assertEqual((result.ok, result.entries), (True, 3))
+        refused = self.journal.change(
+            lambda db, record: record("d", actor="fleetd", at=float("inf"))
+        )
+        self.failureResultOf(refused, ValueError)
+
     def test_append_refusedFails(self) -> None:
         """A refused entry fails the Deferred with L{ValueError}."""
         d = self.journal.append("a", actor="fleetd", fields={"token": "x"})

@@ -83,6 +83,34 @@ class LimitedFactoryTests(SynchronousTestCase):
         proto.connectionLost(None)  # type: ignore[attr-defined]
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
+    def test_idle_closesLoggedAtMostTenPer10s(self) -> None:
+        """
+        Many idle connections closed at once log at most ten lines per
+        10 s per listener, then one line counting the others.
+        """
+        factory = LimitedFactory(
+            Factory.forProtocol(Recorder), name="boot", clock=self.clock,
+            maxConnections=100, idleTimeout=10,
+        )  # fmt: skip
+        protocols = []
+        for _ in range(30):
+            proto = factory.buildProtocol(ADDR)
+            proto.makeConnection(StringTransport())
+            protocols.append(proto)
+        with capturedLogs() as events:
+            self.clock.advance(10)
+            self.clock.advance(10)
+            proto = factory.buildProtocol(ADDR)
+            proto.makeConnection(StringTransport())
+            protocols.append(proto)
+            self.clock.advance(10)
+        lines = [e for e in events if "listen.idle-timeout" in e["log_format"]]
+        self.assertEqual(len(lines), 11)
+        self.assertEqual(lines[-1].get("suppressed"), 20)
+        for proto in protocols:
+            proto.connectionLost(None)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
     def test_idle_resetByTraffic(self) -> None:
         """Bytes in either direction push the idle deadline back."""
         proto, transport = self.connect()

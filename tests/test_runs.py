@@ -483,6 +483,95 @@ class FailingVault(MemoryVault):
         super().put(name, data)
 
 
+class ReleaserBatchTests(SynchronousTestCase):
+    """Deliveries handed over while a record waits are recorded together."""
+
+    def setUp(self) -> None:
+        self.fleet = Fleet(self)
+        self.fleet.add(device("w1", "SER1"), device("w2", "SER2"), device("w3", "SER3"))
+
+    def hold(self) -> DeferringRunner:
+        runner = DeferringRunner(self.fleet.registry.runner)  # type: ignore[arg-type]
+        self.fleet.journal._runner = runner
+        runner.holding = True
+        return runner
+
+    def entries(self, device: str) -> list[tuple[str, float]]:
+        found = self.successResultOf(self.fleet.journal.query(device=device))
+        return [(e.event, e.at) for e in found]
+
+    def test_deliveriesWhileWaiting_oneChange_ownTimes(self) -> None:
+        """
+        [J1] Deliveries handed over while a record waits for the database
+        join its change: one change records them all, nothing is released
+        before it commits, and each delivery's entries keep its own time.
+        """
+        runs = self.fleet.provision(
+            device("w1", "SER1"), device("w2", "SER2"), device("w3", "SER3")
+        )
+        runner = self.hold()
+        times = []
+        for run in runs:
+            self.fleet.clock.advance(1.5)
+            times.append(self.fleet.clock.seconds())
+            self.assertEqual(self.fleet.fetch(run.code)[0], Outcome.DELIVER)
+        self.assertEqual(len(runner.queue), 1)  # one change for three records
+        self.assertEqual(self.fleet.status("w2"), DeviceStatus.PLANNED)
+        runner.flush()
+        self.assertEqual(self.fleet.registry.releaser.pending(), 0)
+        for name, at in zip(("w1", "w2", "w3"), times, strict=True):
+            self.assertEqual(self.fleet.status(name), DeviceStatus.STAGED)
+            self.assertEqual(
+                self.entries(name)[-2:], [("run.delivered", at), ("run.released", at)]
+            )
+        verified = self.successResultOf(self.fleet.journal.verify())
+        self.assertTrue(verified.ok, verified)
+
+    def test_supersededAmong_asIsSuperseded(self) -> None:
+        """
+        The batch asks the database which runs were superseded, as a
+        lone record does (L{isSuperseded}), over more runs than one query's
+        list holds.
+        """
+        from fleetd.runs.store import endRuns, isSuperseded, supersededAmong
+
+        runs = self.fleet.provision(device("w1", "SER1"), device("w2", "SER2"))
+        with self.fleet.db.transaction():
+            endRuns(self.fleet.db, "w2", "retired")
+        ids = [f"r-{i:016x}" for i in range(1200)] + [r.run for r in runs]
+        self.assertEqual(supersededAmong(self.fleet.db, ids), {runs[1].run})
+        self.assertEqual(
+            {i for i in ids if isSuperseded(self.fleet.db, i)}, {runs[1].run}
+        )
+
+    def test_failedBatch_nothingStays_eachRetriedAlone(self) -> None:
+        """
+        [J1] When the change recording several deliveries fails, none of
+        its writes or entries stay; each delivery is then recorded on its
+        own, once.
+        """
+        flaky = FlakyInventory(self.fleet.inventory, failures=1)
+        self.fleet.registry.stop()
+        self.fleet.start(vault=self.fleet.vault, inventory=flaky)
+        runs = self.fleet.provision(device("w1", "SER1"), device("w2", "SER2"))
+        runner = self.hold()
+        for run in runs:
+            self.fleet.fetch(run.code)
+        self.assertEqual(len(runner.queue), 1)
+        runner.flush()  # the first release fails: the whole change with it
+        self.assertEqual(self.fleet.registry.releaser.pending(), 2)
+        for name in ("w1", "w2"):
+            self.assertEqual(self.fleet.status(name), DeviceStatus.PLANNED)
+            self.assertNotIn("run.delivered", [e for e, _ in self.entries(name)])
+        self.fleet.clock.advance(1)  # retried one by one
+        self.assertEqual(self.fleet.registry.releaser.pending(), 0)
+        for name in ("w1", "w2"):
+            self.assertEqual(self.fleet.status(name), DeviceStatus.STAGED)
+            events = [e for e, _ in self.entries(name)]
+            self.assertEqual(events.count("run.delivered"), 1)
+            self.assertEqual(events.count("run.released"), 1)
+
+
 class RaceTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.fleet = Fleet(self)

@@ -198,6 +198,59 @@ class BoundedSiteTests(SynchronousTestCase):
         channel.connectionLost(None)
         self.assertEqual(clock.getDelayedCalls(), [])
 
+    def test_requestDeadlines_oneTimerPerSite(self) -> None:
+        """
+        Request deadlines are kept by one timer per site, not one per
+        connection; without its own idle timeout (the listener sweeps
+        idle connections) a site arms no other timer, and none once every
+        request has arrived.
+        """
+        clock = Clock()
+        site = BoundedSite(
+            Router(), maxHeaderBytes=1024, maxHeaders=10, maxBodyBytes=10,
+            idleTimeout=None, clock=clock, requestTimeout=10,
+        )  # fmt: skip
+        channels = []
+        for _ in range(5):
+            channel = site.buildProtocol(None)
+            channel.makeConnection(StringTransport())
+            channels.append(channel)
+            clock.advance(1)
+        self.assertEqual(len(clock.getDelayedCalls()), 1)
+        for channel in channels:
+            channel.dataReceived(
+                b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+        self.assertEqual(clock.getDelayedCalls(), [])
+        for channel in channels:
+            channel.connectionLost(None)
+
+    def test_requestDeadlines_staggered_eachClosedOnTime(self) -> None:
+        """
+        With staggered connections the site's sweep closes each one whose
+        request is late, within requestTimeout / 16 of its deadline, and
+        leaves the others open.
+        """
+        clock = Clock()
+        site = BoundedSite(
+            Router(), maxHeaderBytes=1024, maxHeaders=10, maxBodyBytes=10,
+            idleTimeout=None, clock=clock, requestTimeout=10,
+        )  # fmt: skip
+        transports = []
+        for _ in range(3):
+            channel = site.buildProtocol(None)
+            transport = StringTransport()
+            channel.makeConnection(transport)
+            transports.append((channel, transport))
+            clock.advance(3)  # connected at 0, 3 and 6
+        clock.advance(1 + 10 / 16)  # t = 10.625: the first is past its deadline
+        self.assertEqual([t.disconnecting for _, t in transports], [True, False, False])
+        clock.advance(3)  # t = 13.625
+        self.assertEqual([t.disconnecting for _, t in transports], [True, True, False])
+        for channel, _ in transports:
+            channel.connectionLost(None)
+        self.assertEqual(clock.getDelayedCalls(), [])
+
     def test_keepAlive_nextRequestHasDeadline(self) -> None:
         """After a response, the next request on the connection has a deadline."""
         clock = Clock()

@@ -335,19 +335,20 @@ class ConfigResource(resource.Resource):
             if complete and onDelivered is not None:
                 onDelivered()
 
+        def report(complete: bool) -> None:
+            self._handovers.pop(run.record.id, None)
+            settle(complete)
+
+        handover = Handover(self._clock, transport, report)
+
         def finished(_: object) -> None:
             # Handed to the connection; delivered once the OS has it all.
-            def report(complete: bool) -> None:
-                self._handovers.pop(run.record.id, None)
-                settle(complete)
-
-            handover = Handover(self._clock, transport, report)
             self._handovers[run.record.id] = handover
             handover.start()
 
         notify = request.notifyFinish()  # type: ignore[attr-defined]
         notify.addCallbacks(finished, lambda _: settle(False))
-        BodyProducer(request, body).start()
+        BodyProducer(request, body, handover.bodyWritten).start()
         notDoneYet: int = server.NOT_DONE_YET
         return notDoneYet
 
@@ -377,8 +378,14 @@ class BodyProducer:
 
     chunkSize = 65536
 
-    def __init__(self, request: IRequest, body: bytes) -> None:
+    def __init__(
+        self,
+        request: IRequest,
+        body: bytes,
+        lastWritten: Callable[[], None] = lambda: None,
+    ) -> None:
         self._request = request
+        self._lastWritten = lastWritten  # called between the last write and finish
         self._body = memoryview(body)
         self._offset = 0
         self._paused = False
@@ -388,6 +395,7 @@ class BodyProducer:
         if len(self._body) <= self.chunkSize:
             self._done = True
             self._request.write(bytes(self._body))
+            self._lastWritten()
             self._request.finish()
             return
         self._request.registerProducer(self, True)  # type: ignore[attr-defined]
@@ -401,6 +409,7 @@ class BodyProducer:
                 self._done = True
                 self._request.unregisterProducer()  # type: ignore[attr-defined]
                 self._request.write(chunk)
+                self._lastWritten()
                 self._request.finish()
             else:
                 self._request.write(chunk)  # may pause us, synchronously

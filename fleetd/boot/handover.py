@@ -5,11 +5,24 @@ Twisted finishing a response means every byte was handed to the
 connection, not to the kernel: the TLS layer and the TCP transport keep
 what the socket would not take yet in fleetd's own memory. The revised
 [C1] counts a delivery only once all of it has reached the operating
-system, and withdraws the mark when the connection fails before that. So
-after the last write we watch the transport stack until its buffers are
-empty (delivered) or the connection is gone with bytes still held
-(not delivered). A client that stops reading keeps the check waiting
+system, and withdraws the mark when the connection fails before that.
+
+On fleetd's listeners a L{LimitedProtocol} sits right above the socket's
+transport and counts every byte handed to it. When the body's last byte
+has been written (L{Handover.bodyWritten}) that count marks the end of
+the body in the connection's byte stream; the kernel has the whole body
+once the transport has sent that many bytes, whatever was written after
+it (the TLS close alert). A delivery's response ends its connection
+(C{Connection: close}), so the check runs when the response is finished
+and, unless the kernel took everything already, once more when the
+connection is lost (or when another request for the same run arrives):
+no timer at all. A client that stops reading keeps the check waiting
 until the listener's idle timeout closes the connection.
+
+Over any other transport (no L{LimitedProtocol} below, as in tests that
+drive the HTTP channel directly) the check polls instead, backing off
+from the next reactor turn to once a second, and counts every byte
+still held.
 """
 
 from __future__ import annotations
@@ -20,6 +33,8 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.protocols.policies import ProtocolWrapper
 from twisted.protocols.tls import TLSMemoryBIOProtocol
 
+from fleetd.listen import LimitedProtocol
+
 FIRST_WAIT = 0.0
 MAX_WAIT = 1.0
 _MAX_DEPTH = 8
@@ -27,7 +42,7 @@ _MAX_DEPTH = 8
 
 def _stack(transport: object) -> list[object]:
     """
-    C{transport} and the transports it wraps (limit wrapper, TLS, TCP).
+    C{transport} and the transports it wraps (TLS, limit wrapper, TCP).
     Read from each layer's own attributes: a L{ProtocolWrapper} forwards
     unknown attribute lookups to its transport, which would count the TCP
     buffer once per layer (and raise and catch on every miss).
@@ -69,8 +84,9 @@ def connectionGone(transport: object, layers: list[object] | None = None) -> boo
 
 class Handover:
     """
-    Report once, with C{True} when the operating system has every byte
-    written to C{transport}, with C{False} when the connection went first.
+    Report once, with C{True} when the operating system has the whole
+    body written to C{transport}, with C{False} when the connection went
+    first.
     """
 
     def __init__(
@@ -85,32 +101,76 @@ class Handover:
         self._report: Callable[[bool], None] | None = report
         self._wait = FIRST_WAIT
         self._timer: IDelayedCall | None = None
+        self._limited: LimitedProtocol | None = None
+        self._above: list[object] = []  # TLS, which may hold application data
+        self._below: list[object] = []  # the socket's transport
+        for i, layer in enumerate(self._layers):
+            if isinstance(layer, LimitedProtocol):
+                self._limited = layer
+                self._above, self._below = self._layers[:i], self._layers[i + 1 :]
+                break
+        self._end: int | None = None  # the body's end in the limited stream
+
+    def bodyWritten(self) -> None:
+        """
+        The body's last byte was just written: note where the body ends
+        in the stream below TLS (nothing of it may be held above).
+        """
+        limited = self._limited
+        if limited is not None and unsentBytes(None, self._above) == 0:
+            self._end = limited.bytesWritten
+
+    def _settled(self) -> bool | None:
+        """Delivered (C{True}), failed (C{False}) or not known yet (L{None})."""
+        limited, end = self._limited, self._end
+        if limited is not None and end is not None:
+            sent = limited.bytesWritten - unsentBytes(None, self._below)
+            if sent >= end:
+                return True
+            return False if limited._lost else None
+        if unsentBytes(self._transport, self._layers) == 0:
+            return True
+        return False if connectionGone(self._transport, self._layers) else None
 
     def start(self) -> None:
-        """Check now (usually the kernel took it all), then back off."""
-        self._check()
+        """
+        Check now; if the body is not all with the kernel yet, check again
+        when the connection is lost (or poll, without a L{LimitedProtocol}
+        or its count of the body).
+        """
+        self._check(poll=False)
+        if self._report is None:
+            return
+        if self._limited is not None and self._end is not None:
+            self._limited.whenLost(self._check)
+            return
+        self._timer = self._clock.callLater(self._wait, self._check)
+        self._wait = min(MAX_WAIT, max(0.01, self._wait * 2))
 
     def poll(self) -> None:
         """
         Check now, out of turn: another request for the same run arrived,
         and that client may already have read everything.
         """
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._check()
+        timer = self._timer
+        if timer is not None and timer.active():
+            timer.cancel()
+        self._check(poll=timer is not None)
 
-    def _check(self) -> None:
+    def _check(self, poll: bool = True) -> None:
+        """Report if settled; else, when C{poll}ing, look again later."""
         self._timer = None
         report = self._report
         if report is None:
             return
-        unsent = unsentBytes(self._transport, self._layers)
-        if unsent == 0 or connectionGone(self._transport, self._layers):
+        settled = self._settled()
+        if settled is not None:
             self._report = None
-            report(unsent == 0)
+            report(settled)
             return
-        self._timer = self._clock.callLater(self._wait, self._check)
-        self._wait = min(MAX_WAIT, max(0.01, self._wait * 2))
+        if poll and self._end is None:
+            self._timer = self._clock.callLater(self._wait, self._check)
+            self._wait = min(MAX_WAIT, max(0.01, self._wait * 2))
 
     def cancel(self) -> None:
         """Stop watching without reporting (fleetd is stopping)."""

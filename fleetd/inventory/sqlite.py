@@ -228,6 +228,84 @@ def _release(conn: sqlite3.Connection, record: ServedRecord) -> bool:
     return moved
 
 
+_CHUNK = 500  # host parameters per IN (...) list
+
+
+def _pairs(conn: sqlite3.Connection, sql: str, keys: list[str]) -> dict[str, str]:
+    """C{sql} (two columns, one C{IN ({})} list) for C{keys}, as a dict."""
+    found: dict[str, str] = {}
+    for i in range(0, len(keys), _CHUNK):
+        chunk = keys[i : i + _CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        found.update(conn.execute(sql.format(marks), tuple(chunk)).fetchall())
+    return found
+
+
+def _releaseMany(
+    conn: sqlite3.Connection, records: Sequence[ServedRecord]
+) -> list[bool | InventoryError]:
+    """
+    L{_release} for each of C{records} in order, with two reads and two
+    writes for all of them: the same outcomes, a refusal per record
+    instead of an exception, and nothing written for a refused one.
+    """
+    checked: list[ServedRecord | InventoryError] = []
+    for record in records:
+        try:
+            checked.append(validateServedRecord(record))
+        except InventoryError as e:
+            checked.append(e)
+    valid = [c for c in checked if isinstance(c, ServedRecord)]
+    served = _pairs(
+        conn,
+        "SELECT run, device FROM served_records WHERE run IN ({})",
+        [c.run for c in valid],
+    )
+    statuses = _pairs(
+        conn,
+        "SELECT name, status FROM devices WHERE name IN ({})",
+        sorted({c.device for c in valid}),
+    )
+    planned, staged = DeviceStatus.PLANNED.value, DeviceStatus.STAGED.value
+    outcomes: list[bool | InventoryError] = []
+    moves: list[tuple[str, str]] = []
+    inserts: list[tuple[str, str, float, str]] = []
+    for c in checked:
+        if isinstance(c, InventoryError):
+            outcomes.append(c)
+            continue
+        owner = served.get(c.run)
+        if owner is not None:
+            outcomes.append(
+                False  # released before, to this device: as _release
+                if owner == c.device
+                else InventoryError(
+                    f"run {c.run} was released for device {owner}", "duplicate"
+                )
+            )
+            continue
+        status = statuses.get(c.device)
+        if status is None:
+            outcomes.append(InventoryError(f"no device named {c.device}", "not-found"))
+            continue
+        # Only a planned device becomes staged, as in _release.
+        moved = status == planned
+        if moved:
+            moves.append((staged, c.device))
+            statuses[c.device] = staged
+        inserts.append((c.run, c.device, c.served_at, c.peer))
+        served[c.run] = c.device
+        outcomes.append(moved)
+    conn.executemany(
+        "UPDATE devices SET status = ? WHERE name = ? AND status = 'planned'", moves
+    )
+    conn.executemany(
+        "INSERT INTO served_records (run, device, served_at, peer) VALUES (?, ?, ?, ?)",
+        inserts,
+    )
+    return outcomes
+
+
 class SQLiteInventory:
     """
     L{fleetd.inventory.model.IInventory} in fleetd's own database: every
@@ -372,6 +450,16 @@ class SQLiteInventory:
     def releaseIn(self, db: Database, record: ServedRecord) -> bool:
         # No savepoint needed: _release refuses before it writes anything.
         return _release(db.connection, validateServedRecord(record))
+
+    def releaseManyIn(
+        self, db: Database, records: Sequence[ServedRecord]
+    ) -> Sequence[bool | InventoryError]:
+        """
+        L{releaseIn} for each of C{records}, in order, in the caller's
+        transaction: whether each device moved to C{staged}, or the
+        L{InventoryError} refusing that record (which wrote nothing).
+        """
+        return _releaseMany(db.connection, records)
 
     def transitionIn(
         self,

@@ -12,10 +12,18 @@ backoff; the vault keeps the record, so the next start records it again.
 A run superseded before its delivery was recorded is journaled as
 delivered but released to nobody: the device keeps the status its newer
 run (or its retirement) gave it.
+
+Records wait together: while one change for new records is queued for the
+database thread, later deliveries join it, so a boot storm records tens of
+deliveries in one change (one savepoint, one append of all their journal
+entries) instead of one change each. Each record's entries and writes are
+still in the transaction that commits them [J1]. If that change fails,
+nothing of it stays, and each of its records is retried on its own.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,7 +38,7 @@ from fleetd.inventory.model import (
     InventoryError,
     ServedRecord,
 )
-from fleetd.runs.store import isSuperseded
+from fleetd.runs.store import isSuperseded, supersededAmong
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder
 
@@ -44,6 +52,7 @@ class _Pending:
     superseded: bool
     onRecorded: Callable[[], None]
     recovering: bool = False  # found at start: it may have been recorded before
+    at: float | None = None  # when it was handed over, for its journal entries
 
 
 def _alreadyRecorded(db: Database, run: str) -> bool:
@@ -69,6 +78,10 @@ class Releaser:
         self._timers: dict[str, IDelayedCall] = {}
         self._inflight: set[Deferred[None]] = set()
         self._stopped = False
+        # New records not yet taken by the database thread; the lock
+        # guards the hand-over between the two threads.
+        self._batch: list[_Pending] | None = None
+        self._lock = threading.Lock()
 
     def pending(self) -> int:
         return len(self._pending)
@@ -88,8 +101,46 @@ class Releaser:
         """
         if self._stopped or record.run in self._pending:
             return
-        self._pending[record.run] = _Pending(record, superseded, onRecorded, recovering)
-        self._attempt(record.run, FIRST_DELAY)
+        pending = _Pending(
+            record, superseded, onRecorded, recovering, self._clock.seconds()
+        )
+        self._pending[record.run] = pending
+        with self._lock:
+            batch = self._batch
+            if batch is not None:  # a change not yet started takes it along
+                batch.append(pending)
+                return
+            batch = self._batch = [pending]
+        d = self._journal.change(
+            lambda db, record: self._recordBatch(db, record, batch)
+        ).addCallbacks(self._batchRecorded, self._batchFailed, errbackArgs=(batch,))
+        if not d.called:
+            self._inflight.add(d)
+            d.addBoth(self._settled, d)
+
+    def _close(self, batch: list[_Pending]) -> list[_Pending]:
+        """Let no more records join C{batch}; what it holds."""
+        with self._lock:
+            if self._batch is batch:
+                self._batch = None
+            return list(batch)
+
+    def _recordBatch(
+        self, db: Database, record: Recorder, batch: list[_Pending]
+    ) -> list[_Pending]:
+        """(Database thread.) Record every delivery in C{batch}, in one change."""
+        taken = self._close(batch)
+        self._recordMany(db, record, taken)
+        return taken
+
+    def _batchRecorded(self, taken: list[_Pending]) -> None:
+        for pending in taken:
+            self._recorded(None, pending.record.run)
+
+    def _batchFailed(self, f: Failure, batch: list[_Pending]) -> None:
+        # Nothing of the change stayed: each record is tried again alone.
+        for pending in self._close(batch):
+            self._failed(f, pending.record.run, FIRST_DELAY)
 
     def supersede(self, run: str, onRecorded: Callable[[], None]) -> bool:
         """
@@ -117,15 +168,83 @@ class Releaser:
             self._inflight.add(d)
             d.addBoth(self._settled, d)
 
-    def _record(self, db: Database, record: Recorder, pending: _Pending) -> None:
+    def _record(
+        self,
+        db: Database,
+        record: Recorder,
+        pending: _Pending,
+        at: float | None = None,
+    ) -> None:
+        """One delivery's record, alone in its change (a retry)."""
         served = pending.record
         if pending.recovering and _alreadyRecorded(db, served.run):
             return
         # The database decides, not the flag: a provision may have committed
         # ahead of this record in the same batch.
-        superseded = pending.superseded or isSuperseded(db, served.run)
+        if pending.superseded or isSuperseded(db, served.run):
+            outcome: bool | InventoryError | None = None
+        else:
+            outcome = self._releaseOne(db, served)
+        self._entries(record, served, outcome, at)
+
+    def _recordMany(
+        self, db: Database, record: Recorder, taken: list[_Pending]
+    ) -> None:
+        """
+        L{_record} for each of C{taken}, in order, reading what decides
+        them and writing the releases once for all (when the inventory
+        can: L{SQLiteInventory.releaseManyIn}); same entries, same writes.
+        """
+        todo = [
+            p
+            for p in taken
+            if not (p.recovering and _alreadyRecorded(db, p.record.run))
+        ]
+        superseded = supersededAmong(db, [p.record.run for p in todo])
+        toRelease = [
+            p.record for p in todo if not (p.superseded or p.record.run in superseded)
+        ]
+        releaseMany = getattr(type(self._inventory), "releaseManyIn", None)
+        if releaseMany is None:
+            outcomes = [self._releaseOne(db, served) for served in toRelease]
+        else:
+            outcomes = releaseMany(self._inventory, db, toRelease)
+            for outcome in outcomes:
+                if (
+                    isinstance(outcome, InventoryError)
+                    and outcome.kind == "unavailable"
+                ):
+                    raise outcome
+        released = {
+            served.run: outcome
+            for served, outcome in zip(toRelease, outcomes, strict=True)
+        }
+        for p in todo:
+            self._entries(record, p.record, released.get(p.record.run), p.at)
+
+    def _releaseOne(self, db: Database, served: ServedRecord) -> bool | InventoryError:
+        """Release C{served}; a refusal is returned, unavailability raised."""
+        try:
+            return self._inventory.releaseIn(db, served)
+        except InventoryError as e:
+            if e.kind == "unavailable":
+                raise
+            return e
+
+    def _entries(
+        self,
+        record: Recorder,
+        served: ServedRecord,
+        outcome: bool | InventoryError | None,
+        at: float | None,
+    ) -> None:
+        """
+        A delivery's journal entries: C{outcome} is whether the device
+        moved to staged, the inventory's refusal, or L{None} when the run
+        was superseded (released to nobody).
+        """
         fields: dict[str, str | bool] = {"peer": served.peer}
-        if superseded:
+        if outcome is None:
             fields["superseded"] = True
         record(
             "run.delivered",
@@ -133,14 +252,11 @@ class Releaser:
             device=served.device,
             run=served.run,
             fields=fields,
+            at=at,
         )
-        if superseded:
+        if outcome is None:
             return
-        try:
-            moved = self._inventory.releaseIn(db, served)
-        except InventoryError as e:
-            if e.kind == "unavailable":
-                raise
+        if isinstance(outcome, InventoryError):
             # Retrying cannot help (device deleted, run claimed elsewhere):
             # the delivery is recorded, the refusal beside it.
             record(
@@ -148,21 +264,27 @@ class Releaser:
                 actor="fleetd",
                 device=served.device,
                 run=served.run,
-                fields={"reason": str(e)},
+                fields={"reason": str(outcome)},
+                at=at,
             )
             self.log.error(
-                "runs.release.refused {run}: {reason}", run=served.run, reason=str(e)
+                "runs.release.refused {run}: {reason}",
+                run=served.run,
+                reason=str(outcome),
             )
             return
-        released: dict[str, str | bool] = {"status": DeviceStatus.STAGED.value}
-        if not moved:  # retired or approved meanwhile: it keeps that status
-            released = {"status_kept": True}
+        # Moved: staged now; else retired or approved meanwhile, it keeps
+        # that status.
+        released: dict[str, str | bool] = (
+            {"status": DeviceStatus.STAGED.value} if outcome else {"status_kept": True}
+        )
         record(
             "run.released",
             actor="fleetd",
             device=served.device,
             run=served.run,
             fields=released,
+            at=at,
         )
 
     def _settled(self, result: object, d: Deferred[None]) -> object:

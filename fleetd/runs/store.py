@@ -9,6 +9,7 @@ the vault (tmpfs) and do not.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -144,3 +145,23 @@ def isSuperseded(db: Database, run: str) -> bool:
     """Whether a newer run of C{run}'s device committed (maybe in this batch)."""
     row = db.execute("SELECT superseded_by FROM runs WHERE id = ?", (run,)).fetchone()
     return row is not None and row[0] is not None
+
+
+_CHUNK = 500  # host parameters per IN (...) list, well under SQLite's limit
+
+
+def supersededAmong(db: Database, runs: Sequence[str]) -> set[str]:
+    """Which of C{runs} a newer run superseded (L{isSuperseded}, in bulk)."""
+    found: set[str] = set()
+    for i in range(0, len(runs), _CHUNK):
+        chunk = runs[i : i + _CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        found.update(
+            row[0]
+            for row in db.execute(
+                f"SELECT id FROM runs WHERE superseded_by IS NOT NULL"  # noqa: S608
+                f" AND id IN ({marks})",
+                tuple(chunk),
+            )
+        )
+    return found

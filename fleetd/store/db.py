@@ -263,7 +263,6 @@ class Database:
         self.path = path
         self._batching = False
         self._depth = 0
-        self._savepoints = 0
         # Changes whenever a transaction begins or anything is rolled back:
         # what was read or written under one generation is still there
         # while the generation stays the same (L{Journal}'s head cache).
@@ -352,8 +351,11 @@ class Database:
         is how a state change and its journal entry share one commit [J1].
         """
         if self._batching or self._depth:
-            self._savepoints += 1
-            name = f"fleetd_{self._savepoints}"
+            # One name for every level: savepoints nest strictly here, and
+            # SQLite's RELEASE / ROLLBACK TO act on the innermost savepoint
+            # of that name. A constant statement is prepared once (the
+            # sqlite3 module caches statements by their text).
+            name = "fleetd"
             self._checkBatch()
             self.connection.execute(f"SAVEPOINT {name}")
             try:

@@ -114,6 +114,7 @@ class _Pending:
     run: str | None
     fields: dict[str, FieldValue]
     fieldsJSON: str
+    at: float | None = None  # its own time, else the append's
 
 
 @dataclass(frozen=True)
@@ -225,9 +226,11 @@ class Journal:
         device: str | None = None,
         run: str | None = None,
         fields: Mapping[str, FieldValue] | None = None,
+        at: float | None = None,
     ) -> _Pending:
         """
-        Check an entry before it is appended (see L{appendMany}).
+        Check an entry before it is appended (see L{appendMany}). C{at}:
+        the entry's own time, when it is not the time of the append.
 
         @raise ValueError: a name is malformed or a field may be a secret.
         """
@@ -243,7 +246,11 @@ class Journal:
             raise
         except ValueError as e:
             raise JournalRefused(str(e)) from e
-        return _Pending(event, actor, device, run, checked, canonicalJSON(checked))
+        if at is not None:
+            at = float(at)
+            if not math.isfinite(at):
+                raise JournalRefused("journal time is not finite")
+        return _Pending(event, actor, device, run, checked, canonicalJSON(checked), at)
 
     def appendMany(
         self,
@@ -286,10 +293,11 @@ class Journal:
         rows = []
         for pending in entries:
             seq += 1
-            previous = self._digestOf(previous, seq, at, pending)
+            entryAt = at if pending.at is None else pending.at
+            previous = self._digestOf(previous, seq, entryAt, pending)
             entry = JournalEntry(
                 seq,
-                at,
+                entryAt,
                 pending.event,
                 pending.actor,
                 pending.device,
@@ -301,7 +309,7 @@ class Journal:
             rows.append(
                 (
                     seq,
-                    at,
+                    entryAt,
                     pending.event,
                     pending.actor,
                     pending.device,
@@ -513,11 +521,15 @@ class Recorder:
         device: str | None = None,
         run: str | None = None,
         fields: Mapping[str, FieldValue] | None = None,
+        at: float | None = None,
     ) -> None:
-        """Record one entry; raise (and so roll the change back) if refused."""
+        """
+        Record one entry; raise (and so roll the change back) if refused.
+        C{at}: the entry's own time (default: when the change was asked for).
+        """
         self._pending.append(
             self._journal.prepare(
-                event, actor=actor, device=device, run=run, fields=fields
+                event, actor=actor, device=device, run=run, fields=fields, at=at
             )
         )
 
