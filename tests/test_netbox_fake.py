@@ -270,6 +270,7 @@ class LoopbackFakeContractTests(NetBoxAPIContractMixin, TestCase):
             self.addCleanup(port.stopListening)
             self.url = f"https://localhost:{port.getHost().port}{self.base}"
             self.client = makeClient(reactor, self.url, tokenFile, self.ca, timeout=10)
+            self.addCleanup(self.client.close)
 
         d: Deferred[None] = endpoint.listen(Site(self.fake)).addCallback(listening)
         return d
@@ -296,7 +297,8 @@ class LoopbackFakeContractTests(NetBoxAPIContractMixin, TestCase):
             code = {"forbidden": 403, "invalid": 400, "not-found": 404, "conflict": 412}
             return code[e.kind], _fieldsOf(e), None
         finally:
-            await client.close()
+            if client is not self.client:
+                await client.close()
 
 
 def _fieldsOf(error: NetBoxError) -> dict[str, Any]:
