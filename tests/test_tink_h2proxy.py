@@ -357,7 +357,7 @@ class TrailersTests(SynchronousTestCase):
         site.pump()
         resets = [e for e in site.serverEvents() if isinstance(e, StreamReset)]
         self.assertEqual([r.error_code for r in resets], [ErrorCodes.CANCEL])
-        self.assertEqual(site.metrics.activeStreams._value.get(), 0)
+        self.assertEqual(site.metrics.active, 0)
 
 
 class DrainAndTimeoutTests(SynchronousTestCase):

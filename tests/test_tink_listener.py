@@ -627,6 +627,55 @@ class IdleTimeoutTests(SynchronousTestCase):
         self.assertEqual(h.clock.getDelayedCalls(), [])
 
 
+class ProgressTimerTests(SynchronousTestCase):
+    """Timeouts count from the last frame, with one timer per connection."""
+
+    def test_stream_timeoutFromLastProgress(self) -> None:
+        """An open stream with no frame either way for streamTimeout seconds
+        is abandoned exactly then; a frame in between restarts the count."""
+        h = Harness(RecordingHandler, idleTimeout=30.0, streamTimeout=100.0)
+        h.call()
+        h.pump()
+        h.clock.advance(60)
+        h.client.ping(b"\x00" * 8)
+        h.pump()  # progress at 60
+        h.clock.advance(99.9)
+        self.assertFalse(h.transport.disconnecting)
+        h.clock.advance(0.1)
+        self.assertTrue(h.transport.disconnecting)
+        h.close()
+        self.assertEqual(h.clock.getDelayedCalls(), [])
+
+    def test_streamEnds_idleCountsFromThen(self) -> None:
+        """When the last stream ends, the (shorter) idle timeout counts from
+        that moment, not from when the timer was armed."""
+        h = Harness(RecordingHandler, idleTimeout=30.0, streamTimeout=100.0)
+        h.call()
+        h.pump()
+        h.clock.advance(50)
+        h.handlers[0].responder.trailersOnly(GRPCStatus.NOT_FOUND, "no action")
+        h.pump()  # last stream ended at 50
+        h.clock.advance(29.9)
+        self.assertFalse(h.transport.disconnecting)
+        h.clock.advance(0.1)
+        self.assertTrue(h.transport.disconnecting)
+        h.close()
+
+    def test_frames_oneTimer(self) -> None:
+        """Many frames do not re-arm or add timers: one delayed call, armed
+        once, however many frames pass."""
+        h = Harness(RecordingHandler, idleTimeout=30.0, streamTimeout=100.0)
+        [timer] = h.clock.getDelayedCalls()
+        armedFor = timer.getTime()
+        for _ in range(5):
+            h.client.ping(b"\x00" * 8)
+            h.pump()
+            h.clock.advance(1)
+        self.assertEqual(h.clock.getDelayedCalls(), [timer])
+        self.assertEqual(timer.getTime(), armedFor)  # not moved by each frame
+        h.close()
+
+
 class WireHelperTests(SynchronousTestCase):
     """grpc-message encoding and message framing."""
 

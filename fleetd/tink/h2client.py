@@ -169,8 +169,11 @@ class UpstreamConnection(Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         # One write per connection for everything the events below send.
-        with writes.batch():
+        writes.begin()
+        try:
             self._received(data)
+        finally:
+            writes.end()
 
     def _received(self, data: bytes) -> None:
         try:

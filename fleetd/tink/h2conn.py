@@ -123,18 +123,27 @@ class WriteBatch:
         self._pending.setdefault(id(key), flush)
         return True
 
+    def begin(self) -> None:
+        """Start a batch (calls nest); L{end} it in a C{finally}."""
+        self._depth += 1
+
+    def end(self) -> None:
+        """End a batch; the outermost one runs the recorded flushes."""
+        self._depth -= 1
+        if not self._depth:
+            while self._pending:
+                pending, self._pending = self._pending, {}
+                for flush in pending.values():
+                    flush()
+
     @contextmanager
     def batch(self) -> Iterator[None]:
-        self._depth += 1
+        """L{begin} and L{end} around a block."""
+        self.begin()
         try:
             yield
         finally:
-            self._depth -= 1
-            if not self._depth:
-                while self._pending:
-                    pending, self._pending = self._pending, {}
-                    for flush in pending.values():
-                        flush()
+            self.end()
 
 
 writes = WriteBatch()

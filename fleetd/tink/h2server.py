@@ -99,6 +99,7 @@ class H2ServerProtocol(Protocol):
         self._streamTimeout = streamTimeout
         self._handshakeTimeout = handshakeTimeout
         self._idleCall: IDelayedCall | None = None
+        self._progressAt = 0.0  # when a frame last moved either way
         self._streams: dict[int, StreamResponder] = {}
         self._closing = False
         self._greeted = False  # the client's preface and SETTINGS arrived
@@ -159,8 +160,11 @@ class H2ServerProtocol(Protocol):
             return
         # What the events below make any connection send (this one, and
         # upstream ones) leaves in one write per connection, at the end.
-        with writes.batch():
+        writes.begin()
+        try:
             self._received(data)
+        finally:
+            writes.end()
 
     def _received(self, data: bytes) -> None:
         try:
@@ -332,8 +336,19 @@ class H2ServerProtocol(Protocol):
         if self.transport is not None:
             self.transport.loseConnection()
 
-    def _idleTimedOut(self) -> None:
+    def _idleCheck(self) -> None:
+        """The timer fired: time out if nothing moved for the timeout that
+        applies now, else look again when it could (see L{_updateIdleTimer})."""
         self._idleCall = None
+        left = self._progressAt + self._timeout() - self._clock.seconds()
+        if left > 0:
+            self._idleCall = self._clock.callLater(
+                min(left, self._shortest()), self._idleCheck
+            )
+            return
+        self._idleTimedOut()
+
+    def _idleTimedOut(self) -> None:
         timeout = self._timeout()
         if not self._greeted:
             event = "tink.h2.handshake-timeout {timeout}"
@@ -359,15 +374,22 @@ class H2ServerProtocol(Protocol):
             return min(self._handshakeTimeout, self._idleTimeout)
         return self._streamTimeout if self._streams else self._idleTimeout
 
+    def _shortest(self) -> float:
+        """The shortest timeout that could apply before the timer fires."""
+        return min(self._timeout(), self._idleTimeout)
+
     def _updateIdleTimer(self) -> None:
-        """Re-arm the one timer: handshake, idle (no streams) or stream
-        (streams open, no frame either way) timeout, whichever applies."""
+        """Progress: the handshake, idle (no streams) or stream (streams
+        open, no frame either way) timeout, whichever applies, counts from
+        now. Only the time is noted (this runs several times a call); the
+        one timer, armed for the shortest timeout that could apply, checks
+        it when it fires."""
         if self._closing:
             self._cancelIdleTimer()
-        elif self._idleCall is not None:
-            self._idleCall.reset(self._timeout())
-        else:
-            self._idleCall = self._clock.callLater(self._timeout(), self._idleTimedOut)
+            return
+        self._progressAt = self._clock.seconds()
+        if self._idleCall is None:
+            self._idleCall = self._clock.callLater(self._shortest(), self._idleCheck)
 
     def _cancelIdleTimer(self) -> None:
         if self._idleCall is not None:

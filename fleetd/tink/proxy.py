@@ -88,7 +88,7 @@ class ProxyStream:
         path = dict(headers).get(b":path", b"").decode("ascii", "replace")
         self._method = methodLabel(path)
         self._headers = headers
-        self._metrics.activeStreams.inc()
+        self._metrics.active += 1
         if self._tapFactory is not None:
             self._tap = self._tapFactory(path, self._responder.connectionId)
         self._pool.open(self)
@@ -212,7 +212,7 @@ class ProxyStream:
         if self._done:
             return
         self._done = True
-        self._metrics.activeStreams.dec()
+        self._metrics.active -= 1
         code = "reset" if status is None else str(status)
         self._metrics.rpcDone(self._method, code)
         # Credit for bytes that will never be forwarded goes back now, so
