@@ -157,7 +157,7 @@ class BoundedRequest(server.Request):
         # Only a six-letter name can be "server": the rest skip the lower().
         if len(name) == 6 and name.lower() in (b"server", "server"):
             return
-        http.Request.setHeader(self, name, value)
+        super().setHeader(name, value)
 
     def render(self, resrc: resource.IResource) -> None:
         """

@@ -33,7 +33,16 @@ from urllib.parse import unquote_to_bytes
 from prometheus_client import CollectorRegistry, Counter
 from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.python.failure import Failure
-from twisted.web import http, resource, server
+from twisted.web import resource, server
+from twisted.web.http import (  # bound once: the module is a deprecation proxy
+    BAD_REQUEST,
+    FORBIDDEN,
+    GONE,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    OK,
+    SERVICE_UNAVAILABLE,
+)
 from twisted.web.iweb import IRequest
 from zope.interface import implementer
 
@@ -165,14 +174,14 @@ class ConfigResource(resource.Resource):
 
     def render(self, request: IRequest) -> bytes | int:
         if request.postpath:  # /config/anything is not /config [A2]
-            return textResponse(request, http.NOT_FOUND, "not found")
+            return textResponse(request, NOT_FOUND, "not found")
         if request.method != b"GET":  # HEAD must never consume a run
             request.setHeader(b"allow", b"GET")
-            return textResponse(request, http.NOT_ALLOWED, "method not allowed")
+            return textResponse(request, NOT_ALLOWED, "method not allowed")
         peer = request.getClientAddress().host
         if not self._registry.loaded:
             request.setHeader(b"retry-after", b"5")
-            return textResponse(request, http.SERVICE_UNAVAILABLE, "starting")
+            return textResponse(request, SERVICE_UNAVAILABLE, "starting")
         limiter = self._limiter
         if limiter is not None and not limiter.peekFailing(sourceKey(peer)):
             self._count["rate_limited"].inc()
@@ -182,7 +191,7 @@ class ConfigResource(resource.Resource):
         try:
             return self._render(request, peer)
         except BadQuery as e:
-            return self._refuse(request, peer, "malformed", http.BAD_REQUEST, str(e))
+            return self._refuse(request, peer, "malformed", BAD_REQUEST, str(e))
 
     def _refuse(
         self, request: IRequest, peer: str, kind: str, code: int, line: str
@@ -217,7 +226,7 @@ class ConfigResource(resource.Resource):
         return self._serve(request, peer, run, ident)
 
     def _unknown(self, request: IRequest, peer: str) -> bytes:
-        return self._refuse(request, peer, "unknown", http.NOT_FOUND, "unknown code")
+        return self._refuse(request, peer, "unknown", NOT_FOUND, "unknown code")
 
     def _retired(self, record: RunRecord | None, request: IRequest, peer: str) -> None:
         if _gone(request):
@@ -226,7 +235,7 @@ class ConfigResource(resource.Resource):
             body = self._unknown(request, peer)
         else:
             self._count[Outcome.SUPERSEDED.value].inc()
-            body = textResponse(request, http.GONE, REFUSALS[Outcome.SUPERSEDED])
+            body = textResponse(request, GONE, REFUSALS[Outcome.SUPERSEDED])
         request.write(body)
         request.finish()
 
@@ -239,7 +248,7 @@ class ConfigResource(resource.Resource):
         request.setHeader(b"retry-after", b"30")
         self._count["unavailable"].inc()
         request.write(
-            textResponse(request, http.SERVICE_UNAVAILABLE, "unavailable: retry later")
+            textResponse(request, SERVICE_UNAVAILABLE, "unavailable: retry later")
         )
         request.finish()
 
@@ -257,13 +266,13 @@ class ConfigResource(resource.Resource):
             grant = grants.authorize(token.strip())
         if grants is None or grant is None:
             return self._refuse(
-                request, peer, "unknown", http.NOT_FOUND, "unknown or expired token"
+                request, peer, "unknown", NOT_FOUND, "unknown or expired token"
             )
         if not _sameMachine(ident, grant) or (
             self._registry.identity(grant.device) != grant.inventory
         ):
             return self._refuse(
-                request, peer, "wrong_machine", http.FORBIDDEN,
+                request, peer, "wrong_machine", FORBIDDEN,
                 "this token belongs to another machine",
             )  # fmt: skip
         runId = grant.delivered or self._registry.readyRun(grant.device)
@@ -272,7 +281,7 @@ class ConfigResource(resource.Resource):
             runId = None if current is None else current.id
         run = None if runId is None else self._registry.byId(runId)
         if run is None:
-            return self._refuse(request, peer, "unknown", http.NOT_FOUND, "no run")
+            return self._refuse(request, peer, "unknown", NOT_FOUND, "no run")
         delivered = run.record.id
         return self._serve(
             request, peer, run, ident, checkIdentity=False,
@@ -300,7 +309,7 @@ class ConfigResource(resource.Resource):
                 "config.wrong-machine {device} {peer}", device=device, peer=peer
             )
             return self._refuse(
-                request, peer, "wrong_machine", http.FORBIDDEN,
+                request, peer, "wrong_machine", FORBIDDEN,
                 "this code belongs to another machine",
             )  # fmt: skip
         pending = self._handovers.get(run.record.id)
@@ -311,11 +320,11 @@ class ConfigResource(resource.Resource):
             self._count[outcome.value].inc()
             wait = b"5" if outcome is Outcome.BUSY else b"30"
             request.setHeader(b"retry-after", wait)
-            return textResponse(request, http.SERVICE_UNAVAILABLE, REFUSALS[outcome])
+            return textResponse(request, SERVICE_UNAVAILABLE, REFUSALS[outcome])
         if outcome is not Outcome.DELIVER or body is None:
             self._count[outcome.value].inc()
-            return textResponse(request, http.GONE, REFUSALS[outcome])
-        request.setResponseCode(http.OK)
+            return textResponse(request, GONE, REFUSALS[outcome])
+        request.setResponseCode(OK)
         request.setHeader(b"content-type", YAML)
         request.setHeader(b"cache-control", b"no-store")
         request.setHeader(b"content-length", b"%d" % (len(body),))
