@@ -28,6 +28,7 @@ from fleetd.kube.connect import clientFromSettings
 from fleetd.testing.kube import FakeKube, csrPEM
 from tests.test_daemon import DaemonTestMixin
 from tests.test_kube_fake import bootstrapSecret
+from tests.tinkpeers import provisionedDevice
 
 
 def selfSigned(directory: Path, name: str) -> tuple[Path, Path]:
@@ -250,8 +251,6 @@ class DaemonWithClusterTests(FakeOverTLS, DaemonTestMixin):
     async def _workflowState(self) -> None:
         from twisted.internet.task import deferLater
 
-        from fleetd.inventory.model import validateDevice
-
         kube = {
             "api": f"https://127.0.0.1:{self.port.getHost().port}",
             "ca": str(self.cert),
@@ -268,21 +267,8 @@ class DaemonWithClusterTests(FakeOverTLS, DaemonTestMixin):
             }
         )
         service = self.startDaemon()
-        assert service._loading is not None
-        await service._loading
         mac = "52:54:00:00:00:07"
-        device = validateDevice(
-            name="w1",
-            serial="S1",
-            uuid="00000000-0000-4000-8000-000000000001",
-            macs=[mac],
-            device_class="worker",
-        )
-        await service.inventory.add(device, journal=())
-        await service.tink.devices.refresh()
-        await service.runs.provision(
-            [device], actor="owner:test", render=lambda d, run: b"machine: {}\n"
-        )
+        await provisionedDevice(service, mac)
         self.fake.addWorkflow("tink", "wf", mac, state="RUNNING")
         self.fake.setWorkflowState("tink", "wf", "SUCCESS")
         for _ in range(500):

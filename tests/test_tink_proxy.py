@@ -22,7 +22,6 @@ from twisted.internet.threads import deferToThread
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.trial.unittest import TestCase
 
-from fleetd.inventory.model import validateDevice
 from fleetd.service import FleetdService
 from fleetd.tink.listener import TinkListenerFactory, proxyFactory
 from fleetd.tink.metrics import TinkMetrics
@@ -36,6 +35,7 @@ from tests.tinkpeers import (
     Outcome,
     channel,
     context,
+    provisionedDevice,
     streaming,
     unary,
 )
@@ -373,21 +373,8 @@ class DaemonTinkTests(DaemonTestMixin, TestCase):
             {"tink": {"upstream": f"tcp:127.0.0.1:{upstream.port}", "min_reboot": 0}}
         )
         service = self.startDaemon()
-        assert service._loading is not None
-        await service._loading
         mac = "52:54:00:00:00:01"
-        device = validateDevice(
-            name="w1",
-            serial="S1",
-            uuid="00000000-0000-4000-8000-000000000001",
-            macs=[mac],
-            device_class="worker",
-        )
-        await service.inventory.add(device, journal=())
-        await service.tink.devices.refresh()
-        await service.runs.provision(
-            [device], actor="owner:test", render=lambda d, run: b"machine: {}\n"
-        )
+        await provisionedDevice(service, mac)
         ca = self.pki.public_ca.read_bytes()
         port = self.port(service, "tink")
         request = agent.ActionRequest(agent_id=mac).SerializeToString()

@@ -176,3 +176,26 @@ def context(workflow: str, worker: str, index: int, total: int) -> bytes:
         total_number_of_actions=total,
     ).SerializeToString()
     return data
+
+
+async def provisionedDevice(service: Any, mac: str) -> Any:
+    """In a started daemon (L{fleetd.service}), add worker C{w1} with
+    C{mac}, let the tink proxy's device index see it and provision it;
+    returns the device."""
+    from fleetd.inventory.model import validateDevice
+
+    assert service._loading is not None
+    await service._loading
+    device = validateDevice(
+        name="w1",
+        serial="S1",
+        uuid="00000000-0000-4000-8000-000000000001",
+        macs=[mac],
+        device_class="worker",
+    )
+    await service.inventory.add(device, journal=())
+    await service.tink.devices.refresh()
+    await service.runs.provision(
+        [device], actor="owner:test", render=lambda d, run: b"machine: {}\n"
+    )
+    return device
