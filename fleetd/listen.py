@@ -29,7 +29,7 @@ from twisted.internet.interfaces import (
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.protocols import policies
-from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import directlyProvides, implementer, providedBy
 
@@ -379,6 +379,42 @@ class ServerConnections:
         return SSL.Connection(self.options.getContext(), None)
 
 
+_TLS_PROVIDES: dict[Any, Any] = {}
+
+
+class _TLSProtocol(TLSMemoryBIOProtocol):
+    """
+    Twisted's TLS protocol, with its "provides what the transport provides"
+    declaration built once per kind of transport. Twisted's makeConnection
+    declares it once per interface and once more for all of them, on every
+    connection (zope builds a declaration each time): some tens of µs of a
+    boot storm's connection. The rest is Twisted's makeConnection as it is.
+    """
+
+    def makeConnection(self, transport: Any) -> None:
+        spec = providedBy(transport)
+        provides = _TLS_PROVIDES.get(spec)
+        if provides is None:
+            directlyProvides(self, spec)
+            provides = _TLS_PROVIDES[spec] = getattr(self, "__provides__")  # noqa: B009
+        else:
+            self.__provides__ = provides
+        self._tlsConnection = self.factory._creatorCallable(self)
+        self._appSendBuffer = []
+        Protocol.makeConnection(self, transport)
+        self.factory.registerProtocol(self)
+        if self._connectWrapped:
+            # ProtocolWrapper.makeConnection, its declaration made above.
+            Protocol.makeConnection(self, transport)
+            self.factory.registerProtocol(self)
+            self.wrappedProtocol.makeConnection(self)
+        self._checkHandshakeStatus()
+
+
+class _TLSFactory(TLSMemoryBIOFactory):
+    protocol = _TLSProtocol
+
+
 def tlsFactory(
     options: ssl.CertificateOptions,
     factory: Any,
@@ -390,7 +426,7 @@ def tlsFactory(
     maxPerSource: int | None = None,
 ) -> LimitedFactory:
     """Wrap C{factory} in TLS, then in connection limits."""
-    wrapped = TLSMemoryBIOFactory(ServerConnections(options), False, factory)
+    wrapped = _TLSFactory(ServerConnections(options), False, factory)
     wrapped.noisy = False
     return LimitedFactory(
         wrapped,

@@ -15,7 +15,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.internet.threads import deferToThread
 from twisted.logger import capturedLogs
-from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.config import ConfigError, TLSFiles
@@ -24,6 +24,7 @@ from fleetd.listen import (
     connectionSource,
     loadCertificates,
     loadTLSOptions,
+    tlsFactory,
 )
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 
@@ -306,6 +307,46 @@ class TLSOptionsTests(SynchronousTestCase):
         loadTLSOptions(self.files()).getContext()
         rsa = ensureDevPKI(Path(self.mktemp()), "enroll.lolwtf.ca", keyType="rsa")
         loadTLSOptions(TLSFiles(rsa.public_cert, rsa.public_key)).getContext()
+
+    def test_tlsLayer_providesTransportInterfaces_oneDeclaration(self) -> None:
+        """
+        fleetd's TLS layer (which builds its declaration once per kind of
+        transport) provides exactly what Twisted's own TLS protocol would
+        on the same transport, connection after connection.
+        """
+        from twisted.internet.interfaces import IPushProducer, ITCPTransport
+        from zope.interface import implementer, providedBy
+
+        @implementer(ITCPTransport)  # declared only: the wrappers copy declarations
+        class TCPish(StringTransport):  # type: ignore[misc]
+            pass
+
+        factory = tlsFactory(
+            loadTLSOptions(self.files()),
+            Factory.forProtocol(Protocol),
+            name="t",
+            clock=Clock(),
+            maxConnections=10,
+            idleTimeout=30.0,
+        )
+        layers = []
+        for _ in range(2):
+            limited: Any = factory.buildProtocol(ADDR)
+            limited.makeConnection(TCPish())
+            tls = limited.wrappedProtocol
+            self.assertIsInstance(tls, TLSMemoryBIOProtocol)
+            self.assertTrue(ITCPTransport.providedBy(tls))
+            self.assertTrue(IPushProducer.providedBy(tls))
+            # What Twisted's own TLS protocol would provide on that transport:
+            stock = TLSMemoryBIOProtocol(tls.factory, Protocol())
+            stock.makeConnection(limited)
+            self.assertEqual(
+                set(providedBy(tls).flattened()), set(providedBy(stock).flattened())
+            )
+            self.assertIs(tls.wrappedProtocol.transport, tls)
+            layers.append(tls)
+        for layer in layers:
+            layer.transport.connectionLost(None)
 
     def test_load_alpnAndClientCA(self) -> None:
         """ALPN and an owner CA for client certificates are accepted options."""
