@@ -140,7 +140,21 @@ def loadTLSOptions(
     )
 
 
-_PROVIDES: dict[type, Any] = {}
+_PROVIDES: dict[tuple[type, Any], Any] = {}
+
+
+def provideLike(wrapper: Any, transport: Any) -> None:
+    """Declare that C{wrapper} provides what C{transport} provides, as
+    Twisted's wrappers do, with the declaration built once per wrapper
+    class and kind of transport instead of on every connection (zope's
+    declarations are shared objects by design)."""
+    key = (type(wrapper), providedBy(transport))
+    provides = _PROVIDES.get(key)
+    if provides is None:
+        directlyProvides(wrapper, key[1])
+        _PROVIDES[key] = getattr(wrapper, "__provides__")  # noqa: B009
+    else:
+        wrapper.__provides__ = provides
 
 
 class LimitedProtocol(policies.ProtocolWrapper):
@@ -176,17 +190,8 @@ class LimitedProtocol(policies.ProtocolWrapper):
         factory = self.factory
         self._active = factory.clock.seconds()
         factory.armSweep()
-        # ProtocolWrapper.makeConnection, except that the declaration "this
-        # wrapper provides what its transport provides" is built once per
-        # transport class, not once per connection (zope's Provides objects
-        # are shared by design).
-        kind = type(transport)
-        provides = _PROVIDES.get(kind)
-        if provides is None:
-            directlyProvides(self, providedBy(transport))
-            _PROVIDES[kind] = getattr(self, "__provides__")  # noqa: B009
-        else:
-            self.__provides__ = provides
+        # ProtocolWrapper.makeConnection, its declaration made once.
+        provideLike(self, transport)
         Protocol.makeConnection(self, transport)
         factory.registerProtocol(self)
         wrapped: Any = self.wrappedProtocol
@@ -379,9 +384,6 @@ class ServerConnections:
         return SSL.Connection(self.options.getContext(), None)
 
 
-_TLS_PROVIDES: dict[Any, Any] = {}
-
-
 class _TLSProtocol(TLSMemoryBIOProtocol):
     """
     Twisted's TLS protocol, with its "provides what the transport provides"
@@ -392,13 +394,7 @@ class _TLSProtocol(TLSMemoryBIOProtocol):
     """
 
     def makeConnection(self, transport: Any) -> None:
-        spec = providedBy(transport)
-        provides = _TLS_PROVIDES.get(spec)
-        if provides is None:
-            directlyProvides(self, spec)
-            provides = _TLS_PROVIDES[spec] = getattr(self, "__provides__")  # noqa: B009
-        else:
-            self.__provides__ = provides
+        provideLike(self, transport)
         self._tlsConnection = self.factory._creatorCallable(self)
         self._appSendBuffer = []
         Protocol.makeConnection(self, transport)

@@ -145,7 +145,8 @@ class DecoderTests(SynchronousTestCase):
         block = encoder.encode(fields)
         self.assertEqual(block, encoder.encode(fields))
         memo.decode(block, raw=True)
-        memo._memory = {k: (g, ()) for k, (g, _) in memo._memory.items()}
+        results = memo._memory._results
+        memo._memory._results = {k: (g, ()) for k, (g, _) in results.items()}
         self.assertEqual(memo.decode(block, raw=True), [])  # from memory
 
     def test_remembered_andLimitKept(self) -> None:
@@ -155,7 +156,8 @@ class DecoderTests(SynchronousTestCase):
         memo.decode(encoder.encode(REQUEST), raw=True)
         block = encoder.encode(REQUEST)  # all indexed now
         memo.decode(block, raw=True)
-        memo._memory = {k: (g, ()) for k, (g, _) in memo._memory.items()}
+        results = memo._memory._results
+        memo._memory._results = {k: (g, ()) for k, (g, _) in results.items()}
         self.assertEqual(memo.decode(block, raw=True), [])  # from memory
         memo.max_header_list_size = 10
         from hpack.exceptions import OversizedHeaderListError

@@ -153,11 +153,8 @@ class NetBoxClient:
         # A response read to its end fires its caller before its connection
         # goes back to the pool, in the same turn: close on the next one.
         closer = self._closer
-
-        def close() -> Deferred[None]:
-            return closer()
-
-        return deferLater(self._clock, 0, close).addCallback(lambda _: None)
+        turn: Deferred[None] = deferLater(self._clock, 0, lambda: None)
+        return turn.addCallback(lambda _: closer())
 
     def url(self, path: str, params: Mapping[str, str | int] | None = None) -> str:
         """C{path} (like C{api/dcim/devices/}) under the base URL."""

@@ -169,11 +169,7 @@ class UpstreamConnection(Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         # One write per connection for everything the events below send.
-        writes.begin()
-        try:
-            self._received(data)
-        finally:
-            writes.end()
+        writes.run(self._received, data)
 
     def _received(self, data: bytes) -> None:
         try:

@@ -19,8 +19,7 @@ record and one socket write per connection per batch).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import h2.connection
@@ -106,8 +105,8 @@ def noDelay(transport: object) -> bool:
 class WriteBatch:
     """Defers h2 output flushes while a batch of received bytes is processed.
 
-    Inside L{batch}, L{defer} records the flush (once per connection) and
-    says to skip it; the outermost L{batch} runs the recorded flushes when
+    Inside L{run}, L{defer} records the flush (once per connection) and
+    says to skip it; the outermost L{run} runs the recorded flushes when
     it ends, even if processing raised. Outside a batch nothing is deferred.
     One reactor thread, so one instance serves every connection.
     """
@@ -123,27 +122,19 @@ class WriteBatch:
         self._pending.setdefault(id(key), flush)
         return True
 
-    def begin(self) -> None:
-        """Start a batch (calls nest); L{end} it in a C{finally}."""
+    def run(self, work: Callable[[bytes], None], data: bytes) -> None:
+        """C{work(data)} as one batch (batches nest); the outermost one runs
+        the recorded flushes when it ends, even if C{work} raised."""
         self._depth += 1
-
-    def end(self) -> None:
-        """End a batch; the outermost one runs the recorded flushes."""
-        self._depth -= 1
-        if not self._depth:
-            while self._pending:
-                pending, self._pending = self._pending, {}
-                for flush in pending.values():
-                    flush()
-
-    @contextmanager
-    def batch(self) -> Iterator[None]:
-        """L{begin} and L{end} around a block."""
-        self.begin()
         try:
-            yield
+            work(data)
         finally:
-            self.end()
+            self._depth -= 1
+            if not self._depth:
+                while self._pending:
+                    pending, self._pending = self._pending, {}
+                    for flush in pending.values():
+                        flush()
 
 
 writes = WriteBatch()

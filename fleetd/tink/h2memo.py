@@ -67,32 +67,54 @@ class CountingTable(HeaderTable):
     maxsize = property(_maxsize.fget, _resize)
 
 
+class _Memory:
+    """Results remembered with the table generation they were made at;
+    emptied when full."""
+
+    def __init__(self, table: CountingTable) -> None:
+        self._table = table
+        self._results: dict[object, tuple[int, Any]] = {}
+
+    def get(self, key: object) -> Any:
+        """What C{key} gave at the table's present generation, or None."""
+        known = self._results.get(key)
+        if known is not None and known[0] == self._table.generation:
+            return known[1]
+        return None
+
+    def put(self, key: object, generation: int, result: Any) -> None:
+        """Remember C{result} if making it left the table at C{generation}."""
+        if self._table.generation != generation:
+            return  # it changed the table: never the same again
+        if len(self._results) >= MEMORY:
+            self._results.clear()
+        self._results[key] = (generation, result)
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+
 class MemoEncoder(Encoder):
     """``hpack``'s encoder, remembering blocks that left the table as it was."""
 
     def __init__(self) -> None:
         super().__init__()
         self.header_table: CountingTable = CountingTable()
-        self._memory: dict[object, tuple[int, bytes]] = {}
+        self._memory = _Memory(self.header_table)
 
     def encode(self, headers: Any, huffman: bool = True) -> bytes:
-        table = self.header_table
-        if table.resized or isinstance(headers, dict):
+        if self.header_table.resized or isinstance(headers, dict):
             # A pending size update is part of the next block, once.
             return super().encode(headers, huffman)
         fields = tuple(headers)
         # The types too: a NeverIndexedHeaderTuple equals its plain twin
         # but is encoded differently (never indexed, for secrets).
         key = (fields, tuple(map(type, fields)), huffman)
-        generation = table.generation
-        known = self._memory.get(key)
-        if known is not None and known[0] == generation:
-            return known[1]
-        block = super().encode(fields, huffman)
-        if table.generation == generation:
-            if len(self._memory) >= MEMORY:
-                self._memory.clear()
-            self._memory[key] = (generation, block)
+        block: bytes | None = self._memory.get(key)
+        if block is None:
+            generation = self.header_table.generation
+            block = super().encode(fields, huffman)
+            self._memory.put(key, generation, block)
         return block
 
 
@@ -102,20 +124,16 @@ class MemoDecoder(Decoder):
     def __init__(self, max_header_list_size: int) -> None:
         super().__init__(max_header_list_size)
         self.header_table: CountingTable = CountingTable()
-        self._memory: dict[object, tuple[int, tuple[HeaderTuple, ...]]] = {}
+        self._memory = _Memory(self.header_table)
 
     def decode(self, data: bytes, raw: bool = False) -> list[HeaderTuple]:
-        table = self.header_table
         key = (bytes(data), raw, self.max_header_list_size)
-        generation = table.generation
-        known = self._memory.get(key)
-        if known is not None and known[0] == generation:
-            return list(known[1])
+        known: tuple[HeaderTuple, ...] | None = self._memory.get(key)
+        if known is not None:
+            return list(known)
+        generation = self.header_table.generation
         fields = list(super().decode(data, raw))
-        if table.generation == generation:
-            if len(self._memory) >= MEMORY:
-                self._memory.clear()
-            self._memory[key] = (generation, tuple(fields))
+        self._memory.put(key, generation, tuple(fields))
         return fields
 
 

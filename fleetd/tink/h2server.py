@@ -160,11 +160,7 @@ class H2ServerProtocol(Protocol):
             return
         # What the events below make any connection send (this one, and
         # upstream ones) leaves in one write per connection, at the end.
-        writes.begin()
-        try:
-            self._received(data)
-        finally:
-            writes.end()
+        writes.run(self._received, data)
 
     def _received(self, data: bytes) -> None:
         try:
