@@ -1,8 +1,8 @@
 """
 CPU per delivery record on the database side, without threads or sockets.
 
-A delivery is recorded in one transaction [J1]: C{run.delivered}, the
-inventory release (served record, status C{staged}) and C{run.released}
+A delivery is recorded in one transaction [J1]: the inventory release
+(served record, status C{staged}) and its C{run.delivered} entry
 (L{fleetd.runs.releaser.Releaser}). This builds N devices and runs in a
 SQLite database on disk (WAL, synchronous=FULL, as fleetd runs it),
 hands C{--batch} deliveries at a time to the real releaser and journal

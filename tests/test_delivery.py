@@ -164,7 +164,6 @@ class DeliveryTests(DeliveryMixin, TestCase):
         wanted = (
             "run.provisioned",
             "run.delivered",
-            "run.released",
             "config.refetched",
         )
         events = await self.events(*wanted)
@@ -408,7 +407,7 @@ class RestartDeliveryTests(DeliveryMixin, TestCase):
         self.assertEqual(
             (await self.fetch(configPath(codes["w1"], UUID1, "SER1")))[0], 200
         )
-        await self.events("run.released")  # the release is what survives a reboot
+        await self.events("run.delivered")  # released with it: survives a reboot
         await self.restart(wipeVault=True)
         status, _, body = await self.fetch(configPath(codes["w1"], UUID1, "SER1"))
         self.assertEqual((status, body.split(b":")[0]), (410, b"consumed"))

@@ -604,7 +604,7 @@ class DeliveryTests(SynchronousTestCase):
         self.assertEqual(self.fleet.registry.releaser.pending(), 0)
         self.assertEqual(
             self.fleet.events("w1"),
-            ["run.provisioned", "run.delivered", "run.released"],
+            ["run.provisioned", "run.delivered"],
         )
         self.fleet.clock.advance(0)
         self.assertEqual(self.w1["status"], "planned")

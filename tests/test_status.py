@@ -71,7 +71,7 @@ class StatusServiceTests(SynchronousTestCase):
         self.assertIsNone(report.recovery)
         self.assertEqual(
             [e.event for e in report.journal],
-            ["run.provisioned", "run.delivered", "run.released"],
+            ["run.provisioned", "run.delivered"],
         )
 
     def test_refetched_saysProvisionAgain(self) -> None:

@@ -32,8 +32,8 @@ def _setStatus(fleet: Fleet, name: str, status: DeviceStatus) -> None:
 
 def _released(fleet: Fleet, run: str) -> dict[str, Any]:
     entries = fleet.test.successResultOf(fleet.journal.query(run=run))
-    (entry,) = [e for e in entries if e.event == "run.released"]
-    return dict(entry.fields)
+    (entry,) = [e for e in entries if e.event == "run.delivered"]
+    return {k: v for k, v in entry.fields.items() if k != "peer"}
 
 
 class SQLiteTransitionTests(SynchronousTestCase):

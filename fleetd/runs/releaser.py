@@ -3,10 +3,12 @@ Record deliveries: the journal entry and the inventory release in one
 transaction [J1], retried until it commits.
 
 Right after a delivery the served-config record exists only in the vault.
-Recording it appends C{run.delivered}, makes the record durable in the
-inventory (moving the device to C{staged} if it is still C{planned}: a
-retirement or a kubelet approval that committed since keeps its status)
-and appends C{run.released}, all in one commit. If the database or
+Recording it makes the record durable in the inventory (moving the
+device to C{staged} if it is still C{planned}: a retirement or a kubelet
+approval that committed since keeps its status) and appends one
+C{run.delivered} entry that names the peer and what the release did
+(C{status: staged}, C{status_kept}, or C{superseded} when it released
+nothing), all in one commit. If the database or
 inventory is unavailable the whole change is retried with exponential
 backoff; the vault keeps the record, so the next start records it again.
 A run superseded before its delivery was recorded is journaled as
@@ -239,13 +241,19 @@ class Releaser:
         at: float | None,
     ) -> None:
         """
-        A delivery's journal entries: C{outcome} is whether the device
+        A delivery's journal entry (and the refusal's, if the inventory
+        refused the release): C{outcome} is whether the device
         moved to staged, the inventory's refusal, or L{None} when the run
         was superseded (released to nobody).
         """
         fields: dict[str, str | bool] = {"peer": served.peer}
         if outcome is None:
             fields["superseded"] = True
+        elif outcome is True:
+            fields["status"] = DeviceStatus.STAGED.value
+        elif outcome is False:
+            # Retired or approved meanwhile: the device keeps that status.
+            fields["status_kept"] = True
         record(
             "run.delivered",
             actor=f"node:{served.device}",
@@ -254,8 +262,6 @@ class Releaser:
             fields=fields,
             at=at,
         )
-        if outcome is None:
-            return
         if isinstance(outcome, InventoryError):
             # Retrying cannot help (device deleted, run claimed elsewhere):
             # the delivery is recorded, the refusal beside it.
@@ -272,20 +278,6 @@ class Releaser:
                 run=served.run,
                 reason=str(outcome),
             )
-            return
-        # Moved: staged now; else retired or approved meanwhile, it keeps
-        # that status.
-        released: dict[str, str | bool] = (
-            {"status": DeviceStatus.STAGED.value} if outcome else {"status_kept": True}
-        )
-        record(
-            "run.released",
-            actor="fleetd",
-            device=served.device,
-            run=served.run,
-            fields=released,
-            at=at,
-        )
 
     def _settled(self, result: object, d: Deferred[None]) -> object:
         self._inflight.discard(d)
