@@ -521,9 +521,7 @@ class ReleaserBatchTests(SynchronousTestCase):
         self.assertEqual(self.fleet.registry.releaser.pending(), 0)
         for name, at in zip(("w1", "w2", "w3"), times, strict=True):
             self.assertEqual(self.fleet.status(name), DeviceStatus.STAGED)
-            self.assertEqual(
-                self.entries(name)[-1:], [("run.delivered", at)]
-            )
+            self.assertEqual(self.entries(name)[-1:], [("run.delivered", at)])
         verified = self.successResultOf(self.fleet.journal.verify())
         self.assertTrue(verified.ok, verified)
 
