@@ -62,15 +62,29 @@ SECRET_ASSIGNMENT = re.compile(
 )
 BEARER = re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=-]+")
 # A Kubernetes bootstrap token anywhere (a rendered config, an exception):
-# its public id stays, the secret half goes [K1].
-BOOTSTRAP_TOKEN = re.compile(r"\b([a-z0-9]{6})\.[a-z0-9]{16}\b")
+# its public id stays, the secret half goes [K1]. Written to start at the
+# dot (the id is checked behind it), so the search jumps from dot to dot
+# instead of trying every position: the same matches as
+# C{\b([a-z0-9]{6})\.[a-z0-9]{16}\b}.
+BOOTSTRAP_TOKEN = re.compile(r"\.(?<=\b[a-z0-9]{6}\.)[a-z0-9]{16}\b")
 
 
 def scrub(text: str) -> str:
-    """C{text} with secret-looking assignments and bearer tokens masked."""
-    text = SECRET_ASSIGNMENT.sub(lambda m: f"{m.group(1)}={REDACTED}", text)
-    text = BEARER.sub(lambda m: m.group(1) + REDACTED, text)
-    return BOOTSTRAP_TOKEN.sub(lambda m: f"{m.group(1)}.{REDACTED}", text)
+    """
+    C{text} with secret-looking assignments and bearer tokens masked.
+
+    Each pattern runs only where it can match: an assignment needs C{=}
+    or C{%3D}, a bearer token the word "bearer", a bootstrap token a dot.
+    Most log lines have none of the first two, and the patterns cost tens
+    of microseconds on a line.
+    """
+    if "=" in text or "%3" in text:
+        text = SECRET_ASSIGNMENT.sub(lambda m: f"{m.group(1)}={REDACTED}", text)
+    if "bearer" in text.lower():
+        text = BEARER.sub(lambda m: m.group(1) + REDACTED, text)
+    if "." in text:
+        text = BOOTSTRAP_TOKEN.sub("." + REDACTED, text)
+    return text
 
 
 def describeRequest(request: Request) -> str:
