@@ -18,6 +18,7 @@ from fleetd.vault import (
     filesystemType,
     parseMountInfo,
 )
+from fleetd.vault.store import processUmask
 
 if TYPE_CHECKING:
     _Base = SynchronousTestCase
@@ -227,6 +228,41 @@ class DirectoryVaultTests(SynchronousTestCase):
         self.addCleanup(os.umask, old)
         self.open().put("a", b"1")
         self.assertEqual(stat.S_IMODE(os.stat(self.path / "a").st_mode), 0o600)
+
+    def test_put_narrowingUmask_exactMode(self) -> None:
+        """
+        [V1] An umask that takes bits of 0600 away (the owner could not
+        read its own entries back) is undone by a chmod after the create;
+        an umask that leaves 0600 alone needs none.
+        """
+        calls: list[int] = []
+        realChmod = os.fchmod
+
+        def fchmod(fd: int, mode: int) -> None:
+            calls.append(mode)
+            realChmod(fd, mode)
+
+        self.patch(os, "fchmod", fchmod)
+        for umask, chmods in ((0o277, [0o600]), (0o022, []), (0o077, [])):
+            old = os.umask(umask)
+            try:
+                calls.clear()
+                vault = self.open()
+                vault.put("a", b"1")
+            finally:
+                os.umask(old)
+            self.assertEqual(stat.S_IMODE(os.stat(self.path / "a").st_mode), 0o600)
+            files = [mode for mode in calls if mode != 0o700]  # not the directory's
+            self.assertEqual(files, chmods, oct(umask))
+
+    def test_processUmask(self) -> None:
+        """The umask is read from the status file; none found is L{None}."""
+        status = Path(self.mktemp())
+        status.write_text("Name:\tpython\nUmask:\t0027\nState:\tR\n")
+        self.assertEqual(processUmask(status), 0o027)
+        status.write_text("Name:\tpython\n")
+        self.assertIsNone(processUmask(status))
+        self.assertIsNone(processUmask(status.with_name("absent")))
 
     def test_open_fixesDirectoryMode(self) -> None:
         """A pre-existing 0755 directory is tightened to 0700 [V1]."""

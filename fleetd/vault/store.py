@@ -40,8 +40,11 @@ TEMP_PREFIX = ".tmp-"
 # Temporary names: this process's id and a counter, unique among the
 # processes alive (a dead one's leftovers are removed when a vault opens)
 # without asking the kernel for random bytes on every write; O_EXCL still
-# refuses to write over anything already there.
+# refuses to write over anything already there. The id is asked once per
+# process (a system call each time otherwise), again after a fork.
 _temps = itertools.count()
+_pid = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
 
 FILE_MODE = 0o600
 
@@ -151,6 +154,10 @@ class DirectoryVault:
         self._fsync = fsync
         self._write = write
         self._closer = weakref.finalize(self, os.close, dirFd)
+        # Created files get FILE_MODE less the umask: only an umask that
+        # takes bits of FILE_MODE away calls for a chmod after each create.
+        umask = processUmask()
+        self._narrowingUmask = umask is None or bool(umask & FILE_MODE)
 
     @classmethod
     def open(
@@ -292,7 +299,7 @@ class DirectoryVault:
         checkName(name)
         data = bytes(data)
         dirFd = self._dirFd()
-        temp = f"{TEMP_PREFIX}{os.getpid():x}-{next(_temps):x}"
+        temp = f"{TEMP_PREFIX}{_pid[0]:x}-{next(_temps):x}"
         try:
             self._writeTemp(dirFd, temp, data)
             try:
@@ -309,7 +316,8 @@ class DirectoryVault:
     def _writeTemp(self, dirFd: int, temp: str, data: bytes) -> None:
         fd = os.open(temp, _CREATE, FILE_MODE, dir_fd=dirFd)
         try:
-            os.fchmod(fd, FILE_MODE)  # whatever the umask
+            if self._narrowingUmask:
+                os.fchmod(fd, FILE_MODE)  # whatever the umask
             view = memoryview(data)
             while view:
                 view = view[self._write(fd, view) :]
@@ -347,6 +355,17 @@ class DirectoryVault:
 
     def __contains__(self, name: object) -> bool:
         return _isValidName(name) and name in self._entries
+
+
+def processUmask(status: Path = Path("/proc/self/status")) -> int | None:
+    """This process's umask, from C{status}; L{None} when it does not say."""
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split(":", 1)[1].strip(), 8)
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _kind(mode: int) -> str:
