@@ -90,16 +90,18 @@ def parseQuery(request: IRequest) -> Identity:
     Read C{code}, C{uuid} and C{serial}; refuse repeats and bad encodings.
     Other parameters are ignored.
     """
-    raw = request.uri.split(b"?", 1)[1] if b"?" in request.uri else b""
+    raw = request.uri.partition(b"?")[2]
     values: dict[str, str] = {}
     for pair in raw.split(b"&") if raw else []:
         key, _, value = pair.partition(b"=")
+        name = _PLAIN_NAMES.get(key)  # as nodes send them: nothing to decode
         try:
-            name = _unquote(key)
+            if name is None:
+                name = _unquote(key)
             text = _unquote(value)
         except UnicodeDecodeError as e:
             raise BadQuery("query is not UTF-8") from e
-        if name not in ("code", "uuid", "serial"):
+        if name not in _NAMES:
             continue
         if name in values:
             raise BadQuery(f"repeated parameter {name}")
@@ -107,6 +109,10 @@ def parseQuery(request: IRequest) -> Identity:
             raise BadQuery(f"bad {name}")
         values[name] = text
     return Identity(values.get("code"), values.get("uuid"), values.get("serial"))
+
+
+_NAMES = frozenset(("code", "uuid", "serial"))
+_PLAIN_NAMES = {name.encode("ascii"): name for name in _NAMES}
 
 
 def _unquote(part: bytes) -> str:
