@@ -25,6 +25,7 @@ from fleetd.inventory.model import (
 from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.runs.alerts import MISSING, REFETCHED, AlertTracker
 from fleetd.runs.codes import codeDigest, mintCode, wellFormedCode
+from fleetd.runs.issued import IssuedDigests
 from fleetd.runs.machine import Outcome, RunEffects, RunMachine, delivering, ready
 from fleetd.runs.registry import RunRegistry, codeName, configName, servedName
 from fleetd.runs.render import NodeFacts, TemplateRenderer
@@ -723,3 +724,58 @@ class DuplicateNameTests(SynchronousTestCase):
         )
         self.assertIn("twice", failure.getErrorMessage())
         self.assertIsNone(fleet.registry.readyRun("w1"))
+
+
+class _NoDatabase:
+    """A runner that fails the test if anything asks the database."""
+
+    def __init__(self, test: SynchronousTestCase) -> None:
+        self.test = test
+
+    def run(self, f: Any) -> Deferred[Any]:
+        self.test.fail("the database was asked")
+
+
+class IssuedDigestsTests(SynchronousTestCase):
+    """A code fleetd never issued is refused without asking the database."""
+
+    def setUp(self) -> None:
+        self.fleet = Fleet(self)
+        self.fleet.add(device("w1", "SER1"))
+
+    def test_neverIssued_noDatabase(self) -> None:
+        """A well-formed code no run ever had: no run, and no database read."""
+        self.fleet.provision(device("w1", "SER1"))
+        self.fleet.registry.runner = _NoDatabase(self)
+        code = mintCode()
+        self.assertIsNone(self.fleet.registry.byCode(code))
+        self.assertIsNone(self.successResultOf(self.fleet.registry.retired(code)))
+
+    def test_supersededCode_stillFromDatabase(self) -> None:
+        """[V5] A superseded code is still answered from the database,
+        whether it was superseded before or after a restart."""
+        (first,) = self.fleet.provision(device("w1", "SER1"))
+        (second,) = self.fleet.provision(device("w1", "SER1"))
+        retired = self.successResultOf(self.fleet.registry.retired(first.code))
+        assert retired is not None
+        self.assertEqual(retired.superseded_by, second.run)
+        self.fleet.restart()  # the digests come from the database now
+        (third,) = self.fleet.provision(device("w1", "SER1"))
+        for old, by in ((first, second), (second, third)):
+            retired = self.successResultOf(self.fleet.registry.retired(old.code))
+            assert retired is not None, old
+            self.assertEqual((retired.id, retired.superseded_by), (old.run, by.run))
+
+    def test_prefixes(self) -> None:
+        """Loaded and added digests are held; others are not, unless
+        they share the first 8 bytes (then the database decides)."""
+        loaded = [codeDigest(KEY, mintCode()) for _ in range(50)]
+        issued = IssuedDigests(loaded)
+        added = codeDigest(KEY, mintCode())
+        other = codeDigest(KEY, mintCode())
+        self.assertFalse(issued.mayHold(added))
+        issued.add(added)
+        self.assertTrue(all(issued.mayHold(d) for d in [*loaded, added]))
+        self.assertFalse(issued.mayHold(other))
+        self.assertTrue(issued.mayHold(loaded[7][:16] + other[16:]))
+        self.assertFalse(IssuedDigests().mayHold(other))

@@ -25,7 +25,7 @@ from json.encoder import encode_basestring_ascii as _string
 from typing import Any, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter
-from twisted.internet.defer import Deferred, DeferredLock
+from twisted.internet.defer import Deferred, DeferredLock, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -41,12 +41,14 @@ from fleetd.runs.alerts import (
 )
 from fleetd.runs.codes import codeDigest, mintCode, mintRunId
 from fleetd.runs.identities import IdentityIndex
+from fleetd.runs.issued import IssuedDigests
 from fleetd.runs.machine import Outcome, RunEffects, RunInputs, RunMachine
 from fleetd.runs.releaser import Releaser
 from fleetd.runs.store import (
     RunRecord,
     endRuns,
     insertRuns,
+    issuedDigests,
     isSuperseded,
     latestRun,
     loadRuns,
@@ -300,6 +302,7 @@ class RunRegistry:
         self._byDigest: dict[str, _Run] = {}
         self._current: dict[str, _Run] = {}
         self._identity = IdentityIndex()
+        self._issued = IssuedDigests()
         self._noting: set[tuple[str, str]] = set()
         self._provisioning = DeferredLock()
         self.loaded = False
@@ -319,6 +322,7 @@ class RunRegistry:
     async def load(self) -> None:
         """Rebuild every current run's state from the database, vault and inventory."""
         records = await self.runner.run(loadRuns)
+        self._issued = await self.runner.run(issuedDigests)
         released = await self.inventory.releasedRuns()
         for device in await self.inventory.list():
             self._identity[device.name] = (device.uuid, device.serial)
@@ -394,6 +398,7 @@ class RunRegistry:
         run = _Run(self, record)
         self._runs[record.id] = run
         self._byDigest[record.digest] = run
+        self._issued.add(record.digest)
         if record.superseded_by is None:
             self._current[record.device] = run
         return run
@@ -593,8 +598,13 @@ class RunRegistry:
         return self._byDigest.get(codeDigest(self._codeKey, code))
 
     def retired(self, code: str) -> Deferred[RunRecord | None]:
-        """The superseded run a code belonged to, from the database."""
+        """
+        The superseded run a code belonged to, from the database; a code
+        fleetd never issued is known not to be one without asking it.
+        """
         digest = codeDigest(self._codeKey, code)
+        if not self._issued.mayHold(digest):
+            return succeed(None)
         return self.runner.run(lambda db: retiredRun(db, digest))
 
     def byId(self, run: str) -> _Run | None:

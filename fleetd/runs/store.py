@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from fleetd.runs.issued import IssuedDigests
 from fleetd.store.db import Database
 
 
@@ -115,6 +116,12 @@ def loadRuns(db: Database) -> list[RunRecord]:
             _SELECT + " WHERE superseded_by IS NULL ORDER BY created_at, id"
         ).fetchall()
     return [_record(r) for r in rows]
+
+
+def issuedDigests(db: Database) -> IssuedDigests:
+    """The digest of every run in the database, superseded or not."""
+    with db.transaction(write=False) as conn:
+        return IssuedDigests(row[0] for row in conn.execute("SELECT digest FROM runs"))
 
 
 def retiredRun(db: Database, digest: str) -> RunRecord | None:
