@@ -1162,6 +1162,30 @@ def tables(
     return lines
 
 
+def ownWork(fleetd: Sequence[Run], minimal: Sequence[Run]) -> list[str]:
+    """
+    fleetd's own work round by round: fleetd's CPU per request minus the
+    minimal server's in the same round, which ran a minute apart at most
+    (the medians of each alone drift apart when the machine's speed
+    changes between rounds).
+    """
+    pairs = list(zip(fleetd, minimal, strict=False))
+    if not pairs:
+        return []
+    own = [(f.cpuPerRequest - m.cpuPerRequest) * 1e6 for f, m in pairs]
+    perDelivery = [
+        o * f.figures["requests"] / max(1.0, f.figures["s200"])
+        for o, (f, _) in zip(own, pairs, strict=True)
+    ]
+    return [
+        f"- fleetd's own work round by round (fleetd minus minimal twisted.web"
+        f" in the same round, {len(own)} rounds): **median {median(own):.0f} µs"
+        f" a request** (range {min(own):.0f} to {max(own):.0f}); charged to the"
+        f" deliveries alone (refusals' work included), median"
+        f" {median(perDelivery):.0f} µs a delivery."
+    ]
+
+
 def comparison(
     runs: dict[str, list[Run]], tls: dict[str, dict[str, str]], probe: str
 ) -> list[str]:
@@ -1221,6 +1245,7 @@ def comparison(
         f" {cpu['twisted'] / cpu['fleetd']:.2f}x (fleetd's own work is"
         f" {cpu['fleetd'] - cpu['twisted']:.0f} \u00b5s a request on top of"
         " Twisted + TLS).",
+        *ownWork(runs["fleetd"], runs["twisted"]),
         "",
         "Session resumption: wrk keeps the previous connection's TLS session"
         " for its next connection and offers it, so a server that allows"

@@ -26,10 +26,13 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterable
 
+PREFIX_HEX = 16
+"""How much of a (hex) digest is kept: 8 bytes."""
+
 
 def _key(digest: str) -> int:
-    """The digest's first 8 bytes (it is hex), as an integer."""
-    return int(digest[:16], 16)
+    """The digest's first 8 bytes, as an integer (or all of a prefix)."""
+    return int(digest[:PREFIX_HEX], 16)
 
 
 class IssuedDigests:

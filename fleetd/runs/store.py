@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fleetd.runs.issued import IssuedDigests
+from fleetd.runs.issued import PREFIX_HEX, IssuedDigests
 from fleetd.store.db import Database
 
 
@@ -121,7 +121,8 @@ def loadRuns(db: Database) -> list[RunRecord]:
 def issuedDigests(db: Database) -> IssuedDigests:
     """The digest of every run in the database, superseded or not."""
     with db.transaction(write=False) as conn:
-        return IssuedDigests(row[0] for row in conn.execute("SELECT digest FROM runs"))
+        prefixes = conn.execute("SELECT substr(digest, 1, ?) FROM runs", (PREFIX_HEX,))
+        return IssuedDigests(row[0] for row in prefixes)
 
 
 def retiredRun(db: Database, digest: str) -> RunRecord | None:
