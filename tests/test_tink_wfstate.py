@@ -13,15 +13,23 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred
+from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.config import ConfigError, TinkSettings, loadSettings
+from fleetd.inventory.model import validateDevice
 from fleetd.kube.client import KubeClient
 from fleetd.runs.alerts import HOOKOS
 from fleetd.testing.kube import FakeKube
 from fleetd.tink.proto import tink_agent_pb2 as agent
 from fleetd.tink.service import TinkProxy
-from fleetd.tink.wfstate import WorkflowStateWatch, agentIds, hasEnded
+from fleetd.tink.wfstate import (
+    RETRY_UNMAPPED,
+    UNMAPPED_FOR,
+    WorkflowStateWatch,
+    agentIds,
+    hasEnded,
+)
 from tests.support import writeConfig
 from tests.test_tink_boot import MAC, RUNNING, SUCCESS, Site
 
@@ -494,3 +502,74 @@ class RobustnessTests(SynchronousTestCase):
         self.assertEqual(calls, ["ns/a", "ns/wf"])
         self.assertEqual(site.watch.loop.lists, 1)
         self.assertEqual(site.events().count("boot.rebooting"), 1)
+
+
+MAC2 = "52:54:00:12:34:57"
+
+
+class UnmappedAgentTests(SynchronousTestCase):
+    """
+    An end whose agent id the proxy's device index does not know yet (the
+    device was added since the index last loaded) is kept and tried again,
+    not dropped.
+    """
+
+    def tearDown(self) -> None:
+        self.flushLoggedErrors()
+
+    def addSecondDevice(self, site: KubeSite) -> None:
+        w2 = validateDevice(
+            name="w2",
+            serial="SER2",
+            uuid="00000000-0000-4000-8000-000000000002",
+            macs=[MAC2],
+            device_class="worker",
+        )
+        site.fleet.add(w2)
+        site.fleet.provision(w2)
+
+    def test_deviceAddedSince_endCountsOnceIndexed(self) -> None:
+        """[B1] The end is told once the index has the MAC: one entry."""
+        site = KubeSite(self)
+        site.start()
+        self.addSecondDevice(site)
+        site.fake.addWorkflow(NS, "wf2", MAC2, state="RUNNING")
+        site.fake.setWorkflowState(NS, "wf2", "SUCCESS")
+        self.assertNotIn("boot.rebooting", site.events())  # not indexed yet
+        site.fleet.clock.advance(RETRY_UNMAPPED)  # the index loads again...
+        site.fleet.clock.advance(RETRY_UNMAPPED)  # ...and the end is told
+        self.assertEqual(
+            site.rebooting(), [{"workflow": "ns/wf2", "signal": "kubernetes"}]
+        )
+        site.fleet.clock.advance(UNMAPPED_FOR)
+        self.assertEqual(len(site.rebooting()), 1)
+        self.assertEqual(site.metric("fleetd_tink_workflow_state_ends_total"), 1.0)
+
+    def test_neverMapped_droppedAfterAWhile(self) -> None:
+        """An agent that never maps is tried for UNMAPPED_FOR, then dropped
+        with a warning; nothing is journaled and no timer is left."""
+        site = KubeSite(self)
+        site.start()
+        site.fake.addWorkflow(NS, "stranger", "52:54:00:ff:ff:ff", state="RUNNING")
+        with capturedLogs() as events:
+            site.fake.setWorkflowState(NS, "stranger", "SUCCESS")
+            site.fleet.clock.advance(UNMAPPED_FOR + RETRY_UNMAPPED)
+        formats = [e.get("log_format", "") for e in events]
+        self.assertTrue(
+            any(f.startswith("tink.workflow-state.unmapped-dropped") for f in formats)
+        )
+        self.assertEqual(site.events(), ["run.provisioned"])
+        self.assertEqual(site.watch._unmapped, {})
+        self.assertIsNone(site.watch._retry)
+
+    def test_runningAgain_pendingEndForgotten(self) -> None:
+        """A kept end whose Workflow runs again is not told later."""
+        site = KubeSite(self)
+        site.start()
+        self.addSecondDevice(site)
+        site.fake.addWorkflow(NS, "wf2", MAC2, state="RUNNING")
+        site.fake.setWorkflowState(NS, "wf2", "SUCCESS")
+        site.fake.setWorkflowState(NS, "wf2", "RUNNING")
+        site.fleet.clock.advance(RETRY_UNMAPPED)
+        site.fleet.clock.advance(RETRY_UNMAPPED)
+        self.assertEqual(site.rebooting(), [])

@@ -20,8 +20,12 @@ already ended (the list at start, or one created during a gap): then with
 its creation time, which the tracker holds against the run's. The device
 is the one the Workflow's agent id maps to (C{status.agentID}, then
 C{status.currentState.agentID}, then each task's C{agentID} or tink
-v0.12's C{worker}), through the proxy's own L{DeviceIndex}; ids that map
-to no device, or to several, are skipped.
+v0.12's C{worker}), through the proxy's own L{DeviceIndex}. An end whose
+ids map to no device, or to several, is kept and tried again every
+L{RETRY_UNMAPPED} seconds (the index loads the inventory's MACs again when
+an id is missing, at most every 30 s: a device added since shows up
+there), for up to L{UNMAPPED_FOR} seconds, at most L{MAX_UNMAPPED} ends
+at a time; then it is dropped with a log line.
 
 Nothing here can stop or slow the proxy: failures (API down, 403, a CRD
 that is not installed, 410) are counted in
@@ -33,11 +37,12 @@ is 1 while a watch stream is open.
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from fleetd.kube.client import Gone, KubeClient, KubeError, KubeUnavailable
@@ -45,6 +50,9 @@ from fleetd.kube.watcher import ListWatcher
 from fleetd.logs import ThrottledLog
 
 ENDED = frozenset({"POST", "SUCCESS"})
+RETRY_UNMAPPED = 30.0
+UNMAPPED_FOR = 3600.0
+MAX_UNMAPPED = 1024
 REASONS = ("unavailable", "expired", "forbidden", "not-found", "error")
 RBAC_FILE = "conf/kube/fleetd-workflows-rbac.yaml"
 _log = Logger()
@@ -127,6 +135,16 @@ class WorkflowStateMetrics:
         )
 
 
+@dataclass
+class _Unmapped:
+    """An end whose agent ids map to no one device yet."""
+
+    workflow: dict[str, Any]
+    name: str
+    createdAt: float | None
+    since: float
+
+
 class WorkflowStateWatch:
     """List and watch Workflows; tell the boot side which ones ended."""
 
@@ -147,6 +165,9 @@ class WorkflowStateWatch:
         self.metrics = WorkflowStateMetrics(registry)
         self.log = ThrottledLog(clock, burst=2, window=60.0)
         self._ended: dict[str, bool] = {}  # uid -> ended when last seen
+        self._unmapped: dict[str, _Unmapped] = {}  # uid -> an end not yet told
+        self._retry: IDelayedCall | None = None
+        self._clock = clock
         self._failing = False
         self.loop = ListWatcher(
             clock,
@@ -169,6 +190,9 @@ class WorkflowStateWatch:
 
     def stop(self) -> Deferred[None] | None:
         self.metrics.up.set(0)
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self._retry = None
         return self.loop.stop()
 
     # From the loop
@@ -180,9 +204,12 @@ class WorkflowStateWatch:
             self._guarded(item)
         for gone in set(self._ended) - present:
             del self._ended[gone]  # deleted during a gap
+            self._unmapped.pop(gone, None)
 
     def _deleted(self, workflow: dict[str, Any]) -> None:
-        self._ended.pop(self._key(workflow), None)
+        key = self._key(workflow)
+        self._ended.pop(key, None)
+        self._unmapped.pop(key, None)
 
     def _watching(self, watching: bool) -> None:
         self.metrics.up.set(1 if watching else 0)
@@ -229,6 +256,8 @@ class WorkflowStateWatch:
         ended = hasEnded((workflow.get("status") or {}).get("state"))
         before = self._ended.get(key)
         self._ended[key] = ended
+        if not ended:
+            self._unmapped.pop(key, None)  # running again: that end is moot
         if not ended or before is True:
             return
         meta = workflow.get("metadata") or {}
@@ -241,20 +270,51 @@ class WorkflowStateWatch:
                     "tink.workflow-state.no-creation-time {workflow}", workflow=name
                 )
                 return
-        device = self._device(workflow, name)
+        device = self._device(workflow)
         if device is None:
+            self._keep(key, _Unmapped(workflow, name, createdAt, self._clock.seconds()))
             return
         self.metrics.ends.inc()
         self.ends.workflowFinished(device, name, createdAt)
 
-    def _device(self, workflow: dict[str, Any], name: str) -> str | None:
+    def _device(self, workflow: dict[str, Any]) -> str | None:
         found = {self.devices.lookup(i) for i in agentIds(workflow)} - {None}
         if len(found) == 1:
             device: str | None = found.pop()
             return device
-        self.log.info(
-            "tink.workflow-state.unmapped {workflow} {devices}",
-            workflow=name,
-            devices=len(found),
-        )
         return None
+
+    def _keep(self, key: str, end: _Unmapped) -> None:
+        """Try C{end} again later: its device may not be indexed yet."""
+        self.log.info("tink.workflow-state.unmapped {workflow}", workflow=end.name)
+        if key not in self._unmapped and len(self._unmapped) >= MAX_UNMAPPED:
+            oldest = next(iter(self._unmapped))
+            self._drop(self._unmapped.pop(oldest))
+        self._unmapped[key] = end
+        if self._retry is None:
+            self._retry = self._clock.callLater(RETRY_UNMAPPED, self._retryUnmapped)
+
+    def _drop(self, end: _Unmapped) -> None:
+        self.log.warn(
+            "tink.workflow-state.unmapped-dropped {workflow}: its agent ids map"
+            " to no one device",
+            workflow=end.name,
+        )
+
+    def _retryUnmapped(self) -> None:
+        self._retry = None
+        now = self._clock.seconds()
+        for key, end in list(self._unmapped.items()):
+            device = self._device(end.workflow)
+            if device is not None:
+                del self._unmapped[key]
+                self.metrics.ends.inc()
+                try:
+                    self.ends.workflowFinished(device, end.name, end.createdAt)
+                except Exception:
+                    _log.failure("tink.workflow-state.bug")
+            elif now - end.since >= UNMAPPED_FOR:
+                del self._unmapped[key]
+                self._drop(end)
+        if self._unmapped:
+            self._retry = self._clock.callLater(RETRY_UNMAPPED, self._retryUnmapped)
