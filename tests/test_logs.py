@@ -119,6 +119,7 @@ class PatternRedactionTests(SynchronousTestCase):
                     "%3D",
                     "%3d",
                     "Bearer ",
+                    "bEaReR ",
                     "BEARER\t",
                     "bearer",
                     ".",

@@ -21,6 +21,7 @@ from fleetd.inventory.model import validateDevice
 from fleetd.kube.client import KubeClient
 from fleetd.runs.alerts import HOOKOS
 from fleetd.testing.kube import FakeKube
+from fleetd.tink import wfstate
 from fleetd.tink.proto import tink_agent_pb2 as agent
 from fleetd.tink.service import TinkProxy
 from fleetd.tink.wfstate import (
@@ -573,3 +574,92 @@ class UnmappedAgentTests(SynchronousTestCase):
         site.fleet.clock.advance(RETRY_UNMAPPED)
         site.fleet.clock.advance(RETRY_UNMAPPED)
         self.assertEqual(site.rebooting(), [])
+
+    def test_endBeforeRunProvisioned_notCredited(self) -> None:
+        """[B1] An end kept for an unknown agent is not credited to a run
+        provisioned after its Workflow was made (it belongs to no run of
+        that device): nothing is journaled."""
+        site = KubeSite(self)
+        site.start()
+        site.fake.addWorkflow(NS, "wf2", MAC2, state="RUNNING")
+        site.fake.setWorkflowState(NS, "wf2", "SUCCESS")
+        site.fleet.clock.advance(5)
+        self.addSecondDevice(site)
+        site.fleet.clock.advance(RETRY_UNMAPPED)
+        site.fleet.clock.advance(RETRY_UNMAPPED)
+        self.assertEqual(site.rebooting(), [])
+        self.assertEqual(site.watch._unmapped, {})  # told, and refused there
+
+    def test_stop_noTimerLeft(self) -> None:
+        """Stopping forgets kept ends and leaves no timer, also when a late
+        event arrives after the stop."""
+        site = KubeSite(self)
+        site.start()
+        workflow = site.fake.addWorkflow(NS, "stranger", "52:54:00:ff:ff:ff")
+        site.fake.setWorkflowState(NS, "stranger", "SUCCESS")
+        retry = site.watch._retryUnmapped
+        self.assertIn(retry, _pending(site))
+        site.stop()
+        late = {**workflow, "metadata": {**workflow["metadata"], "uid": "late"}}
+        late["status"] = {**workflow.get("status", {}), "state": "SUCCESS"}
+        site.watch._seen(late)
+        self.assertNotIn(retry, _pending(site))
+        self.assertEqual(site.watch._unmapped, {})
+
+    def test_deletedOrGoneFromList_forgotten(self) -> None:
+        """A kept end whose Workflow is deleted (seen, or missing from a
+        later list) is forgotten."""
+        site = KubeSite(self)
+        site.start()
+        for name in ("a", "b"):
+            site.fake.addWorkflow(NS, name, "52:54:00:ff:ff:0" + name)
+            site.fake.setWorkflowState(NS, name, "SUCCESS")
+        self.assertEqual(len(site.watch._unmapped), 2)
+        site.fake.deleteWorkflow(NS, "a")
+        self.assertEqual(len(site.watch._unmapped), 1)
+        (kept,) = site.watch._unmapped
+        site.watch._listed([])  # a list after a gap: "b" is gone too
+        self.assertNotIn(kept, site.watch._unmapped)
+
+    def test_atMostMaxKept_oldestDropped(self) -> None:
+        """At most MAX_UNMAPPED ends are kept: the oldest goes, with a
+        warning."""
+        self.patch(wfstate, "MAX_UNMAPPED", 2)
+        site = KubeSite(self)
+        site.start()
+        with capturedLogs() as events:
+            for name in ("a", "b", "c"):
+                site.fake.addWorkflow(NS, name, "52:54:00:ff:ff:0" + name)
+                site.fake.setWorkflowState(NS, name, "SUCCESS")
+        names = sorted(end.name for end in site.watch._unmapped.values())
+        self.assertEqual(names, ["ns/b", "ns/c"])
+        dropped = [
+            e["workflow"]
+            for e in events
+            if e.get("log_format", "").startswith("tink.workflow-state.unmapped-drop")
+        ]
+        self.assertEqual(dropped, ["ns/a"])
+
+    def test_keptEnd_agentIdsUpdated(self) -> None:
+        """A kept end is tried with the Workflow as last seen: agent ids
+        that show up in a later event count."""
+        site = KubeSite(self)
+        site.start()
+        self.addSecondDevice(site)
+        site.fake.addWorkflow(NS, "wf2", "52:54:00:ff:ff:ff")
+        site.fake.setWorkflowState(NS, "wf2", "SUCCESS")
+        self.assertEqual(len(site.watch._unmapped), 1)
+        (kept,) = site.watch._unmapped.values()
+        later = {**kept.workflow, "status": {**kept.workflow["status"]}}
+        later["status"]["agentID"] = MAC2
+        site.watch._seen(later)
+        site.fleet.clock.advance(RETRY_UNMAPPED)
+        site.fleet.clock.advance(RETRY_UNMAPPED)
+        self.assertEqual(
+            site.rebooting(), [{"workflow": "ns/wf2", "signal": "kubernetes"}]
+        )
+
+
+def _pending(site: KubeSite) -> list[Any]:
+    """What the site's clock will call."""
+    return [getattr(c, "func", None) for c in site.fleet.clock.getDelayedCalls()]

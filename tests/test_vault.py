@@ -255,6 +255,23 @@ class DirectoryVaultTests(SynchronousTestCase):
             files = [mode for mode in calls if mode != 0o700]  # not the directory's
             self.assertEqual(files, chmods, oct(umask))
 
+    def test_tempNames_processIdAfterFork(self) -> None:
+        """A forked child names its temp files with its own process id (the
+        id is kept per process, not asked on every write)."""
+        from fleetd.vault import store
+
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report and leave at once
+            os.write(write, b"1" if store._pid[0] == os.getpid() else b"0")
+            os._exit(0)
+        os.close(write)
+        answer = os.read(read, 1)
+        os.close(read)
+        os.waitpid(pid, 0)
+        self.assertEqual(answer, b"1")
+        self.assertEqual(store._pid[0], os.getpid())
+
     def test_processUmask(self) -> None:
         """The umask is read from the status file; none found is L{None}."""
         status = Path(self.mktemp())

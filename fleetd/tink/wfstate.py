@@ -141,7 +141,7 @@ class _Unmapped:
 
     workflow: dict[str, Any]
     name: str
-    createdAt: float | None
+    createdAt: float
     since: float
 
 
@@ -167,6 +167,7 @@ class WorkflowStateWatch:
         self._ended: dict[str, bool] = {}  # uid -> ended when last seen
         self._unmapped: dict[str, _Unmapped] = {}  # uid -> an end not yet told
         self._retry: IDelayedCall | None = None
+        self._stopped = False
         self._clock = clock
         self._failing = False
         self.loop = ListWatcher(
@@ -186,10 +187,13 @@ class WorkflowStateWatch:
         )
 
     def start(self) -> None:
+        self._stopped = False
         self.loop.start()
 
     def stop(self) -> Deferred[None] | None:
         self.metrics.up.set(0)
+        self._stopped = True
+        self._unmapped.clear()
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
         self._retry = None
@@ -258,6 +262,8 @@ class WorkflowStateWatch:
         self._ended[key] = ended
         if not ended:
             self._unmapped.pop(key, None)  # running again: that end is moot
+        elif key in self._unmapped:
+            self._unmapped[key].workflow = workflow  # agent ids may show up
         if not ended or before is True:
             return
         meta = workflow.get("metadata") or {}
@@ -272,7 +278,7 @@ class WorkflowStateWatch:
                 return
         device = self._device(workflow)
         if device is None:
-            self._keep(key, _Unmapped(workflow, name, createdAt, self._clock.seconds()))
+            self._keep(key, workflow, name)
             return
         self.metrics.ends.inc()
         self.ends.workflowFinished(device, name, createdAt)
@@ -284,9 +290,24 @@ class WorkflowStateWatch:
             return device
         return None
 
-    def _keep(self, key: str, end: _Unmapped) -> None:
-        """Try C{end} again later: its device may not be indexed yet."""
-        self.log.info("tink.workflow-state.unmapped {workflow}", workflow=end.name)
+    def _keep(self, key: str, workflow: dict[str, Any], name: str) -> None:
+        """
+        Try this end again later: its device may not be indexed yet. Told
+        later, it carries the Workflow's creation time, so the boot side
+        ignores it for a run provisioned after the Workflow was made (a
+        device added, and provisioned, only after the end).
+        """
+        if self._stopped:
+            return
+        meta = workflow.get("metadata") or {}
+        createdAt = parseCreated(meta.get("creationTimestamp"))
+        if createdAt is None:
+            self.log.warn(
+                "tink.workflow-state.no-creation-time {workflow}", workflow=name
+            )
+            return
+        self.log.info("tink.workflow-state.unmapped {workflow}", workflow=name)
+        end = _Unmapped(workflow, name, createdAt, self._clock.seconds())
         if key not in self._unmapped and len(self._unmapped) >= MAX_UNMAPPED:
             oldest = next(iter(self._unmapped))
             self._drop(self._unmapped.pop(oldest))
@@ -303,6 +324,8 @@ class WorkflowStateWatch:
 
     def _retryUnmapped(self) -> None:
         self._retry = None
+        if self._stopped:
+            return
         now = self._clock.seconds()
         for key, end in list(self._unmapped.items()):
             device = self._device(end.workflow)
