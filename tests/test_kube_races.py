@@ -163,8 +163,8 @@ class ClusterGrantTests(SynchronousTestCase):
     def test_grantCommitFails_secondCSRLeftPending(self) -> None:
         """
         [K5] [J1] The API approved the grant's CSR but the commit failed:
-        the grant is not handed to a second CSR; once the record commits
-        on a later attempt the grant is gone.
+        the grant is not handed to a second CSR, and the next sight of the
+        approved CSR records its use late, once.
         """
         fleet = KubeFleet(self)
         self.addCleanup(fleet.stopKube)
@@ -183,6 +183,29 @@ class ClusterGrantTests(SynchronousTestCase):
         second = fleet.fileCSR(token.bearer, "cp1")
         self.assertFalse(fleet.approved(second["metadata"]["name"]))
         self.assertIsNone(tokens.grantFor("cp1", token.id))
+        self.assertEqual(fleet.entries("kube.csr-approved-cluster-token"), [])
+        # The next sight of the approved CSR records the grant's use late.
+        name = first["metadata"]["name"]
+        fleet.kube.approver.seen(fleet.fake.csrs[name])
+        fleet.fake.flush()
+        (entry,) = fleet.entries("kube.csr-approved-cluster-token")
+        self.assertEqual(
+            dict(entry.fields),
+            {"csr": name, "node": "cp1", "request": request.id, "late": True},
+        )
+        self.assertIsNone(tokens.claimedBy(name))
+        used = self.successResultOf(
+            fleet.runner.run(
+                lambda db: db.execute(
+                    "SELECT state, csr FROM cluster_token_requests WHERE id = ?",
+                    (request.id,),
+                ).fetchone()
+            )
+        )
+        self.assertEqual(tuple(used), ("used", name))
+        fleet.kube.approver.seen(fleet.fake.csrs[name])  # once only
+        fleet.fake.flush()
+        self.assertEqual(len(fleet.entries("kube.csr-approved-cluster-token")), 1)
 
 
 class StartRetryTests(SynchronousTestCase):

@@ -80,8 +80,11 @@ class IClusterGrants(Protocol):
     def grantFor(self, node: str, tokenId: str) -> str | None:
         "The approved, unused request letting C{node} join with C{tokenId}."
 
-    def claim(self, request: str) -> None:
-        "The approver asks the API to approve with C{request}."
+    def claim(self, request: str, csr: str) -> None:
+        "The approver asks the API to approve C{csr} with C{request}."
+
+    def claimedBy(self, csr: str) -> str | None:
+        "The request claimed for C{csr} and not yet recorded as used."
 
     def unclaim(self, request: str) -> None:
         "The API did not approve: C{request} may be used again."
@@ -284,7 +287,7 @@ class Approver:
         grants = self.grants
         # Once per grant: claimed while the API decides, and kept once it
         # approved, whether or not the record below commits.
-        grants.claim(request)
+        grants.claim(request, facts.name)
         try:
             approved = await self.client.approveCSR(
                 facts.name,
@@ -303,13 +306,23 @@ class Approver:
         if approved is None:
             grants.unclaim(request)
             return
+        await self._recordGrant(request, facts.name, node, late=False)
+
+    async def _recordGrant(self, request: str, csr: str, node: str, late: bool) -> None:
+        """
+        The API approved C{csr} with the grant C{request}: record it used.
+        If this fails the grant stays claimed (no other CSR gets it), and
+        the next sight of the approved CSR records it late [J1].
+        """
+        assert self.grants is not None
+        grants = self.grants
 
         def change(db: Database, journal: Recorder) -> None:
-            grants.usedIn(db, request, facts.name)
+            grants.usedIn(db, request, csr)
             journal(
                 "kube.csr-approved-cluster-token",
                 actor="fleetd",
-                fields={"csr": facts.name, "node": node, "request": request},
+                fields={"csr": csr, "node": node, "request": request, "late": late},
             )
 
         await self.journal.change(change)
@@ -382,6 +395,10 @@ class Approver:
                 and node == token.record.device
             ):
                 await self._recordFirst(token, facts, late=True)
+            elif self.grants is not None and node is not None:
+                request = self.grants.claimedBy(facts.name)
+                if request is not None:  # approved with a grant, not recorded
+                    await self._recordGrant(request, facts.name, node, late=True)
         if facts.certificate is None or node is None:
             return
         expiry = notAfter(facts.certificate)

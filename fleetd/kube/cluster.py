@@ -133,7 +133,9 @@ class ClusterTokens:
         self.grantWindow = grantWindow
         self._current: str | None = None
         self._grants: dict[str, tuple[str, float, str]] = {}  # request -> node, at, id
-        self._claimed: set[str] = set()  # grants the API used, commit or not
+        # Grants the API was asked to use, by request: the CSR it was for
+        # (kept once approved, until the record commits).
+        self._claimed: dict[str, str] = {}
         # Approvals and rotations one at a time: each decides from the
         # current token, which the other may be replacing [K6].
         self._changing = DeferredLock()
@@ -166,13 +168,20 @@ class ClusterTokens:
                     return request
         return None
 
-    def claim(self, request: str) -> None:
-        """The approver is using C{request}: no other CSR gets it meanwhile."""
-        self._claimed.add(request)
+    def claim(self, request: str, csr: str) -> None:
+        """The approver is using C{request} for C{csr}: no other CSR gets it."""
+        self._claimed[request] = csr
+
+    def claimedBy(self, csr: str) -> str | None:
+        """The claimed request whose use for C{csr} is not recorded yet."""
+        for request, claimedFor in self._claimed.items():
+            if claimedFor == csr:
+                return request
+        return None
 
     def unclaim(self, request: str) -> None:
         """The API did not approve: C{request} is free again."""
-        self._claimed.discard(request)
+        self._claimed.pop(request, None)
 
     def usedIn(self, db: Database, request: str, csr: str) -> None:
         db.execute(
@@ -183,7 +192,7 @@ class ClusterTokens:
     def usedCommitted(self, request: str) -> None:
         """L{usedIn} committed: the grant is gone [J1]."""
         self._grants.pop(request, None)
-        self._claimed.discard(request)
+        self._claimed.pop(request, None)
 
     # The owner's commands
 
