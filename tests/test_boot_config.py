@@ -258,9 +258,14 @@ class ConfigResourceTests(SynchronousTestCase):
         sees the run consumed (410), not busy: the hand-over is checked
         before deciding.
         """
+        self.assertNextRequestConsumed(self.getThrough)
+
+    def assertNextRequestConsumed(self, get: Callable[[Any, str], Any]) -> None:
+        """Deliver through C{get}; once the kernel has the body, a second
+        request for the run gets 410."""
         run = self.provision()
         transport = KernelTransport(peerAddress=PEER)
-        self.getThrough(transport, run.code)
+        get(transport, run.code)
         transport.toKernel()
         again = StringTransport(peerAddress=PEER)
         self.getThrough(again, run.code)
@@ -330,13 +335,7 @@ class ConfigResourceTests(SynchronousTestCase):
         [C1] Behind the limit wrapper too, a request arriving once the
         kernel has the body sees the run consumed (410), not busy.
         """
-        run = self.provision()
-        transport = KernelTransport(peerAddress=PEER)
-        self.limitedGet(transport, run.code)
-        transport.toKernel()
-        again = StringTransport(peerAddress=PEER)
-        self.getThrough(again, run.code)
-        self.assertTrue(again.value().startswith(b"HTTP/1.1 410"), again.value())
+        self.assertNextRequestConsumed(self.limitedGet)
 
     def test_postpath_404(self) -> None:
         """[A2] /config/anything is not /config."""

@@ -206,10 +206,7 @@ class BoundedSiteTests(SynchronousTestCase):
         request has arrived.
         """
         clock = Clock()
-        site = BoundedSite(
-            Router(), maxHeaderBytes=1024, maxHeaders=10, maxBodyBytes=10,
-            idleTimeout=None, clock=clock, requestTimeout=10,
-        )  # fmt: skip
+        site = _deadlineSite(clock)
         channels = []
         for _ in range(5):
             channel = site.buildProtocol(None)
@@ -232,10 +229,7 @@ class BoundedSiteTests(SynchronousTestCase):
         leaves the others open.
         """
         clock = Clock()
-        site = BoundedSite(
-            Router(), maxHeaderBytes=1024, maxHeaders=10, maxBodyBytes=10,
-            idleTimeout=None, clock=clock, requestTimeout=10,
-        )  # fmt: skip
+        site = _deadlineSite(clock)
         transports = []
         for _ in range(3):
             channel = site.buildProtocol(None)
@@ -470,3 +464,11 @@ class OwnerBodyLimitTests(SynchronousTestCase):
         """[O2] An owner may send up to the admin limit (an 8 MiB import)."""
         site = self.site(owner=True)
         self.assertTrue(self.post(site, 3 << 20).endswith(b"got %d\n" % (3 << 20)))
+
+
+def _deadlineSite(clock: Clock) -> BoundedSite:
+    """A site with 10 s request deadlines and no idle timer of its own."""
+    return BoundedSite(
+        Router(), maxHeaderBytes=1024, maxHeaders=10, maxBodyBytes=10,
+        idleTimeout=None, clock=clock, requestTimeout=10,
+    )  # fmt: skip

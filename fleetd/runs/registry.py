@@ -398,7 +398,6 @@ class RunRegistry:
         run = _Run(self, record)
         self._runs[record.id] = run
         self._byDigest[record.digest] = run
-        self._issued.add(record.digest)
         if record.superseded_by is None:
             self._current[record.device] = run
         return run
@@ -532,6 +531,7 @@ class RunRegistry:
         results = []
         for device, record, code in batch:
             self._identity[device.name] = (device.uuid, device.serial)
+            self._issued.add(record.digest)  # the database has it from now on
             self._add(record).machine.restoreReady()
             self.alerts.clear(device.name)
             results.append(Provisioned(record.id, code, device.name))
