@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred
 from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase
@@ -18,6 +19,7 @@ from fleetd.inventory.model import DeviceStatus, ServedRecord
 from fleetd.netbox import outbox
 from fleetd.netbox.devices import RemoteDevice
 from fleetd.netbox.outbox import OutboxEntry, decide
+from fleetd.netbox.service import NetBoxService
 from fleetd.runs.machine import Outcome
 from tests.netbox_support import NetBoxRig, seedFake
 from tests.test_inventory import W1
@@ -186,3 +188,27 @@ class WithoutETagTests(SynchronousTestCase):
         self.rig.worker.stop()
         self.successResultOf(Deferred.fromCoroutine(self.rig.worker.probeETag()))
         self.assertEqual(self.rig.sample("fleetd_netbox_etag_missing"), 1.0)
+
+    def test_serviceStart_saysSo(self) -> None:
+        """
+        At start, once the custom fields are checked, fleetd reads one
+        device's detail and says there is no ETag, before any push.
+        """
+        self.rig.worker.stop()
+        metrics = CollectorRegistry()
+        service = NetBoxService(
+            self.rig.clock,
+            self.rig.client,
+            self.rig.runner,
+            self.rig.journal,
+            configDigest=lambda run: None,
+            onRefused=self.fail,
+            wake=lambda f: self.rig.clock.callLater(0, f),
+            metrics=metrics,
+        )
+        with capturedLogs() as events:
+            service.startService()
+        said = [e for e in events if "netbox.etag" in str(e.get("log_format"))]
+        self.assertEqual(len(said), 1)
+        self.assertEqual(metrics.get_sample_value("fleetd_netbox_etag_missing"), 1.0)
+        self.successResultOf(service.stopService())

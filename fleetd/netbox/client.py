@@ -40,6 +40,10 @@ MAX_PAGES = 10_000
 MAX_BODY = 16 * 1024 * 1024
 
 
+class _TooLarge(Exception):
+    """An answer grew past C{MAX_BODY} while it was read."""
+
+
 class NetBoxError(Exception):
     """A NetBox call failed; C{str()} is one line for an operator."""
 
@@ -139,6 +143,7 @@ class NetBoxClient:
         self.base = checkURL(url)
         self._auth = authorization(token)
         self.timeout = timeout
+        self.maxBody = MAX_BODY
 
     def close(self) -> Deferred[None]:
         """On stop: cancel the requests in flight (a connection that
@@ -212,7 +217,7 @@ class NetBoxClient:
         if ifMatch is not None:
             headers["If-Match"] = [ifMatch]
         response = await self._http.request(method, url, headers=headers, data=data)
-        content = await treq.content(response)
+        content = await self._content(response, method, url)
         status = response.code
         etags = response.headers.getRawHeaders("etag") or [None]
         if 200 <= status < 300:
@@ -241,6 +246,33 @@ class NetBoxClient:
         if status == 412:
             raise NetBoxError(f"{where}: changed since it was read", "conflict")
         raise NetBoxError(f"{where}: NetBox answered {status}: {reason}", "unavailable")
+
+    async def _content(self, response: Any, method: str, url: str) -> bytes:
+        """
+        The answer's body, at most C{maxBody} bytes: past that (declared or
+        as it arrives) the connection is dropped and the call fails.
+        """
+        limit = self.maxBody
+        length = getattr(response, "length", None)
+        size = length if isinstance(length, int) and length > limit else 0
+        chunks: list[bytes] = []
+
+        def collect(data: bytes) -> None:
+            nonlocal size
+            size += len(data)
+            if size > limit:
+                raise _TooLarge()
+            chunks.append(data)
+
+        try:
+            await treq.collect(response, collect)
+        except _TooLarge:
+            raise NetBoxError(
+                f"{method} {self._show(url)}: NetBox's answer is larger than"
+                f" {limit // (1024 * 1024)} MiB; fleetd stopped reading it",
+                "unavailable",
+            ) from None
+        return b"".join(chunks)
 
     def _show(self, url: str) -> str:
         """A URL for messages: the path only (no host, no query)."""

@@ -106,6 +106,7 @@ class NetBoxService(Service):
             self._onRefused(message)
             return
         self.log.info("netbox.ready {url}", url=self.inventory.client.base)
+        await self.worker.probeETag()  # says so once when there is none
         self.worker.start()
         self.mirror.start()
 
