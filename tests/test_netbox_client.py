@@ -73,9 +73,10 @@ class BoundedAnswerTests(SynchronousTestCase):
         (failure,) = outcome
         # Not the answer (today's bug was to decode all of it): keep it out of logs.
         assert isinstance(failure, Failure), "the 17 MiB answer was read whole"
-        failure.trap(NetBoxError)
-        self.assertEqual(failure.value.kind, "unavailable")
-        self.assertIn("larger than 16 MiB", str(failure.value))
+        error = failure.value
+        assert isinstance(error, NetBoxError), failure
+        self.assertEqual(error.kind, "unavailable")
+        self.assertIn("larger than 16 MiB", str(error))
 
     def test_withinBound_read(self) -> None:
         """An answer just under the bound is read and decoded."""
