@@ -35,6 +35,11 @@ NetBoxErrorKind = Literal[
 ]
 
 DEFAULT_TIMEOUT = 15.0
+# Retries after NetBox failed (the push, the mirror, the start-up check):
+# 1 s doubling to RETRY_MAX, never more, so whatever the outage's length
+# NetBox answering again is noticed within RETRY_MAX (+ one deadline).
+RETRY_FIRST = 1.0
+RETRY_MAX = 10.0
 PAGE_LIMIT = 1000  # NetBox's MAX_PAGE_SIZE default
 MAX_PAGES = 10_000
 MAX_BODY = 16 * 1024 * 1024
@@ -195,7 +200,7 @@ class NetBoxClient:
                 )
             )
         d = Deferred.fromCoroutine(self._call(method, url, body, ifMatch))
-        d.addTimeout(self.timeout, self._clock)
+        d.addTimeout(self.timeout, self._clock, onTimeoutCancel=_timedOut)
         self._inflight.add(d)
 
         def settled(result: object) -> object:
@@ -284,6 +289,10 @@ class NetBoxClient:
         if failure.check(NetBoxError):
             return failure
         where = f"{method} {self._show(url)}"
+        if failure.check(TimeoutError, ConnectError, ConnectionLost, ResponseFailed):
+            # A pooled connection NetBox dropped without a word (a restart,
+            # a cut link) would cost the next call its whole deadline too.
+            self._dropIdle()
         if failure.check(TimeoutError):
             raise NetBoxError(f"{where}: no answer within {self.timeout:g}s", "timeout")
         if failure.check(ConnectError, ConnectionLost, ResponseFailed, OSError):
@@ -292,6 +301,11 @@ class NetBoxClient:
                 "unavailable",
             )
         return failure
+
+    def _dropIdle(self) -> None:
+        """Close the pool's idle connections: the next call opens a new one."""
+        if self._closer is not None and not self._closed:
+            self._closer().addErrback(lambda f: None)
 
     # Conveniences
 
@@ -331,6 +345,15 @@ class NetBoxClient:
     def post(self, path: str, body: Mapping[str, Any]) -> Deferred[dict[str, Any]]:
         d = self.call("POST", self.url(path), dict(body))
         return d.addCallback(lambda r: _object(r[0], path))
+
+
+def _timedOut(result: object, timeout: float) -> object:
+    """
+    The deadline cancelled the call: it timed out, whatever the cancelled
+    request failed with (the agent reports a request cut off before its
+    answer as C{ResponseNeverReceived}, not as a cancellation).
+    """
+    raise TimeoutError(f"no answer within {timeout:g}s")
 
 
 def _object(value: object, path: str) -> dict[str, Any]:

@@ -35,12 +35,12 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from fleetd.inventory.model import DeviceStatus, InventoryError
-from fleetd.netbox.client import NetBoxClient, NetBoxError
+from fleetd.netbox.client import RETRY_FIRST, RETRY_MAX, NetBoxClient, NetBoxError
 from fleetd.netbox.devices import detailPath, findByName, remote
 from fleetd.netbox.outbox import DONE, REFUSED, SKIPPED, OutboxEntry, decide
 
-FIRST_DELAY = 1.0
-MAX_DELAY = 300.0
+FIRST_DELAY = RETRY_FIRST
+MAX_DELAY = RETRY_MAX
 MAX_CONFLICTS = 5
 
 
