@@ -1,6 +1,7 @@
 """
 The NetBox client's bound on answers: C{MAX_BODY} (16 MiB) is applied,
-whether the answer declares its length or not, and the rest is never read.
+whether the answer declares its length or not, and the rest is never read;
+and a call NetBox never answered leaves no dead pooled connection behind.
 """
 
 from __future__ import annotations
@@ -8,12 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from treq.testing import StubTreq
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, fail, succeed
+from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.client import ResponseDone
+from twisted.web.client import ResponseDone, ResponseNeverReceived
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 from twisted.web.resource import Resource
@@ -111,3 +113,59 @@ class _Answering:
 
 def _stub(size: int) -> Any:
     return StubTreq(_BigResource(size))
+
+
+class _CutOff:
+    """An HTTP client whose requests never answer; a cancel reports them
+    as the agent does a request cut off before its answer."""
+
+    def request(self, method: str, url: str, **kwargs: Any) -> Deferred[Any]:
+        def cancel(d: Deferred[Any]) -> None:
+            d.errback(ResponseNeverReceived([Failure(CancelledError())]))
+
+        return Deferred(cancel)
+
+
+class DeadConnectionTests(SynchronousTestCase):
+    """A call NetBox never answered leaves no idle pooled connection behind."""
+
+    def test_deadline_timeoutAndIdleConnectionsDropped(self) -> None:
+        """
+        A call past its deadline is a timeout (not "unreachable"), and the
+        pool's idle connections are closed: one NetBox dropped without a
+        word would cost the next call its whole deadline too.
+        """
+        clock = Clock()
+        closed: list[int] = []
+
+        def closer() -> Deferred[None]:
+            closed.append(1)
+            return succeed(None)
+
+        client = NetBoxClient(_CutOff(), clock, URL, TOKEN, timeout=10.0, closer=closer)
+        d = client.call("GET", client.url("api/dcim/devices/"))
+        clock.advance(10)
+        error = self.failureResultOf(d, NetBoxError).value
+        assert isinstance(error, NetBoxError)
+        self.assertEqual(error.kind, "timeout")
+        self.assertEqual(closed, [1])
+
+    def test_refused_idleConnectionsDropped(self) -> None:
+        """A refused connection also drops the idle ones (NetBox restarted)."""
+        closed: list[int] = []
+
+        def closer() -> Deferred[None]:
+            closed.append(1)
+            return succeed(None)
+
+        client = NetBoxClient(_Refused(), Clock(), URL, TOKEN, closer=closer)
+        d = client.call("GET", client.url("api/dcim/devices/"))
+        error = self.failureResultOf(d, NetBoxError).value
+        assert isinstance(error, NetBoxError)
+        self.assertEqual(error.kind, "unavailable")
+        self.assertEqual(closed, [1])
+
+
+class _Refused:
+    def request(self, method: str, url: str, **kwargs: Any) -> Deferred[Any]:
+        return fail(ConnectionRefusedError("Connection refused"))
