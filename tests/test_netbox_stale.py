@@ -28,6 +28,7 @@ from twisted.web.test.requesthelper import DummyRequest
 
 from fleetd.attest.errors import Refused as NodeRefused
 from fleetd.attest.identity import Peer
+from fleetd.attest.lookup import LookupService
 from fleetd.attest.resource import deviceAPI
 from fleetd.attest.service import AttestationService
 from fleetd.attest.tpm import ekDigest, spkiOf
@@ -276,6 +277,28 @@ class AttestationTests(SynchronousTestCase):
         ).value
         self.assertEqual((refusal.reason, refusal.status), ("busy", 503))
         self.assertEqual(len(self.server.entries("ldevid.issued")), issued)
+
+    def test_plan_netboxDown_busy(self) -> None:
+        """
+        Item 11: a node's record and plan lookups (its LDevID names it)
+        while NetBox is down: C{busy}, not a bare 503 or a traceback.
+        """
+        peer = self.attest()
+        lookups = LookupService(
+            runner=self.server.runner,
+            attestation=self.service,
+            book=self.server.book,
+            getDevice=self.rig.inventory.get,
+            runs=self.server.runs,
+            vault=self.server.vault,
+            targetDiskFor=self.server.disks,
+        )
+        self.rig.http.down = True
+        for lookup in (lookups.plan, lookups.record):
+            refusal = self.failureResultOf(
+                Deferred.fromCoroutine(lookup(peer, None)), NodeRefused
+            ).value
+            self.assertEqual((refusal.reason, refusal.status), ("busy", 503))
 
     def test_http_busyWithRetryAfter(self) -> None:
         """Item 11: the node's answer is 503, one line C{busy: ...}, Retry-After."""
