@@ -12,13 +12,9 @@ served-config record, so L{releasedRuns} answers from fleetd's database
 alone. Devices are created in NetBox, not through fleetd: C{add} and
 C{importDevices} refuse, saying so.
 
-The device list NetBox last gave is kept (with the last status fleetd
-itself wrote for each device, which overrides it) for lists people read
-while NetBox is down. Lookups that decide on a credential (C{get},
-C{bySerial}: attestation, LDevID issue and renewal, provisioning, CSR
-approvals) never answer from it: while NetBox cannot be asked they fail
-C{unavailable}, and a token NetBox refuses (401, 403) is named as such
-(issue 17 item 11).
+The device list NetBox last gave is kept for lists people read while
+NetBox is down (L{fleetd.inventory.netbox_cache}); C{get} and C{bySerial},
+which decide on credentials, never answer from it (issue 17 item 11).
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -48,7 +44,6 @@ from fleetd.inventory.model import (
     validateStatus,
     validateToken,
 )
-from fleetd.logs import ThrottledLog
 from fleetd.netbox import outbox
 from fleetd.netbox.client import NetBoxClient, NetBoxError
 from fleetd.netbox.devices import (
@@ -68,12 +63,10 @@ from fleetd.store.runner import IRunner
 
 _T = TypeVar("_T")
 
-# NetBox error kinds for which lists for people answer from the cached
-# device list: NetBox down or hung, or refusing the token (a start must
-# still load its runs; deliveries never wait for NetBox). Lookups that
-# decide on a credential never do.
-_CACHED_FOR_LISTS = ("unavailable", "timeout", "forbidden")
-LOOKUP_FAILURES = ("unavailable", "timeout", "forbidden")
+# NetBox down, hung or refusing the token: lists for people answer from
+# the cached device list (a start must still load its runs); lookups that
+# decide on a credential fail.
+_CACHED_FOR_LISTS = cache.NOT_ANSWERED
 
 ADD_REFUSED = (
     "with [netbox] set, devices are added in NetBox: create the dcim.device"
@@ -141,18 +134,7 @@ class NetBoxInventory:
         self._clock = clock
         self._configDigest = configDigest
         self._wake = wake
-        # Every node can cause a lookup: its failures are logged throttled.
-        self._log = ThrottledLog(clock, self.log)
-        self.lookupFailures = Counter(
-            "fleetd_netbox_lookups_failed_total",
-            "Inventory lookups that decide on a credential (attestation, LDevID,"
-            " provisioning, CSR renewals) NetBox could not answer, by reason"
-            " (unavailable, timeout, forbidden: NetBox refuses the token).",
-            ["reason"],
-            registry=metrics,
-        )
-        for reason in LOOKUP_FAILURES:
-            self.lookupFailures.labels(reason)  # exposed at 0 from the start
+        self.unanswered = cache.Unanswered(clock, metrics)
 
     async def checkCustomFields(self) -> list[str]:
         """fleetd's custom fields missing for C{dcim.device} (start-up check)."""
@@ -163,19 +145,7 @@ class NetBoxInventory:
 
     def _asked(self, d: Deferred[_T]) -> Deferred[_T]:
         """A lookup that decides on a credential: NetBox's answer or an error."""
-        return self._wrap(d.addErrback(self._lookupFailed))
-
-    def _lookupFailed(self, failure: Failure) -> Failure:
-        error = failure.value
-        if isinstance(error, NetBoxError) and error.kind in LOOKUP_FAILURES:
-            self.lookupFailures.labels(error.kind).inc()
-            if error.kind == "forbidden":
-                self._log.error(
-                    "netbox.lookup.token-refused: {reason}", reason=str(error)
-                )
-            else:
-                self._log.warn("netbox.lookup.unavailable: {reason}", reason=str(error))
-        return failure
+        return self._wrap(d.addErrback(self.unanswered.noted))
 
     # Reads
 
