@@ -185,7 +185,7 @@ class AttestationService:
         self.issuer = issuer
         self.book = book
         self._approvedSerialFor = approvedSerialFor
-        self._deviceBySerial = deviceBySerial
+        self._deviceBySerial = E.busyWhileUnavailable(deviceBySerial)
         self._bindingRefusal = bindingRefusal
         self.challenges = ChallengeBook(clock, challengeTTL)
         self._anonymous: dict[str, tuple[float, int]] = {}
