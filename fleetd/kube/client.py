@@ -115,6 +115,8 @@ class KubeClient:
         self._clock = clock
         self._bearer = bearer
         self.timeout = timeout
+        self._inflight: set[Deferred[tuple[int, bytes]]] = set()
+        self._closed = False
 
     def _headers(self, json_: bool = False) -> dict[bytes, list[bytes]]:
         headers = {b"accept": [b"application/json"]}
@@ -132,6 +134,8 @@ class KubeClient:
         body: Any = None,
         query: Mapping[str, str] | None = None,
     ) -> Any:
+        if self._closed:
+            raise KubeUnavailable(f"{what}: the client is closed")
         url = self.api + path + ("?" + urlencode(query) if query else "")
         data = None if body is None else json.dumps(body).encode("utf-8")
         d = self._http.request(
@@ -148,6 +152,7 @@ class KubeClient:
 
         whole = Deferred.fromCoroutine(exchange())
         whole.addTimeout(self.timeout, self._clock)
+        self._inflight.add(whole)
         try:
             code, raw = await whole
         except KubeError:
@@ -156,6 +161,8 @@ class KubeClient:
             raise KubeUnavailable(
                 f"{what}: API unreachable: {e.__class__.__name__}"
             ) from e
+        finally:
+            self._inflight.discard(whole)
         if not 200 <= code < 300:
             raise errorFor(code, raw, what)
         try:
@@ -164,7 +171,14 @@ class KubeClient:
             raise KubeUnavailable(f"{what}: the answer is not JSON") from e
 
     def close(self) -> Deferred[None] | None:
-        """Close pooled connections (the daemon stops)."""
+        """
+        Refuse new calls, cancel those in flight (a connection they hold
+        would otherwise return to the pool after it closed), and close
+        pooled connections (the daemon stops).
+        """
+        self._closed = True
+        for call in list(self._inflight):
+            call.cancel()
         if self._pool is None:
             return None
         result: Deferred[None] = self._pool.closeCachedConnections()
