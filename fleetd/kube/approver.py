@@ -47,6 +47,7 @@ from fleetd.kube.csr import (
     NODE_PREFIX,
     CSRFacts,
     Unreadable,
+    describe,
     notAfter,
     readCSR,
     shapeRefusal,
@@ -130,8 +131,13 @@ class Approver:
         try:
             facts = readCSR(obj)
         except Unreadable as e:
-            name = str((obj.get("metadata") or {}).get("name", "?"))
-            self._leave(name, "?", None, str(e), uid=name)
+            # Left pending and journaled once [K2]; never approved, and
+            # never an error that could stop the watch (issue 17).
+            name, uid, requester = describe(obj)
+            self.log.warn("kube.csr.unreadable {csr}: {error}", csr=name, error=str(e))
+            self._leave(
+                name, requester, None, "unreadable", uid=name if uid == "?" else uid
+            )
             return
         if facts.denied:
             return

@@ -28,7 +28,8 @@ the documentation or source named in C{notes/kube-netbox.md}:
     (type, name, id, secret, expiration, usage, groups: section 1);
   - CSRs: C{spec.username}/C{groups}/C{uid} are set by the server from
     the identity that created the CSR; C{spec.request} must be a PEM
-    CERTIFICATE REQUEST (base64 in JSON); C{signerName} and C{usages}
+    CERTIFICATE REQUEST (base64 in JSON) with a valid signature (only the
+    SAN extension is parsed, as Go does); C{signerName} and C{usages}
     required; the C{/approval} subresource changes only the conditions:
     Approved and Denied exclusive, a duplicate type refused, condition
     status C{"True"} (422 Invalid) (section 2.2);
@@ -73,6 +74,7 @@ from fleetd.testing.kube_rules import (
     csrPEM,
     invalid,
     issueCertificate,
+    malformedBasicConstraintsPEM,
     parseTime,
     rfc3339,
     secretFromBody,
@@ -91,7 +93,13 @@ MONOREPO_STATES = (
     "TIMEOUT",
 )
 
-__all__ = ["ApiError", "FakeKube", "Identity", "csrPEM"]
+__all__ = [
+    "ApiError",
+    "FakeKube",
+    "Identity",
+    "csrPEM",
+    "malformedBasicConstraintsPEM",
+]
 
 
 class FakeKube:
