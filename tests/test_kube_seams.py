@@ -12,11 +12,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
+from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.inventory.model import DeviceStatus
 from fleetd.kube.csr import Unreadable, readCSR
 from fleetd.kube.watcher import CSRWatcher
+from fleetd.store.db import StoreError
 from fleetd.testing.kube import csrPEM, malformedBasicConstraintsPEM
 from tests.kubesupport import KubeFleet, device
 
@@ -196,3 +198,269 @@ class ReadCSRTotalTests(SynchronousTestCase):
             },
         }
         self.assertRaises(Unreadable, readCSR, obj)
+
+
+class OncePerTokenRestartTests(SynchronousTestCase):
+    """[K2] [J1] Once per token holds across a restart at any point."""
+
+    def setUp(self) -> None:
+        self.fleet = KubeFleet(self)
+        self.addCleanup(self.fleet.stopKube)
+        self.fleet.add(device("w1", "SER1"))
+        (self.provisioned,) = self.fleet.provision(device("w1", "SER1"))
+        self.bearer = self.fleet.bearer(self.provisioned.run)
+        self.tokenId = self.bearer.split(".")[0]
+        self.fleet.fetch(self.provisioned.code)
+
+    def fileFirst(self) -> str:
+        """The attacker's CSR on the same token, named to be listed first."""
+        self.fleet.fake.fileCSR(
+            self.bearer, csrPEM("system:node:w1"), name="a-sorts-first"
+        )
+        self.fleet.fake.flush()
+        return "a-sorts-first"
+
+    def assertOnce(self, honest: str, other: str, late: bool) -> None:
+        fleet = self.fleet
+        self.assertTrue(fleet.approved(honest))
+        self.assertFalse(fleet.approved(other))
+        self.assertIn((other, "second-csr-for-token"), _pending(fleet))
+        (entry,) = fleet.entries("kube.csr-approved")
+        self.assertEqual((entry.fields["csr"], entry.fields["late"]), (honest, late))
+        record = fleet.token(self.tokenId)
+        assert record is not None
+        self.assertEqual((record.csr, record.approved_at is not None), (honest, True))
+        self.assertEqual(fleet.status("w1"), DeviceStatus.ACTIVE)
+
+    def test_restartAfterAPIApproved_recordedLateOtherLeftPending(self) -> None:
+        """
+        [K2] [J1] The API approved the first CSR but fleetd restarted
+        before the record committed; a second CSR on the token, named to
+        be listed first, is left pending after the restart, and the
+        approved one is recorded late, once.
+        """
+        faults = self.fleet.faults()
+        faults.journal.onlyEvents = frozenset({"kube.csr-approved"})
+        faults.journal.failing = StoreError("journal head is not authentic")
+        honest = self.fleet.fileCSR(self.bearer, "w1")["metadata"]["name"]
+        self.assertTrue(self.fleet.approved(honest))
+        self.assertEqual(self.fleet.entries("kube.csr-approved"), [])
+        faults.clear()
+        other = self.fileFirst()
+        self.fleet.restart()
+        self.assertOnce(honest, other, late=True)
+        self.fleet.restart()  # and once only
+        self.assertEqual(len(self.fleet.entries("kube.csr-approved")), 1)
+
+    def test_restartDuringAPICall_intentBindsToken(self) -> None:
+        """
+        [K2] [J1] fleetd restarts while the approval is in the API call:
+        the intent was journaled first (kube.csr-approving), so after the
+        restart only that CSR may be approved; the other is left pending.
+        """
+        self.fleet.fake.hangNext("PUT", "/approval")
+        honest = self.fleet.fileCSR(self.bearer, "w1")["metadata"]["name"]
+        self.assertFalse(self.fleet.approved(honest))
+        (intent,) = self.fleet.entries("kube.csr-approving")
+        self.assertEqual(
+            (intent.device, intent.fields["csr"], intent.fields["bootstrap_id"]),
+            ("w1", honest, self.tokenId),
+        )
+        other = self.fileFirst()
+        self.fleet.restart()
+        self.assertOnce(honest, other, late=False)
+
+    def test_oneList_approvedHandledBeforePending(self) -> None:
+        """
+        [K2] In one LIST an approved CSR is handled before a pending one,
+        whatever their names: a token used by an approval fleetd never
+        recorded (no intent, as before this rule) approves no other CSR.
+        """
+        fleet = self.fleet
+        fleet.stopKube()
+        honest = fleet.fake.fileCSR(self.bearer, csrPEM("system:node:w1"))
+        name = honest["metadata"]["name"]
+        body = dict(fleet.fake.csrs[name])
+        body["status"] = {
+            "conditions": [
+                {
+                    "type": "Approved",
+                    "status": "True",
+                    "reason": "FleetdApproved",
+                    "message": "an older fleetd",
+                }
+            ]
+        }
+        fleet.fake._approve(name, body)
+        other = self.fileFirst()
+        fleet.restart()
+        self.assertOnce(name, other, late=True)
+
+    def test_intentNotRecorded_noAPICall(self) -> None:
+        """
+        [K2] [J1] The intent cannot be journaled (database down): the API
+        is not asked; once the database answers, the next sight approves.
+        """
+        faults = self.fleet.faults()
+        faults.inject("database")
+        name = self.fleet.fileCSR(self.bearer, "w1")["metadata"]["name"]
+        self.assertFalse(self.fleet.approved(name))
+        self.assertEqual([c for c in self.fleet.fake.calls if c[0] == "PUT"], [])
+        faults.clear()
+        self.fleet.kube.approver.seen(self.fleet.fake.csrs[name])
+        self.fleet.fake.flush()
+        self.assertTrue(self.fleet.approved(name))
+        self.assertEqual(len(self.fleet.entries("kube.csr-approving")), 1)
+        self.flushLoggedErrors()
+
+    def test_renewalRecordFails_recordedLateOnNextSight(self) -> None:
+        """
+        [R1] [J1] A renewal the API approved whose record failed is
+        recorded late (late: true) on its next sighting (the certificate
+        issued), once.
+        """
+        fleet = self.fleet
+        fleet.fileCSR(self.bearer, "w1")
+        faults = fleet.faults()
+        faults.journal.onlyEvents = frozenset({"kube.csr-renewal-approved"})
+        faults.journal.failing = StoreError("journal head is not authentic")
+        renewal = fleet.fileCSR(fleet.fake.nodeCredential("w1"), "w1")
+        name = renewal["metadata"]["name"]
+        self.assertTrue(fleet.approved(name))
+        self.assertEqual(fleet.entries("kube.csr-renewal-approved"), [])
+        faults.clear()
+        fleet.fake.sign()  # MODIFIED: the next sight
+        fleet.fake.flush()
+        (entry,) = fleet.entries("kube.csr-renewal-approved")
+        self.assertEqual((entry.fields["csr"], entry.fields["late"]), (name, True))
+        self.assertEqual(fleet.kubelet("w1").last_csr, name)
+        fleet.kube.approver.seen(fleet.fake.csrs[name])
+        fleet.fake.flush()
+        self.assertEqual(len(fleet.entries("kube.csr-renewal-approved")), 1)
+
+
+class RetireInFlightTests(SynchronousTestCase):
+    """[R1] A retirement stops approvals already in flight."""
+
+    def setUp(self) -> None:
+        self.fleet = KubeFleet(self)
+        self.addCleanup(self.fleet.stopKube)
+        self.fleet.add(device("w1", "SER1"))
+        (self.provisioned,) = self.fleet.provision(device("w1", "SER1"))
+        self.bearer = self.fleet.bearer(self.provisioned.run)
+        self.fleet.fetch(self.provisioned.code)
+        self.gates: list[Deferred[None]] = []
+
+    def holdApprovals(self) -> None:
+        """Approval calls wait at a gate: the API round trip."""
+        client = self.fleet.client
+        real = client.approveCSR
+
+        async def slow(*args: Any) -> Any:
+            gate: Deferred[None] = Deferred()
+            self.gates.append(gate)
+            await gate
+            return await real(*args)
+
+        client.approveCSR = slow  # type: ignore[method-assign,assignment]
+
+    def retire(self) -> Deferred[Any]:
+        d = Deferred.fromCoroutine(self.fleet.retirer.retire("w1", "owner:o"))
+        self.fleet.fake.flush()
+        return d
+
+    def open(self) -> None:
+        while self.gates:
+            self.gates.pop(0).callback(None)
+            self.fleet.fake.flush()
+
+    def assertRetiredAfter(self, event: str) -> None:
+        events = self.fleet.events("w1")
+        self.assertLess(events.index(event), events.index("device.retired"))
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.DECOMMISSIONING)
+        self.assertIsNotNone(self.fleet.kubelet("w1").retired_at)
+
+    def test_firstCSRInAPICall_retirementWaitsRetiredAtKept(self) -> None:
+        """
+        [R1] A first CSR held in the API call while `fleetctl retire` runs:
+        the retirement waits for it, so the approval is recorded before the
+        retirement, and retired_at stays set.
+        """
+        self.holdApprovals()
+        self.fleet.fileCSR(self.bearer, "w1")
+        d = self.retire()
+        self.assertNoResult(d)
+        self.assertEqual(self.fleet.fake.calls.count(("DELETE", "/api/v1/nodes/w1")), 0)
+        self.open()
+        self.successResultOf(d)
+        self.assertRetiredAfter("kube.csr-approved")
+
+    def test_renewalInAPICall_retirementWaits(self) -> None:
+        """[R1] The same for a renewal held in the API call."""
+        self.fleet.fileCSR(self.bearer, "w1")
+        self.holdApprovals()
+        self.fleet.fileCSR(self.fleet.fake.nodeCredential("w1"), "w1")
+        d = self.retire()
+        self.assertNoResult(d)
+        self.open()
+        self.successResultOf(d)
+        self.assertRetiredAfter("kube.csr-renewal-approved")
+
+    def test_retiring_firstCSRRefusedDuringAPICalls(self) -> None:
+        """
+        [R1] The retirement revokes the device's tokens in memory before
+        its API calls: a first CSR seen while the Node deletion is under
+        way is left pending (token-revoked).
+        """
+        self.fleet.fake.hangNext("DELETE", "/nodes/")
+        d = self.retire()
+        self.assertNoResult(d)
+        first = self.fleet.fileCSR(self.bearer, "w1")["metadata"]["name"]
+        self.assertFalse(self.fleet.approved(first))
+        self.assertIn((first, "token-revoked"), _pending(self.fleet))
+
+    def test_retiring_renewalRefusedDuringAPICalls(self) -> None:
+        """
+        [R1] A renewal seen while the retirement's Node deletion is under
+        way is left pending (renewal-device-retiring).
+        """
+        self.fleet.fileCSR(self.bearer, "w1")
+        self.fleet.fake.hangNext("DELETE", "/nodes/")
+        d = self.retire()
+        self.assertNoResult(d)
+        renewal = self.fleet.fileCSR(self.fleet.fake.nodeCredential("w1"), "w1")
+        name = renewal["metadata"]["name"]
+        self.assertFalse(self.fleet.approved(name))
+        self.assertIn((name, "renewal-device-retiring"), _pending(self.fleet))
+
+    def test_approvedBeforeRecordedAfterRetirement_warningRetiredAtKept(
+        self,
+    ) -> None:
+        """
+        [R1] [K2] The API approved the first CSR (and the certificate was
+        issued) but its record failed; the device is retired and fleetd
+        restarts; the late record re-checks the device in its transaction:
+        kube.csr-approved-after-retirement with the notAfter, retired_at
+        kept, the status left decommissioning, no kube.csr-approved.
+        """
+        fleet = self.fleet
+        faults = fleet.faults()
+        faults.journal.onlyEvents = frozenset({"kube.csr-approved"})
+        faults.journal.failing = StoreError("journal head is not authentic")
+        name = fleet.fileCSR(self.bearer, "w1")["metadata"]["name"]
+        self.assertTrue(fleet.approved(name))
+        fleet.kube.watcher.stop()  # its next sight comes after the restart
+        fleet.fake.flush()
+        fleet.fake.sign()
+        faults.clear()
+        self.successResultOf(self.retire())
+        fleet.restart()
+        (entry,) = fleet.entries("kube.csr-approved-after-retirement")
+        self.assertEqual(
+            (entry.device, entry.fields["csr"], entry.fields["kind"]),
+            ("w1", name, "first"),
+        )
+        self.assertEqual(entry.fields["not_after"], 365 * 86400.0)
+        self.assertEqual(fleet.entries("kube.csr-approved"), [])
+        self.assertIsNotNone(fleet.kubelet("w1").retired_at)
+        self.assertEqual(fleet.status("w1"), DeviceStatus.DECOMMISSIONING)

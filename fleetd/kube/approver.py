@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import sqlite3
 from collections import OrderedDict
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any, Protocol
 
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import CancelledError, Deferred, DeferredList
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -53,7 +55,10 @@ from fleetd.kube.csr import (
     shapeRefusal,
 )
 from fleetd.kube.store import (
+    TokenRecord,
+    getToken,
     kubelet,
+    markIntent,
     noteKubeletApproved,
     noteKubeletFirst,
     noteNotAfter,
@@ -125,6 +130,10 @@ class Approver:
         self._journaled: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._pending: set[Deferred[None]] = set()
         self._stopped = False
+        # Approved by the API, not recorded yet: CSR -> its record [J1].
+        self._unrecorded: dict[str, Callable[[bool], Coroutine[Any, Any, None]]] = {}
+        self._inflight: dict[str, set[Deferred[None]]] = {}  # device -> [R1]
+        self._retiring: dict[str, int] = {}
 
     def seen(self, obj: dict[str, Any]) -> None:
         """A CSR as listed or watched (ADDED or MODIFIED)."""
@@ -189,6 +198,73 @@ class Approver:
                 facts.name, facts.username, None, "requester-not-a-node", facts.uid
             )
 
+    # Retirement [R1]: one device at a time
+
+    def hold(self, device: str) -> None:
+        """
+        A retirement of C{device} begins: its tokens are revoked in memory
+        and its renewals refused, before any API call of the retirement.
+        """
+        self._retiring[device] = self._retiring.get(device, 0) + 1
+        self.book.suspendDevice(device, True)
+
+    def release(self, device: str) -> None:
+        """The retirement ended (committed, or gave up)."""
+        left = self._retiring.get(device, 0) - 1
+        if left > 0:
+            self._retiring[device] = left
+            return
+        self._retiring.pop(device, None)
+        self.book.suspendDevice(device, False)
+
+    def drained(self, device: str) -> Deferred[Any]:
+        """Fires once every approval in flight for C{device} has ended."""
+        return DeferredList(list(self._inflight.get(device, ())), consumeErrors=True)
+
+    def _enter(self, device: str) -> Deferred[None] | None:
+        """An approval for C{device} starts; L{None} while it is retiring."""
+        if device in self._retiring:
+            return None
+        done: Deferred[None] = Deferred()
+        self._inflight.setdefault(device, set()).add(done)
+        return done
+
+    def _exit(self, device: str, done: Deferred[None]) -> None:
+        flights = self._inflight.get(device, set())
+        flights.discard(done)
+        if not flights:
+            self._inflight.pop(device, None)
+        done.callback(None)
+
+    # Approve, then record: now, or late on the next sight [J1]
+
+    async def _approve(
+        self,
+        facts: CSRFacts,
+        message: str,
+        record: Callable[[bool], Coroutine[Any, Any, None]],
+    ) -> bool:
+        """
+        Ask the API to approve C{facts}' CSR; once it did, C{record} it.
+        Should that record fail, the next sight of the approved CSR
+        records it late (L{_reconcile}), once: the same for a first
+        certificate, a cluster-token grant [K5] and a renewal [R1].
+        """
+        approved = await self.client.approveCSR(
+            facts.name, lambda csr: _stillPending(csr, facts.uid), message
+        )
+        if approved is None:
+            return False  # decided by someone else meanwhile
+        self._unrecorded[facts.name] = record
+        await self._recordOnce(facts.name, late=False)
+        return True
+
+    async def _recordOnce(self, csr: str, late: bool) -> None:
+        record = self._unrecorded.get(csr)
+        if record is not None:
+            await record(late)
+            self._unrecorded.pop(csr, None)
+
     # First certificates
 
     async def _first(self, facts: CSRFacts) -> None:
@@ -203,6 +279,7 @@ class Approver:
             self._leave(facts.name, facts.username, None, "unknown-token", facts.uid)
             return
         device = token.record.device
+        assert device is not None
         now = self.clock.seconds()
         reason = None
         if "system:bootstrappers" not in facts.groups or NODE_GROUP not in facts.groups:
@@ -212,49 +289,85 @@ class Approver:
         elif token.record.expires_at is not None and now >= token.record.expires_at:
             reason = "token-expired"
         elif (
-            token.approving
-            or token.apiApproved is not None
-            or not token.machine.mayApprove()
+            token.boundTo not in (None, facts.name)
+            or token.record.approved_at is not None
         ):
-            revoked = (
-                token.record.approved_at is None
-                and not token.approving
-                and token.apiApproved is None
-            )
-            reason = "token-revoked" if revoked else "second-csr-for-token"
-        if reason is not None:
+            # Once per token [K2]: bound to another CSR by an approval in
+            # flight, its persisted intent, or its recorded approval.
+            reason = "second-csr-for-token"
+        elif token.suspended or not token.machine.mayApprove():
+            reason = "token-revoked"
+        flight = None if reason is not None else self._enter(device)
+        if reason is not None or flight is None:
+            reason = reason or "token-revoked"
             self._leave(facts.name, facts.username, device, reason, facts.uid)
             return
-        token.approving = True
+        token.claimed = facts.name
         try:
-            approved = await self.client.approveCSR(
-                facts.name,
-                lambda csr: _stillPending(csr, facts.uid),
+            if token.record.csr != facts.name:
+                await self._intend(token, facts)
+            await self._approve(
+                facts,
                 f"fleetd: first kubelet certificate of {device}"
                 f" (bootstrap token {tokenId})",
+                lambda late: self._recordFirst(token.record, facts, late),
             )
-            if approved is None:
-                return  # decided by someone else meanwhile
-            # Approved by the API: no other CSR on this token, whether or
-            # not the record below commits (it is then recorded late).
-            token.apiApproved = facts.name
-            await self._recordFirst(token, facts, late=False)
         except KubeError as e:
             self.log.warn(
                 "kube.csr.approve-failed {csr}: {reason}", csr=facts.name, reason=str(e)
             )
         finally:
-            token.approving = False
+            if token.claimed == facts.name:
+                token.claimed = None
+            self._exit(device, flight)
 
-    async def _recordFirst(self, token: _Token, facts: CSRFacts, late: bool) -> None:
-        device = token.record.device
+    async def _intend(self, token: _Token, facts: CSRFacts) -> None:
+        """
+        Journal the intent, in its own transaction, before the API call
+        [K2] [J1]: after a restart at any point the token stays bound to
+        this CSR (C{kube_tokens.csr} without C{approved_at}).
+        """
+        record = token.record
+
+        def change(db: Database, journal: Recorder) -> None:
+            if not markIntent(db, record.id, facts.name):
+                raise StoreError(f"token {record.id} is bound to another CSR")
+            journal(
+                "kube.csr-approving",
+                actor="fleetd",
+                device=record.device,
+                run=record.run,
+                fields={"csr": facts.name, "bootstrap_id": record.id},
+            )
+
+        await self.journal.change(change)
+        token.record = replace(token.record, csr=facts.name)
+
+    async def _recordFirst(
+        self, record: TokenRecord, facts: CSRFacts, late: bool
+    ) -> None:
+        """
+        Record a first certificate's approval. Its transaction re-checks
+        the device [R1]: a token issued before the device's retirement
+        gives C{kube.csr-approved-after-retirement} (a warning, with the
+        certificate's notAfter when issued), never clears C{retired_at}
+        and never moves the status.
+        """
+        device = record.device
         assert device is not None
         holder: dict[str, Any] = {}
 
         def change(db: Database, journal: Recorder) -> None:
-            record, deadline = self.book.approvedIn(db, token, facts.name)
-            holder["record"], holder["deadline"] = record, deadline
-            noteKubeletFirst(db, device, facts.name, self.clock.seconds())
+            now = self.clock.seconds()
+            holder["record"], holder["deadline"] = self.book.approvedIn(
+                db, record, facts.name
+            )
+            retiredAt = _retiredAt(db, device)
+            if retiredAt is not None and record.created_at <= retiredAt:
+                noteKubeletApproved(db, device, facts.name, now)
+                self._afterRetirement(journal, facts, device, late, record.id)
+                return
+            noteKubeletFirst(db, device, facts.name, now)
             # Compare and set in this transaction: a retirement (or an
             # operator's status) committed since is never overwritten.
             try:
@@ -266,17 +379,48 @@ class Approver:
                 "kube.csr-approved",
                 actor="fleetd",
                 device=device,
-                run=token.record.run,
+                run=record.run,
                 fields={
                     "csr": facts.name,
-                    "bootstrap_id": token.record.id,
-                    "delete_at": deadline,
+                    "bootstrap_id": record.id,
+                    "delete_at": holder["deadline"],
                     "late": late,
                 },
             )
 
         await self.journal.change(change)
-        self.book.approvedCommitted(token, holder["record"], holder["deadline"])
+        token = self.book.get(record.id)
+        if token is not None:
+            self.book.approvedCommitted(token, holder["record"], holder["deadline"])
+
+    def _afterRetirement(
+        self,
+        journal: Recorder,
+        facts: CSRFacts,
+        device: str,
+        late: bool,
+        tokenId: str | None,
+    ) -> None:
+        expiry = None if facts.certificate is None else notAfter(facts.certificate)
+        self.log.warn(
+            "kube.csr.approved-after-retirement {csr} {device}",
+            csr=facts.name,
+            device=device,
+        )
+        journal(
+            "kube.csr-approved-after-retirement",
+            actor="fleetd",
+            device=device,
+            fields={
+                "csr": facts.name,
+                "kind": "renewal" if tokenId is None else "first",
+                "bootstrap_id": tokenId,
+                "not_after": expiry,
+                "late": late,
+                "note": "approved by the API while the device was retired;"
+                " Kubernetes cannot revoke the certificate",
+            },
+        )
 
     async def _clusterGrant(self, facts: CSRFacts, tokenId: str, node: str) -> None:
         assert self.grants is not None
@@ -292,13 +436,13 @@ class Approver:
             return
         grants = self.grants
         # Once per grant: claimed while the API decides, and kept once it
-        # approved, whether or not the record below commits.
+        # approved, whether or not the record commits.
         grants.claim(request, facts.name)
         try:
-            approved = await self.client.approveCSR(
-                facts.name,
-                lambda csr: _stillPending(csr, facts.uid),
+            approved = await self._approve(
+                facts,
                 f"fleetd: {node} joins with the cluster token (request {request})",
+                lambda late: self._recordGrant(request, facts.name, node, late),
             )
         except KubeError as e:
             grants.unclaim(request)
@@ -307,12 +451,11 @@ class Approver:
             )
             return
         except BaseException:
-            grants.unclaim(request)
+            if facts.name not in self._unrecorded:
+                grants.unclaim(request)
             raise
-        if approved is None:
+        if not approved:
             grants.unclaim(request)
-            return
-        await self._recordGrant(request, facts.name, node, late=False)
 
     async def _recordGrant(self, request: str, csr: str, node: str, late: bool) -> None:
         """
@@ -347,6 +490,18 @@ class Approver:
             )
             return
         assert node is not None
+        flight = self._enter(node)
+        if flight is None:
+            self._leave(
+                facts.name, facts.username, node, "renewal-device-retiring", facts.uid
+            )
+            return
+        try:
+            await self._renew(facts, node)
+        finally:
+            self._exit(node, flight)
+
+    async def _renew(self, facts: CSRFacts, node: str) -> None:
         device = await self.inventory.get(node)
         record = await self.runner.run(lambda db: kubelet(db, node))
         reason = None
@@ -360,26 +515,29 @@ class Approver:
             self._leave(facts.name, facts.username, node, reason, facts.uid)
             return
         try:
-            approved = await self.client.approveCSR(
-                facts.name,
-                lambda csr: _stillPending(csr, facts.uid),
+            await self._approve(
+                facts,
                 f"fleetd: renewal for active device {node}",
+                lambda late: self._recordRenewal(facts, node, late),
             )
         except KubeError as e:
             self.log.warn(
                 "kube.csr.approve-failed {csr}: {reason}", csr=facts.name, reason=str(e)
             )
-            return
-        if approved is None:
-            return
+
+    async def _recordRenewal(self, facts: CSRFacts, node: str, late: bool) -> None:
+        """Record a renewal; its transaction re-checks retirement [R1]."""
 
         def change(db: Database, journal: Recorder) -> None:
             noteKubeletApproved(db, node, facts.name, self.clock.seconds())
+            if _retiredAt(db, node) is not None:
+                self._afterRetirement(journal, facts, node, late, None)
+                return
             journal(
                 "kube.csr-renewal-approved",
                 actor="fleetd",
                 device=node,
-                fields={"csr": facts.name},
+                fields={"csr": facts.name, "late": late},
             )
 
         await self.journal.change(change)
@@ -390,21 +548,10 @@ class Approver:
         if facts.reason != APPROVAL_REASON:
             return
         node = facts.node
-        if facts.username.startswith(BOOTSTRAP_PREFIX):
-            token = self.book.get(facts.username[len(BOOTSTRAP_PREFIX) :])
-            if (
-                token is not None
-                and token.record.kind == "node"
-                and token.record.approved_at is None
-                and not token.approving
-                and token.apiApproved in (None, facts.name)
-                and node == token.record.device
-            ):
-                await self._recordFirst(token, facts, late=True)
-            elif self.grants is not None and node is not None:
-                request = self.grants.claimedBy(facts.name)
-                if request is not None:  # approved with a grant, not recorded
-                    await self._recordGrant(request, facts.name, node, late=True)
+        if facts.name in self._unrecorded:  # approved here, not recorded yet
+            await self._recordOnce(facts.name, late=True)
+        elif facts.username.startswith(BOOTSTRAP_PREFIX) and node is not None:
+            await self._lateFirst(facts, facts.username[len(BOOTSTRAP_PREFIX) :], node)
         if facts.certificate is None or node is None:
             return
         expiry = notAfter(facts.certificate)
@@ -421,6 +568,40 @@ class Approver:
                 )
 
         await self.journal.change(change)
+
+    async def _lateFirst(self, facts: CSRFacts, tokenId: str, node: str) -> None:
+        """
+        A first CSR the API approved with fleetd's reason and no record:
+        after a restart, the token's persisted intent names it [K2]. The
+        token is marked before anything is awaited, so no other CSR of the
+        same LIST gets it meanwhile.
+        """
+        token = self.book.get(tokenId)
+        if token is not None:
+            if (
+                token.record.kind != "node"
+                or token.record.approved_at is not None
+                or token.boundTo not in (None, facts.name)
+                or node != token.record.device
+            ):
+                return
+            token.claimed = facts.name
+            try:
+                await self._recordFirst(token.record, facts, late=True)
+            finally:
+                if token.claimed == facts.name:
+                    token.claimed = None
+            return
+        # Deleted meanwhile (a retirement, its expiry): its stored intent.
+        record = await self.runner.run(lambda db: getToken(db, tokenId))
+        if (
+            record is not None
+            and record.kind == "node"
+            and record.approved_at is None
+            and record.csr == facts.name
+            and node == record.device
+        ):
+            await self._recordFirst(record, facts, late=True)
 
     # Left pending
 
@@ -461,3 +642,8 @@ def _stillPending(csr: dict[str, Any], uid: str) -> bool:
         return False
     conditions = (csr.get("status") or {}).get("conditions") or []
     return not any(c.get("type") in ("Approved", "Denied") for c in conditions)
+
+
+def _retiredAt(db: Database, device: str) -> float | None:
+    record = kubelet(db, device)
+    return None if record is None else record.retired_at

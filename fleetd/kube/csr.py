@@ -135,6 +135,23 @@ def describe(obj: Any) -> tuple[str, str, str]:
     return part(meta, "name"), part(meta, "uid"), part(spec, "username")
 
 
+def approvedFirst(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """
+    One LIST's CSRs with the approved ones first, each group in its order
+    [K2]: a token an approved CSR used (recorded late) is marked before
+    any pending CSR on it is decided, whatever names the requesters chose.
+    """
+
+    def approved(item: Any) -> bool:
+        try:
+            conditions = item["status"]["conditions"]
+            return any(c.get("type") == "Approved" for c in conditions)
+        except Exception:
+            return False
+
+    return sorted(items, key=lambda item: not approved(item))
+
+
 def shapeRefusal(facts: CSRFacts) -> str | None:
     """Why C{facts} is not a kubelet client CSR, or L{None} when it is."""
     if facts.signer != KUBELET_CLIENT_SIGNER:

@@ -32,6 +32,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from fleetd.kube.client import Gone, KubeClient, KubeError, KubeUnavailable, Watch
+from fleetd.kube.csr import approvedFirst
 
 FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 60.0
@@ -228,7 +229,8 @@ class CSRWatcher(ListWatcher):
     """
     Keep C{onCSR} told of every kubelet client CSR, across failures. A
     CSR C{onCSR} raised on is counted in
-    C{fleetd_kube_csr_handler_errors_total} and skipped.
+    C{fleetd_kube_csr_handler_errors_total} and skipped. A LIST hands
+    over its approved CSRs before its pending ones (L{approvedFirst}).
     """
 
     def __init__(
@@ -246,9 +248,14 @@ class CSRWatcher(ListWatcher):
             " logged and skipped; the watch goes on.",
             registry=registry,
         )
+
+        async def lister() -> tuple[list[dict[str, Any]], str]:
+            items, version = await client.listCSRs()
+            return approvedFirst(items), version
+
         super().__init__(
             clock,
-            client.listCSRs,
+            lister,
             client.watchCSRs,
             onCSR,
             timeoutSeconds=timeoutSeconds,

@@ -10,7 +10,8 @@ the documentation or source named in C{notes/kube-netbox.md}:
   - updates carrying a stale C{metadata.resourceVersion} get 409 Conflict;
     creating a taken name gets 409 AlreadyExists; unknown objects 404;
     errors are C{kind: Status} objects with C{reason} and C{code};
-  - LIST returns C{metadata.resourceVersion}; WATCH from a version streams
+  - LIST returns the items in key order (etcd's: by name, or namespace
+    and name) and C{metadata.resourceVersion}; WATCH from a version streams
     newline-delimited JSON events (ADDED, MODIFIED, DELETED), then stays
     open; BOOKMARK events (only C{metadata.resourceVersion}) only when
     C{allowWatchBookmarks=true} and only when the test asks (a server need
@@ -266,15 +267,19 @@ class FakeKube:
         *,
         usages: list[str] | None = None,
         signer: str = "kubernetes.io/kube-apiserver-client-kubelet",
+        name: str | None = None,
     ) -> dict[str, Any]:
-        """File a CSR as the kubelet does, authenticated by C{bearer}."""
+        """
+        File a CSR as the kubelet does, authenticated by C{bearer}; C{name}
+        is the requester's own choice of name (the kubelet's is generated).
+        """
         identity = self.authenticate(bearer)
         if identity is None:
             raise ApiError(401, "Unauthorized", "Unauthorized")
         body = {
             "apiVersion": "certificates.k8s.io/v1",
             "kind": "CertificateSigningRequest",
-            "metadata": {"generateName": "csr-"},
+            "metadata": {"name": name} if name else {"generateName": "csr-"},
             "spec": {
                 "request": base64.b64encode(pem).decode("ascii"),
                 "signerName": signer,
