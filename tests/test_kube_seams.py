@@ -464,3 +464,9 @@ class RetireInFlightTests(SynchronousTestCase):
         self.assertEqual(fleet.entries("kube.csr-approved"), [])
         self.assertIsNotNone(fleet.kubelet("w1").retired_at)
         self.assertEqual(fleet.status("w1"), DeviceStatus.DECOMMISSIONING)
+
+    def test_afterRetirement_mirroredAsWarning(self) -> None:
+        """[R1] kube.csr-approved-after-retirement is a warning in NetBox."""
+        from fleetd.netbox.mirror import kindOf
+
+        self.assertEqual(kindOf("kube.csr-approved-after-retirement"), "warning")
