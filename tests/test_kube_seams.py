@@ -16,6 +16,7 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.inventory.model import DeviceStatus
+from fleetd.kube.client import KubeError
 from fleetd.kube.csr import Unreadable, readCSR
 from fleetd.kube.watcher import CSRWatcher
 from fleetd.store.db import StoreError
@@ -432,6 +433,17 @@ class RetireInFlightTests(SynchronousTestCase):
         name = renewal["metadata"]["name"]
         self.assertFalse(self.fleet.approved(name))
         self.assertIn((name, "renewal-device-retiring"), _pending(self.fleet))
+
+    def test_retirementFails_approvalsResume(self) -> None:
+        """
+        [R1] A retirement refused (the Node cannot be deleted) releases the
+        device: its token approves its first CSR again.
+        """
+        self.fleet.fake.failNext("DELETE", "/nodes/", 503, "ServiceUnavailable")
+        self.failureResultOf(self.retire(), KubeError)
+        name = self.fleet.fileCSR(self.bearer, "w1")["metadata"]["name"]
+        self.assertTrue(self.fleet.approved(name))
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.ACTIVE)
 
     def test_approvedBeforeRecordedAfterRetirement_warningRetiredAtKept(
         self,

@@ -18,25 +18,33 @@ Approves exactly:
 
 Every other kubelet client CSR is left pending (never denied: Denied is
 final, and a human may want to decide) and journaled with the reason,
-once per CSR per L{JOURNAL_EVERY} seconds however often the watch shows
-it. CSRs of other signers are not fleetd's business and are ignored.
+once per CSR per hour however often the watch shows it
+(L{fleetd.kube.pending}); a CSR that cannot be read at all is one of
+them (C{unreadable}). CSRs of other signers are not fleetd's business.
 
-An approval is a call to the API first and a commit second. If the
-commit fails after the API approved, the next sight of the CSR (the
-watch's MODIFIED event, or a re-list) finds it Approved with fleetd's
-reason and records it then ("late"); meanwhile the token stays used in
-memory, so no second CSR on it is approved [K2].
+A first certificate's approval is three steps: the intent
+(C{kube.csr-approving}: the token bound to that CSR) commits in its own
+transaction, then the API call, then the record [J1]. The token approves
+no other CSR once bound, also after a restart at any point [K2].
+Every approval (first, grant, renewal) goes through L{Approver._approve}:
+should the record fail after the API approved, the next sight of the CSR
+(the watch's MODIFIED event, or a re-list, which hands approved CSRs
+over first) records it then, once ("late"); after a restart the token's
+intent finds it.
+
+A retirement holds the device (L{fleetd.kube.flights}): no new approval
+for it, and it waits for the ones in flight. The records re-check the
+device in their own transaction (L{fleetd.kube.records}) [R1].
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any, Protocol
 
-from twisted.internet.defer import CancelledError, Deferred, DeferredList
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -54,13 +62,13 @@ from fleetd.kube.csr import (
     readCSR,
     shapeRefusal,
 )
+from fleetd.kube.flights import DeviceFlights
+from fleetd.kube.pending import LeftPending
+from fleetd.kube.records import firstApprovedIn, intentIn, renewalApprovedIn
 from fleetd.kube.store import (
     TokenRecord,
     getToken,
     kubelet,
-    markIntent,
-    noteKubeletApproved,
-    noteKubeletFirst,
     noteNotAfter,
 )
 from fleetd.kube.tokens import NODE_GROUP
@@ -68,13 +76,8 @@ from fleetd.store.db import Database, StoreError
 from fleetd.store.journal import AsyncJournal, JournalRefused, Recorder
 from fleetd.store.runner import IRunner
 
-JOURNAL_EVERY = 3600.0
 _UNAVAILABLE = (StoreError, sqlite3.Error, JournalRefused, InventoryError, KubeError)
-REMEMBERED = 4096
 APPROVAL_REASON = "FleetdApproved"
-# The statuses a first kubelet certificate moves to active [K2]; never
-# decommissioning [R1], nor a status an operator set.
-TO_ACTIVE = frozenset({DeviceStatus.PLANNED, DeviceStatus.STAGED, DeviceStatus.ACTIVE})
 
 
 class IClusterGrants(Protocol):
@@ -127,13 +130,12 @@ class Approver:
         self.grants = grants
         self._busy: set[str] = set()
         self._again: dict[str, dict[str, Any]] = {}
-        self._journaled: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self.pending = LeftPending(clock, journal)
+        self.flights = DeviceFlights(book)
         self._pending: set[Deferred[None]] = set()
         self._stopped = False
         # Approved by the API, not recorded yet: CSR -> its record [J1].
         self._unrecorded: dict[str, Callable[[bool], Coroutine[Any, Any, None]]] = {}
-        self._inflight: dict[str, set[Deferred[None]]] = {}  # device -> [R1]
-        self._retiring: dict[str, int] = {}
 
     def seen(self, obj: dict[str, Any]) -> None:
         """A CSR as listed or watched (ADDED or MODIFIED)."""
@@ -198,44 +200,6 @@ class Approver:
                 facts.name, facts.username, None, "requester-not-a-node", facts.uid
             )
 
-    # Retirement [R1]: one device at a time
-
-    def hold(self, device: str) -> None:
-        """
-        A retirement of C{device} begins: its tokens are revoked in memory
-        and its renewals refused, before any API call of the retirement.
-        """
-        self._retiring[device] = self._retiring.get(device, 0) + 1
-        self.book.suspendDevice(device, True)
-
-    def release(self, device: str) -> None:
-        """The retirement ended (committed, or gave up)."""
-        left = self._retiring.get(device, 0) - 1
-        if left > 0:
-            self._retiring[device] = left
-            return
-        self._retiring.pop(device, None)
-        self.book.suspendDevice(device, False)
-
-    def drained(self, device: str) -> Deferred[Any]:
-        """Fires once every approval in flight for C{device} has ended."""
-        return DeferredList(list(self._inflight.get(device, ())), consumeErrors=True)
-
-    def _enter(self, device: str) -> Deferred[None] | None:
-        """An approval for C{device} starts; L{None} while it is retiring."""
-        if device in self._retiring:
-            return None
-        done: Deferred[None] = Deferred()
-        self._inflight.setdefault(device, set()).add(done)
-        return done
-
-    def _exit(self, device: str, done: Deferred[None]) -> None:
-        flights = self._inflight.get(device, set())
-        flights.discard(done)
-        if not flights:
-            self._inflight.pop(device, None)
-        done.callback(None)
-
     # Approve, then record: now, or late on the next sight [J1]
 
     async def _approve(
@@ -297,7 +261,7 @@ class Approver:
             reason = "second-csr-for-token"
         elif token.suspended or not token.machine.mayApprove():
             reason = "token-revoked"
-        flight = None if reason is not None else self._enter(device)
+        flight = None if reason is not None else self.flights.enter(device)
         if reason is not None or flight is None:
             reason = reason or "token-revoked"
             self._leave(facts.name, facts.username, device, reason, facts.uid)
@@ -319,7 +283,7 @@ class Approver:
         finally:
             if token.claimed == facts.name:
                 token.claimed = None
-            self._exit(device, flight)
+            self.flights.exit(device, flight)
 
     async def _intend(self, token: _Token, facts: CSRFacts) -> None:
         """
@@ -328,99 +292,30 @@ class Approver:
         this CSR (C{kube_tokens.csr} without C{approved_at}).
         """
         record = token.record
-
-        def change(db: Database, journal: Recorder) -> None:
-            if not markIntent(db, record.id, facts.name):
-                raise StoreError(f"token {record.id} is bound to another CSR")
-            journal(
-                "kube.csr-approving",
-                actor="fleetd",
-                device=record.device,
-                run=record.run,
-                fields={"csr": facts.name, "bootstrap_id": record.id},
-            )
-
-        await self.journal.change(change)
+        await self.journal.change(
+            lambda db, journal: intentIn(db, journal, record, facts.name)
+        )
         token.record = replace(token.record, csr=facts.name)
 
     async def _recordFirst(
         self, record: TokenRecord, facts: CSRFacts, late: bool
     ) -> None:
-        """
-        Record a first certificate's approval. Its transaction re-checks
-        the device [R1]: a token issued before the device's retirement
-        gives C{kube.csr-approved-after-retirement} (a warning, with the
-        certificate's notAfter when issued), never clears C{retired_at}
-        and never moves the status.
-        """
-        device = record.device
-        assert device is not None
-        holder: dict[str, Any] = {}
-
-        def change(db: Database, journal: Recorder) -> None:
-            now = self.clock.seconds()
-            holder["record"], holder["deadline"] = self.book.approvedIn(
-                db, record, facts.name
+        """Record a first certificate's approval (L{firstApprovedIn})."""
+        approved, deadline = await self.journal.change(
+            lambda db, journal: firstApprovedIn(
+                db,
+                journal,
+                book=self.book,
+                inventory=self.inventory,
+                record=record,
+                facts=facts,
+                late=late,
+                now=self.clock.seconds(),
             )
-            retiredAt = _retiredAt(db, device)
-            if retiredAt is not None and record.created_at <= retiredAt:
-                noteKubeletApproved(db, device, facts.name, now)
-                self._afterRetirement(journal, facts, device, late, record.id)
-                return
-            noteKubeletFirst(db, device, facts.name, now)
-            # Compare and set in this transaction: a retirement (or an
-            # operator's status) committed since is never overwritten.
-            try:
-                self.inventory.transitionIn(db, device, TO_ACTIVE, DeviceStatus.ACTIVE)
-            except InventoryError as e:
-                if e.kind != "not-found":
-                    raise
-            journal(
-                "kube.csr-approved",
-                actor="fleetd",
-                device=device,
-                run=record.run,
-                fields={
-                    "csr": facts.name,
-                    "bootstrap_id": record.id,
-                    "delete_at": holder["deadline"],
-                    "late": late,
-                },
-            )
-
-        await self.journal.change(change)
+        )
         token = self.book.get(record.id)
         if token is not None:
-            self.book.approvedCommitted(token, holder["record"], holder["deadline"])
-
-    def _afterRetirement(
-        self,
-        journal: Recorder,
-        facts: CSRFacts,
-        device: str,
-        late: bool,
-        tokenId: str | None,
-    ) -> None:
-        expiry = None if facts.certificate is None else notAfter(facts.certificate)
-        self.log.warn(
-            "kube.csr.approved-after-retirement {csr} {device}",
-            csr=facts.name,
-            device=device,
-        )
-        journal(
-            "kube.csr-approved-after-retirement",
-            actor="fleetd",
-            device=device,
-            fields={
-                "csr": facts.name,
-                "kind": "renewal" if tokenId is None else "first",
-                "bootstrap_id": tokenId,
-                "not_after": expiry,
-                "late": late,
-                "note": "approved by the API while the device was retired;"
-                " Kubernetes cannot revoke the certificate",
-            },
-        )
+            self.book.approvedCommitted(token, approved, deadline)
 
     async def _clusterGrant(self, facts: CSRFacts, tokenId: str, node: str) -> None:
         assert self.grants is not None
@@ -490,7 +385,7 @@ class Approver:
             )
             return
         assert node is not None
-        flight = self._enter(node)
+        flight = self.flights.enter(node)
         if flight is None:
             self._leave(
                 facts.name, facts.username, node, "renewal-device-retiring", facts.uid
@@ -499,7 +394,7 @@ class Approver:
         try:
             await self._renew(facts, node)
         finally:
-            self._exit(node, flight)
+            self.flights.exit(node, flight)
 
     async def _renew(self, facts: CSRFacts, node: str) -> None:
         device = await self.inventory.get(node)
@@ -527,20 +422,11 @@ class Approver:
 
     async def _recordRenewal(self, facts: CSRFacts, node: str, late: bool) -> None:
         """Record a renewal; its transaction re-checks retirement [R1]."""
-
-        def change(db: Database, journal: Recorder) -> None:
-            noteKubeletApproved(db, node, facts.name, self.clock.seconds())
-            if _retiredAt(db, node) is not None:
-                self._afterRetirement(journal, facts, node, late, None)
-                return
-            journal(
-                "kube.csr-renewal-approved",
-                actor="fleetd",
-                device=node,
-                fields={"csr": facts.name, "late": late},
+        await self.journal.change(
+            lambda db, journal: renewalApprovedIn(
+                db, journal, facts, node, late, self.clock.seconds()
             )
-
-        await self.journal.change(change)
+        )
 
     # Already approved: late records and issued certificates
 
@@ -603,37 +489,10 @@ class Approver:
         ):
             await self._recordFirst(record, facts, late=True)
 
-    # Left pending
-
     def _leave(
         self, csr: str, requester: str, device: str | None, reason: str, uid: str
     ) -> None:
-        """Journal a CSR left pending, at most once per CSR and reason per hour."""
-        key = (uid or csr, reason)
-        now = self.clock.seconds()
-        last = self._journaled.get(key)
-        if last is not None and now - last < JOURNAL_EVERY:
-            return
-        self._journaled[key] = now
-        self._journaled.move_to_end(key)
-        while len(self._journaled) > REMEMBERED:
-            self._journaled.popitem(last=False)
-        self.log.warn(
-            "kube.csr.left-pending {csr} {requester}: {reason}",
-            csr=csr,
-            requester=requester,
-            reason=reason,
-        )
-        self.journal.append(
-            "kube.csr-left-pending",
-            actor="fleetd",
-            device=device,
-            fields={"csr": csr[:128], "requester": requester[:256], "reason": reason},
-        ).addErrback(self._journalFailed, key)
-
-    def _journalFailed(self, f: Failure, key: tuple[str, str]) -> None:
-        self._journaled.pop(key, None)  # try again on the next sight
-        self.log.failure("kube.csr.journal-failed", f)
+        self.pending.leave(csr, requester, device, reason, uid)
 
 
 def _stillPending(csr: dict[str, Any], uid: str) -> bool:
@@ -642,8 +501,3 @@ def _stillPending(csr: dict[str, Any], uid: str) -> bool:
         return False
     conditions = (csr.get("status") or {}).get("conditions") or []
     return not any(c.get("type") in ("Approved", "Denied") for c in conditions)
-
-
-def _retiredAt(db: Database, device: str) -> float | None:
-    record = kubelet(db, device)
-    return None if record is None else record.retired_at

@@ -65,7 +65,7 @@ class IRetiringRuns(Protocol):
 
 
 class IApprovals(Protocol):
-    """The approver's part (L{fleetd.kube.approver.Approver})."""
+    """The approver's per-device part (L{fleetd.kube.flights.DeviceFlights})."""
 
     def hold(self, device: str) -> None:
         "No approval for C{device} from now on, until L{release}."
