@@ -297,6 +297,45 @@ class OncePerTokenRestartTests(SynchronousTestCase):
         fleet.restart()
         self.assertOnce(name, other, late=True)
 
+    def test_lateRecordAwaited_tokenMarkedAtOnce(self) -> None:
+        """
+        [K2] While the late record of an approved CSR waits for the
+        database, the token is already marked: a pending CSR on it seen
+        meanwhile is left pending (second-csr-for-token) at once.
+        """
+        fleet = self.fleet
+        fleet.kube.watcher.stop()
+        fleet.fake.flush()
+        honest = fleet.fake.fileCSR(self.bearer, csrPEM("system:node:w1"))
+        name = honest["metadata"]["name"]
+        body = dict(fleet.fake.csrs[name])
+        body["status"] = {
+            "conditions": [
+                {"type": "Approved", "status": "True", "reason": "FleetdApproved"}
+            ]
+        }
+        fleet.fake._approve(name, body)
+        other = fleet.fake.fileCSR(self.bearer, csrPEM("system:node:w1"))
+        inner = fleet.journal._runner
+        held: list[Deferred[None]] = []
+
+        class Held:
+            def run(self, f: Any) -> Deferred[Any]:
+                gate: Deferred[None] = Deferred()
+                held.append(gate)
+                return gate.addCallback(lambda _: inner.run(f))
+
+        fleet.journal._runner = Held()  # type: ignore[assignment]
+        approver = fleet.kube.approver
+        approver.seen(fleet.fake.csrs[name])
+        approver.seen(fleet.fake.csrs[other["metadata"]["name"]])
+        fleet.journal._runner = inner
+        self.assertEqual(fleet.entries("kube.csr-approved"), [])  # still waiting
+        while held:
+            held.pop(0).callback(None)
+        fleet.fake.flush()
+        self.assertOnce(name, other["metadata"]["name"], late=True)
+
     def test_intentNotRecorded_noAPICall(self) -> None:
         """
         [K2] [J1] The intent cannot be journaled (database down): the API
