@@ -10,7 +10,8 @@ the documentation or source named in C{notes/kube-netbox.md}:
   - updates carrying a stale C{metadata.resourceVersion} get 409 Conflict;
     creating a taken name gets 409 AlreadyExists; unknown objects 404;
     errors are C{kind: Status} objects with C{reason} and C{code};
-  - LIST returns C{metadata.resourceVersion}; WATCH from a version streams
+  - LIST returns the items in key order (etcd's: by name, or namespace
+    and name) and C{metadata.resourceVersion}; WATCH from a version streams
     newline-delimited JSON events (ADDED, MODIFIED, DELETED), then stays
     open; BOOKMARK events (only C{metadata.resourceVersion}) only when
     C{allowWatchBookmarks=true} and only when the test asks (a server need
@@ -28,7 +29,8 @@ the documentation or source named in C{notes/kube-netbox.md}:
     (type, name, id, secret, expiration, usage, groups: section 1);
   - CSRs: C{spec.username}/C{groups}/C{uid} are set by the server from
     the identity that created the CSR; C{spec.request} must be a PEM
-    CERTIFICATE REQUEST (base64 in JSON); C{signerName} and C{usages}
+    CERTIFICATE REQUEST (base64 in JSON) with a valid signature (only the
+    SAN extension is parsed, as Go does); C{signerName} and C{usages}
     required; the C{/approval} subresource changes only the conditions:
     Approved and Denied exclusive, a duplicate type refused, condition
     status C{"True"} (422 Invalid) (section 2.2);
@@ -77,6 +79,7 @@ from fleetd.testing.kube_rules import (
     csrPEM,
     invalid,
     issueCertificate,
+    malformedBasicConstraintsPEM,
     parseTime,
     rfc3339,
     secretFromBody,
@@ -95,7 +98,13 @@ MONOREPO_STATES = (
     "TIMEOUT",
 )
 
-__all__ = ["ApiError", "FakeKube", "Identity", "csrPEM"]
+__all__ = [
+    "ApiError",
+    "FakeKube",
+    "Identity",
+    "csrPEM",
+    "malformedBasicConstraintsPEM",
+]
 
 
 class FakeKube(FakeRBAC):
@@ -264,15 +273,19 @@ class FakeKube(FakeRBAC):
         *,
         usages: list[str] | None = None,
         signer: str = "kubernetes.io/kube-apiserver-client-kubelet",
+        name: str | None = None,
     ) -> dict[str, Any]:
-        """File a CSR as the kubelet does, authenticated by C{bearer}."""
+        """
+        File a CSR as the kubelet does, authenticated by C{bearer}; C{name}
+        is the requester's own choice of name (the kubelet's is generated).
+        """
         identity = self.authenticate(bearer)
         if identity is None:
             raise ApiError(401, "Unauthorized", "Unauthorized")
         body = {
             "apiVersion": "certificates.k8s.io/v1",
             "kind": "CertificateSigningRequest",
-            "metadata": {"generateName": "csr-"},
+            "metadata": {"name": name} if name else {"generateName": "csr-"},
             "spec": {
                 "request": base64.b64encode(pem).decode("ascii"),
                 "signerName": signer,

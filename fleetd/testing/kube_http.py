@@ -71,7 +71,7 @@ class KubeHTTP(Resource):
     ) -> dict[str, Any]:
         items = [
             o
-            for o in store.values()
+            for _, o in sorted(store.items())
             if signer is None or o.get("spec", {}).get("signerName") == signer
         ]
         return {
@@ -301,7 +301,7 @@ class KubeHTTP(Resource):
             "metadata": {"resourceVersion": str(self.fake.rv)},
             "items": [
                 o
-                for o in self.fake.workflows.values()
+                for _, o in sorted(self.fake.workflows.items())
                 if namespace in (None, o["metadata"]["namespace"])
             ],
         }
