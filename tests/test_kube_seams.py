@@ -16,7 +16,7 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.inventory.model import DeviceStatus
-from fleetd.kube.client import KubeError
+from fleetd.kube.client import KubeError, KubeUnavailable
 from fleetd.kube.csr import Unreadable, readCSR
 from fleetd.kube.watcher import CSRWatcher
 from fleetd.store.db import StoreError
@@ -325,7 +325,7 @@ class OncePerTokenRestartTests(SynchronousTestCase):
                 held.append(gate)
                 return gate.addCallback(lambda _: inner.run(f))
 
-        fleet.journal._runner = Held()  # type: ignore[assignment]
+        fleet.journal._runner = Held()
         approver = fleet.kube.approver
         approver.seen(fleet.fake.csrs[name])
         approver.seen(fleet.fake.csrs[other["metadata"]["name"]])
@@ -409,6 +409,12 @@ class RetireInFlightTests(SynchronousTestCase):
         self.fleet.fake.flush()
         return d
 
+    def stopWhileDeleting(self, d: Deferred[Any]) -> None:
+        """fleetd stops: the Node deletion still in flight ends unavailable
+        (the owner retires again) and the device is released."""
+        self.fleet.stopKube()
+        self.failureResultOf(d, KubeUnavailable)
+
     def open(self) -> None:
         while self.gates:
             self.gates.pop(0).callback(None)
@@ -458,6 +464,7 @@ class RetireInFlightTests(SynchronousTestCase):
         first = self.fleet.fileCSR(self.bearer, "w1")["metadata"]["name"]
         self.assertFalse(self.fleet.approved(first))
         self.assertIn((first, "token-revoked"), _pending(self.fleet))
+        self.stopWhileDeleting(d)
 
     def test_retiring_renewalRefusedDuringAPICalls(self) -> None:
         """
@@ -472,6 +479,7 @@ class RetireInFlightTests(SynchronousTestCase):
         name = renewal["metadata"]["name"]
         self.assertFalse(self.fleet.approved(name))
         self.assertIn((name, "renewal-device-retiring"), _pending(self.fleet))
+        self.stopWhileDeleting(d)
 
     def test_retirementFails_approvalsResume(self) -> None:
         """

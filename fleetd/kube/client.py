@@ -116,7 +116,6 @@ class KubeClient:
         self._bearer = bearer
         self.timeout = timeout
         self._inflight: set[Deferred[tuple[int, bytes]]] = set()
-        self._closed = False
 
     def _headers(self, json_: bool = False) -> dict[bytes, list[bytes]]:
         headers = {b"accept": [b"application/json"]}
@@ -134,8 +133,6 @@ class KubeClient:
         body: Any = None,
         query: Mapping[str, str] | None = None,
     ) -> Any:
-        if self._closed:
-            raise KubeUnavailable(f"{what}: the client is closed")
         url = self.api + path + ("?" + urlencode(query) if query else "")
         data = None if body is None else json.dumps(body).encode("utf-8")
         d = self._http.request(
@@ -172,11 +169,10 @@ class KubeClient:
 
     def close(self) -> Deferred[None] | None:
         """
-        Refuse new calls, cancel those in flight (a connection they hold
-        would otherwise return to the pool after it closed), and close
-        pooled connections (the daemon stops).
+        Cancel the calls in flight (a connection one holds would otherwise
+        return to the pool after it closed) and close pooled connections
+        (the daemon stops).
         """
-        self._closed = True
         for call in list(self._inflight):
             call.cancel()
         if self._pool is None:
