@@ -26,6 +26,7 @@ LDEVID_ATTRIBUTES = "ldevid-attributes"
 CHALLENGE_UNKNOWN = "challenge-unknown"
 CHALLENGE_EXPIRED = "challenge-expired"
 CHALLENGE_USED = "challenge-used"
+CHALLENGES_PENDING = "challenges-pending"  # [T1] the EK's challenges are pending
 ACTIVATION_FAILED = "activation-failed"
 CERTIFY_INVALID = "certify-invalid"
 CSR_INVALID = "csr-invalid"
@@ -49,6 +50,7 @@ _STATUS = {
     CHALLENGE_UNKNOWN: http.NOT_FOUND,
     CHALLENGE_EXPIRED: http.GONE,
     CHALLENGE_USED: http.GONE,
+    CHALLENGES_PENDING: 429,  # Too Many Requests
     LDEVID_REQUIRED: http.UNAUTHORIZED,
     NO_PLAN: http.NOT_FOUND,
     NO_TARGET_DISK: http.CONFLICT,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import math
 import os
 import sqlite3
 from collections.abc import Awaitable, Callable, Mapping
@@ -35,7 +36,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from fleetd.attest import errors as E
-from fleetd.attest.challenge import ChallengeBook, Presented
+from fleetd.attest.challenge import PER_KEY, ChallengeBook, NoRoom, Presented
 from fleetd.attest.ekroots import EKRoots
 from fleetd.attest.errors import Refused
 from fleetd.attest.identity import LDevIDBook, Peer
@@ -62,6 +63,9 @@ ACTOR = "attest"
 # Anyone can reach 8444: refusals that name no device are journaled at most
 # once per reason in this many seconds, the ones between counted [J1].
 ANONYMOUS_JOURNAL_EVERY = 10.0
+# Refusals that name a device (anyone can send a device's public claim)
+# likewise, per device and reason: each entry is mirrored to NetBox.
+NAMED_JOURNAL_EVERY = 10.0
 
 
 class ApprovedSerialFor(Protocol):
@@ -122,6 +126,16 @@ def _lineRefusal(line: str) -> Refused:
     if not sep or not code:
         return Refused(E.NOT_APPROVED, line[:200] or "no approved binding for this EK")
     return Refused(code, detail)
+
+
+def _noRoom(full: NoRoom) -> Refused:
+    if not full.perKey:
+        return Refused(E.BUSY, "too many outstanding challenges; retry later")
+    return Refused(
+        E.CHALLENGES_PENDING,
+        f"{PER_KEY} challenges for this EK are pending (each ends when answered"
+        f" or expired); retry in {math.ceil(full.retryAfter)} s",
+    )
 
 
 def _b64out(data: bytes) -> str:
@@ -188,7 +202,8 @@ class AttestationService:
         self._deviceBySerial = deviceBySerial
         self._bindingRefusal = bindingRefusal
         self.challenges = ChallengeBook(clock, challengeTTL)
-        self._anonymous: dict[str, tuple[float, int]] = {}
+        # (device or None, reason) -> (last journaled at, skipped since)
+        self._journaled: dict[tuple[str | None, str], tuple[float, int]] = {}
         # Anyone can reach 8444: refusal lines in the log are throttled too.
         self._log = ThrottledLog(clock, self.log)
 
@@ -200,23 +215,27 @@ class AttestationService:
     ) -> Refused:
         """
         Journal C{refusal} (a refusal changes nothing else) and return it.
-        Refusals that name no device (anyone can reach 8444) are journaled
-        at most once per reason every L{ANONYMOUS_JOURNAL_EVERY} seconds;
-        the next entry of that reason says how many were not.
+        Anyone can reach 8444 and send a device's public claim, so
+        refusals are journaled at most once per reason every
+        L{ANONYMOUS_JOURNAL_EVERY} seconds when they name no device, and
+        once per device and reason every L{NAMED_JOURNAL_EVERY} seconds
+        when they do [J1]; the next entry of that key says how many were
+        not (C{not_journaled}).
         """
         self._log.warn(
             "attest.refused {reason} {device}", reason=refusal.reason, device=device
         )
         extra: dict[str, str | int | None] = {}
-        if device is None:
-            now = self.clock.seconds()
-            last, skipped = self._anonymous.get(refusal.reason, (None, 0))
-            if last is not None and now - last < ANONYMOUS_JOURNAL_EVERY:
-                self._anonymous[refusal.reason] = (last, skipped + 1)
-                return refusal
-            self._anonymous[refusal.reason] = (now, 0)
-            if skipped:
-                extra["not_journaled"] = skipped
+        now = self.clock.seconds()
+        key = (device, refusal.reason)
+        every = ANONYMOUS_JOURNAL_EVERY if device is None else NAMED_JOURNAL_EVERY
+        last, skipped = self._journaled.get(key, (None, 0))
+        if last is not None and now - last < every:
+            self._journaled[key] = (last, skipped + 1)
+            return refusal
+        self._journaled[key] = (now, 0)
+        if skipped:
+            extra["not_journaled"] = skipped
         try:
             await self.journal.append(
                 "attest.refused",
@@ -289,16 +308,18 @@ class AttestationService:
         E.refuseRetired(device)  # [R1]
         ak = parsePublic(_b64(doc, "ak_public"), "ak_public")
         checkAK(ak)
-        # One outstanding challenge per EK: a new one replaces the older, so
-        # replaying an EK cannot fill the book; the global cap stays.
-        if self.challenges.full() and not self.challenges.holds(digest):
-            raise Refused(E.BUSY, "too many outstanding challenges; retry later")
-        secret, nonce = os.urandom(32), os.urandom(32)
-        blob, encrypted = makeChallenge(ek, ak, secret)
-        ident = self.challenges.issue(
-            _Context(device.name, device.serial, digest, ak, secret, nonce),
-            key=digest,
-        )
+        # [T1] A new begin never cancels a pending challenge (the claim is
+        # public): a few per EK, then refused until one is answered or expires.
+        try:
+            self.challenges.room(digest)
+            secret, nonce = os.urandom(32), os.urandom(32)
+            blob, encrypted = makeChallenge(ek, ak, secret)
+            ident = self.challenges.issue(
+                _Context(device.name, device.serial, digest, ak, secret, nonce),
+                key=digest,
+            )
+        except NoRoom as full:
+            raise _noRoom(full) from None
         return {
             "challenge": ident,
             "credential_blob": _b64out(blob),

@@ -1,0 +1,142 @@
+"""
+A stranger replaying a node's public claim (issue 17, item 9) [T1] [T3].
+
+The EK certificate, the EK and AK public areas and the bound serial are
+not secrets: anyone can send a node's claim again. Doing so must not
+cancel the node's outstanding challenge, must not lock out an honest node
+that restarts its attest action for long, must not fill the challenge
+book, and must not write a journal entry (mirrored to NetBox) per request
+naming the device [J1].
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetd.attest.challenge import PER_KEY
+from fleetd.attest.service import NAMED_JOURNAL_EVERY
+from fleetd.attest.tpm import ekDigest, spkiOf
+from tests.softtpm import SoftNode
+from tests.test_attest_holds import HoldsTestCase
+
+
+class PendingChallengeTests(HoldsTestCase):
+    """[T1] [T3] A pending challenge stays until answered or expired."""
+
+    def test_strangerReplay_keepsNodesChallenge(self) -> None:
+        """
+        [T1] Someone sending the node's claim again after the node got its
+        challenge (the same EK certificate, public areas and serial) gets a
+        challenge of their own; the node's challenge is still answered and
+        the node gets its LDevID.
+        """
+        mine = self.challenge()
+        stranger = self.successResultOf(self.begin(self.node.claim()))
+        self.assertNotEqual(stranger["challenge"], mine["challenge"])
+        self.successResultOf(self.prove(self.node.proof(mine)))
+        self.assertEqual(self.issued(), ["attest"])
+
+    def test_fewPerEK_thenRefusedUntilOneExpires(self) -> None:
+        """
+        [T1] An EK holds at most PER_KEY pending challenges; the next begin
+        is refused (challenges-pending, 429) with the seconds until the
+        oldest expires, and once it expires a new begin (an honest node
+        restarting its attest action) gets a challenge at once.
+        """
+        first = self.challenge()
+        for _ in range(PER_KEY - 1):
+            self.challenge()
+        self.server.clock.advance(20)
+        refusal = self.refused(self.begin(self.node.claim()), "challenges-pending")
+        self.assertEqual(refusal.status, 429)
+        self.assertIn("retry in 40 s", refusal.line())
+        self.assertEqual(len(self.server.service.challenges), PER_KEY)
+        # The pending ones are intact: the first is still answered.
+        self.successResultOf(self.prove(self.node.proof(first)))
+        # Answering made room; so does expiry.
+        self.challenge()
+        self.refused(self.begin(self.node.claim()), "challenges-pending")
+        self.server.clock.advance(first["ttl"])
+        self.challenge()
+
+    def test_answeredAndExpired_makeRoom(self) -> None:
+        """
+        [T3] Answered or expired challenges (remembered one more TTL for
+        late nodes) give way to new ones: consuming one's own challenges
+        cannot fill the book, and a full book of such entries still takes
+        another EK. Only pending challenges make it busy; timers stay one
+        per entry.
+        """
+        book = self.server.service.challenges
+        book.limit = PER_KEY + 1
+        other = SoftNode(self.caCert, self.caKey, serial="SER2")
+        self.server.bindings.approved[ekDigest(spkiOf(other.ekPublic))] = "SER2"
+        for _ in range(20):
+            answer = self.node.proof(self.challenge(), secret="QUFBQQ==")
+            self.refused(self.prove(answer), "activation-failed")
+        self.assertLessEqual(len(book), book.limit)
+        self.challenge(other)
+        for _ in range(PER_KEY):
+            self.challenge()
+        self.assertEqual(len(book), book.limit)
+        third = SoftNode(self.caCert, self.caKey, serial="SER3")
+        self.server.addDevice("w3", "SER3")
+        self.server.bindings.approved[ekDigest(spkiOf(third.ekPublic))] = "SER3"
+        self.refused(self.begin(third.claim()), "busy")
+        self.assertEqual(len(self.server.clock.getDelayedCalls()), len(book))
+
+
+class NamedRefusalThrottleTests(HoldsTestCase):
+    """[J1] Refusals that name a device: one entry per device and reason."""
+
+    def named(self, reason: str, device: str = "w1") -> list[Any]:
+        return [
+            e
+            for e in self.server.entries("attest.refused")
+            if e.device == device and e.fields["reason"] == reason
+        ]
+
+    def test_floodOfBegins_oneEntryThenSkippedCount(self) -> None:
+        """
+        [J1] 200 refused begins naming one device within a second are
+        journaled once per NAMED_JOURNAL_EVERY seconds, the next entry of
+        that device and reason saying how many were not journaled. Another
+        reason, or another device, is journaled on its own.
+        """
+        self.retire("w1")
+        for _ in range(200):
+            self.begin(self.node.claim()).addErrback(lambda f: None)
+        self.assertEqual(len(self.named("device-retired")), 1)
+        self.assertEqual(len(self.server.entries("attest.refused")), 1)
+        self.server.clock.advance(NAMED_JOURNAL_EVERY - 1)
+        self.begin(self.node.claim()).addErrback(lambda f: None)
+        self.assertEqual(len(self.named("device-retired")), 1)
+        self.server.clock.advance(1)
+        self.refused(self.begin(self.node.claim()), "device-retired")
+        entries = self.named("device-retired")
+        self.assertEqual(len(entries), 2)
+        self.assertNotIn("not_journaled", entries[0].fields)
+        self.assertEqual(entries[1].fields["not_journaled"], 200)
+        # Another device, and another reason of the same device: at once.
+        other = SoftNode(self.caCert, self.caKey, serial="SER2")
+        self.server.bindings.approved[ekDigest(spkiOf(other.ekPublic))] = "SER2"
+        self.refused(self.begin(other.claim(ak_public="AAAA")), "malformed")
+        self.retire("w2")
+        self.refused(self.begin(other.claim()), "device-retired")
+        self.assertEqual(len(self.named("malformed", "w2")), 1)
+        self.assertEqual(len(self.named("device-retired", "w2")), 1)
+        self.assertEqual(len(self.server.entries("attest.refused")), 4)
+
+    def test_pendingRefusals_throttledToo(self) -> None:
+        """
+        [J1] [T1] Begins refused because the EK's challenges are pending name
+        the device and are journaled once per device and reason too.
+        """
+        for _ in range(200):
+            self.begin(self.node.claim()).addErrback(lambda f: None)
+        self.assertEqual(len(self.server.service.challenges), PER_KEY)
+        self.assertEqual(len(self.named("challenges-pending")), 1)
+        self.server.clock.advance(NAMED_JOURNAL_EVERY)
+        self.refused(self.begin(self.node.claim()), "challenges-pending")
+        last = self.named("challenges-pending")[-1]
+        self.assertEqual(last.fields["not_journaled"], 200 - PER_KEY - 1)
