@@ -13,8 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
 from fleetd.attest.challenge import PER_KEY
-from fleetd.attest.service import NAMED_JOURNAL_EVERY
+from fleetd.attest.throttle import KEYS, NAMED_EVERY, JournalThrottle
 from fleetd.attest.tpm import ekDigest, spkiOf
 from tests.softtpm import SoftNode
 from tests.test_attest_holds import HoldsTestCase
@@ -99,7 +102,7 @@ class NamedRefusalThrottleTests(HoldsTestCase):
     def test_floodOfBegins_oneEntryThenSkippedCount(self) -> None:
         """
         [J1] 200 refused begins naming one device within a second are
-        journaled once per NAMED_JOURNAL_EVERY seconds, the next entry of
+        journaled once per NAMED_EVERY seconds, the next entry of
         that device and reason saying how many were not journaled. Another
         reason, or another device, is journaled on its own.
         """
@@ -108,7 +111,7 @@ class NamedRefusalThrottleTests(HoldsTestCase):
             self.begin(self.node.claim()).addErrback(lambda f: None)
         self.assertEqual(len(self.named("device-retired")), 1)
         self.assertEqual(len(self.server.entries("attest.refused")), 1)
-        self.server.clock.advance(NAMED_JOURNAL_EVERY - 1)
+        self.server.clock.advance(NAMED_EVERY - 1)
         self.begin(self.node.claim()).addErrback(lambda f: None)
         self.assertEqual(len(self.named("device-retired")), 1)
         self.server.clock.advance(1)
@@ -136,7 +139,28 @@ class NamedRefusalThrottleTests(HoldsTestCase):
             self.begin(self.node.claim()).addErrback(lambda f: None)
         self.assertEqual(len(self.server.service.challenges), PER_KEY)
         self.assertEqual(len(self.named("challenges-pending")), 1)
-        self.server.clock.advance(NAMED_JOURNAL_EVERY)
+        self.server.clock.advance(NAMED_EVERY)
         self.refused(self.begin(self.node.claim()), "challenges-pending")
         last = self.named("challenges-pending")[-1]
         self.assertEqual(last.fields["not_journaled"], 200 - PER_KEY - 1)
+
+
+class JournalThrottleTests(SynchronousTestCase):
+    """[J1] The throttle's memory stays bounded."""
+
+    def test_keysWithNothingToTell_pruned(self) -> None:
+        """
+        Past KEYS keys, those whose window has passed with nothing skipped
+        are forgotten; a key with a skipped count is kept until it is told.
+        """
+        clock = Clock()
+        throttle = JournalThrottle(clock)
+        self.assertEqual(throttle.admit("w0", "r"), 0)
+        self.assertIsNone(throttle.admit("w0", "r"))
+        for n in range(1, KEYS):
+            self.assertEqual(throttle.admit(f"w{n}", "r"), 0)
+        clock.advance(NAMED_EVERY)
+        self.assertEqual(len(throttle), KEYS)
+        self.assertEqual(throttle.admit(None, "r"), 0)
+        self.assertEqual(len(throttle), 2)
+        self.assertEqual(throttle.admit("w0", "r"), 1)

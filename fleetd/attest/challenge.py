@@ -31,7 +31,6 @@ from typing import Any, Protocol
 from automat import TypeMachineBuilder
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-
 # Pending challenges one key (EK) may hold: an honest node that restarts
 # its attest action twice within a TTL still gets a challenge at once.
 PER_KEY = 3

@@ -40,6 +40,7 @@ from fleetd.attest.challenge import PER_KEY, ChallengeBook, NoRoom, Presented
 from fleetd.attest.ekroots import EKRoots
 from fleetd.attest.errors import Refused
 from fleetd.attest.identity import LDevIDBook, Peer
+from fleetd.attest.throttle import JournalThrottle
 from fleetd.attest.tpm import (
     checkAK,
     checkEK,
@@ -60,12 +61,6 @@ from fleetd.store.runner import IRunner
 
 REFUSED_CLASSES = frozenset({"worker-g2"})  # [T2]
 ACTOR = "attest"
-# Anyone can reach 8444: refusals that name no device are journaled at most
-# once per reason in this many seconds, the ones between counted [J1].
-ANONYMOUS_JOURNAL_EVERY = 10.0
-# Refusals that name a device (anyone can send a device's public claim)
-# likewise, per device and reason: each entry is mirrored to NetBox.
-NAMED_JOURNAL_EVERY = 10.0
 
 
 class ApprovedSerialFor(Protocol):
@@ -202,8 +197,7 @@ class AttestationService:
         self._deviceBySerial = deviceBySerial
         self._bindingRefusal = bindingRefusal
         self.challenges = ChallengeBook(clock, challengeTTL)
-        # (device or None, reason) -> (last journaled at, skipped since)
-        self._journaled: dict[tuple[str | None, str], tuple[float, int]] = {}
+        self._journaled = JournalThrottle(clock)
         # Anyone can reach 8444: refusal lines in the log are throttled too.
         self._log = ThrottledLog(clock, self.log)
 
@@ -214,26 +208,16 @@ class AttestationService:
         self, refusal: Refused, *, device: str | None = None, **fields: str | None
     ) -> Refused:
         """
-        Journal C{refusal} (a refusal changes nothing else) and return it.
-        Anyone can reach 8444 and send a device's public claim, so
-        refusals are journaled at most once per reason every
-        L{ANONYMOUS_JOURNAL_EVERY} seconds when they name no device, and
-        once per device and reason every L{NAMED_JOURNAL_EVERY} seconds
-        when they do [J1]; the next entry of that key says how many were
-        not (C{not_journaled}).
+        Journal C{refusal} (a refusal changes nothing else) and return it,
+        throttled per device (or none) and reason (L{JournalThrottle}).
         """
         self._log.warn(
             "attest.refused {reason} {device}", reason=refusal.reason, device=device
         )
-        extra: dict[str, str | int | None] = {}
-        now = self.clock.seconds()
-        key = (device, refusal.reason)
-        every = ANONYMOUS_JOURNAL_EVERY if device is None else NAMED_JOURNAL_EVERY
-        last, skipped = self._journaled.get(key, (None, 0))
-        if last is not None and now - last < every:
-            self._journaled[key] = (last, skipped + 1)
+        skipped = self._journaled.admit(device, refusal.reason)
+        if skipped is None:
             return refusal
-        self._journaled[key] = (now, 0)
+        extra: dict[str, str | int | None] = {}
         if skipped:
             extra["not_journaled"] = skipped
         try:
