@@ -138,7 +138,10 @@ class ChallengeBook:
         if len(pending) >= PER_KEY:
             raise NoRoom(True, self._retryAfter(pending[0]))
         if len(self._entries) >= self.limit and not self._finished:
-            raise NoRoom(False, self._retryAfter(next(iter(self._pending))))
+            oldest = next(iter(self._pending), None)
+            raise NoRoom(
+                False, self.ttl if oldest is None else self._retryAfter(oldest)
+            )
 
     def issue(self, context: Any, key: str | None = None) -> str:
         """
