@@ -21,6 +21,8 @@ KEYS = 4096
 
 
 class JournalThrottle:
+    """Which refusals to journal, by device (or none) and reason."""
+
     def __init__(self, clock: IReactorTime) -> None:
         self._clock = clock
         # (device or None, reason) -> (last journaled at, skipped since)
