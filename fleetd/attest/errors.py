@@ -7,9 +7,11 @@ prints them, operators grep for them, and the journal records them.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from twisted.web import http
 
-from fleetd.inventory.model import Device, DeviceStatus
+from fleetd.inventory.model import Device, DeviceStatus, InventoryError
 
 # [T2]
 TPM12 = "tpm12-unsupported"
@@ -88,3 +90,33 @@ def refuseRetired(device: Device) -> None:
             f"{device.name[:64]} is being decommissioned; fleetd issues it"
             " nothing more (no LDevID, plan or disk check)",
         )
+
+
+# Seconds a node is told to wait (Retry-After) when fleetd answers busy.
+RETRY_AFTER = 30
+
+INVENTORY_BUSY = "the inventory cannot be asked now; retry later"
+
+
+def busyWhileUnavailable(
+    lookup: Callable[[str], Awaitable[Device | None]],
+) -> Callable[[str], Awaitable[Device | None]]:
+    """
+    C{lookup} (the inventory's C{bySerial} or C{get}), refusing C{busy}
+    while the inventory cannot be asked (NetBox down, hung, or refusing
+    fleetd's token): a node's credential is never decided from a cache
+    (issue 17 item 11). The line names no peer of fleetd's; the inventory
+    logs and counts why.
+
+    @raise Refused: C{busy} (503, with Retry-After at the listener).
+    """
+
+    async def asked(key: str) -> Device | None:
+        try:
+            return await lookup(key)
+        except InventoryError as e:
+            if e.kind != "unavailable":
+                raise
+            raise Refused(BUSY, INVENTORY_BUSY) from e
+
+    return asked

@@ -56,6 +56,8 @@ CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
 NODES = "/api/v1/nodes"
 BINDINGS = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
 ROLES = "/apis/rbac.authorization.k8s.io/v1/clusterroles"
+NAMESPACED_BINDINGS = "/apis/rbac.authorization.k8s.io/v1/rolebindings"
+NAMESPACED_ROLES = "/apis/rbac.authorization.k8s.io/v1/roles"
 KUBELET_CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 WORKFLOWS = "/apis/tinkerbell.org/v1alpha1"
 APPROVE_ATTEMPTS = 5
@@ -382,4 +384,14 @@ class KubeClient:
 
     async def listClusterRoleBindings(self) -> list[dict[str, Any]]:
         doc = await self._call("GET", BINDINGS, "list clusterrolebindings")
+        return list(doc.get("items") or [])
+
+    async def listRoleBindings(self) -> list[dict[str, Any]]:
+        """RoleBindings in every namespace."""
+        doc = await self._call("GET", NAMESPACED_BINDINGS, "list rolebindings")
+        return list(doc.get("items") or [])
+
+    async def listRoles(self) -> list[dict[str, Any]]:
+        """Roles in every namespace."""
+        doc = await self._call("GET", NAMESPACED_ROLES, "list roles")
         return list(doc.get("items") or [])

@@ -67,6 +67,7 @@ class NetBoxService(Service):
             reactor,
             configDigest=configDigest,
             wake=self._wake,
+            metrics=metrics,
         )
         self.checking: Deferred[None] | None = None
 

@@ -34,7 +34,10 @@ the documentation or source named in C{notes/kube-netbox.md}:
     status C{"True"} (422 Invalid) (section 2.2);
   - L{sign} models the csrsigning controller: an Approved CSR gets a
     certificate for its subject, valid C{signingDuration};
-  - Nodes (create, get, delete) and ClusterRoleBindings (list, create);
+  - Nodes (create, get, delete);
+  - RBAC: ClusterRoles and ClusterRoleBindings (list, create), Roles and
+    RoleBindings (list in all namespaces or one, create in one), checked
+    as the API server checks them (L{fleetd.testing.kube_rbac});
   - Tinkerbell Workflows (C{tinkerbell.org/v1alpha1}, namespaced; notes
     tinkerbell.md section 3): list, watch and get, in one namespace or all;
     404 for the whole group while the CRD is not installed
@@ -64,6 +67,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.resource import Resource
 
 from fleetd.testing.kube_http import CSR, WORKFLOW, KubeHTTP, Watcher
+from fleetd.testing.kube_rbac import FakeRBAC
 from fleetd.testing.kube_rules import (
     SUBDOMAIN,
     ApiError,
@@ -94,7 +98,7 @@ MONOREPO_STATES = (
 __all__ = ["ApiError", "FakeKube", "Identity", "csrPEM"]
 
 
-class FakeKube:
+class FakeKube(FakeRBAC):
     """The fake cluster's state and its HTTP face."""
 
     def __init__(self, clock: IReactorTime, adminToken: str = "fleetd-sa-token"):
@@ -106,6 +110,8 @@ class FakeKube:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.bindings: dict[str, dict[str, Any]] = {}
         self.roles: dict[str, dict[str, Any]] = {}
+        self.roleBindings: dict[str, dict[str, Any]] = {}  # "namespace/name"
+        self.namespacedRoles: dict[str, dict[str, Any]] = {}  # "namespace/name"
         self.workflows: dict[str, dict[str, Any]] = {}  # "namespace/name"
         self.workflowsInstalled = True
         self.history: list[tuple[int, str, dict[str, Any], str]] = []
@@ -287,40 +293,6 @@ class FakeKube:
                 csr, self.clock.seconds(), self.signingDuration
             )
             self._store(self.csrs, name, updated, "MODIFIED")
-
-    def addBinding(self, name: str, role: str, groups: list[str]) -> None:
-        self._create(
-            self.bindings,
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRoleBinding",
-                "metadata": {"name": name},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": role,
-                },
-                "subjects": [
-                    {
-                        "kind": "Group",
-                        "name": g,
-                        "apiGroup": "rbac.authorization.k8s.io",
-                    }
-                    for g in groups
-                ],
-            },
-        )
-
-    def addRole(self, name: str, rules: list[dict[str, Any]]) -> None:
-        self._create(
-            self.roles,
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRole",
-                "metadata": {"name": name},
-                "rules": rules,
-            },
-        )
 
     def addNode(self, name: str) -> None:
         self._create(
