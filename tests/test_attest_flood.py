@@ -11,12 +11,17 @@ naming the device [J1].
 
 from __future__ import annotations
 
+import io
+import json
 from typing import Any
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.resource import getChildForRequest
+from twisted.web.test.requesthelper import DummyRequest
 
 from fleetd.attest.challenge import PER_KEY
+from fleetd.attest.resource import deviceAPI
 from fleetd.attest.throttle import KEYS, NAMED_EVERY, JournalThrottle
 from fleetd.attest.tpm import ekDigest, spkiOf
 from tests.softtpm import SoftNode
@@ -61,6 +66,26 @@ class PendingChallengeTests(HoldsTestCase):
         self.refused(self.begin(self.node.claim()), "challenges-pending")
         self.server.clock.advance(first["ttl"])
         self.challenge()
+
+    def test_pendingOverHTTP_429WithRetryAfter(self) -> None:
+        """
+        [T1] Over the device listener the refusal is a 429 line starting
+        with challenges-pending, and Retry-After carries the same seconds.
+        """
+        for _ in range(PER_KEY):
+            self.challenge()
+        self.server.clock.advance(15)
+        api = deviceAPI(self.server.service, self.server.identify, None)
+        request = DummyRequest([b"attest", b"challenge"])
+        request.method = b"POST"
+        request.content = io.BytesIO(json.dumps(self.node.claim()).encode())  # type: ignore[attr-defined]
+        request.requestHeaders.setRawHeaders(b"content-type", [b"application/json"])
+        getChildForRequest(api, request).render(request)
+        body = b"".join(request.written).decode()
+        self.assertEqual(request.responseCode, 429)
+        self.assertTrue(body.startswith("challenges-pending: "), body)
+        self.assertIn("retry in 45 s", body)
+        self.assertEqual(request.responseHeaders.getRawHeaders(b"retry-after"), [b"45"])
 
     def test_answeredAndExpired_makeRoom(self) -> None:
         """

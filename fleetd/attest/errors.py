@@ -62,10 +62,11 @@ _STATUS = {
 class Refused(Exception):
     """A refusal with its reason code; never carries a secret."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, retryAfter: int | None = None) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+        self.retryAfter = retryAfter  # seconds, for a Retry-After header
 
     @property
     def status(self) -> int:

@@ -126,10 +126,12 @@ def _lineRefusal(line: str) -> Refused:
 def _noRoom(full: NoRoom) -> Refused:
     if not full.perKey:
         return Refused(E.BUSY, "too many outstanding challenges; retry later")
+    seconds = max(1, math.ceil(full.retryAfter))
     return Refused(
         E.CHALLENGES_PENDING,
         f"{PER_KEY} challenges for this EK are pending (each ends when answered"
-        f" or expired); retry in {math.ceil(full.retryAfter)} s",
+        f" or expired); retry in {seconds} s",
+        retryAfter=seconds,
     )
 
 
