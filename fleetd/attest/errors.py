@@ -28,6 +28,7 @@ LDEVID_ATTRIBUTES = "ldevid-attributes"
 CHALLENGE_UNKNOWN = "challenge-unknown"
 CHALLENGE_EXPIRED = "challenge-expired"
 CHALLENGE_USED = "challenge-used"
+CHALLENGES_PENDING = "challenges-pending"  # [T1] the EK's challenges are pending
 ACTIVATION_FAILED = "activation-failed"
 CERTIFY_INVALID = "certify-invalid"
 CSR_INVALID = "csr-invalid"
@@ -51,6 +52,7 @@ _STATUS = {
     CHALLENGE_UNKNOWN: http.NOT_FOUND,
     CHALLENGE_EXPIRED: http.GONE,
     CHALLENGE_USED: http.GONE,
+    CHALLENGES_PENDING: 429,  # Too Many Requests
     LDEVID_REQUIRED: http.UNAUTHORIZED,
     NO_PLAN: http.NOT_FOUND,
     NO_TARGET_DISK: http.CONFLICT,
@@ -60,10 +62,11 @@ _STATUS = {
 class Refused(Exception):
     """A refusal with its reason code; never carries a secret."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, retryAfter: int | None = None) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+        self.retryAfter = retryAfter  # seconds, for a Retry-After header
 
     @property
     def status(self) -> int:

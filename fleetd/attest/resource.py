@@ -34,11 +34,16 @@ def _refusal(error: Exception) -> tuple[int, str] | None:
 
 
 def _answer(request: IRequest) -> Callable[[Exception], tuple[int, str] | None]:
-    """L{_refusal}, with C{Retry-After} on a 503 (busy: retry later)."""
+    """
+    L{_refusal}, with C{Retry-After}: the refusal's own (C{challenges-pending},
+    429), or L{E.RETRY_AFTER} on a 503 (busy: retry later).
+    """
 
     def refusal(error: Exception) -> tuple[int, str] | None:
         answer = _refusal(error)
-        if answer is not None and answer[0] == http.SERVICE_UNAVAILABLE:
+        if isinstance(error, Refused) and error.retryAfter is not None:
+            request.setHeader(b"retry-after", b"%d" % (error.retryAfter,))
+        elif answer is not None and answer[0] == http.SERVICE_UNAVAILABLE:
             request.setHeader(b"retry-after", b"%d" % (E.RETRY_AFTER,))
         return answer
 
