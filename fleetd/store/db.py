@@ -234,7 +234,7 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         """,
     ),
     (
-        16,
+        12,
         # Disk claims [D1] (fleetd.trust.disks): the order in which devices
         # first reported each serial they still report; the first keeps it.
         # Reports stored before are ordered by their report time, and their
