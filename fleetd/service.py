@@ -249,6 +249,7 @@ class FleetdService(MultiService):
                 client=None if service is None else service.client,
                 book=None if service is None else service.book,
                 runs=self.runs,
+                approvals=None if service is None else service.approver.flights,
             )
         )
         return service

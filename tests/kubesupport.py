@@ -64,6 +64,7 @@ class KubeFleet(Fleet):
             client=self.client,
             book=self.kube.book,
             runs=self.registry,
+            approvals=self.kube.approver.flights,
         )
 
     def stopKube(self) -> None:

@@ -89,6 +89,7 @@ class NetBoxRig:
             self.clock,
             configDigest=lambda run: "sha256:" + "ab" * 32,
             wake=self.wake,
+            metrics=self.metrics,
         )
         self.worker.start()
         return self.inventory

@@ -8,8 +8,8 @@ forward and needs the binding to still name the serial [T1] [T3];
 a legacy LDevID cuts over by attesting, never by renewal [T4]; a device
 being decommissioned gets no challenge, LDevID, renewal, record, plan or
 disk check [R1]; attestation refusals say why the binding is missing
-[T1]; the plan withholds the META code until a target disk exists [D1];
-an EK holds at most one outstanding challenge [T3].
+[T1]; the plan withholds the META code until a target disk exists [D1].
+Challenges per EK are in L{tests.test_attest_flood}.
 """
 
 from __future__ import annotations
@@ -274,37 +274,6 @@ class AttestTests(HoldsTestCase):
         for _ in range(50):
             self.begin({"tpm_version": "1.2"}).addErrback(lambda f: None)
         self.assertTrue(1 <= len(events) <= 10, len(events))
-
-
-class ChallengePerEKTests(HoldsTestCase):
-    """[T3] One outstanding challenge per EK digest, under a global cap."""
-
-    def test_newChallenge_replacesOlder(self) -> None:
-        """
-        [T3] A second challenge for the same EK replaces the first: the book
-        holds one entry, the old one is unknown, the new one is answered.
-        """
-        first = self.challenge()
-        second = self.challenge()
-        self.assertEqual(len(self.server.service.challenges), 1)
-        self.refused(self.prove(self.node.proof(first)), "challenge-unknown")
-        self.successResultOf(self.prove(self.node.proof(second)))
-        self.assertEqual(self.issued(), ["attest"])
-
-    def test_replay_cannotFillBook(self) -> None:
-        """
-        [T3] With the book at its cap, replaying a held EK still gets a
-        (replacing) challenge, while a new EK is told busy; timers stay one
-        per entry.
-        """
-        self.server.service.challenges.limit = 1
-        other = SoftNode(self.caCert, self.caKey, serial="SER2")
-        self.server.bindings.approved[ekDigest(spkiOf(other.ekPublic))] = "SER2"
-        for _ in range(5):
-            self.challenge()
-        self.assertEqual(len(self.server.service.challenges), 1)
-        self.assertEqual(len(self.server.clock.getDelayedCalls()), 1)
-        self.refused(self.begin(other.claim()), "busy")
 
 
 class LookupTests(HoldsTestCase):

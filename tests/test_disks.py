@@ -113,18 +113,17 @@ class DiskRuleTests(SynchronousTestCase):
         self.assertIn("sda and sdb", verdict.reason)
         self.assertIsNone(self.f.target("w1"))
 
-    def test_duplicateAcrossFleet_refusedBothWays(self) -> None:
+    def test_duplicateAcrossFleet_laterRefused(self) -> None:
         """
-        [D1] A serial another device reported is refused, and the first
-        device's target stops counting until the duplicate is gone.
+        [D1] A serial another device reported first is refused; the first
+        device keeps its target (more in L{tests.test_disks_claims}).
         """
         self.f.report(W1, d("sda", "CLONE"))
         self.assertEqual(self.f.target("w1"), "CLONE")
         verdict = self.f.report(W2, d("sda", "clone"))
         self.assertEqual(verdict.code, "duplicate-disk-serial")
-        self.assertIn("also reported by w1", verdict.reason)
-        self.assertIsNone(self.f.target("w1"))
-        self.assertIn("reported by w2", self.f.refusal("w1"))
+        self.assertIn("reported first by another device", verdict.reason)
+        self.assertEqual(self.f.target("w1"), "CLONE")
         # w2's next report (the clone gone) replaces its earlier one.
         self.f.report(W2, d("sda", "OWN"))
         self.assertEqual((self.f.target("w1"), self.f.target("w2")), ("CLONE", "OWN"))

@@ -81,13 +81,18 @@ class NetBoxInventoryContractTests(InventoryContractMixin, SynchronousTestCase):
         self.rig.fake.addDevice("pdu1", "SN-PDU")
         self.assertIsNone(self.ok(self.rig.inventory.bySerial("SN-PDU")))
 
-    def test_bySerial_netboxDown_answersFromCache(self) -> None:
-        """NetBox down: bySerial answers from the list NetBox last gave, like list."""
+    def test_bySerial_netboxDown_neverFromCache(self) -> None:
+        """
+        Item 11: NetBox down, bySerial fails C{unavailable} for a listed
+        serial and an unknown one alike: it decides credentials, so it
+        never answers from the list NetBox last gave (list still does).
+        """
         self.seed(W1, W2)
         self.ok(self.rig.inventory.list())
         self.rig.http.down = True
-        self.assertEqual(self.ok(self.rig.inventory.bySerial("SN-0002")), W2)
-        self.assertIsNone(self.ok(self.rig.inventory.bySerial("SN-404")))
+        self.refused(self.rig.inventory.bySerial("SN-0002"), "unavailable")
+        self.refused(self.rig.inventory.bySerial("SN-404"), "unavailable")
+        self.assertEqual(self.ok(self.rig.inventory.list()), [W1, W2])
 
     def test_bySerial_overlaysPendingStatus(self) -> None:
         """

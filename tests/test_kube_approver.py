@@ -237,7 +237,9 @@ class ApproverTests(SynchronousTestCase):
         the next sight of the approved CSR records it ("late").
         """
         faults = self.fleet.faults()
-        faults.runner.failing = sqlite3.OperationalError("disk I/O error")
+        # Only the record fails: the intent before the API call commits [K2].
+        faults.journal.onlyEvents = frozenset({"kube.csr-approved"})
+        faults.journal.failing = sqlite3.OperationalError("disk I/O error")
         self.fake.closeWatches()  # keep the MODIFIED event for later
         self.fleet.kube.watcher.stop()
         csr = self.fake.fileCSR(self.bearer1, csrPEM("system:node:w1"))

@@ -272,6 +272,17 @@ class KubeContractMixin(_Base):
         self.fake.flush()
         self.failureResultOf(d, KubeUnavailable)
 
+    def test_close_cancelsCallsInFlight(self) -> None:
+        """Closing the client (the daemon stops) ends a call still in flight
+        as unavailable, so its connection cannot return to a pool that is
+        already closed."""
+        self.fake.hangNext("DELETE", "/nodes/")
+        d = Deferred.fromCoroutine(self.client.deleteNode("w1"))
+        self.fake.flush()
+        self.assertNoResult(d)
+        self.client.close()
+        self.failureResultOf(d, KubeUnavailable)
+
     def test_unauthenticated_refused(self) -> None:
         """A wrong bearer is a 401, not a success."""
         other = KubeClient(
@@ -375,3 +386,28 @@ class FakeStrictnessTests(SynchronousTestCase):
             fake.authenticate(fake.adminToken),
         )
         self.assertEqual(error.code, 422)
+
+    def test_csrSignatureChecked_otherExtensionsNot(self) -> None:
+        """
+        The API server checks a CSR's signature (422 when it fails) but,
+        as Go parses only a CSR's SAN extension, accepts a re-signed
+        request whose basicConstraints value is malformed (issue 17).
+        """
+        from fleetd.testing.kube import malformedBasicConstraintsPEM
+
+        fake = FakeKube(Clock())
+        pem = csrPEM("system:node:w1")
+        der = base64.b64decode(b"".join(pem.splitlines()[1:-1]))
+        forged = der[:-4] + bytes(b ^ 0xFF for b in der[-4:])  # spoil the signature
+        body = base64.encodebytes(forged).replace(b"\n", b"")
+        spoiled = (
+            b"-----BEGIN CERTIFICATE REQUEST-----\n"
+            + body
+            + b"\n-----END CERTIFICATE REQUEST-----\n"
+        )
+        error = self.assertRaises(ApiError, fake.fileCSR, fake.adminToken, spoiled)
+        self.assertEqual(error.code, 422)
+        csr = fake.fileCSR(
+            fake.adminToken, malformedBasicConstraintsPEM("system:node:w1")
+        )
+        self.assertIn(csr["metadata"]["name"], fake.csrs)

@@ -33,7 +33,9 @@ class OncePerTokenTests(SynchronousTestCase):
         bearer = fleet.bearer(run.run)
         fleet.fetch(run.code)
         faults = fleet.faults()
-        faults.runner.failing = sqlite3.OperationalError("disk I/O error")
+        # Only the record fails: the intent before the API call commits [K2].
+        faults.journal.onlyEvents = frozenset({"kube.csr-approved"})
+        faults.journal.failing = sqlite3.OperationalError("disk I/O error")
         fleet.fake.closeWatches()  # keep the MODIFIED event for later
         fleet.kube.watcher.stop()
         approver = fleet.kube.approver

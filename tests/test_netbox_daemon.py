@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
+import yaml
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ServerEndpoint
@@ -17,7 +19,7 @@ from fleetd.inventory.netbox import NetBoxInventory
 from fleetd.prepare import prepare
 from fleetd.testing.netbox import FakeNetBox
 from tests.netbox_support import TOKEN
-from tests.support import writeConfig
+from tests.support import REPO, writeConfig
 from tests.test_daemon import DaemonTestMixin
 
 
@@ -45,6 +47,18 @@ class NetBoxDaemonTests(DaemonTestMixin, TestCase):
                 break
             await deferLater(reactor, 0.05)
         self.assertIn(("GET", "/nb/api/extras/custom-fields/"), fake.requests)
+        # Every NetBox metric an alert rule uses is exposed (item 11).
+        _, _, body = await self.get(service, "admin", "/metrics")
+        exposed = set(re.findall(r"^# HELP (\w+)", body.decode(), re.MULTILINE))
+        rules = yaml.safe_load((REPO / "conf" / "alerts.yml").read_text())
+        used = {
+            name
+            for group in rules["groups"]
+            for rule in group["rules"]
+            for name in re.findall(r"\bfleetd_netbox_\w+", rule["expr"])
+        }
+        self.assertIn("fleetd_netbox_lookups_failed_total", used)
+        self.assertEqual(used - exposed, set())
         stopping: Deferred[Any] | None = self.stopDaemon(service)
         if stopping is not None:
             await stopping

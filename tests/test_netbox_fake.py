@@ -83,6 +83,18 @@ class NetBoxAPIContractMixin(_Base):
             (bySerial["count"], byName["count"], exact["count"]), (1, 1, 0)
         )
 
+    async def test_serialFilter_everyDeviceOfThatSerial(self) -> None:
+        """
+        ?serial= is iexact (DeviceFilterSet, NetBox 4.6.8) and serials are
+        not unique: it answers every device whose serial matches in any
+        case, which fleetd refuses as ambiguous (issue 17 item 12).
+        """
+        self.fake.addDevice("w1", "SER1")
+        self.fake.addDevice("w9", "ser1")
+        self.fake.addDevice("w2", "SER10")
+        _, page, _ = await self.request("GET", "api/dcim/devices/?serial=Ser1")
+        self.assertEqual([d["name"] for d in page["results"]], ["w1", "w9"])
+
     async def test_unknownFilter_ignored(self) -> None:
         """A filter NetBox does not know is ignored (so clients check answers)."""
         self.fake.addDevice("w1", "S1")

@@ -175,6 +175,9 @@ class ProvisionRaceTests(SynchronousTestCase):
                 _setStatus(fleet, "w1", DeviceStatus.DECOMMISSIONING)
                 return Deferred.fromCoroutine(_value(self.before))
 
+            def bySerial(self, serial: str) -> Deferred[Any]:
+                return fleet.inventory.bySerial(serial)  # the serial check
+
         resource = ProvisionResource(
             fleet.registry,
             Stale(),  # type: ignore[arg-type]

@@ -12,10 +12,13 @@ secret), a later one is a replay. At its TTL a pending challenge expires;
 answered or expired, it is remembered for one more TTL so that a late
 node is told what happened, then forgotten.
 
-Each challenge may carry a key (the EK digest): a new challenge for a key
-replaces the older one (forgotten at once, its timer cancelled), so one
-EK holds at most one entry and replaying an EK cannot fill the book. The
-global C{limit} still caps keys.
+Each challenge may carry a key (the EK digest). Anyone can send an EK's
+public claim again, so a new challenge never cancels a pending one [T1]:
+a key holds at most L{PER_KEY} pending challenges, and the next is
+refused (L{NoRoom}, with the time until its oldest expires) until one is
+answered or expires. Answered and expired entries (kept only to tell a
+late node what happened) give way to a new challenge when the book is at
+its global C{limit}; only pending challenges make it full.
 """
 
 from __future__ import annotations
@@ -27,6 +30,23 @@ from typing import Any, Protocol
 
 from automat import TypeMachineBuilder
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+
+# Pending challenges one key (EK) may hold: an honest node that restarts
+# its attest action twice within a TTL still gets a challenge at once.
+PER_KEY = 3
+
+
+class NoRoom(Exception):
+    """
+    The book takes no challenge now: C{perKey} when the key's
+    L{PER_KEY} challenges are pending, else the book is full of pending
+    ones. C{retryAfter}: seconds until the oldest of those expires.
+    """
+
+    def __init__(self, perKey: bool, retryAfter: float) -> None:
+        super().__init__("per key" if perKey else "full")
+        self.perKey = perKey
+        self.retryAfter = retryAfter
 
 
 class Presented(enum.Enum):
@@ -77,6 +97,7 @@ ChallengeMachine = builder.build()
 class _Entry:
     machine: ChallengeInputs
     context: Any
+    issuedAt: float
     timer: IDelayedCall | None = field(default=None)
     key: str | None = None
 
@@ -93,52 +114,91 @@ class ChallengeBook:
         self.ttl = ttl
         self.limit = limit
         self._entries: dict[str, _Entry] = {}
-        self._byKey: dict[str, str] = {}  # key -> id of its one entry
+        # Ids of pending challenges in the order issued, all and by key;
+        # answered or expired ones in the order they finished.
+        self._pending: dict[str, None] = {}
+        self._byKey: dict[str, list[str]] = {}
+        self._finished: dict[str, None] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def full(self) -> bool:
-        return len(self._entries) >= self.limit
+    def _retryAfter(self, ident: str) -> float:
+        entry = self._entries[ident]
+        return max(0.0, entry.issuedAt + self.ttl - self._clock.seconds())
 
-    def holds(self, key: str) -> bool:
-        """Whether C{key} has an entry (a new challenge for it replaces that)."""
-        return key in self._byKey
+    def room(self, key: str | None = None) -> None:
+        """
+        Whether a challenge for C{key} can be issued now.
+
+        @raise NoRoom: C{key} holds L{PER_KEY} pending challenges, or the
+            book is at its limit with pending challenges only.
+        """
+        pending = self._byKey.get(key, []) if key is not None else []
+        if len(pending) >= PER_KEY:
+            raise NoRoom(True, self._retryAfter(pending[0]))
+        if len(self._entries) >= self.limit and not self._finished:
+            oldest = next(iter(self._pending), None)
+            raise NoRoom(
+                False, self.ttl if oldest is None else self._retryAfter(oldest)
+            )
 
     def issue(self, context: Any, key: str | None = None) -> str:
         """
-        A new pending challenge for C{context}; returns its id. With
-        C{key}, the older challenge of that key is forgotten.
+        A new pending challenge for C{context}; returns its id. Pending
+        challenges stay; the oldest answered or expired entry gives way
+        when the book is at its limit.
+
+        @raise NoRoom: see L{room}.
         """
-        if key is not None and key in self._byKey:
-            self._drop(self._byKey[key])
+        self.room(key)
+        while len(self._entries) >= self.limit and self._finished:
+            self._drop(next(iter(self._finished)))
         ident = secrets.token_urlsafe(18)
-        entry = _Entry(ChallengeMachine(ChallengeEffects()), context, key=key)
+        now = self._clock.seconds()
+        entry = _Entry(ChallengeMachine(ChallengeEffects()), context, now, key=key)
         entry.timer = self._clock.callLater(self.ttl, self._expire, ident)
         self._entries[ident] = entry
+        self._pending[ident] = None
         if key is not None:
-            self._byKey[key] = ident
+            self._byKey.setdefault(key, []).append(ident)
         return ident
 
+    def _finish(self, ident: str) -> None:
+        """C{ident} was answered or expired: no longer pending."""
+        self._pending.pop(ident, None)
+        self._finished[ident] = None
+        key = self._entries[ident].key
+        if key is not None:
+            idents = self._byKey.get(key, [])
+            if ident in idents:
+                idents.remove(ident)
+            if not idents:
+                self._byKey.pop(key, None)
+
     def _drop(self, ident: str) -> None:
+        if ident in self._pending:
+            self._finish(ident)
+        self._finished.pop(ident, None)
         entry = self._entries.pop(ident, None)
-        if entry is None:
-            return
-        if entry.timer is not None and entry.timer.active():
+        if entry is not None and entry.timer is not None and entry.timer.active():
             entry.timer.cancel()
-        if entry.key is not None and self._byKey.get(entry.key) == ident:
-            del self._byKey[entry.key]
 
     def present(self, ident: str) -> tuple[Presented, Any] | None:
         """Present an answer: the outcome and the context, or L{None} if unknown."""
         entry = self._entries.get(ident)
         if entry is None:
             return None
-        return entry.machine.present(), entry.context
+        outcome = entry.machine.present()
+        if outcome is Presented.ACCEPT:
+            self._finish(ident)
+        return outcome, entry.context
 
     def _expire(self, ident: str) -> None:
         entry = self._entries[ident]
         entry.machine.expire()
+        if ident in self._pending:
+            self._finish(ident)
         entry.timer = self._clock.callLater(self.ttl, self._forget, ident)
 
     def _forget(self, ident: str) -> None:
@@ -150,4 +210,6 @@ class ChallengeBook:
             if entry.timer is not None and entry.timer.active():
                 entry.timer.cancel()
         self._entries.clear()
+        self._pending.clear()
         self._byKey.clear()
+        self._finished.clear()

@@ -7,9 +7,11 @@ prints them, operators grep for them, and the journal records them.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from twisted.web import http
 
-from fleetd.inventory.model import Device, DeviceStatus
+from fleetd.inventory.model import Device, DeviceStatus, InventoryError
 
 # [T2]
 TPM12 = "tpm12-unsupported"
@@ -26,6 +28,7 @@ LDEVID_ATTRIBUTES = "ldevid-attributes"
 CHALLENGE_UNKNOWN = "challenge-unknown"
 CHALLENGE_EXPIRED = "challenge-expired"
 CHALLENGE_USED = "challenge-used"
+CHALLENGES_PENDING = "challenges-pending"  # [T1] the EK's challenges are pending
 ACTIVATION_FAILED = "activation-failed"
 CERTIFY_INVALID = "certify-invalid"
 CSR_INVALID = "csr-invalid"
@@ -49,6 +52,7 @@ _STATUS = {
     CHALLENGE_UNKNOWN: http.NOT_FOUND,
     CHALLENGE_EXPIRED: http.GONE,
     CHALLENGE_USED: http.GONE,
+    CHALLENGES_PENDING: 429,  # Too Many Requests
     LDEVID_REQUIRED: http.UNAUTHORIZED,
     NO_PLAN: http.NOT_FOUND,
     NO_TARGET_DISK: http.CONFLICT,
@@ -58,10 +62,11 @@ _STATUS = {
 class Refused(Exception):
     """A refusal with its reason code; never carries a secret."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, retryAfter: int | None = None) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+        self.retryAfter = retryAfter  # seconds, for a Retry-After header
 
     @property
     def status(self) -> int:
@@ -86,3 +91,33 @@ def refuseRetired(device: Device) -> None:
             f"{device.name[:64]} is being decommissioned; fleetd issues it"
             " nothing more (no LDevID, plan or disk check)",
         )
+
+
+# Seconds a node is told to wait (Retry-After) when fleetd answers busy.
+RETRY_AFTER = 30
+
+INVENTORY_BUSY = "the inventory cannot be asked now; retry later"
+
+
+def busyWhileUnavailable(
+    lookup: Callable[[str], Awaitable[Device | None]],
+) -> Callable[[str], Awaitable[Device | None]]:
+    """
+    C{lookup} (the inventory's C{bySerial} or C{get}), refusing C{busy}
+    while the inventory cannot be asked (NetBox down, hung, or refusing
+    fleetd's token): a node's credential is never decided from a cache
+    (issue 17 item 11). The line names no peer of fleetd's; the inventory
+    logs and counts why.
+
+    @raise Refused: C{busy} (503, with Retry-After at the listener).
+    """
+
+    async def asked(key: str) -> Device | None:
+        try:
+            return await lookup(key)
+        except InventoryError as e:
+            if e.kind != "unavailable":
+                raise
+            raise Refused(BUSY, INVENTORY_BUSY) from e
+
+    return asked

@@ -83,7 +83,7 @@ class LookupService:
         self._runner = runner
         self._attestation = attestation
         self._book = book
-        self._getDevice = getDevice
+        self._getDevice = E.busyWhileUnavailable(getDevice)
         self._runs = runs
         self._vault = vault
         self._targetDiskFor = targetDiskFor

@@ -33,6 +33,23 @@ def _refusal(error: Exception) -> tuple[int, str] | None:
     return storeRefusal(error)
 
 
+def _answer(request: IRequest) -> Callable[[Exception], tuple[int, str] | None]:
+    """
+    L{_refusal}, with C{Retry-After}: the refusal's own (C{challenges-pending},
+    429), or L{E.RETRY_AFTER} on a 503 (busy: retry later).
+    """
+
+    def refusal(error: Exception) -> tuple[int, str] | None:
+        answer = _refusal(error)
+        if isinstance(error, Refused) and error.retryAfter is not None:
+            request.setHeader(b"retry-after", b"%d" % (error.retryAfter,))
+        elif answer is not None and answer[0] == http.SERVICE_UNAVAILABLE:
+            request.setHeader(b"retry-after", b"%d" % (E.RETRY_AFTER,))
+        return answer
+
+    return refusal
+
+
 def readJSON(request: IRequest) -> dict[str, Any]:
     """The request's JSON object body. @raise Refused: C{malformed}."""
     kind = (request.getHeader(b"content-type") or b"").split(b";")[0].strip().lower()
@@ -76,7 +93,7 @@ class _Post(Endpoint):
                 raise await self._attestation.refuse(refusal) from None
             return http.OK, await self._work(request, doc)
 
-        return renderAsync(request, run, _refusal)
+        return renderAsync(request, run, _answer(request))
 
 
 class _Get(Endpoint):
@@ -90,7 +107,7 @@ class _Get(Endpoint):
         async def run() -> tuple[int, Any]:
             return http.OK, await self._work(request)
 
-        return renderAsync(request, run, _refusal)
+        return renderAsync(request, run, _answer(request))
 
 
 def deviceAPI(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import math
 import os
 import sqlite3
 from collections.abc import Awaitable, Callable, Mapping
@@ -35,10 +36,11 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from fleetd.attest import errors as E
-from fleetd.attest.challenge import ChallengeBook, Presented
+from fleetd.attest.challenge import PER_KEY, ChallengeBook, NoRoom, Presented
 from fleetd.attest.ekroots import EKRoots
 from fleetd.attest.errors import Refused
 from fleetd.attest.identity import LDevIDBook, Peer
+from fleetd.attest.throttle import JournalThrottle
 from fleetd.attest.tpm import (
     checkAK,
     checkEK,
@@ -59,9 +61,6 @@ from fleetd.store.runner import IRunner
 
 REFUSED_CLASSES = frozenset({"worker-g2"})  # [T2]
 ACTOR = "attest"
-# Anyone can reach 8444: refusals that name no device are journaled at most
-# once per reason in this many seconds, the ones between counted [J1].
-ANONYMOUS_JOURNAL_EVERY = 10.0
 
 
 class ApprovedSerialFor(Protocol):
@@ -122,6 +121,18 @@ def _lineRefusal(line: str) -> Refused:
     if not sep or not code:
         return Refused(E.NOT_APPROVED, line[:200] or "no approved binding for this EK")
     return Refused(code, detail)
+
+
+def _noRoom(full: NoRoom) -> Refused:
+    if not full.perKey:
+        return Refused(E.BUSY, "too many outstanding challenges; retry later")
+    seconds = max(1, math.ceil(full.retryAfter))
+    return Refused(
+        E.CHALLENGES_PENDING,
+        f"{PER_KEY} challenges for this EK are pending (each ends when answered"
+        f" or expired); retry in {seconds} s",
+        retryAfter=seconds,
+    )
 
 
 def _b64out(data: bytes) -> str:
@@ -185,10 +196,10 @@ class AttestationService:
         self.issuer = issuer
         self.book = book
         self._approvedSerialFor = approvedSerialFor
-        self._deviceBySerial = deviceBySerial
+        self._deviceBySerial = E.busyWhileUnavailable(deviceBySerial)
         self._bindingRefusal = bindingRefusal
         self.challenges = ChallengeBook(clock, challengeTTL)
-        self._anonymous: dict[str, tuple[float, int]] = {}
+        self._journaled = JournalThrottle(clock)
         # Anyone can reach 8444: refusal lines in the log are throttled too.
         self._log = ThrottledLog(clock, self.log)
 
@@ -199,24 +210,18 @@ class AttestationService:
         self, refusal: Refused, *, device: str | None = None, **fields: str | None
     ) -> Refused:
         """
-        Journal C{refusal} (a refusal changes nothing else) and return it.
-        Refusals that name no device (anyone can reach 8444) are journaled
-        at most once per reason every L{ANONYMOUS_JOURNAL_EVERY} seconds;
-        the next entry of that reason says how many were not.
+        Journal C{refusal} (a refusal changes nothing else) and return it,
+        throttled per device (or none) and reason (L{JournalThrottle}).
         """
         self._log.warn(
             "attest.refused {reason} {device}", reason=refusal.reason, device=device
         )
+        skipped = self._journaled.admit(device, refusal.reason)
+        if skipped is None:
+            return refusal
         extra: dict[str, str | int | None] = {}
-        if device is None:
-            now = self.clock.seconds()
-            last, skipped = self._anonymous.get(refusal.reason, (None, 0))
-            if last is not None and now - last < ANONYMOUS_JOURNAL_EVERY:
-                self._anonymous[refusal.reason] = (last, skipped + 1)
-                return refusal
-            self._anonymous[refusal.reason] = (now, 0)
-            if skipped:
-                extra["not_journaled"] = skipped
+        if skipped:
+            extra["not_journaled"] = skipped
         try:
             await self.journal.append(
                 "attest.refused",
@@ -289,16 +294,18 @@ class AttestationService:
         E.refuseRetired(device)  # [R1]
         ak = parsePublic(_b64(doc, "ak_public"), "ak_public")
         checkAK(ak)
-        # One outstanding challenge per EK: a new one replaces the older, so
-        # replaying an EK cannot fill the book; the global cap stays.
-        if self.challenges.full() and not self.challenges.holds(digest):
-            raise Refused(E.BUSY, "too many outstanding challenges; retry later")
-        secret, nonce = os.urandom(32), os.urandom(32)
-        blob, encrypted = makeChallenge(ek, ak, secret)
-        ident = self.challenges.issue(
-            _Context(device.name, device.serial, digest, ak, secret, nonce),
-            key=digest,
-        )
+        # [T1] A new begin never cancels a pending challenge (the claim is
+        # public): a few per EK, then refused until one is answered or expires.
+        try:
+            self.challenges.room(digest)
+            secret, nonce = os.urandom(32), os.urandom(32)
+            blob, encrypted = makeChallenge(ek, ak, secret)
+            ident = self.challenges.issue(
+                _Context(device.name, device.serial, digest, ak, secret, nonce),
+                key=digest,
+            )
+        except NoRoom as full:
+            raise _noRoom(full) from None
         return {
             "challenge": ident,
             "credential_blob": _b64out(blob),

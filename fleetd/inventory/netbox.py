@@ -11,6 +11,10 @@ set (the row overlays NetBox's answer). The release row is the durable
 served-config record, so L{releasedRuns} answers from fleetd's database
 alone. Devices are created in NetBox, not through fleetd: C{add} and
 C{importDevices} refuse, saying so.
+
+The device list NetBox last gave is kept for lists people read while
+NetBox is down (L{fleetd.inventory.netbox_cache}); C{get} and C{bySerial},
+which decide on credentials, never answer from it (issue 17 item 11).
 """
 
 from __future__ import annotations
@@ -21,18 +25,19 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from fleetd.inventory import netbox_cache as cache
 from fleetd.inventory.model import (
     Device,
     DeviceStatus,
     ErrorKind,
     InventoryError,
     ServedRecord,
-    validateDevice,
     validateName,
     validateSerial,
     validateServedRecord,
@@ -58,8 +63,10 @@ from fleetd.store.runner import IRunner
 
 _T = TypeVar("_T")
 
-# NetBox error kinds for which reads answer from the cached device list.
-_DOWN = ("unavailable", "timeout", "forbidden")
+# NetBox down, hung or refusing the token: lists for people answer from
+# the cached device list (a start must still load its runs); lookups that
+# decide on a credential fail.
+_CACHED_FOR_LISTS = cache.NOT_ANSWERED
 
 ADD_REFUSED = (
     "with [netbox] set, devices are added in NetBox: create the dcim.device"
@@ -84,6 +91,10 @@ def _translate(failure: Failure) -> Failure:
             kind = "not-found"
         elif error.kind == "invalid":
             kind = "invalid"
+        elif error.kind == "forbidden":
+            # Not "down": the operator has a token to fix (item 11).
+            line = f"NetBox refuses fleetd's token: {error}"
+            return Failure(InventoryError(line, "unavailable"))
         return Failure(InventoryError(f"NetBox: {error}", kind))
     if isinstance(error, JournalRefused):
         return Failure(InventoryError(f"the journal refused it: {error}", "invalid"))
@@ -108,6 +119,7 @@ class NetBoxInventory:
         *,
         configDigest: Callable[[str], str | None] = lambda run: None,
         wake: Callable[[], None] = lambda: None,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
         """
         @param configDigest: the digest of a run's configuration (for
@@ -122,6 +134,7 @@ class NetBoxInventory:
         self._clock = clock
         self._configDigest = configDigest
         self._wake = wake
+        self.unanswered = cache.Unanswered(clock, metrics)
 
     async def checkCustomFields(self) -> list[str]:
         """fleetd's custom fields missing for C{dcim.device} (start-up check)."""
@@ -129,6 +142,10 @@ class NetBoxInventory:
 
     def _wrap(self, d: Deferred[_T]) -> Deferred[_T]:
         return d.addErrback(_translate)
+
+    def _asked(self, d: Deferred[_T]) -> Deferred[_T]:
+        """A lookup that decides on a credential: NetBox's answer or an error."""
+        return self._wrap(d.addErrback(self.unanswered.noted))
 
     # Reads
 
@@ -161,46 +178,33 @@ class NetBoxInventory:
             key = validateName(name)
         except InventoryError:
             return Deferred.fromCoroutine(_none())
-        return self._wrap(Deferred.fromCoroutine(self._get(key)))
+        return self._asked(Deferred.fromCoroutine(self._get(key)))
 
     async def _bySerial(self, serial: str) -> Device | None:
+        # Never from the cache: a device NetBox decommissioned since it was
+        # listed would get an LDevID (item 11). NetBox down is an error.
         try:
             data = await findBySerial(self.client, serial)
         except InventoryError as e:
             if e.kind == "not-found":
                 return None
             raise
-        except NetBoxError as e:
-            if e.kind not in _DOWN:
-                raise
-            # NetBox down: the fleet as NetBox last described it, as list does.
-            self.log.warn("netbox.serial.cached: {reason}", reason=str(e))
-            return await self._cachedBySerial(serial)
         if not isFleetDevice(data):
             return None
         interfaces = await interfacesOf(self.client, remote(data).id)
         return self._overlay(toDevice(data, interfaces), await self._local())
-
-    async def _cachedBySerial(self, serial: str) -> Device | None:
-        cached = await self._runner.run(outbox.cachedDevices)
-        matches = [c for c in cached if str(c.get("serial")).lower() == serial.lower()]
-        if len(matches) > 1:
-            names = ", ".join(sorted(str(c.get("name")) for c in matches))
-            raise InventoryError(
-                f"{len(matches)} devices have serial {serial} ({names})", "duplicate"
-            )
-        if not matches:
-            return None
-        return self._overlay(validateDevice(**_fields(matches[0])), await self._local())
 
     def bySerial(self, serial: str) -> Deferred[Device | None]:
         try:
             key = validateSerial(serial)
         except InventoryError:
             return Deferred.fromCoroutine(_none())
-        return self._wrap(Deferred.fromCoroutine(self._bySerial(key)))
+        return self._asked(Deferred.fromCoroutine(self._bySerial(key)))
 
     async def _list(self) -> list[Device]:
+        # A row pending now may settle (and go) before NetBox's answer is
+        # read, an answer given before its PATCH: keep its status then.
+        before = await self._local()
         devices = [d for d in await self.client.listAll(DEVICES) if isFleetDevice(d)]
         byId: dict[int, list[dict[str, Any]]] = {}
         if devices:
@@ -208,7 +212,8 @@ class NetBoxInventory:
                 owner = interface.get("device")
                 if isinstance(owner, dict) and isinstance(owner.get("id"), int):
                     byId.setdefault(owner["id"], []).append(interface)
-        local = await self._local()
+        statuses, actions = await self._local()
+        local = ({**before[0], **statuses}, actions)
         found: dict[str, Device] = {}
         twice: set[str] = set()
         for data in devices:
@@ -233,14 +238,21 @@ class NetBoxInventory:
         try:
             devices = await self._list()
         except (NetBoxError, InventoryError) as e:
-            if getattr(e, "kind", None) not in _DOWN:
+            kind = getattr(e, "kind", None)
+            if kind not in _CACHED_FOR_LISTS:
                 raise
             # NetBox down (a start after a reboot, say): the fleet as NetBox
-            # last described it, with fleetd's own pending changes.
-            self.log.warn("netbox.list.cached: {reason}", reason=str(e))
+            # last described it, with the last status fleetd itself wrote
+            # and its pending changes.
+            if kind == "forbidden":
+                self.log.error(
+                    "netbox.list.cached-token-refused: {reason}", reason=str(e)
+                )
+            else:
+                self.log.warn("netbox.list.cached: {reason}", reason=str(e))
             cached = await self._runner.run(outbox.cachedDevices)
             local = await self._local()
-            return [self._overlay(validateDevice(**_fields(c)), local) for c in cached]
+            return [self._overlay(cache.toDevice(c), local) for c in cached]
         await self._runner.run(
             lambda db: outbox.cacheDevices(db, [d.toJSON() for d in devices], True)
         )
@@ -331,9 +343,9 @@ class NetBoxInventory:
     # Parts of larger changes, on the database thread
 
     def setStatusIn(self, db: Database, name: str, status: DeviceStatus) -> None:
-        outbox.enqueueStatus(
-            db, validateName(name), validateStatus(status), self._clock.seconds()
-        )
+        key, value = validateName(name), validateStatus(status)
+        outbox.enqueueStatus(db, key, value, self._clock.seconds())
+        cache.noteWritten(db, key, value)
         self._wake()
 
     def releaseIn(self, db: Database, record: ServedRecord) -> bool:
@@ -346,6 +358,7 @@ class NetBoxInventory:
         moved = known in (None, DeviceStatus.PLANNED)
         status = DeviceStatus.STAGED if moved or known is None else known
         if outbox.enqueueRelease(db, checked, digest, self._clock.seconds(), status):
+            cache.noteWritten(db, checked.device, status)
             self._wake()
             return moved
         return False
@@ -366,12 +379,6 @@ class NetBoxInventory:
             return False
         self.setStatusIn(db, key, target)
         return True
-
-
-def _fields(cached: dict[str, Any]) -> dict[str, Any]:
-    fields = dict(cached)
-    fields["device_class"] = fields.pop("class")
-    return fields
 
 
 async def _none() -> None:

@@ -18,20 +18,30 @@ Approves exactly:
 
 Every other kubelet client CSR is left pending (never denied: Denied is
 final, and a human may want to decide) and journaled with the reason,
-once per CSR per L{JOURNAL_EVERY} seconds however often the watch shows
-it. CSRs of other signers are not fleetd's business and are ignored.
+once per CSR per hour however often the watch shows it
+(L{fleetd.kube.pending}); a CSR that cannot be read at all is one of
+them (C{unreadable}). CSRs of other signers are not fleetd's business.
 
-An approval is a call to the API first and a commit second. If the
-commit fails after the API approved, the next sight of the CSR (the
-watch's MODIFIED event, or a re-list) finds it Approved with fleetd's
-reason and records it then ("late"); meanwhile the token stays used in
-memory, so no second CSR on it is approved [K2].
+A first certificate's approval is three steps: the intent
+(C{kube.csr-approving}: the token bound to that CSR) commits in its own
+transaction, then the API call, then the record [J1]. The token approves
+no other CSR once bound, also after a restart at any point [K2].
+Every approval (first, grant, renewal) goes through L{Approver._approve}:
+should the record fail after the API approved, the next sight of the CSR
+(the watch's MODIFIED event, or a re-list, which hands approved CSRs
+over first) records it then, once ("late"); after a restart the token's
+intent finds it.
+
+A retirement holds the device (L{fleetd.kube.flights}): no new approval
+for it, and it waits for the ones in flight. The records re-check the
+device in their own transaction (L{fleetd.kube.records}) [R1].
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections import OrderedDict
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any, Protocol
 
 from twisted.internet.defer import CancelledError, Deferred
@@ -47,14 +57,18 @@ from fleetd.kube.csr import (
     NODE_PREFIX,
     CSRFacts,
     Unreadable,
+    describe,
     notAfter,
     readCSR,
     shapeRefusal,
 )
+from fleetd.kube.flights import DeviceFlights
+from fleetd.kube.pending import LeftPending
+from fleetd.kube.records import firstApprovedIn, intentIn, renewalApprovedIn
 from fleetd.kube.store import (
+    TokenRecord,
+    getToken,
     kubelet,
-    noteKubeletApproved,
-    noteKubeletFirst,
     noteNotAfter,
 )
 from fleetd.kube.tokens import NODE_GROUP
@@ -62,13 +76,8 @@ from fleetd.store.db import Database, StoreError
 from fleetd.store.journal import AsyncJournal, JournalRefused, Recorder
 from fleetd.store.runner import IRunner
 
-JOURNAL_EVERY = 3600.0
 _UNAVAILABLE = (StoreError, sqlite3.Error, JournalRefused, InventoryError, KubeError)
-REMEMBERED = 4096
 APPROVAL_REASON = "FleetdApproved"
-# The statuses a first kubelet certificate moves to active [K2]; never
-# decommissioning [R1], nor a status an operator set.
-TO_ACTIVE = frozenset({DeviceStatus.PLANNED, DeviceStatus.STAGED, DeviceStatus.ACTIVE})
 
 
 class IClusterGrants(Protocol):
@@ -121,17 +130,25 @@ class Approver:
         self.grants = grants
         self._busy: set[str] = set()
         self._again: dict[str, dict[str, Any]] = {}
-        self._journaled: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self.pending = LeftPending(clock, journal)
+        self.flights = DeviceFlights(book)
         self._pending: set[Deferred[None]] = set()
         self._stopped = False
+        # Approved by the API, not recorded yet: CSR -> its record [J1].
+        self._unrecorded: dict[str, Callable[[bool], Coroutine[Any, Any, None]]] = {}
 
     def seen(self, obj: dict[str, Any]) -> None:
         """A CSR as listed or watched (ADDED or MODIFIED)."""
         try:
             facts = readCSR(obj)
         except Unreadable as e:
-            name = str((obj.get("metadata") or {}).get("name", "?"))
-            self._leave(name, "?", None, str(e), uid=name)
+            # Left pending and journaled once [K2]; never approved, and
+            # never an error that could stop the watch (issue 17).
+            name, uid, requester = describe(obj)
+            self.log.warn("kube.csr.unreadable {csr}: {error}", csr=name, error=str(e))
+            self._leave(
+                name, requester, None, "unreadable", uid=name if uid == "?" else uid
+            )
             return
         if facts.denied:
             return
@@ -183,6 +200,35 @@ class Approver:
                 facts.name, facts.username, None, "requester-not-a-node", facts.uid
             )
 
+    # Approve, then record: now, or late on the next sight [J1]
+
+    async def _approve(
+        self,
+        facts: CSRFacts,
+        message: str,
+        record: Callable[[bool], Coroutine[Any, Any, None]],
+    ) -> bool:
+        """
+        Ask the API to approve C{facts}' CSR; once it did, C{record} it.
+        Should that record fail, the next sight of the approved CSR
+        records it late (L{_reconcile}), once: the same for a first
+        certificate, a cluster-token grant [K5] and a renewal [R1].
+        """
+        approved = await self.client.approveCSR(
+            facts.name, lambda csr: _stillPending(csr, facts.uid), message
+        )
+        if approved is None:
+            return False  # decided by someone else meanwhile
+        self._unrecorded[facts.name] = record
+        await self._recordOnce(facts.name, late=False)
+        return True
+
+    async def _recordOnce(self, csr: str, late: bool) -> None:
+        record = self._unrecorded.get(csr)
+        if record is not None:
+            await record(late)
+            self._unrecorded.pop(csr, None)
+
     # First certificates
 
     async def _first(self, facts: CSRFacts) -> None:
@@ -197,6 +243,7 @@ class Approver:
             self._leave(facts.name, facts.username, None, "unknown-token", facts.uid)
             return
         device = token.record.device
+        assert device is not None
         now = self.clock.seconds()
         reason = None
         if "system:bootstrappers" not in facts.groups or NODE_GROUP not in facts.groups:
@@ -206,71 +253,69 @@ class Approver:
         elif token.record.expires_at is not None and now >= token.record.expires_at:
             reason = "token-expired"
         elif (
-            token.approving
-            or token.apiApproved is not None
-            or not token.machine.mayApprove()
+            token.boundTo not in (None, facts.name)
+            or token.record.approved_at is not None
         ):
-            revoked = (
-                token.record.approved_at is None
-                and not token.approving
-                and token.apiApproved is None
-            )
-            reason = "token-revoked" if revoked else "second-csr-for-token"
-        if reason is not None:
+            # Once per token [K2]: bound to another CSR by an approval in
+            # flight, its persisted intent, or its recorded approval.
+            reason = "second-csr-for-token"
+        elif token.suspended or not token.machine.mayApprove():
+            reason = "token-revoked"
+        flight = None if reason is not None else self.flights.enter(device)
+        if reason is not None or flight is None:
+            reason = reason or "token-revoked"
             self._leave(facts.name, facts.username, device, reason, facts.uid)
             return
-        token.approving = True
+        token.claimed = facts.name
         try:
-            approved = await self.client.approveCSR(
-                facts.name,
-                lambda csr: _stillPending(csr, facts.uid),
+            if token.record.csr != facts.name:
+                await self._intend(token, facts)
+            await self._approve(
+                facts,
                 f"fleetd: first kubelet certificate of {device}"
                 f" (bootstrap token {tokenId})",
+                lambda late: self._recordFirst(token.record, facts, late),
             )
-            if approved is None:
-                return  # decided by someone else meanwhile
-            # Approved by the API: no other CSR on this token, whether or
-            # not the record below commits (it is then recorded late).
-            token.apiApproved = facts.name
-            await self._recordFirst(token, facts, late=False)
         except KubeError as e:
             self.log.warn(
                 "kube.csr.approve-failed {csr}: {reason}", csr=facts.name, reason=str(e)
             )
         finally:
-            token.approving = False
+            if token.claimed == facts.name:
+                token.claimed = None
+            self.flights.exit(device, flight)
 
-    async def _recordFirst(self, token: _Token, facts: CSRFacts, late: bool) -> None:
-        device = token.record.device
-        assert device is not None
-        holder: dict[str, Any] = {}
+    async def _intend(self, token: _Token, facts: CSRFacts) -> None:
+        """
+        Journal the intent, in its own transaction, before the API call
+        [K2] [J1]: after a restart at any point the token stays bound to
+        this CSR (C{kube_tokens.csr} without C{approved_at}).
+        """
+        record = token.record
+        await self.journal.change(
+            lambda db, journal: intentIn(db, journal, record, facts.name)
+        )
+        token.record = replace(token.record, csr=facts.name)
 
-        def change(db: Database, journal: Recorder) -> None:
-            record, deadline = self.book.approvedIn(db, token, facts.name)
-            holder["record"], holder["deadline"] = record, deadline
-            noteKubeletFirst(db, device, facts.name, self.clock.seconds())
-            # Compare and set in this transaction: a retirement (or an
-            # operator's status) committed since is never overwritten.
-            try:
-                self.inventory.transitionIn(db, device, TO_ACTIVE, DeviceStatus.ACTIVE)
-            except InventoryError as e:
-                if e.kind != "not-found":
-                    raise
-            journal(
-                "kube.csr-approved",
-                actor="fleetd",
-                device=device,
-                run=token.record.run,
-                fields={
-                    "csr": facts.name,
-                    "bootstrap_id": token.record.id,
-                    "delete_at": deadline,
-                    "late": late,
-                },
+    async def _recordFirst(
+        self, record: TokenRecord, facts: CSRFacts, late: bool
+    ) -> None:
+        """Record a first certificate's approval (L{firstApprovedIn})."""
+        approved, deadline = await self.journal.change(
+            lambda db, journal: firstApprovedIn(
+                db,
+                journal,
+                book=self.book,
+                inventory=self.inventory,
+                record=record,
+                facts=facts,
+                late=late,
+                now=self.clock.seconds(),
             )
-
-        await self.journal.change(change)
-        self.book.approvedCommitted(token, holder["record"], holder["deadline"])
+        )
+        token = self.book.get(record.id)
+        if token is not None:
+            self.book.approvedCommitted(token, approved, deadline)
 
     async def _clusterGrant(self, facts: CSRFacts, tokenId: str, node: str) -> None:
         assert self.grants is not None
@@ -286,13 +331,13 @@ class Approver:
             return
         grants = self.grants
         # Once per grant: claimed while the API decides, and kept once it
-        # approved, whether or not the record below commits.
+        # approved, whether or not the record commits.
         grants.claim(request, facts.name)
         try:
-            approved = await self.client.approveCSR(
-                facts.name,
-                lambda csr: _stillPending(csr, facts.uid),
+            approved = await self._approve(
+                facts,
                 f"fleetd: {node} joins with the cluster token (request {request})",
+                lambda late: self._recordGrant(request, facts.name, node, late),
             )
         except KubeError as e:
             grants.unclaim(request)
@@ -301,12 +346,11 @@ class Approver:
             )
             return
         except BaseException:
-            grants.unclaim(request)
+            if facts.name not in self._unrecorded:
+                grants.unclaim(request)
             raise
-        if approved is None:
+        if not approved:
             grants.unclaim(request)
-            return
-        await self._recordGrant(request, facts.name, node, late=False)
 
     async def _recordGrant(self, request: str, csr: str, node: str, late: bool) -> None:
         """
@@ -341,6 +385,18 @@ class Approver:
             )
             return
         assert node is not None
+        flight = self.flights.enter(node)
+        if flight is None:
+            self._leave(
+                facts.name, facts.username, node, "renewal-device-retiring", facts.uid
+            )
+            return
+        try:
+            await self._renew(facts, node)
+        finally:
+            self.flights.exit(node, flight)
+
+    async def _renew(self, facts: CSRFacts, node: str) -> None:
         device = await self.inventory.get(node)
         record = await self.runner.run(lambda db: kubelet(db, node))
         reason = None
@@ -354,29 +410,23 @@ class Approver:
             self._leave(facts.name, facts.username, node, reason, facts.uid)
             return
         try:
-            approved = await self.client.approveCSR(
-                facts.name,
-                lambda csr: _stillPending(csr, facts.uid),
+            await self._approve(
+                facts,
                 f"fleetd: renewal for active device {node}",
+                lambda late: self._recordRenewal(facts, node, late),
             )
         except KubeError as e:
             self.log.warn(
                 "kube.csr.approve-failed {csr}: {reason}", csr=facts.name, reason=str(e)
             )
-            return
-        if approved is None:
-            return
 
-        def change(db: Database, journal: Recorder) -> None:
-            noteKubeletApproved(db, node, facts.name, self.clock.seconds())
-            journal(
-                "kube.csr-renewal-approved",
-                actor="fleetd",
-                device=node,
-                fields={"csr": facts.name},
+    async def _recordRenewal(self, facts: CSRFacts, node: str, late: bool) -> None:
+        """Record a renewal; its transaction re-checks retirement [R1]."""
+        await self.journal.change(
+            lambda db, journal: renewalApprovedIn(
+                db, journal, facts, node, late, self.clock.seconds()
             )
-
-        await self.journal.change(change)
+        )
 
     # Already approved: late records and issued certificates
 
@@ -384,21 +434,10 @@ class Approver:
         if facts.reason != APPROVAL_REASON:
             return
         node = facts.node
-        if facts.username.startswith(BOOTSTRAP_PREFIX):
-            token = self.book.get(facts.username[len(BOOTSTRAP_PREFIX) :])
-            if (
-                token is not None
-                and token.record.kind == "node"
-                and token.record.approved_at is None
-                and not token.approving
-                and token.apiApproved in (None, facts.name)
-                and node == token.record.device
-            ):
-                await self._recordFirst(token, facts, late=True)
-            elif self.grants is not None and node is not None:
-                request = self.grants.claimedBy(facts.name)
-                if request is not None:  # approved with a grant, not recorded
-                    await self._recordGrant(request, facts.name, node, late=True)
+        if facts.name in self._unrecorded:  # approved here, not recorded yet
+            await self._recordOnce(facts.name, late=True)
+        elif facts.username.startswith(BOOTSTRAP_PREFIX) and node is not None:
+            await self._lateFirst(facts, facts.username[len(BOOTSTRAP_PREFIX) :], node)
         if facts.certificate is None or node is None:
             return
         expiry = notAfter(facts.certificate)
@@ -416,37 +455,44 @@ class Approver:
 
         await self.journal.change(change)
 
-    # Left pending
+    async def _lateFirst(self, facts: CSRFacts, tokenId: str, node: str) -> None:
+        """
+        A first CSR the API approved with fleetd's reason and no record:
+        after a restart, the token's persisted intent names it [K2]. The
+        token is marked before anything is awaited, so no other CSR of the
+        same LIST gets it meanwhile.
+        """
+        token = self.book.get(tokenId)
+        if token is not None:
+            if (
+                token.record.kind != "node"
+                or token.record.approved_at is not None
+                or token.boundTo not in (None, facts.name)
+                or node != token.record.device
+            ):
+                return
+            token.claimed = facts.name
+            try:
+                await self._recordFirst(token.record, facts, late=True)
+            finally:
+                if token.claimed == facts.name:
+                    token.claimed = None
+            return
+        # Deleted meanwhile (a retirement, its expiry): its stored intent.
+        record = await self.runner.run(lambda db: getToken(db, tokenId))
+        if (
+            record is not None
+            and record.kind == "node"
+            and record.approved_at is None
+            and record.csr == facts.name
+            and node == record.device
+        ):
+            await self._recordFirst(record, facts, late=True)
 
     def _leave(
         self, csr: str, requester: str, device: str | None, reason: str, uid: str
     ) -> None:
-        """Journal a CSR left pending, at most once per CSR and reason per hour."""
-        key = (uid or csr, reason)
-        now = self.clock.seconds()
-        last = self._journaled.get(key)
-        if last is not None and now - last < JOURNAL_EVERY:
-            return
-        self._journaled[key] = now
-        self._journaled.move_to_end(key)
-        while len(self._journaled) > REMEMBERED:
-            self._journaled.popitem(last=False)
-        self.log.warn(
-            "kube.csr.left-pending {csr} {requester}: {reason}",
-            csr=csr,
-            requester=requester,
-            reason=reason,
-        )
-        self.journal.append(
-            "kube.csr-left-pending",
-            actor="fleetd",
-            device=device,
-            fields={"csr": csr[:128], "requester": requester[:256], "reason": reason},
-        ).addErrback(self._journalFailed, key)
-
-    def _journalFailed(self, f: Failure, key: tuple[str, str]) -> None:
-        self._journaled.pop(key, None)  # try again on the next sight
-        self.log.failure("kube.csr.journal-failed", f)
+        self.pending.leave(csr, requester, device, reason, uid)
 
 
 def _stillPending(csr: dict[str, Any], uid: str) -> bool:

@@ -63,14 +63,23 @@ class _Token(TokenEffects):
     def __init__(self, book: TokenBook, record: TokenRecord) -> None:
         self.book = book
         self.record = record
-        self.approving = False
-        # The CSR the API approved with this token, kept even when the
-        # commit that records it fails: once per token [K2].
-        self.apiApproved: str | None = None
+        # The CSR an approval or a late record is deciding on now, set
+        # before the first await: no other CSR gets the token meanwhile.
+        self.claimed: str | None = None
+        # A retirement is under way: no approval [R1].
+        self.suspended = False
         self._timer: IDelayedCall | None = None
         self._call: Deferred[None] | None = None
         self._delay = FIRST_RETRY
         self.machine: TokenInputs = TokenMachine(self)
+
+    @property
+    def boundTo(self) -> str | None:
+        """
+        The one CSR this token may still be used for [K2]: the one being
+        decided, else the persisted intent or approval (C{record.csr}).
+        """
+        return self.claimed or self.record.csr
 
     # TokenEffects
 
@@ -293,20 +302,25 @@ class TokenBook:
     # Approval bookkeeping (the approver)
 
     def approvedIn(
-        self, db: Database, token: _Token, csr: str
+        self, db: Database, record: TokenRecord, csr: str
     ) -> tuple[TokenRecord, float]:
         """Persist the approval and the deletion deadline [K4]."""
         from fleetd.kube.store import markApproved
 
         now = self.clock.seconds()
         deadline = now + self.deleteAfter
-        return markApproved(db, token.record, now, csr, deadline), deadline
+        return markApproved(db, record, now, csr, deadline), deadline
 
     def approvedCommitted(
         self, token: _Token, record: TokenRecord, deadline: float
     ) -> None:
         token.record = record
         token.machine.approved(deadline)
+
+    def suspendDevice(self, device: str, suspended: bool) -> None:
+        """A retirement begins (or gave up): no approval meanwhile [R1]."""
+        for token in self.forDevice(device):
+            token.suspended = suspended
 
     def revokeDevice(self, device: str) -> list[str]:
         """Delete every live token of C{device} now (retirement)."""

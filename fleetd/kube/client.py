@@ -56,6 +56,8 @@ CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
 NODES = "/api/v1/nodes"
 BINDINGS = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
 ROLES = "/apis/rbac.authorization.k8s.io/v1/clusterroles"
+NAMESPACED_BINDINGS = "/apis/rbac.authorization.k8s.io/v1/rolebindings"
+NAMESPACED_ROLES = "/apis/rbac.authorization.k8s.io/v1/roles"
 KUBELET_CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 WORKFLOWS = "/apis/tinkerbell.org/v1alpha1"
 APPROVE_ATTEMPTS = 5
@@ -113,6 +115,7 @@ class KubeClient:
         self._clock = clock
         self._bearer = bearer
         self.timeout = timeout
+        self._inflight: set[Deferred[tuple[int, bytes]]] = set()
 
     def _headers(self, json_: bool = False) -> dict[bytes, list[bytes]]:
         headers = {b"accept": [b"application/json"]}
@@ -146,6 +149,7 @@ class KubeClient:
 
         whole = Deferred.fromCoroutine(exchange())
         whole.addTimeout(self.timeout, self._clock)
+        self._inflight.add(whole)
         try:
             code, raw = await whole
         except KubeError:
@@ -154,6 +158,8 @@ class KubeClient:
             raise KubeUnavailable(
                 f"{what}: API unreachable: {e.__class__.__name__}"
             ) from e
+        finally:
+            self._inflight.discard(whole)
         if not 200 <= code < 300:
             raise errorFor(code, raw, what)
         try:
@@ -162,7 +168,13 @@ class KubeClient:
             raise KubeUnavailable(f"{what}: the answer is not JSON") from e
 
     def close(self) -> Deferred[None] | None:
-        """Close pooled connections (the daemon stops)."""
+        """
+        Cancel the calls in flight (a connection one holds would otherwise
+        return to the pool after it closed) and close pooled connections
+        (the daemon stops).
+        """
+        for call in list(self._inflight):
+            call.cancel()
         if self._pool is None:
             return None
         result: Deferred[None] = self._pool.closeCachedConnections()
@@ -382,4 +394,14 @@ class KubeClient:
 
     async def listClusterRoleBindings(self) -> list[dict[str, Any]]:
         doc = await self._call("GET", BINDINGS, "list clusterrolebindings")
+        return list(doc.get("items") or [])
+
+    async def listRoleBindings(self) -> list[dict[str, Any]]:
+        """RoleBindings in every namespace."""
+        doc = await self._call("GET", NAMESPACED_BINDINGS, "list rolebindings")
+        return list(doc.get("items") or [])
+
+    async def listRoles(self) -> list[dict[str, Any]]:
+        """Roles in every namespace."""
+        doc = await self._call("GET", NAMESPACED_ROLES, "list roles")
         return list(doc.get("items") or [])

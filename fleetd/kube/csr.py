@@ -13,7 +13,6 @@ policy.
 from __future__ import annotations
 
 import base64
-import binascii
 import datetime
 from dataclasses import dataclass
 from typing import Any
@@ -65,17 +64,29 @@ class Unreadable(ValueError):
 
 def readCSR(obj: dict[str, Any]) -> CSRFacts:
     """
-    @raise Unreadable: not a CSR object, or its request is not a PEM
-        CERTIFICATE REQUEST.
+    Total: every failure to read C{obj} is L{Unreadable}, never another
+    error (issue 17). A requester can file a request whose extensions
+    C{cryptography} refuses (a malformed basicConstraints: kube-apiserver,
+    like Go, parses only the SAN extension), so the extensions, the public
+    key, C{expirationSeconds} and the certificate are all read here, once,
+    inside the guard; the approver never parses the request again.
+
+    @raise Unreadable: not a CSR object, or a part of it cannot be read.
     """
     try:
-        meta = obj["metadata"]
-        spec = obj["spec"]
-        status = obj.get("status") or {}
-        pem = base64.b64decode(spec["request"], validate=True)
-        request = x509.load_pem_x509_csr(pem)
-    except (KeyError, TypeError, ValueError, binascii.Error) as e:
+        return _read(obj)
+    except Unreadable:
+        raise
+    except Exception as e:
         raise Unreadable(f"unreadable CSR: {e.__class__.__name__}") from e
+
+
+def _read(obj: dict[str, Any]) -> CSRFacts:
+    meta = obj["metadata"]
+    spec = obj["spec"]
+    status = obj.get("status") or {}
+    pem = base64.b64decode(spec["request"], validate=True)
+    request = x509.load_pem_x509_csr(pem)
     try:
         request.extensions.get_extension_for_class(x509.SubjectAlternativeName)
         sans = True
@@ -109,6 +120,38 @@ def readCSR(obj: dict[str, Any]) -> CSRFacts:
     )
 
 
+def describe(obj: Any) -> tuple[str, str, str]:
+    """
+    The name, uid and requester of an object L{readCSR} could not read,
+    as far as they can be told (C{"?"} otherwise): for its journal entry.
+    """
+
+    def part(where: Any, key: str) -> str:
+        value = where.get(key) if isinstance(where, dict) else None
+        return value if isinstance(value, str) and value else "?"
+
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    spec = obj.get("spec") if isinstance(obj, dict) else None
+    return part(meta, "name"), part(meta, "uid"), part(spec, "username")
+
+
+def approvedFirst(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """
+    One LIST's CSRs with the approved ones first, each group in its order
+    [K2]: a token an approved CSR used (recorded late) is marked before
+    any pending CSR on it is decided, whatever names the requesters chose.
+    """
+
+    def approved(item: Any) -> bool:
+        try:
+            conditions = item["status"]["conditions"]
+            return any(c.get("type") == "Approved" for c in conditions)
+        except Exception:
+            return False
+
+    return sorted(items, key=lambda item: not approved(item))
+
+
 def shapeRefusal(facts: CSRFacts) -> str | None:
     """Why C{facts} is not a kubelet client CSR, or L{None} when it is."""
     if facts.signer != KUBELET_CLIENT_SIGNER:
@@ -133,7 +176,7 @@ def notAfter(certificate: bytes) -> float | None:
     """The issued certificate's notAfter (epoch seconds), if it parses."""
     try:
         cert = x509.load_pem_x509_certificate(certificate)
-    except ValueError:
+        moment: datetime.datetime = cert.not_valid_after_utc
+        return moment.timestamp()
+    except Exception:
         return None
-    moment: datetime.datetime = cert.not_valid_after_utc
-    return moment.timestamp()

@@ -21,6 +21,13 @@ In this order:
      deleted (retried while the API is down; their persisted deadline
      re-arms after a restart).
 
+One device at a time [R1]: before step 1 the device's tokens are
+revoked in memory and its renewals refused (L{IApprovals.hold}), and the
+retirement waits for the approvals already in flight for it; an
+approval's own transaction re-checks C{retired_at}, so one the API made
+before and fleetd records after (late) is journaled
+C{kube.csr-approved-after-retirement} and never clears it.
+
 A decommissioning device cannot be provisioned (the provision checks it
 in its own transaction). Deleting the Node does not stop a machine whose
 kubelet still holds a valid certificate from registering it again when it
@@ -33,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
@@ -54,6 +62,19 @@ class IRetiringRuns(Protocol):
         self, device: str, actor: str, work: Callable[[Database, Recorder], _T]
     ) -> _T:
         "End C{device}'s current run in C{work}'s transaction; memory after."
+
+
+class IApprovals(Protocol):
+    """The approver's per-device part (L{fleetd.kube.flights.DeviceFlights})."""
+
+    def hold(self, device: str) -> None:
+        "No approval for C{device} from now on, until L{release}."
+
+    def release(self, device: str) -> None:
+        "The retirement ended."
+
+    def drained(self, device: str) -> Deferred[Any]:
+        "Fires once the approvals in flight for C{device} have ended."
 
 
 UNROTATED_TRUSTD = (
@@ -96,8 +117,10 @@ class RetireService:
         client: KubeClient | None,
         book: TokenBook | None,
         runs: IRetiringRuns | None,
+        approvals: IApprovals | None = None,
     ) -> None:
         self.clock = clock
+        self.approvals = approvals
         self.runs = runs
         self.inventory = inventory
         self.journal = journal
@@ -153,6 +176,17 @@ class RetireService:
         if device is None:
             raise InventoryError(f"no device named {name}", "not-found")
         name = device.name
+        approvals = self.approvals
+        if approvals is None:
+            return await self._retire(name, actor)
+        approvals.hold(name)  # before any API call [R1]
+        try:
+            await approvals.drained(name)
+            return await self._retire(name, actor)
+        finally:
+            approvals.release(name)
+
+    async def _retire(self, name: str, actor: str) -> Retirement:
         nodeDeleted = None
         if self.client is not None:
             nodeDeleted = await self._deleteNode(self.client, name, actor)

@@ -83,7 +83,7 @@ class KubeService(Service):
             inventory=inventory,
             grants=self.cluster,
         )
-        self.watcher = CSRWatcher(clock, client, self.approver.seen)
+        self.watcher = CSRWatcher(clock, client, self.approver.seen, registry=metrics)
         self.rbac = RBACCheck(clock, client, metrics, settings.rbac_check_interval)
         self._starting: Deferred[None] | None = None
         self._retry: IDelayedCall | None = None

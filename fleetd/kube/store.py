@@ -153,6 +153,20 @@ def markApproved(
     return replace(token, approved_at=at, csr=csr, delete_at=deleteAt)
 
 
+def markIntent(db: Database, tokenId: str, csr: str) -> bool:
+    """
+    Bind a token not yet approved to C{csr} before the API is asked to
+    approve it [K2]: C{csr} with no C{approved_at} is the intent. L{False}
+    when the token is approved already or bound to another CSR.
+    """
+    cursor = db.execute(
+        "UPDATE kube_tokens SET csr = ? WHERE token_id = ?"
+        " AND approved_at IS NULL AND (csr IS NULL OR csr = ?)",
+        (csr, tokenId, csr),
+    )
+    return cursor.rowcount > 0
+
+
 def markDeleted(db: Database, tokenId: str, at: float) -> None:
     db.execute(
         "UPDATE kube_tokens SET deleted_at = ?, sealed = NULL WHERE token_id = ?",

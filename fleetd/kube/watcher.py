@@ -9,6 +9,11 @@ means the version is too old: LIST again. Anything else (API down,
 5xx, a broken stream) waits with exponential backoff on the injected
 clock before trying again. L{stop} cancels the call or wait in progress.
 
+No object can end the loop (issue 17): a callback that raises on one
+object (a listed item, an event's object, a whole C{onList} snapshot) is
+contained there: logged as a failure, counted (C{onObjectFailed}), and
+skipped; the loop goes on with the next object.
+
 L{ListWatcher} is the loop for any collection; L{CSRWatcher} watches
 kubelet client CSRs (the approver [K2]); the Workflow watch of boot
 completion (L{fleetd.tink.wfstate}) is another.
@@ -19,12 +24,15 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from fleetd.kube.client import Gone, KubeClient, KubeError, KubeUnavailable, Watch
+from fleetd.kube.csr import approvedFirst
 
 FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 60.0
@@ -46,6 +54,8 @@ class ListWatcher:
     @param onWatching: called each time a watch stream is open after a
         successful LIST or resume (C{True}), and when the loop waits after
         a failure (C{False}).
+    @param onObjectFailed: called each time a callback raised on an object
+        (contained and skipped): for metrics.
     @param log: where failures are told (a L{fleetd.logs.ThrottledLog} for
         a loop whose failures must not flood the log).
     """
@@ -63,6 +73,7 @@ class ListWatcher:
         onDeleted: Callable[[dict[str, Any]], None] | None = None,
         onFailure: Callable[[KubeError], None] | None = None,
         onWatching: Callable[[bool], None] | None = None,
+        onObjectFailed: Callable[[], None] | None = None,
         log: Any = None,
     ) -> None:
         self.clock = clock
@@ -73,12 +84,14 @@ class ListWatcher:
         self.onDeleted = onDeleted
         self.onFailure = onFailure
         self.onWatching = onWatching
+        self.onObjectFailed = onObjectFailed
         self.name = name
         self.timeoutSeconds = timeoutSeconds
         self.log: Any = Logger() if log is None else log
         self.resourceVersion: str | None = None
         self.lists = 0
         self.failures = 0
+        self.objectFailures = 0
         self._running = False
         self._waiting: Deferred[Any] | None = None
         self._watch: Watch | None = None
@@ -120,10 +133,10 @@ class ListWatcher:
                     self.lists += 1
                     self._freshList = True
                     if self.onList is not None:
-                        self.onList(items)
+                        self._contained(self.onList, items)
                     else:
                         for item in items:
-                            self.onObject(item)
+                            self._contained(self.onObject, item)
                     self.resourceVersion = rv
                 self._watch = self.watcher(
                     self.resourceVersion, self._event, self.timeoutSeconds
@@ -183,13 +196,42 @@ class ListWatcher:
         if version:
             self.resourceVersion = str(version)
         if kind in ("ADDED", "MODIFIED"):
-            self.onObject(obj)
+            self._contained(self.onObject, obj)
         elif kind == "DELETED" and self.onDeleted is not None:
-            self.onDeleted(obj)
+            self._contained(self.onDeleted, obj)
+
+    def _contained(self, callback: Callable[[Any], None], what: Any) -> None:
+        """Hand C{what} to C{callback}; whatever it raises ends there."""
+        try:
+            callback(what)
+        except Exception:
+            self.objectFailures += 1
+            if self.onObjectFailed is not None:
+                self.onObjectFailed()
+            self.log.failure(
+                "{name}.object-failed {object}: skipped",
+                failure=Failure(),
+                name=self.name,
+                object=_objectName(what),
+            )
+
+
+def _objectName(what: Any) -> str:
+    """An object's name for the log (C{"?"} when it has none)."""
+    if isinstance(what, list):
+        return f"list of {len(what)}"
+    meta = what.get("metadata") if isinstance(what, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name[:253] if isinstance(name, str) else "?"
 
 
 class CSRWatcher(ListWatcher):
-    """Keep C{onCSR} told of every kubelet client CSR, across failures."""
+    """
+    Keep C{onCSR} told of every kubelet client CSR, across failures. A
+    CSR C{onCSR} raised on is counted in
+    C{fleetd_kube_csr_handler_errors_total} and skipped. A LIST hands
+    over its approved CSRs before its pending ones (L{approvedFirst}).
+    """
 
     def __init__(
         self,
@@ -198,14 +240,27 @@ class CSRWatcher(ListWatcher):
         onCSR: Callable[[dict[str, Any]], None],
         *,
         timeoutSeconds: int = 300,
+        registry: CollectorRegistry | None = None,
     ) -> None:
+        self.handlerErrors = Counter(
+            "fleetd_kube_csr_handler_errors_total",
+            "Kubelet client CSRs (listed or watched) whose handling raised:"
+            " logged and skipped; the watch goes on.",
+            registry=registry,
+        )
+
+        async def lister() -> tuple[list[dict[str, Any]], str]:
+            items, version = await client.listCSRs()
+            return approvedFirst(items), version
+
         super().__init__(
             clock,
-            client.listCSRs,
+            lister,
             client.watchCSRs,
             onCSR,
             timeoutSeconds=timeoutSeconds,
             name="kube.watch",
+            onObjectFailed=self.handlerErrors.inc,
         )
         self.client = client
         self.onCSR = onCSR

@@ -48,7 +48,9 @@ def carries(comments: object, line: str) -> bool:
 
 
 def kindOf(event: str) -> str:
-    if event.endswith((".refused", ".failed", ".missing", ".lost", ".broken")):
+    if event.endswith(
+        (".refused", ".failed", ".missing", ".lost", ".broken", "-after-retirement")
+    ):
         return "warning"
     if event.endswith((".released", ".approved", ".delivered")):
         return "success"

@@ -68,6 +68,7 @@ class NetBoxService(Service):
             reactor,
             configDigest=configDigest,
             wake=self._wake,
+            metrics=metrics,
         )
         self.checking: Deferred[None] | None = None
 

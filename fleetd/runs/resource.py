@@ -4,8 +4,12 @@ C{POST /v1/admin/provision}: the owner starts runs, one per device.
 Body: C{{"devices": ["w1", ...], "desired_action": null | "netboot"}}.
 Answer 201 with C{{"runs": [{"run", "code", "device"}, ...]}}; the codes
 appear in this response and nowhere else. All devices are checked before
-any run starts: unknown devices, refused classes [T2], a broken template
-or a full vault refuse the whole request, and nothing changes [J1].
+any run starts: unknown devices, refused classes [T2], a serial NetBox
+holds more than once (DESIGN section 4), a broken template or a full vault
+refuse the whole request, and nothing changes [J1]. While the inventory
+cannot be asked (NetBox down, or refusing fleetd's token) the answer is
+503 C{busy: ...} with Retry-After: a device is never provisioned from a
+cache (issue 17 items 11 and 12).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from fleetd.web import Endpoint, textResponse
 
 DESIRED_ACTIONS = frozenset({"netboot"})
 MAX_DEVICES = 1000
+RETRY_AFTER = 30  # seconds, on a busy answer
 
 
 class Refused(Exception):
@@ -54,6 +59,23 @@ def _refusal(error: Exception) -> tuple[int, str] | None:
     if isinstance(error, Refused):
         return error.code, str(error)
     return storeRefusal(error)
+
+
+def _answer(request: IRequest) -> Callable[[Exception], tuple[int, str] | None]:
+    """L{_refusal}, with C{Retry-After} on a 503 (busy: retry later)."""
+
+    def refusal(error: Exception) -> tuple[int, str] | None:
+        answer = _refusal(error)
+        if answer is not None and answer[0] == http.SERVICE_UNAVAILABLE:
+            request.setHeader(b"retry-after", b"%d" % (RETRY_AFTER,))
+        return answer
+
+    return refusal
+
+
+def _busy(error: InventoryError) -> Refused:
+    """NetBox cannot be asked: busy, with why (the token, when it is refused)."""
+    return Refused(http.SERVICE_UNAVAILABLE, f"busy: {error}; nothing was provisioned")
 
 
 def parseProvision(body: bytes) -> tuple[list[str], str | None]:
@@ -116,14 +138,21 @@ class ProvisionResource(Endpoint):
         async def work() -> tuple[int, Any]:
             return await self._provision(names, action, actor)
 
-        return renderAsync(request, work, _refusal)
+        return renderAsync(request, work, _answer(request))
 
     async def _provision(
         self, names: list[str], action: str | None, actor: str
     ) -> tuple[int, Any]:
         devices: list[Device] = []
         for name in names:
-            device = await self._inventory.get(name)
+            try:
+                device = await self._inventory.get(name)
+                if device is not None:
+                    await self._serialIsOne(device, actor)
+            except InventoryError as e:
+                if e.kind != "unavailable":
+                    raise
+                raise _busy(e) from e
             if device is None:
                 raise Refused(http.NOT_FOUND, f"unknown device {name}")
             if device.status is DeviceStatus.DECOMMISSIONING:
@@ -159,6 +188,32 @@ class ProvisionResource(Endpoint):
                 f"kubernetes: {e}; nothing was provisioned",
             ) from e
         return http.CREATED, {"runs": [p.toJSON() for p in provisioned]}
+
+    async def _serialIsOne(self, device: Device, actor: str) -> None:
+        """
+        DESIGN 4: C{device}'s serial names it alone (compared without regard
+        to case, as NetBox's C{?serial=}); several devices are refused,
+        journaled, before anything changes (issue 17 item 12).
+        """
+        try:
+            found = await self._inventory.bySerial(device.serial)
+            if found is not None and found.name == device.name:
+                return
+            line = (
+                f"serial-ambiguous: serial {device.serial} of {device.name}"
+                " now finds another device; nothing was provisioned"
+            )
+        except InventoryError as e:
+            if e.kind != "duplicate":
+                raise
+            line = f"serial-ambiguous: {e}; nothing was provisioned"
+        await self._journal.append(
+            "provision.refused",
+            actor=actor,
+            device=device.name,
+            fields={"reason": "serial-ambiguous", "serial": device.serial},
+        )
+        raise Refused(http.CONFLICT, line)
 
     async def _decommissioning(self, name: str, actor: str) -> Refused:
         await self._journal.append(

@@ -233,6 +233,26 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         ) STRICT;
         """,
     ),
+    (
+        12,
+        # Disk claims [D1] (fleetd.trust.disks): the order in which devices
+        # first reported each serial they still report; the first keeps it.
+        # Reports stored before are ordered by their report time, and their
+        # refusal lines stop naming the other device (the journal does).
+        """
+        ALTER TABLE disk_serials ADD COLUMN claim INTEGER NOT NULL DEFAULT 0;
+        UPDATE disk_serials SET claim = (
+            SELECT r.n FROM (
+                SELECT device, ROW_NUMBER() OVER (ORDER BY reported_at, device) AS n
+                FROM disk_reports
+            ) AS r WHERE r.device = disk_serials.device
+        );
+        UPDATE disk_reports SET verdict = 'duplicate-disk-serial: a serial of this'
+            || ' report is also reported by another device; refused until the'
+            || ' owner decides (fleetctl disks forget)'
+        WHERE verdict LIKE 'duplicate-disk-serial:%also reported by%';
+        """,
+    ),
     # New migrations go here as (N, "..."), with a number reserved for
     # the subsystem, in ascending order: never edit or renumber one that
     # has shipped.

@@ -10,7 +10,8 @@ the documentation or source named in C{notes/kube-netbox.md}:
   - updates carrying a stale C{metadata.resourceVersion} get 409 Conflict;
     creating a taken name gets 409 AlreadyExists; unknown objects 404;
     errors are C{kind: Status} objects with C{reason} and C{code};
-  - LIST returns C{metadata.resourceVersion}; WATCH from a version streams
+  - LIST returns the items in key order (etcd's: by name, or namespace
+    and name) and C{metadata.resourceVersion}; WATCH from a version streams
     newline-delimited JSON events (ADDED, MODIFIED, DELETED), then stays
     open; BOOKMARK events (only C{metadata.resourceVersion}) only when
     C{allowWatchBookmarks=true} and only when the test asks (a server need
@@ -28,13 +29,17 @@ the documentation or source named in C{notes/kube-netbox.md}:
     (type, name, id, secret, expiration, usage, groups: section 1);
   - CSRs: C{spec.username}/C{groups}/C{uid} are set by the server from
     the identity that created the CSR; C{spec.request} must be a PEM
-    CERTIFICATE REQUEST (base64 in JSON); C{signerName} and C{usages}
+    CERTIFICATE REQUEST (base64 in JSON) with a valid signature (only the
+    SAN extension is parsed, as Go does); C{signerName} and C{usages}
     required; the C{/approval} subresource changes only the conditions:
     Approved and Denied exclusive, a duplicate type refused, condition
     status C{"True"} (422 Invalid) (section 2.2);
   - L{sign} models the csrsigning controller: an Approved CSR gets a
     certificate for its subject, valid C{signingDuration};
-  - Nodes (create, get, delete) and ClusterRoleBindings (list, create);
+  - Nodes (create, get, delete);
+  - RBAC: ClusterRoles and ClusterRoleBindings (list, create), Roles and
+    RoleBindings (list in all namespaces or one, create in one), checked
+    as the API server checks them (L{fleetd.testing.kube_rbac});
   - Tinkerbell Workflows (C{tinkerbell.org/v1alpha1}, namespaced; notes
     tinkerbell.md section 3): list, watch and get, in one namespace or all;
     404 for the whole group while the CRD is not installed
@@ -64,6 +69,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.resource import Resource
 
 from fleetd.testing.kube_http import CSR, WORKFLOW, KubeHTTP, Watcher
+from fleetd.testing.kube_rbac import FakeRBAC
 from fleetd.testing.kube_rules import (
     SUBDOMAIN,
     ApiError,
@@ -73,6 +79,7 @@ from fleetd.testing.kube_rules import (
     csrPEM,
     invalid,
     issueCertificate,
+    malformedBasicConstraintsPEM,
     parseTime,
     rfc3339,
     secretFromBody,
@@ -91,10 +98,16 @@ MONOREPO_STATES = (
     "TIMEOUT",
 )
 
-__all__ = ["ApiError", "FakeKube", "Identity", "csrPEM"]
+__all__ = [
+    "ApiError",
+    "FakeKube",
+    "Identity",
+    "csrPEM",
+    "malformedBasicConstraintsPEM",
+]
 
 
-class FakeKube:
+class FakeKube(FakeRBAC):
     """The fake cluster's state and its HTTP face."""
 
     def __init__(self, clock: IReactorTime, adminToken: str = "fleetd-sa-token"):
@@ -106,6 +119,8 @@ class FakeKube:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.bindings: dict[str, dict[str, Any]] = {}
         self.roles: dict[str, dict[str, Any]] = {}
+        self.roleBindings: dict[str, dict[str, Any]] = {}  # "namespace/name"
+        self.namespacedRoles: dict[str, dict[str, Any]] = {}  # "namespace/name"
         self.workflows: dict[str, dict[str, Any]] = {}  # "namespace/name"
         self.workflowsInstalled = True
         self.history: list[tuple[int, str, dict[str, Any], str]] = []
@@ -258,15 +273,19 @@ class FakeKube:
         *,
         usages: list[str] | None = None,
         signer: str = "kubernetes.io/kube-apiserver-client-kubelet",
+        name: str | None = None,
     ) -> dict[str, Any]:
-        """File a CSR as the kubelet does, authenticated by C{bearer}."""
+        """
+        File a CSR as the kubelet does, authenticated by C{bearer}; C{name}
+        is the requester's own choice of name (the kubelet's is generated).
+        """
         identity = self.authenticate(bearer)
         if identity is None:
             raise ApiError(401, "Unauthorized", "Unauthorized")
         body = {
             "apiVersion": "certificates.k8s.io/v1",
             "kind": "CertificateSigningRequest",
-            "metadata": {"generateName": "csr-"},
+            "metadata": {"name": name} if name else {"generateName": "csr-"},
             "spec": {
                 "request": base64.b64encode(pem).decode("ascii"),
                 "signerName": signer,
@@ -287,40 +306,6 @@ class FakeKube:
                 csr, self.clock.seconds(), self.signingDuration
             )
             self._store(self.csrs, name, updated, "MODIFIED")
-
-    def addBinding(self, name: str, role: str, groups: list[str]) -> None:
-        self._create(
-            self.bindings,
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRoleBinding",
-                "metadata": {"name": name},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": role,
-                },
-                "subjects": [
-                    {
-                        "kind": "Group",
-                        "name": g,
-                        "apiGroup": "rbac.authorization.k8s.io",
-                    }
-                    for g in groups
-                ],
-            },
-        )
-
-    def addRole(self, name: str, rules: list[dict[str, Any]]) -> None:
-        self._create(
-            self.roles,
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRole",
-                "metadata": {"name": name},
-                "rules": rules,
-            },
-        )
 
     def addNode(self, name: str) -> None:
         self._create(

@@ -24,6 +24,7 @@ CSRS = ("apis", "certificates.k8s.io", "v1", "certificatesigningrequests")
 NODES = ("api", "v1", "nodes")
 BINDINGS = ("apis", "rbac.authorization.k8s.io", "v1", "clusterrolebindings")
 ROLES = ("apis", "rbac.authorization.k8s.io", "v1", "clusterroles")
+RBAC = ("apis", "rbac.authorization.k8s.io", "v1")
 TINKERBELL = ("apis", "tinkerbell.org", "v1alpha1")
 CSR, WORKFLOW = "csrs", "workflows"
 
@@ -70,7 +71,7 @@ class KubeHTTP(Resource):
     ) -> dict[str, Any]:
         items = [
             o
-            for o in store.values()
+            for _, o in sorted(store.items())
             if signer is None or o.get("spec", {}).get("signerName") == signer
         ]
         return {
@@ -175,6 +176,12 @@ class KubeHTTP(Resource):
             signer = value
         if path[: len(TINKERBELL)] == TINKERBELL:
             return self._workflows(request, method, path[len(TINKERBELL) :], args)
+        if path[: len(RBAC)] == RBAC and path[len(RBAC) : len(RBAC) + 1] in (
+            ("rolebindings",),
+            ("roles",),
+            ("namespaces",),
+        ):
+            return self._namespacedRBAC(method, path[len(RBAC) :], body)
         table: list[tuple[tuple[str, ...], dict[str, dict[str, Any]], str]] = [
             (SECRETS, self.fake.secrets, "SecretList"),
             (CSRS, self.fake.csrs, "CertificateSigningRequestList"),
@@ -199,6 +206,10 @@ class KubeHTTP(Resource):
                     return self.fake._createSecret(body)
                 if store is self.fake.csrs:
                     return self.fake._createCSR(body, identity)
+                if store is self.fake.bindings:
+                    return self.fake.createBinding(body, None)
+                if store is self.fake.roles:
+                    return self.fake.createRole(body, None)
                 return self.fake._create(store, body)
             if len(rest) == 1 and method == "GET":
                 if rest[0] not in store:
@@ -218,6 +229,38 @@ class KubeHTTP(Resource):
         raise ApiError(
             404, "NotFound", "the server could not find the requested resource"
         )
+
+    def _namespacedRBAC(
+        self, method: str, rest: tuple[str, ...], body: dict[str, Any]
+    ) -> Any:
+        """Roles and RoleBindings: listed in all namespaces
+        (C{/rolebindings}) or one (C{/namespaces/NS/rolebindings}), created
+        in one."""
+        namespace = None
+        if len(rest) == 3 and rest[0] == "namespaces":
+            namespace, rest = rest[1], rest[2:]
+        if rest not in (("rolebindings",), ("roles",)):
+            raise ApiError(
+                404, "NotFound", "the server could not find the requested resource"
+            )
+        bindings = rest[0] == "rolebindings"
+        if method == "POST" and namespace is not None:
+            if bindings:
+                return self.fake.createBinding(body, namespace)
+            return self.fake.createRole(body, namespace)
+        if method != "GET":
+            raise ApiError(405, "MethodNotAllowed", f"{method} is not modelled here")
+        store = self.fake.roleBindings if bindings else self.fake.namespacedRoles
+        return {
+            "kind": "RoleBindingList" if bindings else "RoleList",
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "metadata": {"resourceVersion": str(self.fake.rv)},
+            "items": [
+                o
+                for o in store.values()
+                if namespace in (None, o["metadata"]["namespace"])
+            ],
+        }
 
     def _workflows(
         self,
@@ -258,7 +301,7 @@ class KubeHTTP(Resource):
             "metadata": {"resourceVersion": str(self.fake.rv)},
             "items": [
                 o
-                for o in self.fake.workflows.values()
+                for _, o in sorted(self.fake.workflows.items())
                 if namespace in (None, o["metadata"]["namespace"])
             ],
         }

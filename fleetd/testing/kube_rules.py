@@ -115,11 +115,17 @@ def csrFromBody(body: dict[str, Any], identity: Identity) -> dict[str, Any]:
     spec = dict(body.get("spec") or {})
     try:
         pem = base64.b64decode(spec.get("request") or "", validate=True)
-        x509.load_pem_x509_csr(pem)
+        request = x509.load_pem_x509_csr(pem)
     except (binascii.Error, ValueError, TypeError) as e:
         raise invalid(
             "spec.request: Invalid value: []byte{...}: PEM block type must be CERTIFICATE REQUEST"  # noqa: E501
         ) from e
+    # The API server parses the request (Go reads only the SAN extension of
+    # a CSR, so other malformed extensions pass) and checks its signature.
+    if not request.is_signature_valid:
+        raise invalid(
+            "spec.request: Invalid value: []byte{...}: x509: ECDSA verification failure"
+        )
     if not spec.get("signerName"):
         raise invalid("spec.signerName: Required value")
     if not spec.get("usages"):
@@ -247,3 +253,54 @@ def csrPEM(
             x509.SubjectAlternativeName(names), critical=False
         )
     return builder.sign(key, hashes.SHA256()).public_bytes(Encoding.PEM)
+
+
+def _der(tag: int, content: bytes) -> bytes:
+    size = len(content)
+    if size < 0x80:
+        head = bytes([size])
+    else:
+        length = size.to_bytes((size.bit_length() + 7) // 8, "big")
+        head = bytes([0x80 | len(length)]) + length
+    return bytes([tag]) + head + content
+
+
+def malformedBasicConstraintsPEM(commonName: str) -> bytes:
+    """
+    A kubelet-shaped request carrying an extension whose OID is patched
+    to basicConstraints (2.5.29.19) with the value C{02 01 05} (an
+    INTEGER, not the SEQUENCE the extension is), re-signed. Go, and so
+    kube-apiserver, reads only a CSR's SAN extension and accepts it;
+    C{cryptography} raises C{ValueError} on C{request.extensions}.
+    """
+    key = ec.generate_private_key(ec.SECP256R1())
+    placeholder = x509.ObjectIdentifier("1.2.3.4")  # DER 06 03 2a 03 04
+    request = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
+                    x509.NameAttribute(NameOID.COMMON_NAME, commonName),
+                ]
+            )
+        )
+        .add_extension(
+            x509.UnrecognizedExtension(placeholder, b"\x02\x01\x05"), critical=False
+        )
+        .sign(key, hashes.SHA256())
+    )
+    tbs = request.tbs_certrequest_bytes
+    patched = tbs.replace(b"\x06\x03\x2a\x03\x04", b"\x06\x03\x55\x1d\x13", 1)
+    whole = request.public_bytes(Encoding.DER)
+    rest = whole[whole.index(tbs) + len(tbs) :]
+    algorithm = rest[: 2 + rest[1]]
+    signature = key.sign(patched, ec.ECDSA(hashes.SHA256()))
+    der = _der(0x30, patched + algorithm + _der(0x03, b"\x00" + signature))
+    body = base64.encodebytes(der).replace(b"\n", b"")
+    lines = [body[i : i + 64] for i in range(0, len(body), 64)]
+    return (
+        b"-----BEGIN CERTIFICATE REQUEST-----\n"
+        + b"\n".join(lines)
+        + b"\n-----END CERTIFICATE REQUEST-----\n"
+    )

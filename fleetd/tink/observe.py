@@ -16,6 +16,14 @@ C{ReportActionStatus}; they are told apart by the other methods seen on the
 same connection (C{GetWorkflowContexts}/C{GetWorkflowActions}: tink
 v0.9-v0.12; C{GetAction}: tink-agent), and failing that by the wire types
 of the fields the two C{ReportActionStatus} requests disagree on.
+
+What a call means is decided when it ends, from the final grpc-status the
+proxy hands over (the trailers): a report counts only if tink-server
+accepted it, and a poll (C{GetAction}, C{GetWorkflowContexts}) only if
+tink-server answered it as it answers the agent's own polls (OK, NOT_FOUND,
+FAILED_PRECONDITION). Anyone can name a node's MAC in a request; a stranger
+that tink-server refuses (UNAUTHENTICATED) is not the node back in HookOS
+[B2].
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ from fleetd.tink.proto import tink_v012_pb2 as v012
 PREFIX = "/proto.WorkflowService/"
 OLD, AGENT = "v012", "agent"
 OBSERVE_LIMIT = 1 << 20  # larger messages are forwarded, not decoded
+# How tink-server ends the agent's (or worker's) own polls: an action served
+# (or the contexts streamed), nothing to do, the workflow not running [B2].
+POLL_ENDS = frozenset({0, 5, 9})  # OK, NOT_FOUND, FAILED_PRECONDITION
 _REMEMBERED_CONNECTIONS = 4096
 
 
@@ -129,7 +140,9 @@ class IWorkflowEvents(TypingProtocol):
     """What the decoded calls say (see L{fleetd.tink.workflows})."""
 
     def polled(self, workerId: str, connection: int) -> None:
-        """A worker (GetWorkflowContexts) or agent (GetAction) asked for work."""
+        """A worker (GetWorkflowContexts) or agent (GetAction) asked for work
+        and tink-server answered as it answers their own polls (L{POLL_ENDS}),
+        told when the call ended [B2]."""
 
     def contexts(self, workerId: str, contexts: list[v012.WorkflowContext]) -> None:
         """tink-server's workflow contexts for a v0.12 worker."""
@@ -194,6 +207,7 @@ class CallTap:
         self._responses = MessageReader()
         self._request: Message | None = None
         self._workerId = ""
+        self._poll = False  # the request asked for work; counted at the end
 
     def request(self, data: bytes) -> None:
         for compressed, payload in self._requests.feed(data):
@@ -209,6 +223,10 @@ class CallTap:
 
     def finished(self, status: int | None) -> None:
         events = self._owner.events
+        if self._poll and status in POLL_ENDS:
+            # Only tink-server's answer says the caller is the node's agent:
+            # anyone can name a MAC, and a stranger is refused [B2].
+            events.polled(self._workerId, self._connection)
         if self._method == "ReportActionStatus" and status == 0:
             # Only a report tink-server accepted says anything.
             if isinstance(self._request, v012.WorkflowActionStatus):
@@ -261,13 +279,12 @@ class CallTap:
         return message
 
     def _onRequest(self, message: Message) -> None:
-        events = self._owner.events
         if isinstance(message, v012.WorkflowContextRequest):
             self._workerId = message.worker_id
-            events.polled(message.worker_id, self._connection)
+            self._poll = True
         elif isinstance(message, agent.ActionRequest):
             self._workerId = message.agent_id
-            events.polled(message.agent_id, self._connection)
+            self._poll = True
         elif isinstance(message, v012.WorkflowActionsRequest):
             self._workerId = message.workflow_id
         elif isinstance(message, v012.WorkflowActionStatus):

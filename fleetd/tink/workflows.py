@@ -15,7 +15,8 @@ completion tracker):
   FAILED_PRECONDITION (the server moved the workflow to POST/SUCCESS);
 - C{polled}: the device's worker or agent asked for work, on which
   downstream connection (an agent that restarted, e.g. after a reboot into
-  HookOS, comes on a new one).
+  HookOS, comes on a new one); told only once tink-server answered the
+  poll as the agent's own (L{fleetd.tink.observe.POLL_ENDS}) [B2].
 
 When configured, the Workflow's state in Kubernetes is a second C{done}
 (L{WorkflowWatcher.workflowFinished}, fed by L{fleetd.tink.wfstate}).

@@ -5,23 +5,30 @@ The check trusts the serial each disk reports. A report is refused when
 a non-removable disk has no serial (C{disk-serial-missing}: it could be
 neither wiped nor installed safely; a removable one without a serial, a
 BMC's virtual media say, is listed but never a target and never
-compared), when two of its disks share a serial, or when one
-of its serials is also in another device's latest report
-(C{duplicate-disk-serial}: clones, some USB bridges), and when no disk
+compared), when two of its disks share a serial, or when another device
+reported one of its serials first (C{duplicate-disk-serial}: clones,
+some USB bridges, or a node claiming another's disk), and when no disk
 qualifies as the target (C{no-target-disk}). Otherwise the target is the
 smallest non-removable disk of at least L{MIN_TARGET_BYTES} (ties by
 name), named by its serial.
 
-Each device's latest report replaces its earlier one, refused or not
-(so a duplicate shows from both sides), and is stored with its journal
-entry, C{disks.reported} or C{disks.refused}, in one transaction [J1].
+Each serial a device reports is a claim, ordered (C{disk_serials.claim})
+from the report that first held it as long as the device's later reports
+keep holding it. The first claim wins: a later reporter cannot take away
+another's target (and so its META code); it is refused until the owner
+decides (C{fleetctl disks forget}). The line the node gets never names
+another device; the journal entry does (C{first_reported_by}).
+
+Each device's latest report replaces its earlier one, refused or not,
+and is stored with its journal entry, C{disks.reported} or
+C{disks.refused}, in one transaction [J1].
 
 Contract for the install-plan lookup (plain functions over the caller's
 connection, reading only):
 
   - L{targetDiskFor}C{(conn, device)}: the target disk's serial once a
-    clean report exists and no other device has since reported that
-    serial, else L{None};
+    clean report exists and no other device claimed that serial first,
+    else L{None};
   - L{diskRefusal}C{(conn, device)}: why not, one line C{"<code>: <why>"}
     with a code from L{REASONS} (C{disks-not-reported} when there is no
     report yet).
@@ -62,7 +69,9 @@ class DiskVerdict:
     device: str
     target: Disk | None
     code: str | None = None
-    reason: str = ""
+    reason: str = ""  # for the node: names no other device
+    detail: str = ""  # for the journal: the reason naming them
+    firstReportedBy: tuple[str, ...] = ()
 
     @property
     def line(self) -> str:
@@ -97,12 +106,34 @@ class DiskReportView:
         }
 
 
-def _others(conn: sqlite3.Connection, device: str, serial: str) -> list[str]:
+def _claims(conn: sqlite3.Connection, device: str) -> dict[str, int]:
+    """C{device}'s claims: lower-cased serial -> claim order."""
     rows = conn.execute(
-        "SELECT DISTINCT device FROM disk_serials WHERE serial = ? AND device != ?"
-        " ORDER BY device",
-        (serial, device),
+        "SELECT serial, claim FROM disk_serials WHERE device = ?", (device,)
     ).fetchall()
+    return {str(serial).lower(): int(claim) for serial, claim in rows}
+
+
+def _firstBy(
+    conn: sqlite3.Connection, device: str, serial: str, claim: int | None
+) -> list[str]:
+    """
+    The other devices that claimed C{serial} before C{device}'s C{claim}
+    (L{None}: a claim it would make now, after every other).
+    """
+    if claim is None:
+        rows = conn.execute(
+            "SELECT DISTINCT device FROM disk_serials WHERE serial = ?"
+            " AND device != ? ORDER BY device",
+            (serial, device),
+        ).fetchall()
+    else:
+        rows = conn.execute(
+            "SELECT DISTINCT device FROM disk_serials WHERE serial = ?"
+            " AND device != ? AND (claim < ? OR (claim = ? AND device < ?))"
+            " ORDER BY device",
+            (serial, device, claim, claim, device),
+        ).fetchall()
     return [str(d) for (d,) in rows]
 
 
@@ -129,22 +160,41 @@ def judge(
             " fleetd wipes and installs only disks it can tell apart",
         )
     seen: dict[str, str] = {}
-    problems: list[str] = []
+    problems: list[str] = []  # for the node
+    named: list[str] = []  # for the journal
+    first: list[str] = []
+    claims = _claims(conn, device)
     for d in disks:
         if d.serial is None:  # removable: never a target, never compared
             continue
         key = d.serial.lower()
         if key in seen:
-            problems.append(f"{seen[key]} and {d.name} both report serial {d.serial}")
+            line = f"{seen[key]} and {d.name} both report serial {d.serial}"
+            problems.append(line)
+            named.append(line)
             continue
         seen[key] = d.name
-        others = _others(conn, device, d.serial)
+        others = _firstBy(conn, device, d.serial, claims.get(key))
         if others:
             problems.append(
-                f"serial {d.serial} of {d.name} is also reported by {', '.join(others)}"
+                f"serial {d.serial} of {d.name} was reported first by another device"
             )
+            named.append(
+                f"serial {d.serial} of {d.name} was reported first by"
+                f" {', '.join(others)}"
+            )
+            first.extend(o for o in others if o not in first)
     if problems:
-        return DiskVerdict(device, None, DUPLICATE, "; ".join(problems))
+        if first:
+            problems.append("refused until the owner decides (fleetctl disks forget)")
+        return DiskVerdict(
+            device,
+            None,
+            DUPLICATE,
+            "; ".join(problems),
+            "; ".join(named),
+            tuple(first),
+        )
     target = choose(disks, minBytes)
     if target is None:
         return DiskVerdict(
@@ -164,8 +214,15 @@ def store(
     verdict: DiskVerdict,
     at: float,
 ) -> None:
-    """Replace C{identity.device}'s report with this one."""
+    """
+    Replace C{identity.device}'s report with this one; a serial it still
+    reports keeps its claim, a new one is claimed after every other.
+    """
     device = identity.device
+    claims = _claims(conn, device)
+    (last,) = conn.execute(
+        "SELECT COALESCE(MAX(claim), 0) FROM disk_serials"
+    ).fetchone()
     conn.execute("DELETE FROM disk_reports WHERE device = ?", (device,))
     conn.execute(
         "INSERT INTO disk_reports (device, serial, reported_at, verdict, target,"
@@ -180,15 +237,19 @@ def store(
         ),
     )
     conn.executemany(
-        "INSERT INTO disk_serials (serial, device, name) VALUES (?, ?, ?)",
-        [(d.serial, device, d.name) for d in disks if d.serial is not None],
+        "INSERT INTO disk_serials (serial, device, name, claim) VALUES (?, ?, ?, ?)",
+        [
+            (d.serial, device, d.name, claims.get(d.serial.lower(), int(last) + 1))
+            for d in disks
+            if d.serial is not None
+        ],
     )
 
 
 def targetDiskFor(db: sqlite3.Connection, device: str) -> str | None:
     """
     The serial of C{device}'s target disk, from its latest report, if that
-    report was clean and no other device has reported the serial since.
+    report was clean and no other device claimed the serial first.
     """
     row = db.execute(
         "SELECT verdict, target FROM disk_reports WHERE device = ?", (device,)
@@ -196,7 +257,7 @@ def targetDiskFor(db: sqlite3.Connection, device: str) -> str | None:
     if row is None or row[0] != OK or row[1] is None:
         return None
     target = str(row[1])
-    if _others(db, device, target):
+    if _firstBy(db, device, target, _claims(db, device).get(target.lower())):
         return None
     return target
 
@@ -210,14 +271,14 @@ def diskRefusal(db: sqlite3.Connection, device: str) -> str:
         return (
             f"{NOT_REPORTED}: {device} has not reported its disks (fleetd-agent disks)"
         )
-    verdict, target = str(row[0]), row[1]
+    verdict, target = str(row[0]), str(row[1])
     if verdict != OK:
         return verdict
-    others = _others(db, device, str(target))
-    if others:
+    if _firstBy(db, device, target, _claims(db, device).get(target.lower())):
         return (
-            f"{DUPLICATE}: target disk serial {target} of {device} has since been"
-            f" reported by {', '.join(others)}"
+            f"{DUPLICATE}: target disk serial {target} was reported first by"
+            " another device; refused until the owner decides (fleetctl disks"
+            " forget)"
         )
     return f"{OK}: target disk {target}"
 
@@ -276,15 +337,20 @@ class DiskService:
                     },
                 )
             else:
+                fields: dict[str, str | int | None] = {
+                    "disks": len(disks),
+                    "reason": verdict.code,
+                    "detail": (verdict.detail or verdict.reason)[:500],
+                }
+                if verdict.firstReportedBy:
+                    fields["first_reported_by"] = ", ".join(verdict.firstReportedBy)[
+                        :500
+                    ]
                 record(
                     "disks.refused",
                     actor=actor,
                     device=identity.device,
-                    fields={
-                        "disks": len(disks),
-                        "reason": verdict.code,
-                        "detail": verdict.reason[:500],
-                    },
+                    fields=fields,
                 )
             return verdict
 
