@@ -120,6 +120,23 @@ class NetBoxAPIContractMixin(_Base):
         self.assertEqual(self.fake.devices[ident]["status"], "planned")
         self.assertEqual(newer, self.fake.etag(ident))
 
+    async def test_withoutETags_noHeaderIfMatchIgnored(self) -> None:
+        """
+        C{etags} off, as NetBox before 4.6 (or a proxy stripping the
+        header) answers: no ETag on details or PATCHes, and an If-Match
+        that no longer matches is ignored (the write lands).
+        """
+        self.fake.etags = False
+        ident = self.fake.addDevice("w1", "S1")
+        path = f"api/dcim/devices/{ident}/"
+        _, _, etag = await self.request("GET", path)
+        self.assertIsNone(etag)
+        code, _, etag = await self.request(
+            "PATCH", path, {"status": "planned"}, ifMatch='W/"stale"'
+        )
+        self.assertEqual((code, etag), (200, None))
+        self.assertEqual(self.fake.devices[ident]["status"], "planned")
+
     async def test_patch_validation(self) -> None:
         """400 names the field: unknown custom field, bad status, mistyped text."""
         ident = self.fake.addDevice("w1", "S1")

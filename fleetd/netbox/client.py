@@ -35,9 +35,18 @@ NetBoxErrorKind = Literal[
 ]
 
 DEFAULT_TIMEOUT = 15.0
+# Retries after NetBox failed (the push, the mirror, the start-up check):
+# 1 s doubling to RETRY_MAX, never more, so whatever the outage's length
+# NetBox answering again is noticed within RETRY_MAX (+ one deadline).
+RETRY_FIRST = 1.0
+RETRY_MAX = 10.0
 PAGE_LIMIT = 1000  # NetBox's MAX_PAGE_SIZE default
 MAX_PAGES = 10_000
 MAX_BODY = 16 * 1024 * 1024
+
+
+class _TooLarge(Exception):
+    """An answer grew past C{MAX_BODY} while it was read."""
 
 
 class NetBoxError(Exception):
@@ -139,6 +148,7 @@ class NetBoxClient:
         self.base = checkURL(url)
         self._auth = authorization(token)
         self.timeout = timeout
+        self.maxBody = MAX_BODY
 
     def close(self) -> Deferred[None]:
         """On stop: cancel the requests in flight (a connection that
@@ -190,7 +200,7 @@ class NetBoxClient:
                 )
             )
         d = Deferred.fromCoroutine(self._call(method, url, body, ifMatch))
-        d.addTimeout(self.timeout, self._clock)
+        d.addTimeout(self.timeout, self._clock, onTimeoutCancel=_timedOut)
         self._inflight.add(d)
 
         def settled(result: object) -> object:
@@ -212,7 +222,7 @@ class NetBoxClient:
         if ifMatch is not None:
             headers["If-Match"] = [ifMatch]
         response = await self._http.request(method, url, headers=headers, data=data)
-        content = await treq.content(response)
+        content = await self._content(response, method, url)
         status = response.code
         etags = response.headers.getRawHeaders("etag") or [None]
         if 200 <= status < 300:
@@ -242,6 +252,33 @@ class NetBoxClient:
             raise NetBoxError(f"{where}: changed since it was read", "conflict")
         raise NetBoxError(f"{where}: NetBox answered {status}: {reason}", "unavailable")
 
+    async def _content(self, response: Any, method: str, url: str) -> bytes:
+        """
+        The answer's body, at most C{maxBody} bytes: past that (declared or
+        as it arrives) the connection is dropped and the call fails.
+        """
+        limit = self.maxBody
+        length = getattr(response, "length", None)
+        size = length if isinstance(length, int) and length > limit else 0
+        chunks: list[bytes] = []
+
+        def collect(data: bytes) -> None:
+            nonlocal size
+            size += len(data)
+            if size > limit:
+                raise _TooLarge()
+            chunks.append(data)
+
+        try:
+            await treq.collect(response, collect)
+        except _TooLarge:
+            raise NetBoxError(
+                f"{method} {self._show(url)}: NetBox's answer is larger than"
+                f" {limit // (1024 * 1024)} MiB; fleetd stopped reading it",
+                "unavailable",
+            ) from None
+        return b"".join(chunks)
+
     def _show(self, url: str) -> str:
         """A URL for messages: the path only (no host, no query)."""
         return urlsplit(url).path
@@ -252,6 +289,10 @@ class NetBoxClient:
         if failure.check(NetBoxError):
             return failure
         where = f"{method} {self._show(url)}"
+        if failure.check(TimeoutError, ConnectError, ConnectionLost, ResponseFailed):
+            # A pooled connection NetBox dropped without a word (a restart,
+            # a cut link) would cost the next call its whole deadline too.
+            self._dropIdle()
         if failure.check(TimeoutError):
             raise NetBoxError(f"{where}: no answer within {self.timeout:g}s", "timeout")
         if failure.check(ConnectError, ConnectionLost, ResponseFailed, OSError):
@@ -260,6 +301,11 @@ class NetBoxClient:
                 "unavailable",
             )
         return failure
+
+    def _dropIdle(self) -> None:
+        """Close the pool's idle connections: the next call opens a new one."""
+        if self._closer is not None and not self._closed:
+            self._closer().addErrback(lambda f: None)
 
     # Conveniences
 
@@ -299,6 +345,15 @@ class NetBoxClient:
     def post(self, path: str, body: Mapping[str, Any]) -> Deferred[dict[str, Any]]:
         d = self.call("POST", self.url(path), dict(body))
         return d.addCallback(lambda r: _object(r[0], path))
+
+
+def _timedOut(result: object, timeout: float) -> object:
+    """
+    The deadline cancelled the call: it timed out, whatever the cancelled
+    request failed with (the agent reports a request cut off before its
+    answer as C{ResponseNeverReceived}, not as a cancellation).
+    """
+    raise TimeoutError(f"no answer within {timeout:g}s")
 
 
 def _object(value: object, path: str) -> dict[str, Any]:

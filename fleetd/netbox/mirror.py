@@ -23,7 +23,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from fleetd.inventory.model import InventoryError
-from fleetd.netbox.client import NetBoxClient, NetBoxError
+from fleetd.netbox.client import RETRY_FIRST, RETRY_MAX, NetBoxClient, NetBoxError
 from fleetd.netbox.devices import JOURNAL, OBJECT_TYPE, findByName, remote
 from fleetd.store.db import Database
 from fleetd.store.journal import JournalEntry, canonicalJSON
@@ -31,8 +31,8 @@ from fleetd.store.runner import IRunner
 
 POLL = 5.0
 BATCH = 100
-FIRST_DELAY = 1.0
-MAX_DELAY = 300.0
+FIRST_DELAY = RETRY_FIRST
+MAX_DELAY = RETRY_MAX
 
 
 def marker(entry: JournalEntry) -> str:

@@ -31,6 +31,10 @@ SKIPPED = "skipped"  # left alone: the device's status in NetBox overrode it
 REFUSED = "refused"  # NetBox refused it (no such device, 400): needs a human
 
 _COLUMNS = "id, device, status, run, served_at, digest"
+# NetBox's own statuses (anything else is a site's addition).
+_KNOWN = frozenset(s.value for s in DeviceStatus)
+# Statuses a device keeps over a release, when fleetd itself set them first.
+_KEPT = frozenset({DeviceStatus.ACTIVE, DeviceStatus.DECOMMISSIONING})
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,9 @@ def enqueueStatus(db: Database, device: str, status: DeviceStatus, at: float) ->
 def localStatus(db: Database, device: str) -> DeviceStatus | None:
     """
     The status fleetd last knew for C{device}: its last change still
-    waiting for NetBox, else NetBox's last answer (the device cache);
-    None when fleetd knows neither.
+    waiting for NetBox, else NetBox's last answer (the device cache, as
+    the last list or the last push found it); None when fleetd knows
+    neither.
     """
     row = db.execute(
         "SELECT status FROM netbox_outbox WHERE device = ? AND state = ?"
@@ -143,17 +148,75 @@ def nextPending(db: Database) -> OutboxEntry | None:
     return None if row is None else _entry(row)
 
 
-def settle(db: Database, ident: int, state: str, outcome: str, attempts: int) -> None:
+def settle(
+    db: Database,
+    ident: int,
+    state: str,
+    outcome: str,
+    attempts: int,
+    found: str | None = None,
+) -> None:
     """
-    Record how an entry settled. A settled status change goes (its journal
-    entries are its record); a release stays: it is the served record.
+    Record how an entry settled, and C{found}, the status NetBox holds
+    after it, in the device cache (newer than the last list). A done
+    entry records what NetBox then holds (a release may have moved a
+    planned device to staged whatever its row said): the device's newest
+    done entry is the status fleetd itself last wrote (L{lastWritten}).
+    Older settled status changes go (their journal entries are their
+    record); a release stays: it is the served record.
     """
+    device = db.execute(
+        "SELECT device FROM netbox_outbox WHERE id = ? AND state = ?",
+        (ident, PENDING),
+    ).fetchone()
+    if device is None:
+        return
     db.execute(
         "UPDATE netbox_outbox SET state = ?, outcome = ?, attempts = attempts + ?"
-        " WHERE id = ? AND state = ?",
-        (state, outcome, attempts, ident, PENDING),
+        " WHERE id = ?",
+        (state, outcome, attempts, ident),
     )
-    db.execute("DELETE FROM netbox_outbox WHERE id = ? AND run IS NULL", (ident,))
+    if state == DONE and found in _KNOWN:
+        db.execute("UPDATE netbox_outbox SET status = ? WHERE id = ?", (found, ident))
+    # Keep the device's newest done status row (it may be its last write).
+    db.execute(
+        "DELETE FROM netbox_outbox WHERE device = ? AND run IS NULL AND state != ?"
+        " AND (state != ? OR id < (SELECT max(id) FROM netbox_outbox"
+        "  WHERE device = ? AND state = ?))",
+        (device[0], PENDING, DONE, device[0], DONE),
+    )
+    if found:
+        _cacheStatus(db, device[0], found)
+
+
+def _cacheStatus(db: Database, name: str, status: str) -> None:
+    """The cached device's status as NetBox last answered it (if cached)."""
+    row = db.execute(
+        "SELECT device FROM netbox_devices WHERE name = ?", (name,)
+    ).fetchone()
+    if row is None or status not in _KNOWN:
+        return
+    cached = json.loads(row[0])
+    if isinstance(cached, dict) and cached.get("status") != status:
+        cached["status"] = status
+        db.execute(
+            "UPDATE netbox_devices SET device = ? WHERE name = ?",
+            (json.dumps(cached, sort_keys=True), name),
+        )
+
+
+def lastWritten(db: Database, device: str) -> DeviceStatus | None:
+    """
+    The status fleetd itself last wrote to NetBox for C{device} (or found
+    already so when it came to write it): its newest entry settled done.
+    None when fleetd never wrote one.
+    """
+    row = db.execute(
+        "SELECT status FROM netbox_outbox WHERE device = ? AND state = ?"
+        " ORDER BY id DESC LIMIT 1",
+        (device, DONE),
+    ).fetchone()
+    return None if row is None else DeviceStatus(row[0])
 
 
 def pendingStatuses(db: Database) -> dict[str, DeviceStatus]:
@@ -202,33 +265,67 @@ class Decision:
     leftAlone: str | None = None
 
 
-def decide(entry: OutboxEntry, current: RemoteDevice) -> Decision:
+def decide(
+    entry: OutboxEntry,
+    current: RemoteDevice,
+    *,
+    guarded: bool = True,
+    written: DeviceStatus | None = None,
+) -> Decision:
     """
-    Decide, from the device as NetBox has it now, what this entry still
-    needs. fleetd writes planned, staged, active and decommissioning; a
-    status a site added is left alone, a decommissioning device stays so
-    (only a retirement writes it), and a release moves only a C{planned}
-    device to C{staged}: an operator's edit since the change wins.
+    Decide, from the device as NetBox has it now (its detail, read right
+    before the write), what this entry still needs. fleetd writes
+    planned, staged, active and decommissioning; a status a site added is
+    left alone, a decommissioning device stays so (only a retirement
+    writes it), and a release moves only a C{planned} device to
+    C{staged}, whatever status its row carries (what fleetd knew when the
+    delivery committed, shown to readers until the push): an operator's
+    edit since the change wins, and a release never writes an older status.
+
+    @param guarded: the PATCH carries C{If-Match} (NetBox sent an ETag).
+        Without one an operator's edit could land unseen between read and
+        write, so C{status} is written only over the status fleetd itself
+        last wrote (C{written}); a device fleetd never wrote a status to
+        takes a provision's C{planned}, and a retirement is always written.
     """
     body: dict[str, Any] = {}
     release = entry.release()
     if release is not None and current.custom_fields.get(CF_RELEASE) != release:
         body["custom_fields"] = {CF_RELEASE: release}
-    target = entry.status.value
     now = current.status
+    target = entry.status
+    if release is not None:
+        if now == DeviceStatus.STAGED or (
+            entry.status in _KEPT and now == entry.status
+        ):
+            return Decision(body)  # staged already, or the status fleetd kept
+        target = DeviceStatus.STAGED
     leftAlone: str | None = None
-    known = {s.value for s in DeviceStatus}
     if now == target:
         pass
-    elif now not in known:
+    elif now not in _KNOWN:
         leftAlone = f"status {now} is the site's own; fleetd leaves it alone"
-    elif now == DeviceStatus.DECOMMISSIONING and target != now:
+    elif now == DeviceStatus.DECOMMISSIONING:
         leftAlone = "the device is decommissioning; fleetd leaves it so"
     elif release is not None and now != DeviceStatus.PLANNED:
         leftAlone = f"the device is {now}, not planned; the release leaves it so"
+    elif not guarded and not _unguarded(target, now, written):
+        leftAlone = (
+            f"NetBox sent no ETag and status {now} was not set by fleetd;"
+            " fleetd does not write over it"
+        )
     else:
-        body["status"] = target
+        body["status"] = target.value
     return Decision(body, leftAlone)
+
+
+def _unguarded(target: DeviceStatus, now: str, written: DeviceStatus | None) -> bool:
+    """Whether C{target} may be written over C{now} without C{If-Match}."""
+    if target is DeviceStatus.DECOMMISSIONING:
+        return True  # a retirement: the owner's order, never lost
+    if written is None:  # fleetd never wrote one: a provision decided on it
+        return target is DeviceStatus.PLANNED
+    return now == written.value
 
 
 def cacheDevices(db: Database, devices: list[dict[str, Any]], replaceAll: bool) -> None:

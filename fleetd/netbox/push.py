@@ -29,18 +29,18 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from automat import TypeMachineBuilder
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from fleetd.inventory.model import InventoryError
-from fleetd.netbox.client import NetBoxClient, NetBoxError
+from fleetd.inventory.model import DeviceStatus, InventoryError
+from fleetd.netbox.client import RETRY_FIRST, RETRY_MAX, NetBoxClient, NetBoxError
 from fleetd.netbox.devices import detailPath, findByName, remote
 from fleetd.netbox.outbox import DONE, REFUSED, SKIPPED, OutboxEntry, decide
 
-FIRST_DELAY = 1.0
-MAX_DELAY = 300.0
+FIRST_DELAY = RETRY_FIRST
+MAX_DELAY = RETRY_MAX
 MAX_CONFLICTS = 5
 
 
@@ -48,8 +48,14 @@ class PushInputs(Protocol):
     def begin(self) -> None:
         "Start writing the entry: read the device from NetBox."
 
-    def toPatch(self, body: dict[str, Any], etag: str | None) -> None:
-        "The device was read; NetBox still lacks C{body}."
+    def toPatch(
+        self, body: dict[str, Any], etag: str | None, leftAlone: str | None
+    ) -> None:
+        """
+        The device was read; NetBox still lacks C{body}. C{leftAlone}: why
+        the status is left as NetBox has it (the write is then journaled
+        as skipped: the release's record still goes to NetBox).
+        """
 
     def upToDate(self, state: str, outcome: str) -> None:
         "The device was read; nothing (more) is to be written."
@@ -88,6 +94,7 @@ class PushCore:
         self.settle = settle
         self.schedule = schedule
         self.delay = FIRST_DELAY
+        self.leftAlone: str | None = None
         self.conflicts = 0
         self.attempts = 0
         self.timer: IDelayedCall | None = None
@@ -110,8 +117,13 @@ def _begin(inputs: PushInputs, core: PushCore) -> None:
 
 @reading.upon(PushInputs.toPatch).to(patching)
 def _toPatch(
-    inputs: PushInputs, core: PushCore, body: dict[str, Any], etag: str | None
+    inputs: PushInputs,
+    core: PushCore,
+    body: dict[str, Any],
+    etag: str | None,
+    leftAlone: str | None,
 ) -> None:
+    core.leftAlone = leftAlone
     core.patch(body, etag)
 
 
@@ -122,7 +134,10 @@ def _upToDate(inputs: PushInputs, core: PushCore, state: str, outcome: str) -> N
 
 @patching.upon(PushInputs.patched).to(settled)
 def _patched(inputs: PushInputs, core: PushCore) -> None:
-    core.settle(DONE, "written")
+    if core.leftAlone is not None:
+        core.settle(SKIPPED, f"{core.leftAlone}; fleetd_release written")
+    else:
+        core.settle(DONE, "written")
 
 
 @patching.upon(PushInputs.changed).to(reading)
@@ -184,11 +199,24 @@ class Push:
         entry: OutboxEntry,
         client: NetBoxClient,
         clock: IReactorTime,
-        onSettled: Callable[[OutboxEntry, str, str, int], None],
+        onSettled: Callable[[OutboxEntry, str, str, int, str | None], None],
+        *,
+        written: Callable[[], Deferred[DeviceStatus | None]] = lambda: succeed(None),
+        onETag: Callable[[bool], None] = lambda present: None,
     ) -> None:
+        """
+        @param onSettled: called with the entry, how it settled, why, the
+            attempts, and the status NetBox holds after it (when read).
+        @param written: the status fleetd itself last wrote to the device
+            (asked only when NetBox sends no ETag).
+        @param onETag: whether the device's detail carried an ETag.
+        """
         self.entry = entry
         self._client = client
         self._onSettled = onSettled
+        self._written = written
+        self._onETag = onETag
+        self._found: str | None = None
         self.core = PushCore(
             self._read,
             self._patch,
@@ -233,9 +261,14 @@ class Push:
                 )
             self._path = detailPath(remote(data).id)
             detail = await self._client.detail(self._path)
-            decision = decide(self.entry, remote(detail.data))
+            current = remote(detail.data)
+            self._found = current.status
+            guarded = detail.etag is not None
+            self._onETag(guarded)
+            written = None if guarded else await self._written()
+            decision = decide(self.entry, current, guarded=guarded, written=written)
             if decision.body:
-                self.machine.toPatch(decision.body, detail.etag)
+                self.machine.toPatch(decision.body, detail.etag, decision.leftAlone)
             elif decision.leftAlone is not None:
                 self.machine.upToDate(SKIPPED, decision.leftAlone)
             else:
@@ -246,7 +279,14 @@ class Push:
     def _patch(self, body: dict[str, Any], etag: str | None) -> None:
         assert self._path is not None
         d = self._client.patch(self._path, body, etag)
-        d.addCallbacks(lambda _: self.machine.patched(), self._failure)
+        d.addCallbacks(self._patchedWith, self._failure)
+
+    def _patchedWith(self, answer: dict[str, Any]) -> None:
+        try:
+            self._found = remote(answer).status or self._found
+        except InventoryError:
+            pass  # written all the same; the status is as last read
+        self.machine.patched()
 
     def _settle(self, state: str, outcome: str) -> None:
-        self._onSettled(self.entry, state, outcome, self.core.attempts)
+        self._onSettled(self.entry, state, outcome, self.core.attempts, self._found)

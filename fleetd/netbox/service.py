@@ -21,15 +21,16 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
+from fleetd.inventory.model import InventoryError
 from fleetd.inventory.netbox import NetBoxInventory
-from fleetd.netbox.client import NetBoxClient, NetBoxError
+from fleetd.netbox.client import RETRY_FIRST, RETRY_MAX, NetBoxClient, NetBoxError
 from fleetd.netbox.mirror import JournalMirror
 from fleetd.netbox.worker import OutboxWorker
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.runner import IRunner
 
-FIRST_DELAY = 1.0
-MAX_DELAY = 300.0
+FIRST_DELAY = RETRY_FIRST
+MAX_DELAY = RETRY_MAX
 
 
 class NetBoxService(Service):
@@ -85,9 +86,9 @@ class NetBoxService(Service):
         while True:
             try:
                 missing = await self.inventory.checkCustomFields()
-            except NetBoxError as e:
-                if e.kind == "invalid":
-                    raise
+            except (NetBoxError, InventoryError) as e:
+                # Even a refusal (a proxy's 400 while NetBox restarts) is
+                # retried: a check that gave up would never start the push.
                 self.log.warn(
                     "netbox.check.retry in {delay}s: {reason}",
                     delay=delay,
@@ -107,6 +108,7 @@ class NetBoxService(Service):
             self._onRefused(message)
             return
         self.log.info("netbox.ready {url}", url=self.inventory.client.base)
+        await self.worker.probeETag()  # says so once when there is none
         self.worker.start()
         self.mirror.start()
 

@@ -14,12 +14,15 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from fleetd.netbox.client import NetBoxClient
+from fleetd.inventory.model import InventoryError
+from fleetd.netbox.client import NetBoxClient, NetBoxError
+from fleetd.netbox.devices import DEVICES, detailPath, remote
 from fleetd.netbox.outbox import (
     DONE,
     REFUSED,
     SKIPPED,
     OutboxEntry,
+    lastWritten,
     nextPending,
     pendingCount,
     settle,
@@ -74,6 +77,46 @@ class OutboxWorker:
         )
         for outcome in (DONE, SKIPPED, REFUSED):
             self.settledCount.labels(outcome)
+        self.etagMissing = Gauge(
+            "fleetd_netbox_etag_missing",
+            "1 when NetBox's device details carry no ETag (NetBox before 4.6,"
+            " or a proxy that strips it): writes cannot use If-Match.",
+            registry=metrics,
+        )
+        self._etag: bool | None = None
+
+    def noteETag(self, present: bool) -> None:
+        """
+        Whether a device detail carried an ETag: said once in the log
+        (and again only if it changes) and kept in a gauge.
+        """
+        if present == self._etag:
+            return
+        if not present:
+            self.log.warn(
+                "netbox.etag.missing: NetBox's device details carry no ETag"
+                " (NetBox before 4.6, or a proxy that strips it); fleetd writes"
+                " without If-Match and writes a status only over its own"
+            )
+        elif self._etag is False:
+            self.log.info("netbox.etag.present: device details carry an ETag again")
+        self._etag = present
+        self.etagMissing.set(0 if present else 1)
+
+    async def probeETag(self) -> None:
+        """At start: read one device's detail to learn whether it has an ETag."""
+        try:
+            page, _ = await self._client.call(
+                "GET", self._client.url(DEVICES, {"limit": 1})
+            )
+            results = page.get("results") if isinstance(page, dict) else None
+            if not results or not isinstance(results[0], dict):
+                return  # no device yet: the first push will tell
+            detail = await self._client.detail(detailPath(remote(results[0]).id))
+        except (NetBoxError, InventoryError) as e:
+            self.log.warn("netbox.etag.unknown: {reason}", reason=str(e))
+            return
+        self.noteETag(detail.etag is not None)
 
     def start(self) -> None:
         self._stopped = False
@@ -109,11 +152,23 @@ class OutboxWorker:
         if not isinstance(entry, OutboxEntry):
             self._idle()
             return
-        self.push = Push(entry, self._client, self._clock, self._settled)
+        self.push = Push(
+            entry,
+            self._client,
+            self._clock,
+            self._settled,
+            written=lambda: self._runner.run(lambda db: lastWritten(db, entry.device)),
+            onETag=self.noteETag,
+        )
         self.push.machine.begin()
 
     def _settled(
-        self, entry: OutboxEntry, state: str, outcome: str, tries: int
+        self,
+        entry: OutboxEntry,
+        state: str,
+        outcome: str,
+        tries: int,
+        found: str | None = None,
     ) -> None:
         self.push = None
         if state == DONE:
@@ -133,7 +188,7 @@ class OutboxWorker:
             )
 
         def change(db: Database, record: Recorder) -> None:
-            settle(db, entry.id, state, outcome, tries)
+            settle(db, entry.id, state, outcome, tries, found)
             if state != DONE:
                 record(
                     f"netbox.push.{state}",

@@ -29,7 +29,9 @@ NetBox source (v4.6.8) document it:
     info/success/warning/danger, and the assigned object must exist, or
     400 (C{extras/api/serializers_/journaling.py}).
 
-Fault switches: C{hang} (no request is ever answered), C{swallowWrites}
+Fault switches: C{etags} off (NetBox before 4.6, or a proxy that strips
+the header: no C{ETag} on any answer, C{If-Match} ignored as Django REST
+framework ignores it there), C{hang} (no request is ever answered), C{swallowWrites}
 (the next N writes are applied, then never answered: a timeout whose
 request landed), C{beforePatch} (an operator's edit between fleetd's read
 and its PATCH). C{requests} records every request's method and path.
@@ -100,6 +102,7 @@ class FakeNetBox(Resource):
         self.versions: dict[int, int] = {}
         self._ids = 0
         self.hang = False
+        self.etags = True
         self.swallowWrites = 0
         self.beforePatch: Callable[[int], None] | None = None
         self.requests: list[tuple[str, str]] = []
@@ -202,7 +205,7 @@ class FakeNetBox(Resource):
             return NOT_DONE_YET
         request.setResponseCode(code)
         request.setHeader(b"content-type", b"application/json")
-        if etag is not None:
+        if etag is not None and self.etags:
             request.setHeader(b"etag", etag.encode("ascii"))
         return json.dumps(body).encode("utf-8")
 
@@ -365,7 +368,11 @@ class FakeNetBox(Resource):
             self.beforePatch(ident)
         match = request.getHeader(b"if-match")
         self.ifMatches.append(None if match is None else match.decode("latin-1"))
-        if match is not None and match.decode("latin-1") != self.etag(ident):
+        if (
+            self.etags
+            and match is not None
+            and match.decode("latin-1") != self.etag(ident)
+        ):
             raise _Answer(412, {"detail": "Precondition failed."})
         device = self.devices[ident]
         errors: dict[str, list[str]] = {}
