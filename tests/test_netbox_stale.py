@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +242,29 @@ class AttestationTests(SynchronousTestCase):
         )
         cert = x509.load_pem_x509_certificate(issued["certificate"].encode())
         return self.server.identify.checkCertificate(cert)
+
+    def test_attest_serialTwiceInNetBox_refusedNamingNoDevice(self) -> None:
+        """
+        Item 12 at the device listener: the node's serial names two NetBox
+        devices. An anonymous begin is refused C{inventory-ambiguous} (409)
+        with a line that names neither device, and the refusal is journaled.
+        """
+        seedFake(
+            self.rig.fake,
+            replace(
+                W1,
+                name="secret-neighbour",
+                uuid="11111111-2222-3333-4444-555555555555",
+                macs=(),
+            ),
+        )
+        refusal = self.failureResultOf(self.begin(), NodeRefused).value
+        self.assertEqual((refusal.reason, refusal.status), ("inventory-ambiguous", 409))
+        self.assertNotIn("secret-neighbour", refusal.line())
+        self.assertNotIn("w1", refusal.line())
+        (entry,) = self.server.entries("attest.refused")
+        self.assertEqual(entry.fields["reason"], "inventory-ambiguous")
+        self.assertEqual(self.server.entries("ldevid.issued"), [])
 
     def test_attest_netboxDown_busyNotCached(self) -> None:
         """

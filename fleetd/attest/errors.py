@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from twisted.logger import Logger
 from twisted.web import http
 
 from fleetd.inventory.model import Device, DeviceStatus, InventoryError
@@ -34,6 +35,8 @@ CERTIFY_INVALID = "certify-invalid"
 CSR_INVALID = "csr-invalid"
 MALFORMED = "malformed"
 BUSY = "busy"
+# The inventory holds several devices for the serial or name a node names
+INVENTORY_AMBIGUOUS = "inventory-ambiguous"
 # [T4]
 LDEVID_REQUIRED = "ldevid-required"
 LDEVID_UNKNOWN = "ldevid-unknown"
@@ -56,6 +59,7 @@ _STATUS = {
     LDEVID_REQUIRED: http.UNAUTHORIZED,
     NO_PLAN: http.NOT_FOUND,
     NO_TARGET_DISK: http.CONFLICT,
+    INVENTORY_AMBIGUOUS: http.CONFLICT,
 }
 
 
@@ -93,10 +97,16 @@ def refuseRetired(device: Device) -> None:
         )
 
 
+_log = Logger(namespace="fleetd.attest")
+
 # Seconds a node is told to wait (Retry-After) when fleetd answers busy.
 RETRY_AFTER = 30
 
 INVENTORY_BUSY = "the inventory cannot be asked now; retry later"
+INVENTORY_AMBIGUOUS_LINE = (
+    "the inventory holds more than one device for this machine;"
+    " the owner must resolve it"
+)
 
 
 def busyWhileUnavailable(
@@ -107,17 +117,25 @@ def busyWhileUnavailable(
     while the inventory cannot be asked (NetBox down, hung, or refusing
     fleetd's token): a node's credential is never decided from a cache
     (issue 17 item 11). The line names no peer of fleetd's; the inventory
-    logs and counts why.
+    logs and counts why. Several devices for one key (a serial twice in
+    NetBox) is refused too, with a line that names no device: the other
+    devices are none of the caller's business (issue 17 item 12).
 
-    @raise Refused: C{busy} (503, with Retry-After at the listener).
+    @raise Refused: C{busy} (503, with Retry-After at the listener), or
+        C{inventory-ambiguous} (409).
     """
 
     async def asked(key: str) -> Device | None:
         try:
             return await lookup(key)
         except InventoryError as e:
-            if e.kind != "unavailable":
-                raise
-            raise Refused(BUSY, INVENTORY_BUSY) from e
+            if e.kind == "unavailable":
+                raise Refused(BUSY, INVENTORY_BUSY) from e
+            if e.kind == "duplicate":
+                _log.warn(
+                    "attest.inventory-ambiguous {key}: {why}", key=key, why=str(e)
+                )
+                raise Refused(INVENTORY_AMBIGUOUS, INVENTORY_AMBIGUOUS_LINE) from e
+            raise
 
     return asked
