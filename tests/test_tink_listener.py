@@ -601,10 +601,11 @@ class IdleTimeoutTests(SynchronousTestCase):
         self.assertEqual(h.clock.getDelayedCalls(), [])
 
     def test_data_restartsTimer(self) -> None:
-        """Any data from the client restarts the idle timer."""
+        """A request from the client restarts the idle timer (control
+        frames do not: L{tests.test_tink_h2abuse})."""
         h = Harness(idleTimeout=30.0)
         h.clock.advance(20)
-        h.client.ping(b"\x00" * 8)
+        h.call(body=grpcMessage(b"x"))
         h.pump()
         h.clock.advance(20)
         self.assertFalse(h.transport.disconnecting)
@@ -631,13 +632,14 @@ class ProgressTimerTests(SynchronousTestCase):
     """Timeouts count from the last frame, with one timer per connection."""
 
     def test_stream_timeoutFromLastProgress(self) -> None:
-        """An open stream with no frame either way for streamTimeout seconds
-        is abandoned exactly then; a frame in between restarts the count."""
+        """An open stream with no request or response bytes for
+        streamTimeout seconds is abandoned exactly then; request bytes in
+        between restart the count."""
         h = Harness(RecordingHandler, idleTimeout=30.0, streamTimeout=100.0)
-        h.call()
+        sid = h.call(end=False)
         h.pump()
         h.clock.advance(60)
-        h.client.ping(b"\x00" * 8)
+        h.client.send_data(sid, grpcMessage(b"x"))
         h.pump()  # progress at 60
         h.clock.advance(99.9)
         self.assertFalse(h.transport.disconnecting)

@@ -18,6 +18,7 @@ from h2.events import (
     ConnectionTerminated,
     DataReceived,
     Event,
+    PingReceived,
     RemoteSettingsChanged,
     RequestReceived,
     StreamEnded,
@@ -36,6 +37,7 @@ from twisted.python.failure import Failure
 from fleetd.logs import ThrottledLog
 from fleetd.tink.grpcwire import GRPCStatus, encodeGrpcMessage
 from fleetd.tink.h2conn import DrainingH2Connection, noDelay, writes
+from fleetd.tink.h2guard import ConnectionGuard, H2Limits, SourceStreams
 from fleetd.tink.h2stream import (
     Headers,
     IFlowControlledHandler,
@@ -75,10 +77,21 @@ class H2ServerProtocol(Protocol):
     @ivar log: where its lines go; the listener's factory gives every
         connection one shared L{ThrottledLog}, so a flood of connections or
         streams cannot flood the log.
+    @ivar sources: the listener's new-streams-per-source limit, if any.
+    @ivar countAbuse: counts L{fleetd.tink.metrics.ABUSE_KINDS}, if set.
+    @ivar guard: this connection's budgets (L{fleetd.tink.h2guard}), from
+        C{connectionMade} on. It is the transport's streaming producer once
+        the client's first bytes arrived (after the TLS handshake, which
+        must not wait for a paused reader).
     """
 
     log: Logger | ThrottledLog = Logger()
     connectionId = 0  # numbered by the listener's factory
+    sources: SourceStreams | None = None
+    countAbuse: Callable[[str], None] | None = None
+    guard: ConnectionGuard | None = None
+    _producing = False
+    _aborted = False
 
     def __init__(
         self,
@@ -91,8 +104,10 @@ class H2ServerProtocol(Protocol):
         idleTimeout: float = 30.0,
         streamTimeout: float = 300.0,
         handshakeTimeout: float = 10.0,
+        limits: H2Limits | None = None,
     ) -> None:
         self.maxMessageBytes = maxMessageBytes
+        self._limits = limits or H2Limits()
         self._handlerFactory = handlerFactory
         self._clock = clock
         self._idleTimeout = idleTimeout
@@ -103,6 +118,7 @@ class H2ServerProtocol(Protocol):
         self._streams: dict[int, StreamResponder] = {}
         self._closing = False
         self._greeted = False  # the client's preface and SETTINGS arrived
+        self._moved = False  # request bytes arrived in this batch
         self._lastAccepted: int | None = None  # set by drain(): GOAWAY sent
         self._drained: list[Deferred[None]] = []
         self.h2: H2Connection = DrainingH2Connection(
@@ -135,6 +151,10 @@ class H2ServerProtocol(Protocol):
         if opened is not None:
             opened(self)
         noDelay(self.transport)
+        peer = self.transport.getPeer() if self.transport is not None else None
+        self.guard = ConnectionGuard(
+            self._limits, self._clock, str(getattr(peer, "host", "")), self.sources
+        )
         self.h2.initiate_connection()
         self._flush()
         self._updateIdleTimer()
@@ -158,6 +178,9 @@ class H2ServerProtocol(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self._closing:
             return
+        if not self._producing and self.transport is not None:
+            self._producing = True
+            self.transport.registerProducer(self, True)  # type: ignore[attr-defined]
         # What the events below make any connection send (this one, and
         # upstream ones) leaves in one write per connection, at the end.
         writes.run(self._received, data)
@@ -178,12 +201,43 @@ class H2ServerProtocol(Protocol):
                 self.transport.write(pending)
             self._close()
             return
+        self._moved = False
         for event in events:
             if self._closing:
                 break
             self._dispatch(event)
         self._flush()
-        self._updateIdleTimer()
+        if self._moved:
+            self._updateIdleTimer()
+
+    def pauseProducing(self) -> None:
+        """The transport's write buffer is full: stop reading until the
+        client reads what was written (issue 17)."""
+        guard = self.guard
+        if guard is None or guard.paused or self._closing or self.transport is None:
+            return
+        guard.paused = True
+        self._count("paused")
+        self.transport.pauseProducing()  # type: ignore[attr-defined]
+
+    def resumeProducing(self) -> None:
+        """The write buffer drained: write what was held, read again."""
+        guard = self.guard
+        if guard is None or not guard.paused:
+            return
+        held = guard.release()
+        if self._closing or self.transport is None:
+            return
+        self.transport.resumeProducing()  # type: ignore[attr-defined]
+        if held:
+            self.transport.write(held)
+        for stream in list(self._streams.values()):
+            if stream._outbound or stream._trailers is not None:
+                stream.resumeSending()
+        self._flush()
+
+    def stopProducing(self) -> None:
+        """The transport goes away; L{connectionLost} follows."""
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self._closing = True
@@ -201,8 +255,10 @@ class H2ServerProtocol(Protocol):
     def _dispatch(self, event: Event) -> None:
         stream = self._streams.get(getattr(event, "stream_id", 0))
         if isinstance(event, RequestReceived):
+            self._moved = True  # progress: request bytes, not control frames
             self._requestReceived(event.stream_id, event.headers)
         elif isinstance(event, DataReceived):
+            self._moved = self._moved or bool(event.data)
             credit = event.flow_controlled_length
             if stream is not None and stream._handler is not None:
                 if getattr(stream._handler, "ownsFlowControl", False):
@@ -214,11 +270,21 @@ class H2ServerProtocol(Protocol):
             if credit:
                 self.h2.acknowledge_received_data(credit, event.stream_id)
         elif isinstance(event, StreamEnded) and stream is not None:
+            self._moved = True
+            stream._requestEnded = True
             self._call(stream, "endReceived")
+            if stream._guard.partial or not stream._guard.messages:
+                self._waste("incomplete")
         elif isinstance(event, StreamReset) and stream is not None:
             self._forget(stream)
             self._call(stream, "reset", event.error_code or 0)
+            self._waste("reset")
+        elif isinstance(event, PingReceived):
+            self._controlFrame()
         elif isinstance(event, WindowUpdated | RemoteSettingsChanged):
+            if isinstance(event, RemoteSettingsChanged):
+                self._controlFrame()
+            self._moved = self._moved or not self._greeted
             self._greeted = True
             # Only streams with data waiting for a window need a look: a
             # client acknowledges often, and many streams may be open.
@@ -243,6 +309,11 @@ class H2ServerProtocol(Protocol):
             # After our GOAWAY: not processed, so the client may retry it.
             self.h2.reset_stream(streamId, ErrorCodes.REFUSED_STREAM)
             return
+        if self.guard is not None and not self.guard.allowStream():
+            # Over the source's rate: not processed, the client may retry.
+            self.h2.reset_stream(streamId, ErrorCodes.REFUSED_STREAM)
+            self._waste("source")
+            return
         stream = self._streams[streamId] = StreamResponder(self, streamId)
         fields = dict(headers)
         method = fields.get(b":method", b"")
@@ -256,6 +327,7 @@ class H2ServerProtocol(Protocol):
                 peer=self._peer(),
             )
             stream.sendHeaders(refusal, endStream=True)
+            self._waste("refused")
             return
         try:
             stream._handler = self._handlerFactory(stream)
@@ -283,6 +355,45 @@ class H2ServerProtocol(Protocol):
         )
         self._call(stream, "reset", ErrorCodes.CANCEL)
         stream._handler = None
+        self._waste("refused")
+
+    def _count(self, kind: str) -> None:
+        if self.countAbuse is not None:
+            self.countAbuse(kind)
+
+    def _waste(self, kind: str) -> None:
+        """A wasted stream (L{fleetd.tink.h2guard}); past the budget, calm."""
+        self._count(kind)
+        guard = self.guard
+        if guard is not None and guard.waste() and not self._closing:
+            self._calm("stream-budget", wasted=guard.wasted)
+
+    def _controlFrame(self) -> None:
+        guard = self.guard
+        if guard is not None and guard.controlFrame() and not self._closing:
+            self._calm("control-frames")
+
+    def _calm(self, reason: str, **fields: object) -> None:
+        """GOAWAY(ENHANCE_YOUR_CALM), abandon the streams, close."""
+        self._count(reason)
+        self.log.warn(
+            "tink.h2.enhance-your-calm {reason}",
+            reason=reason,
+            peer=self._peer(),
+            **fields,
+        )
+        self._abandon(ErrorCodes.ENHANCE_YOUR_CALM)
+        self._close()
+
+    def _abandon(self, code: int) -> None:
+        """Send GOAWAY(C{code}) and reset every stream's handler."""
+        try:
+            self.h2.close_connection(code)
+        except ProtocolError:
+            pass
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            self._call(stream, "reset", ErrorCodes.CANCEL)
 
     def _call(self, stream: StreamResponder, name: str, *args: object) -> None:
         """Deliver one event to the stream's handler; a handler that raises
@@ -304,6 +415,8 @@ class H2ServerProtocol(Protocol):
         h2stream = self.h2.streams.get(stream.streamId)
         if h2stream is not None and not h2stream.closed:
             stream.reset(ErrorCodes.NO_ERROR)
+        elif stream._requestEnded and stream._guard.messages and self.guard:
+            self.guard.completed()
         self._forget(stream)
 
     def _forget(self, stream: StreamResponder) -> None:
@@ -320,17 +433,44 @@ class H2ServerProtocol(Protocol):
 
     def _flushNow(self) -> None:
         data = self.h2.data_to_send()
-        if data and self.transport is not None:
+        if not data or self.transport is None or self._aborted:
+            return
+        guard = self.guard
+        if guard is None or not guard.paused:
             self.transport.write(data)
-            if self._streams:
-                self._updateIdleTimer()  # a stream made progress
+        elif guard.hold(data):
+            # The client reads nothing, yet its frames keep asking for replies.
+            self._count("unread")
+            self.log.warn(
+                "tink.h2.unread-replies {held}", held=len(guard.held), peer=self._peer()
+            )
+            self._abort()
 
     def _close(self) -> None:
         self._closing = True
         self._cancelIdleTimer()
         self._flushNow()  # before the close, batch or not
-        if self.transport is not None:
-            self.transport.loseConnection()
+        transport = self.transport
+        if transport is None or self._aborted:
+            return
+        if self.guard is not None and self.guard.paused:
+            self._abort()  # a client that does not read would hold it open
+            return
+        if self._producing:
+            self._producing = False
+            # TLS shuts down only once no producer is registered.
+            transport.unregisterProducer()  # type: ignore[attr-defined]
+        transport.loseConnection()
+
+    def _abort(self) -> None:
+        self._closing = self._aborted = True
+        self._cancelIdleTimer()
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            self._call(stream, "reset", ErrorCodes.CANCEL)
+        abort = getattr(self.transport, "abortConnection", None)
+        if abort is not None:
+            abort()
 
     def _idleCheck(self) -> None:
         """The timer fired: time out if nothing moved for the timeout that
@@ -356,13 +496,7 @@ class H2ServerProtocol(Protocol):
         # Streams that made no progress for this long are abandoned: tell
         # the client nothing past the last one was (or will be) processed.
         code = ErrorCodes.NO_ERROR if not self._streams else ErrorCodes.CANCEL
-        try:
-            self.h2.close_connection(code)
-        except ProtocolError:
-            pass
-        streams, self._streams = self._streams, {}
-        for stream in streams.values():
-            self._call(stream, "reset", ErrorCodes.CANCEL)
+        self._abandon(code)
         self._close()
 
     def _timeout(self) -> float:
