@@ -30,14 +30,14 @@ from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from fleetd.logs import ThrottledLog
 from fleetd.tink.grpcwire import GRPCStatus, encodeGrpcMessage
+from fleetd.tink.h2calm import GuardedProtocol
 from fleetd.tink.h2conn import DrainingH2Connection, noDelay, writes
-from fleetd.tink.h2guard import ConnectionGuard, H2Limits, SourceStreams
+from fleetd.tink.h2guard import ConnectionGuard, H2Limits
 from fleetd.tink.h2stream import (
     Headers,
     IFlowControlledHandler,
@@ -70,28 +70,18 @@ def _refusal(method: bytes, contentType: bytes) -> Headers | None:
     ]
 
 
-class H2ServerProtocol(Protocol):
+class H2ServerProtocol(GuardedProtocol):
     """
-    An HTTP/2 server connection dispatching streams to handlers.
+    An HTTP/2 server connection dispatching streams to handlers, within
+    the abuse limits of L{GuardedProtocol}.
 
     @ivar log: where its lines go; the listener's factory gives every
         connection one shared L{ThrottledLog}, so a flood of connections or
         streams cannot flood the log.
-    @ivar sources: the listener's new-streams-per-source limit, if any.
-    @ivar countAbuse: counts L{fleetd.tink.metrics.ABUSE_KINDS}, if set.
-    @ivar guard: this connection's budgets (L{fleetd.tink.h2guard}), from
-        C{connectionMade} on. It is the transport's streaming producer once
-        the client's first bytes arrived (after the TLS handshake, which
-        must not wait for a paused reader).
     """
 
     log: Logger | ThrottledLog = Logger()
     connectionId = 0  # numbered by the listener's factory
-    sources: SourceStreams | None = None
-    countAbuse: Callable[[str], None] | None = None
-    guard: ConnectionGuard | None = None
-    _producing = False
-    _aborted = False
 
     def __init__(
         self,
@@ -178,9 +168,7 @@ class H2ServerProtocol(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self._closing:
             return
-        if not self._producing and self.transport is not None:
-            self._producing = True
-            self.transport.registerProducer(self, True)  # type: ignore[attr-defined]
+        self._produce()
         # What the events below make any connection send (this one, and
         # upstream ones) leaves in one write per connection, at the end.
         writes.run(self._received, data)
@@ -209,35 +197,6 @@ class H2ServerProtocol(Protocol):
         self._flush()
         if self._moved:
             self._updateIdleTimer()
-
-    def pauseProducing(self) -> None:
-        """The transport's write buffer is full: stop reading until the
-        client reads what was written (issue 17)."""
-        guard = self.guard
-        if guard is None or guard.paused or self._closing or self.transport is None:
-            return
-        guard.paused = True
-        self._count("paused")
-        self.transport.pauseProducing()  # type: ignore[attr-defined]
-
-    def resumeProducing(self) -> None:
-        """The write buffer drained: write what was held, read again."""
-        guard = self.guard
-        if guard is None or not guard.paused:
-            return
-        held = guard.release()
-        if self._closing or self.transport is None:
-            return
-        self.transport.resumeProducing()  # type: ignore[attr-defined]
-        if held:
-            self.transport.write(held)
-        for stream in list(self._streams.values()):
-            if stream._outbound or stream._trailers is not None:
-                stream.resumeSending()
-        self._flush()
-
-    def stopProducing(self) -> None:
-        """The transport goes away; L{connectionLost} follows."""
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self._closing = True
@@ -357,44 +316,6 @@ class H2ServerProtocol(Protocol):
         stream._handler = None
         self._waste("refused")
 
-    def _count(self, kind: str) -> None:
-        if self.countAbuse is not None:
-            self.countAbuse(kind)
-
-    def _waste(self, kind: str) -> None:
-        """A wasted stream (L{fleetd.tink.h2guard}); past the budget, calm."""
-        self._count(kind)
-        guard = self.guard
-        if guard is not None and guard.waste() and not self._closing:
-            self._calm("stream-budget", wasted=guard.wasted)
-
-    def _controlFrame(self) -> None:
-        guard = self.guard
-        if guard is not None and guard.controlFrame() and not self._closing:
-            self._calm("control-frames")
-
-    def _calm(self, reason: str, **fields: object) -> None:
-        """GOAWAY(ENHANCE_YOUR_CALM), abandon the streams, close."""
-        self._count(reason)
-        self.log.warn(
-            "tink.h2.enhance-your-calm {reason}",
-            reason=reason,
-            peer=self._peer(),
-            **fields,
-        )
-        self._abandon(ErrorCodes.ENHANCE_YOUR_CALM)
-        self._close()
-
-    def _abandon(self, code: int) -> None:
-        """Send GOAWAY(C{code}) and reset every stream's handler."""
-        try:
-            self.h2.close_connection(code)
-        except ProtocolError:
-            pass
-        streams, self._streams = self._streams, {}
-        for stream in streams.values():
-            self._call(stream, "reset", ErrorCodes.CANCEL)
-
     def _call(self, stream: StreamResponder, name: str, *args: object) -> None:
         """Deliver one event to the stream's handler; a handler that raises
         is a bug: log it and reset its stream."""
@@ -435,42 +356,14 @@ class H2ServerProtocol(Protocol):
         data = self.h2.data_to_send()
         if not data or self.transport is None or self._aborted:
             return
-        guard = self.guard
-        if guard is None or not guard.paused:
-            self.transport.write(data)
-        elif guard.hold(data):
-            # The client reads nothing, yet its frames keep asking for replies.
-            self._count("unread")
-            self.log.warn(
-                "tink.h2.unread-replies {held}", held=len(guard.held), peer=self._peer()
-            )
-            self._abort()
+        self._write(data)
 
     def _close(self) -> None:
         self._closing = True
         self._cancelIdleTimer()
         self._flushNow()  # before the close, batch or not
-        transport = self.transport
-        if transport is None or self._aborted:
-            return
-        if self.guard is not None and self.guard.paused:
-            self._abort()  # a client that does not read would hold it open
-            return
-        if self._producing:
-            self._producing = False
-            # TLS shuts down only once no producer is registered.
-            transport.unregisterProducer()  # type: ignore[attr-defined]
-        transport.loseConnection()
-
-    def _abort(self) -> None:
-        self._closing = self._aborted = True
-        self._cancelIdleTimer()
-        streams, self._streams = self._streams, {}
-        for stream in streams.values():
-            self._call(stream, "reset", ErrorCodes.CANCEL)
-        abort = getattr(self.transport, "abortConnection", None)
-        if abort is not None:
-            abort()
+        if self._release() and self.transport is not None:
+            self.transport.loseConnection()
 
     def _idleCheck(self) -> None:
         """The timer fired: time out if nothing moved for the timeout that
