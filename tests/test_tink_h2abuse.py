@@ -41,6 +41,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.tink import GRPCStatus, TinkListenerFactory
 from fleetd.tink.h2guard import H2Limits
+from fleetd.tink.h2server import SLICE
 from fleetd.tink.metrics import TinkMetrics
 from tests.test_tink_h2proxy import Site
 from tests.test_tink_listener import (
@@ -110,6 +111,43 @@ class RapidResetTests(SynchronousTestCase):
             [line] = [e for e in events if e["log_format"] == CALM]
             self.assertEqual(line["reason"], "stream-budget")
             h.close()
+
+    def test_calm_stopsReadingThenCutOff(self) -> None:
+        """After GOAWAY(ENHANCE_YOUR_CALM) nothing more is read (a TLS
+        close would read on, waiting for the client's close_notify), and
+        the connection is aborted once closeGrace passed; a connection lost
+        before that leaves no timer (issue 17 item 5)."""
+        for lostFirst in (False, True):
+            h = guarded(H2Limits(streamBudget=1, closeGrace=1.0))
+            sid = h.call(end=False)
+            h.client.reset_stream(sid, ErrorCodes.CANCEL)
+            h.pump()
+            self.assertEqual(len(calm(h)), 1)
+            self.assertEqual(h.transport.producerState, "paused")
+            self.assertFalse(h.transport.disconnected)
+            if lostFirst:
+                h.close()
+                self.assertEqual(h.clock.getDelayedCalls(), [])
+                continue
+            h.clock.advance(1.0)
+            self.assertTrue(h.transport.disconnected)
+            h.close()
+            self.assertEqual(h.clock.getDelayedCalls(), [])
+
+    def test_floodInOneRead_parsedOnlyUntilClose(self) -> None:
+        """A read holding 1000 reset streams is parsed a slice at a time:
+        once the budget closed the connection, the rest is never parsed
+        (its cost is the slices up to the close) (issue 17 item 5)."""
+        h = guarded(H2Limits(streamBudget=8))
+        for _ in range(1000):
+            sid = h.call(end=False)
+            h.client.reset_stream(sid, ErrorCodes.CANCEL)
+        flood = h.client.data_to_send()
+        self.assertGreater(len(flood), 4 * SLICE)
+        h.server.dataReceived(flood)
+        self.assertTrue(h.transport.disconnecting)
+        self.assertLess(h.server.h2.highest_inbound_stream_id, sid // 4)
+        h.close()
 
     def test_answeredCalls_earnBack(self) -> None:
         """A call answered after a whole request gives one unit back, so an
@@ -518,6 +556,11 @@ class RealSocketPauseTests(TestCase):
         )
         tls = TLSMemoryBIOFactory(options, False, listener)
         port = reactor.listenTCP(0, tls, interface="127.0.0.1")  # type: ignore[arg-type]
+        # Accepted sockets inherit these: the kernel then holds little of
+        # what either side does not read, so the buffers that fill are
+        # fleetd's own, and the client feels the pause.
+        for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            port.socket.setsockopt(socket.SOL_SOCKET, option, 4096)  # type: ignore[attr-defined]
         self.addCleanup(port.stopListening)
         total = 16 << 20
         number = cast(IPv4Address, port.getHost()).port

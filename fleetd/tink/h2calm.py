@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.exceptions import ProtocolError
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 
@@ -45,6 +46,9 @@ class GuardedProtocol(Protocol):
     h2: H2Connection
     _streams: dict[int, StreamResponder]
     _closing: bool
+    _clock: IReactorTime
+    _closeGrace = 1.0
+    _cutOff: IDelayedCall | None = None
     sources: SourceStreams | None = None
     countAbuse: Callable[[str], None] | None = None
     guard: ConnectionGuard | None = None
@@ -140,6 +144,7 @@ class GuardedProtocol(Protocol):
     def _abort(self) -> None:
         self._closing = self._aborted = True
         self._cancelIdleTimer()
+        self._stopCutOff()
         streams, self._streams = self._streams, {}
         for stream in streams.values():
             self._call(stream, "reset", ErrorCodes.CANCEL)
@@ -176,6 +181,25 @@ class GuardedProtocol(Protocol):
         )
         self._abandon(ErrorCodes.ENHANCE_YOUR_CALM)
         self._close()
+
+    def _closeSoon(self) -> None:
+        """Close the transport, reading nothing more: a TLS close waits for
+        the client's close_notify, reading (and decrypting) all it still
+        sends meanwhile, so a client that keeps sending would hold the
+        connection open. It is cut off if it is not gone after
+        C{closeGrace}; a client that reads its GOAWAY closes first."""
+        transport = self.transport
+        if transport is None:
+            return
+        transport.pauseProducing()  # type: ignore[attr-defined]
+        self._cutOff = self._clock.callLater(self._closeGrace, self._abort)
+        transport.loseConnection()
+
+    def _stopCutOff(self) -> None:
+        """The connection is gone: no cut-off timer outlives it."""
+        if self._cutOff is not None and self._cutOff.active():
+            self._cutOff.cancel()
+        self._cutOff = None
 
     def _abandon(self, code: int) -> None:
         """Send GOAWAY(C{code}) and reset every stream's handler."""

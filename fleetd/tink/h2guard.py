@@ -44,6 +44,9 @@ class H2Limits:
     controlBurst: float = 100.0
     controlRate: float = 10.0
     maxUnreadBytes: int = 64 * 1024
+    # After its GOAWAY fleetd reads nothing more and gives the client this
+    # long to read it and close before the connection is cut off.
+    closeGrace: float = 1.0
 
 
 class SourceStreams:

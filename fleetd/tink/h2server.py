@@ -54,6 +54,11 @@ __all__ = [
 ]
 
 
+# The most bytes of one read parsed before the connection is asked again
+# whether it is closing (about 40 streams of a rapid-reset flood).
+SLICE = 4096
+
+
 def _refusal(method: bytes, contentType: bytes) -> Headers | None:
     """The response to a request that is not gRPC, like grpc-go's."""
     if method != b"POST":
@@ -98,6 +103,7 @@ class H2ServerProtocol(GuardedProtocol):
     ) -> None:
         self.maxMessageBytes = maxMessageBytes
         self._limits = limits or H2Limits()
+        self._closeGrace = self._limits.closeGrace
         self._handlerFactory = handlerFactory
         self._clock = clock
         self._idleTimeout = idleTimeout
@@ -171,7 +177,16 @@ class H2ServerProtocol(GuardedProtocol):
         self._produce()
         # What the events below make any connection send (this one, and
         # upstream ones) leaves in one write per connection, at the end.
-        writes.run(self._received, data)
+        writes.run(self._received if len(data) <= SLICE else self._sliced, data)
+
+    def _sliced(self, data: bytes) -> None:
+        """Parse a large read a slice at a time: a flood closed for abuse
+        costs the slices up to its close, not all it sent in one read."""
+        view = memoryview(data)
+        for start in range(0, len(data), SLICE):
+            if self._closing:
+                return
+            self._received(bytes(view[start : start + SLICE]))
 
     def _received(self, data: bytes) -> None:
         try:
@@ -201,6 +216,7 @@ class H2ServerProtocol(GuardedProtocol):
     def connectionLost(self, reason: Failure | None = None) -> None:
         self._closing = True
         self._cancelIdleTimer()
+        self._stopCutOff()
         closed = getattr(self.factory, "closed", None)
         if closed is not None:
             closed(self)
@@ -362,8 +378,8 @@ class H2ServerProtocol(GuardedProtocol):
         self._closing = True
         self._cancelIdleTimer()
         self._flushNow()  # before the close, batch or not
-        if self._release() and self.transport is not None:
-            self.transport.loseConnection()
+        if self._release():
+            self._closeSoon()
 
     def _idleCheck(self) -> None:
         """The timer fired: time out if nothing moved for the timeout that
