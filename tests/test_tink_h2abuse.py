@@ -39,8 +39,9 @@ from twisted.logger import capturedLogs
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from fleetd.listen import LimitedFactory
 from fleetd.tink import GRPCStatus, TinkListenerFactory
-from fleetd.tink.h2guard import H2Limits
+from fleetd.tink.h2guard import H2Limits, SourceStreams
 from fleetd.tink.h2server import SLICE
 from fleetd.tink.metrics import TinkMetrics
 from tests.test_tink_h2proxy import Site
@@ -347,6 +348,74 @@ class SourceLimitTests(SynchronousTestCase):
         self.assertTrue(fourth.refused(fourth.call()))
         elsewhere = Conn(factory, IPv6Address("TCP", "2001:db8:0:1::1", 40000))
         self.assertFalse(elsewhere.refused(elsewhere.call()))
+
+
+class PenaltyTests(SynchronousTestCase):
+    """A source whose connection was closed for abuse is kept away for a
+    while, before any TLS work (issue 17 item 5)."""
+
+    def test_penalty_doublesThenForgiven(self) -> None:
+        """1 s at first, doubling with each repeat up to maxPenalty; a
+        source quiet for maxPenalty after its last penalty starts at 1 s
+        again."""
+        clock = Clock()
+        clock.advance(1000)
+        sources = SourceStreams(clock, rate=1, burst=1, maxPenalty=8)
+        self.assertEqual(
+            [sources.penalize("192.0.2.7") for _ in range(5)], [1, 2, 4, 8, 8]
+        )
+        self.assertFalse(sources.admits("192.0.2.7"))
+        self.assertTrue(sources.admits("192.0.2.8"))
+        clock.advance(7.9)
+        self.assertFalse(sources.admits("192.0.2.7"))
+        clock.advance(0.1)
+        self.assertTrue(sources.admits("192.0.2.7"))
+        clock.advance(8)
+        self.assertEqual(sources.penalize("192.0.2.7"), 1)
+
+    def test_calm_sourceRefusedBeforeTLS(self) -> None:
+        """After GOAWAY(ENHANCE_YOUR_CALM) the connection limits (which sit
+        below TLS) refuse the source's next connection, as an IPv6 /64,
+        logged and counted; other sources are accepted; after the penalty
+        the source is accepted again."""
+        clock = Clock()
+        metrics = TinkMetrics()
+        factory = TinkListenerFactory(
+            clock,
+            handlerFactory=RecordingHandler,
+            limits=H2Limits(streamBudget=2),
+            countAbuse=metrics.abuse,
+        )
+        limited = LimitedFactory(
+            factory,
+            name="tink",
+            clock=clock,
+            maxConnections=10,
+            idleTimeout=300,
+            admit=factory.admits,
+        )
+        conn = Conn(factory, IPv6Address("TCP", "2001:db8::1", 40000))
+        with capturedLogs() as events:
+            for _ in range(2):
+                sid = conn.client.get_next_available_stream_id()
+                conn.client.send_headers(sid, grpcHeaders())
+                conn.client.reset_stream(sid, ErrorCodes.CANCEL)
+            conn.pump()
+        self.assertTrue(conn.transport.disconnecting)
+        [line] = [
+            e
+            for e in events
+            if e["log_format"] == "tink.h2.source-penalized {source} {seconds}"
+        ]
+        self.assertEqual(line["source"], "2001:db8::/64")
+        self.assertEqual(counted(metrics, "penalty"), 1)
+        same = IPv6Address("TCP", "2001:db8::2", 40000)
+        self.assertIsNone(limited.buildProtocol(same))
+        self.assertEqual(limited.refused, 1)
+        other = IPv6Address("TCP", "2001:db8:1::1", 40000)
+        self.assertIsNotNone(limited.buildProtocol(other))
+        clock.advance(1)
+        self.assertIsNotNone(limited.buildProtocol(same))
 
 
 class ControlFrameTests(SynchronousTestCase):

@@ -124,6 +124,7 @@ class GuardedProtocol(Protocol):
                 "tink.h2.unread-replies {held}", held=len(guard.held), peer=self._peer()
             )
             self._abort()
+            self._penalize()
 
     def _release(self) -> bool:
         """Before a close: whether the transport may close gracefully (it
@@ -181,6 +182,20 @@ class GuardedProtocol(Protocol):
         )
         self._abandon(ErrorCodes.ENHANCE_YOUR_CALM)
         self._close()
+        self._penalize()
+
+    def _penalize(self) -> None:
+        """Keep this connection's source away for a while (see
+        L{SourceStreams.penalize})."""
+        if self.sources is None or self.guard is None:
+            return
+        seconds = self.sources.penalize(self.guard.source)
+        self._count("penalty")
+        self.log.warn(
+            "tink.h2.source-penalized {source} {seconds}",
+            source=self.guard.source,
+            seconds=seconds,
+        )
 
     def _closeSoon(self) -> None:
         """Close the transport, reading nothing more: a TLS close waits for

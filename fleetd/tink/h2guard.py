@@ -17,7 +17,10 @@ L{H2ServerProtocol} asks it and acts. Policy only, no I/O:
 - B{New streams per source}: every connection of one source (an IPv6 /64
   counts as one, L{sourceKey}) draws from one token bucket
   (L{SourceStreams}); a stream over it is refused (REFUSED_STREAM, which
-  gRPC clients retry) and counts as wasted.
+  gRPC clients retry) and counts as wasted. A source whose connection was
+  closed for abuse opens no new connection for a while (refused when
+  accepted, before any TLS work: L{SourceStreams.admits}), 1 s at first,
+  doubling with each repeat up to C{maxPenalty}.
 - B{Control frames}: PING and SETTINGS frames (each makes fleetd write an
   ACK) draw from a per-connection token bucket; past it, GOAWAY
   (ENHANCE_YOUR_CALM) and close.
@@ -29,6 +32,7 @@ L{H2ServerProtocol} asks it and acts. Policy only, no I/O:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from twisted.internet.interfaces import IReactorTime
@@ -50,17 +54,55 @@ class H2Limits:
 
 
 class SourceStreams:
-    """New streams per source, across all of a listener's connections."""
+    """New streams per source, across all of a listener's connections, and
+    the penalties of sources told to calm down."""
 
-    def __init__(self, clock: IReactorTime, *, rate: float, burst: float) -> None:
+    def __init__(
+        self,
+        clock: IReactorTime,
+        *,
+        rate: float,
+        burst: float,
+        maxPenalty: float = 60.0,
+        maxSources: int = 65536,
+    ) -> None:
         # The global bucket never binds: only sources are limited here.
         self._limiter = RateLimiter(
-            clock, rate=rate, burst=burst, globalRate=1e12, globalBurst=1e12
+            clock,
+            rate=rate,
+            burst=burst,
+            globalRate=1e12,
+            globalBurst=1e12,
+            maxSources=maxSources,
         )
+        self._clock = clock
+        self._maxPenalty = maxPenalty
+        self._maxSources = maxSources
+        # source -> (penalised until, its latest penalty in seconds)
+        self._penalties: OrderedDict[str, tuple[float, float]] = OrderedDict()
 
     def allow(self, source: str) -> bool:
         """Whether C{source} (a L{sourceKey}) may open one more stream."""
         return self._limiter.allow(source)
+
+    def penalize(self, source: str) -> float:
+        """C{source}'s connection was closed for abuse: refuse its new
+        connections for 1 s, or twice its last penalty if that one ended
+        less than C{maxPenalty} ago. Returns the penalty in seconds."""
+        now = self._clock.seconds()
+        until, last = self._penalties.pop(source, (0.0, 0.0))
+        seconds = 1.0
+        if now < until + self._maxPenalty:
+            seconds = min(self._maxPenalty, max(1.0, 2 * last))
+        self._penalties[source] = (now + seconds, seconds)
+        if len(self._penalties) > self._maxSources:
+            self._penalties.popitem(last=False)
+        return seconds
+
+    def admits(self, source: str) -> bool:
+        """Whether a new connection from C{source} may be accepted."""
+        penalty = self._penalties.get(source)
+        return penalty is None or self._clock.seconds() >= penalty[0]
 
 
 class ConnectionGuard:

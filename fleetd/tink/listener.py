@@ -82,8 +82,8 @@ class TinkListenerFactory(Factory):
         handshakeTimeout: float = 10.0,
         drainTimeout: float = 10.0,
         limits: H2Limits | None = None,
-        sourceStreamRate: float = 200.0,
-        sourceStreamBurst: float = 400.0,
+        sourceStreamRate: float = 20.0,
+        sourceStreamBurst: float = 100.0,
         countAbuse: Callable[[str], None] | None = None,
     ) -> None:
         """
@@ -115,6 +115,12 @@ class TinkListenerFactory(Factory):
             handshakeTimeout=handshakeTimeout,
             limits=limits,
         )
+
+    def admits(self, source: str) -> bool:
+        """Whether a connection from C{source} (a L{sourceKey}) may be
+        accepted: not while it is penalised (L{SourceStreams.penalize});
+        the connection limits ask this before any TLS work."""
+        return self.sources.admits(source)
 
     def buildProtocol(self, addr: IAddress | None) -> H2ServerProtocol:
         protocol = self._build()

@@ -30,6 +30,7 @@ ABUSE_KINDS = (
     "control-frames",
     "unread",
     "paused",
+    "penalty",
 )
 
 
@@ -96,8 +97,9 @@ class TinkMetrics:
             "HTTP/2 client abuse on the tink listener: wasted streams (reset,"
             " refused, incomplete), streams over the source's rate (source),"
             " connections closed with ENHANCE_YOUR_CALM (stream-budget,"
-            " control-frames) or for unread replies (unread), and reading"
-            " paused while replies were unread (paused).",
+            " control-frames) or for unread replies (unread), sources kept"
+            " away after such a close (penalty), and reading paused while"
+            " replies were unread (paused).",
             ["kind"],
             registry=registry,
         )
