@@ -49,6 +49,7 @@ class GuardedProtocol(Protocol):
     _clock: IReactorTime
     _closeGrace = 1.0
     _cutOff: IDelayedCall | None = None
+    _calmed = False  # GOAWAY(ENHANCE_YOUR_CALM) was sent
     sources: SourceStreams | None = None
     countAbuse: Callable[[str], None] | None = None
     guard: ConnectionGuard | None = None
@@ -181,6 +182,7 @@ class GuardedProtocol(Protocol):
             **fields,
         )
         self._abandon(ErrorCodes.ENHANCE_YOUR_CALM)
+        self._calmed = True
         self._close()
         self._penalize()
 
@@ -198,15 +200,18 @@ class GuardedProtocol(Protocol):
         )
 
     def _closeSoon(self) -> None:
-        """Close the transport, reading nothing more: a TLS close waits for
-        the client's close_notify, reading (and decrypting) all it still
-        sends meanwhile, so a client that keeps sending would hold the
-        connection open. It is cut off if it is not gone after
-        C{closeGrace}; a client that reads its GOAWAY closes first."""
+        """Close the transport, and cut it off if it is not gone after
+        C{closeGrace}: a TLS close waits for the client's close_notify,
+        reading (and decrypting) all the client still sends meanwhile, so
+        a client that keeps sending would hold the connection open. After
+        GOAWAY(ENHANCE_YOUR_CALM) nothing more is read at all; after a
+        graceful close reading goes on, so a client that closes in turn
+        (as gRPC clients do on GOAWAY) ends the connection cleanly."""
         transport = self.transport
         if transport is None:
             return
-        transport.pauseProducing()  # type: ignore[attr-defined]
+        if self._calmed:
+            transport.pauseProducing()  # type: ignore[attr-defined]
         self._cutOff = self._clock.callLater(self._closeGrace, self._abort)
         transport.loseConnection()
 
