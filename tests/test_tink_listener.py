@@ -605,7 +605,7 @@ class IdleTimeoutTests(SynchronousTestCase):
 
     def test_data_restartsTimer(self) -> None:
         """A request from the client restarts the idle timer (control
-        frames do not: L{tests.test_tink_h2abuse})."""
+        frames do not: L{tests.test_tink_h2flood})."""
         h = Harness(idleTimeout=30.0)
         h.clock.advance(20)
         h.call(body=grpcMessage(b"x"))

@@ -106,11 +106,17 @@ class ProxyStream:
             return
         self._observe("request", data)
         self._pending += data
-        self._push() if self._opened else self._open()
+        if self._opened:
+            self._push()
+        else:
+            self._open()
 
     def endReceived(self) -> None:
         self._ended = True
-        self._push() if self._opened else self._open()
+        if self._opened:
+            self._push()
+        else:
+            self._open()
 
     def reset(self, errorCode: int) -> None:
         """The client reset the stream, or its connection went away."""
