@@ -291,7 +291,15 @@ def main() -> None:
     fleet = makeFleet(
         work / "fleetd",
         vault / "configs",
-        {"tink": {"upstream": f"tcp:127.0.0.1:{h2c}"}},
+        # One load generator stands in for many nodes: lift the per-source
+        # stream rate (issue 17), which would otherwise refuse most calls.
+        {
+            "tink": {
+                "upstream": f"tcp:127.0.0.1:{h2c}",
+                "source_stream_rate": 1e6,
+                "source_stream_burst": 1e6,
+            }
+        },
     )
     pki = fleet.pki.directory
     ca = fleet.pki.public_ca.read_bytes()

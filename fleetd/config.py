@@ -146,6 +146,11 @@ class TinkSettings:
     handshake_timeout: float = 10.0
     stream_timeout: float = 300.0
     drain_timeout: float = 10.0
+    # HTTP/2 abuse limits (issue 17): wasted streams per connection before
+    # GOAWAY(ENHANCE_YOUR_CALM), new streams per second per source.
+    stream_budget: int = 32
+    source_stream_rate: float = 20.0
+    source_stream_burst: float = 100.0
     min_reboot: float = 60.0
     # Boot completion's second "done" signal: "off" or "kubernetes" (read
     # the Workflows' status.state through [kubernetes]); the namespace to
@@ -473,6 +478,9 @@ def _tinkSettings(tink: _Table) -> TinkSettings:
         handshake_timeout=tink.number("handshake_timeout", 10.0, 0.1, 600.0),
         stream_timeout=tink.number("stream_timeout", 300.0, 1.0, 86400.0),
         drain_timeout=tink.number("drain_timeout", 10.0, 0.0, 600.0),
+        stream_budget=tink.integer("stream_budget", 32, 1, 100000),
+        source_stream_rate=tink.number("source_stream_rate", 20.0, 0.1, 1e9),
+        source_stream_burst=tink.number("source_stream_burst", 100.0, 1.0, 1e9),
         min_reboot=tink.number("min_reboot", 60.0, 0.0, 3600.0),
         workflow_state=workflowState,
         workflow_namespace=workflowNamespace,

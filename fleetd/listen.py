@@ -249,7 +249,9 @@ class LimitedFactory(policies.WrappingFactory):
     source (L{connectionSource}: an IPv6 /64 is one source), are closed as
     soon as they are accepted, before any TLS work, so a flood costs little.
     Refusals are counted; the warning about them is logged at most once per
-    C{logEvery} seconds so a flood cannot drown the log.
+    C{logEvery} seconds so a flood cannot drown the log. C{admit}, when
+    given, may refuse a source for its own reasons the same way (the tink
+    listener's sources told to calm down, issue 17).
     """
 
     logEvery = 10.0
@@ -268,8 +270,10 @@ class LimitedFactory(policies.WrappingFactory):
         maxConnections: int,
         idleTimeout: float,
         maxPerSource: int | None = None,
+        admit: Callable[[str], bool] | None = None,
     ) -> None:
         super().__init__(wrappedFactory)
+        self.admit = admit
         self.name = name
         self.clock = clock
         self.maxConnections = maxConnections
@@ -313,6 +317,8 @@ class LimitedFactory(policies.WrappingFactory):
             return self._refuse("total", self.maxConnections)
         if self._perSource.get(source, 0) >= self.maxPerSource:
             return self._refuse("source", self.maxPerSource)
+        if self.admit is not None and not self.admit(source):
+            return self._refuse("penalty", 0)
         protocol = super().buildProtocol(addr)
         self._perSource[source] = self._perSource.get(source, 0) + 1
         self._sourceOf[protocol] = source
@@ -421,7 +427,8 @@ def tlsFactory(
     idleTimeout: float,
     maxPerSource: int | None = None,
 ) -> LimitedFactory:
-    """Wrap C{factory} in TLS, then in connection limits."""
+    """Wrap C{factory} in TLS, then in connection limits (with
+    C{factory.admits} as the admission check, when it has one)."""
     wrapped = _TLSFactory(ServerConnections(options), False, factory)
     wrapped.noisy = False
     return LimitedFactory(
@@ -431,6 +438,7 @@ def tlsFactory(
         maxConnections=maxConnections,
         idleTimeout=idleTimeout,
         maxPerSource=maxPerSource,
+        admit=getattr(factory, "admits", None),
     )
 
 

@@ -55,6 +55,30 @@ class TinkSettingsTests(SynchronousTestCase):
         self.assertEqual(e.key, "tink.stream_timout")
         self.assertIn("did you mean tink.stream_timeout", str(e))
 
+    def test_abuseLimits_defaultsAndChecked(self) -> None:
+        """The HTTP/2 abuse limits (issue 17): defaults, set, out of range
+        naming their key."""
+        s = self.load({"upstream": "tcp:h:1"}).tink
+        self.assertEqual(
+            (s.stream_budget, s.source_stream_rate, s.source_stream_burst),
+            (32, 20.0, 100.0),
+        )
+        s = self.load(
+            {
+                "upstream": "tcp:h:1",
+                "stream_budget": 8,
+                "source_stream_rate": 500,
+                "source_stream_burst": 1000,
+            }
+        ).tink
+        self.assertEqual(
+            (s.stream_budget, s.source_stream_rate, s.source_stream_burst),
+            (8, 500.0, 1000.0),
+        )
+        for key in ("stream_budget", "source_stream_rate", "source_stream_burst"):
+            e = self.error({"upstream": "tcp:h:1", key: 0})
+            self.assertEqual(e.key, f"tink.{key}")
+
     def test_address_parse(self) -> None:
         """UpstreamAddress.parse: the forms the README documents."""
         self.assertEqual(

@@ -587,7 +587,9 @@ class IdleTimeoutTests(SynchronousTestCase):
 
     def test_idle_goawayAndClose(self) -> None:
         """With no streams and no data for idleTimeout seconds the server
-        sends GOAWAY(NO_ERROR) and closes; no delayed call is left."""
+        sends GOAWAY(NO_ERROR) and closes; the only delayed call left is
+        the cut-off of a client that does not close in turn (issue 17),
+        and none once the connection is gone."""
         h = Harness(idleTimeout=30.0)
         h.clock.advance(29.9)
         self.assertFalse(h.transport.disconnecting)
@@ -596,15 +598,17 @@ class IdleTimeoutTests(SynchronousTestCase):
         [goaway] = h.of(ConnectionTerminated)
         self.assertEqual(goaway.error_code, ErrorCodes.NO_ERROR)
         self.assertTrue(h.transport.disconnecting)
-        self.assertEqual(h.clock.getDelayedCalls(), [])
+        [cutOff] = h.clock.getDelayedCalls()
+        self.assertEqual(cutOff.getTime(), 31.0)
         h.close()
         self.assertEqual(h.clock.getDelayedCalls(), [])
 
     def test_data_restartsTimer(self) -> None:
-        """Any data from the client restarts the idle timer."""
+        """A request from the client restarts the idle timer (control
+        frames do not: L{tests.test_tink_h2flood})."""
         h = Harness(idleTimeout=30.0)
         h.clock.advance(20)
-        h.client.ping(b"\x00" * 8)
+        h.call(body=grpcMessage(b"x"))
         h.pump()
         h.clock.advance(20)
         self.assertFalse(h.transport.disconnecting)
@@ -631,13 +635,14 @@ class ProgressTimerTests(SynchronousTestCase):
     """Timeouts count from the last frame, with one timer per connection."""
 
     def test_stream_timeoutFromLastProgress(self) -> None:
-        """An open stream with no frame either way for streamTimeout seconds
-        is abandoned exactly then; a frame in between restarts the count."""
+        """An open stream with no request or response bytes for
+        streamTimeout seconds is abandoned exactly then; request bytes in
+        between restart the count."""
         h = Harness(RecordingHandler, idleTimeout=30.0, streamTimeout=100.0)
-        h.call()
+        sid = h.call(end=False)
         h.pump()
         h.clock.advance(60)
-        h.client.ping(b"\x00" * 8)
+        h.client.send_data(sid, grpcMessage(b"x"))
         h.pump()  # progress at 60
         h.clock.advance(99.9)
         self.assertFalse(h.transport.disconnecting)

@@ -38,12 +38,21 @@ def encodeGrpcMessage(message: str) -> bytes:
 
 class MessageSizeGuard:
     """Track gRPC message prefixes (flag, 4-byte length) across DATA frames,
-    whose boundaries are unrelated to message boundaries."""
+    whose boundaries are unrelated to message boundaries.
+
+    @ivar messages: how many whole messages went past.
+    """
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._prefix = bytearray()
         self._remaining = 0
+        self.messages = 0
+
+    @property
+    def partial(self) -> bool:
+        """Whether the bytes so far end inside a message."""
+        return bool(self._prefix) or self._remaining > 0
 
     def feed(self, data: bytes) -> int | None:
         """Return the first declared length over the limit, else L{None}."""
@@ -53,6 +62,8 @@ class MessageSizeGuard:
                 step = min(self._remaining, end - offset)
                 self._remaining -= step
                 offset += step
+                if not self._remaining:
+                    self.messages += 1
                 continue
             need = 5 - len(self._prefix)
             self._prefix += data[offset : offset + need]
@@ -63,4 +74,6 @@ class MessageSizeGuard:
                 if length > self._limit:
                     return length
                 self._remaining = length
+                if not length:
+                    self.messages += 1
         return None

@@ -18,6 +18,7 @@ from h2.events import (
     ConnectionTerminated,
     DataReceived,
     Event,
+    PingReceived,
     RemoteSettingsChanged,
     RequestReceived,
     StreamEnded,
@@ -29,13 +30,14 @@ from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from fleetd.logs import ThrottledLog
 from fleetd.tink.grpcwire import GRPCStatus, encodeGrpcMessage
+from fleetd.tink.h2calm import GuardedProtocol
 from fleetd.tink.h2conn import DrainingH2Connection, noDelay, writes
+from fleetd.tink.h2guard import ConnectionGuard, H2Limits
 from fleetd.tink.h2stream import (
     Headers,
     IFlowControlledHandler,
@@ -50,6 +52,11 @@ __all__ = [
     "IStreamHandler",
     "StreamResponder",
 ]
+
+
+# The most bytes of one read parsed before the connection is asked again
+# whether it is closing (about 40 streams of a rapid-reset flood).
+SLICE = 4096
 
 
 def _refusal(method: bytes, contentType: bytes) -> Headers | None:
@@ -68,9 +75,10 @@ def _refusal(method: bytes, contentType: bytes) -> Headers | None:
     ]
 
 
-class H2ServerProtocol(Protocol):
+class H2ServerProtocol(GuardedProtocol):
     """
-    An HTTP/2 server connection dispatching streams to handlers.
+    An HTTP/2 server connection dispatching streams to handlers, within
+    the abuse limits of L{GuardedProtocol}.
 
     @ivar log: where its lines go; the listener's factory gives every
         connection one shared L{ThrottledLog}, so a flood of connections or
@@ -91,8 +99,11 @@ class H2ServerProtocol(Protocol):
         idleTimeout: float = 30.0,
         streamTimeout: float = 300.0,
         handshakeTimeout: float = 10.0,
+        limits: H2Limits | None = None,
     ) -> None:
         self.maxMessageBytes = maxMessageBytes
+        self._limits = limits or H2Limits()
+        self._closeGrace = self._limits.closeGrace
         self._handlerFactory = handlerFactory
         self._clock = clock
         self._idleTimeout = idleTimeout
@@ -103,6 +114,7 @@ class H2ServerProtocol(Protocol):
         self._streams: dict[int, StreamResponder] = {}
         self._closing = False
         self._greeted = False  # the client's preface and SETTINGS arrived
+        self._moved = False  # request bytes arrived in this batch
         self._lastAccepted: int | None = None  # set by drain(): GOAWAY sent
         self._drained: list[Deferred[None]] = []
         self.h2: H2Connection = DrainingH2Connection(
@@ -135,6 +147,10 @@ class H2ServerProtocol(Protocol):
         if opened is not None:
             opened(self)
         noDelay(self.transport)
+        peer = self.transport.getPeer() if self.transport is not None else None
+        self.guard = ConnectionGuard(
+            self._limits, self._clock, str(getattr(peer, "host", "")), self.sources
+        )
         self.h2.initiate_connection()
         self._flush()
         self._updateIdleTimer()
@@ -158,9 +174,19 @@ class H2ServerProtocol(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self._closing:
             return
+        self._produce()
         # What the events below make any connection send (this one, and
         # upstream ones) leaves in one write per connection, at the end.
-        writes.run(self._received, data)
+        writes.run(self._received if len(data) <= SLICE else self._sliced, data)
+
+    def _sliced(self, data: bytes) -> None:
+        """Parse a large read a slice at a time: a flood closed for abuse
+        costs the slices up to its close, not all it sent in one read."""
+        view = memoryview(data)
+        for start in range(0, len(data), SLICE):
+            if self._closing:
+                return
+            self._received(bytes(view[start : start + SLICE]))
 
     def _received(self, data: bytes) -> None:
         try:
@@ -178,16 +204,19 @@ class H2ServerProtocol(Protocol):
                 self.transport.write(pending)
             self._close()
             return
+        self._moved = False
         for event in events:
             if self._closing:
                 break
             self._dispatch(event)
         self._flush()
-        self._updateIdleTimer()
+        if self._moved:
+            self._updateIdleTimer()
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self._closing = True
         self._cancelIdleTimer()
+        self._stopCutOff()
         closed = getattr(self.factory, "closed", None)
         if closed is not None:
             closed(self)
@@ -201,8 +230,10 @@ class H2ServerProtocol(Protocol):
     def _dispatch(self, event: Event) -> None:
         stream = self._streams.get(getattr(event, "stream_id", 0))
         if isinstance(event, RequestReceived):
+            self._moved = True  # progress: request bytes, not control frames
             self._requestReceived(event.stream_id, event.headers)
         elif isinstance(event, DataReceived):
+            self._moved = self._moved or bool(event.data)
             credit = event.flow_controlled_length
             if stream is not None and stream._handler is not None:
                 if getattr(stream._handler, "ownsFlowControl", False):
@@ -214,11 +245,21 @@ class H2ServerProtocol(Protocol):
             if credit:
                 self.h2.acknowledge_received_data(credit, event.stream_id)
         elif isinstance(event, StreamEnded) and stream is not None:
+            self._moved = True
+            stream._requestEnded = True
             self._call(stream, "endReceived")
+            if stream._guard.partial or not stream._guard.messages:
+                self._waste("incomplete")
         elif isinstance(event, StreamReset) and stream is not None:
             self._forget(stream)
             self._call(stream, "reset", event.error_code or 0)
+            self._waste("reset")
+        elif isinstance(event, PingReceived):
+            self._controlFrame()
         elif isinstance(event, WindowUpdated | RemoteSettingsChanged):
+            if isinstance(event, RemoteSettingsChanged):
+                self._controlFrame()
+            self._moved = self._moved or not self._greeted
             self._greeted = True
             # Only streams with data waiting for a window need a look: a
             # client acknowledges often, and many streams may be open.
@@ -243,6 +284,11 @@ class H2ServerProtocol(Protocol):
             # After our GOAWAY: not processed, so the client may retry it.
             self.h2.reset_stream(streamId, ErrorCodes.REFUSED_STREAM)
             return
+        if self.guard is not None and not self.guard.allowStream():
+            # Over the source's rate: not processed, the client may retry.
+            self.h2.reset_stream(streamId, ErrorCodes.REFUSED_STREAM)
+            self._waste("source")
+            return
         stream = self._streams[streamId] = StreamResponder(self, streamId)
         fields = dict(headers)
         method = fields.get(b":method", b"")
@@ -256,6 +302,7 @@ class H2ServerProtocol(Protocol):
                 peer=self._peer(),
             )
             stream.sendHeaders(refusal, endStream=True)
+            self._waste("refused")
             return
         try:
             stream._handler = self._handlerFactory(stream)
@@ -283,6 +330,7 @@ class H2ServerProtocol(Protocol):
         )
         self._call(stream, "reset", ErrorCodes.CANCEL)
         stream._handler = None
+        self._waste("refused")
 
     def _call(self, stream: StreamResponder, name: str, *args: object) -> None:
         """Deliver one event to the stream's handler; a handler that raises
@@ -304,6 +352,8 @@ class H2ServerProtocol(Protocol):
         h2stream = self.h2.streams.get(stream.streamId)
         if h2stream is not None and not h2stream.closed:
             stream.reset(ErrorCodes.NO_ERROR)
+        elif stream._requestEnded and stream._guard.messages and self.guard:
+            self.guard.completed()
         self._forget(stream)
 
     def _forget(self, stream: StreamResponder) -> None:
@@ -320,17 +370,16 @@ class H2ServerProtocol(Protocol):
 
     def _flushNow(self) -> None:
         data = self.h2.data_to_send()
-        if data and self.transport is not None:
-            self.transport.write(data)
-            if self._streams:
-                self._updateIdleTimer()  # a stream made progress
+        if not data or self.transport is None or self._aborted:
+            return
+        self._write(data)
 
     def _close(self) -> None:
         self._closing = True
         self._cancelIdleTimer()
         self._flushNow()  # before the close, batch or not
-        if self.transport is not None:
-            self.transport.loseConnection()
+        if self._release():
+            self._closeSoon()
 
     def _idleCheck(self) -> None:
         """The timer fired: time out if nothing moved for the timeout that
@@ -356,13 +405,7 @@ class H2ServerProtocol(Protocol):
         # Streams that made no progress for this long are abandoned: tell
         # the client nothing past the last one was (or will be) processed.
         code = ErrorCodes.NO_ERROR if not self._streams else ErrorCodes.CANCEL
-        try:
-            self.h2.close_connection(code)
-        except ProtocolError:
-            pass
-        streams, self._streams = self._streams, {}
-        for stream in streams.values():
-            self._call(stream, "reset", ErrorCodes.CANCEL)
+        self._abandon(code)
         self._close()
 
     def _timeout(self) -> float:

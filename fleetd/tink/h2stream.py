@@ -67,6 +67,7 @@ class StreamResponder:
         self._outbound = bytearray()
         self._trailers: Headers | None = None
         self._guard = MessageSizeGuard(protocol.maxMessageBytes)
+        self._requestEnded = False  # the client sent END_STREAM
         self.headersSent = False
 
     def acknowledge(self, size: int) -> None:
@@ -114,7 +115,11 @@ class StreamResponder:
             self._protocol._forget(self)
 
     def resumeSending(self) -> None:
-        """Send what the windows allow, then the trailers once drained."""
+        """Send what the windows allow, then the trailers once drained;
+        nothing while the client does not read (the protocol resumes)."""
+        guard = self._protocol.guard
+        if guard is not None and guard.paused:
+            return
         while self._outbound and self._live():
             try:
                 window = self._conn.local_flow_control_window(self.streamId)
@@ -154,4 +159,5 @@ class StreamResponder:
         except ProtocolError as e:
             self._protocol.log.debug("tink.h2.send-refused {error}", error=str(e))
             self._protocol._forget(self)
+        self._protocol._updateIdleTimer()  # progress: response bytes
         self._protocol._flush()

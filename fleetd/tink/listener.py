@@ -20,6 +20,7 @@ from twisted.internet.protocol import Factory
 
 from fleetd.logs import ThrottledLog
 from fleetd.tink.grpcwire import GRPCStatus
+from fleetd.tink.h2guard import H2Limits, SourceStreams
 from fleetd.tink.h2server import (
     H2ServerProtocol,
     Headers,
@@ -80,8 +81,23 @@ class TinkListenerFactory(Factory):
         streamTimeout: float = 300.0,
         handshakeTimeout: float = 10.0,
         drainTimeout: float = 10.0,
+        limits: H2Limits | None = None,
+        sourceStreamRate: float = 20.0,
+        sourceStreamBurst: float = 100.0,
+        countAbuse: Callable[[str], None] | None = None,
     ) -> None:
+        """
+        @param limits: each connection's abuse budgets (L{H2Limits}).
+        @param sourceStreamRate: new streams per second one source (an IPv6
+            /64 counts as one) may open across its connections, with
+            C{sourceStreamBurst} at once (L{SourceStreams}).
+        @param countAbuse: counts L{fleetd.tink.metrics.ABUSE_KINDS}.
+        """
         self.clock = clock
+        self.sources = SourceStreams(
+            clock, rate=sourceStreamRate, burst=sourceStreamBurst
+        )
+        self._countAbuse = countAbuse
         # One rate-limited log for every connection and stream of the listener.
         self.log = ThrottledLog(clock) if log is None else log
         self._drainTimeout = drainTimeout
@@ -97,11 +113,20 @@ class TinkListenerFactory(Factory):
             idleTimeout=idleTimeout,
             streamTimeout=streamTimeout,
             handshakeTimeout=handshakeTimeout,
+            limits=limits,
         )
+
+    def admits(self, source: str) -> bool:
+        """Whether a connection from C{source} (a L{sourceKey}) may be
+        accepted: not while it is penalised (L{SourceStreams.penalize});
+        the connection limits ask this before any TLS work."""
+        return self.sources.admits(source)
 
     def buildProtocol(self, addr: IAddress | None) -> H2ServerProtocol:
         protocol = self._build()
         protocol.log = self.log
+        protocol.sources = self.sources
+        protocol.countAbuse = self._countAbuse
         protocol.factory = self
         self._connections += 1
         protocol.connectionId = self._connections
@@ -150,4 +175,6 @@ def proxyFactory(
     def handler(responder: StreamResponder) -> IStreamHandler:
         return ProxyStream(responder, pool, metrics, log, tapFactory)
 
-    return TinkListenerFactory(clock, handlerFactory=handler, log=log, **limits)
+    return TinkListenerFactory(
+        clock, handlerFactory=handler, log=log, countAbuse=metrics.abuse, **limits
+    )

@@ -21,6 +21,19 @@ KNOWN_METHODS = frozenset(
 )
 
 
+ABUSE_KINDS = (
+    "reset",
+    "refused",
+    "incomplete",
+    "source",
+    "stream-budget",
+    "control-frames",
+    "unread",
+    "paused",
+    "penalty",
+)
+
+
 def methodLabel(path: str) -> str:
     """The C{method} label for a request path."""
     return path if path in KNOWN_METHODS else "other"
@@ -78,6 +91,25 @@ class TinkMetrics:
             ["reason"],
             registry=registry,
         )
+
+        self.h2Abuse = Counter(
+            "fleetd_tink_h2_abuse_total",
+            "HTTP/2 client abuse on the tink listener: wasted streams (reset,"
+            " refused, incomplete), streams over the source's rate (source),"
+            " connections closed with ENHANCE_YOUR_CALM (stream-budget,"
+            " control-frames) or for unread replies (unread), sources kept"
+            " away after such a close (penalty), and reading paused while"
+            " replies were unread (paused).",
+            ["kind"],
+            registry=registry,
+        )
+        for kind in ABUSE_KINDS:
+            self.h2Abuse.labels(kind)
+        self._abuseChildren = {k: self.h2Abuse.labels(k) for k in ABUSE_KINDS}
+
+    def abuse(self, kind: str) -> None:
+        """Count one L{ABUSE_KINDS} event."""
+        self._abuseChildren[kind].inc()
 
     def rpcDone(self, method: str, code: str) -> None:
         """Count one call (both labels bounded, see the module docstring)."""

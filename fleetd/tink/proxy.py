@@ -7,7 +7,10 @@ per hop, the values are not): ``te: trailers``, ``grpc-timeout``, ``-bin``
 metadata and ``grpc-status-details-bin`` included; a Trailers-Only answer
 stays one HEADERS frame. Credit is returned to a sender only once its
 bytes were forwarded, so a slow reader on one side slows the sender on the
-other (backpressure) instead of filling fleetd's memory. A tap, when given,
+other (backpressure) instead of filling fleetd's memory. The upstream
+stream is opened only once the request is whole (its first message, its
+END_STREAM, or L{OPEN_AT} bytes), so a stream reset before that costs
+tink-server nothing (CVE-2023-44487, issue 17). A tap, when given,
 sees copies of the bytes both ways and the final status; it never changes
 anything.
 """
@@ -40,6 +43,10 @@ class ICallTap(TypingProtocol):
 
 
 TapFactory = Callable[[str, int], ICallTap | None]
+
+# Request bytes that open the upstream stream even before a whole message
+# (within the default stream window, so the client is never stalled).
+OPEN_AT = 16384
 
 
 def _status(headers: Headers) -> int | None:
@@ -76,6 +83,7 @@ class ProxyStream:
         self._method = "other"
         self._pending = bytearray()  # request bytes not yet forwarded
         self._ended = False  # the client finished its request
+        self._opened = False  # the pool was asked for a connection
         self._endSent = False
         self._upstream: UpstreamConnection | None = None
         self._sid = 0
@@ -91,7 +99,6 @@ class ProxyStream:
         self._metrics.active += 1
         if self._tapFactory is not None:
             self._tap = self._tapFactory(path, self._responder.connectionId)
-        self._pool.open(self)
 
     def dataReceived(self, data: bytes) -> None:
         if self._done:
@@ -99,11 +106,17 @@ class ProxyStream:
             return
         self._observe("request", data)
         self._pending += data
-        self._push()
+        if self._opened:
+            self._push()
+        else:
+            self._open()
 
     def endReceived(self) -> None:
         self._ended = True
-        self._push()
+        if self._opened:
+            self._push()
+        else:
+            self._open()
 
     def reset(self, errorCode: int) -> None:
         """The client reset the stream, or its connection went away."""
@@ -182,6 +195,18 @@ class ProxyStream:
         self._finish(None, dropped=True)
 
     # Inside
+
+    def _open(self) -> None:
+        """Ask the pool for a connection once the request is whole."""
+        pending = self._pending
+        if self._done or not (
+            self._ended
+            or len(pending) >= OPEN_AT
+            or (len(pending) >= 5 and len(pending) >= 5 + int.from_bytes(pending[1:5]))
+        ):
+            return
+        self._opened = True
+        self._pool.open(self)
 
     def _push(self) -> None:
         upstream = self._upstream

@@ -28,6 +28,7 @@ from fleetd.runs.alerts import AlertTracker
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.runner import IRunner
 from fleetd.tink.completion import BootTracker, IRuns
+from fleetd.tink.h2guard import H2Limits
 from fleetd.tink.listener import TinkListenerFactory, proxyFactory
 from fleetd.tink.metrics import TinkMetrics
 from fleetd.tink.observe import WireObserver
@@ -110,6 +111,9 @@ class TinkProxy:
             streamTimeout=settings.stream_timeout,
             handshakeTimeout=settings.handshake_timeout,
             drainTimeout=settings.drain_timeout,
+            limits=H2Limits(streamBudget=settings.stream_budget),
+            sourceStreamRate=settings.source_stream_rate,
+            sourceStreamBurst=settings.source_stream_burst,
         )
 
     async def load(self) -> None:

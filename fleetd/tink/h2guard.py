@@ -1,0 +1,175 @@
+"""
+What one HTTP/2 client may cost the tink listener [A4] (issue 17).
+
+The listener has no client certificate, so anyone who reaches 42113 may
+open connections. L{ConnectionGuard} holds one connection's budgets;
+L{H2ServerProtocol} asks it and acts. Policy only, no I/O:
+
+- B{Wasted streams} (the CVE-2023-44487 "rapid reset" pattern): a stream
+  the client resets before fleetd answered, a stream fleetd refused, and a
+  request that ended without a whole gRPC message each cost one unit of
+  C{streamBudget}; a call answered after a whole request earns one back.
+  The unit that empties the budget gets the connection
+  GOAWAY(ENHANCE_YOUR_CALM) and closes it. The proxy opens the upstream
+  stream only for a whole request (L{fleetd.tink.proxy}), so a reset
+  stream costs tink-server nothing and an attacking connection reaches it
+  with at most the budget.
+- B{New streams per source}: every connection of one source (an IPv6 /64
+  counts as one, L{sourceKey}) draws from one token bucket
+  (L{SourceStreams}); a stream over it is refused (REFUSED_STREAM, which
+  gRPC clients retry) and counts as wasted. A source whose connection was
+  closed for abuse opens no new connection for a while (refused when
+  accepted, before any TLS work: L{SourceStreams.admits}), 1 s at first,
+  doubling with each repeat up to C{maxPenalty}.
+- B{Control frames}: PING and SETTINGS frames (each makes fleetd write an
+  ACK) draw from a per-connection token bucket; past it, GOAWAY
+  (ENHANCE_YOUR_CALM) and close.
+- B{Unread replies}: while the transport's write buffer is full fleetd
+  stops reading (the protocol is the transport's streaming producer), and
+  what it would still write is held here; more than C{maxUnreadBytes}
+  held closes the connection at once.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from twisted.internet.interfaces import IReactorTime
+
+from fleetd.boot.ratelimit import RateLimiter, sourceKey
+
+
+@dataclass(frozen=True)
+class H2Limits:
+    """The per-connection abuse limits (defaults: see docs/decisions.md)."""
+
+    streamBudget: int = 32
+    controlBurst: float = 100.0
+    controlRate: float = 10.0
+    maxUnreadBytes: int = 64 * 1024
+    # After its GOAWAY fleetd reads nothing more and gives the client this
+    # long to read it and close before the connection is cut off.
+    closeGrace: float = 1.0
+
+
+class SourceStreams:
+    """New streams per source, across all of a listener's connections, and
+    the penalties of sources told to calm down."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        *,
+        rate: float,
+        burst: float,
+        maxPenalty: float = 60.0,
+        maxSources: int = 65536,
+    ) -> None:
+        # The global bucket never binds: only sources are limited here.
+        self._limiter = RateLimiter(
+            clock,
+            rate=rate,
+            burst=burst,
+            globalRate=1e12,
+            globalBurst=1e12,
+            maxSources=maxSources,
+        )
+        self._clock = clock
+        self._maxPenalty = maxPenalty
+        self._maxSources = maxSources
+        # source -> (penalised until, its latest penalty in seconds)
+        self._penalties: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    def allow(self, source: str) -> bool:
+        """Whether C{source} (a L{sourceKey}) may open one more stream."""
+        return self._limiter.allow(source)
+
+    def penalize(self, source: str) -> float:
+        """C{source}'s connection was closed for abuse: refuse its new
+        connections for 1 s, or twice its last penalty if that one ended
+        less than C{maxPenalty} ago. Returns the penalty in seconds."""
+        now = self._clock.seconds()
+        until, last = self._penalties.pop(source, (0.0, 0.0))
+        seconds = 1.0
+        if now < until + self._maxPenalty:
+            seconds = min(self._maxPenalty, max(1.0, 2 * last))
+        self._penalties[source] = (now + seconds, seconds)
+        if len(self._penalties) > self._maxSources:
+            self._penalties.popitem(last=False)
+        return seconds
+
+    def admits(self, source: str) -> bool:
+        """Whether a new connection from C{source} may be accepted."""
+        penalty = self._penalties.get(source)
+        return penalty is None or self._clock.seconds() >= penalty[0]
+
+
+class ConnectionGuard:
+    """One connection's budgets (see the module docstring)."""
+
+    __slots__ = (
+        "_at",
+        "_clock",
+        "_limits",
+        "_sources",
+        "_tokens",
+        "held",
+        "paused",
+        "source",
+        "wasted",
+    )
+
+    def __init__(
+        self,
+        limits: H2Limits,
+        clock: IReactorTime,
+        host: str,
+        sources: SourceStreams | None = None,
+    ) -> None:
+        self._limits = limits
+        self._clock = clock
+        self._sources = sources
+        self.source = sourceKey(host)
+        self.wasted = 0
+        self._tokens = limits.controlBurst
+        self._at = clock.seconds()
+        self.paused = False
+        self.held = bytearray()
+
+    def waste(self) -> bool:
+        """A stream was wasted; whether the connection is now past its
+        budget."""
+        self.wasted += 1
+        return self.wasted >= self._limits.streamBudget
+
+    def completed(self) -> None:
+        """A call was answered after a whole request: one unit back."""
+        if self.wasted:
+            self.wasted -= 1
+
+    def allowStream(self) -> bool:
+        """Whether this connection's source may open a stream now."""
+        return self._sources is None or self._sources.allow(self.source)
+
+    def controlFrame(self) -> bool:
+        """A PING or SETTINGS arrived; whether the rate is exceeded."""
+        limits = self._limits
+        now = self._clock.seconds()
+        if now > self._at:
+            refill = (now - self._at) * limits.controlRate
+            self._tokens = min(limits.controlBurst, self._tokens + refill)
+            self._at = now
+        self._tokens -= 1
+        return self._tokens < 0
+
+    def hold(self, data: bytes) -> bool:
+        """Keep C{data} while paused; whether too much is now unread."""
+        self.held += data
+        return len(self.held) > self._limits.maxUnreadBytes
+
+    def release(self) -> bytes:
+        """Resume: what was held, to write now."""
+        self.paused = False
+        held, self.held = bytes(self.held), bytearray()
+        return held
