@@ -111,15 +111,19 @@ INVENTORY_AMBIGUOUS_LINE = (
 
 def busyWhileUnavailable(
     lookup: Callable[[str], Awaitable[Device | None]],
+    *,
+    bySerial: bool = False,
 ) -> Callable[[str], Awaitable[Device | None]]:
     """
     C{lookup} (the inventory's C{bySerial} or C{get}), refusing C{busy}
     while the inventory cannot be asked (NetBox down, hung, or refusing
     fleetd's token): a node's credential is never decided from a cache
     (issue 17 item 11). The line names no peer of fleetd's; the inventory
-    logs and counts why. Several devices for one key (a serial twice in
-    NetBox) is refused too, with a line that names no device: the other
-    devices are none of the caller's business (issue 17 item 12).
+    logs and counts why. With C{bySerial}, several devices for the serial
+    (a serial twice in NetBox) is refused with a line that names no
+    device: the inventory's message names them all, and the other devices
+    are none of the caller's business (issue 17 item 12). A name's
+    duplicates share the caller's own name, so that line stays.
 
     @raise Refused: C{busy} (503, with Retry-After at the listener), or
         C{inventory-ambiguous} (409).
@@ -131,7 +135,7 @@ def busyWhileUnavailable(
         except InventoryError as e:
             if e.kind == "unavailable":
                 raise Refused(BUSY, INVENTORY_BUSY) from e
-            if e.kind == "duplicate":
+            if bySerial and e.kind == "duplicate":
                 _log.warn(
                     "attest.inventory-ambiguous {key}: {why}", key=key, why=str(e)
                 )

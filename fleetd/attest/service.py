@@ -196,7 +196,7 @@ class AttestationService:
         self.issuer = issuer
         self.book = book
         self._approvedSerialFor = approvedSerialFor
-        self._deviceBySerial = E.busyWhileUnavailable(deviceBySerial)
+        self._deviceBySerial = E.busyWhileUnavailable(deviceBySerial, bySerial=True)
         self._bindingRefusal = bindingRefusal
         self.challenges = ChallengeBook(clock, challengeTTL)
         self._journaled = JournalThrottle(clock)
