@@ -52,7 +52,7 @@ from fleetd.config import NetBoxSettings, loadTopology
 from fleetd.device.disks import NodeDisksResource
 from fleetd.device.resource import deviceRoot
 from fleetd.dns.service import DNSService
-from fleetd.heap import ICollector, freezeStartup, tune
+from fleetd.heap import ICollector, freezeStartup, pauseForStartup, resume, tune
 from fleetd.inventory.model import IInventory
 from fleetd.inventory.resource import devicesResource
 from fleetd.inventory.sqlite import SQLiteInventory
@@ -482,6 +482,7 @@ class FleetdService(MultiService):
         Service.startService(self)
         if self.collector is not None:
             tune(self.collector)
+            pauseForStartup(self.collector)
         for child in self:
             child.startService()
         if self.handleSignals:
@@ -516,6 +517,8 @@ class FleetdService(MultiService):
     def _loadFailed(self, f: Failure) -> None:
         # The boot listener keeps answering 503 "starting"; this needs a human.
         self.log.failure("runs.load.failed", failure=f)
+        if self.collector is not None:
+            resume(self.collector)
         reason = (
             f"loading the runs failed: {type(f.value).__name__}: {f.getErrorMessage()}"
         )

@@ -133,6 +133,12 @@ class FakeCollector:
     def freeze(self) -> None:
         self.calls.append(("freeze",))
 
+    def disable(self) -> None:
+        self.calls.append(("disable",))
+
+    def enable(self) -> None:
+        self.calls.append(("enable",))
+
 
 class DaemonTests(DaemonTestMixin, TestCase):
     def setUp(self) -> None:
@@ -141,18 +147,19 @@ class DaemonTests(DaemonTestMixin, TestCase):
     async def _collector(self) -> None:
         collector = FakeCollector()
         service = self.startDaemon(collector)
-        self.assertEqual(collector.calls, [("set_threshold", 7000, 10, 10)])
+        start = [("set_threshold", 7000, 10, 10), ("disable",)]
+        self.assertEqual(collector.calls, start)
         assert service._loading is not None
         await service._loading
         self.assertEqual(
-            collector.calls,
-            [("set_threshold", 7000, 10, 10), ("collect",), ("freeze",)],
+            collector.calls, [*start, ("collect",), ("freeze",), ("enable",)]
         )
 
     def test_collector_tunedAtStart_frozenOnceLoaded(self) -> None:
         """
-        The youngest generation is collected less often from the start, and
-        what start-up loaded is frozen only once the runs are loaded.
+        The youngest generation is collected less often from the start, no
+        cycles are collected while the runs load, and what start-up loaded
+        is frozen once they are, with the collector back on.
         """
         return ensureDeferred(self._collector())  # type: ignore[return-value]
 
@@ -191,6 +198,11 @@ class DaemonTests(DaemonTestMixin, TestCase):
         import yaml
 
         service = self.startDaemon()
+        # The journal's series appear with its first verification, which
+        # follows the run load.
+        assert service._loading is not None
+        await service._loading
+        await service.chain.verify()
         _, _, body = await self.get(service, "admin", "/metrics")
         exposed = set(re.findall(r"^# HELP (\w+)", body.decode(), re.MULTILINE))
         rules = yaml.safe_load((REPO / "conf" / "alerts.yml").read_text())
@@ -404,12 +416,13 @@ class ReadinessTests(DaemonTestMixin, TestCase):
             except BlockingIOError:
                 return messages
 
-    def startHeld(self) -> tuple[FleetdService, Deferred[None]]:
+    def startHeld(self, collector: Any = None) -> tuple[FleetdService, Deferred[None]]:
         """A daemon whose run load waits for the returned Deferred."""
         service = FleetdService(
             prepare(self.settings),
             reactor,
             notify=lambda m: notifySystemd(m, {"NOTIFY_SOCKET": self.notifyPath}),
+            collector=collector,
         )
         held: Deferred[None] = Deferred()
         load = service.runs.load
@@ -459,7 +472,8 @@ class ReadinessTests(DaemonTestMixin, TestCase):
         return ensureDeferred(self._startingThenReady())  # type: ignore[return-value]
 
     async def _failed(self) -> None:
-        service, held = self.startHeld()
+        collector = FakeCollector()
+        service, held = self.startHeld(collector)
         held.errback(RuntimeError("the database is gone"))
         assert service._loading is not None
         await service._loading
@@ -477,12 +491,15 @@ class ReadinessTests(DaemonTestMixin, TestCase):
             messages,
             [b"STATUS=loading the runs failed: RuntimeError: the database is gone"],
         )
+        # Nothing to freeze, but cycles are collected again.
+        self.assertEqual(collector.calls[-2:], [("disable",), ("enable",)])
 
     def test_healthz_loadFailed_503WithReason_neverReady(self) -> None:
         """
         A run load that failed leaves /healthz at 503 "failed" with the
         reason (not "ok" while every node is refused), fleetd_ready at 0,
-        and systemd never hears READY=1.
+        systemd never hears READY=1, and the garbage collector paused for
+        the load is on again.
         """
         return ensureDeferred(self._failed())  # type: ignore[return-value]
 

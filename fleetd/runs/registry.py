@@ -328,10 +328,11 @@ class RunRegistry:
             self._identity[device.name] = (device.uuid, device.serial)
         for name, kind, first, last in await self.runner.run(loadAlerts):
             self.alerts.restore(name, kind, first, last)
-        names = set(self.vault.names())
+        vault = self.vault
+        ready = 0
         for record in records:
             run = self._add(record)
-            if servedName(record.id) in names:
+            if servedName(record.id) in vault:
                 # The mark reached the vault, so the body may have gone out:
                 # consumed, whatever else is there [C1].
                 run.machine.restoreConsumed()
@@ -344,18 +345,29 @@ class RunRegistry:
                     run.dropConfig()
             elif record.id in released:
                 run.machine.restoreConsumed()
-            elif configName(record.id) in names:
+            elif configName(record.id) in vault:
                 run.machine.restoreReady()
+                ready += record.superseded_by is None
             else:
                 run.machine.restoreLost()
-        self._recordStrayMarks(names)
-        self._dropOrphans(names)
+        strays = self._strayFiles()
+        self._recordStrayMarks(strays)
+        self._dropOrphans(strays)
         self.loaded = True
         self.log.info(
-            "runs.loaded {runs} runs, {ready} ready",
-            runs=len(self._runs),
-            ready=sum(1 for r in self._current.values() if r.machine.deliverable()),
+            "runs.loaded {runs} runs, {ready} ready", runs=len(self._runs), ready=ready
         )
+
+    def _strayFiles(self) -> set[str]:
+        """
+        The vault's names that no loaded run accounts for, in one pass:
+        at start-up every name is looked at once (100,000 at 50,000 runs),
+        and nearly all of them belong to a run.
+        """
+        runs = self._runs
+        return {
+            name for name in self.vault.names() if name.partition(".")[0] not in runs
+        }
 
     def _recordStrayMarks(self, names: set[str]) -> None:
         """

@@ -112,10 +112,12 @@ def loadRuns(db: Database) -> list[RunRecord]:
     history stays in the database (see L{retiredRun}).
     """
     with db.transaction(write=False) as conn:
+        # Row by row: at 50,000 runs a list of every row first would be one
+        # more transient copy of the table in the heap.
         rows = conn.execute(
             _SELECT + " WHERE superseded_by IS NULL ORDER BY created_at, id"
-        ).fetchall()
-    return [_record(r) for r in rows]
+        )
+        return [_record(r) for r in rows]
 
 
 def issuedDigests(db: Database) -> IssuedDigests:
