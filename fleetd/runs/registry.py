@@ -94,6 +94,17 @@ class Provisioned:
 class _Run(RunEffects):
     """One run: its record, its machine, and the effects the machine asks for."""
 
+    # One per run, 50,000 and more held for the process's life: no __dict__.
+    __slots__ = (
+        "_abortJournaledAt",
+        "_aborts",
+        "_served",
+        "machine",
+        "record",
+        "registry",
+        "servedPeer",
+    )
+
     def __init__(self, registry: RunRegistry, record: RunRecord) -> None:
         self.registry = registry
         self.record = record

@@ -17,9 +17,9 @@ from fleetd.runs.issued import PREFIX_HEX, IssuedDigests
 from fleetd.store.db import Database
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RunRecord:
-    """One provision run as stored."""
+    """One provision run as stored (one per current run, kept: slots)."""
 
     id: str
     device: str
