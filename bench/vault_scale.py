@@ -146,7 +146,7 @@ def main() -> None:
             restarts.append(
                 daemon.start(waitFor=b"runs.loaded", marks=MARKS, probe=probe)
             )
-            checkLoaded(daemon, args.devices)
+            checkLoaded(daemon, args.devices - i)  # a probe took one each
             milestones.append(dict(daemon.milestones))
             time.sleep(args.idle)
             rsses.append(daemon.rssKiB())

@@ -519,11 +519,10 @@ class FleetdService(MultiService):
         self.log.failure("runs.load.failed", failure=f)
         if self.collector is not None:
             resume(self.collector)
-        reason = (
-            f"loading the runs failed: {type(f.value).__name__}: {f.getErrorMessage()}"
-        )
-        self.readiness.failed(reason[:200])
-        self.notify(b"STATUS=" + reason[:200].encode("utf-8", "replace"))
+        error = " ".join(f"{type(f.value).__name__}: {f.getErrorMessage()}".split())
+        reason = f"loading the runs failed: {error}"[:200]  # one line
+        self.readiness.failed(reason)
+        self.notify(b"STATUS=" + reason.encode("utf-8", "replace"))
 
     def _journalFailed(self, f: Failure) -> None:
         self.log.failure("journal.append.failed", failure=f)
