@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,6 +190,7 @@ class Daemon:
         timeout: float = 60.0,
         waitFor: bytes | None = None,
         marks: Sequence[bytes] = (),
+        probe: Callable[[dict[str, int]], bool] | None = None,
     ) -> float:
         """
         Spawn the daemon; return the seconds until C{/healthz} answered and,
@@ -197,7 +198,9 @@ class Daemon:
 
         L{milestones} then holds when each of C{marks} (and C{"healthz"})
         was first seen, in seconds from the spawn (to within the polling
-        period of about 2 ms).
+        period of about 2 ms). With C{probe}, it is called with the ports
+        found so far on each poll until it returns L{True} (C{"probe"} in
+        L{milestones}); the start waits for that too.
         """
         self.milestones = {}
         self._logOffset = self.log.stat().st_size if self.log.exists() else 0
@@ -227,7 +230,11 @@ class Daemon:
                 ready = healthy(self.ports["admin"], context)
                 if ready:
                     self.milestones["healthz"] = time.monotonic() - started
-            if ready and (waitFor is None or waitFor in text):
+            if probe is not None and "probe" not in self.milestones:
+                if probe(self.ports):
+                    self.milestones["probe"] = time.monotonic() - started
+            probed = probe is None or "probe" in self.milestones
+            if ready and probed and (waitFor is None or waitFor in text):
                 return time.monotonic() - started
             time.sleep(0.002)
         self.stop()

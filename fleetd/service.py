@@ -52,7 +52,7 @@ from fleetd.config import NetBoxSettings, loadTopology
 from fleetd.device.disks import NodeDisksResource
 from fleetd.device.resource import deviceRoot
 from fleetd.dns.service import DNSService
-from fleetd.heap import ICollector, freezeStartup, tune
+from fleetd.heap import ICollector, freezeStartup, pauseForStartup, resume, tune
 from fleetd.inventory.model import IInventory
 from fleetd.inventory.resource import devicesResource
 from fleetd.inventory.sqlite import SQLiteInventory
@@ -66,6 +66,7 @@ from fleetd.logs import makeObserver
 from fleetd.metrics import listenerGauges, makeRegistry
 from fleetd.pki.ldevid import Issuer, TrustBundle
 from fleetd.prepare import Prepared, prepare
+from fleetd.readiness import Readiness, notifySystemd
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import TemplateRenderer
@@ -101,11 +102,14 @@ class FleetdService(MultiService):
         handleSignals: bool = False,
         onStartupError: Callable[[str], None] | None = None,
         collector: ICollector | None = None,
+        notify: Callable[[bytes], object] = notifySystemd,
     ) -> None:
         """
         @param collector: the C{gc} module, to tune for a long-running
             daemon (L{fleetd.heap}); L{None} leaves the collector alone
             (tests share their process).
+        @param notify: sends a state line to the service manager
+            (C{READY=1} once loaded; L{fleetd.readiness}).
         """
         super().__init__()
         self.collector = collector
@@ -118,6 +122,8 @@ class FleetdService(MultiService):
         self.handleSignals = handleSignals
         self.onStartupError = onStartupError
         self.registry: CollectorRegistry = makeRegistry(__version__, settings.site_name)
+        self.notify = notify
+        self.readiness = Readiness(self.registry)  # /healthz, fleetd_ready
         self.runner = DatabaseRunner(reactor, prepared.database)
         self.journal = AsyncJournal(
             self.runner,
@@ -125,7 +131,10 @@ class FleetdService(MultiService):
             reactor,
         )
         RunnerService(self.runner).setServiceParent(self)
-        self.chain = ChainMonitor(reactor, self.journal, self.registry)
+        # [J2] verified at start, once the run load no longer waits behind it.
+        self.chain = ChainMonitor(
+            reactor, self.journal, self.registry, after=self.readiness.whenSettled
+        )
         self.chain.setServiceParent(self)
         # Children of /v1/admin/ contributed by subsystems (behind the owner gate).
         self.adminAPI: dict[bytes, Resource] = {}
@@ -398,6 +407,7 @@ class FleetdService(MultiService):
             site=s.site_name,
             version=__version__,
             api=self.adminAPI,
+            readiness=self.readiness,
         )
         admin.putChild(b"device", DevicePage())  # owners only [F3]
         self._web("admin", admin, clientCA=True)
@@ -473,6 +483,7 @@ class FleetdService(MultiService):
         Service.startService(self)
         if self.collector is not None:
             tune(self.collector)
+            pauseForStartup(self.collector)
         for child in self:
             child.startService()
         if self.handleSignals:
@@ -492,6 +503,10 @@ class FleetdService(MultiService):
     def _loaded(self, _: None) -> None:
         if self.collector is not None:
             freezeStartup(self.collector)
+        # /healthz 200, fleetd_ready 1, and systemctl start returns.
+        self.readiness.loaded()
+        self.log.info("fleetd.ready")
+        self.notify(b"READY=1\nSTATUS=serving")
 
     async def _load(self) -> None:
         await self.runs.load()
@@ -503,6 +518,12 @@ class FleetdService(MultiService):
     def _loadFailed(self, f: Failure) -> None:
         # The boot listener keeps answering 503 "starting"; this needs a human.
         self.log.failure("runs.load.failed", failure=f)
+        if self.collector is not None:
+            resume(self.collector)
+        error = " ".join(f"{type(f.value).__name__}: {f.getErrorMessage()}".split())
+        reason = f"loading the runs failed: {error}"[:200]  # one line
+        self.readiness.failed(reason)
+        self.notify(b"STATUS=" + reason.encode("utf-8", "replace"))
 
     def _journalFailed(self, f: Failure) -> None:
         self.log.failure("journal.append.failed", failure=f)
@@ -514,6 +535,7 @@ class FleetdService(MultiService):
         if self.handleSignals:
             signal.signal(signal.SIGHUP, signal.SIG_DFL)
         self.log.info("fleetd.stopping")
+        self.notify(b"STOPPING=1")
         Service.stopService(self)
         # Listeners first, the database worker last (after the run load).
         pending: list[Deferred[Any]] = []

@@ -5,6 +5,8 @@ fleetd restart; [C1] the crash clause; [J2] the chain monitor.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -167,6 +169,35 @@ class ChainMonitorTests(SynchronousTestCase):
         self.assertEqual(self.value("fleetd_journal_chain_ok"), 0.0)
         broken = [e for e in self.flushLoggedErrors()]  # log.error is not a failure
         self.assertEqual(broken, [])
+
+    def test_firstVerification_waitsForTheLoad(self) -> None:
+        """
+        [J2] With an C{after} hook (fleetd's start-up load), the first
+        verification runs once the hook says so, not before: reading the
+        whole journal must not hold the run load up behind it.
+        """
+        begin: list[Callable[[], None]] = []
+        monitor = ChainMonitor(
+            self.clock, self.journal, self.registry, 60.0, after=begin.append
+        )
+        monitor.startService()
+        self.addCleanup(monitor.stopService)
+        self.assertIsNone(self.value("fleetd_journal_chain_ok"))
+        self.assertEqual(len(begin), 1)
+        begin[0]()
+        self.assertEqual(self.value("fleetd_journal_chain_ok"), 1.0)
+
+    def test_stoppedBeforeTheLoad_neverBegins(self) -> None:
+        """A monitor stopped before the load settled arms no timer later."""
+        begin: list[Callable[[], None]] = []
+        monitor = ChainMonitor(
+            self.clock, self.journal, self.registry, 60.0, after=begin.append
+        )
+        monitor.startService()
+        monitor.stopService()
+        begin[0]()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertIsNone(self.value("fleetd_journal_chain_ok"))
 
     def test_stop_cancelsTimer(self) -> None:
         """Stopping leaves no delayed call behind."""

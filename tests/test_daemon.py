@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import shutil
 import socket
 import ssl
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from twisted.trial.unittest import TestCase
 
 from fleetd.config import Settings, loadSettings
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
+from fleetd.readiness import notifySystemd
 from fleetd.service import FleetdService, StartupError, prepare
 from tests.support import REPO, writeConfig
 
@@ -129,6 +133,12 @@ class FakeCollector:
     def freeze(self) -> None:
         self.calls.append(("freeze",))
 
+    def disable(self) -> None:
+        self.calls.append(("disable",))
+
+    def enable(self) -> None:
+        self.calls.append(("enable",))
+
 
 class DaemonTests(DaemonTestMixin, TestCase):
     def setUp(self) -> None:
@@ -137,23 +147,26 @@ class DaemonTests(DaemonTestMixin, TestCase):
     async def _collector(self) -> None:
         collector = FakeCollector()
         service = self.startDaemon(collector)
-        self.assertEqual(collector.calls, [("set_threshold", 7000, 10, 10)])
+        start = [("set_threshold", 7000, 10, 10), ("disable",)]
+        self.assertEqual(collector.calls, start)
         assert service._loading is not None
         await service._loading
         self.assertEqual(
-            collector.calls,
-            [("set_threshold", 7000, 10, 10), ("collect",), ("freeze",)],
+            collector.calls, [*start, ("collect",), ("freeze",), ("enable",)]
         )
 
     def test_collector_tunedAtStart_frozenOnceLoaded(self) -> None:
         """
-        The youngest generation is collected less often from the start, and
-        what start-up loaded is frozen only once the runs are loaded.
+        The youngest generation is collected less often from the start, no
+        cycles are collected while the runs load, and what start-up loaded
+        is frozen once they are, with the collector back on.
         """
         return ensureDeferred(self._collector())  # type: ignore[return-value]
 
     async def _healthz(self) -> None:
         service = self.startDaemon()
+        assert service._loading is not None
+        await service._loading
         status, ctype, body = await self.get(service, "admin", "/healthz")
         self.assertEqual((status, ctype), (200, b"application/json"))
         self.assertEqual(json.loads(body)["status"], "ok")
@@ -185,6 +198,11 @@ class DaemonTests(DaemonTestMixin, TestCase):
         import yaml
 
         service = self.startDaemon()
+        # The journal's series appear with its first verification, which
+        # follows the run load.
+        assert service._loading is not None
+        await service._loading
+        await service.chain.verify()
         _, _, body = await self.get(service, "admin", "/metrics")
         exposed = set(re.findall(r"^# HELP (\w+)", body.decode(), re.MULTILINE))
         rules = yaml.safe_load((REPO / "conf" / "alerts.yml").read_text())
@@ -374,6 +392,118 @@ class DaemonTests(DaemonTestMixin, TestCase):
     def test_restart_rebuildsVault(self) -> None:
         """[V2] A restart over the same directories rebuilds the vault unchanged."""
         return ensureDeferred(self._restart())  # type: ignore[return-value]
+
+
+class ReadinessTests(DaemonTestMixin, TestCase):
+    """
+    /healthz, fleetd_ready and systemd's READY=1 follow the run load
+    (DESIGN section 2), on the real daemon and a real AF_UNIX socket.
+    """
+
+    def setUp(self) -> None:
+        self.makeSettings()
+        directory = tempfile.mkdtemp(prefix="fleetd-notify-")  # sun_path is short
+        self.addCleanup(shutil.rmtree, directory)
+        self.notifyPath = os.path.join(directory, "notify")
+        self.systemd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.addCleanup(self.systemd.close)
+        self.systemd.bind(self.notifyPath)
+        self.systemd.setblocking(False)
+
+    def received(self) -> list[bytes]:
+        messages = []
+        while True:
+            try:
+                messages.append(self.systemd.recv(4096))
+            except BlockingIOError:
+                return messages
+
+    def startHeld(self, collector: Any = None) -> tuple[FleetdService, Deferred[None]]:
+        """A daemon whose run load waits for the returned Deferred."""
+        service = FleetdService(
+            prepare(self.settings),
+            reactor,
+            notify=lambda m: notifySystemd(m, {"NOTIFY_SOCKET": self.notifyPath}),
+            collector=collector,
+        )
+        held: Deferred[None] = Deferred()
+        load = service.runs.load
+
+        async def heldLoad() -> None:
+            await held
+            await load()
+
+        service.runs.load = heldLoad  # type: ignore[method-assign]
+        service.privilegedStartService()
+        service.startService()
+        self.addCleanup(self.stopDaemon, service)
+        return service, held
+
+    async def healthz(self, service: FleetdService) -> tuple[int, dict[str, Any]]:
+        status, _, body = await self.get(service, "admin", "/healthz")
+        return status, json.loads(body)
+
+    async def metric(self, service: FleetdService) -> bytes:
+        _, _, body = await self.get(service, "admin", "/metrics")
+        return next(
+            line for line in body.splitlines() if line.startswith(b"fleetd_ready ")
+        )
+
+    async def _startingThenReady(self) -> None:
+        service, held = self.startHeld()
+        status, body = await self.healthz(service)
+        self.assertEqual((status, body["status"]), (503, "starting"))
+        self.assertEqual(await self.metric(service), b"fleetd_ready 0.0")
+        self.assertEqual(self.received(), [])
+        held.callback(None)
+        assert service._loading is not None
+        await service._loading
+        self.assertEqual(self.received(), [b"READY=1\nSTATUS=serving"])
+        status, body = await self.healthz(service)
+        self.assertEqual((status, body["status"]), (200, "ok"))
+        self.assertEqual(await self.metric(service), b"fleetd_ready 1.0")
+        await service.stopService()
+        self.assertEqual(self.received(), [b"STOPPING=1"])
+
+    def test_healthz_startingUntilLoaded_thenReadyNotified(self) -> None:
+        """
+        While the runs load, /healthz is 503 "starting" and fleetd_ready 0;
+        once loaded it is 200, fleetd_ready 1, and READY=1 reaches the
+        NOTIFY_SOCKET (a real datagram socket) exactly then.
+        """
+        return ensureDeferred(self._startingThenReady())  # type: ignore[return-value]
+
+    async def _failed(self) -> None:
+        collector = FakeCollector()
+        service, held = self.startHeld(collector)
+        held.errback(RuntimeError("the database is gone"))
+        assert service._loading is not None
+        await service._loading
+        self.flushLoggedErrors(RuntimeError)
+        status, body = await self.healthz(service)
+        self.assertEqual((status, body["status"]), (503, "failed"))
+        self.assertEqual(
+            body["reason"],
+            "loading the runs failed: RuntimeError: the database is gone",
+        )
+        self.assertEqual(await self.metric(service), b"fleetd_ready 0.0")
+        messages = self.received()
+        self.assertNotIn(b"READY=1", b"\n".join(messages).split(b"\n"))
+        self.assertEqual(
+            messages,
+            [b"STATUS=loading the runs failed: RuntimeError: the database is gone"],
+        )
+        # Nothing to freeze, but cycles are collected again.
+        self.assertEqual(collector.calls[-2:], [("disable",), ("enable",)])
+
+    def test_healthz_loadFailed_503WithReason_neverReady(self) -> None:
+        """
+        A run load that failed leaves /healthz at 503 "failed" with the
+        reason (not "ok" while every node is refused), fleetd_ready at 0,
+        systemd never hears READY=1, and the garbage collector paused for
+        the load is on again.
+        """
+        return ensureDeferred(self._failed())  # type: ignore[return-value]
 
 
 class ConnectionLimitTests(DaemonTestMixin, TestCase):

@@ -52,7 +52,7 @@ class Twistd(ProcessProtocol):
         self.out += data
         for name, port in LISTEN.findall(self.out.decode("utf-8", "replace")):
             self.ports[name] = int(port)
-        if b"fleetd.started" in self.out and self._ready is not None:
+        if b"fleetd.ready" in self.out and self._ready is not None:
             ready, self._ready = self._ready, None
             ready.callback(None)
 
@@ -84,10 +84,18 @@ class Twistd(ProcessProtocol):
             self.ended.callback(-1)
 
 
-def spawn(test: TestCase, config: Path, *extra: str) -> Twistd:
+def spawn(
+    test: TestCase, config: Path, *extra: str, notifySocket: str | None = None
+) -> Twistd:
     proto = Twistd()
     argv = [*TWISTD, "-n", "--pidfile=", "fleetd", "--config", str(config), *extra]
-    env = {k: v for k, v in os.environ.items() if k != "FLEETD_CONFIG"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("FLEETD_CONFIG", "NOTIFY_SOCKET")
+    }
+    if notifySocket is not None:
+        env["NOTIFY_SOCKET"] = notifySocket
     transport = reactor.spawnProcess(proto, argv[0], argv, env=env)
 
     def cleanup() -> Deferred[Any] | None:
@@ -133,6 +141,36 @@ class TwistdTests(TestCase):
         stops on SIGTERM with status 0, ports closed and no traceback.
         """
         return ensureDeferred(self._runAndStop())  # type: ignore[return-value]
+
+    async def _notify(self) -> None:
+        directory = Path(self.mktemp()).resolve()
+        config = writeConfig(directory)
+        name = f"fleetd-twistd-test-{os.getpid()}-{id(self)}"
+        systemd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.addCleanup(systemd.close)
+        systemd.bind("\0" + name)  # abstract, as systemd's own socket may be
+        systemd.settimeout(60)
+        proto = spawn(self, config, notifySocket="@" + name)
+        message = await deferToThread(systemd.recv, 4096)
+        self.assertEqual(message.split(b"\n")[0], b"READY=1")
+        self.assertIn(b"fleetd.ready", proto.out)
+        pki = DevPKIPaths.inside(directory / "pki")
+        status, _, body = await deferToThread(
+            httpsGet, proto.ports["admin"], "/healthz", pki.public_ca
+        )
+        self.assertEqual((status, json.loads(body)["status"]), (200, "ok"))
+        os.kill(proto_pid(proto), signal.SIGTERM)
+        self.assertEqual(await proto.ended, 0, proto.err)
+        self.assertEqual(await deferToThread(systemd.recv, 4096), b"STOPPING=1")
+
+    def test_notifySocket_readyOnceServing(self) -> None:
+        """
+        Under systemd (Type=notify), twistd -n fleetd sends READY=1 to
+        NOTIFY_SOCKET (here an abstract '@' address, a real AF_UNIX
+        datagram socket) once the runs are loaded: /healthz is 200 by
+        then. SIGTERM sends STOPPING=1.
+        """
+        return ensureDeferred(self._notify())  # type: ignore[return-value]
 
     async def _badConfig(self, config: Path, expect: str, binds: bool = False) -> None:
         proto = spawn(self, config)

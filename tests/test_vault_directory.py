@@ -205,7 +205,8 @@ class VaultPathTests(SynchronousTestCase):
     def test_close_releasesDescriptor(self) -> None:
         """
         [V1] close() releases the directory descriptor; later writes are a
-        clear VaultError while reads still answer from memory.
+        clear VaultError, and reads find nothing (the contents were never
+        copied into fleetd's heap: the vault reads its files when asked).
         """
         before = openFds()
         vault = DirectoryVault.open(self.path, mountinfo=self.mountinfo)
@@ -217,7 +218,32 @@ class VaultPathTests(SynchronousTestCase):
         error = self.assertRaises(VaultError, vault.put, "b", b"2")
         self.assertEqual(str(error), f"vault {self.path} is closed")
         self.assertRaises(VaultError, vault.delete, "a")
-        self.assertEqual(vault.get("a"), b"1")
+        self.assertIsNone(vault.get("a"))
+
+    def test_get_readsTheFileWithTheOpenChecks(self) -> None:
+        """
+        [V1] [V2] The vault keeps names, not contents: get reads the file
+        when asked, with the checks open applies. A file swapped for a
+        link after open is not followed, and one that vanished is None;
+        both are logged, neither raises.
+        """
+        vault = self.open()
+        vault.put("a", SECRET)
+        vault.put("b", b"2")
+        reopened = self.open()
+        self.assertEqual(reopened.get("a"), SECRET)
+        elsewhere = self.base / "elsewhere"
+        elsewhere.write_bytes(PLANTED)
+        os.unlink(self.path / "a")
+        os.symlink(elsewhere, self.path / "a")
+        os.unlink(self.path / "b")
+        with capturedLogs() as events:
+            self.assertIsNone(reopened.get("a"))
+            self.assertIsNone(reopened.get("b"))
+        self.assertEqual(
+            [e["name"] for e in events if e["log_format"].startswith("vault.unread")],
+            ["a", "b"],
+        )
 
     def test_refusedOpen_leavesNoDescriptor(self) -> None:
         """[V1] A vault refused after its directory was opened closes it."""

@@ -33,6 +33,7 @@ from fleetd import jsonbody
 from fleetd.jsonbody import JSONBodyError
 from fleetd.logs import ThrottledLog
 from fleetd.metrics import MetricsResource
+from fleetd.readiness import Readiness
 from fleetd.store.journal import AsyncJournal
 from fleetd.web import (
     Endpoint,
@@ -168,21 +169,40 @@ def renderAsync(
 
 
 class Health(Endpoint):
+    """
+    C{/healthz}, a readiness signal: 200 C{"ok"} once fleetd can serve
+    nodes, 503 C{"starting"} while its runs load and 503 C{"failed"} with
+    the reason when the load failed (DESIGN section 2).
+    """
+
     isLeaf = True
 
-    def __init__(self, clock: IReactorTime, site: str, version: str) -> None:
+    def __init__(
+        self,
+        clock: IReactorTime,
+        site: str,
+        version: str,
+        readiness: Readiness | None = None,
+    ) -> None:
         super().__init__()
         self._clock = clock
         self._started = clock.seconds()
         self._site = site
         self._version = version
+        if readiness is None:  # an admin tree without a run load behind it
+            readiness = Readiness()
+            readiness.loaded()
+        self._readiness = readiness
 
     def render_GET(self, request: IRequest) -> bytes:
+        ready = self._readiness.ready
+        if not ready:
+            request.setHeader(b"retry-after", b"5")
         return jsonResponse(
             request,
-            http.OK,
+            http.OK if ready else http.SERVICE_UNAVAILABLE,
             {
-                "status": "ok",
+                **self._readiness.toJSON(),
                 "site": self._site,
                 "version": self._version,
                 "uptime_seconds": round(self._clock.seconds() - self._started, 3),
@@ -353,12 +373,15 @@ def adminRoot(
     site: str,
     version: str,
     api: Mapping[bytes, resource.Resource] | None = None,
+    readiness: Readiness | None = None,
 ) -> resource.Resource:
     """
     The admin listener's resource tree.
 
     @param api: more children of C{/v1/admin/}, from the subsystems that
         own them (devices, runs, ...); all of them sit behind the owner gate.
+    @param readiness: what C{/healthz} reports; L{None} for a tree that
+        has no run load behind it (always ready).
     """
     owner = Router()
     owner.putChild(b"journal", JournalResource(journal))
@@ -368,7 +391,7 @@ def adminRoot(
     v1 = Router()
     v1.putChild(b"admin", OwnerGate(owner, clock))
     root = Router()
-    root.putChild(b"healthz", Health(clock, site, version))
+    root.putChild(b"healthz", Health(clock, site, version, readiness))
     root.putChild(b"metrics", MetricsResource(registry))
     root.putChild(b"v1", v1)
     return root

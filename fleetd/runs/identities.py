@@ -25,7 +25,9 @@ class IdentityIndex(dict[str, tuple[str, str]]):
         if old is not None and self._byUUID.get(old[0]) == device:
             del self._byUUID[old[0]]
         super().__setitem__(device, identity)
-        self._byUUID[identity[0].lower()] = device
+        uuid = identity[0]
+        lower = uuid.lower()  # a new string, even when nothing changed:
+        self._byUUID[uuid if lower == uuid else lower] = device  # keep one
 
     def deviceByIdentity(self, uuid: str, serial: str) -> str | None:
         """The device whose uuid and serial (any case) these are, if any."""

@@ -79,6 +79,8 @@ class RunInputs(Protocol):
 class RunEffects:
     """Side effects the machine asks of its run (subclassed by the registry's)."""
 
+    __slots__ = ()
+
     def markServed(self, peer: str) -> None:
         raise NotImplementedError
 

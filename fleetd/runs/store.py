@@ -17,9 +17,9 @@ from fleetd.runs.issued import PREFIX_HEX, IssuedDigests
 from fleetd.store.db import Database
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RunRecord:
-    """One provision run as stored."""
+    """One provision run as stored (one per current run, kept: slots)."""
 
     id: str
     device: str
@@ -112,10 +112,12 @@ def loadRuns(db: Database) -> list[RunRecord]:
     history stays in the database (see L{retiredRun}).
     """
     with db.transaction(write=False) as conn:
+        # Row by row: at 50,000 runs a list of every row first would be one
+        # more transient copy of the table in the heap.
         rows = conn.execute(
             _SELECT + " WHERE superseded_by IS NULL ORDER BY created_at, id"
-        ).fetchall()
-    return [_record(r) for r in rows]
+        )
+        return [_record(r) for r in rows]
 
 
 def issuedDigests(db: Database) -> IssuedDigests:

@@ -12,7 +12,7 @@ the last entry stops appends (and so every change [J1]).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
@@ -40,9 +40,18 @@ class ChainMonitor(Service):
         journal: AsyncJournal,
         registry: CollectorRegistry | None,
         interval: float = DEFAULT_INTERVAL,
+        after: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
+        """
+        @param after: called at start with a function that begins the
+            verifications; L{None} begins them at once. fleetd passes
+            L{fleetd.readiness.Readiness.whenSettled}: the first
+            verification reads the whole journal on the database thread
+            and would otherwise hold up the start-up load behind it.
+        """
         self._clock = clock
         self._journal = journal
+        self._after = after
         self.interval = interval
         self._loop: LoopingCall | None = None
         self._broken: str | None = None
@@ -58,6 +67,14 @@ class ChainMonitor(Service):
 
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]
+        if self._after is None:
+            self._begin()
+        else:
+            self._after(self._begin)
+
+    def _begin(self) -> None:
+        if not self.running or self._loop is not None:
+            return  # stopped before the load settled, or already begun
         self._loop = LoopingCall(self.verify)
         self._loop.clock = self._clock
         self._loop.start(self.interval, now=True).addErrback(self._loopFailed)
