@@ -2,7 +2,7 @@
 fleetd-agent: the node-side client, run as a Tinkerbell action in HookOS.
 
 The command frame follows DESIGN §6; each command lives in its own module
-(C{agent_attest}: attest, plan, renew; C{agent_disks}: disks).
+(L{fleetd.agent.attest}: attest, plan, renew; L{fleetd.agent.disks}: disks).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import IO, Any
 
-from fleetd.cli import agent_disks
+from fleetd.agent import disks
 
 COMMANDS = ("attest", "plan", "disks", "renew")
 
@@ -33,7 +33,7 @@ def buildParser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         command = sub.add_parser(name)
         if name == "disks":
-            agent_disks.addArguments(command)
+            disks.addArguments(command)
         if name == "attest":
             command.add_argument("--serial", help="chassis serial (default: SMBIOS)")
             command.add_argument("--uuid", help="system uuid (default: SMBIOS)")
@@ -54,10 +54,10 @@ def main(
     out = sys.stdout if out is None else out
     args = buildParser().parse_args(argv)
     if args.command == "disks":
-        return agent_disks.run(args, out=out, err=err)
-    from fleetd.cli import agent_attest
+        return disks.run(args, out=out, err=err)
+    from fleetd.agent import attest
 
-    return agent_attest.run(args, out, err)
+    return attest.run(args, out, err)
 
 
 if __name__ == "__main__":
