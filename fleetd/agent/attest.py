@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import os
 import ssl
 import urllib.parse
@@ -37,6 +36,7 @@ from tpm2_pytss import TSS2_Exception
 from fleetd.agent import tpm
 from fleetd.agent.client import Refusal, Send, Unreachable, call, tlsContext
 from fleetd.agent.mtls import TPMTLSError, tpmSender
+from fleetd.clitools import writeJSON
 
 CERT, CHAIN, KEY = "ldevid.pem", "ldevid-chain.pem", "ldevid.tss2.pem"
 # A software LDevID key (the legacy capsule/forge issuers' nodes).
@@ -233,7 +233,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         err.write(f"fleetd-agent: {args.command}: tpm-error: {e}\n")
         return 1
     if args.json:
-        out.write(json.dumps(result, sort_keys=True) + "\n")
+        writeJSON(out, result, sortKeys=True)
     else:
         out.write(_describe(args.command, result))
     return 0

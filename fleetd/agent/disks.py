@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from fleetd.clitools import writeJSON
 from fleetd.trust.disk_report import (
     Disk,
     DiskReportError,
@@ -235,7 +236,7 @@ def run(
         err.write(f"fleetd-agent: disks: {e}\n")
         return e.status
     if args.json:
-        out.write(json.dumps(verdict, sort_keys=True) + "\n")
+        writeJSON(out, verdict, sortKeys=True)
     else:
         target = verdict["target"]
         out.write(

@@ -10,26 +10,29 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import IO
 
 from fleetd.agent import disks
+from fleetd.clitools import Parser, addJSONOption, runMain
 
 COMMANDS = ("attest", "plan", "disks", "renew")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:
-        raise SystemExit(f"fleetd-agent: {message}")
+class AgentParser(Parser):
+    """Usage mistakes are C{fleetd-agent: ...}, exit status 1."""
+
+    usageStatus = 1
+    namesCommand = False
 
 
 def buildParser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="fleetd-agent", description="fleetd node-side client.")
+    parser = AgentParser(prog="fleetd-agent", description="fleetd node-side client.")
     parser.add_argument("--server", required=True, help="https://HOST:8444")
     parser.add_argument("--ca", help="CA bundle for the device listener")
     parser.add_argument("--tcti", default="device:/dev/tpmrm0", help="TPM TCTI")
     parser.add_argument("--state", default="/var/lib/fleetd-agent", help="state dir")
-    parser.add_argument("--json", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    addJSONOption(parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=AgentParser)
     for name in COMMANDS:
         command = sub.add_parser(name)
         if name == "disks":
@@ -50,14 +53,18 @@ def main(
     err: IO[str] | None = None,
     out: IO[str] | None = None,
 ) -> int:
-    err = sys.stderr if err is None else err
-    out = sys.stdout if out is None else out
-    args = buildParser().parse_args(argv)
-    if args.command == "disks":
-        return disks.run(args, out=out, err=err)
-    from fleetd.agent import attest
+    errors = sys.stderr if err is None else err
+    output = sys.stdout if out is None else out
 
-    return attest.run(args, out, err)
+    def run() -> int:
+        args = buildParser().parse_args(argv)
+        if args.command == "disks":
+            return disks.run(args, out=output, err=errors)
+        from fleetd.agent import attest
+
+        return attest.run(args, output, errors)
+
+    return runMain("fleetd-agent", run, output, errors)
 
 
 if __name__ == "__main__":
