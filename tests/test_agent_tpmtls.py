@@ -20,8 +20,10 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from fleetd.cli import agent, agent_attest, agent_mtls
-from fleetd.cli.agent_client import Refusal, Unreachable
+from fleetd.agent import attest as agent_attest
+from fleetd.agent import main as agent
+from fleetd.agent import mtls as agent_mtls
+from fleetd.agent.client import Refusal, Unreachable
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from tests.support import TOPOLOGY, missingPeer, writeConfig
 from tests.swtpm import RM_AVAILABLE, SWTPM, ResourceManager

@@ -15,7 +15,7 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
-from fleetd.cli.agent_client import Refusal, call, tlsContext
+from fleetd.agent.client import Refusal, call, tlsContext
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from tests.support import TOPOLOGY, missingPeer, writeConfig
 from tests.swtpm import AVAILABLE, SWTPM

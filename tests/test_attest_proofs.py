@@ -17,8 +17,8 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import blockingCallFromThread, deferToThread
 
-from fleetd.cli import agent_tpm as tpm
-from fleetd.cli.agent_client import Refusal, call, tlsContext
+from fleetd.agent import tpm
+from fleetd.agent.client import Refusal, call, tlsContext
 from tests.test_attest_swtpm import SWTPMTestCase
 
 

@@ -18,9 +18,9 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
+from fleetd.agent import main as agent
+from fleetd.agent import tpm
 from fleetd.attest.tpm import canonicalSPKI, ekDigest
-from fleetd.cli import agent
-from fleetd.cli import agent_tpm as tpm
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from tests.attestserver import AttestServer
 from tests.support import missingPeer

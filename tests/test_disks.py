@@ -16,7 +16,7 @@ from treq.testing import StubTreq
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from fleetd.cli import agent
+from fleetd.agent import main as agent
 from fleetd.device.disks import NodeDisksResource
 from fleetd.device.identity import NodeIdentity
 from fleetd.device.resource import deviceRoot
@@ -354,7 +354,7 @@ class AgentDisksTests(SynchronousTestCase):
         return self.answer
 
     def runAgent(self, *words: str) -> tuple[int, str, str]:
-        from fleetd.cli import agent_disks
+        from fleetd.agent import disks as agent_disks
 
         args = agent.buildParser().parse_args(
             ["--server", "https://127.0.0.1:1", *words]
@@ -421,7 +421,7 @@ class DaemonDisksTests(DaemonTestMixin, TestCase):
     async def _mounted(self) -> None:
         from twisted.internet.threads import deferToThread
 
-        from fleetd.cli import agent_disks
+        from fleetd.agent import disks as agent_disks
 
         service = self.startDaemon()
         port = self.port(service, "device")

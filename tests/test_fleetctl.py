@@ -13,6 +13,7 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.cli import fleetctl
+from fleetd.cli import journal as journalCommand
 from tests.support import writeConfig
 from tests.test_daemon import DaemonTestMixin
 
@@ -65,7 +66,7 @@ class FrameTests(SynchronousTestCase):
             out.write("    1  entry\n")
             return 0
 
-        self.patch(fleetctl, "cmdJournal", journal)
+        self.patch(journalCommand, "cmdJournal", journal)
         err = io.StringIO()
         code = fleetctl.main(["--config", str(config), "journal"], Closed(), err)
         self.assertEqual((code, err.getvalue()), (0, ""))

@@ -23,7 +23,7 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
-from fleetd.cli import agent
+from fleetd.agent import main as agent
 from fleetd.pki.dev import ensureDevPKI
 from fleetd.store.journal import JournalRefused
 from tests.attestserver import AttestServer
@@ -293,7 +293,7 @@ class LegacyCutOverTests(LDevIDTestCase):
             state = self.legacy()
             other = ec.generate_private_key(ec.SECP256R1())
             # The TLS key stays; only the CSR's key changes.
-            from fleetd.cli import agent_attest
+            from fleetd.agent import attest as agent_attest
 
             real = agent_attest.SOFT_KEY
             (state / "other.key").write_bytes(
@@ -311,7 +311,7 @@ class LegacyCutOverTests(LDevIDTestCase):
         return ensureDeferred(check())
 
     def _renewWithCSRKey(self, state: Path, keyPath: Path, real: str) -> str:
-        from fleetd.cli.agent_client import Refusal, call, tlsContext
+        from fleetd.agent.client import Refusal, call, tlsContext
 
         key: Any = serialization.load_pem_private_key(keyPath.read_bytes(), None)
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "x")])
@@ -351,7 +351,7 @@ class TLSRefusalTests(LDevIDTestCase):
 
     def test_noCertificate_401(self) -> Deferred[None]:
         """[T4] a lookup without a client certificate: 401 ldevid-required."""
-        from fleetd.cli.agent_client import Refusal, call, tlsContext
+        from fleetd.agent.client import Refusal, call, tlsContext
 
         def run() -> Any:
             try:

@@ -22,7 +22,7 @@ from cryptography import x509
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
 
-from fleetd.cli.agent_client import Refusal
+from fleetd.agent.client import Refusal
 from tests.test_agent_tpmtls import TPMKeyDaemonCase
 from tests.test_attest_proofs import Node
 from tests.test_attest_swtpm import ekDigestOf

@@ -1,1 +1,1 @@
-"""Command-line clients: fleetctl (owner) and fleetd-agent (node)."""
+"""fleetctl: the owner's command-line client for the admin API."""

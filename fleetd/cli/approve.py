@@ -20,12 +20,12 @@ C{mismatch} members when approving).
 from __future__ import annotations
 
 import argparse
-import json
 import urllib.parse
 from typing import IO, Any
 
 from fleetd.boot.deviceflow_model import COMPARED, normaliseUserCode, sameIdentity
-from fleetd.cli.fleetctl import AdminClient, CLIError
+from fleetd.cli.client import AdminClient
+from fleetd.clitools import CLIError, writeJSON
 from fleetd.config import Settings
 
 BASE = "/v1/admin/device-flow"
@@ -119,7 +119,7 @@ def cmdApprove(settings: Settings, args: argparse.Namespace, out: IO[str]) -> in
             "POST", f"{BASE}/deny", body={"user_code": args.user_code}
         )
         if args.json:
-            out.write(json.dumps(result, sort_keys=True) + "\n")
+            writeJSON(out, result, sortKeys=True)
         else:
             out.write(f"denied {result['user_code']}\n")
             for line in comparison(result, None)[:-1]:
@@ -141,7 +141,7 @@ def cmdApprove(settings: Settings, args: argparse.Namespace, out: IO[str]) -> in
     result = client.request("POST", f"{BASE}/approve", body=body)
     if args.json:
         result = dict(result, inventory=record, mismatch=mismatches(result, record))
-        out.write(json.dumps(result, sort_keys=True) + "\n")
+        writeJSON(out, result, sortKeys=True)
         return 0
     out.write(f"approved {result['user_code']} for {result['device']}")
     out.write(f" (forced: {', '.join(bad)} differ)\n" if bad else "\n")

@@ -10,10 +10,11 @@ nowhere else fleetd writes.
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from typing import IO, Any
 
+from fleetd.cli.client import AdminClient
+from fleetd.cli.output import when
+from fleetd.clitools import writeJSON
 from fleetd.config import Settings
 
 
@@ -43,15 +44,7 @@ def addCommands(commands: Any) -> None:
     retire.set_defaults(handler=cmdRetire)
 
 
-def _when(at: float | None) -> str:
-    if at is None:
-        return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
-
-
 def _post(settings: Settings, path: str, body: dict[str, Any]) -> Any:
-    from fleetd.cli.fleetctl import AdminClient
-
     return AdminClient(settings).request("POST", path, body=body)
 
 
@@ -62,7 +55,7 @@ def cmdRequest(settings: Settings, args: argparse.Namespace, out: IO[str]) -> in
         {"node": args.node, "reason": args.reason},
     )
     if args.json:
-        out.write(json.dumps(doc, sort_keys=True) + "\n")
+        writeJSON(out, doc, sortKeys=True)
     else:
         out.write(
             f"request {doc['request']}  node {doc['node']}  pending:"
@@ -74,7 +67,7 @@ def cmdRequest(settings: Settings, args: argparse.Namespace, out: IO[str]) -> in
 def cmdApprove(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
     doc = _post(settings, "/v1/admin/cluster-token/approve", {"request": args.request})
     if args.json:
-        out.write(json.dumps(doc, sort_keys=True) + "\n")
+        writeJSON(out, doc, sortKeys=True)
     else:
         out.write(
             f"request {doc['request']}  node {doc['node']}  approved\n"
@@ -88,13 +81,13 @@ def cmdApprove(settings: Settings, args: argparse.Namespace, out: IO[str]) -> in
 def cmdRotate(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
     doc = _post(settings, "/v1/admin/cluster-token/rotate", {})
     if args.json:
-        out.write(json.dumps(doc, sort_keys=True) + "\n")
+        writeJSON(out, doc, sortKeys=True)
         return 0
     out.write(f"new cluster.token: {doc['token']}  (id {doc['token_id']})\n")
     if doc["old_token_id"]:
         out.write(
             f"old token {doc['old_token_id']} is deleted at"
-            f" {_when(doc['old_deleted_at'])}\n"
+            f" {when(doc['old_deleted_at'])}\n"
         )
     out.write("what must change in the cluster's Talos configurations:\n")
     for n, step in enumerate(doc["steps"], 1):
@@ -103,16 +96,14 @@ def cmdRotate(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int
 
 
 def cmdList(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
-    from fleetd.cli.fleetctl import AdminClient
-
     doc = AdminClient(settings).request("GET", "/v1/admin/cluster-token")
     if args.json:
-        out.write(json.dumps(doc["pending"], sort_keys=True) + "\n")
+        writeJSON(out, doc["pending"], sortKeys=True)
         return 0
     for r in doc["pending"]:
         out.write(
             f"{r['request']}  node {r['node']}  by {r['requested_by']}"
-            f"  at {_when(r['requested_at'])}  reason: {r['reason']}\n"
+            f"  at {when(r['requested_at'])}  reason: {r['reason']}\n"
         )
     return 0
 
@@ -120,7 +111,7 @@ def cmdList(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
 def cmdRetire(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
     doc = _post(settings, "/v1/admin/retire", {"device": args.name})
     if args.json:
-        out.write(json.dumps(doc, sort_keys=True) + "\n")
+        writeJSON(out, doc, sortKeys=True)
         return 0
     node = {None: "no cluster configured", True: "deleted", False: "was not there"}
     out.write(f"{doc['device']}  {doc['status']}\n")

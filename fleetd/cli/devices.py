@@ -9,13 +9,13 @@ is sent; fleetd checks it again.
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import urllib.parse
 from pathlib import Path
 from typing import IO, Any
 
-from fleetd.cli.fleetctl import AdminClient, CLIError
+from fleetd.cli.client import AdminClient, postText, readUpload
+from fleetd.cli.output import alignedTable, emit
+from fleetd.clitools import CLIError, addJSONOption
 from fleetd.config import Settings
 from fleetd.inventory.csvimport import parseDeviceCSV
 from fleetd.inventory.model import InventoryError, validateDevice
@@ -42,57 +42,10 @@ def formatTable(devices: list[dict[str, Any]]) -> list[str]:
     )
 
 
-def alignedTable(header: list[str], rows: list[list[str]]) -> list[str]:
-    """Rows under a header, each column padded to its widest cell."""
-    table = [header, *rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    return [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in table
-    ]
-
-
 def formatDevice(device: dict[str, Any]) -> list[str]:
     """One device as C{key: value} lines."""
     keys = [*SHOW_KEYS, "desired_action"]
     return [f"{key}: {_cell(device.get(key))}" for key in keys]
-
-
-def emit(
-    out: IO[str], args: argparse.Namespace, document: Any, lines: list[str]
-) -> None:
-    if args.json:
-        out.write(json.dumps(document) + "\n")
-    else:
-        out.write("".join(line + "\n" for line in lines))
-
-
-def postText(client: AdminClient, path: str, text: str, contentType: str) -> Any:
-    """
-    POST a non-JSON body (L{AdminClient.request} sends only JSON); return
-    the decoded JSON answer, or raise L{CLIError} with fleetd's line.
-    """
-    payload = text.encode("utf-8")
-    conn = client.connection()
-    try:
-        headers = {"accept": "application/json", "content-type": contentType}
-        conn.request("POST", path, body=payload, headers=headers)
-        response = conn.getresponse()
-        data = response.read(16 << 20)
-    except (OSError, http.client.HTTPException) as e:
-        reason = getattr(e, "reason", None) or str(e) or e.__class__.__name__
-        raise CLIError(
-            f"cannot reach fleetd at https://{client.host}:{client.port}: {reason}"
-        ) from e
-    finally:
-        conn.close()
-    if not 200 <= response.status < 300:
-        line = data.decode("utf-8", "replace").strip().splitlines()
-        raise CLIError(f"fleetd answered {response.status}: {line[0] if line else ''}")
-    try:
-        return json.loads(data)
-    except ValueError as e:
-        raise CLIError("fleetd answered something that is not JSON") from e
 
 
 def cmdAdd(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
@@ -126,24 +79,6 @@ def cmdShow(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
     device = AdminClient(settings).request("GET", path)
     emit(out, args, device, formatDevice(device))
     return 0
-
-
-def readUpload(path: Path, limit: int, command: str) -> str:
-    """
-    The UTF-8 text of a file to import, at most C{limit} bytes; otherwise
-    one line naming C{command} and the file.
-    """
-    try:
-        with path.open("rb") as f:
-            raw = f.read(limit + 1)
-    except OSError as e:
-        raise CLIError(f"{command}: cannot read {path}: {e.strerror}") from e
-    if len(raw) > limit:
-        raise CLIError(f"{command}: {path} is larger than {limit} bytes")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise CLIError(f"{command}: {path}: not UTF-8 (byte {e.start})") from e
 
 
 def cmdImport(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
@@ -194,7 +129,4 @@ def addCommands(commands: Any) -> None:
     load.set_defaults(handler=cmdImport)
 
     for parser in (add, listing, show, load):
-        # Also after the action; absent, the global --json stands.
-        parser.add_argument(
-            "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
-        )
+        addJSONOption(parser, after=True)

@@ -22,13 +22,12 @@ Synchronous: a command-line client, never run on fleetd's reactor.
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import IO
+from typing import IO, Any
 
 import certifi
 import dns.exception
@@ -41,6 +40,7 @@ import service_identity
 from cryptography import x509
 from service_identity.cryptography import verify_certificate_hostname
 
+from fleetd.clitools import writeJSON
 from fleetd.config import Settings
 
 DNS_PORT = 53
@@ -59,6 +59,25 @@ class Check:
     def line(self) -> str:
         status = "OK" if self.ok else "FAIL"
         return f"{status} {self.check} {self.target}: {self.detail}"
+
+
+def addCommands(commands: Any) -> None:
+    """Register C{dns-check} on fleetctl's subcommand parsers."""
+    dns = commands.add_parser(
+        "dns-check", help="check anchors, fallback and certificates"
+    )
+    addArguments(dns)
+    dns.set_defaults(handler=cmdDNSCheck)
+
+
+def cmdDNSCheck(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
+    return dnsCheck(
+        settings,
+        timeout=args.timeout,
+        minDays=args.min_days,
+        out=out,
+        jsonOutput=args.json,
+    )
 
 
 def addArguments(parser: argparse.ArgumentParser) -> None:
@@ -355,7 +374,7 @@ def dnsCheck(
     ok = all(c.ok for c in checks)
     if jsonOutput:
         document = {"ok": ok, "checks": [asdict(c) for c in checks]}
-        out.write(json.dumps(document) + "\n")
+        writeJSON(out, document)
     else:
         for c in checks:
             out.write(c.line() + "\n")

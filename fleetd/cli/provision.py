@@ -10,9 +10,10 @@ installer). C{--json}: an object for one name, an array for several.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import IO, Any
 
+from fleetd.cli.client import AdminClient
+from fleetd.clitools import writeJSON
 from fleetd.config import Settings
 
 
@@ -30,8 +31,6 @@ def addCommands(commands: Any) -> None:
 
 
 def cmdProvision(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
-    from fleetd.cli.fleetctl import AdminClient
-
     result = AdminClient(settings).request(
         "POST",
         "/v1/admin/provision",
@@ -39,7 +38,7 @@ def cmdProvision(settings: Settings, args: argparse.Namespace, out: IO[str]) -> 
     )
     runs = result["runs"]
     if args.json:
-        out.write(json.dumps(runs[0] if len(runs) == 1 else runs) + "\n")
+        writeJSON(out, runs[0] if len(runs) == 1 else runs)
     else:
         for run in runs:
             out.write(f"{run['device']}  run {run['run']}  code {run['code']}\n")

@@ -6,12 +6,13 @@ run's state, open alerts, the last journal entries, and the recovery step.
 from __future__ import annotations
 
 import argparse
-import json
-import time
 import urllib.parse
 from datetime import UTC, datetime
 from typing import IO, Any
 
+from fleetd.cli.client import AdminClient
+from fleetd.cli.output import formatEntry, when
+from fleetd.clitools import writeJSON
 from fleetd.config import Settings
 
 
@@ -24,12 +25,10 @@ def addCommands(commands: Any) -> None:
 
 
 def cmdStatus(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
-    from fleetd.cli.fleetctl import AdminClient, formatEntry
-
     name = urllib.parse.quote(args.name, safe="")
     doc = AdminClient(settings).request("GET", f"/v1/admin/status/{name}")
     if args.json:
-        out.write(json.dumps(doc, sort_keys=True) + "\n")
+        writeJSON(out, doc, sortKeys=True)
         return 0
     device = doc["device"]
     out.write(
@@ -106,12 +105,6 @@ def diskLines(disks: dict[str, Any] | None) -> list[str]:
     return [f"disks:    {len(disks['disks'])} reported; {verdict}"]
 
 
-def _when(at: float | None) -> str:
-    if at is None:
-        return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
-
-
 def _credentials(kube: dict[str, Any] | None, out: IO[str]) -> None:
     """[K7] The per-node token and the kubelet certificate."""
     if kube is None:
@@ -127,19 +120,19 @@ def _credentials(kube: dict[str, Any] | None, out: IO[str]) -> None:
         )
         out.write(
             f"token:    {token['token_id']}  {state}"
-            f"  expires {_when(token['expires_at'])}"
-            f"  deletion due {_when(token['delete_at'])}"
-            f"  deleted {_when(token['deleted_at'])}\n"
+            f"  expires {when(token['expires_at'])}"
+            f"  deletion due {when(token['delete_at'])}"
+            f"  deleted {when(token['deleted_at'])}\n"
         )
     cert = kube.get("kubelet")
     if cert is None:
         out.write("kubelet:  no certificate approved by fleetd\n")
     else:
         out.write(
-            f"kubelet:  approved {_when(cert['first_approved_at'])}"
-            f"  last {_when(cert['last_approved_at'])}"
-            f"  notAfter {_when(cert['not_after'])}"
-            + (f"  retired {_when(cert['retired_at'])}" if cert["retired_at"] else "")
+            f"kubelet:  approved {when(cert['first_approved_at'])}"
+            f"  last {when(cert['last_approved_at'])}"
+            f"  notAfter {when(cert['not_after'])}"
+            + (f"  retired {when(cert['retired_at'])}" if cert["retired_at"] else "")
             + "\n"
         )
     if kube.get("note"):

@@ -17,13 +17,13 @@ reported before anything is sent; fleetd checks it again.
 from __future__ import annotations
 
 import argparse
-import time
 import urllib.parse
 from pathlib import Path
 from typing import IO, Any
 
-from fleetd.cli.devices import alignedTable, emit, postText, readUpload
-from fleetd.cli.fleetctl import AdminClient, CLIError
+from fleetd.cli.client import AdminClient, postText, readUpload
+from fleetd.cli.output import alignedTable, emit, when
+from fleetd.clitools import CLIError, addJSONOption
 from fleetd.config import Settings
 from fleetd.trust.manifest import parseManifest
 from fleetd.trust.model import EvidenceKind, TrustError, evidence, validateKind
@@ -34,12 +34,6 @@ MAX_MANIFEST_BYTES = 16 << 20
 KINDS = [k.value for k in EvidenceKind]
 
 
-def _when(at: float | None) -> str:
-    if at is None:
-        return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
-
-
 def evidenceLines(records: list[dict[str, Any]]) -> list[str]:
     """Evidence as a table: withdrawn rows say so in the NOTE column."""
     rows = []
@@ -47,7 +41,7 @@ def evidenceLines(records: list[dict[str, Any]]) -> list[str]:
         withdrawn = r.get("withdrawn")
         note = "" if r["independent"] else "cannot approve"
         if withdrawn:
-            note = f"withdrawn {_when(withdrawn['at'])}: {withdrawn['reason']}"
+            note = f"withdrawn {when(withdrawn['at'])}: {withdrawn['reason']}"
         rows.append(
             [
                 str(r["id"]),
@@ -55,7 +49,7 @@ def evidenceLines(records: list[dict[str, Any]]) -> list[str]:
                 r["ek_sha256"],
                 r["kind"],
                 r["ref"] or "-",
-                _when(r["recorded_at"]),
+                when(r["recorded_at"]),
                 r["recorded_by"],
                 note,
             ]
@@ -71,7 +65,7 @@ def bindingLines(views: list[dict[str, Any]]) -> list[str]:
             v["device"],
             v["ek_sha256"],
             str(v["evidence"]),
-            _when(v["approved_at"]),
+            when(v["approved_at"]),
             v["approved_by"],
             v["state"] + (f": {v['problem']}" if v["problem"] else ""),
         ]
@@ -191,12 +185,6 @@ def cmdDisksForget(settings: Settings, args: argparse.Namespace, out: IO[str]) -
     return 0
 
 
-def _json(parser: Any) -> None:
-    parser.add_argument(
-        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
-    )
-
-
 def addCommands(commands: Any) -> None:
     """Register C{evidence} and C{binding} on fleetctl's subparsers."""
     ev = commands.add_parser("evidence", help="evidence tying serials to EK digests")
@@ -249,4 +237,4 @@ def addCommands(commands: Any) -> None:
     forget.add_argument("--reason", required=True)
     forget.set_defaults(handler=cmdDisksForget)
     for parser in (add, load, listing, withdraw, approve, blist, forget):
-        _json(parser)
+        addJSONOption(parser, after=True)

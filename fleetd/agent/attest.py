@@ -11,7 +11,7 @@ TSS2 key file) under C{--state}. A TPM 1.2 still asks fleetd, so that the
 refusal is journaled [T2].
 
 C{plan} and C{renew} (and C{disks}) present the node's LDevID over mTLS
-[T4], a TPM key through L{fleetd.cli.agent_mtls}: the install
+[T4], a TPM key through L{fleetd.agent.mtls}: the install
 plan (target disk serial, image, META 0x0b code), and a new LDevID from the
 one issuer for the key the node already holds (a TPM key is asked to sign
 the CSR; a legacy node's software key in C{ldevid.key} signs it itself).
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import os
 import ssl
 import urllib.parse
@@ -34,9 +33,10 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 from tpm2_pytss import TSS2_Exception
 
-from fleetd.cli import agent_tpm as tpm
-from fleetd.cli.agent_client import Refusal, Send, Unreachable, call, tlsContext
-from fleetd.cli.agent_mtls import TPMTLSError, tpmSender
+from fleetd.agent import tpm
+from fleetd.agent.client import Refusal, Send, Unreachable, call, tlsContext
+from fleetd.agent.mtls import TPMTLSError, tpmSender
+from fleetd.clitools import writeJSON
 
 CERT, CHAIN, KEY = "ldevid.pem", "ldevid-chain.pem", "ldevid.tss2.pem"
 # A software LDevID key (the legacy capsule/forge issuers' nodes).
@@ -125,10 +125,10 @@ def attest(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
     return {"ldevid": str(state / CERT), "ek": keys.ekType}
 
 
-def _mtls(args: argparse.Namespace) -> ssl.SSLContext | Send:
+def ldevidTransport(args: argparse.Namespace) -> ssl.SSLContext | Send:
     """
     How to present the node's current LDevID [T4]: a TLS context for a
-    software key, or the TPM key's transport (L{agent_mtls}).
+    software key, or the TPM key's transport (L{fleetd.agent.mtls}).
     """
     state = Path(args.state)
     cert = state / CERT
@@ -157,7 +157,7 @@ def plan(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
     path = "/v1/node/plan"
     if args.device:
         path += "?device=" + urllib.parse.quote(args.device, safe="")
-    return installable(call(args.server, path, _mtls(args)))
+    return installable(call(args.server, path, ldevidTransport(args)))
 
 
 def installable(plan: dict[str, Any]) -> dict[str, Any]:
@@ -192,7 +192,9 @@ def renew(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
             csr = tpm.csrFor(ectx, private, public, "renewal")
         finally:
             ectx.close()
-    issued = call(args.server, "/v1/ldevid/renew", _mtls(args), {"csr": csr.decode()})
+    issued = call(
+        args.server, "/v1/ldevid/renew", ldevidTransport(args), {"csr": csr.decode()}
+    )
     writePrivate(state / CHAIN, issued["chain"].encode("ascii"))
     writePrivate(state / CERT, issued["certificate"].encode("ascii"))
     return {"ldevid": str(state / CERT)}
@@ -231,7 +233,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         err.write(f"fleetd-agent: {args.command}: tpm-error: {e}\n")
         return 1
     if args.json:
-        out.write(json.dumps(result, sort_keys=True) + "\n")
+        writeJSON(out, result, sortKeys=True)
     else:
         out.write(_describe(args.command, result))
     return 0

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from fleetd.clitools import writeJSON
 from fleetd.trust.disk_report import (
     Disk,
     DiskReportError,
@@ -150,18 +151,19 @@ def httpsPost(
 def nodePost(args: argparse.Namespace) -> Post:
     """
     A L{Post} presenting the node's LDevID [T4] as C{plan} and C{renew}
-    do (L{fleetd.cli.agent_attest._mtls}); a TPM or TLS failure is one
-    L{AgentError} line.
+    do (L{fleetd.agent.attest.ldevidTransport}); a TPM or TLS failure is
+    one L{AgentError} line.
     """
-    from fleetd.cli import agent_attest, agent_tpm
-    from fleetd.cli.agent_client import Unreachable
-    from fleetd.cli.agent_mtls import TPMTLSError
+    from fleetd.agent.attest import ldevidTransport
+    from fleetd.agent.client import Unreachable
+    from fleetd.agent.mtls import TPMTLSError
+    from fleetd.agent.tpm import TPMError
 
     try:
-        via = agent_attest._mtls(args)
+        via = ldevidTransport(args)
     except TPMTLSError as e:
         raise AgentError(str(e)) from e
-    except agent_tpm.TPMError as e:
+    except TPMError as e:
         raise AgentError(f"tpm-error: {e}") from e
     if isinstance(via, ssl.SSLContext):
         return httpsPost(args.server, args.ca, via)
@@ -234,7 +236,7 @@ def run(
         err.write(f"fleetd-agent: disks: {e}\n")
         return e.status
     if args.json:
-        out.write(json.dumps(verdict, sort_keys=True) + "\n")
+        writeJSON(out, verdict, sortKeys=True)
     else:
         target = verdict["target"]
         out.write(

@@ -5,7 +5,7 @@ Python's C{ssl} signs the handshake with a provider key when the key file
 (the TSS2 PEM the agent stores) goes through OpenSSL's decoders with the
 tpm2 provider loaded in the default library context: that needs an
 C{OPENSSL_CONF} read when the process first touches OpenSSL, so each
-request runs in a short child process (C{python -m fleetd.cli.agent_mtls})
+request runs in a short child process (C{python -m fleetd.agent.mtls})
 with its own configuration, its TCTI (C{TPM2OPENSSL_TCTI}) and the request
 on stdin; it answers one JSON object on stdout.
 
@@ -34,7 +34,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
-from fleetd.cli.agent_client import TIMEOUT, Send, Unreachable
+from fleetd.agent.client import TIMEOUT, Send, Unreachable
 
 UNSUPPORTED = "tpm-tls-unsupported"
 
@@ -103,7 +103,7 @@ def tpmSender(tcti: str, ca: str | None, cert: Path, key: Path) -> Send:
             env.setdefault("TSS2_LOG", "all+none")
             try:
                 done = subprocess.run(
-                    [sys.executable, "-m", "fleetd.cli.agent_mtls"],
+                    [sys.executable, "-m", "fleetd.agent.mtls"],
                     input=json.dumps(request).encode(),
                     capture_output=True,
                     env=env,

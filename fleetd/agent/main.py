@@ -2,7 +2,7 @@
 fleetd-agent: the node-side client, run as a Tinkerbell action in HookOS.
 
 The command frame follows DESIGN §6; each command lives in its own module
-(C{agent_attest}: attest, plan, renew; C{agent_disks}: disks).
+(L{fleetd.agent.attest}: attest, plan, renew; L{fleetd.agent.disks}: disks).
 """
 
 from __future__ import annotations
@@ -10,30 +10,33 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import IO
 
-from fleetd.cli import agent_disks
+from fleetd.agent import disks
+from fleetd.clitools import Parser, addJSONOption, runMain
 
 COMMANDS = ("attest", "plan", "disks", "renew")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:
-        raise SystemExit(f"fleetd-agent: {message}")
+class AgentParser(Parser):
+    """Usage mistakes are C{fleetd-agent: ...}, exit status 1."""
+
+    usageStatus = 1
+    namesCommand = False
 
 
 def buildParser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="fleetd-agent", description="fleetd node-side client.")
+    parser = AgentParser(prog="fleetd-agent", description="fleetd node-side client.")
     parser.add_argument("--server", required=True, help="https://HOST:8444")
     parser.add_argument("--ca", help="CA bundle for the device listener")
     parser.add_argument("--tcti", default="device:/dev/tpmrm0", help="TPM TCTI")
     parser.add_argument("--state", default="/var/lib/fleetd-agent", help="state dir")
-    parser.add_argument("--json", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    addJSONOption(parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=AgentParser)
     for name in COMMANDS:
         command = sub.add_parser(name)
         if name == "disks":
-            agent_disks.addArguments(command)
+            disks.addArguments(command)
         if name == "attest":
             command.add_argument("--serial", help="chassis serial (default: SMBIOS)")
             command.add_argument("--uuid", help="system uuid (default: SMBIOS)")
@@ -50,14 +53,18 @@ def main(
     err: IO[str] | None = None,
     out: IO[str] | None = None,
 ) -> int:
-    err = sys.stderr if err is None else err
-    out = sys.stdout if out is None else out
-    args = buildParser().parse_args(argv)
-    if args.command == "disks":
-        return agent_disks.run(args, out=out, err=err)
-    from fleetd.cli import agent_attest
+    errors = sys.stderr if err is None else err
+    output = sys.stdout if out is None else out
 
-    return agent_attest.run(args, out, err)
+    def run() -> int:
+        args = buildParser().parse_args(argv)
+        if args.command == "disks":
+            return disks.run(args, out=output, err=errors)
+        from fleetd.agent import attest
+
+        return attest.run(args, output, errors)
+
+    return runMain("fleetd-agent", run, output, errors)
 
 
 if __name__ == "__main__":

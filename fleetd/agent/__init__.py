@@ -1,0 +1,1 @@
+"""fleetd-agent: the node-side client, run as a Tinkerbell action in HookOS."""

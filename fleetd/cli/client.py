@@ -1,0 +1,183 @@
+"""
+fleetctl's HTTPS client for C{/v1/admin/*}, with the owner certificate.
+
+fleetctl connects to the host and port of C{owner.server} but verifies the
+certificate for the site's enrollment name (from the topology file): the
+admin listener presents the public certificate, which covers that name and
+nothing else, so C{https://localhost:8446} works on spore as shipped.
+Every failure is a L{CLIError} carrying fleetd's one line.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from fleetd.clitools import CLIError
+from fleetd.config import Settings
+
+
+def errorLine(data: bytes) -> str:
+    """The first line of an error body, or its JSON C{error} member."""
+    text = data.decode("utf-8", "replace").strip()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("error"), str):
+        text = doc["error"]
+    lines = text.splitlines()
+    return lines[0] if lines else ""
+
+
+class _Connection(http.client.HTTPSConnection):
+    """HTTPS to C{host}, with SNI and certificate checks for C{serverName}."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        serverName: str,
+        context: ssl.SSLContext,
+        timeout: float,
+    ) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._serverName = serverName
+        self._tlsContext = context
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._tlsContext.wrap_socket(
+            self.sock, server_hostname=self._serverName
+        )
+
+
+class AdminClient:
+    """
+    A small synchronous HTTPS client for C{/v1/admin/*} with the owner cert.
+
+    It connects to C{owner.server}'s host and port and verifies the
+    certificate for the enrollment name (L{serverName}).
+    """
+
+    def __init__(self, settings: Settings, timeout: float = 10.0) -> None:
+        owner = settings.owner
+        url = urllib.parse.urlsplit(owner.server)
+        if url.scheme != "https" or not url.hostname:
+            raise CLIError(
+                f"owner.server: must be an https:// URL, not {owner.server!r}"
+            )
+        self.host = url.hostname
+        self.port = url.port or 443
+        self.serverName = settings.topology.enrollment_name
+        self.timeout = timeout
+        context = ssl.create_default_context(
+            cafile=None if owner.server_ca is None else str(owner.server_ca)
+        )
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if owner.client_cert is None or owner.client_key is None:
+            raise CLIError(
+                "owner.client_cert and owner.client_key are needed by fleetctl"
+            )
+        try:
+            context.load_cert_chain(str(owner.client_cert), str(owner.client_key))
+        except (OSError, ssl.SSLError) as e:
+            raise CLIError(
+                f"owner.client_cert: cannot load {owner.client_cert}: {e}"
+            ) from e
+        self.context = context
+
+    def connection(self) -> http.client.HTTPSConnection:
+        """A new connection to the admin listener (not yet connected)."""
+        return _Connection(
+            self.host,
+            self.port,
+            serverName=self.serverName,
+            context=self.context,
+            timeout=self.timeout,
+        )
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str] | None = None,
+        body: Any = None,
+    ) -> Any:
+        """Send one request; return the decoded JSON body of a 2xx answer."""
+        if query:
+            path += "?" + urllib.parse.urlencode(query)
+        payload = None if body is None else json.dumps(body).encode("utf-8")
+        conn = self.connection()
+        try:
+            headers = {"accept": "application/json"}
+            if payload is not None:
+                headers["content-type"] = "application/json"
+            conn.request(method, path, body=payload, headers=headers)
+            response = conn.getresponse()
+            data = response.read(16 << 20)
+        except (OSError, http.client.HTTPException) as e:
+            reason = getattr(e, "reason", None) or e.__class__.__name__
+            raise CLIError(
+                f"cannot reach fleetd at https://{self.host}:{self.port}: {reason}"
+                f"{': ' + str(e) if str(e) and not reason == str(e) else ''}"
+            ) from e
+        finally:
+            conn.close()
+        if not 200 <= response.status < 300:
+            raise CLIError(f"fleetd answered {response.status}: {errorLine(data)}")
+        try:
+            return json.loads(data)
+        except ValueError as e:
+            raise CLIError("fleetd answered something that is not JSON") from e
+
+
+def postText(client: AdminClient, path: str, text: str, contentType: str) -> Any:
+    """
+    POST a non-JSON body (L{AdminClient.request} sends only JSON); return
+    the decoded JSON answer, or raise L{CLIError} with fleetd's line.
+    """
+    payload = text.encode("utf-8")
+    conn = client.connection()
+    try:
+        headers = {"accept": "application/json", "content-type": contentType}
+        conn.request("POST", path, body=payload, headers=headers)
+        response = conn.getresponse()
+        data = response.read(16 << 20)
+    except (OSError, http.client.HTTPException) as e:
+        reason = getattr(e, "reason", None) or str(e) or e.__class__.__name__
+        raise CLIError(
+            f"cannot reach fleetd at https://{client.host}:{client.port}: {reason}"
+        ) from e
+    finally:
+        conn.close()
+    if not 200 <= response.status < 300:
+        line = data.decode("utf-8", "replace").strip().splitlines()
+        raise CLIError(f"fleetd answered {response.status}: {line[0] if line else ''}")
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise CLIError("fleetd answered something that is not JSON") from e
+
+
+def readUpload(path: Path, limit: int, command: str) -> str:
+    """
+    The UTF-8 text of a file to import, at most C{limit} bytes; otherwise
+    one line naming C{command} and the file.
+    """
+    try:
+        with path.open("rb") as f:
+            raw = f.read(limit + 1)
+    except OSError as e:
+        raise CLIError(f"{command}: cannot read {path}: {e.strerror}") from e
+    if len(raw) > limit:
+        raise CLIError(f"{command}: {path} is larger than {limit} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CLIError(f"{command}: {path}: not UTF-8 (byte {e.start})") from e

@@ -1,0 +1,55 @@
+"""
+What fleetctl prints: lines for people, or with C{--json} one JSON document
+(L{fleetd.clitools.writeJSON}); tables, times and journal entries are
+formatted the same way by every subcommand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import IO, Any
+
+from fleetd.clitools import writeJSON
+
+
+def emit(
+    out: IO[str], args: argparse.Namespace, document: Any, lines: list[str]
+) -> None:
+    """C{document} with C{--json}, else C{lines}."""
+    if args.json:
+        writeJSON(out, document)
+    else:
+        out.write("".join(line + "\n" for line in lines))
+
+
+def alignedTable(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Rows under a header, each column padded to its widest cell."""
+    table = [header, *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in table
+    ]
+
+
+def when(at: float | None) -> str:
+    """A POSIX time as UTC ISO 8601 to the second, or C{-} for none."""
+    if at is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def formatEntry(entry: dict[str, Any]) -> str:
+    """One journal entry on one line: seq, time, event, actor, subject, fields."""
+    parts = [f"{entry['seq']:>6}", when(entry["at"]), entry["event"]]
+    parts.append(f"actor={entry['actor']}")
+    for key in ("device", "run"):
+        if entry.get(key):
+            parts.append(f"{key}={entry[key]}")
+    for key, value in sorted((entry.get("fields") or {}).items()):
+        parts.append(
+            f"{key}={json.dumps(value) if not isinstance(value, str) else value}"
+        )
+    return "  ".join(parts)

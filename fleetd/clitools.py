@@ -1,0 +1,90 @@
+"""
+The frame both command-line tools share: C{fleetctl} (the owner's, in
+L{fleetd.cli}) and C{fleetd-agent} (the node's, in L{fleetd.agent}).
+
+A usage mistake or a failure is one line on stderr naming the tool, and a
+non-zero exit status, never a traceback; C{--json} prints one JSON
+document on one line instead of the lines meant for people. Both tools
+import this module; it imports neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import IO, Any, ClassVar, NoReturn
+
+
+class CLIError(Exception):
+    """A failure to report as one line on stderr, exiting with C{status}."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Parser(argparse.ArgumentParser):
+    """
+    An argument parser whose usage mistakes are one L{CLIError} line:
+    C{PROG: message}, exit status L{usageStatus}. Pass it as the
+    C{parser_class} of subcommands, so they answer the same way.
+    """
+
+    usageStatus: ClassVar[int] = 2
+    # Whether the line names the subcommand (C{fleetctl device add: ...})
+    # or only the tool (C{fleetd-agent: ...}).
+    namesCommand: ClassVar[bool] = True
+
+    def error(self, message: str) -> NoReturn:
+        where = self.prog if self.namesCommand else self.prog.split()[0]
+        raise CLIError(f"{where}: {message}", self.usageStatus)
+
+
+def addJSONOption(parser: argparse.ArgumentParser, *, after: bool = False) -> None:
+    """
+    C{--json} on C{parser}: the tool's global flag, or (C{after}) the same
+    flag accepted again after a subcommand's action; absent there, the
+    global one stands.
+    """
+    if after:
+        parser.add_argument(
+            "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
+        )
+    else:
+        parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def writeJSON(out: IO[str], document: Any, *, sortKeys: bool = False) -> None:
+    """The C{--json} output: C{document} on one line."""
+    out.write(json.dumps(document, sort_keys=sortKeys) + "\n")
+
+
+def runMain(tool: str, body: Callable[[], int], out: IO[str], err: IO[str]) -> int:
+    """
+    Run a tool's C{body} and return its exit status. A L{CLIError} is one
+    line on C{err} (prefixed with C{tool} unless it names it already) and
+    its status; an interrupt is one line and 130; a reader that went away
+    (C{fleetctl journal | head}) is not an error.
+    """
+    try:
+        return body()
+    except CLIError as e:
+        line = str(e)
+        err.write(f"{line}\n" if line.startswith(tool) else f"{tool}: {line}\n")
+        return e.status
+    except KeyboardInterrupt:
+        err.write(f"{tool}: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        if out is sys.stdout:  # keep the interpreter's final flush quiet
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, sys.stdout.fileno())
+            except (OSError, ValueError):
+                pass
+            finally:
+                os.close(devnull)
+        return 0
