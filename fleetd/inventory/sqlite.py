@@ -1,7 +1,7 @@
 """
 The embedded inventory: L{IInventory} over fleetd's SQLite database.
 
-Tables come from migration 2 (L{fleetd.store.db.MIGRATIONS}): C{devices},
+Tables come from migration 2 (L{fleetd.store.migrations.MIGRATIONS}): C{devices},
 C{device_macs} (one row per MAC, unique across the fleet) and
 C{served_records}.  All work runs through an L{IRunner}, so on the
 database thread in the daemon and inline in tests; every write is one

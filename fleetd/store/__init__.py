@@ -1,6 +1,6 @@
 """The persistent store: SQLite database, its thread, keys and the journal."""
 
-from fleetd.store.db import MIGRATIONS, Database, StoreError
+from fleetd.store.db import Database, StoreError
 from fleetd.store.fields import FieldValue
 from fleetd.store.journal import (
     AsyncJournal,
@@ -9,6 +9,7 @@ from fleetd.store.journal import (
     JournalVerification,
 )
 from fleetd.store.keys import JOURNAL_PURPOSE, deriveKey, loadOrCreateKey
+from fleetd.store.migrations import MIGRATIONS
 from fleetd.store.runner import DatabaseRunner, InlineRunner, IRunner
 
 __all__ = [
