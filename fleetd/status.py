@@ -17,7 +17,8 @@ from fleetd.inventory.model import Device, DeviceStatus, IInventory
 from fleetd.kube import status as kubestatus
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry, RunView
-from fleetd.store.journal import AsyncJournal, JournalEntry
+from fleetd.store.entries import JournalEntry
+from fleetd.store.journal import AsyncJournal
 
 if TYPE_CHECKING:
     from fleetd.trust.disks import DiskReportView, DiskService

@@ -31,7 +31,8 @@ from fleetd.listen import loadTLSOptions, tlsFactory
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from fleetd.pki.ldevid import Issuer, TrustBundle
 from fleetd.store.db import Database
-from fleetd.store.journal import AsyncJournal, JournalEntry
+from fleetd.store.entries import JournalEntry
+from fleetd.store.journal import AsyncJournal
 from fleetd.store.runner import InlineRunner
 from fleetd.vault import MemoryVault
 from fleetd.web import BoundedSite, Router

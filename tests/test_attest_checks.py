@@ -26,7 +26,7 @@ from fleetd.attest.errors import Refused
 from fleetd.attest.resource import deviceAPI
 from fleetd.attest.tpm import AK_MUST, ekDigest, spkiOf
 from fleetd.pki.dev import ensureDevPKI
-from fleetd.store.journal import JournalRefused
+from fleetd.store.entries import JournalRefused
 from tests.attestserver import AttestServer
 from tests.softtpm import SoftNode, b64, publicArea
 

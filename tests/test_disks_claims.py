@@ -23,7 +23,8 @@ from fleetd.attest.tpm import ekDigest, spkiOf
 from fleetd.device.disks import NodeDisksResource
 from fleetd.device.identity import NodeIdentity
 from fleetd.device.resource import deviceRoot
-from fleetd.store.db import MIGRATIONS, Database
+from fleetd.store.db import Database
+from fleetd.store.migrations import MIGRATIONS
 from fleetd.trust import disks
 from fleetd.trust.disks import DiskService
 from fleetd.web import Router

@@ -20,7 +20,8 @@ from fleetd.runs.alerts import MISSING, REFETCHED
 from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import codeName, configName, servedName
 from fleetd.store.db import Database, StoreError
-from fleetd.store.journal import Entry, Journal, JournalEntry
+from fleetd.store.entries import Entry, JournalEntry
+from fleetd.store.journal import Journal
 from fleetd.vault import MemoryVault, VaultError
 from tests.test_runs import KEY, Fleet, device
 
@@ -431,7 +432,7 @@ class ReviewFaultTests(SynchronousTestCase):
         """[J1] An entry the journal refuses is one clear 400 line, not a 500."""
         from fleetd.runs.render import TemplateRenderer
         from fleetd.runs.resource import ProvisionResource
-        from fleetd.store.journal import JournalRefused
+        from fleetd.store.entries import JournalRefused
         from tests.support import REPO
 
         self.faults.journal.failing = JournalRefused("field looks like a secret")

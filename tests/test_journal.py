@@ -586,7 +586,7 @@ class DigestPartsTests(SynchronousTestCase):
         """[J2] The fast digest equals the one verification recomputes."""
         from types import MappingProxyType
 
-        from fleetd.store.journal import JournalEntry
+        from fleetd.store.entries import JournalEntry
 
         journal = Journal(b"k" * 32)
         fields: dict[str, FieldValue] = {

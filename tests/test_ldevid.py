@@ -25,7 +25,7 @@ from twisted.trial.unittest import TestCase
 
 from fleetd.agent import main as agent
 from fleetd.pki.dev import ensureDevPKI
-from fleetd.store.journal import JournalRefused
+from fleetd.store.entries import JournalRefused
 from tests.attestserver import AttestServer
 
 PKI: Any = None

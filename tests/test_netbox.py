@@ -29,7 +29,8 @@ from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import RunRegistry, configName
 from fleetd.runs.resource import ProvisionResource, Refused
 from fleetd.store.db import Database, StoreError
-from fleetd.store.journal import AsyncJournal, Entry, Journal
+from fleetd.store.entries import Entry
+from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.store.runner import InlineRunner
 from fleetd.testing.netbox import FakeNetBox
 from fleetd.vault import DirectoryVault, IVault

@@ -371,7 +371,7 @@ class TrustFaultTests(SynchronousTestCase):
 
     def test_badEntry_refusedNothingChanges(self) -> None:
         """[J1] An actor the journal refuses stops the change itself."""
-        from fleetd.store.journal import JournalRefused
+        from fleetd.store.entries import JournalRefused
 
         claim = evidence(serial="SER1", ek_sha256=EK1, kind=EvidenceKind.CONSOLE)
         before = self.state()

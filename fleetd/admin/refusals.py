@@ -16,7 +16,7 @@ from twisted.web import http
 
 from fleetd.inventory.model import ErrorKind, InventoryError
 from fleetd.store.db import StoreError
-from fleetd.store.journal import JournalRefused
+from fleetd.store.entries import JournalRefused
 
 NOTHING_CHANGED = "nothing changed"
 

@@ -21,7 +21,7 @@ from twisted.internet.defer import Deferred
 
 if TYPE_CHECKING:
     from fleetd.store.db import Database
-    from fleetd.store.journal import Entry
+    from fleetd.store.entries import Entry
 
 ErrorKind = Literal["invalid", "duplicate", "not-found", "unavailable"]
 

@@ -58,7 +58,8 @@ from fleetd.netbox.devices import (
     toDevice,
 )
 from fleetd.store.db import Database, StoreError
-from fleetd.store.journal import AsyncJournal, Entry, JournalRefused, Recorder
+from fleetd.store.entries import Entry, JournalRefused
+from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
 
 _T = TypeVar("_T")

@@ -31,8 +31,9 @@ from fleetd.admin.resource import ownerOf, renderAsync
 from fleetd.inventory.csvimport import parseDeviceCSV
 from fleetd.inventory.model import Device, IInventory, InventoryError, validateDevice
 from fleetd.jsonbody import JSONBodyError
+from fleetd.store.entries import Entry
 from fleetd.store.fields import FieldValue
-from fleetd.store.journal import AsyncJournal, Entry
+from fleetd.store.journal import AsyncJournal
 from fleetd.web import Endpoint, notFound
 
 log = Logger()

@@ -1,7 +1,7 @@
 """
 The embedded inventory: L{IInventory} over fleetd's SQLite database.
 
-Tables come from migration 2 (L{fleetd.store.db.MIGRATIONS}): C{devices},
+Tables come from migration 2 (L{fleetd.store.migrations.MIGRATIONS}): C{devices},
 C{device_macs} (one row per MAC, unique across the fleet) and
 C{served_records}.  All work runs through an L{IRunner}, so on the
 database thread in the daemon and inline in tests; every write is one
@@ -31,7 +31,8 @@ from fleetd.inventory.model import (
     validateToken,
 )
 from fleetd.store.db import Database, StoreError
-from fleetd.store.journal import AsyncJournal, Entry, JournalRefused, Recorder
+from fleetd.store.entries import Entry, JournalRefused
+from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
 
 _T = TypeVar("_T")

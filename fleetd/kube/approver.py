@@ -73,7 +73,8 @@ from fleetd.kube.store import (
 )
 from fleetd.kube.tokens import NODE_GROUP
 from fleetd.store.db import Database, StoreError
-from fleetd.store.journal import AsyncJournal, JournalRefused, Recorder
+from fleetd.store.entries import JournalRefused
+from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
 
 _UNAVAILABLE = (StoreError, sqlite3.Error, JournalRefused, InventoryError, KubeError)

@@ -1,5 +1,6 @@
 """
-Persistent Kubernetes credential state (schema migrations 9 and 10).
+Persistent Kubernetes credential state (schema migrations 9 and 10 in
+L{fleetd.store.migrations}).
 
 Migration 9: C{kube_tokens} (every token fleetd created, by id: kind,
 device and run, expiry, approval, the persisted deletion deadline [K4],
@@ -14,10 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fleetd.kube.schema import MIGRATION_9, MIGRATION_10
 from fleetd.store.db import Database
-
-__all__ = ["MIGRATION_9", "MIGRATION_10"]
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from fleetd.inventory.model import InventoryError
 from fleetd.netbox.client import RETRY_FIRST, RETRY_MAX, NetBoxClient, NetBoxError
 from fleetd.netbox.devices import JOURNAL, OBJECT_TYPE, findByName, remote
 from fleetd.store.db import Database
-from fleetd.store.journal import JournalEntry, canonicalJSON
+from fleetd.store.entries import JournalEntry, canonicalJSON, countAfter, query
 from fleetd.store.runner import IRunner
 
 POLL = 5.0
@@ -99,16 +99,9 @@ def _save(db: Database, seq: int, doubt: int | None) -> None:
 
 def _next(db: Database) -> tuple[int, int | None, list[JournalEntry]]:
     """How many entries are behind, the one in doubt, and the next batch."""
-    from fleetd.store.journal import _SELECT, _entryFromRow
-
     seq, doubt = _state(db)
-    (behind,) = db.execute(
-        "SELECT count(*) FROM journal WHERE seq > ?", (seq,)
-    ).fetchone()
-    rows = db.execute(
-        f"{_SELECT} WHERE seq > ? ORDER BY seq LIMIT ?", (seq, BATCH)
-    ).fetchall()
-    return int(behind), doubt, [_entryFromRow(row) for row in rows]
+    behind = countAfter(db, seq)
+    return behind, doubt, query(db, since_seq=seq, limit=BATCH)
 
 
 class JournalMirror:

@@ -1,7 +1,7 @@
 """
 LDevID records [T4]: every certificate fleetd issued (serial, issuer,
 notAfter) and each node's legacy cut-over, persisted in migration 7
-(L{fleetd.store.db.MIGRATIONS}).
+(L{fleetd.store.migrations.MIGRATIONS}).
 
 A node's I{current} LDevID is the last one fleetd issued it; once it has
 one, certificates from the legacy issuers are refused for that node.

@@ -42,6 +42,7 @@ from fleetd.inventory.model import (
 )
 from fleetd.runs.store import isSuperseded, supersededAmong
 from fleetd.store.db import Database
+from fleetd.store.entries import hasEvent
 from fleetd.store.journal import AsyncJournal, Recorder
 
 FIRST_DELAY = 1.0
@@ -58,11 +59,7 @@ class _Pending:
 
 
 def _alreadyRecorded(db: Database, run: str) -> bool:
-    row = db.execute(
-        "SELECT 1 FROM journal WHERE run = ? AND event = 'run.delivered' LIMIT 1",
-        (run,),
-    ).fetchone()
-    return row is not None
+    return hasEvent(db, run=run, event="run.delivered")
 
 
 class Releaser:

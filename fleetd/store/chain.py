@@ -24,7 +24,8 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from fleetd.store.journal import AsyncJournal, JournalVerification
+from fleetd.store.journal import AsyncJournal
+from fleetd.store.verify import JournalVerification
 
 DEFAULT_INTERVAL = 3600.0
 

@@ -1,168 +1,34 @@
 """
-The append-only, durable, hash-chained journal (DESIGN.md section 4).
+The journal: append-only, durable, hash-chained (DESIGN.md section 4).
 
-Entry C{n} carries C{digest_n = HMAC-SHA256(key, digest_(n-1) ||
-canonical_json(seq, at, event, actor, device, run, fields))}, with 32 zero
-bytes before the first entry; seqs run 1, 2, 3, ... without gaps.  The
-single C{journal_head} row holds the last C{(seq, digest)}, authenticated by
-C{HMAC(key, "head" || seq || digest)}, and changes in the same transaction
-as the entry.  L{Journal.verify} therefore detects an edited entry (any
-column), a deleted entry (first, middle or last: the head catches a
-truncated tail), an inserted or reordered entry, and a forged or missing
-head.  L{Journal.append} refuses to extend a journal whose head is not
-authentic or does not match its last entry.
-
-What this does not defend against:
-  - anyone holding the key (the key file, or fleetd's memory): they can
-    rewrite the chain and the head consistently;
-  - replay of an older copy of the whole database file, or deletion of
-    every entry together with the head, which looks like a fresh install:
-    only an off-host copy (the NetBox mirror) shows that;
-  - reading: entries are authenticated, not encrypted, hence the secret
-    guard in L{Journal.append}, which refuses secret-looking field names,
-    long strings and PEM blocks.
+L{Journal} is its database-thread face: it holds the chain key and binds
+the parts, each in a module of its own: the entries and the public query
+API (L{fleetd.store.entries}), the chain append (L{fleetd.store.append}),
+and verification (L{fleetd.store.verify}). L{Recorder} and L{AsyncJournal}
+are the reactor side: entries appended in a change's own transaction [J1],
+and work handed to the database thread through a runner.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hmac
-import json
-import math
-import re
-import sqlite3
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from json.encoder import encode_basestring_ascii
-from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from fleetd.keyed import KeyedHMAC
-from fleetd.store.db import Database, StoreError
-from fleetd.store.fields import (
-    MAX_NAME,
-    FieldValue,
-    checkFields,
-    checkName,
-)
+from fleetd.store.append import Appender, ChainKey, PreparedEntry
+from fleetd.store.append import prepare as prepareEntry
+from fleetd.store.db import Database
+from fleetd.store.entries import Entry, JournalEntry
+from fleetd.store.entries import latest as latestEntries
+from fleetd.store.entries import query as queryEntries
+from fleetd.store.fields import FieldValue
 from fleetd.store.runner import IRunner
-
-MAX_QUERY = 10_000
+from fleetd.store.verify import JournalVerification, verifyChain
 
 _T = TypeVar("_T")
-
-_EVENT = re.compile(r"[a-z0-9][a-z0-9_.-]{0,127}")
-_ACTOR = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
-_GENESIS = bytes(32)
-_SELECT = "SELECT seq, at, event, actor, device, run, fields, digest FROM journal"
-_INSERT = (
-    "INSERT INTO journal (seq, at, event, actor, device, run, fields, digest)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_SELECT_HEAD = "SELECT seq, digest, mac FROM journal_head WHERE id = 1"
-_SELECT_LAST = "SELECT seq, digest FROM journal ORDER BY seq DESC LIMIT 1"
-_string = encode_basestring_ascii  # a str as JSON writes it with ensure_ascii
-
-
-def _optional(value: str | None) -> str:
-    return "null" if value is None else _string(value)
-
-
-_UPSERT_HEAD = (
-    "INSERT INTO journal_head (id, seq, digest, mac) VALUES (1, ?, ?, ?)"
-    " ON CONFLICT (id) DO UPDATE SET"
-    " seq = excluded.seq, digest = excluded.digest, mac = excluded.mac"
-)
-
-
-@dataclass(frozen=True)
-class JournalEntry:
-    """One journal entry, as appended or read back."""
-
-    seq: int
-    at: float
-    event: str
-    actor: str
-    device: str | None
-    run: str | None
-    fields: Mapping[str, FieldValue]
-    digest: str
-
-    def toJSON(self) -> dict[str, Any]:
-        """Return a JSON-serialisable dict (for C{fleetctl journal})."""
-        result = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        result["fields"] = dict(self.fields)
-        return result
-
-
-class JournalRefused(ValueError):
-    """The journal will not take an entry as given (a bad name, a field that
-    may be a secret): the change it belongs to does not happen."""
-
-
-@dataclass(frozen=True)
-class _Pending:
-    """An entry checked by L{Journal.prepare}, waiting for its seq."""
-
-    event: str
-    actor: str
-    device: str | None
-    run: str | None
-    fields: dict[str, FieldValue]
-    fieldsJSON: str
-    at: float | None = None  # its own time, else the append's
-
-
-@dataclass(frozen=True)
-class JournalVerification:
-    """
-    The outcome of L{Journal.verify}.
-
-    @ivar entries: how many entries, from the first, were found intact.
-    @ivar problem: what is wrong, if anything.
-    @ivar seq: the seq of the first bad or missing entry, if known.
-    """
-
-    ok: bool
-    entries: int
-    problem: str | None = None
-    seq: int | None = None
-
-
-_CANONICAL = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-)
-
-
-def canonicalJSON(value: object) -> str:
-    """The one JSON encoding the chain is computed over."""
-    return _CANONICAL.encode(value)
-
-
-def _entryFromRow(row: Sequence[Any]) -> JournalEntry:
-    """Rebuild an entry from a row, checking every column's type."""
-    seq, at, event, actor, device, run, fieldsText, digest = row
-    fields = json.loads(fieldsText)
-    if not (
-        type(seq) is int
-        and type(at) is float
-        and isinstance(event, str)
-        and isinstance(actor, str)
-        and (device is None or isinstance(device, str))
-        and (run is None or isinstance(run, str))
-        and isinstance(fields, dict)
-        and fieldsText == canonicalJSON(fields)
-        and isinstance(digest, str)
-        and len(bytes.fromhex(digest)) == 32
-    ):
-        raise ValueError("malformed journal row")
-    return JournalEntry(
-        seq, at, event, actor, device, run, MappingProxyType(fields), digest
-    )
 
 
 class Journal:
@@ -179,21 +45,18 @@ class Journal:
         """
         if len(key) < 32:
             raise ValueError("journal key must be at least 32 bytes")
-        self._key = key
-        self._mac = KeyedHMAC(key)
-        # (database, its generation, seq, digest) of the head last written.
-        self._written: tuple[Database, int, int, bytes] | None = None
+        self._chain = ChainKey(key)
+        self._appender = Appender(self._chain)
 
     def _digest(self, previous: bytes, entry: JournalEntry) -> bytes:
         """Chain C{entry} (its C{digest} aside) onto the C{previous} digest."""
-        body = entry.toJSON()
-        del body["digest"]
-        message = previous + canonicalJSON(body).encode("ascii")
-        return self._mac.digest(message)
+        return self._chain.digest(previous, entry)
 
-    def _headMac(self, seq: int, digest: bytes) -> str:
-        message = b"head" + str(seq).encode("ascii") + digest
-        return self._mac.digest(message).hex()
+    def _digestOf(
+        self, previous: bytes, seq: int, at: float, pending: PreparedEntry
+    ) -> bytes:
+        """The append path's L{_digest}, built from C{pending}'s parts."""
+        return self._chain.digestOf(previous, seq, at, pending)
 
     def append(
         self,
@@ -227,35 +90,21 @@ class Journal:
         run: str | None = None,
         fields: Mapping[str, FieldValue] | None = None,
         at: float | None = None,
-    ) -> _Pending:
+    ) -> PreparedEntry:
         """
         Check an entry before it is appended (see L{appendMany}). C{at}:
         the entry's own time, when it is not the time of the append.
 
         @raise ValueError: a name is malformed or a field may be a secret.
         """
-        if not isinstance(event, str) or _EVENT.fullmatch(event) is None:
-            raise JournalRefused(f"bad journal event name {str(event)[:MAX_NAME]!r}")
-        if not isinstance(actor, str) or _ACTOR.fullmatch(actor) is None:
-            raise JournalRefused(f"bad journal actor {str(actor)[:MAX_NAME]!r}")
-        try:
-            checkName("device", device)
-            checkName("run", run)
-            checked = checkFields(fields)
-        except JournalRefused:
-            raise
-        except ValueError as e:
-            raise JournalRefused(str(e)) from e
-        if at is not None:
-            at = float(at)
-            if not math.isfinite(at):
-                raise JournalRefused("journal time is not finite")
-        return _Pending(event, actor, device, run, checked, canonicalJSON(checked), at)
+        return prepareEntry(
+            event, actor=actor, device=device, run=run, fields=fields, at=at
+        )
 
     def appendMany(
         self,
         db: Database,
-        entries: Sequence[_Pending],
+        entries: Sequence[PreparedEntry],
         *,
         at: float,
         savepoint: bool = True,
@@ -270,113 +119,7 @@ class Journal:
             L{AsyncJournal.change} does.
         @raise StoreError: the journal head is missing, forged or stale.
         """
-        at = float(at)
-        if not entries:
-            return []
-        if not savepoint and db.connection.in_transaction:
-            return self._appendIn(db, entries, at)
-        with db.transaction():
-            return self._appendIn(db, entries, at)
-
-    def _appendIn(
-        self, db: Database, entries: Sequence[_Pending], at: float
-    ) -> list[JournalEntry]:
-        """
-        L{appendMany} inside the caller's open transaction, without a
-        savepoint of its own: an exception must roll the caller back.
-        """
-        if not math.isfinite(at):
-            raise ValueError("journal time is not finite")
-        conn = db.connection
-        seq, previous = self._head(db)
-        appended: list[JournalEntry] = []
-        rows = []
-        for pending in entries:
-            seq += 1
-            entryAt = at if pending.at is None else pending.at
-            previous = self._digestOf(previous, seq, entryAt, pending)
-            entry = JournalEntry(
-                seq,
-                entryAt,
-                pending.event,
-                pending.actor,
-                pending.device,
-                pending.run,
-                MappingProxyType(pending.fields),
-                previous.hex(),
-            )
-            appended.append(entry)
-            rows.append(
-                (
-                    seq,
-                    entryAt,
-                    pending.event,
-                    pending.actor,
-                    pending.device,
-                    pending.run,
-                    pending.fieldsJSON,
-                    entry.digest,
-                )
-            )
-        conn.executemany(_INSERT, rows)
-        conn.execute(_UPSERT_HEAD, (seq, previous.hex(), self._headMac(seq, previous)))
-        self._written = (db, db.generation, seq, previous)
-        return appended
-
-    def _head(self, db: Database) -> tuple[int, bytes]:
-        """
-        The (seq, digest) to chain onto: as this journal last wrote it when
-        that was in the same write transaction, with nothing rolled back
-        since (so nobody else can have changed it, and the group commit's
-        later changes need not read and authenticate it again); otherwise
-        read and checked.
-        """
-        written = self._written
-        if (
-            written is not None
-            and written[0] is db
-            and written[1] == db.generation
-            and db.connection.in_transaction
-        ):
-            return written[2], written[3]
-        return self._currentHead(db.connection)
-
-    def _digestOf(
-        self, previous: bytes, seq: int, at: float, pending: _Pending
-    ) -> bytes:
-        """
-        L{_digest} of the entry C{pending} becomes at C{seq}, built from its
-        parts: the same canonical JSON (keys sorted), without the dict.
-        C{at} is a finite float, which JSON writes as C{repr} does.
-        """
-        body = (
-            f'{{"actor":{_string(pending.actor)},"at":{at!r},'
-            f'"device":{_optional(pending.device)},"event":{_string(pending.event)},'
-            f'"fields":{pending.fieldsJSON},"run":{_optional(pending.run)},'
-            f'"seq":{seq}}}'
-        )
-        return self._mac.digest(previous + body.encode("ascii"))
-
-    def _currentHead(self, conn: sqlite3.Connection) -> tuple[int, bytes]:
-        """Return the authenticated (seq, digest) to chain the next entry to."""
-        head = conn.execute(_SELECT_HEAD).fetchone()
-        last = conn.execute(_SELECT_LAST).fetchone()
-        if head is None and last is None:
-            return 0, _GENESIS
-        advice = "run 'fleetctl journal verify'"
-        if head is None:
-            raise StoreError(f"journal head is missing; {advice}")
-        seq, digestHex, mac = head
-        try:
-            digest = bytes.fromhex(digestHex)
-            authentic = hmac.compare_digest(self._headMac(seq, digest), mac)
-        except (TypeError, ValueError):
-            authentic = False
-        if not authentic:
-            raise StoreError(f"journal head is not authentic; {advice}")
-        if last is None or (last[0], last[1]) != (seq, digestHex):
-            raise StoreError(f"journal head does not match the last entry; {advice}")
-        return seq, digest
+        return self._appender.appendMany(db, entries, at=at, savepoint=savepoint)
 
     def query(
         self,
@@ -387,44 +130,19 @@ class Journal:
         since_seq: int = 0,
         limit: int = 1000,
     ) -> list[JournalEntry]:
-        """Return up to C{limit} entries after C{since_seq}, ascending."""
-        if not 0 < limit <= MAX_QUERY:
-            raise ValueError(f"journal query limit must be 1 to {MAX_QUERY}")
-        clauses = ["seq > ?"]
-        parameters: list[object] = [since_seq]
-        if device is not None:
-            clauses.append("device = ?")
-            parameters.append(device)
-        if run is not None:
-            clauses.append("run = ?")
-            parameters.append(run)
-        where = " AND ".join(clauses)  # constant fragments only
-        sql = f"{_SELECT} WHERE {where} ORDER BY seq LIMIT ?"
-        rows = db.execute(sql, (*parameters, limit)).fetchall()
-        entries = []
-        for row in rows:
-            try:
-                entries.append(_entryFromRow(row))
-            except (TypeError, ValueError) as e:
-                raise StoreError(f"journal entry {row[0]} is malformed") from e
-        return entries
+        """See L{fleetd.store.entries.query}."""
+        return queryEntries(
+            db, device=device, run=run, since_seq=since_seq, limit=limit
+        )
 
     def latest(self, db: Database, *, device: str, limit: int) -> list[JournalEntry]:
-        """The last C{limit} entries about C{device}, oldest first."""
-        if not 0 < limit <= MAX_QUERY:
-            raise ValueError(f"journal query limit must be 1 to {MAX_QUERY}")
-        rows = db.execute(
-            f"{_SELECT} WHERE device = ? ORDER BY seq DESC LIMIT ?", (device, limit)
-        ).fetchall()
-        try:
-            return [_entryFromRow(row) for row in reversed(rows)]
-        except (TypeError, ValueError) as e:
-            raise StoreError("a journal entry is malformed") from e
+        """See L{fleetd.store.entries.latest}."""
+        return latestEntries(db, device=device, limit=limit)
 
     def verify(self, db: Database) -> JournalVerification:
         """Check the whole chain and the head, in one read snapshot."""
         with db.transaction(write=False) as conn:
-            result = self._verify(conn)
+            result = verifyChain(conn, self._chain)
         if result.ok:
             self.log.info("journal.verified {entries}", entries=result.entries)
         else:
@@ -434,67 +152,6 @@ class Journal:
                 seq=result.seq,
             )
         return result
-
-    def _verify(self, conn: sqlite3.Connection) -> JournalVerification:
-        previous, count = _GENESIS, 0
-        for row in conn.execute(f"{_SELECT} ORDER BY seq"):
-            expected = count + 1
-            seq = row[0]
-            if seq != expected:
-                if isinstance(seq, int) and seq > expected:
-                    return _bad(count, f"entry {expected} is missing", expected)
-                return _bad(count, f"entry {seq} is out of sequence", expected)
-            try:
-                entry = _entryFromRow(row)
-            except (TypeError, ValueError):
-                return _bad(count, f"entry {seq} is malformed", seq)
-            digest = self._digest(previous, entry)
-            if not hmac.compare_digest(digest.hex(), entry.digest):
-                return _bad(
-                    count, f"entry {seq} fails its digest (edited or moved)", seq
-                )
-            previous, count = digest, expected
-        return self._verifyHead(conn, count, previous)
-
-    def _verifyHead(
-        self, conn: sqlite3.Connection, count: int, last: bytes
-    ) -> JournalVerification:
-        head = conn.execute(_SELECT_HEAD).fetchone()
-        if head is None:
-            if count == 0:
-                return JournalVerification(ok=True, entries=0)
-            return _bad(count, "journal head is missing", None)
-        seq, digestHex, mac = head
-        try:
-            authentic = type(seq) is int and hmac.compare_digest(
-                self._headMac(seq, bytes.fromhex(digestHex)), mac
-            )
-        except (TypeError, ValueError):
-            authentic = False
-        if not authentic:
-            return _bad(count, "journal head is not authentic", None)
-        if seq > count:
-            return _bad(count, f"entries after {count} are missing", count + 1)
-        if seq < count:
-            return _bad(count, f"entries after {seq} are not in the head", seq + 1)
-        if not hmac.compare_digest(digestHex, last.hex()):
-            return _bad(count, f"journal head does not match entry {count}", count)
-        return JournalVerification(ok=True, entries=count)
-
-
-def _bad(entries: int, problem: str, seq: int | None) -> JournalVerification:
-    return JournalVerification(ok=False, entries=entries, problem=problem, seq=seq)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A journal entry to append together with a change (see L{Recorder.add})."""
-
-    event: str
-    actor: str
-    device: str | None = None
-    run: str | None = None
-    fields: Mapping[str, FieldValue] | None = None
 
 
 class Recorder:
@@ -510,7 +167,7 @@ class Recorder:
         self._journal = journal
         self._db = db
         self._at = at
-        self._pending: list[_Pending] = []
+        self._pending: list[PreparedEntry] = []
         self.entries: list[JournalEntry] = []
 
     def __call__(

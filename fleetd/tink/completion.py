@@ -27,7 +27,6 @@ created after the run (an older one belongs to an older run).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from typing import Protocol as TypingProtocol
@@ -40,6 +39,7 @@ from twisted.python.failure import Failure
 from fleetd.runs.alerts import HOOKOS, AlertTracker, clearAlert, storeAlert
 from fleetd.runs.store import RunRecord, isSuperseded
 from fleetd.store.db import Database
+from fleetd.store.entries import fieldsOf, hasEvent, lastEvent
 from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
 from fleetd.tink.boot import BootEffects, BootInputs, BootMachine
@@ -66,13 +66,9 @@ def bootHistory(db: Database, runs: list[str]) -> dict[str, str]:
     """The last boot.* journal event of each of C{runs}."""
     found: dict[str, str] = {}
     for run in runs:
-        row = db.execute(
-            "SELECT event FROM journal WHERE run = ? AND event IN (?, ?, ?)"
-            " ORDER BY seq DESC LIMIT 1",
-            (run, REBOOTING, RETURNED, COMPLETED),
-        ).fetchone()
-        if row is not None:
-            found[run] = str(row[0])
+        event = lastEvent(db, run=run, events=(REBOOTING, RETURNED, COMPLETED))
+        if event is not None:
+            found[run] = event
     return found
 
 
@@ -80,14 +76,8 @@ def finishedWorkflows(db: Database, runs: list[str]) -> dict[str, set[str]]:
     """The workflows whose end each of C{runs} journaled (C{boot.rebooting})."""
     found: dict[str, set[str]] = {}
     for run in runs:
-        for (fields,) in db.execute(
-            "SELECT fields FROM journal WHERE run = ? AND event = ?",
-            (run, REBOOTING),
-        ):
-            try:
-                workflow = json.loads(fields).get("workflow")
-            except (ValueError, AttributeError):
-                continue
+        for fields in fieldsOf(db, run=run, event=REBOOTING):
+            workflow = fields.get("workflow")
             if isinstance(workflow, str):
                 found.setdefault(run, set()).add(workflow)
     return found
@@ -95,15 +85,7 @@ def finishedWorkflows(db: Database, runs: list[str]) -> dict[str, set[str]]:
 
 def returnedRuns(db: Database, runs: list[str]) -> set[str]:
     """Which of C{runs} already have their return to HookOS journaled."""
-    noted = set()
-    for run in runs:
-        row = db.execute(
-            "SELECT 1 FROM journal WHERE run = ? AND event = ? LIMIT 1",
-            (run, RETURNED),
-        ).fetchone()
-        if row is not None:
-            noted.add(run)
-    return noted
+    return {run for run in runs if hasEvent(db, run=run, event=RETURNED)}
 
 
 class _RunBoot(BootEffects):
