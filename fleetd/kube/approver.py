@@ -27,10 +27,12 @@ A first certificate's approval is three steps: the intent
 transaction, then the API call, then the record [J1]. The token approves
 no other CSR once bound, also after a restart at any point [K2].
 Every approval (first, grant, renewal) goes through L{Approver._approve}:
-should the record fail after the API approved, the next sight of the CSR
-(the watch's MODIFIED event, or a re-list, which hands approved CSRs
-over first) records it then, once ("late"); after a restart the token's
-intent finds it.
+should the record fail after the API approved, or the call's answer be
+lost, the next sight of the CSR (the watch's MODIFIED event, or a
+re-list, which hands approved CSRs over first) records it then, once
+("late"); after a restart the token's intent finds it. A decision that
+met a busy store or API is read and decided again, backed off
+(L{fleetd.kube.retries}).
 
 A retirement holds the device (L{fleetd.kube.flights}): no new approval
 for it, and it waits for the ones in flight. The records re-check the
