@@ -339,7 +339,8 @@ class OncePerTokenRestartTests(SynchronousTestCase):
     def test_intentNotRecorded_noAPICall(self) -> None:
         """
         [K2] [J1] The intent cannot be journaled (database down): the API
-        is not asked; once the database answers, the next sight approves.
+        is not asked; once the database answers, the CSR is looked at
+        again (1 s later, no new event) and approved.
         """
         faults = self.fleet.faults()
         faults.inject("database")
@@ -347,7 +348,7 @@ class OncePerTokenRestartTests(SynchronousTestCase):
         self.assertFalse(self.fleet.approved(name))
         self.assertEqual([c for c in self.fleet.fake.calls if c[0] == "PUT"], [])
         faults.clear()
-        self.fleet.kube.approver.seen(self.fleet.fake.csrs[name])
+        self.fleet.clock.advance(1)
         self.fleet.fake.flush()
         self.assertTrue(self.fleet.approved(name))
         self.assertEqual(len(self.fleet.entries("kube.csr-approving")), 1)

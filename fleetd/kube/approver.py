@@ -27,10 +27,12 @@ A first certificate's approval is three steps: the intent
 transaction, then the API call, then the record [J1]. The token approves
 no other CSR once bound, also after a restart at any point [K2].
 Every approval (first, grant, renewal) goes through L{Approver._approve}:
-should the record fail after the API approved, the next sight of the CSR
-(the watch's MODIFIED event, or a re-list, which hands approved CSRs
-over first) records it then, once ("late"); after a restart the token's
-intent finds it.
+should the record fail after the API approved, or the call's answer be
+lost, the next sight of the CSR (the watch's MODIFIED event, or a
+re-list, which hands approved CSRs over first) records it then, once
+("late"); after a restart the token's intent finds it. A decision that
+met a busy store or API is read and decided again, backed off
+(L{fleetd.kube.retries}).
 
 A retirement holds the device (L{fleetd.kube.flights}): no new approval
 for it, and it waits for the ones in flight. The records re-check the
@@ -51,7 +53,7 @@ from twisted.python.failure import Failure
 
 from fleetd.inventory.model import DeviceStatus, IInventory, InventoryError
 from fleetd.kube.book import TokenBook, _Token
-from fleetd.kube.client import KubeClient, KubeError
+from fleetd.kube.client import KubeClient, KubeError, KubeUnavailable
 from fleetd.kube.csr import (
     BOOTSTRAP_PREFIX,
     NODE_PREFIX,
@@ -65,6 +67,7 @@ from fleetd.kube.csr import (
 from fleetd.kube.flights import DeviceFlights
 from fleetd.kube.pending import LeftPending
 from fleetd.kube.records import firstApprovedIn, intentIn, renewalApprovedIn
+from fleetd.kube.retries import BusyRetries
 from fleetd.kube.store import (
     TokenRecord,
     getToken,
@@ -137,6 +140,8 @@ class Approver:
         self._stopped = False
         # Approved by the API, not recorded yet: CSR -> its record [J1].
         self._unrecorded: dict[str, Callable[[bool], Coroutine[Any, Any, None]]] = {}
+        # Busy CSRs are read and decided again, backed off [K2].
+        self.retries = BusyRetries(clock, client.getCSR, self.seen)
 
     def seen(self, obj: dict[str, Any]) -> None:
         """A CSR as listed or watched (ADDED or MODIFIED)."""
@@ -151,7 +156,9 @@ class Approver:
                 name, requester, None, "unreadable", uid=name if uid == "?" else uid
             )
             return
+        self.retries.cancel(facts.name)  # this sight decides now
         if facts.denied:
+            self.retries.forget(facts.name)
             return
         if facts.name in self._busy:
             self._again[facts.name] = obj  # decide on the newest sight after
@@ -163,8 +170,10 @@ class Approver:
         def done(result: object) -> None:
             self._busy.discard(facts.name)
             self._pending.discard(d)
+            busy = False
             if isinstance(result, Failure) and result.check(*_UNAVAILABLE):
-                # Not recorded; the next sight of the CSR decides or records it.
+                # Not decided or not recorded: looked at again, backed off.
+                busy = True
                 self.log.error(
                     "kube.csr.not-recorded {csr}: {reason}",
                     csr=facts.name,
@@ -173,14 +182,21 @@ class Approver:
             elif isinstance(result, Failure) and not result.check(CancelledError):
                 self.log.failure("kube.csr.failed {csr}", result, csr=facts.name)
             again = self._again.pop(facts.name, None)
-            if again is not None and not self._stopped:
+            if self._stopped:
+                return
+            if again is not None:
                 self.seen(again)
+            elif busy:
+                self.retries.later(facts.name)
+            else:
+                self.retries.forget(facts.name)
 
         d.addBoth(done)
 
     def stop(self) -> None:
         self._stopped = True
         self._again.clear()
+        self.retries.stop()
         for d in list(self._pending):
             d.cancel()
 
@@ -215,12 +231,26 @@ class Approver:
         records it late (L{_reconcile}), once: the same for a first
         certificate, a cluster-token grant [K5] and a renewal [R1].
         """
-        approved = await self.client.approveCSR(
-            facts.name, lambda csr: _stillPending(csr, facts.uid), message
-        )
-        if approved is None:
-            return False  # decided by someone else meanwhile
+        # Registered before the call: a timeout or a cut connection
+        # (KubeUnavailable) may hide an approval the API applied, which its
+        # next sight then records late. Only a definite answer forgets it,
+        # and only if no earlier call of ours may have been applied.
+        earlier = facts.name in self._unrecorded
         self._unrecorded[facts.name] = record
+        try:
+            approved = await self.client.approveCSR(
+                facts.name, lambda csr: _stillPending(csr, facts.uid), message
+            )
+        except KubeUnavailable:
+            raise
+        except BaseException:
+            if not earlier:
+                self._unrecorded.pop(facts.name, None)
+            raise
+        if approved is None:
+            if not earlier:
+                self._unrecorded.pop(facts.name, None)
+            return False  # decided by someone else meanwhile
         await self._recordOnce(facts.name, late=False)
         return True
 
@@ -278,6 +308,8 @@ class Approver:
                 lambda late: self._recordFirst(token.record, facts, late),
             )
         except KubeError as e:
+            if isinstance(e, KubeUnavailable):
+                raise  # the outcome is unknown: looked at again (seen)
             self.log.warn(
                 "kube.csr.approve-failed {csr}: {reason}", csr=facts.name, reason=str(e)
             )
@@ -320,7 +352,11 @@ class Approver:
 
     async def _clusterGrant(self, facts: CSRFacts, tokenId: str, node: str) -> None:
         assert self.grants is not None
-        request = self.grants.grantFor(node, tokenId)
+        # The grant claimed for this very CSR by an earlier call whose
+        # outcome is unknown, or a free one.
+        request = self.grants.claimedBy(facts.name) or self.grants.grantFor(
+            node, tokenId
+        )
         if request is None:
             self._leave(
                 facts.name,
@@ -341,7 +377,10 @@ class Approver:
                 lambda late: self._recordGrant(request, facts.name, node, late),
             )
         except KubeError as e:
-            grants.unclaim(request)
+            if facts.name not in self._unrecorded:
+                grants.unclaim(request)  # a definite answer: not approved
+            if isinstance(e, KubeUnavailable):
+                raise  # maybe approved: kept claimed, looked at again
             self.log.warn(
                 "kube.csr.approve-failed {csr}: {reason}", csr=facts.name, reason=str(e)
             )
@@ -350,7 +389,7 @@ class Approver:
             if facts.name not in self._unrecorded:
                 grants.unclaim(request)
             raise
-        if not approved:
+        if not approved and facts.name not in self._unrecorded:
             grants.unclaim(request)
 
     async def _recordGrant(self, request: str, csr: str, node: str, late: bool) -> None:
@@ -417,6 +456,8 @@ class Approver:
                 lambda late: self._recordRenewal(facts, node, late),
             )
         except KubeError as e:
+            if isinstance(e, KubeUnavailable):
+                raise  # the outcome is unknown: looked at again (seen)
             self.log.warn(
                 "kube.csr.approve-failed {csr}: {reason}", csr=facts.name, reason=str(e)
             )

@@ -51,8 +51,9 @@ the documentation or source named in C{notes/kube-netbox.md}:
     bootstrap token, or a kubelet credential from L{nodeCredential}.
 
 Faults: L{failNext} answers the next matching call with a status;
-L{hangNext} never answers it; C{reachable = False} refuses connections
-(through L{http}).
+L{hangNext} never answers it; L{loseAnswerNext} applies it and then
+loses the answer (a timeout or a cut connection); C{reachable = False}
+refuses connections (through L{http}).
 """
 
 from __future__ import annotations
@@ -184,6 +185,14 @@ class FakeKube(FakeRBAC):
     def hangNext(self, method: str, contains: str) -> None:
         """Never answer the next matching call (a hung API server)."""
         self.faults.append((method, contains, 0, "hang"))
+
+    def loseAnswerNext(self, method: str, contains: str, cut: bool = False) -> None:
+        """
+        Apply the next matching call, then lose its answer: never send it
+        (the client's deadline ends the call, a timeout) or, with C{cut},
+        close the connection instead of answering.
+        """
+        self.faults.append((method, contains, 0, "cut" if cut else "lose"))
 
     def compact(self) -> None:
         """Forget the event history, as etcd does after ~5 minutes."""

@@ -125,6 +125,7 @@ class KubeHTTP(Resource):
         path = tuple(p.decode("utf-8") for p in request.prepath + request.postpath if p)
         args = parse_qs(request.uri.decode("utf-8").partition("?")[2])
         self.fake.calls.append((method, "/" + "/".join(path)))
+        lost = ""
         try:
             for fault in list(self.fake.faults):
                 fmethod, contains, code, reason = fault
@@ -132,6 +133,9 @@ class KubeHTTP(Resource):
                     self.fake.faults.remove(fault)
                     if reason == "hang":
                         return server.NOT_DONE_YET
+                    if reason in ("lose", "cut"):
+                        lost = reason
+                        break
                     raise ApiError(code, reason, f"injected {code}")
             auth = (request.getHeader(b"authorization") or b"").decode(
                 "ascii", "replace"
@@ -149,15 +153,21 @@ class KubeHTTP(Resource):
                     )
                 except ValueError as e:
                     raise ApiError(400, "BadRequest", "the body is not JSON") from e
-            return self._json(
-                request,
-                200 if method != "POST" else 201,
-                self._route(request, method, path, args, body, identity),
-            )
+            result = self._route(request, method, path, args, body, identity)
+            if lost:
+                return self._lose(request, lost)
+            return self._json(request, 200 if method != "POST" else 201, result)
         except ApiError as e:
             return self._json(request, e.code, e.status())
         except _Streaming as s:
             return s.result
+
+    @staticmethod
+    def _lose(request: Any, how: str) -> int:
+        """The call was applied; its answer never arrives (L{loseAnswerNext})."""
+        if how == "cut":
+            request.channel.transport.loseConnection()
+        return server.NOT_DONE_YET
 
     def _route(
         self,
