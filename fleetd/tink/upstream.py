@@ -23,6 +23,7 @@ from twisted.internet.interfaces import (
 from twisted.internet.protocol import Factory
 from twisted.python.failure import Failure
 
+from fleetd.config import TinkSettings
 from fleetd.logs import ThrottledLog
 from fleetd.tink.h2client import UpstreamConnection
 from fleetd.tink.metrics import TinkMetrics
@@ -56,7 +57,7 @@ class UpstreamPool:
         *,
         log: ThrottledLog,
         metrics: TinkMetrics,
-        connectTimeout: float = 5.0,
+        connectTimeout: float = TinkSettings.connect_timeout,
         maxHeaderListSize: int = 65536,
         closeGrace: float = 2.0,
     ) -> None:
