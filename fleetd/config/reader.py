@@ -13,7 +13,7 @@ a L{Table}, so every error names the key and unknown keys stay tracked.
 from __future__ import annotations
 
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, Field, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, TypeVar, get_args, get_type_hints
@@ -61,6 +61,26 @@ def readSection(cls: type[T], table: Table, **given: Any) -> T:
     return cls(**values)
 
 
+def _kind(hint: Any) -> tuple[Any, bool]:
+    """C{X | None} -> C{(X, True)}; C{X} -> C{(X, False)}."""
+    if isinstance(hint, types.UnionType) and type(None) in get_args(hint):
+        return next(a for a in get_args(hint) if a is not type(None)), True
+    return hint, False
+
+
+def declaredDefaults(cls: type, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Each key declared with L{setting} under C{cls}: its dotted TOML key
+    and its default (for the README's reference, and its test)."""
+    hints = get_type_hints(cls)
+    for f in fields(cls):
+        key = prefix + (f.metadata.get("key") or f.name)
+        kind, _ = _kind(hints[f.name])
+        if is_dataclass(kind):
+            yield from declaredDefaults(kind, key + ".")  # type: ignore[arg-type]
+        elif "bounds" in f.metadata and f.default is not MISSING:
+            yield key, f.default
+
+
 def _read(f: Field[Any], hint: Any, table: Table) -> Any:
     meta = f.metadata
     required = f.default is MISSING and f.default_factory is MISSING
@@ -69,8 +89,7 @@ def _read(f: Field[Any], hint: Any, table: Table) -> Any:
         table = table.section(part, required)
     if meta.get("read") is not None:
         return meta["read"](table, name)
-    optional = isinstance(hint, types.UnionType) and type(None) in get_args(hint)
-    kind = next(a for a in get_args(hint) if a is not type(None)) if optional else hint
+    kind, optional = _kind(hint)
     if is_dataclass(kind):
         if optional and table.table(name, required=False) is None:
             return None
