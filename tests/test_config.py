@@ -8,13 +8,8 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.config import (
-    ConfigError,
-    _Table,
-    checkUnknownKeys,
-    loadSettings,
-    parseTopology,
-)
+from fleetd.config import ConfigError, loadSettings, parseTopology
+from fleetd.config.table import Table, checkUnknownKeys
 from tests.support import TOPOLOGY, writeConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -224,7 +219,7 @@ class UnknownKeyTests(SynchronousTestCase):
         §3: in a sub-table that is read, its unread keys are named by
         their full dotted path; what was read, present or defaulted, is known.
         """
-        root = _Table(
+        root = Table(
             {"a": {"b": {"count": 1, "coutn": 2}, "x": 1}, "y": {"z": 1}},
             "",
             Path("/"),
@@ -246,7 +241,7 @@ class UnknownKeyTests(SynchronousTestCase):
 
     def test_tableReadTwice_oneRecord(self) -> None:
         """§3: keys read through two lookups of one table are all known."""
-        root = _Table({"t": {"a": 1, "b": 2}}, "", Path("/"))
+        root = Table({"t": {"a": 1, "b": 2}}, "", Path("/"))
         first, second = root.table("t"), root.table("t")
         assert first is not None and second is not None
         first.integer("a", 0, 0, 9)

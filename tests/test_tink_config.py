@@ -7,8 +7,7 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.config import ConfigError, Settings, loadSettings
-from fleetd.tink.upstream import UpstreamAddress
+from fleetd.config import ConfigError, Settings, UpstreamAddress, loadSettings
 from tests.support import writeConfig
 
 

@@ -28,6 +28,7 @@ from twisted.python.failure import Failure
 from twisted.web._newclient import ResponseFailed
 from twisted.web.iweb import IResponse
 
+from fleetd.config import KubernetesSettings
 from fleetd.kube.errors import (
     Conflict,
     Gone,
@@ -106,7 +107,7 @@ class KubeClient:
         clock: IReactorTime,
         *,
         bearer: str | None = None,
-        timeout: float = 15.0,
+        timeout: float = KubernetesSettings.timeout,
         pool: Any = None,
     ) -> None:
         self._pool = pool

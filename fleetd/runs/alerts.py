@@ -23,13 +23,14 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from twisted.internet.interfaces import IReactorTime
 
+from fleetd.config import ProvisionSettings
 from fleetd.store.db import Database
 
 MISSING = "missing"
 REFETCHED = "refetched"
 HOOKOS = "hookos-after-install"  # [B2], written by fleetd.tink.completion
 KINDS = (MISSING, REFETCHED, HOOKOS)
-DEFAULT_HOLD = 7200.0
+DEFAULT_HOLD = ProvisionSettings.alert_hold
 PERSIST_EVERY = 60.0
 
 _HELP = {

@@ -36,6 +36,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from fleetd.config import TinkSettings
 from fleetd.runs.alerts import HOOKOS, AlertTracker, clearAlert, storeAlert
 from fleetd.runs.store import RunRecord, isSuperseded
 from fleetd.store.db import Database
@@ -45,7 +46,7 @@ from fleetd.store.runner import IRunner
 from fleetd.tink.boot import BootEffects, BootInputs, BootMachine
 
 NETBOOT = "netboot"
-MIN_REBOOT = 60.0
+MIN_REBOOT = TinkSettings.min_reboot
 REBOOTING = "boot.rebooting"
 RETURNED = "boot.hookos-after-install"
 COMPLETED = "boot.completed"

@@ -33,6 +33,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from fleetd.config import Limits, TinkSettings
 from fleetd.logs import ThrottledLog
 from fleetd.tink.grpcwire import GRPCStatus, encodeGrpcMessage
 from fleetd.tink.h2calm import GuardedProtocol
@@ -93,12 +94,12 @@ class H2ServerProtocol(GuardedProtocol):
         handlerFactory: Callable[[StreamResponder], IStreamHandler],
         *,
         clock: IReactorTime,
-        maxConcurrentStreams: int = 100,
-        maxHeaderListSize: int = 16384,
-        maxMessageBytes: int = 4 * 1024 * 1024,
-        idleTimeout: float = 30.0,
-        streamTimeout: float = 300.0,
-        handshakeTimeout: float = 10.0,
+        maxConcurrentStreams: int = TinkSettings.max_concurrent_streams,
+        maxHeaderListSize: int = TinkSettings.max_header_list_size,
+        maxMessageBytes: int = TinkSettings.max_message_bytes,
+        idleTimeout: float = Limits.idle_timeout,
+        streamTimeout: float = TinkSettings.stream_timeout,
+        handshakeTimeout: float = TinkSettings.handshake_timeout,
         limits: H2Limits | None = None,
     ) -> None:
         self.maxMessageBytes = maxMessageBytes

@@ -18,6 +18,7 @@ from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.protocol import Factory
 
+from fleetd.config import Limits, TinkSettings
 from fleetd.logs import ThrottledLog
 from fleetd.tink.grpcwire import GRPCStatus
 from fleetd.tink.h2guard import H2Limits, SourceStreams
@@ -74,16 +75,16 @@ class TinkListenerFactory(Factory):
         *,
         handlerFactory: Callable[[StreamResponder], IStreamHandler] | None = None,
         log: ThrottledLog | None = None,
-        maxConcurrentStreams: int = 100,
-        maxHeaderListSize: int = 16384,
-        maxMessageBytes: int = 4 * 1024 * 1024,
-        idleTimeout: float = 30.0,
-        streamTimeout: float = 300.0,
-        handshakeTimeout: float = 10.0,
-        drainTimeout: float = 10.0,
+        maxConcurrentStreams: int = TinkSettings.max_concurrent_streams,
+        maxHeaderListSize: int = TinkSettings.max_header_list_size,
+        maxMessageBytes: int = TinkSettings.max_message_bytes,
+        idleTimeout: float = Limits.idle_timeout,
+        streamTimeout: float = TinkSettings.stream_timeout,
+        handshakeTimeout: float = TinkSettings.handshake_timeout,
+        drainTimeout: float = TinkSettings.drain_timeout,
         limits: H2Limits | None = None,
-        sourceStreamRate: float = 20.0,
-        sourceStreamBurst: float = 100.0,
+        sourceStreamRate: float = TinkSettings.source_stream_rate,
+        sourceStreamBurst: float = TinkSettings.source_stream_burst,
         countAbuse: Callable[[str], None] | None = None,
     ) -> None:
         """

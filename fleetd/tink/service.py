@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReactorTime
 
-from fleetd.config import TinkSettings
+from fleetd.config import TinkSettings, UpstreamAddress
 from fleetd.inventory.model import IInventory
 from fleetd.kube.client import KubeClient
 from fleetd.logs import ThrottledLog
@@ -32,7 +32,7 @@ from fleetd.tink.h2guard import H2Limits
 from fleetd.tink.listener import TinkListenerFactory, proxyFactory
 from fleetd.tink.metrics import TinkMetrics
 from fleetd.tink.observe import WireObserver
-from fleetd.tink.upstream import UpstreamAddress, UpstreamPool
+from fleetd.tink.upstream import UpstreamPool
 from fleetd.tink.wfstate import WorkflowStateWatch
 from fleetd.tink.workflows import DeviceIndex, WorkflowWatcher
 

@@ -11,58 +11,22 @@ dials a fresh one; streams still running on the old one finish there.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 from typing import Protocol as TypingProtocol
 
 from twisted.internet.defer import Deferred, DeferredList
-from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.interfaces import (
     IDelayedCall,
     IReactorTime,
     IStreamClientEndpoint,
 )
 from twisted.internet.protocol import Factory
-from twisted.internet.ssl import Certificate, optionsForClientTLS
 from twisted.python.failure import Failure
 
+from fleetd.config import TinkSettings
 from fleetd.logs import ThrottledLog
 from fleetd.tink.h2client import UpstreamConnection
 from fleetd.tink.metrics import TinkMetrics
-
-
-@dataclass(frozen=True)
-class UpstreamAddress:
-    """C{tink.upstream}: C{tcp:HOST:PORT} (h2c) or C{tls:HOST:PORT}."""
-
-    tls: bool
-    host: str
-    port: int
-
-    @classmethod
-    def parse(cls, text: str) -> UpstreamAddress:
-        """Raise L{ValueError} with a short reason for anything else."""
-        scheme, sep, rest = text.strip().partition(":")
-        if not sep or scheme not in ("tcp", "tls"):
-            raise ValueError("must be tcp:HOST:PORT (h2c) or tls:HOST:PORT")
-        host, sep, port = rest.rpartition(":")
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError("must be tcp:HOST:PORT (h2c) or tls:HOST:PORT")
-        return cls(scheme == "tls", host, int(port))
-
-    def endpoint(
-        self, reactor: object, caPEM: bytes | None = None
-    ) -> IStreamClientEndpoint:
-        plain = HostnameEndpoint(reactor, self.host, self.port)
-        if not self.tls:
-            return plain
-        trust = None if caPEM is None else Certificate.loadPEM(caPEM)
-        options = optionsForClientTLS(
-            self.host, trustRoot=trust, acceptableProtocols=[b"h2"]
-        )
-        return wrapClientTLS(options, plain)
 
 
 class IWaitingStream(TypingProtocol):
@@ -93,7 +57,7 @@ class UpstreamPool:
         *,
         log: ThrottledLog,
         metrics: TinkMetrics,
-        connectTimeout: float = 5.0,
+        connectTimeout: float = TinkSettings.connect_timeout,
         maxHeaderListSize: int = 65536,
         closeGrace: float = 2.0,
     ) -> None:

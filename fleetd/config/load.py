@@ -1,0 +1,73 @@
+"""
+Load fleetd's TOML configuration (and, through L{fleetd.topology}, the
+site topology) into frozen L{Settings}.
+
+Every problem is reported as one L{ConfigError} whose message starts with the
+dotted key it concerns, so start-up can print a single clear line.
+Relative paths are resolved against the directory of the config file.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fleetd.config.reader import readSection
+from fleetd.config.settings import KubernetesSettings, Settings
+from fleetd.config.table import Table, checkUnknownKeys
+from fleetd.topology import ConfigError, loadTopology
+
+
+def _checkKubeCredentials(kube: KubernetesSettings | None) -> None:
+    """One way to authenticate to the cluster: a token file or a client cert."""
+    if kube is None:
+        return
+    cert = kube.client_cert is not None or kube.client_key is not None
+    if kube.token_file is not None and cert:
+        raise ConfigError(
+            "kubernetes.token_file",
+            "give token_file or client_cert and client_key, not both",
+        )
+    if kube.token_file is None and (
+        kube.client_cert is None or kube.client_key is None
+    ):
+        raise ConfigError(
+            "kubernetes.token_file",
+            "missing: a bearer token file, or both client_cert and client_key",
+        )
+
+
+def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
+    """Turn a parsed TOML document into L{Settings}."""
+    root = Table(data, "", source.parent)
+    topologyFile = root.section("site").path("topology")
+    settings = readSection(
+        Settings,
+        root,
+        source=source,
+        topology_file=topologyFile,
+        topology=loadTopology(topologyFile),
+    )
+    checkUnknownKeys(root)
+    _checkKubeCredentials(settings.kubernetes)
+    if settings.tink.workflow_state == "kubernetes" and settings.kubernetes is None:
+        raise ConfigError(
+            "tink.workflow_state",
+            '"kubernetes" reads Workflows through [kubernetes], which is absent',
+        )
+    return settings
+
+
+def loadSettings(path: Path) -> Settings:
+    """Read the TOML file at C{path} and its topology file."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError("config", f"cannot read {path}: {e.strerror}") from e
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError("config", f"{path} is not valid TOML: {e}") from e
+    return parseSettings(data, path.resolve())
