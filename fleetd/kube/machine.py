@@ -1,7 +1,8 @@
 """
 The life of one bootstrap token fleetd created, as an automat machine [K4].
 
-    restoring --restoreIssued--> issued, --restoreApproved--> approved
+    restoring --restoreIssued--> issued
+    restoring --restoreApproved--> approved
 
     issued --approved--> approved --deadline--> deleting --deleted--> deleted
       |                                          |    ^
