@@ -78,6 +78,9 @@ class RequestInputs(Protocol):
     def expire(self) -> None:
         "The request's lifetime is over."
 
+    def awaitsDecision(self) -> bool:
+        "The owner lists pending requests: whether this one belongs there."
+
     def status(self) -> str:
         "How the owner's listing names the request's state."
 
@@ -149,6 +152,11 @@ issuing.upon(RequestInputs.notIssued).to(approved).returns(None)
 for _live in (pending, approved, denied):
     _live.upon(RequestInputs.expire).to(expired).returns(None)
 ignore((deciding, issuing, issued, expired), RequestInputs.expire)
+_all = (pending, deciding, approved, issuing, issued, denied, expired)
+answer(
+    RequestInputs.awaitsDecision,
+    ((state, state in (pending, deciding)) for state in _all),
+)
 answer(
     RequestInputs.status,
     (
