@@ -47,9 +47,9 @@ class MachineTests(SynchronousTestCase):
         effects = self.Effects()
         machine = TokenMachine(effects)
         machine.restoreIssued(10.0)
-        self.assertTrue(machine.mayApprove())
+        self.assertTrue(machine.firstCSR())
         machine.approved(70.0)
-        self.assertFalse(machine.mayApprove())
+        self.assertFalse(machine.firstCSR())
         self.assertEqual(effects.calls, [("arm", 10.0), "disarm", ("arm", 70.0)])
 
     def test_failedDelete_retried_stopCancels(self) -> None:

@@ -433,6 +433,15 @@ class MachineTests(SynchronousTestCase):
             def inHookOS(self) -> None:
                 calls.append("hookos")
 
+            def rebooting(self, workflow: str, signal: str) -> None:
+                calls.append("rebooting")
+
+            def netbootExpected(self) -> None:
+                calls.append("netboot")
+
+            def completed(self, afterHookOS: bool) -> None:
+                calls.append("completed")
+
         machine = BootMachine(Effects())
         machine.restoreRebooting()
         machine.returned()

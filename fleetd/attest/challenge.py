@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import enum
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from automat import TypeMachineBuilder
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+
+from fleetd.automata import answer, ignore, indexed
 
 # Pending challenges one key (EK) may hold: an honest node that restarts
 # its attest action twice within a TTL still gets a challenge at once.
@@ -65,41 +67,31 @@ class ChallengeInputs(Protocol):
         "The challenge's TTL has passed."
 
 
-class ChallengeEffects:
-    """Nothing to do yet: the book keeps timers; kept for symmetry and tests."""
+@dataclass(eq=False)
+class Challenge:
+    """
+    One challenge's core: what the service checks the proof against
+    (C{context}), when it was issued, its key (the EK digest, if any) and
+    its timer (to expire it, then to forget it); the book keeps the timers.
+    """
 
-    def consumed(self) -> None:
-        pass
+    context: Any
+    issuedAt: float
+    key: str | None = None
+    timer: IDelayedCall | None = None
 
 
-builder = TypeMachineBuilder(ChallengeInputs, ChallengeEffects)
+builder = TypeMachineBuilder(ChallengeInputs, Challenge)
 pending = builder.state("pending")
 used = builder.state("used")
 expired = builder.state("expired")
 
-
-@pending.upon(ChallengeInputs.present).to(used)
-def _accept(inputs: ChallengeInputs, effects: ChallengeEffects) -> Presented:
-    effects.consumed()
-    return Presented.ACCEPT
-
-
+pending.upon(ChallengeInputs.present).to(used).returns(Presented.ACCEPT)
 pending.upon(ChallengeInputs.expire).to(expired).returns(None)
-used.upon(ChallengeInputs.present).loop().returns(Presented.USED)
-used.upon(ChallengeInputs.expire).loop().returns(None)
-expired.upon(ChallengeInputs.present).loop().returns(Presented.EXPIRED)
-expired.upon(ChallengeInputs.expire).loop().returns(None)
+answer(ChallengeInputs.present, ((used, Presented.USED), (expired, Presented.EXPIRED)))
+ignore((used, expired), ChallengeInputs.expire)
 
-ChallengeMachine = builder.build()
-
-
-@dataclass
-class _Entry:
-    machine: ChallengeInputs
-    context: Any
-    issuedAt: float
-    timer: IDelayedCall | None = field(default=None)
-    key: str | None = None
+ChallengeMachine = indexed(builder.build())
 
 
 class ChallengeBook:
@@ -113,7 +105,7 @@ class ChallengeBook:
         self._clock = clock
         self.ttl = ttl
         self.limit = limit
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, tuple[ChallengeInputs, Challenge]] = {}
         # Ids of pending challenges in the order issued, all and by key;
         # answered or expired ones in the order they finished.
         self._pending: dict[str, None] = {}
@@ -124,8 +116,8 @@ class ChallengeBook:
         return len(self._entries)
 
     def _retryAfter(self, ident: str) -> float:
-        entry = self._entries[ident]
-        return max(0.0, entry.issuedAt + self.ttl - self._clock.seconds())
+        _, challenge = self._entries[ident]
+        return max(0.0, challenge.issuedAt + self.ttl - self._clock.seconds())
 
     def room(self, key: str | None = None) -> None:
         """
@@ -156,9 +148,9 @@ class ChallengeBook:
             self._drop(next(iter(self._finished)))
         ident = secrets.token_urlsafe(18)
         now = self._clock.seconds()
-        entry = _Entry(ChallengeMachine(ChallengeEffects()), context, now, key=key)
-        entry.timer = self._clock.callLater(self.ttl, self._expire, ident)
-        self._entries[ident] = entry
+        challenge = Challenge(context, now, key=key)
+        challenge.timer = self._clock.callLater(self.ttl, self._expire, ident)
+        self._entries[ident] = (ChallengeMachine(challenge), challenge)
         self._pending[ident] = None
         if key is not None:
             self._byKey.setdefault(key, []).append(ident)
@@ -168,7 +160,7 @@ class ChallengeBook:
         """C{ident} was answered or expired: no longer pending."""
         self._pending.pop(ident, None)
         self._finished[ident] = None
-        key = self._entries[ident].key
+        key = self._entries[ident][1].key
         if key is not None:
             idents = self._byKey.get(key, [])
             if ident in idents:
@@ -180,35 +172,37 @@ class ChallengeBook:
         if ident in self._pending:
             self._finish(ident)
         self._finished.pop(ident, None)
-        entry = self._entries.pop(ident, None)
-        if entry is not None and entry.timer is not None and entry.timer.active():
-            entry.timer.cancel()
+        found = self._entries.pop(ident, None)
+        timer = None if found is None else found[1].timer
+        if timer is not None and timer.active():
+            timer.cancel()
 
     def present(self, ident: str) -> tuple[Presented, Any] | None:
         """Present an answer: the outcome and the context, or L{None} if unknown."""
-        entry = self._entries.get(ident)
-        if entry is None:
+        found = self._entries.get(ident)
+        if found is None:
             return None
-        outcome = entry.machine.present()
+        machine, challenge = found
+        outcome = machine.present()
         if outcome is Presented.ACCEPT:
             self._finish(ident)
-        return outcome, entry.context
+        return outcome, challenge.context
 
     def _expire(self, ident: str) -> None:
-        entry = self._entries[ident]
-        entry.machine.expire()
+        machine, challenge = self._entries[ident]
+        machine.expire()
         if ident in self._pending:
             self._finish(ident)
-        entry.timer = self._clock.callLater(self.ttl, self._forget, ident)
+        challenge.timer = self._clock.callLater(self.ttl, self._forget, ident)
 
     def _forget(self, ident: str) -> None:
         self._drop(ident)
 
     def stop(self) -> None:
         """Cancel every timer and forget every challenge."""
-        for entry in self._entries.values():
-            if entry.timer is not None and entry.timer.active():
-                entry.timer.cancel()
+        for _, challenge in self._entries.values():
+            if challenge.timer is not None and challenge.timer.active():
+                challenge.timer.cancel()
         self._entries.clear()
         self._pending.clear()
         self._byKey.clear()

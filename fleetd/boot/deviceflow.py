@@ -326,8 +326,7 @@ class DeviceFlow(Decisions):
     def pending(self) -> list[RequestView]:
         """Undecided, unexpired requests, oldest first."""
         self.sweep()
-        views = (h.view() for h in self._live)
-        return [v for v in views if v.state == "pending"]
+        return [h.view() for h in self._live if h.machine.awaitsDecision()]
 
     def _held(self, letters: str) -> Held | None:
         return self._byUser.get(letters)

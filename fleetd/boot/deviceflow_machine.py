@@ -34,6 +34,7 @@ from typing import Protocol
 
 from automat import TypeMachineBuilder
 
+from fleetd.automata import answer, ignore, indexed
 from fleetd.boot.deviceflow_model import Grant, RequestView, displayUserCode
 from fleetd.boot.ratelimit import PollPacer
 
@@ -77,16 +78,23 @@ class RequestInputs(Protocol):
     def expire(self) -> None:
         "The request's lifetime is over."
 
+    def awaitsDecision(self) -> bool:
+        "The owner lists pending requests: whether this one belongs there."
+
     def status(self) -> str:
         "How the owner's listing names the request's state."
 
 
+@dataclass(eq=False)
 class RequestCore:
     """What a request keeps between inputs: its pacing and its grant."""
 
-    def __init__(self, interval: int) -> None:
-        self.pacer = PollPacer(interval)
-        self.grant: Grant | None = None
+    interval: int
+    pacer: PollPacer = field(init=False)
+    grant: Grant | None = None
+
+    def __post_init__(self) -> None:
+        self.pacer = PollPacer(self.interval)
 
 
 builder = TypeMachineBuilder(RequestInputs, RequestCore)
@@ -106,17 +114,29 @@ def _paced(inputs: RequestInputs, core: RequestCore, now: float) -> Outcome:
 pending.upon(RequestInputs.poll).loop()(_paced)
 deciding.upon(RequestInputs.poll).loop()(_paced)
 approved.upon(RequestInputs.poll).to(issuing).returns(Outcome.ISSUE)
-# The probe pair's second poll, while the first one's token is journaled.
-issuing.upon(RequestInputs.poll).loop().returns(Outcome.PENDING)
-issued.upon(RequestInputs.poll).loop().returns(Outcome.SPENT)
-denied.upon(RequestInputs.poll).loop().returns(Outcome.DENIED)
-expired.upon(RequestInputs.poll).loop().returns(Outcome.EXPIRED)
+answer(
+    RequestInputs.poll,
+    (
+        # The probe pair's second poll, while the first one's token is journaled.
+        (issuing, Outcome.PENDING),
+        (issued, Outcome.SPENT),
+        (denied, Outcome.DENIED),
+        (expired, Outcome.EXPIRED),
+    ),
+)
 
 pending.upon(RequestInputs.decide).to(deciding).returns(Outcome.DECIDE)
-deciding.upon(RequestInputs.decide).loop().returns(Outcome.BUSY)
-for _decided in (approved, issuing, issued, denied):
-    _decided.upon(RequestInputs.decide).loop().returns(Outcome.DECIDED)
-expired.upon(RequestInputs.decide).loop().returns(Outcome.EXPIRED)
+answer(
+    RequestInputs.decide,
+    (
+        (deciding, Outcome.BUSY),
+        (approved, Outcome.DECIDED),
+        (issuing, Outcome.DECIDED),
+        (issued, Outcome.DECIDED),
+        (denied, Outcome.DECIDED),
+        (expired, Outcome.EXPIRED),
+    ),
+)
 
 
 @deciding.upon(RequestInputs.approved).to(approved)
@@ -131,21 +151,26 @@ issuing.upon(RequestInputs.notIssued).to(approved).returns(None)
 
 for _live in (pending, approved, denied):
     _live.upon(RequestInputs.expire).to(expired).returns(None)
-for _settling in (deciding, issuing, issued, expired):
-    _settling.upon(RequestInputs.expire).loop().returns(None)
+ignore((deciding, issuing, issued, expired), RequestInputs.expire)
+_all = (pending, deciding, approved, issuing, issued, denied, expired)
+answer(
+    RequestInputs.awaitsDecision,
+    ((state, state in (pending, deciding)) for state in _all),
+)
+answer(
+    RequestInputs.status,
+    (
+        (pending, "pending"),
+        (deciding, "pending"),
+        (approved, "approved"),
+        (issuing, "approved"),
+        (issued, "issued"),
+        (denied, "denied"),
+        (expired, "expired"),
+    ),
+)
 
-for _state, _name in (
-    (pending, "pending"),
-    (deciding, "pending"),
-    (approved, "approved"),
-    (issuing, "approved"),
-    (issued, "issued"),
-    (denied, "denied"),
-    (expired, "expired"),
-):
-    _state.upon(RequestInputs.status).loop().returns(_name)
-
-RequestMachine = builder.build()
+RequestMachine = indexed(builder.build())
 
 
 @dataclass(eq=False)

@@ -290,7 +290,7 @@ class Approver:
             # Once per token [K2]: bound to another CSR by an approval in
             # flight, its persisted intent, or its recorded approval.
             reason = "second-csr-for-token"
-        elif token.suspended or not token.machine.mayApprove():
+        elif token.suspended or not token.machine.firstCSR():
             reason = "token-revoked"
         flight = None if reason is not None else self.flights.enter(device)
         if reason is not None or flight is None:

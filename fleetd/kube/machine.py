@@ -1,11 +1,16 @@
 """
 The life of one bootstrap token fleetd created, as an automat machine [K4].
 
-    issued --approved--> approved --deadline--> deleting --ok--> deleted
+    restoring --restoreIssued--> issued
+    restoring --restoreApproved--> approved
+
+    issued --approved--> approved --deadline--> deleting --deleted--> deleted
       |                                          |    ^
       +--deadline (expiry backstop)---------->---+    | retry timer
       +--revoke (superseded, retired)-------->---+  retrying
                                                  <--failed--+
+
+    every state but deleted --stop--> stopped
 
 Every live token has a deletion deadline armed on the injected clock:
 a per-node token's C{expiration} while it waits for its kubelet's CSR
@@ -24,6 +29,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from automat import TypeMachineBuilder
+
+from fleetd.automata import answer, ignore, indexed
 
 
 class TokenInputs(Protocol):
@@ -54,36 +61,41 @@ class TokenInputs(Protocol):
     def stop(self) -> None:
         "fleetd stops: cancel timers and the call in flight."
 
-    def mayApprove(self) -> bool:
-        "Whether a first CSR for this token may still be approved."
+    def firstCSR(self) -> bool:
+        """
+        A kubelet's first CSR names this token: whether it may be approved
+        [K2] (only an issued token's may; an approved, revoked or deleted
+        one's is refused as C{token-revoked}).
+        """
 
     def describe(self) -> str:
         "The state's name, for people (C{fleetctl status})."
 
 
-class TokenEffects:
-    """What the machine asks of its token (implemented by the token book)."""
+class TokenEffects(Protocol):
+    """What the machine asks of its token (the token book's token implements it)."""
 
     def arm(self, deadline: float) -> None:
-        raise NotImplementedError
+        "Start the deletion timer for C{deadline}."
 
     def disarm(self) -> None:
-        raise NotImplementedError
+        "Cancel the deletion timer, if any."
 
     def startDelete(self) -> None:
-        raise NotImplementedError
+        "Delete the token's Secret and record it; say C{deleted} or C{failed}."
 
     def cancelDelete(self) -> None:
-        raise NotImplementedError
+        "Cancel the delete in flight."
 
     def armRetry(self) -> None:
-        raise NotImplementedError
+        "Start the retry timer (with backoff); it says C{deadline}."
 
     def forget(self) -> None:
-        raise NotImplementedError
+        "The token is gone: drop it from the book."
 
 
-builder = TypeMachineBuilder(TokenInputs, TokenEffects)
+# A Protocol core: mypy wants a concrete class where automat takes any type.
+builder = TypeMachineBuilder(TokenInputs, TokenEffects)  # type: ignore[type-abstract]
 restoring = builder.state("restoring")
 issued = builder.state("issued")
 approved = builder.state("approved")
@@ -120,8 +132,7 @@ def _reschedule(inputs: TokenInputs, effects: TokenEffects, deadline: float) -> 
     effects.arm(deadline)
 
 
-approved.upon(TokenInputs.approved).loop().returns(None)
-approved.upon(TokenInputs.reschedule).loop().returns(None)
+ignore((approved,), TokenInputs.approved, TokenInputs.reschedule)
 
 
 def _deleteNow(inputs: TokenInputs, effects: TokenEffects) -> None:
@@ -144,17 +155,15 @@ def _failed(inputs: TokenInputs, effects: TokenEffects) -> None:
     effects.armRetry()
 
 
-for _state in (deleting, deleted, stopped):
-    _state.upon(TokenInputs.revoke).loop().returns(None)
-    _state.upon(TokenInputs.approved).loop().returns(None)
-    _state.upon(TokenInputs.reschedule).loop().returns(None)
-retrying.upon(TokenInputs.approved).loop().returns(None)
-retrying.upon(TokenInputs.reschedule).loop().returns(None)
-for _state in (deleted, stopped):
-    _state.upon(TokenInputs.deadline).loop().returns(None)
-    _state.upon(TokenInputs.stop).loop().returns(None)
-stopped.upon(TokenInputs.deleted).loop().returns(None)
-stopped.upon(TokenInputs.failed).loop().returns(None)
+ignore(
+    (deleting, deleted, stopped),
+    TokenInputs.revoke,
+    TokenInputs.approved,
+    TokenInputs.reschedule,
+)
+ignore((retrying,), TokenInputs.approved, TokenInputs.reschedule)
+ignore((deleted, stopped), TokenInputs.deadline, TokenInputs.stop)
+ignore((stopped,), TokenInputs.deleted, TokenInputs.failed)
 
 
 for _live in (restoring, issued, approved, retrying):
@@ -169,18 +178,19 @@ def _stopDeleting(inputs: TokenInputs, effects: TokenEffects) -> None:
     effects.cancelDelete()
 
 
-issued.upon(TokenInputs.mayApprove).loop().returns(True)
-for _state, _name in (
-    (restoring, "restoring"),
-    (issued, "issued"),
-    (approved, "approved"),
-    (deleting, "deleting"),
-    (retrying, "deleting"),
-    (deleted, "deleted"),
-    (stopped, "stopped"),
-):
-    _state.upon(TokenInputs.describe).loop().returns(_name)
-    if _state is not issued:
-        _state.upon(TokenInputs.mayApprove).loop().returns(False)
+_all = (restoring, issued, approved, deleting, retrying, deleted, stopped)
+answer(TokenInputs.firstCSR, ((state, state is issued) for state in _all))
+answer(
+    TokenInputs.describe,
+    (
+        (restoring, "restoring"),
+        (issued, "issued"),
+        (approved, "approved"),
+        (deleting, "deleting"),
+        (retrying, "deleting"),
+        (deleted, "deleted"),
+        (stopped, "stopped"),
+    ),
+)
 
-TokenMachine = builder.build()
+TokenMachine = indexed(builder.build())

@@ -26,6 +26,7 @@ settles the entry as refused, journaled for a human.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from automat import TypeMachineBuilder
@@ -34,6 +35,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from fleetd.automata import ignore, indexed
 from fleetd.inventory.model import DeviceStatus, InventoryError
 from fleetd.netbox.client import RETRY_FIRST, RETRY_MAX, NetBoxClient, NetBoxError
 from fleetd.netbox.devices import detailPath, findByName, remote
@@ -79,25 +81,19 @@ class PushInputs(Protocol):
         "fleetd is stopping: cancel the timer, drop late answers."
 
 
+@dataclass(eq=False)
 class PushCore:
-    """The effects a push asks for; the worker supplies them."""
+    """The effects a push asks for (the worker supplies them) and its counts."""
 
-    def __init__(
-        self,
-        readDevice: Callable[[], None],
-        patch: Callable[[dict[str, Any], str | None], None],
-        settle: Callable[[str, str], None],
-        schedule: Callable[[float], IDelayedCall],
-    ) -> None:
-        self.readDevice = readDevice
-        self.patch = patch
-        self.settle = settle
-        self.schedule = schedule
-        self.delay = FIRST_DELAY
-        self.leftAlone: str | None = None
-        self.conflicts = 0
-        self.attempts = 0
-        self.timer: IDelayedCall | None = None
+    readDevice: Callable[[], None]
+    patch: Callable[[dict[str, Any], str | None], None]
+    settle: Callable[[str, str], None]
+    schedule: Callable[[float], IDelayedCall]
+    delay: float = FIRST_DELAY
+    leftAlone: str | None = None
+    conflicts: int = 0
+    attempts: int = 0
+    timer: IDelayedCall | None = None
 
 
 builder = TypeMachineBuilder(PushInputs, PushCore)
@@ -175,18 +171,20 @@ def _cancel(inputs: PushInputs, core: PushCore) -> None:
 
 for _state in (idle, reading, patching, waiting, settled):
     _state.upon(PushInputs.stop).to(stopped)(_cancel)
-stopped.upon(PushInputs.stop).loop().returns(None)
+ignore((stopped,), PushInputs.stop)
 # Answers that arrive after a stop, or after the entry settled, change nothing.
-for _late in (stopped, settled):
-    _late.upon(PushInputs.toPatch).loop().returns(None)
-    _late.upon(PushInputs.upToDate).loop().returns(None)
-    _late.upon(PushInputs.patched).loop().returns(None)
-    _late.upon(PushInputs.changed).loop().returns(None)
-    _late.upon(PushInputs.unreachable).loop().returns(None)
-    _late.upon(PushInputs.refused).loop().returns(None)
-    _late.upon(PushInputs.retry).loop().returns(None)
+ignore(
+    (stopped, settled),
+    PushInputs.toPatch,
+    PushInputs.upToDate,
+    PushInputs.patched,
+    PushInputs.changed,
+    PushInputs.unreachable,
+    PushInputs.refused,
+    PushInputs.retry,
+)
 
-PushMachine = builder.build()
+PushMachine = indexed(builder.build())
 
 
 class Push:

@@ -1,9 +1,14 @@
 """
 The delivery lifecycle of one run, as an automat state machine [C1].
 
+    restoring --restoreReady/Consumed/Lost/Superseded--> (that state)
+
     ready --request--> delivering --sent--> consumed
       ^                    |
       +--aborted/markFailed+--configVanished--> lost
+
+    ready, consumed, lost --supersede--> superseded
+    delivering --supersede--> supersededInFlight --sent/aborted--> superseded
 
 C{request} in C{ready} writes the served-config mark to the vault before
 it returns L{Outcome.DELIVER}, so the mark is in place (tmpfs) before the
@@ -24,7 +29,7 @@ from typing import Protocol
 
 from automat import TypeMachineBuilder
 
-from fleetd.automata import indexed
+from fleetd.automata import answer, ignore, indexed
 
 
 class Outcome(enum.Enum):
@@ -72,44 +77,48 @@ class RunInputs(Protocol):
     def deliverable(self) -> bool:
         "Whether a request now would be served."
 
+    def configDelivered(self) -> bool:
+        "Whether the configuration went out (the run is consumed)."
+
     def describe(self) -> str:
         "The state's name, for people (C{fleetctl status}, the console)."
 
 
-class RunEffects:
-    """Side effects the machine asks of its run (subclassed by the registry's)."""
+class RunEffects(Protocol):
+    """Side effects the machine asks of its run (the registry's run implements them)."""
 
     __slots__ = ()
 
     def markServed(self, peer: str) -> None:
-        raise NotImplementedError
+        "Write the served mark for C{peer} to the vault (it may raise)."
 
     def withdrawServed(self) -> None:
-        raise NotImplementedError
+        "The delivery failed: remove the served mark, note the abort."
 
     def dropMark(self) -> None:
-        raise NotImplementedError
+        "Nothing was sent: remove a served mark that may be half written."
 
     def delivered(self) -> None:
-        raise NotImplementedError
+        "The delivery completed: record it and release the device."
 
     def deliveredSuperseded(self) -> None:
-        raise NotImplementedError
+        "A superseded run's delivery completed: record it, release nothing."
 
     def noteRefetch(self, peer: str) -> None:
-        raise NotImplementedError
+        "C{peer} asked again for a configuration already delivered."
 
     def noteMissing(self, peer: str) -> None:
-        raise NotImplementedError
+        "C{peer} asked for a configuration the vault no longer holds."
 
     def dropConfig(self) -> None:
-        raise NotImplementedError
+        "Remove the configuration from the vault."
 
     def dropAll(self) -> None:
-        raise NotImplementedError
+        "Remove the configuration and the served mark."
 
 
-builder = TypeMachineBuilder(RunInputs, RunEffects)
+# A Protocol core: mypy wants a concrete class where automat takes any type.
+builder = TypeMachineBuilder(RunInputs, RunEffects)  # type: ignore[type-abstract]
 restoring = builder.state("restoring")
 ready = builder.state("ready")
 delivering = builder.state("delivering")
@@ -168,9 +177,11 @@ def _missing(inputs: RunInputs, effects: RunEffects, peer: str) -> Outcome:
     return Outcome.LOST
 
 
-for _gone in (superseded, supersededInFlight):
-    _gone.upon(RunInputs.request).loop().returns(Outcome.SUPERSEDED)
-    _gone.upon(RunInputs.supersede).loop().returns(None)
+answer(
+    RunInputs.request,
+    ((superseded, Outcome.SUPERSEDED), (supersededInFlight, Outcome.SUPERSEDED)),
+)
+ignore((superseded, supersededInFlight), RunInputs.supersede)
 
 
 @ready.upon(RunInputs.supersede).to(superseded)
@@ -202,18 +213,19 @@ def _abortedSuperseded(inputs: RunInputs, effects: RunEffects) -> None:
     effects.dropAll()
 
 
-ready.upon(RunInputs.deliverable).loop().returns(True)
-for _state in (delivering, consumed, lost, superseded, supersededInFlight):
-    _state.upon(RunInputs.deliverable).loop().returns(False)
-
-for _state, _name in (
-    (ready, "ready"),
-    (delivering, "delivering"),
-    (consumed, "consumed"),
-    (lost, "lost"),
-    (superseded, "superseded"),
-    (supersededInFlight, "superseded"),
-):
-    _state.upon(RunInputs.describe).loop().returns(_name)
+_live = (ready, delivering, consumed, lost, superseded, supersededInFlight)
+answer(RunInputs.deliverable, ((state, state is ready) for state in _live))
+answer(RunInputs.configDelivered, ((state, state is consumed) for state in _live))
+answer(
+    RunInputs.describe,
+    (
+        (ready, "ready"),
+        (delivering, "delivering"),
+        (consumed, "consumed"),
+        (lost, "lost"),
+        (superseded, "superseded"),
+        (supersededInFlight, "superseded"),
+    ),
+)
 
 RunMachine = indexed(builder.build())

@@ -142,6 +142,11 @@ class _Run(RunEffects):
             return True
         return self.machine.deliverable()
 
+    def configDelivered(self) -> bool:
+        if self._machine is None and self._ready:
+            return False
+        return self.machine.configDelivered()
+
     def describe(self) -> str:
         if self._machine is None and self._ready:
             return "ready"
@@ -742,7 +747,7 @@ class RunRegistry:
     def configDelivered(self, run: str) -> bool:
         """Whether C{run}'s configuration went out (it counts as consumed)."""
         found = self._runs.get(run)
-        return found is not None and found.describe() == "consumed"
+        return found is not None and found.configDelivered()
 
     # Bookkeeping for the machine's effects
 

@@ -25,9 +25,19 @@ configuration was delivered.
 
 from __future__ import annotations
 
+import enum
 from typing import Protocol
 
 from automat import TypeMachineBuilder
+
+from fleetd.automata import answer, ignore, indexed
+
+
+class WorkflowEnd(enum.Enum):
+    """What a workflow's end, told and not yet journaled, means for the run."""
+
+    RECORD = "record"  # it moves the run: journal it [B1], then say C{done}
+    NOTHING = "nothing"  # the run is rebooting or done already
 
 
 class BootInputs(Protocol):
@@ -57,27 +67,31 @@ class BootInputs(Protocol):
     def configFetched(self) -> None:
         "Talos fetched the run's configuration on the boot listener."
 
+    def workflowEnded(self) -> WorkflowEnd:
+        "A workflow's end was told: whether it is to be journaled."
+
     def describe(self) -> str:
         "The state's name, for people and logs."
 
 
-class BootEffects:
+class BootEffects(Protocol):
     """What the machine asks of its run's tracker (see L{fleetd.tink.completion})."""
 
     def rebooting(self, workflow: str, signal: str) -> None:
-        raise NotImplementedError
+        "The run moved to C{rebooting}; log it (its entry is committed)."
 
     def inHookOS(self) -> None:
-        raise NotImplementedError
+        "The node is (still) in HookOS, its configuration unread [B2] [V6]."
 
     def netbootExpected(self) -> None:
-        raise NotImplementedError
+        "The node netbooted as its run asked [B3]: log it, no alert."
 
     def completed(self, afterHookOS: bool) -> None:
-        raise NotImplementedError
+        "The configuration was fetched (C{afterHookOS}: after a return)."
 
 
-builder = TypeMachineBuilder(BootInputs, BootEffects)
+# A Protocol core: mypy wants a concrete class where automat takes any type.
+builder = TypeMachineBuilder(BootInputs, BootEffects)  # type: ignore[type-abstract]
 waiting = builder.state("waiting")
 running = builder.state("running")
 rebooting = builder.state("rebooting")
@@ -91,41 +105,30 @@ waiting.upon(BootInputs.restoreDone).to(done).returns(None)
 
 for _state in (waiting, running, rebooting, returned, netbooted):
     _state.upon(BootInputs.running).to(running).returns(None)
-for _state in (waiting, running):
-    # Polls during a workflow are the agent's normal life.
-    _state.upon(BootInputs.returned).loop().returns(None)
-    _state.upon(BootInputs.netbooted).loop().returns(None)
+# Polls during a workflow are the agent's normal life.
+ignore((waiting, running), BootInputs.returned, BootInputs.netbooted)
 
 
-@waiting.upon(BootInputs.done).to(rebooting)
-def _doneWaiting(
+def _rebooting(
     inputs: BootInputs, effects: BootEffects, workflow: str, signal: str
 ) -> None:
     effects.rebooting(workflow, signal)
 
 
-@running.upon(BootInputs.done).to(rebooting)
-def _doneRunning(
-    inputs: BootInputs, effects: BootEffects, workflow: str, signal: str
-) -> None:
-    effects.rebooting(workflow, signal)
-
-
-@returned.upon(BootInputs.done).to(rebooting)
-def _doneAgain(
-    inputs: BootInputs, effects: BootEffects, workflow: str, signal: str
-) -> None:
-    effects.rebooting(workflow, signal)
-
-
-@netbooted.upon(BootInputs.done).to(rebooting)
-def _doneNetbooted(
-    inputs: BootInputs, effects: BootEffects, workflow: str, signal: str
-) -> None:
-    effects.rebooting(workflow, signal)
-
-
-rebooting.upon(BootInputs.done).loop().returns(None)  # another workflow's end
+for _state in (waiting, running, returned, netbooted):
+    _state.upon(BootInputs.done).to(rebooting)(_rebooting)
+ignore((rebooting,), BootInputs.done)  # another workflow's end
+answer(
+    BootInputs.workflowEnded,
+    (
+        (waiting, WorkflowEnd.RECORD),
+        (running, WorkflowEnd.RECORD),
+        (returned, WorkflowEnd.RECORD),
+        (netbooted, WorkflowEnd.RECORD),
+        (rebooting, WorkflowEnd.NOTHING),
+        (done, WorkflowEnd.NOTHING),
+    ),
+)
 
 
 @rebooting.upon(BootInputs.returned).to(returned)
@@ -143,9 +146,8 @@ def _netbooted(inputs: BootInputs, effects: BootEffects) -> None:
     effects.netbootExpected()
 
 
-returned.upon(BootInputs.netbooted).loop().returns(None)
-netbooted.upon(BootInputs.netbooted).loop().returns(None)
-netbooted.upon(BootInputs.returned).loop().returns(None)
+ignore((returned,), BootInputs.netbooted)
+ignore((netbooted,), BootInputs.netbooted, BootInputs.returned)
 
 
 @returned.upon(BootInputs.configFetched).to(done)
@@ -160,23 +162,24 @@ for _state in (waiting, running, rebooting, netbooted):
         effects.completed(False)
 
 
-for _input in (
+ignore(
+    (done,),
     BootInputs.running,
     BootInputs.done,
     BootInputs.returned,
     BootInputs.netbooted,
     BootInputs.configFetched,
-):
-    done.upon(_input).loop().returns(None)
+)
+answer(
+    BootInputs.describe,
+    (
+        (waiting, "waiting"),
+        (running, "running"),
+        (rebooting, "rebooting"),
+        (returned, "returned-to-hookos"),
+        (netbooted, "netbooted"),
+        (done, "done"),
+    ),
+)
 
-for _state, _name in (
-    (waiting, "waiting"),
-    (running, "running"),
-    (rebooting, "rebooting"),
-    (returned, "returned-to-hookos"),
-    (netbooted, "netbooted"),
-    (done, "done"),
-):
-    _state.upon(BootInputs.describe).loop().returns(_name)
-
-BootMachine = builder.build()
+BootMachine = indexed(builder.build())

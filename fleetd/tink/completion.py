@@ -43,14 +43,13 @@ from fleetd.store.db import Database
 from fleetd.store.entries import fieldsOf, hasEvent, lastEvent
 from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
-from fleetd.tink.boot import BootEffects, BootInputs, BootMachine
+from fleetd.tink.boot import BootEffects, BootInputs, BootMachine, WorkflowEnd
 
 NETBOOT = "netboot"
 MIN_REBOOT = TinkSettings.min_reboot
 REBOOTING = "boot.rebooting"
 RETURNED = "boot.hookos-after-install"
 COMPLETED = "boot.completed"
-_ENDED = frozenset({"rebooting", "done"})  # states a workflow's end leaves as they are
 
 
 class IRuns(TypingProtocol):
@@ -212,9 +211,8 @@ class BootTracker:
             )
             return
         boot.finished.add(workflow)  # a second signal meanwhile changes nothing
-        if boot.machine.describe() in _ENDED:
-            boot.machine.done(workflow, signal)  # another workflow's end: nothing
-            return
+        if boot.machine.workflowEnded() is WorkflowEnd.NOTHING:
+            return  # another workflow's end
         self._recordDone(boot, workflow, signal)
 
     def polled(self, device: str, connection: int) -> None:
