@@ -57,7 +57,7 @@ class Issued:
     record: TokenRecord
 
 
-class _Token(TokenEffects):
+class LiveToken(TokenEffects):
     """One live token: its record, its machine, its timers."""
 
     def __init__(self, book: TokenBook, record: TokenRecord) -> None:
@@ -156,7 +156,7 @@ class TokenBook:
         self.runner = runner
         self.tokenTTL = tokenTTL
         self.deleteAfter = deleteAfter
-        self._tokens: dict[str, _Token] = {}
+        self._tokens: dict[str, LiveToken] = {}
         self.stopped = False
 
     def load(self, records: list[TokenRecord]) -> None:
@@ -174,15 +174,15 @@ class TokenBook:
         records = await self.runner.run(liveTokens)
         self.load(records)
 
-    def _add(self, record: TokenRecord) -> _Token:
-        token = _Token(self, record)
+    def _add(self, record: TokenRecord) -> LiveToken:
+        token = LiveToken(self, record)
         self._tokens[record.id] = token
         return token
 
-    def get(self, tokenId: str) -> _Token | None:
+    def get(self, tokenId: str) -> LiveToken | None:
         return self._tokens.get(tokenId)
 
-    def forDevice(self, device: str) -> list[_Token]:
+    def forDevice(self, device: str) -> list[LiveToken]:
         return [
             t
             for t in self._tokens.values()
@@ -312,7 +312,7 @@ class TokenBook:
         return markApproved(db, record, now, csr, deadline), deadline
 
     def approvedCommitted(
-        self, token: _Token, record: TokenRecord, deadline: float
+        self, token: LiveToken, record: TokenRecord, deadline: float
     ) -> None:
         token.record = record
         token.machine.approved(deadline)
@@ -331,7 +331,7 @@ class TokenBook:
             ids.append(token.record.id)
         return ids
 
-    def add(self, record: TokenRecord) -> _Token:
+    def add(self, record: TokenRecord) -> LiveToken:
         """A token recorded elsewhere (the cluster-wide token)."""
         token = self._add(record)
         token.machine.restoreIssued(record.delete_at)

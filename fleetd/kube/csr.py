@@ -180,3 +180,11 @@ def notAfter(certificate: bytes) -> float | None:
         return moment.timestamp()
     except Exception:
         return None
+
+
+def stillPending(csr: dict[str, Any], uid: str) -> bool:
+    """Approve only the object decided on: same uid, still undecided."""
+    if (csr.get("metadata") or {}).get("uid") != uid:
+        return False
+    conditions = (csr.get("status") or {}).get("conditions") or []
+    return not any(c.get("type") in ("Approved", "Denied") for c in conditions)
