@@ -456,7 +456,7 @@ def _workflowState(tink: _Table) -> tuple[str, str | None]:
 
 
 def _tinkSettings(tink: _Table) -> TinkSettings:
-    from fleetd.tink.upstream import UpstreamAddress
+    from fleetd.h2.upstream import UpstreamAddress
 
     try:
         upstream = UpstreamAddress.parse(tink.text("upstream"))

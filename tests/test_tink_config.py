@@ -8,7 +8,7 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.config import ConfigError, Settings, loadSettings
-from fleetd.tink.upstream import UpstreamAddress
+from fleetd.h2.upstream import UpstreamAddress
 from tests.support import writeConfig
 
 

@@ -26,9 +26,9 @@ from twisted.internet.protocol import Factory
 from twisted.internet.ssl import Certificate, optionsForClientTLS
 from twisted.python.failure import Failure
 
+from fleetd.h2.client import UpstreamConnection
+from fleetd.h2.metrics import IProxyMetrics
 from fleetd.logs import ThrottledLog
-from fleetd.tink.h2client import UpstreamConnection
-from fleetd.tink.metrics import TinkMetrics
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class UpstreamPool:
         endpoint: Callable[[], IStreamClientEndpoint],
         *,
         log: ThrottledLog,
-        metrics: TinkMetrics,
+        metrics: IProxyMetrics,
         connectTimeout: float = 5.0,
         maxHeaderListSize: int = 65536,
         closeGrace: float = 2.0,
