@@ -13,7 +13,7 @@ as the receiving side's windows allow, and flow-control credit returned
 (C{acknowledge_received_data}) as it is forwarded. Both hops use fleetd's
 C{H2Configuration} flags, TCP_NODELAY, and one C{transport.write} per
 connection per C{dataReceived}. C{--memo} gives every connection fleetd's
-remembered HPACK coders and header validation (L{fleetd.tink.h2memo}).
+remembered HPACK coders and header validation (L{fleetd.h2.memo}).
 
 What the bench needs beyond that, and nothing else: nginx, the upstream,
 sends GOAWAY(NO_ERROR) after 1000 streams on a connection (its
@@ -72,7 +72,7 @@ class Connection(h2.connection.H2Connection):
         return [], [event]
 
 
-remember: Any = None  # fleetd.tink.h2memo.remember with --memo
+remember: Any = None  # fleetd.h2.memo.remember with --memo
 dirty: set[Hop] = set()  # connections with frames to write
 Item = tuple[bytes, Any, bool]  # (data, headers or None, END_STREAM)
 
@@ -237,7 +237,7 @@ def main() -> None:
     parser.add_argument("--memo", action="store_true")
     args = parser.parse_args()
     if args.memo:
-        from fleetd.tink.h2memo import remember
+        from fleetd.h2.memo import remember
     pem = open(args.cert, "rb").read() + open(args.key, "rb").read()
     pair = ssl.PrivateCertificate.loadPEM(pem)
     tls = ssl.CertificateOptions(

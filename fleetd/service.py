@@ -346,6 +346,7 @@ class FleetdService(MultiService):
         options: Any,
         factory: Any,
         idleTimeout: float | None = None,
+        parent: MultiService | None = None,
     ) -> None:
         limited = tlsFactory(
             options,
@@ -359,7 +360,7 @@ class FleetdService(MultiService):
         self._openGauge.labels(name).set_function(limited.openConnections)
         self._maxGauge.labels(name).set(limited.maxConnections)
         listener = ListenerService(self.reactor, name, description, limited)
-        listener.setServiceParent(self)
+        listener.setServiceParent(self if parent is None else parent)
         self.listeners[name] = listener
 
     def _buildListeners(self) -> None:
@@ -423,6 +424,7 @@ class FleetdService(MultiService):
             alerts=self.alerts,
             kube=None if self.kube is None else self.kube.client,
         )
+        self.tink.setServiceParent(self)
         self._listen(
             "tink",
             s.listen.tink,
@@ -432,6 +434,7 @@ class FleetdService(MultiService):
             # a call in flight is timed by tink.stream_timeout, an idle
             # connection still by limits.idle_timeout (the HTTP/2 layer).
             idleTimeout=max(s.limits.idle_timeout, s.tink.stream_timeout),
+            parent=self.tink,  # which drains it before it stops
         )
         self.dns = DNSService(
             self.reactor,
@@ -512,9 +515,6 @@ class FleetdService(MultiService):
         await self.runs.load()
         await self.tink.load()  # boot completion needs the runs [B1]
 
-    def _stopListener(self, _: object, listener: IService) -> Deferred[Any]:
-        return maybeDeferred(listener.stopService)
-
     def _loadFailed(self, f: Failure) -> None:
         # The boot listener keeps answering 503 "starting"; this needs a human.
         self.log.failure("runs.load.failed", failure=f)
@@ -545,15 +545,8 @@ class FleetdService(MultiService):
         self.configResource.stop()
         self.attestation.stop()
         pending.append(self.runs.stop())
-        tinkListener = self.listeners.get("tink")
         for child in reversed(list(self)):
             if isinstance(child, RunnerService):
-                continue
-            if tinkListener is not None and child is tinkListener:
-                # GOAWAY and let calls in flight finish (tink.drain_timeout)
-                # before the listener closes what is left; then upstream.
-                draining = self.tink.stop()
-                pending.append(draining.addBoth(self._stopListener, tinkListener))
                 continue
             pending.append(maybeDeferred(child.stopService))
 

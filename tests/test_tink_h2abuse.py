@@ -26,10 +26,11 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase
 
+from fleetd.h2.grpcwire import GRPCStatus
+from fleetd.h2.guard import H2Limits, SourceStreams
+from fleetd.h2.listener import TinkListenerFactory
+from fleetd.h2.server import SLICE
 from fleetd.listen import LimitedFactory
-from fleetd.tink import GRPCStatus, TinkListenerFactory
-from fleetd.tink.h2guard import H2Limits, SourceStreams
-from fleetd.tink.h2server import SLICE
 from fleetd.tink.metrics import TinkMetrics
 from tests.test_tink_h2proxy import Site
 from tests.test_tink_listener import (

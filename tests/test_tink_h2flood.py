@@ -26,8 +26,8 @@ from twisted.logger import capturedLogs
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from fleetd.tink import TinkListenerFactory
-from fleetd.tink.h2guard import H2Limits
+from fleetd.h2.guard import H2Limits
+from fleetd.h2.listener import TinkListenerFactory
 from tests.test_tink_h2abuse import calm, counted, guarded
 from tests.test_tink_listener import (
     PREFACE,

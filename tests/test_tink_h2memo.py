@@ -1,5 +1,5 @@
 """
-The proxy's remembered HPACK work (L{fleetd.tink.h2memo}): byte for byte
+The proxy's remembered HPACK work (L{fleetd.h2.memo}): byte for byte
 what ``hpack`` itself produces, in every table state, and header checks
 that fail every time they should.
 """
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.tink import h2memo
-from fleetd.tink.h2memo import MemoDecoder, MemoEncoder, validatedHeaders
+from fleetd.h2 import memo as h2memo
+from fleetd.h2.memo import MemoDecoder, MemoEncoder, validatedHeaders
 
 REQUEST = [
     (b":method", b"POST"),

@@ -33,12 +33,12 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase
 
+from fleetd.h2.conn import DrainingH2Connection
+from fleetd.h2.listener import proxyFactory
+from fleetd.h2.server import H2ServerProtocol
+from fleetd.h2.upstream import UpstreamPool
 from fleetd.logs import ThrottledLog
-from fleetd.tink.h2conn import DrainingH2Connection
-from fleetd.tink.h2server import H2ServerProtocol
-from fleetd.tink.listener import proxyFactory
 from fleetd.tink.metrics import TinkMetrics
-from fleetd.tink.upstream import UpstreamPool
 from tests.test_tink_listener import grpcHeaders, grpcMessage
 
 OK_TRAILERS = [(b"grpc-status", b"0")]

@@ -40,17 +40,10 @@ from twisted.logger import capturedLogs
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from fleetd.tink import (
-    GRPCStatus,
-    H2ServerProtocol,
-    IStreamHandler,
-    StreamResponder,
-    TinkListenerFactory,
-    UnimplementedHandler,
-    encodeGrpcMessage,
-)
-from fleetd.tink.grpcwire import MessageSizeGuard
-from fleetd.tink.h2server import Headers
+from fleetd.h2.grpcwire import GRPCStatus, MessageSizeGuard, encodeGrpcMessage
+from fleetd.h2.listener import TinkListenerFactory, UnimplementedHandler
+from fleetd.h2.server import H2ServerProtocol
+from fleetd.h2.stream import Headers, IStreamHandler, StreamResponder
 
 E = TypeVar("E", bound=Event)
 PATH = b"/proto.WorkflowService/GetAction"

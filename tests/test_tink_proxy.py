@@ -23,12 +23,12 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.trial.unittest import TestCase
 
 from fleetd.config import UpstreamAddress
+from fleetd.h2.listener import TinkListenerFactory, proxyFactory
+from fleetd.h2.upstream import UpstreamPool
 from fleetd.service import FleetdService
-from fleetd.tink.listener import TinkListenerFactory, proxyFactory
 from fleetd.tink.metrics import TinkMetrics
 from fleetd.tink.proto import tink_agent_pb2 as agent
 from fleetd.tink.proto import tink_v012_pb2 as v012
-from fleetd.tink.upstream import UpstreamPool
 from tests.test_daemon import DaemonTestMixin
 from tests.test_tink_listener import selfSignedCertificate
 from tests.tinkpeers import (

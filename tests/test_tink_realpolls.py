@@ -21,8 +21,8 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from fleetd.h2.grpcwire import GRPCStatus
 from fleetd.service import FleetdService
-from fleetd.tink.grpcwire import GRPCStatus
 from fleetd.tink.proto import tink_agent_pb2 as agent
 from fleetd.tink.proto import tink_v012_pb2 as v012
 from tests.test_daemon import DaemonTestMixin

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
+from twisted.application.service import Service
 from twisted.internet.defer import Deferred
 from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase
@@ -404,6 +405,24 @@ class WiringTests(SynchronousTestCase):
         fake.flush()
         self.successResultOf(d)
         self.assertEqual(site.fleet.clock.getDelayedCalls(), [])
+
+    def test_stopService_listenerAfterDrain(self) -> None:
+        """[A4] The proxy stops its own listener (fleetd's service has no
+        special case for it): only once the connections drained after
+        GOAWAY, so calls in flight finish before the port closes."""
+        proxy, _, _ = self.proxy(TinkSettings())
+        draining: Deferred[None] = Deferred()
+        proxy.factory.drain = lambda: draining  # type: ignore[method-assign]
+        listener = Service()
+        listener.setServiceParent(proxy)
+        proxy.startService()
+        stopped = proxy.stopService()
+        self.assertFalse(proxy.running)
+        self.assertTrue(listener.running)
+        self.assertNoResult(stopped)
+        draining.callback(None)
+        self.successResultOf(stopped)
+        self.assertFalse(listener.running)
 
 
 class SettingsTests(SynchronousTestCase):

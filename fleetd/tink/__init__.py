@@ -1,15 +1,8 @@
-"""The tink listener: HTTP/2 (gRPC) in front of tink-server ([A4])."""
-
-from fleetd.tink.grpcwire import GRPCStatus, encodeGrpcMessage
-from fleetd.tink.h2server import H2ServerProtocol, IStreamHandler, StreamResponder
-from fleetd.tink.listener import TinkListenerFactory, UnimplementedHandler
-
-__all__ = [
-    "GRPCStatus",
-    "H2ServerProtocol",
-    "IStreamHandler",
-    "StreamResponder",
-    "TinkListenerFactory",
-    "UnimplementedHandler",
-    "encodeGrpcMessage",
-]
+"""
+The tink listener's Tinkerbell semantics ([A4], [B1]-[B3]): what the
+agent's calls say about a workflow (L{fleetd.tink.observe},
+L{fleetd.tink.workflows}, L{fleetd.tink.wfstate}), boot completion
+(L{fleetd.tink.boot}, L{fleetd.tink.completion}) and the proxy assembled
+from its settings (L{fleetd.tink.service}). The HTTP/2 and gRPC mechanics
+beneath them are L{fleetd.h2}.
+"""

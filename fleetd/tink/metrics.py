@@ -1,4 +1,6 @@
-"""The tink proxy's Prometheus metrics (issue 10, item 4).
+"""The tink proxy's Prometheus metrics (issue 10, item 4): the
+L{fleetd.h2.metrics.IProxyMetrics} of its HTTP/2 mechanics, and what the
+observer counts.
 
 Label values are bounded: methods outside the Tinkerbell services count as
 C{other}, gRPC statuses are the 17 codes plus C{reset} (no status: the
@@ -106,6 +108,8 @@ class TinkMetrics:
         for kind in ABUSE_KINDS:
             self.h2Abuse.labels(kind)
         self._abuseChildren = {k: self.h2Abuse.labels(k) for k in ABUSE_KINDS}
+
+    methodLabel = staticmethod(methodLabel)
 
     def abuse(self, kind: str) -> None:
         """Count one L{ABUSE_KINDS} event."""

@@ -2,9 +2,11 @@
 The tink proxy assembled from its settings: upstream pool, listener
 factory, the observation chain and boot completion [A4] [B1] [B2] [B3].
 
-Plain objects, no listening here: L{fleetd.service} binds the factory
-behind TLS (ALPN h2), calls L{TinkProxy.load} once the runs are loaded,
-and L{TinkProxy.stop} on shutdown (GOAWAY, drain, then the upstream).
+No listening here: L{fleetd.service} binds the factory behind TLS (ALPN
+h2) in a listener service it makes a child of the L{TinkProxy}, and calls
+L{TinkProxy.load} once the runs are loaded. The proxy stops its listener
+itself (L{TinkProxy.stopService}): GOAWAY, drain, the upstream, then the
+port.
 
 With C{tink.workflow_state = "kubernetes"} the Workflows' state is read
 from the cluster as boot completion's second "done" signal
@@ -17,10 +19,14 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.application.service import MultiService, Service
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.interfaces import IReactorTime
 
 from fleetd.config import TinkSettings, UpstreamAddress
+from fleetd.h2.guard import H2Limits
+from fleetd.h2.listener import TinkListenerFactory, proxyFactory
+from fleetd.h2.upstream import UpstreamPool
 from fleetd.inventory.model import IInventory
 from fleetd.kube.client import KubeClient
 from fleetd.logs import ThrottledLog
@@ -28,17 +34,14 @@ from fleetd.runs.alerts import AlertTracker
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.runner import IRunner
 from fleetd.tink.completion import BootTracker, IRuns
-from fleetd.tink.h2guard import H2Limits
-from fleetd.tink.listener import TinkListenerFactory, proxyFactory
 from fleetd.tink.metrics import TinkMetrics
 from fleetd.tink.observe import WireObserver
-from fleetd.tink.upstream import UpstreamPool
 from fleetd.tink.wfstate import WorkflowStateWatch
 from fleetd.tink.workflows import DeviceIndex, WorkflowWatcher
 
 
-class TinkProxy:
-    """Everything behind the tink listener."""
+class TinkProxy(MultiService):
+    """Everything behind the tink listener, whose service is its child."""
 
     def __init__(
         self,
@@ -58,6 +61,7 @@ class TinkProxy:
         @param kube: the C{[kubernetes]} cluster client, for
             C{tink.workflow_state = "kubernetes"} (ignored otherwise).
         """
+        super().__init__()  # type: ignore[no-untyped-call]
         clock: IReactorTime = reactor
         self.inventory = inventory
         self.metrics = TinkMetrics(registry)
@@ -137,3 +141,16 @@ class TinkProxy:
         if watching is None:
             return d
         return DeferredList([d, watching], consumeErrors=True)
+
+    def stopService(self) -> Deferred[Any]:
+        """L{stop}, then the listener: its port closes (and any connection
+        still open with it) only once the calls in flight had
+        C{tink.drain_timeout} to finish."""
+        Service.stopService(self)
+        listeners = list(self)
+
+        def stopListeners(_: object) -> Deferred[Any]:
+            stopping = [maybeDeferred(s.stopService) for s in reversed(listeners)]
+            return DeferredList(stopping, consumeErrors=True)
+
+        return self.stop().addBoth(stopListeners)

@@ -23,16 +23,16 @@ from typing import Protocol as TypingProtocol
 from h2.errors import ErrorCodes
 from h2.exceptions import ProtocolError
 
+from fleetd.h2.client import Headers, UpstreamConnection
+from fleetd.h2.grpcwire import GRPCStatus
+from fleetd.h2.metrics import IProxyMetrics
+from fleetd.h2.stream import StreamResponder
+from fleetd.h2.upstream import UpstreamPool
 from fleetd.logs import ThrottledLog
-from fleetd.tink.grpcwire import GRPCStatus
-from fleetd.tink.h2client import Headers, UpstreamConnection
-from fleetd.tink.h2server import StreamResponder
-from fleetd.tink.metrics import TinkMetrics, methodLabel
-from fleetd.tink.upstream import UpstreamPool
 
 
 class ICallTap(TypingProtocol):
-    """Sees one call's bytes (copies) and its end; see L{fleetd.tink.observe}."""
+    """Sees one call's bytes (copies) and its end (the listener's observer)."""
 
     def request(self, data: bytes) -> None: ...
 
@@ -69,7 +69,7 @@ class ProxyStream:
         self,
         responder: StreamResponder,
         pool: UpstreamPool,
-        metrics: TinkMetrics,
+        metrics: IProxyMetrics,
         log: ThrottledLog,
         tapFactory: TapFactory | None = None,
     ) -> None:
@@ -94,7 +94,7 @@ class ProxyStream:
 
     def headersReceived(self, headers: Headers) -> None:
         path = dict(headers).get(b":path", b"").decode("ascii", "replace")
-        self._method = methodLabel(path)
+        self._method = self._metrics.methodLabel(path)
         self._headers = headers
         self._metrics.active += 1
         if self._tapFactory is not None:
@@ -157,7 +157,7 @@ class ProxyStream:
     def blocked(self) -> bool:
         return bool(self._pending) or (self._ended and not self._endSent)
 
-    def requestWritable(self) -> None:
+    def windowOpened(self) -> None:
         self._push()
 
     def responseHeaders(self, headers: Headers, ended: bool) -> None:

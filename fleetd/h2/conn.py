@@ -9,18 +9,19 @@ the connection open for the streams in flight when the GOAWAY carries
 NO_ERROR; the protocols built on it stop opening (or accepting) new streams
 themselves. A GOAWAY with an error code still closes at once.
 
-Also here, for both hops: the HPACK memory of L{fleetd.tink.h2memo},
-L{noDelay} (TCP_NODELAY, so a small frame is not held back by Nagle
-waiting for the peer's delayed ACK) and L{writes}, which
-lets every connection touched while one connection's bytes are processed
-write what h2 queued once, at the end, instead of once per frame (one TLS
-record and one socket write per connection per batch).
+Also here, for both hops: L{H2Hop}, their one flush and window-update
+path; the HPACK memory of L{fleetd.h2.memo}; L{noDelay} (TCP_NODELAY, so a
+small frame is not held back by Nagle waiting for the peer's delayed ACK);
+and L{writes}, which lets every connection touched while one connection's
+bytes are processed write what h2 queued once, at the end, instead of once
+per frame (one TLS record and one socket write per connection per batch).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
+from typing import Protocol as TypingProtocol
 
 import h2.connection
 import hpack.hpack
@@ -28,10 +29,11 @@ import hpack.table
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
-from h2.events import ConnectionTerminated, Event
+from h2.events import ConnectionTerminated, Event, RemoteSettingsChanged, WindowUpdated
 from hyperframe.frame import Frame, GoAwayFrame
+from twisted.internet.protocol import Protocol
 
-from fleetd.tink.h2memo import remember
+from fleetd.h2.memo import remember
 
 
 class _Silent:
@@ -61,7 +63,7 @@ _quietLibraries()
 
 class DrainingH2Connection(H2Connection):
     """Graceful GOAWAY both ways (see the module docstring), with HPACK
-    work remembered (L{fleetd.tink.h2memo})."""
+    work remembered (L{fleetd.h2.memo})."""
 
     def __init__(self, config: H2Configuration | None = None) -> None:
         super().__init__(config)
@@ -138,3 +140,57 @@ class WriteBatch:
 
 
 writes = WriteBatch()
+
+
+class IWindowed(TypingProtocol):
+    """One stream of an L{H2Hop}, as its windows path sees it."""
+
+    @property
+    def blocked(self) -> bool:
+        """Whether bytes wait for a flow-control window."""
+
+    def windowOpened(self) -> None:
+        """Windows opened: send what they now allow."""
+
+
+S = TypeVar("S", bound=IWindowed)
+
+
+class H2Hop(Protocol, Generic[S]):
+    """What both hops (the server side and the upstream client side) share:
+    writing what h2 queued, and resuming streams when windows open.
+
+    @ivar streams: the live streams, by id.
+    """
+
+    h2: H2Connection
+    streams: dict[int, S]
+
+    def flush(self) -> None:
+        """Write what h2 queued: now, or once the batch ends (L{writes})."""
+        if not writes.defer(self, self.flushNow):
+            self.flushNow()
+
+    def flushNow(self) -> None:
+        """Write what h2 queued, now."""
+        data = self.h2.data_to_send()
+        if data and self.transport is not None:
+            self.writeOut(data)
+
+    def writeOut(self, data: bytes) -> None:
+        """Give C{data} to the transport (a hop may hold it instead)."""
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def windowsOpened(self, event: WindowUpdated | RemoteSettingsChanged) -> None:
+        """WINDOW_UPDATE or new SETTINGS: resume the streams waiting for a
+        window. A stream's own update wakes only that stream: a peer
+        acknowledges often, and many streams may be open."""
+        if isinstance(event, WindowUpdated) and event.stream_id:
+            stream = self.streams.get(event.stream_id)
+            if stream is not None and stream.blocked:
+                stream.windowOpened()
+        else:
+            for each in list(self.streams.values()):
+                if each.blocked:
+                    each.windowOpened()

@@ -24,9 +24,9 @@ from twisted.internet.protocol import Factory
 from twisted.python.failure import Failure
 
 from fleetd.config import TinkSettings
+from fleetd.h2.client import UpstreamConnection
+from fleetd.h2.metrics import IProxyMetrics
 from fleetd.logs import ThrottledLog
-from fleetd.tink.h2client import UpstreamConnection
-from fleetd.tink.metrics import TinkMetrics
 
 
 class IWaitingStream(TypingProtocol):
@@ -56,7 +56,7 @@ class UpstreamPool:
         endpoint: Callable[[], IStreamClientEndpoint],
         *,
         log: ThrottledLog,
-        metrics: TinkMetrics,
+        metrics: IProxyMetrics,
         connectTimeout: float = TinkSettings.connect_timeout,
         maxHeaderListSize: int = 65536,
         closeGrace: float = 2.0,

@@ -2,25 +2,27 @@
 One HTTP/2 stream of the tink listener, seen from its handler.
 
 L{IStreamHandler} is what a stream's handler implements (the proxy's
-L{fleetd.tink.proxy.ProxyStream}, or the placeholder that answers
+L{fleetd.h2.proxy.ProxyStream}, or the placeholder that answers
 UNIMPLEMENTED); L{StreamResponder} is the sending half it is given:
 headers, data sent as the peer's windows allow, trailers, resets.
+L{IStreamConnection} is what a stream needs from its connection
+(L{fleetd.h2.server.H2ServerProtocol} provides it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
 from typing import Protocol as TypingProtocol
+from typing import cast
 
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.exceptions import ProtocolError
+from twisted.logger import Logger
 
-from fleetd.tink.grpcwire import GRPCStatus, MessageSizeGuard, encodeGrpcMessage
-
-if TYPE_CHECKING:
-    from fleetd.tink.h2server import H2ServerProtocol
+from fleetd.h2.grpcwire import GRPCStatus, MessageSizeGuard, encodeGrpcMessage
+from fleetd.h2.guard import ConnectionGuard
+from fleetd.logs import ThrottledLog
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -52,22 +54,50 @@ class IFlowControlledHandler(IStreamHandler, TypingProtocol):
         """C{size} bytes given to L{StreamResponder.sendData} left in frames."""
 
 
+class IStreamConnection(TypingProtocol):
+    """What a L{StreamResponder} needs from the connection it is on."""
+
+    h2: H2Connection
+    streams: dict[int, StreamResponder]  # the live streams, by id
+    connectionId: int
+    maxMessageBytes: int
+    log: Logger | ThrottledLog
+    guard: ConnectionGuard | None  # its C{paused} holds responses back
+
+    def flush(self) -> None:
+        """Write what h2 queued (at the end of the batch, if in one)."""
+
+    def progress(self) -> None:
+        """Response bytes moved: the idle and stream timeouts restart."""
+
+    def streamEnded(self, stream: StreamResponder) -> None:
+        """We sent END_STREAM on C{stream}."""
+
+    def forget(self, stream: StreamResponder) -> None:
+        """C{stream} is over (reset, or refused by h2): drop it."""
+
+
 class StreamResponder:
     """The sending half of one stream, handed to its L{IStreamHandler}.
 
     Calls after the stream has ended or been reset are ignored, so a handler
     finishing late (e.g. after an upstream answer) never has to check.
+
+    @ivar handler: the stream's handler, set by the connection once built;
+        L{None} again if it failed or the request was refused.
+    @ivar sizes: the request's gRPC message sizes, checked as they arrive.
+    @ivar requestEnded: the client sent END_STREAM.
     """
 
-    def __init__(self, protocol: H2ServerProtocol, streamId: int) -> None:
+    def __init__(self, connection: IStreamConnection, streamId: int) -> None:
         self.streamId = streamId
-        self._protocol = protocol
-        self._handler: IStreamHandler | None = None
+        self._connection = connection
+        self.handler: IStreamHandler | None = None
         self._headersSent = False
         self._outbound = bytearray()
         self._trailers: Headers | None = None
-        self._guard = MessageSizeGuard(protocol.maxMessageBytes)
-        self._requestEnded = False  # the client sent END_STREAM
+        self.sizes = MessageSizeGuard(connection.maxMessageBytes)
+        self.requestEnded = False
         self.headersSent = False
 
     def acknowledge(self, size: int) -> None:
@@ -75,7 +105,7 @@ class StreamResponder:
         control calls this once it has forwarded them)."""
         if size > 0:
             self._conn.acknowledge_received_data(size, self.streamId)
-            self._protocol._flush()
+            self._connection.flush()
 
     def sendHeaders(self, headers: Headers, endStream: bool = False) -> None:
         """Send the response headers, ending the stream if C{endStream}."""
@@ -83,7 +113,7 @@ class StreamResponder:
             self._headersSent = self.headersSent = True
             self._send(self._conn.send_headers, headers, end_stream=endStream)
             if endStream:
-                self._protocol._ended(self)
+                self._connection.streamEnded(self)
 
     def sendData(self, data: bytes) -> None:
         """Queue body bytes; they leave as the peer's windows allow."""
@@ -112,12 +142,12 @@ class StreamResponder:
         """Send RST_STREAM with C{errorCode} and forget the stream."""
         if self._live():
             self._send(self._conn.reset_stream, errorCode)
-            self._protocol._forget(self)
+            self._connection.forget(self)
 
     def resumeSending(self) -> None:
         """Send what the windows allow, then the trailers once drained;
         nothing while the client does not read (the protocol resumes)."""
-        guard = self._protocol.guard
+        guard = self._connection.guard
         if guard is not None and guard.paused:
             return
         while self._outbound and self._live():
@@ -131,25 +161,42 @@ class StreamResponder:
             chunk = bytes(self._outbound[:size])
             del self._outbound[:size]
             self._send(self._conn.send_data, chunk)
-            handler = self._handler
+            handler = self.handler
             if handler is not None and getattr(handler, "ownsFlowControl", False):
                 cast(IFlowControlledHandler, handler).dataSent(len(chunk))
         if self._trailers is not None and self._live():
             self._send(self._conn.send_headers, self._trailers, end_stream=True)
-            self._protocol._ended(self)
+            self._connection.streamEnded(self)
+
+    windowOpened = resumeSending  # the connection's windows path (L{H2Hop})
+
+    @property
+    def blocked(self) -> bool:
+        """Whether response bytes wait for a window."""
+        return bool(self._outbound)
+
+    @property
+    def pending(self) -> bool:
+        """Whether response bytes or trailers wait to be sent."""
+        return bool(self._outbound) or self._trailers is not None
 
     @property
     def connectionId(self) -> int:
         """Which downstream connection this stream is on (a new one after
         an agent restarts)."""
-        return self._protocol.connectionId
+        return self._connection.connectionId
+
+    @property
+    def log(self) -> Logger | ThrottledLog:
+        """The connection's log (the listener's shared, rate-limited one)."""
+        return self._connection.log
 
     @property
     def _conn(self) -> H2Connection:
-        return self._protocol.h2
+        return self._connection.h2
 
     def _live(self) -> bool:
-        return self._protocol._streams.get(self.streamId) is self
+        return self._connection.streams.get(self.streamId) is self
 
     def _send(self, fn: Callable[..., object], *args: object, **kw: object) -> None:
         """Call C{fn(streamId, ...)} on h2 and flush; if h2 refuses (the
@@ -157,7 +204,7 @@ class StreamResponder:
         try:
             fn(self.streamId, *args, **kw)
         except ProtocolError as e:
-            self._protocol.log.debug("tink.h2.send-refused {error}", error=str(e))
-            self._protocol._forget(self)
-        self._protocol._updateIdleTimer()  # progress: response bytes
-        self._protocol._flush()
+            self._connection.log.debug("tink.h2.send-refused {error}", error=str(e))
+            self._connection.forget(self)
+        self._connection.progress()  # response bytes
+        self._connection.flush()

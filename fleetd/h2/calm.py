@@ -1,8 +1,8 @@
 """
 How the tink listener's HTTP/2 connections act on their abuse limits
-(issue 17; the limits themselves are L{fleetd.tink.h2guard}).
+(issue 17; the limits themselves are L{fleetd.h2.guard}).
 
-L{GuardedProtocol} is the base of L{fleetd.tink.h2server.H2ServerProtocol}:
+L{GuardedProtocol} is the base of L{fleetd.h2.server.H2ServerProtocol}:
 it counts wasted streams and control frames against the connection's
 L{ConnectionGuard} and answers GOAWAY(ENHANCE_YOUR_CALM) past them; it is
 the transport's streaming producer, so while the transport's write buffer
@@ -13,29 +13,25 @@ connection whose held replies pass the bound.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.exceptions import ProtocolError
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 
+from fleetd.h2.conn import H2Hop
+from fleetd.h2.guard import ConnectionGuard, SourceStreams
+from fleetd.h2.stream import StreamResponder
 from fleetd.logs import ThrottledLog
-from fleetd.tink.h2guard import ConnectionGuard, SourceStreams
-
-if TYPE_CHECKING:
-    from fleetd.tink.h2stream import StreamResponder
 
 
-class GuardedProtocol(Protocol):
+class GuardedProtocol(H2Hop[StreamResponder]):
     """
     The abuse reactions of an HTTP/2 server connection (see the module
     docstring); the subclass supplies the connection itself.
 
     @ivar sources: the listener's new-streams-per-source limit, if any.
-    @ivar countAbuse: counts L{fleetd.tink.metrics.ABUSE_KINDS}, if set.
+    @ivar countAbuse: counts abuse by kind (L{IProxyMetrics.abuse}), if set.
     @ivar guard: this connection's budgets, from C{connectionMade} on. The
         protocol becomes the transport's producer with the client's first
         bytes (after the TLS handshake, which must not wait for a paused
@@ -43,8 +39,6 @@ class GuardedProtocol(Protocol):
     """
 
     log: Logger | ThrottledLog
-    h2: H2Connection
-    _streams: dict[int, StreamResponder]
     _closing: bool
     _clock: IReactorTime
     _closeGrace = 1.0
@@ -58,9 +52,6 @@ class GuardedProtocol(Protocol):
 
     # What the subclass provides.
 
-    def _flush(self) -> None:
-        raise NotImplementedError
-
     def _close(self) -> None:
         raise NotImplementedError
 
@@ -70,7 +61,7 @@ class GuardedProtocol(Protocol):
     def _cancelIdleTimer(self) -> None:
         raise NotImplementedError
 
-    def _peer(self) -> str:
+    def peer(self) -> str:
         raise NotImplementedError
 
     # IPushProducer, for the transport
@@ -102,18 +93,21 @@ class GuardedProtocol(Protocol):
         self.transport.resumeProducing()  # type: ignore[attr-defined]
         if held:
             self.transport.write(held)
-        for stream in list(self._streams.values()):
-            if stream._outbound or stream._trailers is not None:
+        for stream in list(self.streams.values()):
+            if stream.pending:
                 stream.resumeSending()
-        self._flush()
+        self.flush()
 
     def stopProducing(self) -> None:
         """The transport goes away; C{connectionLost} follows."""
 
     # Writing, closing
 
-    def _write(self, data: bytes) -> None:
-        """Write C{data}, or hold it while paused; too much held aborts."""
+    def writeOut(self, data: bytes) -> None:
+        """Write C{data}, or hold it while paused; too much held aborts
+        (and nothing is written once aborted)."""
+        if self._aborted:
+            return
         guard = self.guard
         if guard is None or not guard.paused:
             assert self.transport is not None
@@ -122,7 +116,7 @@ class GuardedProtocol(Protocol):
             # The client reads nothing, yet its frames keep asking for replies.
             self._count("unread")
             self.log.warn(
-                "tink.h2.unread-replies {held}", held=len(guard.held), peer=self._peer()
+                "tink.h2.unread-replies {held}", held=len(guard.held), peer=self.peer()
             )
             self._abort()
             self._penalize()
@@ -147,7 +141,7 @@ class GuardedProtocol(Protocol):
         self._closing = self._aborted = True
         self._cancelIdleTimer()
         self._stopCutOff()
-        streams, self._streams = self._streams, {}
+        streams, self.streams = self.streams, {}
         for stream in streams.values():
             self._call(stream, "reset", ErrorCodes.CANCEL)
         abort = getattr(self.transport, "abortConnection", None)
@@ -161,7 +155,7 @@ class GuardedProtocol(Protocol):
             self.countAbuse(kind)
 
     def _waste(self, kind: str) -> None:
-        """A wasted stream (L{fleetd.tink.h2guard}); past the budget, calm."""
+        """A wasted stream (L{fleetd.h2.guard}); past the budget, calm."""
         self._count(kind)
         guard = self.guard
         if guard is not None and guard.waste() and not self._closing:
@@ -178,7 +172,7 @@ class GuardedProtocol(Protocol):
         self.log.warn(
             "tink.h2.enhance-your-calm {reason}",
             reason=reason,
-            peer=self._peer(),
+            peer=self.peer(),
             **fields,
         )
         self._abandon(ErrorCodes.ENHANCE_YOUR_CALM)
@@ -227,6 +221,6 @@ class GuardedProtocol(Protocol):
             self.h2.close_connection(code)
         except ProtocolError:
             pass
-        streams, self._streams = self._streams, {}
+        streams, self.streams = self.streams, {}
         for stream in streams.values():
             self._call(stream, "reset", ErrorCodes.CANCEL)

@@ -3,8 +3,8 @@
 L{H2ServerProtocol} owns one server-side L{H2Connection}, turns its events
 into calls on one L{IStreamHandler} per stream and gives each handler a
 L{StreamResponder} that sends headers, flow-controlled data and trailers.
-gRPC wire details are in L{fleetd.tink.grpcwire}; the listener factory is in
-L{fleetd.tink.listener}.
+gRPC wire details are in L{fleetd.h2.grpcwire}, the abuse reactions in
+L{fleetd.h2.calm}; the listener factory is in L{fleetd.h2.listener}.
 """
 
 from __future__ import annotations
@@ -34,46 +34,16 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from fleetd.config import Limits, TinkSettings
+from fleetd.h2.calm import GuardedProtocol
+from fleetd.h2.conn import DrainingH2Connection, noDelay, writes
+from fleetd.h2.grpcwire import GRPCStatus, notGrpc
+from fleetd.h2.guard import ConnectionGuard, H2Limits
+from fleetd.h2.stream import Headers, IStreamHandler, StreamResponder
 from fleetd.logs import ThrottledLog
-from fleetd.tink.grpcwire import GRPCStatus, encodeGrpcMessage
-from fleetd.tink.h2calm import GuardedProtocol
-from fleetd.tink.h2conn import DrainingH2Connection, noDelay, writes
-from fleetd.tink.h2guard import ConnectionGuard, H2Limits
-from fleetd.tink.h2stream import (
-    Headers,
-    IFlowControlledHandler,
-    IStreamHandler,
-    StreamResponder,
-)
-
-__all__ = [
-    "H2ServerProtocol",
-    "Headers",
-    "IFlowControlledHandler",
-    "IStreamHandler",
-    "StreamResponder",
-]
-
 
 # The most bytes of one read parsed before the connection is asked again
 # whether it is closing (about 40 streams of a rapid-reset flood).
 SLICE = 4096
-
-
-def _refusal(method: bytes, contentType: bytes) -> Headers | None:
-    """The response to a request that is not gRPC, like grpc-go's."""
-    if method != b"POST":
-        status, code, text = b"405", GRPCStatus.INTERNAL, "method must be POST"
-    elif not contentType.startswith(b"application/grpc"):
-        status, code, text = b"415", GRPCStatus.INVALID_ARGUMENT, "not gRPC"
-    else:
-        return None
-    return [
-        (b":status", status),
-        (b"content-type", b"application/grpc"),
-        (b"grpc-status", b"%d" % code),
-        (b"grpc-message", encodeGrpcMessage(text)),
-    ]
 
 
 class H2ServerProtocol(GuardedProtocol):
@@ -112,7 +82,7 @@ class H2ServerProtocol(GuardedProtocol):
         self._handshakeTimeout = handshakeTimeout
         self._idleCall: IDelayedCall | None = None
         self._progressAt = 0.0  # when a frame last moved either way
-        self._streams: dict[int, StreamResponder] = {}
+        self.streams: dict[int, StreamResponder] = {}
         self._closing = False
         self._greeted = False  # the client's preface and SETTINGS arrived
         self._moved = False  # request bytes arrived in this batch
@@ -153,8 +123,8 @@ class H2ServerProtocol(GuardedProtocol):
             self._limits, self._clock, str(getattr(peer, "host", "")), self.sources
         )
         self.h2.initiate_connection()
-        self._flush()
-        self._updateIdleTimer()
+        self.flush()
+        self.progress()
 
     def drain(self) -> Deferred[None]:
         """fleetd stops: send GOAWAY(NO_ERROR) naming the last stream taken,
@@ -167,8 +137,8 @@ class H2ServerProtocol(GuardedProtocol):
             self._lastAccepted = self.h2.highest_inbound_stream_id
             assert isinstance(self.h2, DrainingH2Connection)
             self.h2.goAway(self._lastAccepted)
-            self._flush()
-            if not self._streams:
+            self.flush()
+            if not self.streams:
                 self._close()
         return d
 
@@ -196,7 +166,7 @@ class H2ServerProtocol(GuardedProtocol):
             # h2 has queued GOAWAY with the matching error code, except for
             # a bad preface: then send GOAWAY(PROTOCOL_ERROR) ourselves.
             self.log.warn(
-                "tink.h2.protocol-error {error}", error=str(e), peer=self._peer()
+                "tink.h2.protocol-error {error}", error=str(e), peer=self.peer()
             )
             pending = self.h2.data_to_send()
             if not pending:
@@ -210,9 +180,9 @@ class H2ServerProtocol(GuardedProtocol):
             if self._closing:
                 break
             self._dispatch(event)
-        self._flush()
+        self.flush()
         if self._moved:
-            self._updateIdleTimer()
+            self.progress()
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self._closing = True
@@ -221,7 +191,7 @@ class H2ServerProtocol(GuardedProtocol):
         closed = getattr(self.factory, "closed", None)
         if closed is not None:
             closed(self)
-        streams, self._streams = self._streams, {}
+        streams, self.streams = self.streams, {}
         for stream in streams.values():
             self._call(stream, "reset", ErrorCodes.CANCEL)
         drained, self._drained = self._drained, []
@@ -229,15 +199,15 @@ class H2ServerProtocol(GuardedProtocol):
             d.callback(None)
 
     def _dispatch(self, event: Event) -> None:
-        stream = self._streams.get(getattr(event, "stream_id", 0))
+        stream = self.streams.get(getattr(event, "stream_id", 0))
         if isinstance(event, RequestReceived):
             self._moved = True  # progress: request bytes, not control frames
             self._requestReceived(event.stream_id, event.headers)
         elif isinstance(event, DataReceived):
             self._moved = self._moved or bool(event.data)
             credit = event.flow_controlled_length
-            if stream is not None and stream._handler is not None:
-                if getattr(stream._handler, "ownsFlowControl", False):
+            if stream is not None and stream.handler is not None:
+                if getattr(stream.handler, "ownsFlowControl", False):
                     # Padding goes back now; the data once it was forwarded.
                     credit -= len(event.data)
                 self._dataReceived(stream, event.data)
@@ -247,12 +217,12 @@ class H2ServerProtocol(GuardedProtocol):
                 self.h2.acknowledge_received_data(credit, event.stream_id)
         elif isinstance(event, StreamEnded) and stream is not None:
             self._moved = True
-            stream._requestEnded = True
+            stream.requestEnded = True
             self._call(stream, "endReceived")
-            if stream._guard.partial or not stream._guard.messages:
+            if stream.sizes.partial or not stream.sizes.messages:
                 self._waste("incomplete")
         elif isinstance(event, StreamReset) and stream is not None:
-            self._forget(stream)
+            self.forget(stream)
             self._call(stream, "reset", event.error_code or 0)
             self._waste("reset")
         elif isinstance(event, PingReceived):
@@ -262,20 +232,12 @@ class H2ServerProtocol(GuardedProtocol):
                 self._controlFrame()
             self._moved = self._moved or not self._greeted
             self._greeted = True
-            # Only streams with data waiting for a window need a look: a
-            # client acknowledges often, and many streams may be open.
-            if isinstance(event, WindowUpdated) and event.stream_id:
-                if stream is not None and stream._outbound:
-                    stream.resumeSending()
-            else:
-                for each in list(self._streams.values()):
-                    if each._outbound:
-                        each.resumeSending()
+            self.windowsOpened(event)
         elif isinstance(event, ConnectionTerminated):
             self.log.info(
                 "tink.h2.goaway-received {errorCode}",
                 errorCode=event.error_code,
-                peer=self._peer(),
+                peer=self.peer(),
             )
             self._close()
         # PING is ACKed by h2 itself; other events need nothing.
@@ -290,23 +252,23 @@ class H2ServerProtocol(GuardedProtocol):
             self.h2.reset_stream(streamId, ErrorCodes.REFUSED_STREAM)
             self._waste("source")
             return
-        stream = self._streams[streamId] = StreamResponder(self, streamId)
+        stream = self.streams[streamId] = StreamResponder(self, streamId)
         fields = dict(headers)
         method = fields.get(b":method", b"")
         contentType = fields.get(b"content-type", b"")
-        refusal = _refusal(method, contentType)
+        refusal = notGrpc(method, contentType)
         if refusal is not None:
             self.log.warn(
                 "tink.h2.not-grpc {method} {contentType}",
                 method=method.decode("ascii", "replace"),
                 contentType=contentType.decode("ascii", "replace"),
-                peer=self._peer(),
+                peer=self.peer(),
             )
             stream.sendHeaders(refusal, endStream=True)
             self._waste("refused")
             return
         try:
-            stream._handler = self._handlerFactory(stream)
+            stream.handler = self._handlerFactory(stream)
         except Exception:
             self.log.failure("tink.h2.handler-failed", streamId=streamId)
             stream.reset(ErrorCodes.INTERNAL_ERROR)
@@ -314,7 +276,7 @@ class H2ServerProtocol(GuardedProtocol):
         self._call(stream, "headersReceived", headers)
 
     def _dataReceived(self, stream: StreamResponder, data: bytes) -> None:
-        tooLarge = stream._guard.feed(data)
+        tooLarge = stream.sizes.feed(data)
         if tooLarge is None:
             self._call(stream, "dataReceived", data)
             return
@@ -322,7 +284,7 @@ class H2ServerProtocol(GuardedProtocol):
             "tink.h2.message-too-large {size} {limit}",
             size=tooLarge,
             limit=self.maxMessageBytes,
-            peer=self._peer(),
+            peer=self.peer(),
         )
         stream.trailersOnly(
             GRPCStatus.RESOURCE_EXHAUSTED,
@@ -330,61 +292,53 @@ class H2ServerProtocol(GuardedProtocol):
             f"({tooLarge} vs. {self.maxMessageBytes})",
         )
         self._call(stream, "reset", ErrorCodes.CANCEL)
-        stream._handler = None
+        stream.handler = None
         self._waste("refused")
 
     def _call(self, stream: StreamResponder, name: str, *args: object) -> None:
         """Deliver one event to the stream's handler; a handler that raises
         is a bug: log it and reset its stream."""
-        if stream._handler is None:
+        if stream.handler is None:
             return
         try:
-            getattr(stream._handler, name)(*args)
+            getattr(stream.handler, name)(*args)
         except Exception:
             self.log.failure(
                 "tink.h2.handler-failed", streamId=stream.streamId, call=name
             )
-            stream._handler = None
+            stream.handler = None
             stream.reset(ErrorCodes.INTERNAL_ERROR)
 
-    def _ended(self, stream: StreamResponder) -> None:
+    def streamEnded(self, stream: StreamResponder) -> None:
         """We sent END_STREAM: forget the stream, resetting an unfinished
         request with NO_ERROR as gRPC asks (and grpc-go does)."""
         h2stream = self.h2.streams.get(stream.streamId)
         if h2stream is not None and not h2stream.closed:
             stream.reset(ErrorCodes.NO_ERROR)
-        elif stream._requestEnded and stream._guard.messages and self.guard:
+        elif stream.requestEnded and stream.sizes.messages and self.guard:
             self.guard.completed()
-        self._forget(stream)
+        self.forget(stream)
 
-    def _forget(self, stream: StreamResponder) -> None:
-        if self._streams.get(stream.streamId) is stream:
-            del self._streams[stream.streamId]
-            if self._lastAccepted is not None and not self._streams:
+    def forget(self, stream: StreamResponder) -> None:
+        """C{stream} is over: drop it (and close, if draining and it was
+        the last)."""
+        if self.streams.get(stream.streamId) is stream:
+            del self.streams[stream.streamId]
+            if self._lastAccepted is not None and not self.streams:
                 self._close()  # drained after our GOAWAY
             else:
-                self._updateIdleTimer()
-
-    def _flush(self) -> None:
-        if not writes.defer(self, self._flushNow):
-            self._flushNow()
-
-    def _flushNow(self) -> None:
-        data = self.h2.data_to_send()
-        if not data or self.transport is None or self._aborted:
-            return
-        self._write(data)
+                self.progress()
 
     def _close(self) -> None:
         self._closing = True
         self._cancelIdleTimer()
-        self._flushNow()  # before the close, batch or not
+        self.flushNow()  # before the close, batch or not
         if self._release():
             self._closeSoon()
 
     def _idleCheck(self) -> None:
         """The timer fired: time out if nothing moved for the timeout that
-        applies now, else look again when it could (see L{_updateIdleTimer})."""
+        applies now, else look again when it could (see L{progress})."""
         self._idleCall = None
         left = self._progressAt + self._timeout() - self._clock.seconds()
         if left > 0:
@@ -398,27 +352,27 @@ class H2ServerProtocol(GuardedProtocol):
         timeout = self._timeout()
         if not self._greeted:
             event = "tink.h2.handshake-timeout {timeout}"
-        elif self._streams:
+        elif self.streams:
             event = "tink.h2.stream-timeout {timeout}"
         else:
             event = "tink.h2.idle-timeout {timeout}"
-        self.log.info(event, timeout=timeout, peer=self._peer())
+        self.log.info(event, timeout=timeout, peer=self.peer())
         # Streams that made no progress for this long are abandoned: tell
         # the client nothing past the last one was (or will be) processed.
-        code = ErrorCodes.NO_ERROR if not self._streams else ErrorCodes.CANCEL
+        code = ErrorCodes.NO_ERROR if not self.streams else ErrorCodes.CANCEL
         self._abandon(code)
         self._close()
 
     def _timeout(self) -> float:
         if not self._greeted:
             return min(self._handshakeTimeout, self._idleTimeout)
-        return self._streamTimeout if self._streams else self._idleTimeout
+        return self._streamTimeout if self.streams else self._idleTimeout
 
     def _shortest(self) -> float:
         """The shortest timeout that could apply before the timer fires."""
         return min(self._timeout(), self._idleTimeout)
 
-    def _updateIdleTimer(self) -> None:
+    def progress(self) -> None:
         """Progress: the handshake, idle (no streams) or stream (streams
         open, no frame either way) timeout, whichever applies, counts from
         now. Only the time is noted (this runs several times a call); the
@@ -436,5 +390,5 @@ class H2ServerProtocol(GuardedProtocol):
             self._idleCall.cancel()
             self._idleCall = None
 
-    def _peer(self) -> str:
+    def peer(self) -> str:
         return str(self.transport.getPeer()) if self.transport is not None else "?"

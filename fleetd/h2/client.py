@@ -30,12 +30,11 @@ from h2.events import (
 )
 from h2.exceptions import ProtocolError
 from twisted.internet.defer import Deferred
-from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 
+from fleetd.h2.conn import DrainingH2Connection, H2Hop, noDelay, writes
+from fleetd.h2.metrics import IProxyMetrics
 from fleetd.logs import ThrottledLog
-from fleetd.tink.h2conn import DrainingH2Connection, noDelay, writes
-from fleetd.tink.metrics import TinkMetrics
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -60,25 +59,25 @@ class IUpstreamStream(TypingProtocol):
     def blocked(self) -> bool:
         """Whether request bytes wait for an upstream window."""
 
-    def requestWritable(self) -> None:
+    def windowOpened(self) -> None:
         """Upstream windows opened: send more request bytes."""
 
 
-class UpstreamConnection(Protocol):
+class UpstreamConnection(H2Hop[IUpstreamStream]):
     """One client connection to tink-server; see the module docstring."""
 
     def __init__(
         self,
         log: ThrottledLog,
         onGone: Callable[[UpstreamConnection], None],
-        metrics: TinkMetrics,
+        metrics: IProxyMetrics,
         maxHeaderListSize: int = 65536,
     ) -> None:
         self.log = log
         self.metrics = metrics
         self._onGone = onGone
         self.closed: Deferred[None] = Deferred()
-        self._streams: dict[int, IUpstreamStream] = {}
+        self.streams: dict[int, IUpstreamStream] = {}
         self.usable = False  # until connected; never again after GOAWAY or loss
         self.h2 = DrainingH2Connection(
             H2Configuration(
@@ -104,8 +103,8 @@ class UpstreamConnection(Protocol):
         this connection cannot take one now."""
         streamId = self.h2.get_next_available_stream_id()
         self.h2.send_headers(streamId, headers)
-        self._streams[streamId] = stream
-        self._flush()
+        self.streams[streamId] = stream
+        self.flush()
         return streamId
 
     def window(self, streamId: int) -> int:
@@ -122,23 +121,23 @@ class UpstreamConnection(Protocol):
             self.h2.send_data(streamId, data, end_stream=end)
         except ProtocolError as e:
             self.log.debug("tink.upstream.send-refused {error}", error=str(e))
-        self._flush()
+        self.flush()
 
     def ack(self, streamId: int, size: int) -> None:
         """Give tink-server C{size} bytes of credit back (they were forwarded)."""
         if size > 0:
             self.h2.acknowledge_received_data(size, streamId)
-            self._flush()
+            self.flush()
 
     def reset(self, streamId: int, errorCode: int = ErrorCodes.CANCEL) -> None:
         """The client gave up: reset the upstream stream."""
-        if self._streams.pop(streamId, None) is None:
+        if self.streams.pop(streamId, None) is None:
             return
         try:
             self.h2.reset_stream(streamId, errorCode)
         except ProtocolError:
             pass
-        self._flush()
+        self.flush()
         self._maybeClose()
 
     def drain(self) -> None:
@@ -155,7 +154,7 @@ class UpstreamConnection(Protocol):
             self.transport.loseConnection()
 
     def activeStreams(self) -> int:
-        return len(self._streams)
+        return len(self.streams)
 
     # Protocol
 
@@ -164,7 +163,7 @@ class UpstreamConnection(Protocol):
         # HEADERS and DATA would wait for tink-server's delayed ACK.
         noDelay(self.transport)
         self.h2.initiate_connection()
-        self._flush()
+        self.flush()
         self.usable = True
 
     def dataReceived(self, data: bytes) -> None:
@@ -177,40 +176,40 @@ class UpstreamConnection(Protocol):
         except ProtocolError as e:
             self.log.warn("tink.upstream.protocol-error {error}", error=str(e))
             self.metrics.upstreamErrors.labels("protocol").inc()
-            self._flushNow()  # the GOAWAY h2 queued, before the close
+            self.flushNow()  # the GOAWAY h2 queued, before the close
             self._abandon(ErrorCodes.PROTOCOL_ERROR)
             if self.transport is not None:
                 self.transport.loseConnection()
             return
         for event in events:
             self._dispatch(event)
-        self._flush()
+        self.flush()
 
     def connectionLost(self, reason: Failure | None = None) -> None:
-        if self._streams:
+        if self.streams:
             self.metrics.upstreamErrors.labels("lost").inc()
             self.log.warn(
                 "tink.upstream.lost {streams} streams in flight",
-                streams=len(self._streams),
+                streams=len(self.streams),
             )
         self._abandon(ErrorCodes.CANCEL)
         self.closed.callback(None)
 
     def _abandon(self, errorCode: int) -> None:
         self.usable = False
-        streams, self._streams = self._streams, {}
+        streams, self.streams = self.streams, {}
         for stream in streams.values():
             stream.responseReset(errorCode, False, True)
         self._onGone(self)
 
     def _dispatch(self, event: Event) -> None:
         streamId = getattr(event, "stream_id", None) or 0
-        stream = self._streams.get(streamId)
+        stream = self.streams.get(streamId)
         if isinstance(event, ResponseReceived):
             if stream is not None:
                 ended = event.stream_ended is not None
                 if ended:
-                    del self._streams[streamId]
+                    del self.streams[streamId]
                 stream.responseHeaders(event.headers, ended)
         elif isinstance(event, DataReceived):
             padding = event.flow_controlled_length - len(event.data)
@@ -221,26 +220,20 @@ class UpstreamConnection(Protocol):
                 stream.responseData(event.data)
         elif isinstance(event, TrailersReceived):
             if stream is not None:
-                del self._streams[streamId]
+                del self.streams[streamId]
                 stream.responseTrailers(event.headers)
         elif isinstance(event, StreamEnded):
             # END_STREAM on DATA without trailers: not gRPC, but end it.
             if stream is not None:
-                del self._streams[streamId]
+                del self.streams[streamId]
                 stream.responseTrailers([])
         elif isinstance(event, StreamReset):
             if stream is not None:
-                del self._streams[streamId]
+                del self.streams[streamId]
                 code = event.error_code or 0
                 stream.responseReset(code, code == ErrorCodes.REFUSED_STREAM, False)
         elif isinstance(event, WindowUpdated | RemoteSettingsChanged):
-            if isinstance(event, WindowUpdated) and event.stream_id:
-                if stream is not None and stream.blocked:
-                    stream.requestWritable()
-            else:
-                for each in list(self._streams.values()):
-                    if each.blocked:
-                        each.requestWritable()
+            self.windowsOpened(event)
         elif isinstance(event, ConnectionTerminated):
             self._goAway(event)
         self._maybeClose()
@@ -258,9 +251,9 @@ class UpstreamConnection(Protocol):
             errorCode=int(event.error_code or 0),
             lastStreamId=last,
         )
-        for streamId in sorted(self._streams):
+        for streamId in sorted(self.streams):
             if streamId > last or not graceful:
-                stream = self._streams.pop(streamId)
+                stream = self.streams.pop(streamId)
                 refused = streamId > last
                 stream.responseReset(
                     ErrorCodes.REFUSED_STREAM if refused else ErrorCodes.CANCEL,
@@ -269,20 +262,11 @@ class UpstreamConnection(Protocol):
                 )
 
     def _maybeClose(self) -> None:
-        if not self.usable and not self._streams and self.transport is not None:
+        if not self.usable and not self.streams and self.transport is not None:
             if self.h2.state_machine.state.name != "CLOSED":
                 try:
                     self.h2.close_connection()
                 except ProtocolError:
                     pass
-                self._flushNow()
+                self.flushNow()
             self.transport.loseConnection()
-
-    def _flush(self) -> None:
-        if not writes.defer(self, self._flushNow):
-            self._flushNow()
-
-    def _flushNow(self) -> None:
-        data = self.h2.data_to_send()
-        if data and self.transport is not None:
-            self.transport.write(data)

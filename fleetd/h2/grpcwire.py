@@ -1,4 +1,4 @@
-"""gRPC-over-HTTP/2 wire details shared by the tink listener and proxy."""
+"""gRPC-over-HTTP/2 wire details shared by the HTTP/2 listener and proxy."""
 
 from __future__ import annotations
 
@@ -34,6 +34,23 @@ def encodeGrpcMessage(message: str) -> bytes:
         bytes([b]) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b
         for b in message.encode("utf-8")
     )
+
+
+def notGrpc(method: bytes, contentType: bytes) -> list[tuple[bytes, bytes]] | None:
+    """The response headers to a request that is not gRPC (like grpc-go's),
+    or L{None} for a gRPC request."""
+    if method != b"POST":
+        status, code, text = b"405", GRPCStatus.INTERNAL, "method must be POST"
+    elif not contentType.startswith(b"application/grpc"):
+        status, code, text = b"415", GRPCStatus.INVALID_ARGUMENT, "not gRPC"
+    else:
+        return None
+    return [
+        (b":status", status),
+        (b"content-type", b"application/grpc"),
+        (b"grpc-status", b"%d" % code),
+        (b"grpc-message", encodeGrpcMessage(text)),
+    ]
 
 
 class MessageSizeGuard:

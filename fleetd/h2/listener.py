@@ -1,7 +1,8 @@
 """
-The tink listener [A4]: HTTP/2 connections whose streams are proxied to
-tink-server (L{fleetd.tink.proxy}), or, without an upstream (tests, and a
-listener built before its upstream), answered Trailers-Only UNIMPLEMENTED.
+The HTTP/2 (gRPC) listener of the tink proxy [A4]: connections whose streams
+are proxied to tink-server (L{fleetd.h2.proxy}), or, without an upstream
+(tests, and a listener built before its upstream), answered Trailers-Only
+UNIMPLEMENTED.
 
 The factory numbers connections (an agent restarting in HookOS opens a new
 one), keeps them for a graceful stop (GOAWAY, drain, close), and shares one
@@ -19,18 +20,14 @@ from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.protocol import Factory
 
 from fleetd.config import Limits, TinkSettings
+from fleetd.h2.grpcwire import GRPCStatus
+from fleetd.h2.guard import H2Limits, SourceStreams
+from fleetd.h2.metrics import IProxyMetrics
+from fleetd.h2.proxy import ProxyStream, TapFactory
+from fleetd.h2.server import H2ServerProtocol
+from fleetd.h2.stream import Headers, IStreamHandler, StreamResponder
+from fleetd.h2.upstream import UpstreamPool
 from fleetd.logs import ThrottledLog
-from fleetd.tink.grpcwire import GRPCStatus
-from fleetd.tink.h2guard import H2Limits, SourceStreams
-from fleetd.tink.h2server import (
-    H2ServerProtocol,
-    Headers,
-    IStreamHandler,
-    StreamResponder,
-)
-from fleetd.tink.metrics import TinkMetrics
-from fleetd.tink.proxy import ProxyStream, TapFactory
-from fleetd.tink.upstream import UpstreamPool
 
 
 class UnimplementedHandler:
@@ -44,7 +41,7 @@ class UnimplementedHandler:
     def __init__(self, responder: StreamResponder) -> None:
         self._responder = responder
         # The connection's log: the listener's shared, rate-limited one.
-        self.log = responder._protocol.log
+        self.log = responder.log
 
     def headersReceived(self, headers: Headers) -> None:
         path = dict(headers).get(b":path", b"").decode("ascii", "replace")
@@ -92,7 +89,7 @@ class TinkListenerFactory(Factory):
         @param sourceStreamRate: new streams per second one source (an IPv6
             /64 counts as one) may open across its connections, with
             C{sourceStreamBurst} at once (L{SourceStreams}).
-        @param countAbuse: counts L{fleetd.tink.metrics.ABUSE_KINDS}.
+        @param countAbuse: counts abuse by kind (L{IProxyMetrics.abuse}).
         """
         self.clock = clock
         self.sources = SourceStreams(
@@ -156,7 +153,7 @@ class TinkListenerFactory(Factory):
 
     def _abortAll(self) -> None:
         for protocol in list(self.protocols):
-            self.log.warn("tink.drain.aborted {peer}", peer=protocol._peer())
+            self.log.warn("tink.drain.aborted {peer}", peer=protocol.peer())
             abort = getattr(protocol.transport, "abortConnection", None)
             if abort is not None:
                 abort()
@@ -165,7 +162,7 @@ class TinkListenerFactory(Factory):
 def proxyFactory(
     clock: IReactorTime,
     pool: UpstreamPool,
-    metrics: TinkMetrics,
+    metrics: IProxyMetrics,
     *,
     tapFactory: TapFactory | None = None,
     **limits: Any,

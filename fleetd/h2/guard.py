@@ -11,7 +11,7 @@ L{H2ServerProtocol} asks it and acts. Policy only, no I/O:
   C{streamBudget}; a call answered after a whole request earns one back.
   The unit that empties the budget gets the connection
   GOAWAY(ENHANCE_YOUR_CALM) and closes it. The proxy opens the upstream
-  stream only for a whole request (L{fleetd.tink.proxy}), so a reset
+  stream only for a whole request (L{fleetd.h2.proxy}), so a reset
   stream costs tink-server nothing and an attacking connection reaches it
   with at most the budget.
 - B{New streams per source}: every connection of one source (an IPv6 /64
