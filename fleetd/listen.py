@@ -33,9 +33,9 @@ from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import directlyProvides, implementer, providedBy
 
-from fleetd.boot.ratelimit import sourceKey
 from fleetd.config import ConfigError, TLSFiles
 from fleetd.logs import ThrottledLog
+from fleetd.sources import sourceKey
 
 # TLS 1.2: ECDHE key exchange (forward secrecy) with an AEAD cipher only,
 # for ECDSA and RSA certificates alike. No static RSA, no CBC, no SHA-1

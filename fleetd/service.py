@@ -46,7 +46,6 @@ from fleetd.attest.wiring import (
 from fleetd.boot.config import ConfigResource
 from fleetd.boot.deviceflow import DeviceFlow
 from fleetd.boot.deviceflow_resource import deviceCodeResource, tokenResource
-from fleetd.boot.ratelimit import RateLimiter
 from fleetd.boot.resource import bootRoot
 from fleetd.config import NetBoxSettings, loadTopology
 from fleetd.device.disks import NodeDisksResource
@@ -66,6 +65,7 @@ from fleetd.logs import makeObserver
 from fleetd.metrics import listenerGauges, makeRegistry
 from fleetd.pki.ldevid import Issuer, TrustBundle
 from fleetd.prepare import Prepared, prepare
+from fleetd.ratelimit import RateLimiter
 from fleetd.readiness import Readiness, notifySystemd
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry

@@ -35,7 +35,7 @@ from typing import Protocol
 from automat import TypeMachineBuilder
 
 from fleetd.boot.deviceflow_model import Grant, RequestView, displayUserCode
-from fleetd.boot.ratelimit import PollPacer
+from fleetd.ratelimit import PollPacer
 
 
 class Outcome(enum.Enum):
