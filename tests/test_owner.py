@@ -32,7 +32,7 @@ from fleetd.admin.resource import OWNER_NAME, adminRoot, checkOwner
 from fleetd.config import ConfigError, TLSFiles, loadSettings
 from fleetd.inventory import SQLiteInventory
 from fleetd.inventory.resource import devicesResource
-from fleetd.listen import loadTLSOptions
+from fleetd.listen.tls import loadTLSOptions
 from fleetd.pki.dev import DevPKIPaths, _certificate, ensureDevPKI
 from fleetd.pki.ldevid import Issuer, Subject
 from fleetd.prepare import checkOwnerCA

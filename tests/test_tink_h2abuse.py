@@ -26,7 +26,7 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.listen import LimitedFactory
+from fleetd.listen.connections import LimitedFactory
 from fleetd.tink import GRPCStatus, TinkListenerFactory
 from fleetd.tink.h2guard import H2Limits, SourceStreams
 from fleetd.tink.h2server import SLICE
