@@ -200,8 +200,8 @@ class FleetdService(MultiService):
 
     def _netbox(self, netbox: NetBoxSettings) -> IInventory:
         """C{[netbox]} present: NetBox is the inventory (DESIGN section 4)."""
-        from fleetd.inventory.netbox import digestOf
         from fleetd.netbox.connect import makeClient
+        from fleetd.netbox.inventory import digestOf
         from fleetd.netbox.service import NetBoxService
         from fleetd.runs.registry import configName
 

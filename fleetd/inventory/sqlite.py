@@ -16,8 +16,8 @@ from typing import TypeVar
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 
+from fleetd.inventory.failures import storeFailure
 from fleetd.inventory.model import (
     Device,
     DeviceStatus,
@@ -30,8 +30,8 @@ from fleetd.inventory.model import (
     validateStatus,
     validateToken,
 )
-from fleetd.store.db import Database, StoreError
-from fleetd.store.entries import Entry, JournalRefused
+from fleetd.store.db import Database
+from fleetd.store.entries import Entry
 from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
 
@@ -162,28 +162,6 @@ def _update(db: Database, name: str, column: str, value: str | None) -> Device:
         device = _read(conn, name)
     assert device is not None
     return device
-
-
-def _translate(failure: Failure) -> Failure:
-    """Report database trouble as C{"unavailable"}; pass our own errors on."""
-    if failure.check(InventoryError):
-        return failure
-    if failure.check(JournalRefused):
-        reason = failure.getErrorMessage()
-        return Failure(InventoryError(f"the journal refused it: {reason}", "invalid"))
-    if failure.check(sqlite3.IntegrityError):
-        # The checks above run in the same write transaction, so this is
-        # a constraint they do not know about.
-        log.failure("inventory.integrity", failure=failure)
-        return Failure(InventoryError("the inventory refused the change", "duplicate"))
-    if failure.check(StoreError, sqlite3.Error):
-        log.error("inventory.unavailable {reason}", reason=failure.getErrorMessage())
-        error = InventoryError(
-            f"inventory database unavailable: {failure.getErrorMessage()}",
-            "unavailable",
-        )
-        return Failure(error)
-    return failure
 
 
 def _transition(
@@ -319,7 +297,7 @@ class SQLiteInventory:
 
     def _run(self, f: Callable[[Database], _T]) -> Deferred[_T]:
         d = self._runner.run(f)
-        d.addErrback(_translate)
+        d.addErrback(storeFailure)
         return d
 
     def _change(
@@ -334,7 +312,7 @@ class SQLiteInventory:
             return result
 
         d = self._journal.change(change)
-        d.addErrback(_translate)
+        d.addErrback(storeFailure)
         return d
 
     def add(self, device: Device, *, journal: Sequence[Entry]) -> Deferred[Device]:
