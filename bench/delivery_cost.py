@@ -71,7 +71,7 @@ def serveFleetd(config: Path, log: Path, profile: Path | None) -> None:
     from twisted.internet.task import LoopingCall
 
     from fleetd.config import loadSettings
-    from fleetd.listen import LimitedFactory
+    from fleetd.listen.connections import LimitedFactory
     from fleetd.service import FleetdService, prepare
 
     r: Any = reactor

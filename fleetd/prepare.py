@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from OpenSSL import crypto
 
 from fleetd.config import ConfigError, Settings
-from fleetd.listen import loadCertificates, loadTLSOptions
+from fleetd.listen.tls import loadCertificates, loadTLSOptions
 from fleetd.pki.dev import ensureDevPKI
 from fleetd.store.db import Database
 from fleetd.store.keys import loadOrCreateKey

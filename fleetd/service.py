@@ -46,7 +46,6 @@ from fleetd.attest.wiring import (
 from fleetd.boot.config import ConfigResource
 from fleetd.boot.deviceflow import DeviceFlow
 from fleetd.boot.deviceflow_resource import deviceCodeResource, tokenResource
-from fleetd.boot.ratelimit import RateLimiter
 from fleetd.boot.resource import bootRoot
 from fleetd.config import NetBoxSettings, loadTopology
 from fleetd.device.disks import NodeDisksResource
@@ -61,11 +60,14 @@ from fleetd.kube.resource import clusterTokenResource, retireResource
 from fleetd.kube.retire import RetireService
 from fleetd.kube.service import KubeService
 from fleetd.kube.status import KubeStatus
-from fleetd.listen import ListenerService, StartupError, loadTLSOptions, tlsFactory
+from fleetd.listen.policy import ListenerName, listenerPolicy
+from fleetd.listen.service import ListenerService, StartupError
+from fleetd.listen.tls import tlsFactory
 from fleetd.logs import makeObserver
 from fleetd.metrics import listenerGauges, makeRegistry
 from fleetd.pki.ldevid import Issuer, TrustBundle
 from fleetd.prepare import Prepared, prepare
+from fleetd.ratelimit import RateLimiter
 from fleetd.readiness import Readiness, notifySystemd
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry
@@ -198,8 +200,8 @@ class FleetdService(MultiService):
 
     def _netbox(self, netbox: NetBoxSettings) -> IInventory:
         """C{[netbox]} present: NetBox is the inventory (DESIGN section 4)."""
-        from fleetd.inventory.netbox import digestOf
         from fleetd.netbox.connect import makeClient
+        from fleetd.netbox.inventory import digestOf
         from fleetd.netbox.service import NetBoxService
         from fleetd.runs.registry import configName
 
@@ -309,35 +311,23 @@ class FleetdService(MultiService):
         pool = self.reactor.getThreadPool()
         return deferToThreadPool(self.reactor, pool, work, data)
 
-    def _web(
-        self, name: str, root: Resource, clientCA: bool = False, ldevid: bool = False
-    ) -> None:
+    def _web(self, name: ListenerName, root: Resource) -> None:
         s = self.settings
+        policy = listenerPolicy(s, name)  # body limits, client CA [O1] [O2] [T4]
+        assert policy.maxBodyBytes is not None
         site = BoundedSite(
             root,
             maxHeaderBytes=s.limits.max_header_bytes,
             maxHeaders=s.limits.max_headers,
-            # The owner uploads inventories; nodes never need large bodies.
-            maxBodyBytes=s.limits.admin_max_body_bytes
-            if clientCA
-            else s.limits.max_body_bytes,
+            maxBodyBytes=policy.maxBodyBytes,
             # The listener's sweep closes idle connections (no byte either
             # way for limits.idle_timeout): no HTTP timer per connection.
             idleTimeout=None,
             requestTimeout=s.limits.request_timeout,
             clock=self.reactor,
-            # [O2] Only owners may send more than 64 KiB, decided at header time.
-            privileged=isOwner if clientCA else None,
+            privileged=isOwner if policy.largeBodiesForOwnersOnly else None,
         )
-        if ldevid:  # [T4] optional at the TLS layer; resources that need it ask
-            options = loadTLSOptions(
-                s.tls, clientCA=s.pki.bundle, clientCAKey="pki.bundle"
-            )
-        else:
-            options = loadTLSOptions(
-                s.tls, clientCA=s.owner.client_ca if clientCA else None
-            )
-        self._listen(name, getattr(s.listen, name), options, site)
+        self._listen(name, getattr(s.listen, name), policy.tlsOptions(s.tls), site)
 
     def _listen(
         self,
@@ -400,7 +390,7 @@ class FleetdService(MultiService):
         api = deviceAPI(
             self.attestation, self.identifyLDevID, self.lookups, node=self.nodeAPI
         )
-        self._web("device", deviceRoot(api), ldevid=True)
+        self._web("device", deviceRoot(api))
         admin = adminRoot(
             clock=self.reactor,
             registry=self.registry,
@@ -411,7 +401,7 @@ class FleetdService(MultiService):
             readiness=self.readiness,
         )
         admin.putChild(b"device", DevicePage())  # owners only [F3]
-        self._web("admin", admin, clientCA=True)
+        self._web("admin", admin)
         self.tink = TinkProxy(
             self.reactor,
             s.tink,
@@ -428,7 +418,7 @@ class FleetdService(MultiService):
         self._listen(
             "tink",
             s.listen.tink,
-            loadTLSOptions(s.tls, alpn=[b"h2"]),
+            listenerPolicy(s, "tink").tlsOptions(s.tls),
             self.tink.factory,
             # tink-server may take a minute to answer (it retries conflicts):
             # a call in flight is timed by tink.stream_timeout, an idle

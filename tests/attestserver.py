@@ -27,7 +27,7 @@ from fleetd.attest.service import AttestationService
 from fleetd.config import TLSFiles
 from fleetd.inventory.model import Device
 from fleetd.inventory.sqlite import SQLiteInventory
-from fleetd.listen import loadTLSOptions, tlsFactory
+from fleetd.listen.tls import loadTLSOptions, tlsFactory
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from fleetd.pki.ldevid import Issuer, TrustBundle
 from fleetd.store.db import Database

@@ -12,8 +12,8 @@ from twisted.internet.task import Clock
 from twisted.web.iweb import IResponse
 
 from fleetd.inventory.model import Device
-from fleetd.inventory.netbox import NetBoxInventory
 from fleetd.netbox.client import NetBoxClient
+from fleetd.netbox.inventory import NetBoxInventory
 from fleetd.netbox.mirror import JournalMirror
 from fleetd.netbox.worker import OutboxWorker
 from fleetd.store import Database, InlineRunner

@@ -28,7 +28,7 @@ from fleetd.boot.config import (
     parseQuery,
 )
 from fleetd.boot.resource import bootRoot
-from fleetd.listen import LimitedFactory
+from fleetd.listen.connections import LimitedFactory
 from fleetd.runs.machine import Outcome
 from fleetd.runs.render import TemplateRenderer
 from fleetd.web import BoundedSite

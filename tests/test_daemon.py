@@ -305,7 +305,7 @@ class DaemonTests(DaemonTestMixin, TestCase):
         (limits.idle_timeout, no Twisted HTTP timer per connection) and
         slow requests by its site's deadline sweep (limits.request_timeout).
         """
-        from fleetd.listen import LimitedFactory
+        from fleetd.listen.connections import LimitedFactory
         from fleetd.web import BoundedSite
 
         service = self.startDaemon()

@@ -42,7 +42,7 @@ from fleetd.boot.deviceflow import GRANT_TYPE, DeviceFlow, Grant
 from fleetd.boot.deviceflow_resource import deviceCodeResource, tokenResource
 from fleetd.cli import fleetctl
 from fleetd.config import TLSFiles
-from fleetd.listen import loadTLSOptions
+from fleetd.listen.tls import loadTLSOptions
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from fleetd.store import AsyncJournal
 from fleetd.web import BoundedSite, Endpoint, Router, jsonResponse

@@ -1,4 +1,5 @@
-"""Tests for L{fleetd.pki.dev}: the development PKI and C{fleetd-devpki}."""
+"""Tests for L{fleetd.pki.dev} and L{fleetd.pki.devcli}: the development PKI
+and C{fleetd-devpki}."""
 
 # trial's assertions, mktemp and patch carry no annotations.
 # mypy: allow-untyped-calls
@@ -30,7 +31,8 @@ from service_identity.cryptography import (
 from twisted.internet.ssl import PrivateCertificate
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.pki.dev import DevPKIPaths, ensureDevPKI, main
+from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
+from fleetd.pki.devcli import main
 
 NAME = "enroll.lolwtf.ca"
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)

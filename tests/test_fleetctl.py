@@ -157,7 +157,7 @@ class ServerNameTests(DaemonTestMixin, TestCase):
         from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.x509.oid import ExtendedKeyUsageOID
 
-        from fleetd.pki.dev import _certificate, ensureDevPKI
+        from fleetd.pki.dev import ensureDevPKI, makeCertificate
 
         ensureDevPKI(self.pki.directory, "enroll.lolwtf.ca")
         caCert = x509.load_pem_x509_certificate(self.pki.public_ca.read_bytes())
@@ -165,7 +165,7 @@ class ServerNameTests(DaemonTestMixin, TestCase):
             self.pki.public_ca_key.read_bytes(), None
         )
         key = ec.generate_private_key(ec.SECP256R1())
-        cert = _certificate(
+        cert = makeCertificate(
             "enroll.lolwtf.ca", key, datetime.now(UTC), (caCert, caKey),  # type: ignore[arg-type]
             ExtendedKeyUsageOID.SERVER_AUTH, [x509.DNSName("enroll.lolwtf.ca")],
         )  # fmt: skip

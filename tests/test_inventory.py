@@ -332,11 +332,11 @@ class SQLiteBySerialTests(SynchronousTestCase):
         bySerial is one indexed lookup: devices.serial is COLLATE NOCASE
         UNIQUE, so its equality uses that unique index, never a scan.
         """
-        from fleetd.inventory.sqlite import _BY_SERIAL
+        from fleetd.inventory.sqlite_rows import BY_SERIAL
 
         db = Database.open(Path(self.mktemp()) / "fleetd.sqlite3")
         self.addCleanup(db.close)
-        plan = db.execute(f"EXPLAIN QUERY PLAN {_BY_SERIAL}", ("x",)).fetchall()
+        plan = db.execute(f"EXPLAIN QUERY PLAN {BY_SERIAL}", ("x",)).fetchall()
         details = " ".join(str(row[-1]) for row in plan)
         self.assertIn("USING INDEX sqlite_autoindex_devices", details)
         self.assertNotIn("SCAN", details)

@@ -116,7 +116,7 @@ class ApproverTests(SynchronousTestCase):
         """[K2] A token fleetd did not issue (Talos's shared one) is refused."""
         from tests.test_kube_fake import bootstrapSecret
 
-        self.fake._createSecret(bootstrapSecret("talos0"))
+        self.fake.postSecret(bootstrapSecret("talos0"))
         csr = self.fleet.fileCSR("talos0.0123456789abcdef", "w1")
         self.refused(csr, "unknown-token")
 

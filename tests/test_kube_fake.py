@@ -381,7 +381,7 @@ class FakeStrictnessTests(SynchronousTestCase):
         fake = FakeKube(Clock())
         error = self.assertRaises(
             ApiError,
-            fake._createCSR,
+            fake.postCSR,
             {"spec": {"request": _b64("junk"), "signerName": "s", "usages": ["x"]}},
             fake.authenticate(fake.adminToken),
         )

@@ -179,7 +179,7 @@ class WatcherTests(SynchronousTestCase):
             lambda csr: self.seen.append(csr["metadata"]["name"]),
             timeoutSeconds=100,
         )
-        self.fake._createSecret(bootstrapSecret())
+        self.fake.postSecret(bootstrapSecret())
 
     def tearDown(self) -> None:
         self.watcher.stop()

@@ -149,7 +149,7 @@ class LostGrantAnswerTests(SynchronousTestCase):
                 {"type": "Approved", "status": "True", "reason": "KubectlApprove"}
             ]
         }
-        fleet.fake._approve(name, body)
+        fleet.fake.putApproval(name, body)
         fleet.fake.flush()
         fleet.clock.advance(60)
         fleet.fake.flush()
@@ -385,7 +385,7 @@ class BusyRetryTests(SynchronousTestCase):
         fleet.clock.advance(1)
         fleet.fake.flush()
         self.assertEqual(self.looks(name), 1)
-        fleet.fake._delete(fleet.fake.csrs, name)
+        fleet.fake.deleteFrom(fleet.fake.csrs, name)
         fleet.fake.flush()
         fleet.clock.advance(2)
         fleet.fake.flush()

@@ -292,7 +292,7 @@ class OncePerTokenRestartTests(SynchronousTestCase):
                 }
             ]
         }
-        fleet.fake._approve(name, body)
+        fleet.fake.putApproval(name, body)
         other = self.fileFirst()
         fleet.restart()
         self.assertOnce(name, other, late=True)
@@ -314,7 +314,7 @@ class OncePerTokenRestartTests(SynchronousTestCase):
                 {"type": "Approved", "status": "True", "reason": "FleetdApproved"}
             ]
         }
-        fleet.fake._approve(name, body)
+        fleet.fake.putApproval(name, body)
         other = fleet.fake.fileCSR(self.bearer, csrPEM("system:node:w1"))
         inner = fleet.journal._runner
         held: list[Deferred[None]] = []

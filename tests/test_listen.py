@@ -19,13 +19,8 @@ from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.config import ConfigError, TLSFiles
-from fleetd.listen import (
-    LimitedFactory,
-    connectionSource,
-    loadCertificates,
-    loadTLSOptions,
-    tlsFactory,
-)
+from fleetd.listen.connections import LimitedFactory, connectionSource
+from fleetd.listen.tls import loadCertificates, loadTLSOptions, tlsFactory
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 
 ADDR = IPv4Address("TCP", "127.0.0.1", 40000)

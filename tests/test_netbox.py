@@ -17,9 +17,9 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.inventory.model import Device, DeviceStatus, InventoryError, ServedRecord
-from fleetd.inventory.netbox import NetBoxInventory, digestOf
 from fleetd.netbox.client import NetBoxClient, NetBoxError
 from fleetd.netbox.devices import CUSTOM_FIELD_TYPES, findBySerial
+from fleetd.netbox.inventory import NetBoxInventory, digestOf
 from fleetd.netbox.mirror import carries, codeSpan
 from fleetd.netbox.outbox import pendingCount
 from fleetd.netbox.service import NetBoxService

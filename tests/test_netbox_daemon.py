@@ -15,7 +15,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.server import Site
 
 from fleetd.config import ConfigError, loadSettings
-from fleetd.inventory.netbox import NetBoxInventory
+from fleetd.netbox.inventory import NetBoxInventory
 from fleetd.prepare import prepare
 from fleetd.testing.netbox import FakeNetBox
 from tests.netbox_support import TOKEN

@@ -32,8 +32,8 @@ from fleetd.admin.resource import OWNER_NAME, adminRoot, checkOwner
 from fleetd.config import ConfigError, TLSFiles, loadSettings
 from fleetd.inventory import SQLiteInventory
 from fleetd.inventory.resource import devicesResource
-from fleetd.listen import loadTLSOptions
-from fleetd.pki.dev import DevPKIPaths, _certificate, ensureDevPKI
+from fleetd.listen.tls import loadTLSOptions
+from fleetd.pki.dev import DevPKIPaths, ensureDevPKI, makeCertificate
 from fleetd.pki.ldevid import Issuer, Subject
 from fleetd.prepare import checkOwnerCA
 from fleetd.store import AsyncJournal, Database, InlineRunner, Journal
@@ -61,7 +61,9 @@ def issue(
         getattr(pki, ca + "_key").read_bytes(), None
     )
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = _certificate(cn, key, NOW, (caCert, caKey), None if eku is NO_EKU else eku)
+    cert = makeCertificate(
+        cn, key, NOW, (caCert, caKey), None if eku is NO_EKU else eku
+    )
     where = directory or pki.directory
     certPath = where / f"leaf-{abs(hash((cn, str(eku), ca)))}.pem"
     keyPath = certPath.with_suffix(".key")
@@ -581,7 +583,9 @@ class OwnerChainOverTLSTests(PKIMixin, TestCase):
         ca, caKey, _ = intermediate(root, rootKey, where)
         _, ldevidCert, ldevidKey = ldevidUnder(ca, caKey, where)
         ownerKey = ec.generate_private_key(ec.SECP256R1())
-        ownerCert = _certificate("owner", ownerKey, NOW, (root, rootKey), CLIENT_AUTH)
+        ownerCert = makeCertificate(
+            "owner", ownerKey, NOW, (root, rootKey), CLIENT_AUTH
+        )
         pem = serialization.Encoding.PEM
         (where / "o.pem").write_bytes(ownerCert.public_bytes(pem))
         (where / "o.key").write_bytes(

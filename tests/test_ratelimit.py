@@ -1,4 +1,4 @@
-"""Tests for L{fleetd.boot.ratelimit}: token buckets and poll pacing."""
+"""Tests for L{fleetd.ratelimit}: token buckets and poll pacing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.boot.ratelimit import PollPacer, RateLimiter, sourceKey
+from fleetd.ratelimit import PollPacer, RateLimiter
 
 
 def limiter(clock: Clock, **kwargs: float) -> RateLimiter:
@@ -177,28 +177,6 @@ class RateLimiterTests(SynchronousTestCase):
             limits.allow(str(source))
             limits.retryAfter(str(source))
             self.assertLessEqual(len(limits), bound)
-
-
-class SourceKeyTests(SynchronousTestCase):
-    def test_ipv4_itself(self) -> None:
-        """An IPv4 address is its own key."""
-        self.assertEqual(sourceKey("192.0.2.7"), "192.0.2.7")
-
-    def test_ipv6_groupedBy64(self) -> None:
-        """IPv6 addresses in one /64 share a key; other /64s do not."""
-        a = sourceKey("2001:db8:1:2::1")
-        self.assertEqual(a, "2001:db8:1:2::/64")
-        self.assertEqual(sourceKey("2001:db8:1:2:ffff:ffff:ffff:ffff"), a)
-        self.assertNotEqual(sourceKey("2001:db8:1:3::1"), a)
-
-    def test_ipv4Mapped_isIPv4(self) -> None:
-        """An IPv4-mapped IPv6 address counts as the IPv4 address."""
-        self.assertEqual(sourceKey("::ffff:192.0.2.7"), "192.0.2.7")
-
-    def test_scoped_andOther(self) -> None:
-        """A zone index is dropped; a non-address is used as given."""
-        self.assertEqual(sourceKey("fe80::1%eth0"), "fe80::/64")
-        self.assertEqual(sourceKey("/run/fleetd.sock"), "/run/fleetd.sock")
 
 
 class PollPacerTests(SynchronousTestCase):

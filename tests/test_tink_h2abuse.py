@@ -30,7 +30,7 @@ from fleetd.h2.grpcwire import GRPCStatus
 from fleetd.h2.guard import H2Limits, SourceStreams
 from fleetd.h2.listener import TinkListenerFactory
 from fleetd.h2.server import SLICE
-from fleetd.listen import LimitedFactory
+from fleetd.listen.connections import LimitedFactory
 from fleetd.tink.metrics import TinkMetrics
 from tests.test_tink_h2proxy import Site
 from tests.test_tink_listener import (

@@ -48,12 +48,13 @@ from zope.interface import implementer
 
 from fleetd.boot.deviceflow_model import Grant, sameIdentity
 from fleetd.boot.handover import Handover
-from fleetd.boot.ratelimit import RateLimiter, sourceKey
 from fleetd.logs import ThrottledLog
+from fleetd.ratelimit import RateLimiter
 from fleetd.runs.codes import wellFormedCode
 from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import RunRegistry, _Run
 from fleetd.runs.store import RunRecord
+from fleetd.sources import sourceKey
 from fleetd.web import textResponse
 
 LITERAL_CODE = "${code}"

@@ -71,7 +71,7 @@ from fleetd.boot.deviceflow_model import (
     displayUserCode,
 )
 from fleetd.boot.deviceflow_owner import Decisions
-from fleetd.boot.ratelimit import sourceKey
+from fleetd.sources import sourceKey
 from fleetd.store.journal import AsyncJournal
 
 __all__ = ["GRANT_TYPE", "DeviceFlow", "DeviceFlowError", "Grant", "Reply"]

@@ -36,7 +36,7 @@ from automat import TypeMachineBuilder
 
 from fleetd.automata import answer, ignore, indexed
 from fleetd.boot.deviceflow_model import Grant, RequestView, displayUserCode
-from fleetd.boot.ratelimit import PollPacer
+from fleetd.ratelimit import PollPacer
 
 
 class Outcome(enum.Enum):

@@ -34,7 +34,7 @@ from fleetd.boot.deviceflow_model import (
     differences,
     normaliseUserCode,
 )
-from fleetd.boot.ratelimit import RateLimiter
+from fleetd.ratelimit import RateLimiter
 from fleetd.store.fields import FieldValue
 from fleetd.store.journal import AsyncJournal
 

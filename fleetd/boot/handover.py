@@ -33,7 +33,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.protocols.policies import ProtocolWrapper
 from twisted.protocols.tls import TLSMemoryBIOProtocol
 
-from fleetd.listen import LimitedProtocol
+from fleetd.listen.connections import LimitedProtocol
 
 FIRST_WAIT = 0.0
 MAX_WAIT = 1.0

@@ -34,13 +34,9 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from fleetd.dns.metrics import TransportMetrics
-from fleetd.dns.ratelimit import (
-    SLIP,
-    ResponseRateLimiter,
-    SourcePrefix,
-    slipReply,
-)
+from fleetd.dns.ratelimit import SLIP, ResponseRateLimiter, slipReply
 from fleetd.dns.responder import Responder
+from fleetd.sources import HOST_IPV4_BITS, HOST_IPV6_BITS, SourcePrefix
 
 _LENGTH = struct.Struct("!H")
 
@@ -269,7 +265,7 @@ class DNSStreamFactory(ServerFactory):
         self.maxPerSource = maxConnections if maxPerSource is None else maxPerSource
         self.connections: set[DNSStreamProtocol] = set()
         self.perSource: dict[bytes | str, int] = {}
-        self._sourceOf = SourcePrefix(32, 64)
+        self._sourceOf = SourcePrefix(HOST_IPV4_BITS, HOST_IPV6_BITS)
 
     def buildProtocol(self, addr: IAddress | None) -> Protocol | None:
         if len(self.connections) >= self.maxConnections:

@@ -1,14 +1,13 @@
 """
-Response-rate limiting (RRL) for DNS over UDP, and the source prefixes that
-it and the TCP connection cap count by (issue 8, item 12; DESIGN §2).
+Response-rate limiting (RRL) for DNS over UDP (issue 8, item 12; DESIGN §2).
 
 No I/O here. L{ResponseRateLimiter} keeps one account per source prefix
-(IPv4 /24 and IPv6 /56 by default) and kind of response: answers for the
-enrollment name, and everything else (refusals, NXDOMAIN, NODATA, errors).
-So a flood of other names never uses up the budget of the name nodes need,
-even from their own prefix. Each account is a token bucket (kept as a
-theoretical arrival time, GCRA): C{burst} responses at once, then C{rate}
-a second.
+(L{fleetd.sources}: IPv4 /24 and IPv6 /56 by default) and kind of response:
+answers for the enrollment name, and everything else (refusals, NXDOMAIN,
+NODATA, errors). So a flood of other names never uses up the budget of the
+name nodes need, even from their own prefix. Each account is a token
+bucket (kept as a theoretical arrival time, GCRA): C{burst} responses at
+once, then C{rate} a second.
 
 Over the limit a response is dropped, except that every C{slip}-th one of
 an account is sent truncated (TC=1, question only), as BIND and Knot do: a
@@ -22,13 +21,13 @@ can go, the oldest account makes room.
 
 from __future__ import annotations
 
-import socket
 import struct
 from typing import Final
 
 from twisted.internet.interfaces import IReactorTime
 
 from fleetd.config import DNSRateLimit
+from fleetd.sources import SourcePrefix
 
 SEND: Final = 0
 DROP: Final = 1
@@ -36,47 +35,6 @@ SLIP: Final = 2
 
 _TC: Final = 0x0200
 _CD: Final = 0x0010
-
-
-def _masker(bits: int, size: int) -> tuple[int, bytes]:
-    """How many leading bytes to keep, and the mask for the one after them."""
-    whole, rest = divmod(bits, 8)
-    if rest == 0 or whole >= size:
-        return min(whole, size), b""
-    return whole, bytes([(0xFF << (8 - rest)) & 0xFF])
-
-
-class SourcePrefix:
-    """
-    Map a peer's address text to the prefix it is counted under.
-
-    An IPv4-mapped IPv6 address counts as its IPv4 address. Text that is
-    not an address (never from the kernel) counts as itself.
-    """
-
-    _MAPPED: Final = bytes(10) + b"\xff\xff"
-
-    def __init__(self, ipv4Bits: int, ipv6Bits: int) -> None:
-        self._v4 = _masker(ipv4Bits, 4)
-        self._v6 = _masker(ipv6Bits, 16)
-
-    @staticmethod
-    def _cut(packed: bytes, keep: tuple[int, bytes]) -> bytes:
-        whole, mask = keep
-        if not mask:
-            return packed[:whole]
-        return packed[:whole] + bytes([packed[whole] & mask[0]])
-
-    def __call__(self, host: str) -> bytes | str:
-        try:
-            if ":" not in host:
-                return self._cut(socket.inet_pton(socket.AF_INET, host), self._v4)
-            packed = socket.inet_pton(socket.AF_INET6, host.partition("%")[0])
-        except OSError:
-            return host
-        if packed[:12] == self._MAPPED:
-            return self._cut(packed[12:], self._v4)
-        return b"6" + self._cut(packed, self._v6)
 
 
 def slipReply(data: bytes) -> bytes | None:

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 from twisted.internet.interfaces import IReactorTime
 
-from fleetd.boot.ratelimit import RateLimiter, sourceKey
+from fleetd.ratelimit import RateLimiter
+from fleetd.sources import sourceKey
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ C{device_macs} (one row per MAC, unique across the fleet) and
 C{served_records}.  All work runs through an L{IRunner}, so on the
 database thread in the daemon and inline in tests; every write is one
 transaction, committed (C{synchronous=FULL}) before the Deferred fires.
+The device rows' SQL is in L{fleetd.inventory.sqlite_rows}; the served
+records' is here.
 """
 
 from __future__ import annotations
@@ -16,195 +18,36 @@ from typing import TypeVar
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 
+from fleetd.inventory.failures import storeFailure
 from fleetd.inventory.model import (
     Device,
     DeviceStatus,
     InventoryError,
     ServedRecord,
-    validateDevice,
     validateName,
     validateSerial,
     validateServedRecord,
     validateStatus,
     validateToken,
 )
-from fleetd.store.db import Database, StoreError
-from fleetd.store.entries import Entry, JournalRefused
+from fleetd.inventory.sqlite_rows import (
+    insertDevice,
+    normalised,
+    readDevice,
+    readDeviceBySerial,
+    readDevices,
+    transitionDevice,
+    updateDevice,
+)
+from fleetd.store.db import Database
+from fleetd.store.entries import Entry
 from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
 
 _T = TypeVar("_T")
 
-_SELECT_DEVICE = (
-    "SELECT name, serial, uuid, class, cluster, status, desired_action FROM devices"
-)
-_INSERT_DEVICE = (
-    "INSERT INTO devices (name, serial, uuid, class, cluster, status, desired_action)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
-_INSERT_MAC = "INSERT INTO device_macs (mac, device, position) VALUES (?, ?, ?)"
-_BY_SERIAL = "SELECT name FROM devices WHERE serial = ?"
-_UNIQUE_COLUMNS = (("name", "name"), ("serial", "serial"), ("uuid", "uuid"))
-
 log = Logger()
-
-
-def _normalised(device: Device) -> Device:
-    """Check a device again: the backend never stores an invalid one."""
-    if not isinstance(device, Device):
-        raise InventoryError(f"not a Device: {type(device).__name__}")
-    return validateDevice(
-        name=device.name,
-        serial=device.serial,
-        uuid=device.uuid,
-        macs=device.macs,
-        device_class=device.device_class,
-        cluster=device.cluster,
-        status=device.status,
-        desired_action=device.desired_action,
-    )
-
-
-def _insert(conn: sqlite3.Connection, device: Device) -> None:
-    """Insert one device, naming the first unique field already taken."""
-    for column, field in _UNIQUE_COLUMNS:
-        value = getattr(device, field)
-        # Constant column names only; serial compares with NOCASE.
-        row = conn.execute(
-            f"SELECT name FROM devices WHERE {column} = ?",  # noqa: S608
-            (value,),
-        ).fetchone()
-        if row is not None:
-            if column == "name":
-                raise InventoryError(
-                    f"name {value} is already in the inventory", "duplicate"
-                )
-            raise InventoryError(
-                f"{column} {value} already belongs to device {row[0]}", "duplicate"
-            )
-    for mac in device.macs:
-        row = conn.execute(
-            "SELECT device FROM device_macs WHERE mac = ?", (mac,)
-        ).fetchone()
-        if row is not None:
-            raise InventoryError(
-                f"mac {mac} already belongs to device {row[0]}", "duplicate"
-            )
-    conn.execute(
-        _INSERT_DEVICE,
-        (
-            device.name,
-            device.serial,
-            device.uuid,
-            device.device_class,
-            device.cluster,
-            device.status.value,
-            device.desired_action,
-        ),
-    )
-    for position, mac in enumerate(device.macs):
-        conn.execute(_INSERT_MAC, (mac, device.name, position))
-
-
-def _fromRow(row: Sequence[object], macs: Sequence[str]) -> Device:
-    name, serial, uuid, deviceClass, cluster, status, action = row
-    return Device(
-        name=str(name),
-        serial=str(serial),
-        uuid=str(uuid),
-        macs=tuple(macs),
-        device_class=str(deviceClass),
-        cluster=None if cluster is None else str(cluster),
-        status=DeviceStatus(str(status)),
-        desired_action=None if action is None else str(action),
-    )
-
-
-def _read(conn: sqlite3.Connection, name: str) -> Device | None:
-    row = conn.execute(f"{_SELECT_DEVICE} WHERE name = ?", (name,)).fetchone()
-    if row is None:
-        return None
-    macs = conn.execute(
-        "SELECT mac FROM device_macs WHERE device = ? ORDER BY position", (name,)
-    ).fetchall()
-    return _fromRow(row, [mac for (mac,) in macs])
-
-
-def _readBySerial(conn: sqlite3.Connection, serial: str) -> Device | None:
-    # devices.serial is COLLATE NOCASE UNIQUE (migration 2): this equality
-    # compares case-insensitively and is answered from that unique index.
-    row = conn.execute(_BY_SERIAL, (serial,)).fetchone()
-    return None if row is None else _read(conn, str(row[0]))
-
-
-def _readAll(conn: sqlite3.Connection) -> list[Device]:
-    macs: dict[str, list[str]] = {}
-    for device, mac in conn.execute(
-        "SELECT device, mac FROM device_macs ORDER BY device, position"
-    ):
-        macs.setdefault(device, []).append(mac)
-    rows = conn.execute(f"{_SELECT_DEVICE} ORDER BY name").fetchall()
-    return [_fromRow(row, macs.get(row[0], [])) for row in rows]
-
-
-def _update(db: Database, name: str, column: str, value: str | None) -> Device:
-    """Set one column of one device; fire with the device as changed."""
-    with db.transaction() as conn:
-        # Constant column names only (status, desired_action).
-        cursor = conn.execute(
-            f"UPDATE devices SET {column} = ? WHERE name = ?",  # noqa: S608
-            (value, name),
-        )
-        if cursor.rowcount == 0:
-            raise InventoryError(f"no device named {name}", "not-found")
-        device = _read(conn, name)
-    assert device is not None
-    return device
-
-
-def _translate(failure: Failure) -> Failure:
-    """Report database trouble as C{"unavailable"}; pass our own errors on."""
-    if failure.check(InventoryError):
-        return failure
-    if failure.check(JournalRefused):
-        reason = failure.getErrorMessage()
-        return Failure(InventoryError(f"the journal refused it: {reason}", "invalid"))
-    if failure.check(sqlite3.IntegrityError):
-        # The checks above run in the same write transaction, so this is
-        # a constraint they do not know about.
-        log.failure("inventory.integrity", failure=failure)
-        return Failure(InventoryError("the inventory refused the change", "duplicate"))
-    if failure.check(StoreError, sqlite3.Error):
-        log.error("inventory.unavailable {reason}", reason=failure.getErrorMessage())
-        error = InventoryError(
-            f"inventory database unavailable: {failure.getErrorMessage()}",
-            "unavailable",
-        )
-        return Failure(error)
-    return failure
-
-
-def _transition(
-    conn: sqlite3.Connection,
-    name: str,
-    from_: Iterable[DeviceStatus],
-    to: DeviceStatus,
-) -> bool:
-    """Compare and set one device's status; whether it moved."""
-    allowed = sorted({validateStatus(s).value for s in from_})
-    if allowed:
-        marks = ", ".join("?" * len(allowed))
-        cursor = conn.execute(
-            f"UPDATE devices SET status = ? WHERE name = ? AND status IN ({marks})",  # noqa: S608
-            (validateStatus(to).value, name, *allowed),
-        )
-        if cursor.rowcount:
-            return True
-    if conn.execute("SELECT 1 FROM devices WHERE name = ?", (name,)).fetchone() is None:
-        raise InventoryError(f"no device named {name}", "not-found")
-    return False
 
 
 def _release(conn: sqlite3.Connection, record: ServedRecord) -> bool:
@@ -219,7 +62,7 @@ def _release(conn: sqlite3.Connection, record: ServedRecord) -> bool:
         )
     # Only a planned device becomes staged: a retirement or an approval
     # that committed since the delivery keeps its status [J1].
-    moved = _transition(
+    moved = transitionDevice(
         conn, record.device, (DeviceStatus.PLANNED,), DeviceStatus.STAGED
     )
     conn.execute(
@@ -319,7 +162,7 @@ class SQLiteInventory:
 
     def _run(self, f: Callable[[Database], _T]) -> Deferred[_T]:
         d = self._runner.run(f)
-        d.addErrback(_translate)
+        d.addErrback(storeFailure)
         return d
 
     def _change(
@@ -334,18 +177,18 @@ class SQLiteInventory:
             return result
 
         d = self._journal.change(change)
-        d.addErrback(_translate)
+        d.addErrback(storeFailure)
         return d
 
     def add(self, device: Device, *, journal: Sequence[Entry]) -> Deferred[Device]:
         try:
-            checked = _normalised(device)
+            checked = normalised(device)
         except InventoryError:
             return fail()
 
         def add(db: Database) -> Device:
             with db.transaction() as conn:
-                _insert(conn, checked)
+                insertDevice(conn, checked)
             return checked
 
         return self._change(add, journal)
@@ -358,14 +201,14 @@ class SQLiteInventory:
 
         def get(db: Database) -> Device | None:
             with db.transaction(write=False) as conn:
-                return _read(conn, key)
+                return readDevice(conn, key)
 
         return self._run(get)
 
     def list(self) -> Deferred[list[Device]]:
         def readAll(db: Database) -> list[Device]:
             with db.transaction(write=False) as conn:
-                return _readAll(conn)
+                return readDevices(conn)
 
         return self._run(readAll)
 
@@ -377,7 +220,7 @@ class SQLiteInventory:
 
         def find(db: Database) -> Device | None:
             with db.transaction(write=False) as conn:
-                return _readBySerial(conn, key)
+                return readDeviceBySerial(conn, key)
 
         return self._run(find)
 
@@ -385,7 +228,7 @@ class SQLiteInventory:
         self, devices: Sequence[Device], *, journal: Sequence[Entry]
     ) -> Deferred[int]:
         try:
-            checked = [_normalised(device) for device in devices]
+            checked = [normalised(device) for device in devices]
         except InventoryError:
             return fail()
 
@@ -393,7 +236,7 @@ class SQLiteInventory:
             with db.transaction() as conn:
                 for device in checked:
                     try:
-                        _insert(conn, device)
+                        insertDevice(conn, device)
                     except InventoryError as e:
                         raise InventoryError(
                             f"device {device.name}: {e}", e.kind
@@ -409,7 +252,9 @@ class SQLiteInventory:
             key, value = validateName(name), validateStatus(status)
         except InventoryError:
             return fail()
-        return self._change(lambda db: _update(db, key, "status", value.value), journal)
+        return self._change(
+            lambda db: updateDevice(db, key, "status", value.value), journal
+        )
 
     def setDesiredAction(
         self, name: str, action: str | None, *, journal: Sequence[Entry]
@@ -420,7 +265,7 @@ class SQLiteInventory:
         except InventoryError:
             return fail()
         return self._change(
-            lambda db: _update(db, key, "desired_action", value), journal
+            lambda db: updateDevice(db, key, "desired_action", value), journal
         )
 
     def release(
@@ -446,7 +291,7 @@ class SQLiteInventory:
     # Parts of larger changes, on the database thread
 
     def setStatusIn(self, db: Database, name: str, status: DeviceStatus) -> None:
-        _update(db, validateName(name), "status", validateStatus(status).value)
+        updateDevice(db, validateName(name), "status", validateStatus(status).value)
 
     def releaseIn(self, db: Database, record: ServedRecord) -> bool:
         # No savepoint needed: _release refuses before it writes anything.
@@ -469,4 +314,4 @@ class SQLiteInventory:
         from_: Iterable[DeviceStatus],
         to: DeviceStatus,
     ) -> bool:
-        return _transition(db.connection, validateName(name), from_, to)
+        return transitionDevice(db.connection, validateName(name), from_, to)

@@ -22,8 +22,8 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from fleetd.inventory.model import InventoryError
-from fleetd.inventory.netbox import NetBoxInventory
 from fleetd.netbox.client import RETRY_FIRST, RETRY_MAX, NetBoxClient, NetBoxError
+from fleetd.netbox.inventory import NetBoxInventory
 from fleetd.netbox.mirror import JournalMirror
 from fleetd.netbox.worker import OutboxWorker
 from fleetd.store.journal import AsyncJournal

@@ -208,7 +208,7 @@ class FakeKube(FakeRBAC):
                     if watcher.resource == WORKFLOW
                     else ("CertificateSigningRequest", "certificates.k8s.io/v1")
                 )
-                self._send(
+                self.sendEvent(
                     watcher,
                     "BOOKMARK",
                     {
@@ -222,7 +222,7 @@ class FakeKube(FakeRBAC):
     def closeWatches(self) -> None:
         """End every open watch stream (an API server restart)."""
         for watcher in list(self.watchers):
-            self._endWatch(watcher)
+            self.endWatch(watcher)
         self.flush()
 
     def nodeCredential(self, node: str) -> str:
@@ -301,7 +301,7 @@ class FakeKube(FakeRBAC):
                 "usages": usages or ["digital signature", "client auth"],
             },
         }
-        return self._createCSR(body, identity)
+        return self.postCSR(body, identity)
 
     def sign(self) -> None:
         """The csrsigning controller: issue a certificate for approved CSRs."""
@@ -317,7 +317,7 @@ class FakeKube(FakeRBAC):
             self._store(self.csrs, name, updated, "MODIFIED")
 
     def addNode(self, name: str) -> None:
-        self._create(
+        self.createIn(
             self.nodes, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
         )
 
@@ -389,7 +389,7 @@ class FakeKube(FakeRBAC):
         self.flush()
 
     def deleteWorkflow(self, namespace: str, name: str) -> None:
-        self._delete(self.workflows, f"{namespace}/{name}")
+        self.deleteFrom(self.workflows, f"{namespace}/{name}")
         self.flush()
 
     @staticmethod
@@ -405,7 +405,7 @@ class FakeKube(FakeRBAC):
         self.rv += 1
         return str(self.rv)
 
-    def _create(
+    def createIn(
         self, store: dict[str, dict[str, Any]], obj: dict[str, Any]
     ) -> dict[str, Any]:
         meta = obj.setdefault("metadata", {})
@@ -444,7 +444,7 @@ class FakeKube(FakeRBAC):
         elif store is self.workflows:
             self._event(kind, obj, WORKFLOW)
 
-    def _delete(self, store: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
+    def deleteFrom(self, store: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
         obj = store.pop(name, None)
         if obj is None:
             raise ApiError(404, "NotFound", f'"{name}" not found')
@@ -460,20 +460,20 @@ class FakeKube(FakeRBAC):
         self.history.append((self.rv, kind, copy, resource))
         for watcher in list(self.watchers):
             if watcher.wants(resource, copy):
-                self._send(watcher, kind, copy)
+                self.sendEvent(watcher, kind, copy)
 
-    def _send(self, watcher: Watcher, kind: str, obj: dict[str, Any]) -> None:
+    def sendEvent(self, watcher: Watcher, kind: str, obj: dict[str, Any]) -> None:
         line = json.dumps({"type": kind, "object": obj}).encode("utf-8") + b"\n"
         watcher.request.write(line)
 
-    def _forgetWatch(self, watcher: Watcher) -> None:
+    def forgetWatch(self, watcher: Watcher) -> None:
         """The stream ended (either side): forget it and its timer."""
         if watcher in self.watchers:
             self.watchers.remove(watcher)
         if watcher.timer is not None and watcher.timer.active():
             watcher.timer.cancel()
 
-    def _endWatch(self, watcher: Watcher) -> None:
+    def endWatch(self, watcher: Watcher) -> None:
         if watcher in self.watchers:
             self.watchers.remove(watcher)
             if watcher.timer is not None and watcher.timer.active():
@@ -483,13 +483,13 @@ class FakeKube(FakeRBAC):
 
     # Objects (the API server's rules: fleetd.testing.kube_rules)
 
-    def _createSecret(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._create(self.secrets, secretFromBody(body))
+    def postSecret(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.createIn(self.secrets, secretFromBody(body))
 
-    def _createCSR(self, body: dict[str, Any], identity: Identity) -> dict[str, Any]:
-        return self._create(self.csrs, csrFromBody(body, identity))
+    def postCSR(self, body: dict[str, Any], identity: Identity) -> dict[str, Any]:
+        return self.createIn(self.csrs, csrFromBody(body, identity))
 
-    def _approve(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+    def putApproval(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         now = rfc3339(self.clock.seconds())
         updated = approvedCSR(self.csrs.get(name), name, body, now)
         self._store(self.csrs, name, updated, "MODIFIED")

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs
 
+from twisted.internet.interfaces import IReactorTime
 from twisted.web import server
 from twisted.web.resource import Resource
 
 from fleetd.testing.kube_rules import ApiError, Identity
-
-if TYPE_CHECKING:
-    from fleetd.testing.kube import FakeKube
 
 SECRETS = ("api", "v1", "namespaces", "kube-system", "secrets")
 CSRS = ("apis", "certificates.k8s.io", "v1", "certificatesigningrequests")
@@ -49,17 +47,81 @@ class Watcher:
         return self.signer in (None, obj["spec"].get("signerName"))
 
 
+Store = dict[str, dict[str, Any]]
+
+
+class KubeState(Protocol):
+    """
+    The fake cluster as its HTTP face reads and changes it (what
+    L{fleetd.testing.kube.FakeKube} provides): the stores by name, the
+    watch history, injected faults, and the API server's rules for the
+    calls that change objects.
+    """
+
+    clock: IReactorTime
+    rv: int
+    oldest: int  # watches from before this get 410
+    secrets: Store
+    csrs: Store
+    nodes: Store
+    bindings: Store
+    roles: Store
+    roleBindings: Store  # "namespace/name"
+    namespacedRoles: Store  # "namespace/name"
+    workflows: Store  # "namespace/name"
+    workflowsInstalled: bool
+    history: list[tuple[int, str, dict[str, Any], str]]
+    watchers: list[Watcher]
+    faults: list[tuple[str, str, int, str]]
+    calls: list[tuple[str, str]]
+
+    def authenticate(self, bearer: str) -> Identity | None:
+        """Who a bearer token is, or L{None}."""
+
+    def createIn(self, store: Store, obj: dict[str, Any]) -> dict[str, Any]:
+        """POST of C{obj} into C{store}."""
+
+    def deleteFrom(self, store: Store, name: str) -> dict[str, Any]:
+        """DELETE of C{name} from C{store}."""
+
+    def postSecret(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST of a Secret."""
+
+    def postCSR(self, body: dict[str, Any], identity: Identity) -> dict[str, Any]:
+        """POST of a CertificateSigningRequest by C{identity}."""
+
+    def putApproval(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT of CSR C{name}'s approval subresource."""
+
+    def createBinding(
+        self, body: dict[str, Any], namespace: str | None
+    ) -> dict[str, Any]:
+        """POST of a ClusterRoleBinding (C{namespace} L{None}) or RoleBinding."""
+
+    def createRole(self, body: dict[str, Any], namespace: str | None) -> dict[str, Any]:
+        """POST of a ClusterRole (C{namespace} L{None}) or Role."""
+
+    def sendEvent(self, watcher: Watcher, kind: str, obj: dict[str, Any]) -> None:
+        """Write one watch event to C{watcher}'s stream."""
+
+    def forgetWatch(self, watcher: Watcher) -> None:
+        """C{watcher}'s stream ended (either side)."""
+
+    def endWatch(self, watcher: Watcher) -> None:
+        """C{watcher}'s C{timeoutSeconds} are up: end its stream."""
+
+
 class _Streaming(Exception):
     def __init__(self, result: int) -> None:
         self.result = result
 
 
 class KubeHTTP(Resource):
-    """Every path of the fake API, answered from a L{FakeKube}'s state."""
+    """Every path of the fake API, answered from the fake cluster's state."""
 
     isLeaf = True
 
-    def __init__(self, fake: FakeKube) -> None:
+    def __init__(self, fake: KubeState) -> None:
         Resource.__init__(self)
         self.fake = fake
 
@@ -109,14 +171,14 @@ class KubeHTTP(Resource):
             request.finish()
             return server.NOT_DONE_YET
         self.fake.watchers.append(watcher)
-        request.notifyFinish().addBoth(lambda _: self.fake._forgetWatch(watcher))
+        request.notifyFinish().addBoth(lambda _: self.fake.forgetWatch(watcher))
         for at, kind, obj, what in self.fake.history:
             if at > rv and watcher.wants(what, obj):
-                self.fake._send(watcher, kind, obj)
+                self.fake.sendEvent(watcher, kind, obj)
         seconds = args.get("timeoutSeconds")
         if seconds:
             watcher.timer = self.fake.clock.callLater(
-                int(seconds[0]), self.fake._endWatch, watcher
+                int(seconds[0]), self.fake.endWatch, watcher
             )
         return server.NOT_DONE_YET
 
@@ -213,20 +275,20 @@ class KubeHTTP(Resource):
                 return self._list(store, kind, signer)
             if not rest and method == "POST":
                 if store is self.fake.secrets:
-                    return self.fake._createSecret(body)
+                    return self.fake.postSecret(body)
                 if store is self.fake.csrs:
-                    return self.fake._createCSR(body, identity)
+                    return self.fake.postCSR(body, identity)
                 if store is self.fake.bindings:
                     return self.fake.createBinding(body, None)
                 if store is self.fake.roles:
                     return self.fake.createRole(body, None)
-                return self.fake._create(store, body)
+                return self.fake.createIn(store, body)
             if len(rest) == 1 and method == "GET":
                 if rest[0] not in store:
                     raise ApiError(404, "NotFound", f'"{rest[0]}" not found')
                 return self._shown(store, store[rest[0]])
             if len(rest) == 1 and method == "DELETE":
-                self.fake._delete(store, rest[0])
+                self.fake.deleteFrom(store, rest[0])
                 return {"kind": "Status", "apiVersion": "v1", "status": "Success"}
             if (
                 store is self.fake.csrs
@@ -234,7 +296,7 @@ class KubeHTTP(Resource):
                 and rest[1] == "approval"
                 and method == "PUT"
             ):
-                return self.fake._approve(rest[0], body)
+                return self.fake.putApproval(rest[0], body)
             raise ApiError(405, "MethodNotAllowed", f"{method} is not modelled here")
         raise ApiError(
             404, "NotFound", "the server could not find the requested resource"

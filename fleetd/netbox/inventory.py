@@ -13,14 +13,13 @@ alone. Devices are created in NetBox, not through fleetd: C{add} and
 C{importDevices} refuse, saying so.
 
 The device list NetBox last gave is kept for lists people read while
-NetBox is down (L{fleetd.inventory.netbox_cache}); C{get} and C{bySerial},
+NetBox is down (L{fleetd.netbox.cache}); C{get} and C{bySerial},
 which decide on credentials, never answer from it (issue 17 item 11).
 """
 
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -31,7 +30,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from fleetd.inventory import netbox_cache as cache
+from fleetd.inventory.failures import storeFailure
 from fleetd.inventory.model import (
     Device,
     DeviceStatus,
@@ -44,7 +43,7 @@ from fleetd.inventory.model import (
     validateStatus,
     validateToken,
 )
-from fleetd.netbox import outbox
+from fleetd.netbox import cache, outbox
 from fleetd.netbox.client import NetBoxClient, NetBoxError
 from fleetd.netbox.devices import (
     DEVICES,
@@ -57,8 +56,8 @@ from fleetd.netbox.devices import (
     remote,
     toDevice,
 )
-from fleetd.store.db import Database, StoreError
-from fleetd.store.entries import Entry, JournalRefused
+from fleetd.store.db import Database
+from fleetd.store.entries import Entry
 from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
 
@@ -97,13 +96,7 @@ def _translate(failure: Failure) -> Failure:
             line = f"NetBox refuses fleetd's token: {error}"
             return Failure(InventoryError(line, "unavailable"))
         return Failure(InventoryError(f"NetBox: {error}", kind))
-    if isinstance(error, JournalRefused):
-        return Failure(InventoryError(f"the journal refused it: {error}", "invalid"))
-    if failure.check(StoreError, sqlite3.Error):
-        return Failure(
-            InventoryError(f"inventory database unavailable: {error}", "unavailable")
-        )
-    return failure
+    return storeFailure(failure)
 
 
 class NetBoxInventory:

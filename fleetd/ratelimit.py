@@ -6,42 +6,19 @@ Buckets refill continuously from C{clock.seconds()} deltas, so there are
 no timers to arm or cancel, and every call is O(1).  Memory is bounded:
 beyond C{maxSources} keys the least recently seen source is forgotten
 (it then starts again with a full bucket; the global bucket still bounds
-the total).  Use L{sourceKey} to turn a peer address into a key, so that
-one IPv6 host cannot spread its requests over its whole /64.
+the total).  Use L{fleetd.sources.sourceKey} to turn a peer address into
+a key, so that one IPv6 host cannot spread its requests over its whole /64.
+L{PollPacer} is RFC 8628's C{slow_down} rule for one device code's polls.
 """
 
 from __future__ import annotations
 
-import functools
-import ipaddress
 import math
 from collections import OrderedDict
 
 from twisted.internet.interfaces import IReactorTime
 
-__all__ = ["PollPacer", "RateLimiter", "sourceKey"]
-
-
-@functools.lru_cache(maxsize=4096)
-def sourceKey(host: str) -> str:
-    """
-    The rate-limit key of the peer address C{host}.
-
-    IPv4 addresses are their own key, IPv6 addresses are grouped by /64
-    (IPv4-mapped ones count as IPv4), anything else (a UNIX socket path,
-    a test's fake address) is used as given. Every connection and every
-    boot request asks, so recent answers are remembered (a pure function
-    of a string; 4,096 entries bound the memory).
-    """
-    try:
-        address = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return host
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network((address, 64), strict=False))
-    return str(address)
+__all__ = ["PollPacer", "RateLimiter"]
 
 
 class _Bucket:

@@ -1,51 +1,27 @@
 """
-TLS contexts and connection limits for fleetd's listeners.
+Connection policy for fleetd's stream listeners.
 
-Each TLS listener gets its own L{CertificateOptions} (TLS 1.2 or later,
-forward-secret AEAD suites only); every stream listener is wrapped in
-L{LimitedFactory}, which caps concurrent connections (in total and per
-source, an IPv6 /64 counting as one source) and closes connections idle
-(no byte in or out) for too long, TLS handshakes included.
+Every stream listener is wrapped in L{LimitedFactory}, which caps
+concurrent connections (in total and per source, L{fleetd.sources}: an
+IPv6 /64 counting as one source) and closes connections idle (no byte in
+or out) for too long, TLS handshakes included.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from OpenSSL import SSL, crypto
-from twisted.application.service import Service
-from twisted.internet import ssl
-from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
-from twisted.internet.endpoints import serverFromString
-from twisted.internet.interfaces import (
-    IAddress,
-    IDelayedCall,
-    IListeningPort,
-    IOpenSSLServerConnectionCreator,
-    IReactorTime,
-)
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.protocols import policies
-from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
-from zope.interface import directlyProvides, implementer, providedBy
+from zope.interface import directlyProvides, providedBy
 
-from fleetd.boot.ratelimit import sourceKey
-from fleetd.config import ConfigError, TLSFiles
 from fleetd.logs import ThrottledLog
-
-# TLS 1.2: ECDHE key exchange (forward secrecy) with an AEAD cipher only,
-# for ECDSA and RSA certificates alike. No static RSA, no CBC, no SHA-1
-# MACs, no DHE. TLS 1.3's suites are all AEAD with (EC)DHE and stay as
-# OpenSSL offers them (this string does not touch them).
-TLS12_CIPHERS = (
-    "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
-    "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
-    "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305"
-)
+from fleetd.sources import sourceKey
 
 
 def connectionSource(addr: IAddress | None) -> str:
@@ -55,89 +31,6 @@ def connectionSource(addr: IAddress | None) -> str:
     address counts as its IPv4 address).
     """
     return sourceKey(str(getattr(addr, "host", "")))
-
-
-def _readPEM(key: str, path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as e:
-        raise ConfigError(key, f"cannot read {path}: {e.strerror}") from e
-
-
-def loadCertificates(key: str, path: Path) -> list[crypto.X509]:
-    """Load every PEM certificate in C{path}; at least one must be there."""
-    data = _readPEM(key, path)
-    certs = []
-    marker = b"-----BEGIN CERTIFICATE-----"
-    for chunk in data.split(marker)[1:]:
-        try:
-            certs.append(crypto.load_certificate(crypto.FILETYPE_PEM, marker + chunk))
-        except crypto.Error as e:
-            raise ConfigError(key, f"{path} holds an unreadable certificate") from e
-    if not certs:
-        raise ConfigError(key, f"{path} holds no PEM certificate")
-    return certs
-
-
-def _sameKey(cert: crypto.X509, key: crypto.PKey) -> bool:
-    """Whether C{key} is the private half of C{cert}'s public key."""
-    from cryptography.hazmat.primitives.serialization import (
-        Encoding,
-        PublicFormat,
-    )
-
-    private = key.to_cryptography_key()
-    public = getattr(private, "public_key", None)
-    if public is None:
-        return False
-    der = (Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
-    mine: bytes = public().public_bytes(*der)
-    theirs: bytes = cert.to_cryptography().public_key().public_bytes(*der)
-    return mine == theirs
-
-
-def loadTLSOptions(
-    tls: TLSFiles,
-    *,
-    alpn: list[bytes] | None = None,
-    clientCA: Path | None = None,
-    clientCAKey: str = "owner.client_ca",
-) -> ssl.CertificateOptions:
-    """
-    Build server TLS options from the configured public certificate.
-
-    TLS 1.2 is the minimum and only L{TLS12_CIPHERS} (plus TLS 1.3's
-    suites) are offered; ECDSA and RSA keys both work. With C{clientCA},
-    clients are asked for a certificate issued by it but not required to
-    send one: the resource decides per request [A3] (the owner CA on the
-    admin listener, the LDevID trust bundle on the device listener).
-    """
-    leaf, *_ = loadCertificates("tls.cert", tls.cert)
-    keyData = _readPEM("tls.key", tls.key)
-    try:
-        privateKey = crypto.load_privatekey(crypto.FILETYPE_PEM, keyData)
-    except crypto.Error as e:
-        raise ConfigError("tls.key", f"{tls.key} is not a PEM private key") from e
-    if not _sameKey(leaf, privateKey):
-        raise ConfigError("tls.key", f"{tls.key} does not match {tls.cert}")
-    chain = [] if tls.chain is None else loadCertificates("tls.chain", tls.chain)
-    kwargs: dict[str, Any] = {}
-    if clientCA is not None:
-        kwargs.update(
-            verify=True,
-            requireCertificate=False,
-            caCerts=loadCertificates(clientCAKey, clientCA),
-        )
-    if alpn is not None:
-        kwargs["acceptableProtocols"] = alpn
-    return ssl.CertificateOptions(
-        privateKey=privateKey,
-        certificate=leaf,
-        extraCertChain=[c for c in chain if c.get_subject() != c.get_issuer()],
-        raiseMinimumTo=ssl.TLSVersion.TLSv1_2,
-        acceptableCiphers=ssl.AcceptableCiphers.fromOpenSSLCipherString(TLS12_CIPHERS),
-        **kwargs,
-    )
 
 
 _PROVIDES: dict[tuple[type, Any], Any] = {}
@@ -370,117 +263,3 @@ class LimitedFactory(policies.WrappingFactory):
         for proto in list(self.protocols):
             proto.transport.abortConnection()
         return d
-
-
-@implementer(IOpenSSLServerConnectionCreator)
-class ServerConnections:
-    """
-    Server-side TLS connections from C{options}' context, as
-    L{ssl.CertificateOptions} makes them minus its per-connection
-    C{set_alpn_protos}: that sets the list a I{client} offers, which a
-    server never sends (about 9 us a connection here). The server's ALPN
-    choice is the context's select callback, which C{options} installs and
-    which still asks the wrapped factory's C{acceptableProtocols}.
-    """
-
-    def __init__(self, options: ssl.CertificateOptions) -> None:
-        self.options = options
-
-    def serverConnectionForTLS(self, protocol: Any) -> SSL.Connection:
-        return SSL.Connection(self.options.getContext(), None)
-
-
-class _TLSProtocol(TLSMemoryBIOProtocol):
-    """
-    Twisted's TLS protocol, with its "provides what the transport provides"
-    declaration built once per kind of transport. Twisted's makeConnection
-    declares it once per interface and once more for all of them, on every
-    connection (zope builds a declaration each time): some tens of µs of a
-    boot storm's connection. The rest is Twisted's makeConnection as it is.
-    """
-
-    def makeConnection(self, transport: Any) -> None:
-        provideLike(self, transport)
-        self._tlsConnection = self.factory._creatorCallable(self)
-        self._appSendBuffer = []
-        Protocol.makeConnection(self, transport)
-        self.factory.registerProtocol(self)
-        if self._connectWrapped:
-            # ProtocolWrapper.makeConnection, its declaration made above.
-            Protocol.makeConnection(self, transport)
-            self.factory.registerProtocol(self)
-            self.wrappedProtocol.makeConnection(self)
-        self._checkHandshakeStatus()
-
-
-class _TLSFactory(TLSMemoryBIOFactory):
-    protocol = _TLSProtocol
-
-
-def tlsFactory(
-    options: ssl.CertificateOptions,
-    factory: Any,
-    *,
-    name: str,
-    clock: IReactorTime,
-    maxConnections: int,
-    idleTimeout: float,
-    maxPerSource: int | None = None,
-) -> LimitedFactory:
-    """Wrap C{factory} in TLS, then in connection limits (with
-    C{factory.admits} as the admission check, when it has one)."""
-    wrapped = _TLSFactory(ServerConnections(options), False, factory)
-    wrapped.noisy = False
-    return LimitedFactory(
-        wrapped,
-        name=name,
-        clock=clock,
-        maxConnections=maxConnections,
-        idleTimeout=idleTimeout,
-        maxPerSource=maxPerSource,
-        admit=getattr(factory, "admits", None),
-    )
-
-
-class StartupError(Exception):
-    """fleetd cannot start; the message is one line naming the cause."""
-
-
-class ListenerService(Service):
-    """Bind one stream endpoint in C{privilegedStartService}."""
-
-    log = Logger()
-
-    def __init__(self, reactor: Any, name: str, description: str, factory: Any):
-        self.reactor = reactor
-        self.setName(name)
-        self.description = description
-        self.factory = factory
-        self.port: IListeningPort | None = None
-
-    def privilegedStartService(self) -> None:
-        endpoint = serverFromString(self.reactor, self.description)
-        outcome: list[Any] = []
-        endpoint.listen(self.factory).addBoth(outcome.append)
-        if not outcome or isinstance(outcome[0], Failure):
-            reason = outcome[0].getErrorMessage() if outcome else "did not bind"
-            raise StartupError(
-                f"listen.{self.name}: cannot listen on {self.description}: {reason}"
-            )
-        self.port = outcome[0]
-        self.log.info(
-            "listen.started {listener} {address}",
-            listener=self.name,
-            address=str(self.port.getHost()),
-        )
-        super().privilegedStartService()
-
-    def stopService(self) -> Deferred[None] | None:
-        super().stopService()
-        port, self.port = self.port, None
-        if port is None:
-            return None
-        stopped: list[Deferred[Any]] = [maybeDeferred(port.stopListening)]
-        if isinstance(self.factory, LimitedFactory):
-            stopped.append(self.factory.closeAll())
-        return DeferredList(stopped, consumeErrors=True).addCallback(lambda _: None)

@@ -1,0 +1,61 @@
+"""
+One stream listener as a service: it binds in C{privilegedStartService}
+and, on stop, stops listening and drops the connections still open.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IListeningPort
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from fleetd.listen.connections import LimitedFactory
+
+
+class StartupError(Exception):
+    """fleetd cannot start; the message is one line naming the cause."""
+
+
+class ListenerService(Service):
+    """Bind one stream endpoint in C{privilegedStartService}."""
+
+    log = Logger()
+
+    def __init__(self, reactor: Any, name: str, description: str, factory: Any):
+        self.reactor = reactor
+        self.setName(name)
+        self.description = description
+        self.factory = factory
+        self.port: IListeningPort | None = None
+
+    def privilegedStartService(self) -> None:
+        endpoint = serverFromString(self.reactor, self.description)
+        outcome: list[Any] = []
+        endpoint.listen(self.factory).addBoth(outcome.append)
+        if not outcome or isinstance(outcome[0], Failure):
+            reason = outcome[0].getErrorMessage() if outcome else "did not bind"
+            raise StartupError(
+                f"listen.{self.name}: cannot listen on {self.description}: {reason}"
+            )
+        self.port = outcome[0]
+        self.log.info(
+            "listen.started {listener} {address}",
+            listener=self.name,
+            address=str(self.port.getHost()),
+        )
+        super().privilegedStartService()
+
+    def stopService(self) -> Deferred[None] | None:
+        super().stopService()
+        port, self.port = self.port, None
+        if port is None:
+            return None
+        stopped: list[Deferred[Any]] = [maybeDeferred(port.stopListening)]
+        if isinstance(self.factory, LimitedFactory):
+            stopped.append(self.factory.closeAll())
+        return DeferredList(stopped, consumeErrors=True).addCallback(lambda _: None)
