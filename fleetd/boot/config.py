@@ -46,15 +46,15 @@ from twisted.web.http import (  # bound once: the module is a deprecation proxy
 from twisted.web.iweb import IRequest
 from zope.interface import implementer
 
-from fleetd.boot.deviceflow_model import Grant, sameIdentity
 from fleetd.boot.handover import Handover
 from fleetd.boot.ratelimit import RateLimiter, sourceKey
+from fleetd.deviceflow.model import Grant, sameIdentity
 from fleetd.logs import ThrottledLog
 from fleetd.runs.codes import wellFormedCode
 from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import RunRegistry, _Run
 from fleetd.runs.store import RunRecord
-from fleetd.web import textResponse
+from fleetd.web.resources import textResponse
 
 LITERAL_CODE = "${code}"
 YAML = b"application/yaml"

@@ -24,8 +24,9 @@ from collections.abc import Collection
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from fleetd.boot.deviceflow_machine import Held, Outcome
-from fleetd.boot.deviceflow_model import (
+from fleetd.boot.ratelimit import RateLimiter
+from fleetd.deviceflow.machine import Held, Outcome
+from fleetd.deviceflow.model import (
     COMPARED,
     DeviceFlowError,
     Grant,
@@ -34,7 +35,6 @@ from fleetd.boot.deviceflow_model import (
     differences,
     normaliseUserCode,
 )
-from fleetd.boot.ratelimit import RateLimiter
 from fleetd.store.fields import FieldValue
 from fleetd.store.journal import AsyncJournal
 
@@ -47,7 +47,7 @@ def _reported(value: str) -> str:
 class Decisions:
     """
     Approvals and denials of held requests (a base of
-    L{fleetd.boot.deviceflow.DeviceFlow}).
+    L{fleetd.deviceflow.flow.DeviceFlow}).
 
     Failed attempts (unknown user codes) spend from a small budget per
     owner and overall (RFC 8628 section 5.1: about 5 guesses per code

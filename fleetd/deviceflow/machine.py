@@ -34,8 +34,8 @@ from typing import Protocol
 
 from automat import TypeMachineBuilder
 
-from fleetd.boot.deviceflow_model import Grant, RequestView, displayUserCode
 from fleetd.boot.ratelimit import PollPacer
+from fleetd.deviceflow.model import Grant, RequestView, displayUserCode
 
 
 class Outcome(enum.Enum):
