@@ -13,7 +13,7 @@ refusal is a cheap one-line answer:
 
 C{HEAD} (and every method but C{GET}) is a 405 with C{Allow: GET}: only a
 GET can consume a run, and a HEAD gets the headers of that answer without
-a body (L{fleetd.web.BoundedRequest}), so it neither consumes, delivers nor
+a body (L{fleetd.web.site.BoundedRequest}), so it neither consumes, delivers nor
 tells anything about the code.
 
 The decision and the consumed mark happen in one reactor turn [C1]; the
