@@ -1,5 +1,5 @@
 """
-fleetd's own Prometheus registry and the resource that serves it.
+fleetd's own Prometheus registry (the admin listener serves it).
 
 Nothing is registered on prometheus_client's global registry, so tests can
 build as many daemons as they like in one process.
@@ -7,19 +7,10 @@ build as many daemons as they like in one process.
 
 from __future__ import annotations
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Gauge,
-    Info,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Gauge, Info
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
-from twisted.web.iweb import IRequest
-
-from fleetd.web import Endpoint
 
 
 def makeRegistry(version: str, site: str) -> CollectorRegistry:
@@ -50,19 +41,3 @@ def listenerGauges(registry: CollectorRegistry) -> tuple[Gauge, Gauge]:
             registry=registry,
         ),
     )
-
-
-class MetricsResource(Endpoint):
-    """Serve C{registry} in the Prometheus text format."""
-
-    isLeaf = True
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        super().__init__()
-        self._registry = registry
-
-    def render_GET(self, request: IRequest) -> bytes:
-        request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode("ascii"))
-        request.setHeader(b"cache-control", b"no-store")
-        body: bytes = generate_latest(self._registry)
-        return body

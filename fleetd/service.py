@@ -30,12 +30,19 @@ from fleetd.admin.deviceflow import (
     deviceFlowAdminResource,
     verificationURI,
 )
-from fleetd.admin.resource import adminRoot, isOwner
+from fleetd.admin.devices import devicesResource
+from fleetd.admin.kube import clusterTokenResource, retireResource
+from fleetd.admin.provision import ProvisionResource
+from fleetd.admin.resource import adminRoot
 from fleetd.admin.status import StatusResource
+from fleetd.admin.trust import (
+    BindingsResource,
+    DisksAdminResource,
+    EvidenceResource,
+)
 from fleetd.attest.ekroots import EKRoots
 from fleetd.attest.identity import LDevIDBook, LDevIDIdentifier
 from fleetd.attest.lookup import LookupService
-from fleetd.attest.resource import deviceAPI
 from fleetd.attest.service import AttestationService
 from fleetd.attest.wiring import (
     approvedSerialFor,
@@ -44,19 +51,19 @@ from fleetd.attest.wiring import (
     targetDiskFor,
 )
 from fleetd.boot.config import ConfigResource
-from fleetd.boot.deviceflow import DeviceFlow
 from fleetd.boot.deviceflow_resource import deviceCodeResource, tokenResource
 from fleetd.boot.resource import bootRoot
 from fleetd.config import NetBoxSettings, loadTopology
+from fleetd.device.attest import deviceAPI
 from fleetd.device.disks import NodeDisksResource
+from fleetd.device.identity import byLDevID
 from fleetd.device.resource import deviceRoot
+from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.dns.service import DNSService
 from fleetd.heap import ICollector, freezeStartup, pauseForStartup, resume, tune
 from fleetd.inventory.model import IInventory
-from fleetd.inventory.resource import devicesResource
 from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.kube.connect import clientFromSettings
-from fleetd.kube.resource import clusterTokenResource, retireResource
 from fleetd.kube.retire import RetireService
 from fleetd.kube.service import KubeService
 from fleetd.kube.status import KubeStatus
@@ -72,7 +79,6 @@ from fleetd.readiness import Readiness, notifySystemd
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import TemplateRenderer
-from fleetd.runs.resource import ProvisionResource
 from fleetd.status import StatusService
 from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal, Journal
@@ -80,13 +86,9 @@ from fleetd.store.keys import deriveKey
 from fleetd.store.runner import DatabaseRunner, RunnerService
 from fleetd.tink.service import TinkProxy
 from fleetd.trust.disks import DiskService
-from fleetd.trust.resource import (
-    BindingsResource,
-    DisksAdminResource,
-    EvidenceResource,
-)
 from fleetd.trust.service import TrustService
-from fleetd.web import BoundedSite
+from fleetd.web.owner import isOwner
+from fleetd.web.site import BoundedSite
 
 
 class FleetdService(MultiService):
@@ -180,7 +182,7 @@ class FleetdService(MultiService):
         # who calls is decided by the LDevID identification [T4].
         self.nodeAPI: dict[bytes, Resource] = {
             b"disks": NodeDisksResource(
-                self.disks, self.identifyLDevID, admit=self.lookups.admit
+                self.disks, byLDevID(self.identifyLDevID), admit=self.lookups.admit
             )
         }
         self.status = StatusService(

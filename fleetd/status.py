@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fleetd.inventory.model import Device, DeviceStatus, IInventory
+from fleetd.inventory.model import REFUSED_CLASSES, Device, DeviceStatus, IInventory
 from fleetd.kube import status as kubestatus
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry, RunView
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from fleetd.trust.disks import DiskReportView, DiskService
     from fleetd.trust.service import TrustService, TrustState
 
-REFUSED_CLASSES = frozenset({"worker-g2"})
 RECENT_ENTRIES = 10
 
 

@@ -22,9 +22,9 @@ from twisted.internet.task import Clock
 from fleetd.attest.ekroots import EKRoots
 from fleetd.attest.identity import LDevIDBook, LDevIDIdentifier
 from fleetd.attest.lookup import LookupService
-from fleetd.attest.resource import deviceAPI
 from fleetd.attest.service import AttestationService
 from fleetd.config import TLSFiles
+from fleetd.device.attest import deviceAPI
 from fleetd.inventory.model import Device
 from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.listen.tls import loadTLSOptions, tlsFactory
@@ -35,7 +35,8 @@ from fleetd.store.entries import JournalEntry
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.runner import InlineRunner
 from fleetd.vault import MemoryVault
-from fleetd.web import BoundedSite, Router
+from fleetd.web.resources import Router
+from fleetd.web.site import BoundedSite
 from tests.test_j1 import FaultyJournal, FaultyRunner
 
 

@@ -22,9 +22,10 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import getChildForRequest
 from twisted.web.test.requesthelper import DummyRequest
 
-from fleetd.attest.errors import Refused
-from fleetd.attest.resource import deviceAPI
 from fleetd.attest.tpm import AK_MUST, ekDigest, spkiOf
+from fleetd.device.attest import deviceAPI
+from fleetd.device.refusals import statusOf
+from fleetd.nodes import Refused
 from fleetd.pki.dev import ensureDevPKI
 from fleetd.store.entries import JournalRefused
 from tests.attestserver import AttestServer
@@ -64,7 +65,7 @@ class ChecklistTestCase(SynchronousTestCase):
     def assertRefused(self, d: Deferred[Any], reason: str) -> Refused:
         refusal: Refused = self.failureResultOf(d, Refused).value
         self.assertEqual(refusal.reason, reason, refusal.line())
-        self.assertTrue(400 <= refusal.status < 500)
+        self.assertTrue(400 <= statusOf(refusal) < 500)
         entries = self.server.entries("attest.refused")
         self.assertEqual(entries[-1].fields["reason"], reason)
         self.assertEqual(self.server.entries("ldevid.issued"), [])
@@ -274,7 +275,7 @@ class ProofCheckTests(ChecklistTestCase):
         proof = self.node.proof(self.challenge())
         proof["challenge"] = "nope"
         refusal = self.assertRefused(self.prove(proof), "challenge-unknown")
-        self.assertEqual(refusal.status, 404)
+        self.assertEqual(statusOf(refusal), 404)
 
     def test_challengeForgottenAfterTwoTTLs(self) -> None:
         """Expired challenges are remembered one more TTL, then forgotten; no timer."""

@@ -21,9 +21,10 @@ from twisted.web.resource import getChildForRequest
 from twisted.web.test.requesthelper import DummyRequest
 
 from fleetd.attest.challenge import PER_KEY
-from fleetd.attest.resource import deviceAPI
 from fleetd.attest.throttle import KEYS, NAMED_EVERY, JournalThrottle
 from fleetd.attest.tpm import ekDigest, spkiOf
+from fleetd.device.attest import deviceAPI
+from fleetd.device.refusals import statusOf
 from tests.softtpm import SoftNode
 from tests.test_attest_holds import HoldsTestCase
 
@@ -56,7 +57,7 @@ class PendingChallengeTests(HoldsTestCase):
             self.challenge()
         self.server.clock.advance(20)
         refusal = self.refused(self.begin(self.node.claim()), "challenges-pending")
-        self.assertEqual(refusal.status, 429)
+        self.assertEqual(statusOf(refusal), 429)
         self.assertIn("retry in 40 s", refusal.line())
         self.assertEqual(len(self.server.service.challenges), PER_KEY)
         # The pending ones are intact: the first is still answered.

@@ -28,18 +28,17 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.attest.errors import Refused
 from fleetd.attest.identity import Peer
 from fleetd.attest.tpm import ekDigest, spkiOf
 from fleetd.device.disks import NodeDisksResource
-from fleetd.device.identity import NodeIdentity
 from fleetd.device.resource import deviceRoot
 from fleetd.inventory.model import DeviceStatus
 from fleetd.logs import ThrottledLog
+from fleetd.nodes import NodeIdentity, Refused
 from fleetd.pki.ldevid import Subject, serialHex
 from fleetd.pki.records import LDevIDRecord
 from fleetd.trust.disks import DiskService
-from fleetd.web import Router
+from fleetd.web.resources import Router
 from tests.attestserver import AttestServer
 from tests.softtpm import SoftNode
 from tests.test_attest_checks import pki

@@ -15,7 +15,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.attest import challenge
 from fleetd.automata import stateNames
-from fleetd.boot import deviceflow_machine
+from fleetd.deviceflow import machine as deviceflow_machine
 from fleetd.kube import machine as token
 from fleetd.netbox import push
 from fleetd.runs import machine as runs

@@ -31,7 +31,7 @@ from fleetd.boot.resource import bootRoot
 from fleetd.listen.connections import LimitedFactory
 from fleetd.runs.machine import Outcome
 from fleetd.runs.render import TemplateRenderer
-from fleetd.web import BoundedSite
+from fleetd.web.site import BoundedSite
 from tests.support import REPO
 from tests.test_delivery import configPath
 from tests.test_runs import Fleet, device

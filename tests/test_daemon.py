@@ -306,7 +306,7 @@ class DaemonTests(DaemonTestMixin, TestCase):
         slow requests by its site's deadline sweep (limits.request_timeout).
         """
         from fleetd.listen.connections import LimitedFactory
-        from fleetd.web import BoundedSite
+        from fleetd.web.site import BoundedSite
 
         service = self.startDaemon()
         limits = self.settings.limits

@@ -1,4 +1,4 @@
-"""Tests for L{fleetd.boot.deviceflow}: RFC 8628 as Talos's client uses it."""
+"""Tests for L{fleetd.deviceflow.flow}: RFC 8628 as Talos's client uses it."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from twisted.logger import capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.admin.deviceflow import requestJSON, verificationURI
-from fleetd.boot.deviceflow import GRANT_TYPE, DeviceFlow, Reply
-from fleetd.boot.deviceflow_machine import Outcome, RequestCore, RequestMachine
-from fleetd.boot.deviceflow_model import (
+from fleetd.deviceflow.flow import GRANT_TYPE, DeviceFlow, Reply
+from fleetd.deviceflow.machine import Outcome, RequestCore, RequestMachine
+from fleetd.deviceflow.model import (
     ALPHABET,
     DeviceFlowError,
     Grant,

@@ -38,14 +38,15 @@ from zope.interface import implementer
 
 from fleetd.admin.deviceflow import deviceFlowAdminResource
 from fleetd.admin.resource import adminRoot
-from fleetd.boot.deviceflow import GRANT_TYPE, DeviceFlow, Grant
 from fleetd.boot.deviceflow_resource import deviceCodeResource, tokenResource
 from fleetd.cli import fleetctl
 from fleetd.config import TLSFiles
+from fleetd.deviceflow.flow import GRANT_TYPE, DeviceFlow, Grant
 from fleetd.listen.tls import loadTLSOptions
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from fleetd.store import AsyncJournal
-from fleetd.web import BoundedSite, Endpoint, Router, jsonResponse
+from fleetd.web.resources import Endpoint, Router, jsonResponse
+from fleetd.web.site import BoundedSite
 from tests.support import writeConfig
 from tests.test_deviceflow import IDENTITY, REPORTED, FakeRuns, makeJournal
 

@@ -22,11 +22,11 @@ from twisted.internet.task import Clock
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from fleetd.admin.devices import devicesResource
 from fleetd.cli import fleetctl
 from fleetd.inventory import SQLiteInventory
-from fleetd.inventory.resource import devicesResource
 from fleetd.store import AsyncJournal, Database, InlineRunner, Journal, StoreError
-from fleetd.web import Router
+from fleetd.web.resources import Router
 from tests.support import inventoryOver, writeConfig
 from tests.test_daemon import DaemonTestMixin
 from tests.test_inventory import UUID1, UUID2, UUID3, _FailingRunner

@@ -18,8 +18,8 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.agent import main as agent
 from fleetd.device.disks import NodeDisksResource
-from fleetd.device.identity import NodeIdentity
 from fleetd.device.resource import deviceRoot
+from fleetd.nodes import NodeIdentity
 from fleetd.store.db import StoreError
 from fleetd.trust.disk_report import Disk, DiskReportError, parseDiskReport
 from fleetd.trust.disks import (
@@ -29,7 +29,7 @@ from fleetd.trust.disks import (
     diskRefusal,
     targetDiskFor,
 )
-from fleetd.web import Router
+from fleetd.web.resources import Router
 from tests.test_daemon import DaemonTestMixin
 from tests.test_j1 import FAULTS, Faults
 from tests.test_runs import Fleet
@@ -219,8 +219,8 @@ class ForgetTests(SynchronousTestCase):
 
     def test_forget_overAdminAPI(self) -> None:
         """POST /v1/admin/disks/NAME/forget: 200, then 404 one line."""
-        from fleetd.trust.resource import DisksAdminResource
-        from fleetd.web import Router
+        from fleetd.admin.trust import DisksAdminResource
+        from fleetd.web.resources import Router
 
         self.f.report(W1, d("sda", "S"))
         root = Router()

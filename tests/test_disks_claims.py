@@ -21,13 +21,13 @@ from twisted.trial.unittest import SynchronousTestCase
 from fleetd.attest.identity import Peer
 from fleetd.attest.tpm import ekDigest, spkiOf
 from fleetd.device.disks import NodeDisksResource
-from fleetd.device.identity import NodeIdentity
 from fleetd.device.resource import deviceRoot
+from fleetd.nodes import NodeIdentity
 from fleetd.store.db import Database
 from fleetd.store.migrations import MIGRATIONS
 from fleetd.trust import disks
 from fleetd.trust.disks import DiskService
-from fleetd.web import Router
+from fleetd.web.resources import Router
 from tests.softtpm import SoftNode
 from tests.test_attest_holds import HoldsTestCase
 from tests.test_disks import W1, W2, DiskFleet, d

@@ -18,15 +18,15 @@ from twisted.internet.defer import Deferred, fail
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.test.requesthelper import DummyRequest
 
-from fleetd.admin.refusals import inventoryRefusal, storeRefusal
 from fleetd.admin.status import DeviceStatusResource
 from fleetd.attest.identity import Peer
 from fleetd.attest.lookup import LookupService
-from fleetd.attest.resource import deviceAPI
+from fleetd.device.attest import deviceAPI
 from fleetd.device.disks import NodeDisksResource
-from fleetd.device.identity import NodeIdentity
 from fleetd.inventory.model import ErrorKind, InventoryError
+from fleetd.nodes import NodeIdentity
 from fleetd.trust.disk_report import Disk, reportJSON
+from fleetd.web.refusals import inventoryRefusal, storeRefusal
 
 EXPECTED: dict[ErrorKind, int] = {
     "invalid": 400,

@@ -284,8 +284,8 @@ class ProvisionHTTPFaultTests(SynchronousTestCase):
 
     def test_provision_journalRefuses_503OneLine(self) -> None:
         """[J1] The owner gets a one-line 503 saying nothing changed."""
+        from fleetd.admin.provision import ProvisionResource
         from fleetd.runs.render import TemplateRenderer
-        from fleetd.runs.resource import ProvisionResource
         from tests.support import REPO
 
         fleet = Fleet(self)
@@ -430,8 +430,8 @@ class ReviewFaultTests(SynchronousTestCase):
 
     def test_provision_journalRefusesEntry_400OneLine(self) -> None:
         """[J1] An entry the journal refuses is one clear 400 line, not a 500."""
+        from fleetd.admin.provision import ProvisionResource
         from fleetd.runs.render import TemplateRenderer
-        from fleetd.runs.resource import ProvisionResource
         from fleetd.store.entries import JournalRefused
         from tests.support import REPO
 

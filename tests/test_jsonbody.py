@@ -14,13 +14,13 @@ from twisted.web.test.requesthelper import DummyRequest
 
 from fleetd import jsonbody
 from fleetd.admin.deviceflow import _jsonBody
+from fleetd.admin.devices import parseDeviceJSON
 from fleetd.admin.resource import _checkBody
-from fleetd.attest.resource import readJSON
-from fleetd.inventory.resource import parseDeviceJSON
+from fleetd.admin.trust import jsonObject
+from fleetd.device.attest import readJSON
 from fleetd.jsonbody import JSONBodyError
 from fleetd.trust.disk_report import parseDiskReport
 from fleetd.trust.manifest import parseManifest
-from fleetd.trust.resource import jsonObject
 
 DUPLICATE = b'{"a": "1", "a": "2"}'
 CONSTANT = b'{"a": NaN}'

@@ -14,7 +14,7 @@ from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from fleetd.kube.resource import clusterTokenResource, retireResource
+from fleetd.admin.kube import clusterTokenResource, retireResource
 from tests.kubesupport import KubeFleet, device
 from tests.support import writeConfig
 from tests.test_daemon import DaemonTestMixin

@@ -22,7 +22,7 @@ from fleetd.logs import (
     redact,
     scrub,
 )
-from fleetd.web import BoundedRequest
+from fleetd.web.site import BoundedRequest
 
 SECRET = "LIVEcode0123456789abcdefghijklmn"
 

@@ -16,6 +16,7 @@ from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from fleetd.admin.provision import ProvisionResource, Refused
 from fleetd.inventory.model import Device, DeviceStatus, InventoryError, ServedRecord
 from fleetd.netbox.client import NetBoxClient, NetBoxError
 from fleetd.netbox.devices import CUSTOM_FIELD_TYPES, findBySerial
@@ -27,7 +28,6 @@ from fleetd.netbox.worker import OutboxWorker
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import RunRegistry, configName
-from fleetd.runs.resource import ProvisionResource, Refused
 from fleetd.store.db import Database, StoreError
 from fleetd.store.entries import Entry
 from fleetd.store.journal import AsyncJournal, Journal

@@ -27,14 +27,15 @@ from twisted.web.resource import Resource, getChildForRequest
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyRequest
 
-from fleetd.attest.errors import Refused as NodeRefused
+from fleetd.admin.provision import ProvisionResource
 from fleetd.attest.identity import Peer
 from fleetd.attest.lookup import LookupService
-from fleetd.attest.resource import deviceAPI
 from fleetd.attest.service import AttestationService
 from fleetd.attest.tpm import ekDigest, spkiOf
+from fleetd.device.attest import deviceAPI
+from fleetd.device.refusals import statusOf
 from fleetd.inventory.model import DeviceStatus, InventoryError
-from fleetd.runs.resource import ProvisionResource
+from fleetd.nodes import Refused as NodeRefused
 from tests.attestserver import AttestServer
 from tests.netbox_support import NetBoxRig, seedFake
 from tests.softtpm import SoftNode
@@ -231,7 +232,7 @@ class AttestationTests(SynchronousTestCase):
     def busy(self, d: Deferred[Any]) -> NodeRefused:
         refusal: NodeRefused = self.failureResultOf(d, NodeRefused).value
         self.assertEqual(refusal.reason, "busy", refusal.line())
-        self.assertEqual(refusal.status, 503)
+        self.assertEqual(statusOf(refusal), 503)
         self.assertEqual(self.server.entries("ldevid.issued"), [])
         return refusal
 
@@ -259,7 +260,9 @@ class AttestationTests(SynchronousTestCase):
             ),
         )
         refusal = self.failureResultOf(self.begin(), NodeRefused).value
-        self.assertEqual((refusal.reason, refusal.status), ("inventory-ambiguous", 409))
+        self.assertEqual(
+            (refusal.reason, statusOf(refusal)), ("inventory-ambiguous", 409)
+        )
         self.assertNotIn("secret-neighbour", refusal.line())
         self.assertNotIn("w1", refusal.line())
         (entry,) = self.server.entries("attest.refused")
@@ -299,7 +302,7 @@ class AttestationTests(SynchronousTestCase):
         refusal = self.failureResultOf(
             Deferred.fromCoroutine(self.service.renew(peer, doc)), NodeRefused
         ).value
-        self.assertEqual((refusal.reason, refusal.status), ("busy", 503))
+        self.assertEqual((refusal.reason, statusOf(refusal)), ("busy", 503))
         self.assertEqual(len(self.server.entries("ldevid.issued")), issued)
 
     def test_plan_netboxDown_busy(self) -> None:
@@ -322,7 +325,7 @@ class AttestationTests(SynchronousTestCase):
             refusal = self.failureResultOf(
                 Deferred.fromCoroutine(lookup(peer, None)), NodeRefused
             ).value
-            self.assertEqual((refusal.reason, refusal.status), ("busy", 503))
+            self.assertEqual((refusal.reason, statusOf(refusal)), ("busy", 503))
 
     def test_http_busyWithRetryAfter(self) -> None:
         """Item 11: the node's answer is 503, one line C{busy: ...}, Retry-After."""

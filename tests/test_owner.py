@@ -28,16 +28,18 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.iweb import IRequest
 
-from fleetd.admin.resource import OWNER_NAME, adminRoot, checkOwner
+from fleetd.admin.devices import devicesResource
+from fleetd.admin.resource import adminRoot
 from fleetd.config import ConfigError, TLSFiles, loadSettings
 from fleetd.inventory import SQLiteInventory
-from fleetd.inventory.resource import devicesResource
 from fleetd.listen.tls import loadTLSOptions
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI, makeCertificate
 from fleetd.pki.ldevid import Issuer, Subject
 from fleetd.prepare import checkOwnerCA
 from fleetd.store import AsyncJournal, Database, InlineRunner, Journal
-from fleetd.web import BoundedSite, Endpoint
+from fleetd.web.owner import OWNER_NAME, checkOwner
+from fleetd.web.resources import Endpoint
+from fleetd.web.site import BoundedSite
 from tests.support import writeConfig
 from tests.test_daemon import DaemonTestMixin
 from tests.test_devices_api import CSV, W1, httpsRequest, inline

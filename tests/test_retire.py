@@ -73,10 +73,9 @@ class RetireRunTests(SynchronousTestCase):
         code): the plan is refused C{device-retired}, and the run it would
         have named has ended.
         """
-        from fleetd.attest.errors import Refused
         from fleetd.attest.identity import LDevIDBook, Peer
         from fleetd.attest.lookup import LookupService
-        from fleetd.device.identity import NodeIdentity
+        from fleetd.nodes import NodeIdentity, Refused
 
         class Attestation:
             async def refuse(self, refusal: Any, **kw: Any) -> Any:
@@ -220,7 +219,7 @@ class RetireHTTPTests(SynchronousTestCase):
 
         from twisted.web.test.requesthelper import DummyRequest
 
-        from fleetd.kube.resource import retireResource
+        from fleetd.admin.kube import retireResource
 
         fleet = Fleet(self)
         fleet.add(device("w1", "SER1"))

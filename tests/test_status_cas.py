@@ -15,12 +15,12 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.test.requesthelper import DummyRequest
 
+from fleetd.admin.provision import ProvisionResource
 from fleetd.inventory.model import DeviceStatus, InventoryError, ServedRecord
 from fleetd.netbox.outbox import pendingStatuses
 from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import Decommissioning
 from fleetd.runs.render import NodeFacts
-from fleetd.runs.resource import ProvisionResource
 from tests.netbox_support import NetBoxRig, seedFake
 from tests.test_inventory import W1
 from tests.test_runs import RENDERER, FlakyInventory, Fleet, device

@@ -19,14 +19,14 @@ from twisted.internet.task import Clock
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from fleetd.admin.devices import devicesResource
 from fleetd.admin.resource import adminRoot
+from fleetd.admin.trust import BindingsResource, EvidenceResource
 from fleetd.cli import fleetctl
 from fleetd.inventory import SQLiteInventory
-from fleetd.inventory.resource import devicesResource
 from fleetd.store import AsyncJournal, Database, InlineRunner, StoreError
-from fleetd.trust.resource import BindingsResource, EvidenceResource
 from fleetd.trust.service import TrustService
-from fleetd.web import BoundedSite
+from fleetd.web.site import BoundedSite
 from tests import test_owner
 from tests.support import writeConfig
 from tests.test_daemon import DaemonTestMixin

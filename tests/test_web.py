@@ -1,4 +1,5 @@
-"""Tests for L{fleetd.web}: bounded requests and plain-text refusals."""
+"""Tests for L{fleetd.web}: bounded requests (L{fleetd.web.site}) and
+plain-text refusals (L{fleetd.web.resources})."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.iweb import IRequest
 
 from fleetd.boot.resource import bootRoot
-from fleetd.web import BoundedSite, Endpoint, Router, jsonResponse
+from fleetd.web.resources import Endpoint, Router, jsonResponse
+from fleetd.web.site import BoundedSite
 
 
 class Boom(Endpoint):

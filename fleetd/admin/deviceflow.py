@@ -23,7 +23,6 @@ bound port.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from twisted.logger import Logger
@@ -31,11 +30,17 @@ from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
 from fleetd import jsonbody
-from fleetd.admin.resource import ownerOf, renderAsync
-from fleetd.boot.deviceflow import DeviceFlow
-from fleetd.boot.deviceflow_model import COMPARED, DeviceFlowError, RequestView
+from fleetd.deviceflow.flow import DeviceFlow
+from fleetd.deviceflow.model import COMPARED, DeviceFlowError, RequestView
 from fleetd.jsonbody import JSONBodyError
-from fleetd.web import Endpoint, jsonResponse, notFound, textResponse
+from fleetd.web.owner import OwnerOf, ownerOf
+from fleetd.web.resources import (
+    Endpoint,
+    jsonResponse,
+    notFound,
+    renderAsync,
+    textResponse,
+)
 
 log = Logger()
 
@@ -52,8 +57,6 @@ STATUS_OF_KIND = {
     "not-recorded": http.SERVICE_UNAVAILABLE,
 }
 DEVICE_PAGE = "approve with `fleetctl approve CODE --device NAME`"
-
-OwnerOf = Callable[[IRequest], str | None]
 
 
 def verificationURI(enrollmentName: str, port: int | None) -> str:

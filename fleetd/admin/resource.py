@@ -4,168 +4,37 @@ Resources of the admin listener.
 C{/healthz} and C{/metrics} answer anyone who reaches the listener (it is
 not the boot listener, so nodes in Talos never see them [A2]).
 C{/v1/admin/*} answers only a client that presented a certificate issued by
-the owner CA; TLS verified the chain, this module checks the purpose (the
-clientAuth extended key usage must be there [O1]) and the name (the CN must
-fit the journal's actor names), and refuses a change whose body is not
-C{application/json} (C{text/csv} for imports) with 415, or whose JSON has a
+the owner CA; TLS verified the chain, L{fleetd.web.owner} checks the purpose
+(the clientAuth extended key usage must be there [O1]) and the name (the CN
+must fit the journal's actor names), and this module refuses a change whose
+body is not C{application/json} (C{text/csv} for imports) with 415, or whose JSON has a
 key twice with 400 [O3], before any child sees the request.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from prometheus_client import CollectorRegistry
-from twisted.internet.defer import Deferred
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
-from twisted.python.failure import Failure
-from twisted.web import http, resource, server
+from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
 from fleetd import jsonbody
 from fleetd.jsonbody import JSONBodyError
 from fleetd.logs import ThrottledLog
-from fleetd.metrics import MetricsResource
 from fleetd.readiness import Readiness
 from fleetd.store.journal import AsyncJournal
-from fleetd.web import (
+from fleetd.web.owner import NO_CERTIFICATE, checkOwner, ownerOf
+from fleetd.web.resources import (
     Endpoint,
     Refusal,
     Router,
     jsonResponse,
-    peerCertificate,
+    renderAsync,
     textResponse,
 )
-
-log = Logger()
-
-# An owner's name is its certificate's CN; the journal records it as the
-# actor "owner:<CN>", so it must fit the journal's actor alphabet
-# (fleetd.store.journal): here letters, digits and _ . @ -, at most 64.
-OWNER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
-NO_CERTIFICATE = "owner client certificate required"
-
-
-@dataclass(frozen=True)
-class OwnerCheck:
-    """An owner's name, or the one line saying why the peer is not one."""
-
-    owner: str | None
-    refusal: str = NO_CERTIFICATE
-
-
-def checkOwner(request: IRequest) -> OwnerCheck:
-    """
-    Decide whether C{request}'s client is an owner [O1].
-
-    The TLS layer has already verified the chain against the one owner CA.
-    Here the verified chain must be exactly the leaf and the owner CA, the
-    leaf's signature made by that CA (a leaf under an intermediate, such as
-    an LDevID whose node sends its issuer along, is never an owner), the
-    certificate must carry the clientAuth extended key usage (a certificate
-    without that extension is refused: device and LDevID certificates
-    often have none), must not be a CA, and its single CN must fit
-    L{OWNER_NAME}. This relies on the owner CA being the admin listener's
-    only trust anchor (L{fleetd.prepare.checkOwnerCA}): never add the LDevID
-    bundle to that listener's TLS trust.
-    """
-    cert = peerCertificate(request)
-    if cert is None:
-        return OwnerCheck(None)
-    transport = getattr(request, "transport", None)
-    # The chain OpenSSL verified (sessions are not resumed: it is always there).
-    getHandle = getattr(transport, "getHandle", None)
-    getChain = getattr(getHandle() if getHandle else None, "get_verified_chain", None)
-    verified = None if getChain is None else getChain()
-    chain = [] if verified is None else [c.to_cryptography() for c in verified]
-    try:
-        if len(chain) != 2 or chain[0] != cert:
-            raise ValueError("not leaf and owner CA")
-        cert.verify_directly_issued_by(chain[1])
-    except (ValueError, TypeError, InvalidSignature):
-        return OwnerCheck(
-            None, "owner certificate refused: it was not issued directly by the "
-            "owner CA",
-        )  # fmt: skip
-    try:
-        eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    except x509.ExtensionNotFound:
-        return OwnerCheck(
-            None, "owner certificate refused: it has no extended key usage "
-            "(clientAuth is required)",
-        )  # fmt: skip
-    if ExtendedKeyUsageOID.CLIENT_AUTH not in eku:
-        return OwnerCheck(
-            None, "owner certificate refused: its extended key usage lacks clientAuth"
-        )
-    try:
-        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints)
-    except x509.ExtensionNotFound:
-        constraints = None
-    if constraints is not None and constraints.value.ca:
-        return OwnerCheck(None, "owner certificate refused: it is a CA certificate")
-    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    values = [n.value for n in names]
-    name = values[0] if len(values) == 1 else None
-    if not isinstance(name, str) or OWNER_NAME.fullmatch(name) is None:
-        shown = repr(name)[:70] if isinstance(name, str) else "missing or repeated"
-        return OwnerCheck(
-            None, f"owner certificate refused: its CN {shown} is not a usable owner "
-            "name (letters, digits, _ . @ -; at most 64, starting with a letter "
-            "or digit)",
-        )  # fmt: skip
-    return OwnerCheck(name)
-
-
-def ownerOf(request: IRequest) -> str | None:
-    """The owner name (certificate CN) of C{request}'s client, or L{None}."""
-    return checkOwner(request).owner
-
-
-def isOwner(request: IRequest) -> bool:
-    """Whether C{request}'s client presented an acceptable owner certificate."""
-    return checkOwner(request).owner is not None
-
-
-def renderAsync(
-    request: Any,
-    work: Callable[[], Awaitable[tuple[int, Any]]],
-    refusal: Callable[[Exception], tuple[int, str] | None] | None = None,
-) -> int:
-    """
-    Run C{work} and write its C{(code, document)} as JSON.
-
-    An exception that C{refusal} maps to C{(code, line)} is that one-line
-    answer; any other is logged as a bug and answered with a one-line 500.
-    Nothing is written after the client went away.
-    """
-    gone: list[bool] = []
-    request.notifyFinish().addErrback(lambda _: gone.append(True))
-
-    async def run() -> None:
-        try:
-            code, document = await work()
-            body = jsonResponse(request, code, document)
-        except Exception as e:
-            answer = None if refusal is None else refusal(e)
-            if answer is None:
-                log.failure("admin.request.failed", failure=Failure())
-                answer = (http.INTERNAL_SERVER_ERROR, "internal error")
-            body = textResponse(request, *answer)
-        if not gone:
-            request.write(body)
-            request.finish()
-
-    Deferred.fromCoroutine(run())
-    notDoneYet: int = server.NOT_DONE_YET
-    return notDoneYet
 
 
 class Health(Endpoint):
@@ -208,6 +77,22 @@ class Health(Endpoint):
                 "uptime_seconds": round(self._clock.seconds() - self._started, 3),
             },
         )
+
+
+class MetricsResource(Endpoint):
+    """Serve C{registry} in the Prometheus text format."""
+
+    isLeaf = True
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__()
+        self._registry = registry
+
+    def render_GET(self, request: IRequest) -> bytes:
+        request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode("ascii"))
+        request.setHeader(b"cache-control", b"no-store")
+        body: bytes = generate_latest(self._registry)
+        return body
 
 
 # Changes (paths below /v1/admin/) whose body is CSV; all others take JSON.

@@ -7,11 +7,10 @@ from typing import Any
 from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
-from fleetd.admin.refusals import inventoryRefusal
-from fleetd.admin.resource import renderAsync
 from fleetd.inventory.model import InventoryError
 from fleetd.status import StatusService
-from fleetd.web import Endpoint, notFound
+from fleetd.web.refusals import inventoryRefusal
+from fleetd.web.resources import Endpoint, notFound, renderAsync
 
 
 class _NotFound(Exception):

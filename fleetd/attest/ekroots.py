@@ -17,8 +17,8 @@ from pathlib import Path
 
 from OpenSSL import crypto
 
-from fleetd.attest.errors import EK_UNTRUSTED, Refused
 from fleetd.config import ConfigError
+from fleetd.nodes import EK_UNTRUSTED, Refused
 
 _PEM = b"-----BEGIN CERTIFICATE-----"
 # Some TPMs store the certificate behind a 4-byte header: 0x10 0x01 + length.

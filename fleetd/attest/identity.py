@@ -13,22 +13,20 @@ LDevID from the current issuer (it renewed or attested through spore).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from cryptography import x509
 
-from fleetd.attest.errors import (
+from fleetd.nodes import (
     LDEVID_NOT_OURS,
     LDEVID_REQUIRED,
     LDEVID_SUPERSEDED,
     LDEVID_UNKNOWN,
+    NodeIdentity,
     Refused,
 )
-from fleetd.device.identity import NodeIdentity
 from fleetd.pki.ldevid import TrustBundle, serialHex, subjectOf
 from fleetd.pki.records import LDevIDRecord, loadCurrent
 from fleetd.store.db import Database
-from fleetd.web import peerCertificate
 
 
 class LDevIDBook:
@@ -61,19 +59,18 @@ class Peer:
 
 
 class LDevIDIdentifier:
-    """Decides which node a request's client certificate names."""
+    """Decides which node a client certificate names."""
 
     def __init__(self, bundle: TrustBundle, book: LDevIDBook) -> None:
         self._bundle = bundle
         self._book = book
 
-    def check(self, request: Any) -> Peer:
+    def check(self, cert: x509.Certificate | None) -> Peer:
         """
-        The node behind C{request}.
+        The node behind C{cert}, the client certificate TLS verified.
 
         @raise Refused: no certificate, or one not acceptable (any more).
         """
-        cert = peerCertificate(request)
         if cert is None:
             raise Refused(
                 LDEVID_REQUIRED, "this resource needs an LDevID client certificate"
@@ -106,10 +103,3 @@ class LDevIDIdentifier:
             )
         identity = NodeIdentity(device=subject.device, serial=subject.serial)
         return Peer(identity, cert, ca.subject.rfc4514_string(), legacy=not current)
-
-    def __call__(self, request: Any) -> NodeIdentity | None:
-        """The C{identify(request)} protocol: the node, or L{None}."""
-        try:
-            return self.check(request).identity
-        except Refused:
-            return None

@@ -22,12 +22,12 @@ from typing import Any, Protocol
 
 import yaml
 
-from fleetd.attest import errors as E
-from fleetd.attest.errors import Refused
+from fleetd import nodes as E
 from fleetd.attest.identity import LDevIDBook, Peer
-from fleetd.attest.service import REFUSED_CLASSES, AttestationService
-from fleetd.device.identity import NodeIdentity
-from fleetd.inventory.model import Device
+from fleetd.attest.inventory import busyWhileUnavailable, refuseRetired
+from fleetd.attest.service import AttestationService
+from fleetd.inventory.model import REFUSED_CLASSES, Device
+from fleetd.nodes import NodeIdentity, Refused
 from fleetd.runs.registry import codeName, configName
 from fleetd.store.runner import IRunner
 from fleetd.vault import IVault, VaultError
@@ -83,7 +83,7 @@ class LookupService:
         self._runner = runner
         self._attestation = attestation
         self._book = book
-        self._getDevice = E.busyWhileUnavailable(getDevice)
+        self._getDevice = busyWhileUnavailable(getDevice)
         self._runs = runs
         self._vault = vault
         self._targetDiskFor = targetDiskFor
@@ -110,7 +110,7 @@ class LookupService:
         if device is None or device.serial.lower() != ident.serial.lower():
             raise Refused(E.UNKNOWN_DEVICE, "no inventory device matches this LDevID")
         try:
-            E.refuseRetired(device)
+            refuseRetired(device)
         except Refused as refusal:
             raise await self._attestation.refuse(
                 refusal, device=device.name, serial=device.serial

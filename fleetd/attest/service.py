@@ -13,7 +13,7 @@ the same key over mTLS with the current LDevID.
 Every refusal is journaled with its reason code; an issuance and its
 record commit in one transaction with their journal entries [J1], and the
 in-memory book follows only after that commit. HTTP lives in
-L{fleetd.attest.resource}.
+L{fleetd.device.attest}.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from tpm2_pytss.types import TPM2B_PUBLIC
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from fleetd.attest import errors as E
+from fleetd import nodes as E
 from fleetd.attest.challenge import PER_KEY, ChallengeBook, NoRoom, Presented
 from fleetd.attest.ekroots import EKRoots
-from fleetd.attest.errors import Refused
 from fleetd.attest.identity import LDevIDBook, Peer
+from fleetd.attest.inventory import busyWhileUnavailable, refuseRetired
 from fleetd.attest.throttle import JournalThrottle
 from fleetd.attest.tpm import (
     checkAK,
@@ -51,15 +51,15 @@ from fleetd.attest.tpm import (
     spkiOf,
     verifyCertify,
 )
-from fleetd.inventory.model import Device
+from fleetd.inventory.model import REFUSED_CLASSES, Device
 from fleetd.logs import ThrottledLog
+from fleetd.nodes import Refused
 from fleetd.pki.ldevid import Issuer, Subject, serialHex
 from fleetd.pki.records import LDevIDRecord, storeIssued
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
 
-REFUSED_CLASSES = frozenset({"worker-g2"})  # [T2]
 ACTOR = "attest"
 
 
@@ -196,7 +196,7 @@ class AttestationService:
         self.issuer = issuer
         self.book = book
         self._approvedSerialFor = approvedSerialFor
-        self._deviceBySerial = E.busyWhileUnavailable(deviceBySerial, bySerial=True)
+        self._deviceBySerial = busyWhileUnavailable(deviceBySerial, bySerial=True)
         self._bindingRefusal = bindingRefusal
         self.challenges = ChallengeBook(clock, challengeTTL)
         self._journaled = JournalThrottle(clock)
@@ -291,7 +291,7 @@ class AttestationService:
         context["device"] = device.name
         if device.device_class in REFUSED_CLASSES:
             raise Refused(E.CLASS_REFUSED, f"class {device.device_class} cannot attest")
-        E.refuseRetired(device)  # [R1]
+        refuseRetired(device)  # [R1]
         ak = parsePublic(_b64(doc, "ak_public"), "ak_public")
         checkAK(ak)
         # [T1] A new begin never cancels a pending challenge (the claim is
@@ -357,7 +357,7 @@ class AttestationService:
         device = await self._deviceBySerial(ctx.serial)
         if device is None or device.name != ctx.device:
             raise Refused(E.UNKNOWN_DEVICE, "no inventory device has the bound serial")
-        E.refuseRetired(device)
+        refuseRetired(device)
         # The subject comes from the inventory, never from the CSR.
         cert = self.issuer.issue(
             key, Subject(ctx.device, ctx.serial), self.clock.seconds()
@@ -395,7 +395,7 @@ class AttestationService:
             device = await self._deviceBySerial(ident.serial)
             if device is None:
                 raise Refused(E.UNKNOWN_DEVICE, "no inventory device has this serial")
-            E.refuseRetired(device)
+            refuseRetired(device)
             cert = self.issuer.issue(
                 key, Subject(device.name, device.serial), self.clock.seconds()
             )

@@ -33,7 +33,7 @@ from tpm2_pytss.types import (
 )
 from tpm2_pytss.utils import make_credential
 
-from fleetd.attest.errors import (
+from fleetd.nodes import (
     AK_ATTRIBUTES,
     CERTIFY_INVALID,
     EK_MISMATCH,

@@ -13,7 +13,7 @@ refusal is a cheap one-line answer:
 
 C{HEAD} (and every method but C{GET}) is a 405 with C{Allow: GET}: only a
 GET can consume a run, and a HEAD gets the headers of that answer without
-a body (L{fleetd.web.BoundedRequest}), so it neither consumes, delivers nor
+a body (L{fleetd.web.site.BoundedRequest}), so it neither consumes, delivers nor
 tells anything about the code.
 
 The decision and the consumed mark happen in one reactor turn [C1]; the
@@ -46,8 +46,8 @@ from twisted.web.http import (  # bound once: the module is a deprecation proxy
 from twisted.web.iweb import IRequest
 from zope.interface import implementer
 
-from fleetd.boot.deviceflow_model import Grant, sameIdentity
 from fleetd.boot.handover import Handover
+from fleetd.deviceflow.model import Grant, sameIdentity
 from fleetd.logs import ThrottledLog
 from fleetd.ratelimit import RateLimiter
 from fleetd.runs.codes import wellFormedCode
@@ -55,7 +55,7 @@ from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import RunRegistry, _Run
 from fleetd.runs.store import RunRecord
 from fleetd.sources import sourceKey
-from fleetd.web import textResponse
+from fleetd.web.resources import textResponse
 
 LITERAL_CODE = "${code}"
 YAML = b"application/yaml"

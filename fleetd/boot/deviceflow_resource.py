@@ -1,5 +1,5 @@
 """
-HTTP edges of the device flow (L{fleetd.boot.deviceflow}) on the boot
+HTTP edges of the device flow (L{fleetd.deviceflow.flow}) on the boot
 listener.
 
 C{POST /device/code} and C{POST /token} take an
@@ -28,8 +28,8 @@ from twisted.python.failure import Failure
 from twisted.web import http, resource, server
 from twisted.web.iweb import IRequest
 
-from fleetd.boot.deviceflow import DeviceFlow, Reply
-from fleetd.web import Endpoint, jsonResponse, textResponse
+from fleetd.deviceflow.flow import DeviceFlow, Reply
+from fleetd.web.resources import Endpoint, jsonResponse, textResponse
 
 log = Logger()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from twisted.web.resource import Resource
 
-from fleetd.web import Router
+from fleetd.web.resources import Router
 
 
 def bootRoot(

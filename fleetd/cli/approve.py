@@ -23,10 +23,10 @@ import argparse
 import urllib.parse
 from typing import IO, Any
 
-from fleetd.boot.deviceflow_model import COMPARED, normaliseUserCode, sameIdentity
 from fleetd.cli.client import AdminClient
 from fleetd.clitools import CLIError, writeJSON
 from fleetd.config import Settings
+from fleetd.deviceflow.model import COMPARED, normaliseUserCode, sameIdentity
 
 BASE = "/v1/admin/device-flow"
 

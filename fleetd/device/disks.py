@@ -22,13 +22,12 @@ from typing import Any
 from twisted.web import http
 from twisted.web.iweb import IRequest
 
-from fleetd.admin.refusals import storeRefusal
-from fleetd.admin.resource import renderAsync
-from fleetd.attest.errors import Refused
-from fleetd.device.identity import Identify, NodeIdentity
+from fleetd.device.identity import Identify
+from fleetd.device.refusals import nodeRefusal
+from fleetd.nodes import NodeIdentity
 from fleetd.trust.disk_report import DiskReportError, parseDiskReport
 from fleetd.trust.disks import DiskService
-from fleetd.web import Endpoint, textResponse
+from fleetd.web.resources import Endpoint, renderAsync, textResponse
 
 NO_IDENTITY = (
     "node identity required: present this node's LDevID client certificate"
@@ -45,11 +44,9 @@ class _Refused(Exception):
 def _refusal(error: Exception) -> tuple[int, str] | None:
     if isinstance(error, _Refused):
         return error.code, str(error)
-    if isinstance(error, Refused):
-        return error.status, error.line()
     if isinstance(error, DiskReportError):
         return http.BAD_REQUEST, f"disk report: {error}"
-    return storeRefusal(error)
+    return nodeRefusal(error)
 
 
 class NodeDisksResource(Endpoint):
@@ -68,7 +65,7 @@ class NodeDisksResource(Endpoint):
             raising L{Refused} (journaled by it) for one that may not report,
             such as a device being decommissioned [R1].
         """
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self._service = service
         self._identify = identify
         self._admit = admit

@@ -4,29 +4,19 @@ Who is calling the device listener: a node's identity, from its LDevID.
 Node resources on 8444 (disk reports, plan lookups, renewal) take an
 L{Identify} function and ask it who sent the request; they never read TLS
 details themselves, so tests drive them with a fake. The real function
-(LDevID client certificate verified against the trust bundle, mapped to the
-inventory [T4]) lives with the LDevID issuer.
+(L{byLDevID}) hands the client certificate TLS verified to the LDevID
+identifier, which checks it against the trust bundle and the records [T4].
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 from twisted.web.iweb import IRequest
 
-
-@dataclass(frozen=True)
-class NodeIdentity:
-    """
-    The node behind a request, as its LDevID names it.
-
-    @ivar device: the inventory name of the device (lowercase label).
-    @ivar serial: its chassis serial, as the inventory spells it.
-    """
-
-    device: str
-    serial: str
+from fleetd.attest.identity import LDevIDIdentifier
+from fleetd.nodes import NodeIdentity, Refused
+from fleetd.web.peer import peerCertificate
 
 
 class Identify(Protocol):
@@ -41,3 +31,15 @@ def unidentified(request: IRequest) -> NodeIdentity | None:
     until the LDevID identification is wired in its place.
     """
     return None
+
+
+def byLDevID(identifier: LDevIDIdentifier) -> Identify:
+    """Identify the node by the LDevID client certificate it presented [T4]."""
+
+    def identify(request: IRequest) -> NodeIdentity | None:
+        try:
+            return identifier.check(peerCertificate(request)).identity
+        except Refused:
+            return None
+
+    return identify

@@ -2,14 +2,14 @@
 The device listener's resource tree [A3].
 
 C{/v1/attest/...}, C{/v1/ldevid/renew} and C{/v1/node/...} come from
-L{fleetd.attest.resource}; everything else is a one-line 404.
+L{fleetd.device.attest}; everything else is a one-line 404.
 """
 
 from __future__ import annotations
 
 from twisted.web.resource import Resource
 
-from fleetd.web import Router
+from fleetd.web.resources import Router
 
 
 def deviceRoot(v1: Resource | None = None) -> Router:

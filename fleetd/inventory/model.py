@@ -28,6 +28,8 @@ ErrorKind = Literal["invalid", "duplicate", "not-found", "unavailable"]
 MAX_SERIAL = 64
 MAX_RUN = 128
 MAX_PEER = 128
+# Device classes fleetd never attests nor provisions (TPM 1.2 machines) [T2].
+REFUSED_CLASSES = frozenset({"worker-g2"})
 
 _LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _TOKEN = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")

@@ -45,7 +45,7 @@ from typing import Any
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from fleetd.device.identity import NodeIdentity
+from fleetd.nodes import NodeIdentity
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner

@@ -24,8 +24,8 @@ from collections.abc import Collection
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from fleetd.boot.deviceflow_machine import Held, Outcome
-from fleetd.boot.deviceflow_model import (
+from fleetd.deviceflow.machine import Held, Outcome
+from fleetd.deviceflow.model import (
     COMPARED,
     DeviceFlowError,
     Grant,
@@ -47,7 +47,7 @@ def _reported(value: str) -> str:
 class Decisions:
     """
     Approvals and denials of held requests (a base of
-    L{fleetd.boot.deviceflow.DeviceFlow}).
+    L{fleetd.deviceflow.flow.DeviceFlow}).
 
     Failed attempts (unknown user codes) spend from a small budget per
     owner and overall (RFC 8628 section 5.1: about 5 guesses per code

@@ -16,52 +16,28 @@ from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
 from fleetd import jsonbody
-from fleetd.admin.refusals import storeRefusal
-from fleetd.admin.resource import renderAsync
-from fleetd.attest import errors as E
-from fleetd.attest.errors import Refused
 from fleetd.attest.identity import LDevIDIdentifier, Peer
 from fleetd.attest.lookup import LookupService
 from fleetd.attest.service import AttestationService
+from fleetd.device.refusals import answerFor
 from fleetd.jsonbody import JSONBodyError
-from fleetd.web import Endpoint, Router
-
-
-def _refusal(error: Exception) -> tuple[int, str] | None:
-    if isinstance(error, Refused):
-        return error.status, error.line()
-    return storeRefusal(error)
-
-
-def _answer(request: IRequest) -> Callable[[Exception], tuple[int, str] | None]:
-    """
-    L{_refusal}, with C{Retry-After}: the refusal's own (C{challenges-pending},
-    429), or L{E.RETRY_AFTER} on a 503 (busy: retry later).
-    """
-
-    def refusal(error: Exception) -> tuple[int, str] | None:
-        answer = _refusal(error)
-        if isinstance(error, Refused) and error.retryAfter is not None:
-            request.setHeader(b"retry-after", b"%d" % (error.retryAfter,))
-        elif answer is not None and answer[0] == http.SERVICE_UNAVAILABLE:
-            request.setHeader(b"retry-after", b"%d" % (E.RETRY_AFTER,))
-        return answer
-
-    return refusal
+from fleetd.nodes import LDEVID_REQUIRED, MALFORMED, Refused
+from fleetd.web.peer import peerCertificate
+from fleetd.web.resources import Endpoint, Router, renderAsync
 
 
 def readJSON(request: IRequest) -> dict[str, Any]:
     """The request's JSON object body. @raise Refused: C{malformed}."""
     kind = (request.getHeader(b"content-type") or b"").split(b";")[0].strip().lower()
     if kind != b"application/json":
-        raise Refused(E.MALFORMED, "body must be application/json")
+        raise Refused(MALFORMED, "body must be application/json")
     raw = b"" if request.content is None else request.content.read()
     try:
         doc = jsonbody.loads(raw)
     except JSONBodyError as e:
-        raise Refused(E.MALFORMED, f"body: {e}") from e
+        raise Refused(MALFORMED, f"body: {e}") from e
     if not isinstance(doc, dict):
-        raise Refused(E.MALFORMED, "body must be a JSON object")
+        raise Refused(MALFORMED, "body must be a JSON object")
     return doc
 
 
@@ -93,7 +69,7 @@ class _Post(Endpoint):
                 raise await self._attestation.refuse(refusal) from None
             return http.OK, await self._work(request, doc)
 
-        return renderAsync(request, run, _answer(request))
+        return renderAsync(request, run, answerFor(request))
 
 
 class _Get(Endpoint):
@@ -107,7 +83,7 @@ class _Get(Endpoint):
         async def run() -> tuple[int, Any]:
             return http.OK, await self._work(request)
 
-        return renderAsync(request, run, _answer(request))
+        return renderAsync(request, run, answerFor(request))
 
 
 def deviceAPI(
@@ -129,9 +105,9 @@ def deviceAPI(
 
     async def peer(request: IRequest) -> Peer:
         try:
-            return identify.check(request)
+            return identify.check(peerCertificate(request))
         except Refused as refusal:
-            if refusal.reason == E.LDEVID_REQUIRED:
+            if refusal.reason == LDEVID_REQUIRED:
                 raise  # no certificate at all: nothing worth a journal entry
             raise await attestation.refuse(refusal) from None
 

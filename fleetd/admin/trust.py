@@ -32,10 +32,8 @@ from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
 from fleetd import jsonbody
-from fleetd.admin.refusals import storeRefusal
-from fleetd.admin.resource import ownerOf, renderAsync
+from fleetd.admin.devices import Offload
 from fleetd.inventory.model import InventoryError
-from fleetd.inventory.resource import Offload
 from fleetd.jsonbody import JSONBodyError
 from fleetd.trust.disks import DiskService
 from fleetd.trust.manifest import parseManifest
@@ -48,7 +46,9 @@ from fleetd.trust.model import (
     validateRef,
 )
 from fleetd.trust.service import TrustService
-from fleetd.web import Endpoint, notFound
+from fleetd.web.owner import ownerOf
+from fleetd.web.refusals import storeRefusal
+from fleetd.web.resources import Endpoint, notFound, renderAsync
 
 log = Logger()
 
@@ -131,7 +131,7 @@ class EvidenceResource(Endpoint):
     """C{/v1/admin/evidence}."""
 
     def __init__(self, service: TrustService, offload: Offload[Any]) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self._service = service
         self._offload = offload
 
@@ -176,7 +176,7 @@ class ImportEvidence(Endpoint):
     isLeaf = True
 
     def __init__(self, service: TrustService, offload: Offload[Any]) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self._service = service
         self._offload = offload
 
@@ -209,7 +209,7 @@ class WithdrawEvidence(Endpoint):
     isLeaf = True
 
     def __init__(self, service: TrustService, evidenceId: int) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self._service = service
         self._id = evidenceId
 
@@ -230,7 +230,7 @@ class BindingsResource(Endpoint):
     """C{/v1/admin/bindings}."""
 
     def __init__(self, service: TrustService) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self._service = service
 
     def getChild(self, path: bytes, request: IRequest) -> resource.Resource:
@@ -256,7 +256,7 @@ class ApproveBinding(Endpoint):
     isLeaf = True
 
     def __init__(self, service: TrustService) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self._service = service
 
     def render_POST(self, request: IRequest) -> int:
@@ -276,7 +276,7 @@ class DisksAdminResource(Endpoint):
     """C{/v1/admin/disks/NAME/forget}."""
 
     def __init__(self, service: DiskService) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self._service = service
 
     def getChild(self, path: bytes, request: IRequest) -> resource.Resource:
@@ -293,7 +293,7 @@ class ForgetDisks(Endpoint):
     isLeaf = True
 
     def __init__(self, service: DiskService, device: str) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self._service = service
         self._device = device
 

@@ -21,9 +21,8 @@ from typing import Any
 from twisted.web import http
 from twisted.web.iweb import IRequest
 
-from fleetd.admin.refusals import storeRefusal
-from fleetd.admin.resource import ownerOf, renderAsync
 from fleetd.inventory.model import (
+    REFUSED_CLASSES,
     Device,
     DeviceStatus,
     IInventory,
@@ -39,10 +38,11 @@ from fleetd.runs.registry import (
     RunRegistry,
 )
 from fleetd.runs.render import NodeFacts, RenderError, TemplateRenderer
-from fleetd.status import REFUSED_CLASSES
 from fleetd.store.journal import AsyncJournal
 from fleetd.vault import VaultError
-from fleetd.web import Endpoint, textResponse
+from fleetd.web.owner import ownerOf
+from fleetd.web.refusals import storeRefusal
+from fleetd.web.resources import Endpoint, renderAsync, textResponse
 
 DESIRED_ACTIONS = frozenset({"netboot"})
 MAX_DEVICES = 1000

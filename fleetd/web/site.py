@@ -1,8 +1,8 @@
 """
-HTTP plumbing shared by the boot, device and admin listeners.
+The bounded site every HTTP/1.1 listener of fleetd serves through.
 
-Requests are bounded (header bytes and count, body bytes), refusals are one
-short line of text, and no traceback ever reaches a client. A HEAD gets
+Requests are bounded (header bytes and count, body bytes, the time to
+arrive whole), and no traceback ever reaches a client. A HEAD gets
 headers only, a request prints without its query string (codes travel in
 query values), no C{Server} header names the software, and the lines a
 client can cause once per request are rate-limited.
@@ -11,11 +11,9 @@ client can cause once per request are rate-limited.
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Callable
 from typing import Any
 
-from cryptography import x509
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http, resource, server
@@ -23,88 +21,7 @@ from twisted.web.error import UnsupportedMethod
 from twisted.web.iweb import IRequest
 
 from fleetd.logs import ThrottledLog, describeRequest
-
-TEXT = b"text/plain; charset=utf-8"
-JSON = b"application/json"
-
-
-def textResponse(request: IRequest, code: int, line: str) -> bytes:
-    """Set C{code} and a one-line text body on C{request}; return the body."""
-    request.setResponseCode(code)
-    request.setHeader(b"content-type", TEXT)
-    request.setHeader(b"cache-control", b"no-store")
-    return (line.rstrip("\n") + "\n").encode("utf-8")
-
-
-def jsonResponse(request: IRequest, code: int, document: Any) -> bytes:
-    """Set C{code} and a JSON body on C{request}; return the body."""
-    request.setResponseCode(code)
-    request.setHeader(b"content-type", JSON)
-    request.setHeader(b"cache-control", b"no-store")
-    return json.dumps(document, sort_keys=True).encode("utf-8") + b"\n"
-
-
-class Refusal(resource.Resource):
-    """A leaf that answers every method with one status and one line."""
-
-    isLeaf = True
-
-    def __init__(self, code: int, line: str) -> None:
-        super().__init__()
-        self.code = code
-        self.line = line
-
-    def render(self, request: IRequest) -> bytes:
-        return textResponse(request, self.code, self.line)
-
-
-class Endpoint(resource.Resource):
-    """
-    A resource whose unsupported methods get a one-line 405, not HTML.
-
-    HEAD is served by C{render_GET} when there is no C{render_HEAD}.
-    """
-
-    def render(self, request: IRequest) -> Any:
-        method = request.method.decode("ascii", "replace")
-        allowed = {
-            name[len("render_") :]
-            for name in dir(self)
-            if name.startswith("render_") and name[len("render_") :].isupper()
-        }
-        if "GET" not in allowed:
-            allowed.discard("HEAD")  # resource.Resource's HEAD needs a GET
-        handler = getattr(self, f"render_{method}", None) if method in allowed else None
-        if handler is None:
-            request.setHeader(b"allow", ", ".join(sorted(allowed)).encode("ascii"))
-            return textResponse(request, http.NOT_ALLOWED, "method not allowed")
-        return handler(request)
-
-
-def notFound() -> Refusal:
-    return Refusal(http.NOT_FOUND, "not found")
-
-
-class Router(resource.Resource):
-    """
-    A resource whose unknown children and own path answer 404 in plain text.
-
-    Children are registered with L{putChild}; everything else is a
-    L{Refusal}, so no twisted.web HTML page is ever produced.
-    """
-
-    def __init__(self, index: resource.Resource | None = None) -> None:
-        super().__init__()
-        self._index = index
-
-    def getChild(self, path: bytes, request: IRequest) -> resource.Resource:
-        if path == b"" and self._index is not None and not request.postpath:
-            return self._index
-        return notFound()
-
-    def render(self, request: IRequest) -> bytes:
-        return textResponse(request, http.NOT_FOUND, "not found")
-
+from fleetd.web.resources import TEXT, textResponse
 
 # Bodies up to this size are held in memory, never spooled to a temp file.
 IN_MEMORY_BODY = 1 << 20
@@ -409,14 +326,3 @@ class BoundedSite(server.Site):
         )
 
     _accessLog = Logger(namespace="fleetd.access")
-
-
-def peerCertificate(request: Any) -> x509.Certificate | None:
-    """The client certificate TLS verified for C{request}, if it sent one."""
-    transport = getattr(request, "transport", None)
-    getPeer = getattr(transport, "getPeerCertificate", None)
-    peer = None if getPeer is None else getPeer()
-    if peer is None:
-        return None
-    cert: x509.Certificate = peer.to_cryptography()
-    return cert

@@ -1,6 +1,7 @@
 """
-One clear line for a change the store could not record [J1], and for an
-inventory error wherever an HTTP resource meets one.
+The one refusal mapping every listener uses: one clear line for a change
+the store could not record [J1], and for an inventory error wherever an
+HTTP resource meets one.
 
 When the database or the journal refuses a change, nothing changed; the
 owner is told so in one line instead of a bare 500. An L{InventoryError}

@@ -15,7 +15,7 @@ secrets too. None of them, nor the C{code} a node reports, appears in a log
 line, a journal entry or an error message; a request is named by its
 public id (L{RequestView.id}) instead.
 
-Each request's life is a L{fleetd.boot.deviceflow_machine} machine; every
+Each request's life is a L{fleetd.deviceflow.machine} machine; every
 decision and every token is journaled before the node can see it [J1].
 
 [F1] C{/token} answers only RFC 8628's errors, never 429: polls faster
@@ -52,13 +52,13 @@ from types import MappingProxyType
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from fleetd.boot.deviceflow_machine import (
+from fleetd.deviceflow.machine import (
     Held,
     Outcome,
     RequestCore,
     RequestMachine,
 )
-from fleetd.boot.deviceflow_model import (
+from fleetd.deviceflow.model import (
     ALPHABET,
     GRANT_TYPE,
     MAX_VALUE,
@@ -70,7 +70,7 @@ from fleetd.boot.deviceflow_model import (
     RequestView,
     displayUserCode,
 )
-from fleetd.boot.deviceflow_owner import Decisions
+from fleetd.deviceflow.owner import Decisions
 from fleetd.sources import sourceKey
 from fleetd.store.journal import AsyncJournal
 

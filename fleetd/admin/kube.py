@@ -27,16 +27,15 @@ from twisted.web import http
 from twisted.web.iweb import IRequest
 from twisted.web.resource import Resource
 
-from fleetd.admin.refusals import storeRefusal
-from fleetd.admin.resource import ownerOf, renderAsync
 from fleetd.inventory.model import InventoryError, validateName
 from fleetd.kube.client import KubeError
 from fleetd.kube.cluster import ClusterTokenError, ClusterTokens
 from fleetd.kube.retire import RetireService
 from fleetd.runs.registry import NotReady
-from fleetd.web import Endpoint, notFound, textResponse
+from fleetd.web.owner import OwnerOf, ownerOf
+from fleetd.web.refusals import storeRefusal
+from fleetd.web.resources import Endpoint, notFound, renderAsync, textResponse
 
-OwnerOf = Callable[[IRequest], str | None]
 MAX_REASON = 200
 NO_CLUSTER = "no-cluster: [kubernetes] is not configured; fleetd makes no cluster calls"
 STATUS = {

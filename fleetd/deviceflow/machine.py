@@ -35,7 +35,7 @@ from typing import Protocol
 from automat import TypeMachineBuilder
 
 from fleetd.automata import answer, ignore, indexed
-from fleetd.boot.deviceflow_model import Grant, RequestView, displayUserCode
+from fleetd.deviceflow.model import Grant, RequestView, displayUserCode
 from fleetd.ratelimit import PollPacer
 
 

@@ -26,15 +26,15 @@ from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
 from fleetd import jsonbody
-from fleetd.admin.refusals import inventoryRefusal
-from fleetd.admin.resource import ownerOf, renderAsync
 from fleetd.inventory.csvimport import parseDeviceCSV
 from fleetd.inventory.model import Device, IInventory, InventoryError, validateDevice
 from fleetd.jsonbody import JSONBodyError
 from fleetd.store.entries import Entry
 from fleetd.store.fields import FieldValue
 from fleetd.store.journal import AsyncJournal
-from fleetd.web import Endpoint, notFound
+from fleetd.web.owner import ownerOf
+from fleetd.web.refusals import inventoryRefusal
+from fleetd.web.resources import Endpoint, notFound, renderAsync
 
 log = Logger()
 
@@ -141,7 +141,7 @@ class DevicesResource(Endpoint):
     def __init__(
         self, inventory: IInventory, journal: AsyncJournal, offload: Offload[Any]
     ) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self._inventory = inventory
         self._journal = journal
         self._offload = offload
@@ -199,7 +199,7 @@ class DeviceResource(Endpoint):
     isLeaf = True
 
     def __init__(self, inventory: IInventory, name: str) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self._inventory = inventory
         self._name = name
 

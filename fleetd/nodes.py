@@ -1,0 +1,76 @@
+"""
+Who a node is, and why fleetd refuses one: a stable reason code and one
+line for people.
+
+The codes are part of the wire contract (DESIGN §6): C{fleetd-agent}
+prints them, operators grep for them, and the journal records them. The
+HTTP status each code is answered with belongs to the device listener
+(L{fleetd.device.refusals}).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """
+    The node behind a request, as its LDevID names it.
+
+    @ivar device: the inventory name of the device (lowercase label).
+    @ivar serial: its chassis serial, as the inventory spells it.
+    """
+
+    device: str
+    serial: str
+
+
+# [T2]
+TPM12 = "tpm12-unsupported"
+CLASS_REFUSED = "class-refused"
+# [T3]
+EK_UNTRUSTED = "ek-cert-untrusted"
+EK_MISMATCH = "ek-public-mismatch"
+EK_TEMPLATE = "ek-attributes"
+NOT_APPROVED = "ek-binding-not-approved"
+SERIAL_MISMATCH = "serial-mismatch"
+UNKNOWN_DEVICE = "device-unknown"
+AK_ATTRIBUTES = "ak-attributes"
+LDEVID_ATTRIBUTES = "ldevid-attributes"
+CHALLENGE_UNKNOWN = "challenge-unknown"
+CHALLENGE_EXPIRED = "challenge-expired"
+CHALLENGE_USED = "challenge-used"
+CHALLENGES_PENDING = "challenges-pending"  # [T1] the EK's challenges are pending
+ACTIVATION_FAILED = "activation-failed"
+CERTIFY_INVALID = "certify-invalid"
+CSR_INVALID = "csr-invalid"
+MALFORMED = "malformed"
+BUSY = "busy"
+# The inventory holds several devices for the serial or name a node names
+INVENTORY_AMBIGUOUS = "inventory-ambiguous"
+# [T4]
+LDEVID_REQUIRED = "ldevid-required"
+LDEVID_UNKNOWN = "ldevid-unknown"
+LDEVID_SUPERSEDED = "ldevid-superseded"
+LDEVID_NOT_OURS = "ldevid-not-current-issuer"
+NOT_YOURS = "not-your-record"
+ATTEST_REQUIRED = "attest-required"
+# [R1] a device being decommissioned gets nothing more from fleetd
+RETIRED = "device-retired"
+NO_PLAN = "no-plan"
+NO_TARGET_DISK = "target-disk-unknown"
+
+
+class Refused(Exception):
+    """A refusal with its reason code; never carries a secret."""
+
+    def __init__(self, reason: str, detail: str, retryAfter: int | None = None) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.retryAfter = retryAfter  # seconds, for a Retry-After header
+
+    def line(self) -> str:
+        """One line for the node: the code first, so agents can parse it."""
+        return f"{self.reason}: {self.detail}"[:300]
