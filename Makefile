@@ -11,7 +11,7 @@ APT_TEST := swtpm swtpm-tools tpm2-tools prometheus bind9-dnsutils openssl curl 
 	tpm2-openssl tpm2-abrmd libtss2-tcti-tabrmd0 dbus-daemon dbus-bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint types unit rules system-build system-test devpki clean bench
+.PHONY: run test lint imports types unit rules system-build system-test devpki clean bench
 
 run: system-build $(STAMP) devpki
 	exec $(BIN)/twistd -n --pidfile= fleetd --config $(DEV_CONFIG)
@@ -19,7 +19,7 @@ run: system-build $(STAMP) devpki
 devpki: $(STAMP)
 	$(BIN)/fleetd-devpki --config $(DEV_CONFIG)
 
-test: system-test $(STAMP) lint types rules unit
+test: system-test $(STAMP) lint imports types rules unit
 
 system-build:
 	@./.ci/apt-ensure $(APT_BUILD)
@@ -37,6 +37,11 @@ $(STAMP): setup.cfg pyproject.toml
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# The house plan: layers, independence, no HTTP serving below the listeners,
+# no import circle (contracts in pyproject.toml, map in docs/architecture.md).
+imports: $(STAMP)
+	$(BIN)/lint-imports --no-cache
 
 types: $(STAMP)
 	$(BIN)/mypy
