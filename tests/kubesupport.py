@@ -9,7 +9,6 @@ import yaml
 from twisted.internet.defer import Deferred
 
 from fleetd.config import KubernetesSettings
-from fleetd.kube.client import KubeClient
 from fleetd.kube.retire import RetireService
 from fleetd.kube.service import KubeService
 from fleetd.kube.status import KubeStatus
@@ -39,12 +38,7 @@ class KubeFleet(Fleet):
         super().start(vault, inventory)
         if not hasattr(self, "fake"):
             self.fake = FakeKube(self.clock)
-        self.client = KubeClient(
-            "https://kube.test",
-            self.fake.http(),
-            self.clock,
-            bearer=self.fake.adminToken,
-        )
+        self.client = self.fake.client()
         self.kube = KubeService(
             clock=self.clock,
             settings=SETTINGS,

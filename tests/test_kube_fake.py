@@ -285,9 +285,7 @@ class KubeContractMixin(_Base):
 
     def test_unauthenticated_refused(self) -> None:
         """A wrong bearer is a 401, not a success."""
-        other = KubeClient(
-            "https://kube.test", self.fake.http(), self.clock, bearer="wrong"
-        )
+        other = self.fake.client(bearer="wrong")
         error = self.failure(other.listClusterRoleBindings(), KubeError)
         self.assertEqual(error.code, 401)
 
@@ -354,12 +352,7 @@ class FakeKubeContractTests(KubeContractMixin, SynchronousTestCase):
     def makeCluster(self) -> None:
         self.clock = Clock()
         self.fake = FakeKube(self.clock)
-        self.client = KubeClient(
-            "https://kube.test",
-            self.fake.http(),
-            self.clock,
-            bearer=self.fake.adminToken,
-        )
+        self.client = self.fake.client()
 
 
 class FakeStrictnessTests(SynchronousTestCase):

@@ -11,7 +11,6 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.kube.client import KubeClient
 from fleetd.kube.machine import TokenEffects, TokenMachine
 from fleetd.kube.watcher import CSRWatcher
 from fleetd.testing.kube import FakeKube, csrPEM
@@ -166,12 +165,7 @@ class WatcherTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.fake = FakeKube(self.clock)
-        self.client = KubeClient(
-            "https://kube.test",
-            self.fake.http(),
-            self.clock,
-            bearer=self.fake.adminToken,
-        )
+        self.client = self.fake.client()
         self.seen: list[str] = []
         self.watcher = CSRWatcher(
             self.clock,
