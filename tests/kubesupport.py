@@ -9,8 +9,7 @@ import yaml
 from twisted.internet.defer import Deferred
 
 from fleetd.config import KubernetesSettings
-from fleetd.kube.retire import RetireService
-from fleetd.kube.service import KubeService
+from fleetd.kube.service import KubeService, retireService
 from fleetd.kube.status import KubeStatus
 from fleetd.kube.store import TokenRecord, getToken, kubelet
 from fleetd.runs.render import NodeFacts
@@ -50,15 +49,13 @@ class KubeFleet(Fleet):
         )
         self.kube.startService()
         self.fake.flush()
-        self.retirer = RetireService(
+        self.retirer = retireService(
+            self.kube,
             clock=self.clock,
             inventory=self.inventory,
             journal=self.journal,
             runner=self.runner,
-            client=self.client,
-            book=self.kube.book,
             runs=self.registry,
-            approvals=self.kube.approver.flights,
         )
 
     def stopKube(self) -> None:

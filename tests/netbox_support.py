@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,7 @@ from twisted.web.iweb import IResponse
 from fleetd.inventory.model import Device
 from fleetd.netbox.client import NetBoxClient
 from fleetd.netbox.inventory import NetBoxInventory
-from fleetd.netbox.mirror import JournalMirror
-from fleetd.netbox.worker import OutboxWorker
+from fleetd.netbox.service import NetBoxService
 from fleetd.store import Database, InlineRunner
 from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.testing.netbox import FakeNetBox
@@ -76,27 +76,26 @@ class NetBoxRig:
         self.journal = AsyncJournal(self.runner, Journal(b"k" * 32), self.clock)
         self.client = NetBoxClient(self.http, self.clock, URL, TOKEN, timeout=10.0)
         self.metrics = CollectorRegistry()
-        self.worker = OutboxWorker(
-            self.clock, self.runner, self.journal, self.client, metrics=self.metrics
-        )
-        self.mirror = JournalMirror(
-            self.clock, self.runner, self.client, metrics=self.metrics
-        )
-        self.inventory = NetBoxInventory(
+        self.refusals: list[str] = []
+        self.service = NetBoxService(
+            self.clock,
             self.client,
             self.runner,
             self.journal,
-            self.clock,
             configDigest=lambda run: "sha256:" + "ab" * 32,
-            wake=self.wake,
+            onRefused=self.refusals.append,
+            wake=self.handOver,
             metrics=self.metrics,
         )
+        self.worker = self.service.worker
+        self.mirror = self.service.mirror
+        self.inventory = self.service.inventory
         self.worker.start()
         return self.inventory
 
-    def wake(self) -> None:
+    def handOver(self, kick: Callable[[], None]) -> None:
         """A row was queued: kick the worker on the next turn, after the commit."""
-        self.clock.callLater(0, self.worker.kick)
+        self.clock.callLater(0, kick)
 
     def sample(self, name: str, **labels: str) -> float | None:
         return self.metrics.get_sample_value(name, labels)
