@@ -25,11 +25,11 @@ from fleetd.agent import main as agent
 from fleetd.agent import mtls as agent_mtls
 from fleetd.agent.client import Refusal, Unreachable
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
-from tests.support import TOPOLOGY, missingPeer, writeConfig
+from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
+from tests.support import TOPOLOGY, missingPeer
 from tests.swtpm import RM_AVAILABLE, SWTPM, ResourceManager
 from tests.test_attest_swtpm import ekDigestOf
 from tests.test_daemon import DaemonTestMixin
-from tests.test_devices_api import run as fleetctlRun
 
 UUID = "4c4c4544-0042-3510-8050-b4c04f4d3232"
 DISKS = {
@@ -202,9 +202,7 @@ class TPMKeyDaemonCase(DaemonTestMixin, TestCase):
         return deferToThread(runAgent, argv)
 
     async def fleetctl(self, *words: str) -> str:
-        code, out, err = await deferToThread(
-            fleetctlRun, ["--config", self.config, *words]
-        )
+        code, out, err = await fleetctlAgainst(self.config, *words)
         self.assertEqual(code, 0, err)
         return str(out)
 
@@ -214,11 +212,7 @@ class TPMKeyDaemonCase(DaemonTestMixin, TestCase):
         await service._loading
         admin = self.port(service, "admin")
         self.url = f"https://localhost:{self.port(service, 'device')}"
-        self.config = str(
-            writeConfig(
-                self.directory, {"owner": {"server": f"https://localhost:{admin}"}}
-            )
-        )
+        self.config = str(ownerConfig(self.directory, admin))
         await self.fleetctl("device", "add", "w1", "--serial", "SER1",
                             "--uuid", UUID, "--class", "worker")  # fmt: skip
         if not approve:

@@ -9,7 +9,6 @@ real daemon over TLS with the owner certificate.
 from __future__ import annotations
 
 import http.client
-import io
 import json
 import ssl
 from collections.abc import Callable
@@ -23,11 +22,11 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.admin.devices import devicesResource
-from fleetd.cli import fleetctl
 from fleetd.inventory import SQLiteInventory
 from fleetd.store import AsyncJournal, Database, InlineRunner, Journal, StoreError
 from fleetd.web.resources import Router
-from tests.support import inventoryOver, writeConfig
+from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
+from tests.support import inventoryOver
 from tests.test_daemon import DaemonTestMixin
 from tests.test_inventory import UUID1, UUID2, UUID3, _FailingRunner
 from tests.test_inventory import W1 as DEVICE_W1
@@ -402,12 +401,6 @@ class DevicesDaemonTests(DaemonTestMixin, TestCase):
         return ensureDeferred(self._persist())  # type: ignore[return-value]
 
 
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = fleetctl.main(argv, out, err)
-    return code, out.getvalue(), err.getvalue()
-
-
 class DeviceCommandTests(DaemonTestMixin, TestCase):
     """fleetctl device add|list|show|import against a running daemon."""
 
@@ -417,16 +410,12 @@ class DeviceCommandTests(DaemonTestMixin, TestCase):
     async def fleetctl(self, *argv: str) -> tuple[int, str, str]:
         """Run fleetctl; a single argument is split on spaces."""
         words = argv[0].split() if len(argv) == 1 else list(argv)
-        return await deferToThread(run, ["--config", self.config, *words])
+        return await fleetctlAgainst(self.config, *words)
 
     def start(self) -> None:
         service = self.startDaemon()
         port = self.port(service, "admin")
-        self.config = str(
-            writeConfig(
-                self.directory, {"owner": {"server": f"https://localhost:{port}"}}
-            )
-        )
+        self.config = str(ownerConfig(self.directory, port))
 
     async def _addListShow(self) -> None:
         self.start()
