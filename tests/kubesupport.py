@@ -1,4 +1,4 @@
-"""A fleet (L{tests.test_runs.Fleet}) with a fake cluster and the kube services."""
+"""A fleet (L{tests.fleetsupport.Fleet}) with a fake cluster and the kube services."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from fleetd.kube.store import TokenRecord, getToken, kubelet
 from fleetd.runs.render import NodeFacts
 from fleetd.status import StatusService
 from fleetd.testing.kube import FakeKube, csrPEM
+from tests.fleetsupport import RENDERER, Fleet, device
 from tests.test_j1 import Faults
-from tests.test_runs import RENDERER, Fleet, device
 
 SETTINGS = KubernetesSettings(
     api="https://kube.test",

@@ -25,11 +25,11 @@ from fleetd.agent import main as agent
 from fleetd.agent import mtls as agent_mtls
 from fleetd.agent.client import Refusal, Unreachable
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
+from tests.daemonsupport import DaemonTestMixin
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.support import TOPOLOGY, missingPeer
 from tests.swtpm import RM_AVAILABLE, SWTPM, ResourceManager
 from tests.test_attest_swtpm import ekDigestOf
-from tests.test_daemon import DaemonTestMixin
 
 UUID = "4c4c4544-0042-3510-8050-b4c04f4d3232"
 DISKS = {

@@ -17,11 +17,11 @@ from twisted.trial.unittest import TestCase
 
 from fleetd.agent.client import Refusal, call, tlsContext
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
+from tests.daemonsupport import DaemonTestMixin
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.support import TOPOLOGY, missingPeer
 from tests.swtpm import AVAILABLE, SWTPM
 from tests.test_agent_tpmtls import UUID, runAgent
-from tests.test_daemon import DaemonTestMixin
 
 
 class DeviceListenerTests(DaemonTestMixin, TestCase):

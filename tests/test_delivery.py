@@ -29,7 +29,7 @@ from twisted.trial.unittest import TestCase
 
 from fleetd.logs import makeObserver
 from fleetd.service import FleetdService
-from tests.test_daemon import DaemonTestMixin, httpsGet
+from tests.daemonsupport import DaemonTestMixin, httpsGet
 
 UUID1 = "4c4c4544-0042-3510-8050-b4c04f4d3232"
 UUID2 = "4c4c4544-0042-3510-8050-b4c04f4d3233"

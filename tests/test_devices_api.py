@@ -25,11 +25,11 @@ from fleetd.admin.devices import devicesResource
 from fleetd.inventory import SQLiteInventory
 from fleetd.store import AsyncJournal, Database, InlineRunner, Journal, StoreError
 from fleetd.web.resources import Router
+from tests.daemonsupport import DaemonTestMixin
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
+from tests.inventorysupport import UUID1, UUID2, UUID3, FailingRunner
+from tests.inventorysupport import W1 as DEVICE_W1
 from tests.support import inventoryOver
-from tests.test_daemon import DaemonTestMixin
-from tests.test_inventory import UUID1, UUID2, UUID3, _FailingRunner
-from tests.test_inventory import W1 as DEVICE_W1
 
 W1 = {
     "name": "w1",
@@ -300,7 +300,7 @@ class DevicesResourceTests(SynchronousTestCase):
 
     def test_unavailable_503(self) -> None:
         """When the database cannot be used the answer is a one-line 503."""
-        broken = inventoryOver(_FailingRunner(StoreError("runner stopped")))
+        broken = inventoryOver(FailingRunner(StoreError("runner stopped")))
         self.stub = self.treqFor(devicesResource(broken, self.journal, offload=inline))
         code, _, body = self.call("GET", BASE)
         self.assertEqual(code, 503)

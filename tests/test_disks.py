@@ -30,9 +30,9 @@ from fleetd.trust.disks import (
     targetDiskFor,
 )
 from fleetd.web.resources import Router
-from tests.test_daemon import DaemonTestMixin
+from tests.daemonsupport import DaemonTestMixin
+from tests.fleetsupport import Fleet
 from tests.test_j1 import FAULTS, Faults
-from tests.test_runs import Fleet
 
 GB = 10**9
 W1 = NodeIdentity("w1", "SER1")

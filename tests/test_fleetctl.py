@@ -14,10 +14,10 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.cli import fleetctl
 from fleetd.cli import journal as journalCommand
+from tests.daemonsupport import DaemonTestMixin
 from tests.fleetctlsupport import ownerConfig
 from tests.fleetctlsupport import runFleetctl as run
 from tests.support import writeConfig
-from tests.test_daemon import DaemonTestMixin
 
 
 class FrameTests(SynchronousTestCase):

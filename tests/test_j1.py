@@ -23,7 +23,7 @@ from fleetd.store.db import Database, StoreError
 from fleetd.store.entries import Entry, JournalEntry
 from fleetd.store.journal import Journal
 from fleetd.vault import MemoryVault, VaultError
-from tests.test_runs import KEY, Fleet, device
+from tests.fleetsupport import KEY, Fleet, device
 
 _T = TypeVar("_T")
 
@@ -110,7 +110,7 @@ class ProvisionFaultTests(SynchronousTestCase):
 
     def provision(self) -> Deferred[Any]:
         from fleetd.runs.render import NodeFacts
-        from tests.test_runs import RENDERER
+        from tests.fleetsupport import RENDERER
 
         return Deferred.fromCoroutine(
             self.fleet.registry.provision(

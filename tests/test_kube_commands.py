@@ -14,9 +14,9 @@ from twisted.internet.defer import ensureDeferred
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.admin.kube import clusterTokenResource, retireResource
+from tests.daemonsupport import DaemonTestMixin
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.kubesupport import KubeFleet, device
-from tests.test_daemon import DaemonTestMixin
 
 
 class ResourceTests(SynchronousTestCase):

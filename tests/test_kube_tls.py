@@ -26,8 +26,8 @@ from fleetd.config import ConfigError, KubernetesSettings
 from fleetd.kube.client import KubeClient, KubeUnavailable
 from fleetd.kube.connect import clientFromSettings
 from fleetd.testing.kube import FakeKube, csrPEM
+from tests.daemonsupport import DaemonTestMixin
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
-from tests.test_daemon import DaemonTestMixin
 from tests.test_kube_fake import bootstrapSecret
 from tests.tinkpeers import provisionedDevice
 

@@ -34,10 +34,10 @@ from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.store.runner import InlineRunner
 from fleetd.testing.netbox import FakeNetBox
 from fleetd.vault import DirectoryVault, IVault
+from tests.fleetsupport import KEY, RENDERER, Fleet, device
+from tests.inventorysupport import W1, W2
 from tests.netbox_support import TOKEN, URL, NetBoxRig, Switch, seedFake
 from tests.support import REPO
-from tests.test_inventory import W1, W2
-from tests.test_runs import KEY, RENDERER, Fleet, device
 
 
 def _events(rig: NetBoxRig, device: str | None = None) -> list[str]:

@@ -21,10 +21,10 @@ from fleetd.netbox.devices import RemoteDevice
 from fleetd.netbox.outbox import OutboxEntry, decide
 from fleetd.netbox.service import NetBoxService
 from fleetd.runs.machine import Outcome
+from tests.fleetsupport import device
+from tests.inventorysupport import W1
 from tests.netbox_support import NetBoxRig, seedFake
-from tests.test_inventory import W1
 from tests.test_netbox import NetBoxFleet
-from tests.test_runs import device
 
 
 def _events(rig: NetBoxRig, name: str) -> list[Any]:

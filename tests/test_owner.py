@@ -40,8 +40,8 @@ from fleetd.store import AsyncJournal, Database, InlineRunner, Journal
 from fleetd.web.owner import OWNER_NAME, checkOwner
 from fleetd.web.resources import Endpoint
 from fleetd.web.site import BoundedSite
+from tests.daemonsupport import DaemonTestMixin
 from tests.support import writeConfig
-from tests.test_daemon import DaemonTestMixin
 from tests.test_devices_api import CSV, W1, httpsRequest, inline
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

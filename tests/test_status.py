@@ -13,9 +13,9 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from fleetd.inventory.model import DeviceStatus
 from fleetd.runs.alerts import DEFAULT_HOLD
 from fleetd.status import DeviceReport, StatusService
+from tests.daemonsupport import DaemonTestMixin
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
-from tests.test_daemon import DaemonTestMixin
-from tests.test_runs import Fleet, device
+from tests.fleetsupport import Fleet, device
 
 
 class StatusServiceTests(SynchronousTestCase):

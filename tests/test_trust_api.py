@@ -25,10 +25,10 @@ from fleetd.store import AsyncJournal, Database, InlineRunner, StoreError
 from fleetd.trust.service import TrustService
 from fleetd.web.site import BoundedSite
 from tests import test_owner
+from tests.daemonsupport import DaemonTestMixin
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
-from tests.test_daemon import DaemonTestMixin
+from tests.inventorysupport import UUID1, UUID2
 from tests.test_devices_api import inline
-from tests.test_inventory import UUID1, UUID2
 from tests.test_j1 import FaultyJournal
 from tests.test_owner import PKIMixin, issue
 

@@ -22,7 +22,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from fleetd.config import ConfigError
 from fleetd.prepare import prepare
 from fleetd.vault import DirectoryVault, VaultError
-from tests.test_daemon import DaemonTestMixin
+from tests.daemonsupport import DaemonTestMixin
 from tests.test_vault import REFUSED, SECRET, fakeMountInfo
 
 OTHER_UID = 54321
