@@ -37,7 +37,17 @@ from fleetd.store.runner import InlineRunner
 from fleetd.vault import MemoryVault
 from fleetd.web.resources import Router
 from fleetd.web.site import BoundedSite
-from tests.test_j1 import FaultyJournal, FaultyRunner
+from tests.faultsupport import FaultyJournal, FaultyRunner
+
+PKI: Any = None
+
+
+def pki(base: Path) -> Any:
+    """The dev PKI under C{base}, made once per process and shared."""
+    global PKI
+    if PKI is None:
+        PKI = ensureDevPKI(base.resolve() / "pki", "localhost")
+    return PKI
 
 
 class Bindings:

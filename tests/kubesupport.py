@@ -15,8 +15,8 @@ from fleetd.kube.store import TokenRecord, getToken, kubelet
 from fleetd.runs.render import NodeFacts
 from fleetd.status import StatusService
 from fleetd.testing.kube import FakeKube, csrPEM
+from tests.faultsupport import Faults
 from tests.fleetsupport import RENDERER, Fleet, device
-from tests.test_j1 import Faults
 
 SETTINGS = KubernetesSettings(
     api="https://kube.test",
@@ -132,9 +132,30 @@ class KubeFleet(Fleet):
         return Faults(self)
 
 
+def bootstrapSecret(
+    tokenId: str = "abcdef",
+    secret: str = "0123456789abcdef",  # noqa: S107
+    expiration: str | None = "2100-01-01T00:00:00Z",
+    usage: bool = True,
+    groups: str = "system:bootstrappers:fleetd",
+) -> dict[str, Any]:
+    data = {"token-id": tokenId, "token-secret": secret, "auth-extra-groups": groups}
+    if expiration is not None:
+        data["expiration"] = expiration
+    if usage:
+        data["usage-bootstrap-authentication"] = "true"
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": f"bootstrap-token-{tokenId}", "namespace": "kube-system"},
+        "type": "bootstrap.kubernetes.io/token",
+        "stringData": data,
+    }
+
+
 def secretData(fake: FakeKube, tokenId: str) -> dict[str, str]:
     secret = fake.secrets[f"bootstrap-token-{tokenId}"]
     return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
 
 
-__all__ = ["KubeFleet", "device", "secretData"]
+__all__ = ["KubeFleet", "bootstrapSecret", "device", "secretData"]

@@ -26,20 +26,11 @@ from fleetd.attest.tpm import AK_MUST, ekDigest, spkiOf
 from fleetd.device.attest import deviceAPI
 from fleetd.device.refusals import statusOf
 from fleetd.nodes import Refused
-from fleetd.pki.dev import ensureDevPKI
 from fleetd.store.entries import JournalRefused
-from tests.attestserver import AttestServer
+from tests.attestserver import AttestServer, pki
 from tests.softtpm import SoftNode, b64, publicArea
 
 A = TPMA_OBJECT
-PKI: Any = None
-
-
-def pki(base: Path) -> Any:
-    global PKI
-    if PKI is None:
-        PKI = ensureDevPKI(base.resolve() / "pki", "localhost")
-    return PKI
 
 
 class ChecklistTestCase(SynchronousTestCase):

@@ -39,9 +39,8 @@ from fleetd.pki.ldevid import Subject, serialHex
 from fleetd.pki.records import LDevIDRecord
 from fleetd.trust.disks import DiskService
 from fleetd.web.resources import Router
-from tests.attestserver import AttestServer
+from tests.attestserver import AttestServer, pki
 from tests.softtpm import SoftNode
-from tests.test_attest_checks import pki
 
 WHY = (
     "ek-binding-not-approved: the binding of serial SER1 to EK 0123456789abcdef..."

@@ -31,8 +31,8 @@ from fleetd.trust.disks import (
 )
 from fleetd.web.resources import Router
 from tests.daemonsupport import DaemonTestMixin
+from tests.faultsupport import FAULTS, Faults
 from tests.fleetsupport import Fleet
-from tests.test_j1 import FAULTS, Faults
 
 GB = 10**9
 W1 = NodeIdentity("w1", "SER1")

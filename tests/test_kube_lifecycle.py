@@ -14,8 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from fleetd.kube.machine import TokenEffects, TokenMachine
 from fleetd.kube.watcher import CSRWatcher
 from fleetd.testing.kube import FakeKube, csrPEM
-from tests.kubesupport import KubeFleet, device
-from tests.test_kube_fake import bootstrapSecret
+from tests.kubesupport import KubeFleet, bootstrapSecret, device
 
 
 class MachineTests(SynchronousTestCase):

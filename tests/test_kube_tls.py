@@ -28,7 +28,7 @@ from fleetd.kube.connect import clientFromSettings
 from fleetd.testing.kube import FakeKube, csrPEM
 from tests.daemonsupport import DaemonTestMixin
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
-from tests.test_kube_fake import bootstrapSecret
+from tests.kubesupport import bootstrapSecret
 from tests.tinkpeers import provisionedDevice
 
 

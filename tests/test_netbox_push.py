@@ -23,8 +23,7 @@ from fleetd.netbox.service import NetBoxService
 from fleetd.runs.machine import Outcome
 from tests.fleetsupport import device
 from tests.inventorysupport import W1
-from tests.netbox_support import NetBoxRig, seedFake
-from tests.test_netbox import NetBoxFleet
+from tests.netbox_support import NetBoxFleet, NetBoxRig, seedFake
 
 
 def _events(rig: NetBoxRig, name: str) -> list[Any]:

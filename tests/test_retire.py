@@ -17,9 +17,9 @@ from fleetd.kube.service import retireService
 from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import RETIRED, codeName, configName, servedName
 from fleetd.store.db import StoreError
+from tests.faultsupport import Faults
 from tests.fleetsupport import Fleet, device
 from tests.kubesupport import KubeFleet
-from tests.test_j1 import Faults
 
 
 def _retirer(fleet: Fleet) -> RetireService:

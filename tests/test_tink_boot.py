@@ -30,8 +30,8 @@ from fleetd.tink.observe import (
 from fleetd.tink.proto import tink_agent_pb2 as agent
 from fleetd.tink.proto import tink_v012_pb2 as v012
 from fleetd.tink.workflows import DeviceIndex, WorkflowWatcher
+from tests.faultsupport import Faults
 from tests.fleetsupport import Fleet
-from tests.test_j1 import Faults
 
 MAC = "52:54:00:12:34:56"
 SUCCESS = agent.ActionStatusRequest.STATE_TYPE_SUCCESS

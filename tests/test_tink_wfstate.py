@@ -329,7 +329,7 @@ class WatchFailureTests(SynchronousTestCase):
         site = KubeSite(self)
         site.start()
         site.fake.addWorkflow(NS, "wf", MAC, state="RUNNING")
-        from tests.test_j1 import Faults
+        from tests.faultsupport import Faults
 
         faults = Faults(site.fleet)
         faults.inject("journal")

@@ -26,10 +26,10 @@ from fleetd.trust.service import TrustService
 from fleetd.web.site import BoundedSite
 from tests import test_owner
 from tests.daemonsupport import DaemonTestMixin
+from tests.faultsupport import FaultyJournal
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.inventorysupport import UUID1, UUID2
 from tests.test_devices_api import inline
-from tests.test_j1 import FaultyJournal
 from tests.test_owner import PKIMixin, issue
 
 EK1 = hashlib.sha256(b"ek-one").hexdigest()
