@@ -32,9 +32,9 @@ from fleetd.listen.connections import LimitedFactory
 from fleetd.runs.machine import Outcome
 from fleetd.runs.render import TemplateRenderer
 from fleetd.web.site import BoundedSite
+from tests.daemonsupport import configPath
 from tests.fleetsupport import Fleet, device
 from tests.support import REPO
-from tests.test_delivery import configPath
 
 PEER = IPv4Address("TCP", "10.20.0.42", 40000)
 

@@ -19,8 +19,8 @@ from twisted.internet.defer import Deferred, ensureDeferred, fail
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
+from tests.daemonsupport import UUID1, DeliveryMixin
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
-from tests.test_delivery import UUID1, DeliveryMixin
 
 GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 RFC8628 = {"authorization_pending", "slow_down"}

@@ -44,9 +44,9 @@ from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from fleetd.store import AsyncJournal
 from fleetd.web.resources import Endpoint, Router, jsonResponse
 from fleetd.web.site import BoundedSite
+from tests.deviceflowsupport import IDENTITY, REPORTED, FakeRuns, makeJournal
 from tests.fleetctlsupport import fleetctlAgainst
 from tests.support import writeConfig
-from tests.test_deviceflow import IDENTITY, REPORTED, FakeRuns, makeJournal
 
 NAME = "enroll.lolwtf.ca"
 FORM: dict[bytes | str, list[bytes | str]] = {
