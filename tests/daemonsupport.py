@@ -191,3 +191,26 @@ class DeliveryMixin(DaemonTestMixin):
         self.assertEqual(status, 200)  # type: ignore[attr-defined]
         entries: list[dict[str, Any]] = doc["entries"]
         return entries
+
+
+def httpsRequest(
+    port: int,
+    method: str,
+    path: str,
+    ca: Path,
+    clientCert: tuple[Path, Path] | None,
+    body: bytes | None = None,
+    contentType: str | None = None,
+) -> tuple[int, bytes]:
+    """One HTTPS request with an optional body; return (status, body)."""
+    context = ssl.create_default_context(cafile=str(ca))
+    if clientCert is not None:
+        context.load_cert_chain(str(clientCert[0]), str(clientCert[1]))
+    conn = http.client.HTTPSConnection("localhost", port, timeout=10, context=context)
+    try:
+        headers = {} if contentType is None else {"content-type": contentType}
+        conn.request(method, path, body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()

@@ -8,15 +8,13 @@ real daemon over TLS with the owner certificate.
 
 from __future__ import annotations
 
-import http.client
 import json
-import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from treq.testing import StubTreq
-from twisted.internet.defer import Deferred, ensureDeferred, maybeDeferred
+from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.task import Clock
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
@@ -25,32 +23,15 @@ from fleetd.admin.devices import devicesResource
 from fleetd.inventory import SQLiteInventory
 from fleetd.store import AsyncJournal, Database, InlineRunner, Journal, StoreError
 from fleetd.web.resources import Router
-from tests.daemonsupport import DaemonTestMixin
+from tests.daemonsupport import DaemonTestMixin, httpsRequest
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.inventorysupport import UUID1, UUID2, UUID3, FailingRunner
 from tests.inventorysupport import W1 as DEVICE_W1
+from tests.ownersupport import CSV, W1, inline
 from tests.support import inventoryOver
 
-W1 = {
-    "name": "w1",
-    "serial": "SN-1",
-    "uuid": UUID1,
-    "macs": ["52:54:00:00:00:01"],
-    "class": "worker-g3",
-    "cluster": "folly",
-}
 W1_STORED = {**W1, "status": "inventory", "desired_action": None}
-CSV = f"""\
-name,serial,uuid,mac,class,cluster
-w2,SN-2,{UUID2},52:54:00:00:00:02 52:54:00:00:00:12,worker-g3,folly
-w3,SN-3,{UUID3},,control-plane,
-"""
 BASE = "https://admin.test/devices"
-
-
-def inline(work: Callable[[bytes], Any], data: bytes) -> Deferred[Any]:
-    """An offload that runs the work at once, on the calling thread."""
-    return maybeDeferred(work, data)
 
 
 NaN = float("nan")
@@ -305,29 +286,6 @@ class DevicesResourceTests(SynchronousTestCase):
         code, _, body = self.call("GET", BASE)
         self.assertEqual(code, 503)
         self.assertEqual(body, b"inventory database unavailable: runner stopped\n")
-
-
-def httpsRequest(
-    port: int,
-    method: str,
-    path: str,
-    ca: Path,
-    clientCert: tuple[Path, Path] | None,
-    body: bytes | None = None,
-    contentType: str | None = None,
-) -> tuple[int, bytes]:
-    """One HTTPS request with an optional body; return (status, body)."""
-    context = ssl.create_default_context(cafile=str(ca))
-    if clientCert is not None:
-        context.load_cert_chain(str(clientCert[0]), str(clientCert[1]))
-    conn = http.client.HTTPSConnection("localhost", port, timeout=10, context=context)
-    try:
-        headers = {} if contentType is None else {"content-type": contentType}
-        conn.request(method, path, body=body, headers=headers)
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
 
 
 class DevicesDaemonTests(DaemonTestMixin, TestCase):

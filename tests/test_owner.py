@@ -18,7 +18,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import NameOID
 from OpenSSL import crypto
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import ensureDeferred
@@ -33,51 +33,26 @@ from fleetd.admin.resource import adminRoot
 from fleetd.config import ConfigError, TLSFiles, loadSettings
 from fleetd.inventory import SQLiteInventory
 from fleetd.listen.tls import loadTLSOptions
-from fleetd.pki.dev import DevPKIPaths, ensureDevPKI, makeCertificate
+from fleetd.pki.dev import ensureDevPKI, makeCertificate
 from fleetd.pki.ldevid import Issuer, Subject
 from fleetd.prepare import checkOwnerCA
 from fleetd.store import AsyncJournal, Database, InlineRunner, Journal
 from fleetd.web.owner import OWNER_NAME, checkOwner
 from fleetd.web.resources import Endpoint
 from fleetd.web.site import BoundedSite
-from tests.daemonsupport import DaemonTestMixin
+from tests.daemonsupport import DaemonTestMixin, httpsRequest
+from tests.ownersupport import (
+    CLIENT_AUTH,
+    CSV,
+    NO_EKU,
+    NOW,
+    SERVER_AUTH,
+    W1,
+    PKIMixin,
+    inline,
+    issue,
+)
 from tests.support import writeConfig
-from tests.test_devices_api import CSV, W1, httpsRequest, inline
-
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
-CLIENT_AUTH = ExtendedKeyUsageOID.CLIENT_AUTH
-SERVER_AUTH = ExtendedKeyUsageOID.SERVER_AUTH
-NO_EKU = object()
-
-
-def issue(
-    pki: DevPKIPaths,
-    cn: str,
-    eku: Any = CLIENT_AUTH,
-    ca: str = "owner_ca",
-    directory: Path | None = None,
-) -> tuple[x509.Certificate, Path, Path]:
-    """A leaf for C{cn} signed by the dev PKI's C{ca}; C{NO_EKU}: no EKU."""
-    caCert = x509.load_pem_x509_certificate(getattr(pki, ca).read_bytes())
-    caKey: Any = serialization.load_pem_private_key(
-        getattr(pki, ca + "_key").read_bytes(), None
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = makeCertificate(
-        cn, key, NOW, (caCert, caKey), None if eku is NO_EKU else eku
-    )
-    where = directory or pki.directory
-    certPath = where / f"leaf-{abs(hash((cn, str(eku), ca)))}.pem"
-    keyPath = certPath.with_suffix(".key")
-    certPath.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    keyPath.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert, certPath, keyPath
 
 
 class _Handle:
@@ -183,14 +158,6 @@ def ldevidUnder(
         )
     )
     return leaf, certPath, keyPath
-
-
-class PKIMixin:
-    pki: DevPKIPaths
-
-    def makePKI(self) -> None:
-        directory = Path(self.mktemp()).resolve()  # type: ignore[attr-defined]
-        self.pki = ensureDevPKI(directory / "pki", "enroll.lolwtf.ca")
 
 
 class CheckOwnerTests(PKIMixin, SynchronousTestCase):

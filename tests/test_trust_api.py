@@ -29,8 +29,7 @@ from tests.daemonsupport import DaemonTestMixin
 from tests.faultsupport import FaultyJournal
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.inventorysupport import UUID1, UUID2
-from tests.test_devices_api import inline
-from tests.test_owner import PKIMixin, issue
+from tests.ownersupport import PKIMixin, inline, issue
 
 EK1 = hashlib.sha256(b"ek-one").hexdigest()
 EK2 = hashlib.sha256(b"ek-two").hexdigest()
