@@ -26,8 +26,8 @@ from fleetd.service import FleetdService
 from fleetd.tink.proto import tink_agent_pb2 as agent
 from fleetd.tink.proto import tink_v012_pb2 as v012
 from tests.daemonsupport import DaemonTestMixin
-from tests.test_tink_boot import MAC, P, Site, frame
 from tests.tinkpeers import FakeTinkServer, channel, provisionedDevice, unary
+from tests.tinksupport import MAC, P, Site, frame
 
 RETURNED = "boot.hookos-after-install"
 

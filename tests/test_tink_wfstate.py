@@ -32,9 +32,9 @@ from fleetd.tink.wfstate import (
     hasEnded,
 )
 from tests.support import writeConfig
-from tests.test_tink_boot import MAC, RUNNING, SUCCESS, Site
+from tests.tinksupport import MAC, RUNNING, SUCCESS, Site
 
-NS = "ns"  # the proxy's agent workflow is "ns/wf" (tests.test_tink_boot)
+NS = "ns"  # the proxy's agent workflow is "ns/wf" (tests.tinksupport)
 
 
 class KubeSite(Site):
