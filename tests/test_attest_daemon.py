@@ -21,7 +21,7 @@ from tests.daemonsupport import DaemonTestMixin
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.support import TOPOLOGY, missingPeer
 from tests.swtpm import AVAILABLE, SWTPM
-from tests.test_agent_tpmtls import UUID, runAgent
+from tests.swtpmsupport import UUID, runAgent
 
 
 class DeviceListenerTests(DaemonTestMixin, TestCase):

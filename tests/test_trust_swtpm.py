@@ -24,10 +24,7 @@ from twisted.internet.threads import deferToThread
 
 from fleetd.agent.client import Refusal
 from tests.fleetctlsupport import fleetctlAgainst
-from tests.test_agent_tpmtls import TPMKeyDaemonCase
-from tests.test_attest_proofs import Node
-from tests.test_attest_swtpm import ekDigestOf
-from tests.test_ldevid import issueWith
+from tests.swtpmsupport import Node, TPMKeyDaemonCase, ekDigestOf, issueWith
 
 BIG = 240_057_409_536
 
