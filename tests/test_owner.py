@@ -19,11 +19,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from OpenSSL import crypto
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.iweb import IRequest
@@ -48,43 +46,13 @@ from tests.ownersupport import (
     NOW,
     SERVER_AUTH,
     W1,
+    CertTransport,
+    OwnerSiteMixin,
     PKIMixin,
     inline,
     issue,
 )
 from tests.support import writeConfig
-
-
-class _Handle:
-    """The TLS connection's verified chain, as pyOpenSSL gives it."""
-
-    def __init__(self, chain: list[x509.Certificate] | None) -> None:
-        self._chain = chain
-
-    def get_verified_chain(self) -> list[crypto.X509] | None:
-        if self._chain is None:
-            return None
-        return [crypto.X509.from_cryptography(c) for c in self._chain]
-
-
-class CertTransport(StringTransport):
-    """
-    A transport whose TLS peer presented C{cert} (or nothing), verified as
-    the chain C{[cert, *above]}.
-    """
-
-    def __init__(self, cert: x509.Certificate | None, *above: x509.Certificate) -> None:
-        super().__init__()
-        self._cert = cert
-        self._chain = None if cert is None else [cert, *above]
-
-    def getPeerCertificate(self) -> crypto.X509 | None:
-        if self._cert is None:
-            return None
-        return crypto.X509.from_cryptography(self._cert)
-
-    def getHandle(self) -> _Handle:
-        return _Handle(self._chain)
 
 
 class FakeRequest:
@@ -278,7 +246,7 @@ class Recorder(Endpoint):
         return b"{}\n"
 
 
-class GateTests(PKIMixin, SynchronousTestCase):
+class GateTests(OwnerSiteMixin, PKIMixin, SynchronousTestCase):
     """The owner gate in front of /v1/admin/: who, and which bodies [O1] [O3]."""
 
     def setUp(self) -> None:
@@ -308,37 +276,6 @@ class GateTests(PKIMixin, SynchronousTestCase):
             idleTimeout=30, clock=self.clock,
         )  # fmt: skip
         self.owner, _, _ = issue(self.pki, "owner")
-
-    def send(
-        self,
-        method: str,
-        path: str,
-        body: bytes = b"",
-        contentType: str | None = "application/json",
-        cert: Any = None,
-    ) -> tuple[int, bytes]:
-        channel = self.site.buildProtocol(None)
-        ownerCA = x509.load_pem_x509_certificate(self.pki.owner_ca.read_bytes())
-        transport = CertTransport(self.owner if cert is None else cert, ownerCA)
-        channel.makeConnection(transport)
-        self.addCleanup(channel.connectionLost, None)
-        headers = f"{method} {path} HTTP/1.1\r\nHost: x\r\n"
-        if contentType is not None:
-            headers += f"Content-Type: {contentType}\r\n"
-        if body or method != "GET":
-            headers += f"Content-Length: {len(body)}\r\n"
-        channel.dataReceived(headers.encode() + b"\r\n" + body)
-        head, _, content = transport.value().partition(b"\r\n\r\n")
-        if b"Transfer-Encoding: chunked" in head:
-            chunks = b""
-            while True:
-                size, _, rest = content.partition(b"\r\n")
-                if int(size, 16) == 0:
-                    break
-                chunks += rest[: int(size, 16)]
-                content = rest[int(size, 16) + 2 :]
-            content = chunks
-        return int(head.split(b" ")[1]), content
 
     def devices(self) -> list[str]:
         return [d.name for d in self.successResultOf(self.inventory.list())]

@@ -24,22 +24,19 @@ from fleetd.inventory import SQLiteInventory
 from fleetd.store import AsyncJournal, Database, InlineRunner, StoreError
 from fleetd.trust.service import TrustService
 from fleetd.web.site import BoundedSite
-from tests import test_owner
 from tests.daemonsupport import DaemonTestMixin
 from tests.faultsupport import FaultyJournal
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.inventorysupport import UUID1, UUID2
-from tests.ownersupport import PKIMixin, inline, issue
+from tests.ownersupport import OwnerSiteMixin, PKIMixin, inline, issue
 
 EK1 = hashlib.sha256(b"ek-one").hexdigest()
 EK2 = hashlib.sha256(b"ek-two").hexdigest()
 DEVICE = {"name": "w1", "serial": "SER1", "uuid": UUID1, "class": "worker-g3"}
 
 
-class TrustAPITests(PKIMixin, SynchronousTestCase):
+class TrustAPITests(OwnerSiteMixin, PKIMixin, SynchronousTestCase):
     """/v1/admin/evidence and /v1/admin/bindings behind the owner gate."""
-
-    send: Any = test_owner.GateTests.send
 
     def setUp(self) -> None:
         self.makePKI()
