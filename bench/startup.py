@@ -26,8 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
+from tests.daemonsupport import httpsGet
 from tests.support import writeConfig
-from tests.test_daemon import httpsGet
 
 LISTEN = re.compile(
     rb"listen\.started admin IPv4Address\(type='TCP', host='[\d.]+', port=(\d+)\)"

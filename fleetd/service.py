@@ -64,8 +64,7 @@ from fleetd.heap import ICollector, freezeStartup, pauseForStartup, resume, tune
 from fleetd.inventory.model import IInventory
 from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.kube.connect import clientFromSettings
-from fleetd.kube.retire import RetireService
-from fleetd.kube.service import KubeService
+from fleetd.kube.service import KubeService, retireService
 from fleetd.kube.status import KubeStatus
 from fleetd.listen.policy import ListenerName, listenerPolicy
 from fleetd.listen.service import ListenerService, StartupError
@@ -254,15 +253,13 @@ class FleetdService(MultiService):
             None if service is None else service.cluster
         )
         self.adminAPI[b"retire"] = retireResource(
-            RetireService(
+            retireService(
+                service,
                 clock=self.reactor,
                 inventory=self.inventory,
                 journal=self.journal,
                 runner=self.runner,
-                client=None if service is None else service.client,
-                book=None if service is None else service.book,
                 runs=self.runs,
-                approvals=None if service is None else service.approver.flights,
             )
         )
         return service

@@ -1,7 +1,9 @@
 """
 A device listener for attestation tests: the real services over a real
 database, behind the real TLS listener (loopback, port 0), with test
-doubles for the other helper's binding lookup and disk choice.
+doubles for the other helper's binding lookup and disk choice; and the
+two base cases that drive it with a software node (L{ChecklistTestCase},
+L{HoldsTestCase}).
 """
 
 from __future__ import annotations
@@ -13,21 +15,27 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from twisted.internet import reactor
-from twisted.internet.defer import maybeDeferred
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort
 from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.attest.ekroots import EKRoots
-from fleetd.attest.identity import LDevIDBook, LDevIDIdentifier
+from fleetd.attest.identity import LDevIDBook, LDevIDIdentifier, Peer
 from fleetd.attest.lookup import LookupService
 from fleetd.attest.service import AttestationService
+from fleetd.attest.tpm import ekDigest, spkiOf
 from fleetd.config import TLSFiles
 from fleetd.device.attest import deviceAPI
-from fleetd.inventory.model import Device
+from fleetd.device.refusals import statusOf
+from fleetd.inventory.model import Device, DeviceStatus
 from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.listen.tls import loadTLSOptions, tlsFactory
+from fleetd.nodes import Refused
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from fleetd.pki.ldevid import Issuer, TrustBundle
 from fleetd.store.db import Database
@@ -37,7 +45,18 @@ from fleetd.store.runner import InlineRunner
 from fleetd.vault import MemoryVault
 from fleetd.web.resources import Router
 from fleetd.web.site import BoundedSite
-from tests.test_j1 import FaultyJournal, FaultyRunner
+from tests.faultsupport import FaultyJournal, FaultyRunner
+from tests.softtpm import SoftNode
+
+PKI: Any = None
+
+
+def pki(base: Path) -> Any:
+    """The dev PKI under C{base}, made once per process and shared."""
+    global PKI
+    if PKI is None:
+        PKI = ensureDevPKI(base.resolve() / "pki", "localhost")
+    return PKI
 
 
 class Bindings:
@@ -168,3 +187,107 @@ class AttestServer:
         self.journal.query(limit=10000).addBoth(result.append)
         entries = result[0]
         return [e for e in entries if event is None or e.event == event]
+
+
+class ChecklistTestCase(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.server = AttestServer(Path(self.mktemp()), pki(Path(self.mktemp())))
+        self.addCleanup(self.server.db.close)
+        self.addCleanup(self.server.service.stop)
+        caCert = x509.load_pem_x509_certificate(self.server.pki.ek_ca.read_bytes())
+        caKey = serialization.load_pem_private_key(
+            self.server.pki.ek_ca_key.read_bytes(), None
+        )
+        self.caCert, self.caKey = caCert, caKey
+        self.node = SoftNode(caCert, caKey)
+        self.server.addDevice("w1", "SER1")
+        self.server.bindings.approved[ekDigest(spkiOf(self.node.ekPublic))] = "SER1"
+
+    def begin(self, doc: dict[str, Any]) -> Deferred[Any]:
+        return Deferred.fromCoroutine(self.server.service.begin(doc))
+
+    def prove(self, doc: dict[str, Any]) -> Deferred[Any]:
+        return Deferred.fromCoroutine(self.server.service.prove(doc))
+
+    def assertRefused(self, d: Deferred[Any], reason: str) -> Refused:
+        refusal: Refused = self.failureResultOf(d, Refused).value
+        self.assertEqual(refusal.reason, reason, refusal.line())
+        self.assertTrue(400 <= statusOf(refusal) < 500)
+        entries = self.server.entries("attest.refused")
+        self.assertEqual(entries[-1].fields["reason"], reason)
+        self.assertEqual(self.server.entries("ldevid.issued"), [])
+        return refusal
+
+    def challenge(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.successResultOf(self.begin(self.node.claim()))
+        return result
+
+
+WHY = (
+    "ek-binding-not-approved: the binding of serial SER1 to EK 0123456789abcdef..."
+    " is suspended: its receiving-scan evidence was withdrawn"
+)
+
+
+class HoldsTestCase(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.server = AttestServer(Path(self.mktemp()), pki(Path(self.mktemp())))
+        self.addCleanup(self.server.db.close)
+        self.addCleanup(self.server.service.stop)
+        caCert = x509.load_pem_x509_certificate(self.server.pki.ek_ca.read_bytes())
+        caKey = serialization.load_pem_private_key(
+            self.server.pki.ek_ca_key.read_bytes(), None
+        )
+        self.caCert, self.caKey = caCert, caKey
+        self.node = SoftNode(caCert, caKey)
+        self.server.addDevice("w1", "SER1")
+        self.server.addDevice("w2", "SER2")
+        self.digest = ekDigest(spkiOf(self.node.ekPublic))
+        self.server.bindings.approved[self.digest] = "SER1"
+        self.reasons: list[str] = []
+
+        def why(db: sqlite3.Connection, ekSha256: str) -> str:
+            self.reasons.append(ekSha256)
+            return WHY
+
+        self.server.service._bindingRefusal = why
+
+    def begin(self, doc: dict[str, Any]) -> Deferred[Any]:
+        return Deferred.fromCoroutine(self.server.service.begin(doc))
+
+    def prove(self, doc: dict[str, Any]) -> Deferred[Any]:
+        return Deferred.fromCoroutine(self.server.service.prove(doc))
+
+    def challenge(self, node: SoftNode | None = None) -> dict[str, Any]:
+        node = node or self.node
+        result: dict[str, Any] = self.successResultOf(self.begin(node.claim()))
+        return result
+
+    def attest(self) -> Peer:
+        """Attest the software node; the peer its new LDevID makes it."""
+        issued = self.successResultOf(self.prove(self.node.proof(self.challenge())))
+        cert = x509.load_pem_x509_certificate(issued["certificate"].encode())
+        return self.server.identify.checkCertificate(cert)
+
+    def renew(self, peer: Peer) -> Deferred[Any]:
+        doc = {"csr": self.node.csr()}
+        return Deferred.fromCoroutine(self.server.service.renew(peer, doc))
+
+    def retire(self, name: str = "w1") -> None:
+        self.successResultOf(
+            self.server.inventory.setStatus(
+                name, DeviceStatus.DECOMMISSIONING, journal=[]
+            )
+        )
+
+    def refused(self, d: Deferred[Any], reason: str) -> Refused:
+        """C{d} failed with C{reason}, journaled as the last refusal."""
+        refusal: Refused = self.failureResultOf(d, Refused).value
+        self.assertEqual(refusal.reason, reason, refusal.line())
+        self.assertEqual(refusal.line().count("\n"), 0)
+        entries = self.server.entries("attest.refused")
+        self.assertEqual(entries[-1].fields["reason"], reason)
+        return refusal
+
+    def issued(self) -> list[str]:
+        return [str(e.fields["how"]) for e in self.server.entries("ldevid.issued")]

@@ -1,4 +1,4 @@
-"""A fleet (L{tests.test_runs.Fleet}) with a fake cluster and the kube services."""
+"""A fleet (L{tests.fleetsupport.Fleet}) with a fake cluster and the kube services."""
 
 from __future__ import annotations
 
@@ -9,16 +9,14 @@ import yaml
 from twisted.internet.defer import Deferred
 
 from fleetd.config import KubernetesSettings
-from fleetd.kube.client import KubeClient
-from fleetd.kube.retire import RetireService
-from fleetd.kube.service import KubeService
+from fleetd.kube.service import KubeService, retireService
 from fleetd.kube.status import KubeStatus
 from fleetd.kube.store import TokenRecord, getToken, kubelet
 from fleetd.runs.render import NodeFacts
 from fleetd.status import StatusService
 from fleetd.testing.kube import FakeKube, csrPEM
-from tests.test_j1 import Faults
-from tests.test_runs import RENDERER, Fleet, device
+from tests.faultsupport import Faults
+from tests.fleetsupport import RENDERER, Fleet, device
 
 SETTINGS = KubernetesSettings(
     api="https://kube.test",
@@ -39,12 +37,7 @@ class KubeFleet(Fleet):
         super().start(vault, inventory)
         if not hasattr(self, "fake"):
             self.fake = FakeKube(self.clock)
-        self.client = KubeClient(
-            "https://kube.test",
-            self.fake.http(),
-            self.clock,
-            bearer=self.fake.adminToken,
-        )
+        self.client = self.fake.client()
         self.kube = KubeService(
             clock=self.clock,
             settings=SETTINGS,
@@ -56,15 +49,13 @@ class KubeFleet(Fleet):
         )
         self.kube.startService()
         self.fake.flush()
-        self.retirer = RetireService(
+        self.retirer = retireService(
+            self.kube,
             clock=self.clock,
             inventory=self.inventory,
             journal=self.journal,
             runner=self.runner,
-            client=self.client,
-            book=self.kube.book,
             runs=self.registry,
-            approvals=self.kube.approver.flights,
         )
 
     def stopKube(self) -> None:
@@ -141,9 +132,30 @@ class KubeFleet(Fleet):
         return Faults(self)
 
 
+def bootstrapSecret(
+    tokenId: str = "abcdef",
+    secret: str = "0123456789abcdef",  # noqa: S107
+    expiration: str | None = "2100-01-01T00:00:00Z",
+    usage: bool = True,
+    groups: str = "system:bootstrappers:fleetd",
+) -> dict[str, Any]:
+    data = {"token-id": tokenId, "token-secret": secret, "auth-extra-groups": groups}
+    if expiration is not None:
+        data["expiration"] = expiration
+    if usage:
+        data["usage-bootstrap-authentication"] = "true"
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": f"bootstrap-token-{tokenId}", "namespace": "kube-system"},
+        "type": "bootstrap.kubernetes.io/token",
+        "stringData": data,
+    }
+
+
 def secretData(fake: FakeKube, tokenId: str) -> dict[str, str]:
     secret = fake.secrets[f"bootstrap-token-{tokenId}"]
     return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
 
 
-__all__ = ["KubeFleet", "device", "secretData"]
+__all__ = ["KubeFleet", "bootstrapSecret", "device", "secretData"]

@@ -1,7 +1,11 @@
-"""A NetBox inventory over the fake NetBox and a temporary database, for tests."""
+"""
+A NetBox inventory over the fake NetBox and a temporary database, for
+tests; and a run fleet (L{tests.fleetsupport.Fleet}) over it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +17,15 @@ from twisted.web.iweb import IResponse
 
 from fleetd.inventory.model import Device
 from fleetd.netbox.client import NetBoxClient
-from fleetd.netbox.inventory import NetBoxInventory
-from fleetd.netbox.mirror import JournalMirror
-from fleetd.netbox.worker import OutboxWorker
+from fleetd.netbox.inventory import NetBoxInventory, digestOf
+from fleetd.netbox.service import NetBoxService
+from fleetd.runs.alerts import AlertTracker
+from fleetd.runs.registry import RunRegistry, configName
 from fleetd.store import Database, InlineRunner
 from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.testing.netbox import FakeNetBox
+from fleetd.vault import DirectoryVault, IVault
+from tests.fleetsupport import KEY, Fleet
 
 TOKEN = "nbt_fleetd01.s3cret"
 URL = "https://netbox.example/netbox/"
@@ -76,27 +83,26 @@ class NetBoxRig:
         self.journal = AsyncJournal(self.runner, Journal(b"k" * 32), self.clock)
         self.client = NetBoxClient(self.http, self.clock, URL, TOKEN, timeout=10.0)
         self.metrics = CollectorRegistry()
-        self.worker = OutboxWorker(
-            self.clock, self.runner, self.journal, self.client, metrics=self.metrics
-        )
-        self.mirror = JournalMirror(
-            self.clock, self.runner, self.client, metrics=self.metrics
-        )
-        self.inventory = NetBoxInventory(
+        self.refusals: list[str] = []
+        self.service = NetBoxService(
+            self.clock,
             self.client,
             self.runner,
             self.journal,
-            self.clock,
             configDigest=lambda run: "sha256:" + "ab" * 32,
-            wake=self.wake,
+            onRefused=self.refusals.append,
+            wake=self.handOver,
             metrics=self.metrics,
         )
+        self.worker = self.service.worker
+        self.mirror = self.service.mirror
+        self.inventory = self.service.inventory
         self.worker.start()
         return self.inventory
 
-    def wake(self) -> None:
+    def handOver(self, kick: Callable[[], None]) -> None:
         """A row was queued: kick the worker on the next turn, after the commit."""
-        self.clock.callLater(0, self.worker.kick)
+        self.clock.callLater(0, kick)
 
     def sample(self, name: str, **labels: str) -> float | None:
         return self.metrics.get_sample_value(name, labels)
@@ -114,3 +120,59 @@ class NetBoxRig:
         if self.db is not None:
             self.db.close()
             self.db = None
+
+
+class NetBoxFleet(Fleet):
+    """The run registry over the NetBox inventory and the fake."""
+
+    def start(self, vault: IVault | None = None, inventory: Any = None) -> None:
+        if not hasattr(self, "fake"):
+            self.fake = FakeNetBox(basePath="/netbox/")
+            self.http = Switch(self.fake)
+        self.db = Database.open(self.directory / "fleetd.sqlite3")
+        self.test.addCleanup(self.db.close)
+        runner = InlineRunner(self.db)
+        self.runner = runner
+        self.journal = AsyncJournal(runner, Journal(KEY), self.clock)
+        self.vault = (
+            vault
+            if vault is not None
+            else DirectoryVault.open(self.directory / "vault", allowAnyFilesystem=True)
+        )
+        client = NetBoxClient(self.http, self.clock, URL, TOKEN, timeout=10.0)
+        self.refusals: list[str] = []
+        service = NetBoxService(
+            self.clock,
+            client,
+            runner,
+            self.journal,
+            configDigest=lambda run: digestOf(self.vault.get(configName(run))),
+            onRefused=self.refusals.append,
+            wake=self.handOver,
+        )
+        self.worker = service.worker
+        self.inventory = service.inventory
+        self.worker.start()
+        self.alerts = AlertTracker(self.clock, hold=self.hold)
+        self.registry = RunRegistry(
+            clock=self.clock,
+            vault=self.vault,
+            runner=runner,
+            inventory=self.inventory,
+            journal=self.journal,
+            alerts=self.alerts,
+            codeKey=KEY,
+        )
+        self.test.successResultOf(Deferred.fromCoroutine(self.registry.load()))
+
+    def handOver(self, kick: Callable[[], None]) -> None:
+        """A row was queued: kick the worker on the next turn, after the commit."""
+        self.clock.callLater(0, kick)
+
+    def restart(self, wipeVault: bool = False) -> None:
+        self.worker.stop()
+        super().restart(wipeVault)
+
+    def add(self, *devices: Device) -> None:
+        for d in devices:
+            seedFake(self.fake, d)

@@ -7,31 +7,20 @@ TPM key cannot be used.
 
 from __future__ import annotations
 
-import atexit
-import io
 import json
 import shutil
-import tempfile
 from pathlib import Path
-from typing import Any
 
 from cryptography import x509
 from twisted.internet.defer import Deferred, ensureDeferred
-from twisted.internet.threads import deferToThread
-from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.agent import attest as agent_attest
-from fleetd.agent import main as agent
 from fleetd.agent import mtls as agent_mtls
 from fleetd.agent.client import Refusal, Unreachable
-from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
-from tests.support import TOPOLOGY, missingPeer, writeConfig
-from tests.swtpm import RM_AVAILABLE, SWTPM, ResourceManager
-from tests.test_attest_swtpm import ekDigestOf
-from tests.test_daemon import DaemonTestMixin
-from tests.test_devices_api import run as fleetctlRun
+from fleetd.pki.dev import ensureDevPKI
+from tests.swtpmsupport import TPMKeyDaemonCase, runAgent
 
-UUID = "4c4c4544-0042-3510-8050-b4c04f4d3232"
 DISKS = {
     "disks": [
         {"name": "nvme0n1", "serial": "S6PNNS0T1", "wwn": "eui.0025388",
@@ -40,12 +29,6 @@ DISKS = {
          "size": 240057409536, "removable": False},
     ]
 }  # fmt: skip
-
-
-def runAgent(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = agent.main(argv, err, out)
-    return code, out.getvalue(), err.getvalue()
 
 
 class ResourceManagedTests(SynchronousTestCase):
@@ -150,84 +133,6 @@ class HelperTests(SynchronousTestCase):
         )  # fmt: skip
         self.assertEqual(answer["error"], "tpm-tls-unsupported")
         self.assertIn("cannot load the TPM key", answer["line"])
-
-
-class TPMKeyDaemonCase(DaemonTestMixin, TestCase):
-    """
-    A real daemon per test; one swtpm behind tpm2-abrmd and one dev PKI
-    per concrete class (the daemon's PKI is a copy, so its EK roots are
-    the swtpm's manufacturer CA).
-    """
-
-    swtpm: SWTPM
-    rm: ResourceManager
-    classPKI: DevPKIPaths
-
-    @classmethod
-    def shared(cls) -> None:
-        if "swtpm" in cls.__dict__:
-            return
-        if not RM_AVAILABLE:
-            raise missingPeer("swtpm, tpm2-abrmd, dbus-daemon or tpm2-openssl missing")
-        base = Path(tempfile.mkdtemp(prefix="fleetd-tpmtls-"))
-        atexit.register(shutil.rmtree, base, True)
-        cls.classPKI = ensureDevPKI(base / "pki", str(TOPOLOGY["enrollment_name"]))
-        cls.swtpm = SWTPM(base / "tpm", cls.classPKI)
-        cls.swtpm.start()
-        atexit.register(cls.swtpm.stop)
-        cls.rm = ResourceManager(cls.swtpm, base)
-        cls.rm.start()
-        atexit.register(cls.rm.stop)
-
-    def setUp(self) -> None:
-        self.shared()
-        self.makeSettings()
-        shutil.copytree(self.classPKI.ek_roots.parent, self.directory / "pki")
-        self.state = Path(self.mktemp()).resolve()
-
-    def agent(
-        self,
-        command: str,
-        *extra: str,
-        state: Path | None = None,
-        tcti: str | None = None,
-    ) -> Any:
-        argv = [
-            "--server", self.url,
-            "--ca", str(self.pki.public_ca),
-            "--tcti", tcti or self.rm.tcti,
-            "--state", str(state or self.state),
-            "--json", command, *extra,
-        ]  # fmt: skip
-        return deferToThread(runAgent, argv)
-
-    async def fleetctl(self, *words: str) -> str:
-        code, out, err = await deferToThread(
-            fleetctlRun, ["--config", self.config, *words]
-        )
-        self.assertEqual(code, 0, err)
-        return str(out)
-
-    async def _start(self, approve: bool = True) -> None:
-        self.service = service = self.startDaemon()
-        assert service._loading is not None
-        await service._loading
-        admin = self.port(service, "admin")
-        self.url = f"https://localhost:{self.port(service, 'device')}"
-        self.config = str(
-            writeConfig(
-                self.directory, {"owner": {"server": f"https://localhost:{admin}"}}
-            )
-        )
-        await self.fleetctl("device", "add", "w1", "--serial", "SER1",
-                            "--uuid", UUID, "--class", "worker")  # fmt: skip
-        if not approve:
-            return
-        der = self.swtpm.ekCertificates()["ek-rsa2048.crt"]
-        await self.fleetctl("evidence", "add", "--serial", "SER1",
-                            "--ek-sha256", ekDigestOf(der),
-                            "--kind", "receiving-scan", "--ref", "scan-1")  # fmt: skip
-        await self.fleetctl("binding", "approve", "SER1")
 
 
 class TPMKeyDaemonTests(TPMKeyDaemonCase):

@@ -17,7 +17,7 @@ from fleetd.runs.registry import codeName, configName, servedName
 from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.store.runner import InlineRunner
-from tests.test_runs import KEY, Fleet, device
+from tests.fleetsupport import KEY, Fleet, device
 
 TALOS_GAP = 68 * 60.0  # Talos's longest retry gap
 

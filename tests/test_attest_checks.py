@@ -10,15 +10,12 @@ from __future__ import annotations
 import base64
 import io
 import json
-from pathlib import Path
 from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from tpm2_pytss.constants import TPM2_GENERATED, TPM2_ST, TPMA_OBJECT
-from twisted.internet.defer import Deferred
-from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import getChildForRequest
 from twisted.web.test.requesthelper import DummyRequest
 
@@ -26,54 +23,11 @@ from fleetd.attest.tpm import AK_MUST, ekDigest, spkiOf
 from fleetd.device.attest import deviceAPI
 from fleetd.device.refusals import statusOf
 from fleetd.nodes import Refused
-from fleetd.pki.dev import ensureDevPKI
 from fleetd.store.entries import JournalRefused
-from tests.attestserver import AttestServer
+from tests.attestserver import ChecklistTestCase
 from tests.softtpm import SoftNode, b64, publicArea
 
 A = TPMA_OBJECT
-PKI: Any = None
-
-
-def pki(base: Path) -> Any:
-    global PKI
-    if PKI is None:
-        PKI = ensureDevPKI(base.resolve() / "pki", "localhost")
-    return PKI
-
-
-class ChecklistTestCase(SynchronousTestCase):
-    def setUp(self) -> None:
-        self.server = AttestServer(Path(self.mktemp()), pki(Path(self.mktemp())))
-        self.addCleanup(self.server.db.close)
-        self.addCleanup(self.server.service.stop)
-        caCert = x509.load_pem_x509_certificate(self.server.pki.ek_ca.read_bytes())
-        caKey = serialization.load_pem_private_key(
-            self.server.pki.ek_ca_key.read_bytes(), None
-        )
-        self.caCert, self.caKey = caCert, caKey
-        self.node = SoftNode(caCert, caKey)
-        self.server.addDevice("w1", "SER1")
-        self.server.bindings.approved[ekDigest(spkiOf(self.node.ekPublic))] = "SER1"
-
-    def begin(self, doc: dict[str, Any]) -> Deferred[Any]:
-        return Deferred.fromCoroutine(self.server.service.begin(doc))
-
-    def prove(self, doc: dict[str, Any]) -> Deferred[Any]:
-        return Deferred.fromCoroutine(self.server.service.prove(doc))
-
-    def assertRefused(self, d: Deferred[Any], reason: str) -> Refused:
-        refusal: Refused = self.failureResultOf(d, Refused).value
-        self.assertEqual(refusal.reason, reason, refusal.line())
-        self.assertTrue(400 <= statusOf(refusal) < 500)
-        entries = self.server.entries("attest.refused")
-        self.assertEqual(entries[-1].fields["reason"], reason)
-        self.assertEqual(self.server.entries("ldevid.issued"), [])
-        return refusal
-
-    def challenge(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.successResultOf(self.begin(self.node.claim()))
-        return result
 
 
 class ClaimTests(ChecklistTestCase):

@@ -17,11 +17,11 @@ from twisted.trial.unittest import TestCase
 
 from fleetd.agent.client import Refusal, call, tlsContext
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
-from tests.support import TOPOLOGY, missingPeer, writeConfig
+from tests.daemonsupport import DaemonTestMixin
+from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
+from tests.support import TOPOLOGY, missingPeer
 from tests.swtpm import AVAILABLE, SWTPM
-from tests.test_agent_tpmtls import UUID, runAgent
-from tests.test_daemon import DaemonTestMixin
-from tests.test_devices_api import run as fleetctlRun
+from tests.swtpmsupport import UUID, runAgent
 
 
 class DeviceListenerTests(DaemonTestMixin, TestCase):
@@ -112,12 +112,10 @@ class TPM12DaemonTests(DaemonTestMixin, TestCase):
         assert service._loading is not None
         await service._loading
         admin = self.port(service, "admin")
-        config = writeConfig(
-            self.directory, {"owner": {"server": f"https://localhost:{admin}"}}
-        )
-        code, _, err = await deferToThread(
-            fleetctlRun, ["--config", str(config), "device", "add", "w1",
-                          "--serial", "SER1", "--uuid", UUID, "--class", "worker"]
+        config = ownerConfig(self.directory, admin)
+        code, _, err = await fleetctlAgainst(
+            config, "device", "add", "w1",
+            "--serial", "SER1", "--uuid", UUID, "--class", "worker"
         )  # fmt: skip
         self.assertEqual(code, 0, err)
         state = Path(self.mktemp())

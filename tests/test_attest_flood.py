@@ -25,8 +25,8 @@ from fleetd.attest.throttle import KEYS, NAMED_EVERY, JournalThrottle
 from fleetd.attest.tpm import ekDigest, spkiOf
 from fleetd.device.attest import deviceAPI
 from fleetd.device.refusals import statusOf
+from tests.attestserver import HoldsTestCase
 from tests.softtpm import SoftNode
-from tests.test_attest_holds import HoldsTestCase
 
 
 class PendingChallengeTests(HoldsTestCase):

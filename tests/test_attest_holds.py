@@ -15,8 +15,6 @@ Challenges per EK are in L{tests.test_attest_flood}.
 from __future__ import annotations
 
 import json
-import sqlite3
-from pathlib import Path
 from typing import Any
 
 from cryptography import x509
@@ -26,91 +24,17 @@ from cryptography.x509.oid import NameOID
 from treq.testing import StubTreq
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
-from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.attest.identity import Peer
-from fleetd.attest.tpm import ekDigest, spkiOf
 from fleetd.device.disks import NodeDisksResource
 from fleetd.device.resource import deviceRoot
-from fleetd.inventory.model import DeviceStatus
 from fleetd.logs import ThrottledLog
-from fleetd.nodes import NodeIdentity, Refused
+from fleetd.nodes import NodeIdentity
 from fleetd.pki.ldevid import Subject, serialHex
 from fleetd.pki.records import LDevIDRecord
 from fleetd.trust.disks import DiskService
 from fleetd.web.resources import Router
-from tests.attestserver import AttestServer
-from tests.softtpm import SoftNode
-from tests.test_attest_checks import pki
-
-WHY = (
-    "ek-binding-not-approved: the binding of serial SER1 to EK 0123456789abcdef..."
-    " is suspended: its receiving-scan evidence was withdrawn"
-)
-
-
-class HoldsTestCase(SynchronousTestCase):
-    def setUp(self) -> None:
-        self.server = AttestServer(Path(self.mktemp()), pki(Path(self.mktemp())))
-        self.addCleanup(self.server.db.close)
-        self.addCleanup(self.server.service.stop)
-        caCert = x509.load_pem_x509_certificate(self.server.pki.ek_ca.read_bytes())
-        caKey = serialization.load_pem_private_key(
-            self.server.pki.ek_ca_key.read_bytes(), None
-        )
-        self.caCert, self.caKey = caCert, caKey
-        self.node = SoftNode(caCert, caKey)
-        self.server.addDevice("w1", "SER1")
-        self.server.addDevice("w2", "SER2")
-        self.digest = ekDigest(spkiOf(self.node.ekPublic))
-        self.server.bindings.approved[self.digest] = "SER1"
-        self.reasons: list[str] = []
-
-        def why(db: sqlite3.Connection, ekSha256: str) -> str:
-            self.reasons.append(ekSha256)
-            return WHY
-
-        self.server.service._bindingRefusal = why
-
-    def begin(self, doc: dict[str, Any]) -> Deferred[Any]:
-        return Deferred.fromCoroutine(self.server.service.begin(doc))
-
-    def prove(self, doc: dict[str, Any]) -> Deferred[Any]:
-        return Deferred.fromCoroutine(self.server.service.prove(doc))
-
-    def challenge(self, node: SoftNode | None = None) -> dict[str, Any]:
-        node = node or self.node
-        result: dict[str, Any] = self.successResultOf(self.begin(node.claim()))
-        return result
-
-    def attest(self) -> Peer:
-        """Attest the software node; the peer its new LDevID makes it."""
-        issued = self.successResultOf(self.prove(self.node.proof(self.challenge())))
-        cert = x509.load_pem_x509_certificate(issued["certificate"].encode())
-        return self.server.identify.checkCertificate(cert)
-
-    def renew(self, peer: Peer) -> Deferred[Any]:
-        doc = {"csr": self.node.csr()}
-        return Deferred.fromCoroutine(self.server.service.renew(peer, doc))
-
-    def retire(self, name: str = "w1") -> None:
-        self.successResultOf(
-            self.server.inventory.setStatus(
-                name, DeviceStatus.DECOMMISSIONING, journal=[]
-            )
-        )
-
-    def refused(self, d: Deferred[Any], reason: str) -> Refused:
-        """C{d} failed with C{reason}, journaled as the last refusal."""
-        refusal: Refused = self.failureResultOf(d, Refused).value
-        self.assertEqual(refusal.reason, reason, refusal.line())
-        self.assertEqual(refusal.line().count("\n"), 0)
-        entries = self.server.entries("attest.refused")
-        self.assertEqual(entries[-1].fields["reason"], reason)
-        return refusal
-
-    def issued(self) -> list[str]:
-        return [str(e.fields["how"]) for e in self.server.entries("ldevid.issued")]
+from tests.attestserver import WHY, HoldsTestCase
 
 
 class RenewTests(HoldsTestCase):

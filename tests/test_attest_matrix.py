@@ -16,8 +16,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from tpm2_pytss.constants import TPM2_ALG, TPMA_OBJECT
 
 from fleetd.attest.tpm import AK_MUST, EK_MUST, LDEVID_MUST
+from tests.attestserver import ChecklistTestCase
 from tests.softtpm import b64, publicArea
-from tests.test_attest_checks import ChecklistTestCase
 
 A = TPMA_OBJECT
 

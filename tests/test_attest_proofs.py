@@ -18,91 +18,11 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import blockingCallFromThread, deferToThread
 
 from fleetd.agent import tpm
-from fleetd.agent.client import Refusal, call, tlsContext
-from tests.test_attest_swtpm import SWTPMTestCase
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
+from fleetd.agent.client import Refusal
+from tests.softtpm import b64
+from tests.swtpmsupport import Node, SWTPMTestCase
 
 REACTOR: Any = reactor
-
-
-class Node:
-    """The agent's steps, one at a time, so a test can bend the proof."""
-
-    def __init__(self, case: SWTPMTestCase) -> None:
-        self.case = case
-        self.context = tlsContext(str(case.pki.public_ca))
-
-    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return call(self.case.url, path, self.context, body)
-
-    def begin(self, serial: str) -> tuple[tpm.Keys, dict[str, Any]]:
-        ectx = tpm.openTPM(self.case.swtpm.tcti)
-        try:
-            keys = tpm.createKeys(ectx, "rsa")
-        finally:
-            ectx.close()
-        challenge = self.post(
-            "/v1/attest/challenge",
-            {
-                "tpm_version": "2.0",
-                "serial": serial,
-                "ek_cert": b64(keys.ekCert),
-                "ek_public": b64(keys.ekPublic.marshal()),
-                "ak_public": b64(keys.akPublic.marshal()),
-            },
-        )
-        return keys, challenge
-
-    def proof(
-        self,
-        keys: tpm.Keys,
-        challenge: dict[str, Any],
-        *,
-        nonce: bytes | None = None,
-        subject: str = "SER1",
-    ) -> dict[str, Any]:
-        ectx = tpm.openTPM(self.case.swtpm.tcti)
-        try:
-            secret = tpm.activate(
-                ectx,
-                keys,
-                base64.b64decode(challenge["credential_blob"]),
-                base64.b64decode(challenge["encrypted_secret"]),
-            )
-            info, signature, csr = tpm.certifyAndCSR(
-                ectx,
-                keys,
-                base64.b64decode(challenge["nonce"]) if nonce is None else nonce,
-                subject,
-            )
-        finally:
-            ectx.close()
-        return {
-            "challenge": challenge["challenge"],
-            "secret": b64(secret),
-            "ldevid_public": b64(keys.ldevidPublic.marshal()),
-            "certify_info": b64(info),
-            "certify_signature": b64(signature),
-            "csr": csr.decode("ascii"),
-        }
-
-    def otherKey(self, keys: tpm.Keys) -> tpm.Keys:
-        """The same TPM's keys with a fresh LDevID key."""
-        ectx = tpm.openTPM(self.case.swtpm.tcti)
-        try:
-            fresh = tpm.createKeys(ectx, "rsa")
-        finally:
-            ectx.close()
-        keys2 = tpm.Keys(**vars(keys))
-        keys2.ldevidPrivate, keys2.ldevidPublic = (
-            fresh.ldevidPrivate,
-            fresh.ldevidPublic,
-        )
-        return keys2
 
 
 class ProofTests(SWTPMTestCase):

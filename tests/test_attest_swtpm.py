@@ -5,99 +5,16 @@ over TLS [T1] [T2] [T3] [T4].
 
 from __future__ import annotations
 
-import atexit
-import io
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Any
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
-from twisted.trial.unittest import TestCase
 
-from fleetd.agent import main as agent
 from fleetd.agent import tpm
-from fleetd.attest.tpm import canonicalSPKI, ekDigest
-from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
-from tests.attestserver import AttestServer
-from tests.support import missingPeer
-from tests.swtpm import AVAILABLE, SWTPM
-
-
-def ekDigestOf(certDER: bytes) -> str:
-    cert = x509.load_der_x509_certificate(certDER)
-    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-
-    spki = cert.public_key().public_bytes(
-        Encoding.DER, PublicFormat.SubjectPublicKeyInfo
-    )
-    return ekDigest(canonicalSPKI(spki))
-
-
-class SWTPMTestCase(TestCase):
-    """One dev PKI and one manufactured swtpm per class."""
-
-    tpm2 = True
-    swtpm: SWTPM
-    pki: DevPKIPaths
-    base: Path
-
-    @classmethod
-    def shared(cls) -> None:
-        """
-        Manufacture this class's swtpm once (trial has no setUpClass); it is
-        stopped and its files removed when the test process exits.
-        """
-        if "swtpm" in cls.__dict__:
-            return
-        if not AVAILABLE:
-            raise missingPeer("swtpm is not installed")
-        cls.base = Path(tempfile.mkdtemp(prefix="fleetd-swtpm-"))
-        cls.pki = ensureDevPKI(cls.base / "pki", "localhost")
-        cls.swtpm = SWTPM(cls.base / "tpm", cls.pki, tpm2=cls.tpm2)
-        cls.swtpm.start()
-        atexit.register(cls.swtpm.stop)
-        atexit.register(shutil.rmtree, cls.base, True)
-
-    def setUp(self) -> Deferred[None]:  # type: ignore[override]
-        self.shared()
-        self.server = AttestServer(Path(self.mktemp()), self.pki)
-        self.state = Path(self.mktemp())
-
-        async def start() -> None:
-            self.url = await self.server.listen()
-
-        self.addCleanup(lambda: ensureDeferred(self.server.stop()))
-        return ensureDeferred(start())
-
-    def agent(
-        self, command: str, *extra: str, tcti: str | None = None
-    ) -> Deferred[Any]:
-        argv = [
-            "--server", self.url,
-            "--ca", str(self.pki.public_ca),
-            "--tcti", tcti or self.swtpm.tcti,
-            "--state", str(self.state),
-            command, *extra,
-        ]  # fmt: skip
-
-        def run() -> tuple[int, str, str]:
-            out, err = io.StringIO(), io.StringIO()
-            code = agent.main(argv, err, out)
-            return code, out.getvalue(), err.getvalue()
-
-        return deferToThread(run)
-
-    def approve(
-        self, name: str, serial: str, kind: str = "rsa", cls: str = "worker"
-    ) -> None:
-        certs = self.swtpm.ekCertificates()
-        der = certs["ek-rsa2048.crt" if kind == "rsa" else "ek-secp384r1.crt"]
-        self.server.addDevice(name, serial, cls)
-        self.server.bindings.approved[ekDigestOf(der)] = serial
+from fleetd.pki.dev import ensureDevPKI
+from tests.swtpmsupport import SWTPMTestCase
 
 
 class AttestRSATests(SWTPMTestCase):

@@ -32,9 +32,9 @@ from fleetd.listen.connections import LimitedFactory
 from fleetd.runs.machine import Outcome
 from fleetd.runs.render import TemplateRenderer
 from fleetd.web.site import BoundedSite
+from tests.daemonsupport import configPath
+from tests.fleetsupport import Fleet, device
 from tests.support import REPO
-from tests.test_delivery import configPath
-from tests.test_runs import Fleet, device
 
 PEER = IPv4Address("TCP", "10.20.0.42", 40000)
 
@@ -124,7 +124,7 @@ class ConfigResourceTests(SynchronousTestCase):
                     "persist: true", "persist: true\nnote: " + "x" * padding
                 )
             )
-            import tests.test_runs as runs
+            import tests.fleetsupport as runs
 
             self.patch(runs, "RENDERER", TemplateRenderer(directory))
         (run,) = self.fleet.provision(device("w1", "SER1"))

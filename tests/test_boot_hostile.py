@@ -12,7 +12,7 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
-from tests.test_delivery import UUID1, DeliveryMixin, configPath
+from tests.daemonsupport import UUID1, DeliveryMixin, configPath
 
 
 def exchange(port: int, ca: str, data: bytes, timeout: float = 15.0) -> bytes:

@@ -8,7 +8,6 @@ Python's C{ssl} (in a thread, so the reactor keeps serving).
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import shutil
@@ -28,35 +27,11 @@ from twisted.internet.threads import deferToThread
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import TestCase
 
-from fleetd.config import Settings, loadSettings
-from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
+from fleetd.pki.dev import ensureDevPKI
 from fleetd.readiness import notifySystemd
 from fleetd.service import FleetdService, StartupError, prepare
-from tests.support import REPO, writeConfig
-
-
-def httpsGet(
-    port: int,
-    path: str,
-    ca: Path,
-    clientCert: tuple[Path, Path] | None = None,
-    method: str = "GET",
-) -> tuple[int, bytes, bytes]:
-    """One HTTPS request; return (status, content-type, body)."""
-    context = ssl.create_default_context(cafile=str(ca))
-    if clientCert is not None:
-        context.load_cert_chain(str(clientCert[0]), str(clientCert[1]))
-    conn = http.client.HTTPSConnection("localhost", port, timeout=10, context=context)
-    try:
-        conn.request(method, path)
-        response = conn.getresponse()
-        return (
-            response.status,
-            (response.getheader("content-type") or "").encode(),
-            response.read(),
-        )
-    finally:
-        conn.close()
+from tests.daemonsupport import DaemonTestMixin, httpsGet
+from tests.support import REPO
 
 
 def peerCertificate(
@@ -73,45 +48,6 @@ def peerCertificate(
             der = tls.getpeercert(binary_form=True)
             assert der is not None
             return der, tls.selected_alpn_protocol()
-
-
-class DaemonTestMixin:
-    """Start and stop a real daemon over a temporary directory."""
-
-    directory: Path
-    settings: Settings
-    pki: DevPKIPaths
-
-    def makeSettings(self, overrides: dict[str, dict[str, Any]] | None = None) -> None:
-        self.directory = Path(self.mktemp()).resolve()  # type: ignore[attr-defined]
-        self.settings = loadSettings(writeConfig(self.directory, overrides))
-        self.pki = DevPKIPaths.inside(self.directory / "pki")
-
-    def startDaemon(self, collector: Any = None) -> FleetdService:
-        service = FleetdService(prepare(self.settings), reactor, collector=collector)
-        service.privilegedStartService()
-        service.startService()
-        self.addCleanup(self.stopDaemon, service)  # type: ignore[attr-defined]
-        return service
-
-    def stopDaemon(self, service: FleetdService) -> Deferred[Any] | None:
-        if service.running:
-            return service.stopService()
-        return None
-
-    def port(self, service: FleetdService, name: str) -> int:
-        listener = service.listeners[name]
-        assert listener.port is not None
-        address: Any = listener.port.getHost()
-        return int(address.port)
-
-    def get(
-        self, service: FleetdService, listener: str, path: str, owner: bool = False
-    ) -> Deferred[tuple[int, bytes, bytes]]:
-        cert = (self.pki.owner_cert, self.pki.owner_key) if owner else None
-        return deferToThread(
-            httpsGet, self.port(service, listener), path, self.pki.public_ca, cert
-        )
 
 
 class FakeCollector:

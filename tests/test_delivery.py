@@ -15,47 +15,23 @@ import socket
 import ssl
 import struct
 import threading
-import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, cast
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
-from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 from fleetd.logs import makeObserver
-from fleetd.service import FleetdService
-from tests.test_daemon import DaemonTestMixin, httpsGet
-
-UUID1 = "4c4c4544-0042-3510-8050-b4c04f4d3232"
-UUID2 = "4c4c4544-0042-3510-8050-b4c04f4d3233"
-
-
-def httpsJSON(
-    port: int, method: str, path: str, ca: Path, cert: tuple[Path, Path], body: Any
-) -> tuple[int, Any]:
-    context = ssl.create_default_context(cafile=str(ca))
-    context.load_cert_chain(str(cert[0]), str(cert[1]))
-    conn = http.client.HTTPSConnection("localhost", port, timeout=30, context=context)
-    try:
-        conn.request(
-            method,
-            path,
-            body=json.dumps(body).encode(),
-            headers={"content-type": "application/json"},
-        )
-        response = conn.getresponse()
-        data = response.read()
-        try:
-            return response.status, json.loads(data)
-        except ValueError:
-            return response.status, data.decode()
-    finally:
-        conn.close()
+from tests.daemonsupport import (
+    UUID1,
+    UUID2,
+    DeliveryMixin,
+    configPath,
+    httpsGet,
+)
 
 
 def rawTLS(port: int, ca: Path, payload: bytes) -> bytes:
@@ -68,81 +44,6 @@ def rawTLS(port: int, ca: Path, payload: bytes) -> bytes:
             while chunk := tls.recv(65536):
                 chunks.append(chunk)
     return b"".join(chunks)
-
-
-def configPath(code: str, uuid: str, serial: str) -> str:
-    return "/config?" + urllib.parse.urlencode(
-        {"code": code, "serial": serial, "uuid": uuid}
-    )
-
-
-class DeliveryMixin(DaemonTestMixin):
-    service: FleetdService
-
-    def startLoaded(
-        self, overrides: dict[str, dict[str, Any]] | None = None
-    ) -> Deferred[None]:
-        """Start a daemon; the Deferred fires once its runs are loaded."""
-        self.makeSettings(overrides)
-        self.service = self.startDaemon()
-        loading = self.service._loading
-        assert loading is not None
-        return loading
-
-    def captureLogs(self) -> list[dict[str, Any]]:
-        """Every log event of the test, as emitted (before any redaction)."""
-        logged: list[dict[str, Any]] = []
-        observer = cast(ILogObserver, logged.append)
-        globalLogPublisher.addObserver(observer)
-        self.addCleanup(globalLogPublisher.removeObserver, observer)  # type: ignore[attr-defined]
-        return logged
-
-    async def admin(self, method: str, path: str, body: Any) -> tuple[int, Any]:
-        result: tuple[int, Any] = await deferToThread(
-            httpsJSON,
-            self.port(self.service, "admin"),
-            method,
-            path,
-            self.pki.public_ca,
-            (self.pki.owner_cert, self.pki.owner_key),
-            body,
-        )
-        return result
-
-    async def addDevice(self, name: str, serial: str, uuid: str, **extra: Any) -> None:
-        status, doc = await self.admin(
-            "POST", "/v1/admin/devices",
-            {"name": name, "serial": serial, "uuid": uuid, "class": "worker", **extra},
-        )  # fmt: skip
-        self.assertEqual(status, 201, doc)  # type: ignore[attr-defined]
-
-    async def provision(self, *names: str) -> dict[str, str]:
-        status, doc = await self.admin(
-            "POST", "/v1/admin/provision", {"devices": list(names)}
-        )
-        self.assertEqual(status, 201, doc)  # type: ignore[attr-defined]
-        return {run["device"]: run["code"] for run in doc["runs"]}
-
-    async def fetch(self, path: str) -> tuple[int, bytes, bytes]:
-        result: tuple[int, bytes, bytes] = await deferToThread(
-            httpsGet, self.port(self.service, "boot"), path, self.pki.public_ca
-        )
-        return result
-
-    async def events(self, *wanted: str) -> list[str]:
-        """The journal's events once all of C{wanted} are in it (bounded wait)."""
-        for _ in range(200):
-            events = [e["event"] for e in await self.journal()]
-            if all(w in events for w in wanted):
-                break
-            await deferLater(reactor, 0.01, lambda: None)
-        return events
-
-    async def journal(self) -> list[dict[str, Any]]:
-        status, doc = await self.admin("GET", "/v1/admin/journal", None)
-        self.assertEqual(status, 200)  # type: ignore[attr-defined]
-        entries: list[dict[str, Any]] = doc["entries"]
-        return entries
 
 
 class DeliveryTests(DeliveryMixin, TestCase):

@@ -8,7 +8,6 @@ and fleetctl, so they hold for any implementation of the flow.
 from __future__ import annotations
 
 import http.client
-import io
 import json
 import ssl
 import urllib.parse
@@ -20,9 +19,8 @@ from twisted.internet.defer import Deferred, ensureDeferred, fail
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
-from fleetd.cli import fleetctl
-from tests.support import writeConfig
-from tests.test_delivery import UUID1, DeliveryMixin
+from tests.daemonsupport import UUID1, DeliveryMixin
+from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 
 GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 RFC8628 = {"authorization_pending", "slow_down"}
@@ -68,14 +66,7 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
 
     async def fleetctl(self, *argv: str) -> tuple[int, str, str]:
         admin = self.port(self.service, "admin")
-        config = writeConfig(
-            self.directory, {"owner": {"server": f"https://localhost:{admin}"}}
-        )
-        out, err = io.StringIO(), io.StringIO()
-        code = await deferToThread(
-            fleetctl.main, ["--config", str(config), *argv], out, err
-        )
-        return code, out.getvalue(), err.getvalue()
+        return await fleetctlAgainst(ownerConfig(self.directory, admin), *argv)
 
     async def requestCode(self, serial: str = "SER1", **extra: str) -> dict[str, Any]:
         form = {"client_id": "talos", "uuid": UUID1, "serial": serial, **extra}

@@ -8,7 +8,6 @@ admin listener with the owner gate.
 from __future__ import annotations
 
 import base64
-import io
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -23,7 +22,6 @@ from twisted.internet.error import ConnectionLost
 from twisted.internet.interfaces import IOpenSSLClientConnectionCreator
 from twisted.internet.ssl import Certificate, optionsForClientTLS
 from twisted.internet.task import Clock
-from twisted.internet.threads import deferToThread
 from twisted.logger import capturedLogs, formatEvent
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.trial.unittest import SynchronousTestCase, TestCase
@@ -39,7 +37,6 @@ from zope.interface import implementer
 from fleetd.admin.deviceflow import deviceFlowAdminResource
 from fleetd.admin.resource import adminRoot
 from fleetd.boot.deviceflow_resource import deviceCodeResource, tokenResource
-from fleetd.cli import fleetctl
 from fleetd.config import TLSFiles
 from fleetd.deviceflow.flow import GRANT_TYPE, DeviceFlow, Grant
 from fleetd.listen.tls import loadTLSOptions
@@ -47,8 +44,9 @@ from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from fleetd.store import AsyncJournal
 from fleetd.web.resources import Endpoint, Router, jsonResponse
 from fleetd.web.site import BoundedSite
+from tests.deviceflowsupport import IDENTITY, REPORTED, FakeRuns, makeJournal
+from tests.fleetctlsupport import fleetctlAgainst
 from tests.support import writeConfig
-from tests.test_deviceflow import IDENTITY, REPORTED, FakeRuns, makeJournal
 
 NAME = "enroll.lolwtf.ca"
 FORM: dict[bytes | str, list[bytes | str]] = {
@@ -630,12 +628,7 @@ class FleetctlApproveTests(TestCase):
         return str(reply.document["user_code"])
 
     async def fleetctl(self, *argv: str) -> tuple[int, str, str]:
-        def run() -> tuple[int, str, str]:
-            out, err = io.StringIO(), io.StringIO()
-            code = fleetctl.main(["--config", self.config, *argv], out, err)
-            return code, out.getvalue(), err.getvalue()
-
-        return await deferToThread(run)
+        return await fleetctlAgainst(self.config, *argv)
 
     async def test_approve_showsReportedAndInventory(self) -> None:
         """

@@ -8,50 +8,30 @@ real daemon over TLS with the owner certificate.
 
 from __future__ import annotations
 
-import http.client
-import io
 import json
-import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from treq.testing import StubTreq
-from twisted.internet.defer import Deferred, ensureDeferred, maybeDeferred
+from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.task import Clock
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.admin.devices import devicesResource
-from fleetd.cli import fleetctl
 from fleetd.inventory import SQLiteInventory
 from fleetd.store import AsyncJournal, Database, InlineRunner, Journal, StoreError
 from fleetd.web.resources import Router
-from tests.support import inventoryOver, writeConfig
-from tests.test_daemon import DaemonTestMixin
-from tests.test_inventory import UUID1, UUID2, UUID3, _FailingRunner
-from tests.test_inventory import W1 as DEVICE_W1
+from tests.daemonsupport import DaemonTestMixin, httpsRequest
+from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
+from tests.inventorysupport import UUID1, UUID2, UUID3, FailingRunner
+from tests.inventorysupport import W1 as DEVICE_W1
+from tests.ownersupport import CSV, W1, inline
+from tests.support import inventoryOver
 
-W1 = {
-    "name": "w1",
-    "serial": "SN-1",
-    "uuid": UUID1,
-    "macs": ["52:54:00:00:00:01"],
-    "class": "worker-g3",
-    "cluster": "folly",
-}
 W1_STORED = {**W1, "status": "inventory", "desired_action": None}
-CSV = f"""\
-name,serial,uuid,mac,class,cluster
-w2,SN-2,{UUID2},52:54:00:00:00:02 52:54:00:00:00:12,worker-g3,folly
-w3,SN-3,{UUID3},,control-plane,
-"""
 BASE = "https://admin.test/devices"
-
-
-def inline(work: Callable[[bytes], Any], data: bytes) -> Deferred[Any]:
-    """An offload that runs the work at once, on the calling thread."""
-    return maybeDeferred(work, data)
 
 
 NaN = float("nan")
@@ -301,34 +281,11 @@ class DevicesResourceTests(SynchronousTestCase):
 
     def test_unavailable_503(self) -> None:
         """When the database cannot be used the answer is a one-line 503."""
-        broken = inventoryOver(_FailingRunner(StoreError("runner stopped")))
+        broken = inventoryOver(FailingRunner(StoreError("runner stopped")))
         self.stub = self.treqFor(devicesResource(broken, self.journal, offload=inline))
         code, _, body = self.call("GET", BASE)
         self.assertEqual(code, 503)
         self.assertEqual(body, b"inventory database unavailable: runner stopped\n")
-
-
-def httpsRequest(
-    port: int,
-    method: str,
-    path: str,
-    ca: Path,
-    clientCert: tuple[Path, Path] | None,
-    body: bytes | None = None,
-    contentType: str | None = None,
-) -> tuple[int, bytes]:
-    """One HTTPS request with an optional body; return (status, body)."""
-    context = ssl.create_default_context(cafile=str(ca))
-    if clientCert is not None:
-        context.load_cert_chain(str(clientCert[0]), str(clientCert[1]))
-    conn = http.client.HTTPSConnection("localhost", port, timeout=10, context=context)
-    try:
-        headers = {} if contentType is None else {"content-type": contentType}
-        conn.request(method, path, body=body, headers=headers)
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
 
 
 class DevicesDaemonTests(DaemonTestMixin, TestCase):
@@ -402,12 +359,6 @@ class DevicesDaemonTests(DaemonTestMixin, TestCase):
         return ensureDeferred(self._persist())  # type: ignore[return-value]
 
 
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = fleetctl.main(argv, out, err)
-    return code, out.getvalue(), err.getvalue()
-
-
 class DeviceCommandTests(DaemonTestMixin, TestCase):
     """fleetctl device add|list|show|import against a running daemon."""
 
@@ -417,16 +368,12 @@ class DeviceCommandTests(DaemonTestMixin, TestCase):
     async def fleetctl(self, *argv: str) -> tuple[int, str, str]:
         """Run fleetctl; a single argument is split on spaces."""
         words = argv[0].split() if len(argv) == 1 else list(argv)
-        return await deferToThread(run, ["--config", self.config, *words])
+        return await fleetctlAgainst(self.config, *words)
 
     def start(self) -> None:
         service = self.startDaemon()
         port = self.port(service, "admin")
-        self.config = str(
-            writeConfig(
-                self.directory, {"owner": {"server": f"https://localhost:{port}"}}
-            )
-        )
+        self.config = str(ownerConfig(self.directory, port))
 
     async def _addListShow(self) -> None:
         self.start()

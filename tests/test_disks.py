@@ -24,48 +24,12 @@ from fleetd.store.db import StoreError
 from fleetd.trust.disk_report import Disk, DiskReportError, parseDiskReport
 from fleetd.trust.disks import (
     MIN_TARGET_BYTES,
-    DiskService,
     choose,
-    diskRefusal,
-    targetDiskFor,
 )
 from fleetd.web.resources import Router
-from tests.test_daemon import DaemonTestMixin
-from tests.test_j1 import FAULTS, Faults
-from tests.test_runs import Fleet
-
-GB = 10**9
-W1 = NodeIdentity("w1", "SER1")
-W2 = NodeIdentity("w2", "SER2")
-
-
-def d(name: str, serial: str | None, size: int = 500 * GB, **kw: Any) -> Disk:
-    return Disk(name, serial, kw.get("wwn"), size, kw.get("removable", False))
-
-
-class DiskFleet:
-    def __init__(self, test: SynchronousTestCase) -> None:
-        self.test = test
-        self.fleet = Fleet(test)
-        self.service = DiskService(
-            self.fleet.runner, self.fleet.journal, self.fleet.clock
-        )
-
-    def report(self, identity: NodeIdentity, *disks: Disk) -> Any:
-        coroutine = self.service.report(identity, list(disks))
-        return self.test.successResultOf(Deferred.fromCoroutine(coroutine))
-
-    def target(self, device: str) -> str | None:
-        with self.fleet.db.transaction(write=False) as conn:
-            return targetDiskFor(conn, device)
-
-    def refusal(self, device: str) -> str:
-        with self.fleet.db.transaction(write=False) as conn:
-            return diskRefusal(conn, device)
-
-    def entries(self) -> list[tuple[str, str | None, dict[str, Any]]]:
-        found = self.test.successResultOf(self.fleet.journal.query())
-        return [(e.event, e.device, dict(e.fields)) for e in found]
+from tests.daemonsupport import DaemonTestMixin
+from tests.disksupport import GB, W1, W2, DiskFleet, d
+from tests.faultsupport import FAULTS, Faults
 
 
 class DiskRuleTests(SynchronousTestCase):

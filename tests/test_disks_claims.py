@@ -28,9 +28,9 @@ from fleetd.store.migrations import MIGRATIONS
 from fleetd.trust import disks
 from fleetd.trust.disks import DiskService
 from fleetd.web.resources import Router
+from tests.attestserver import HoldsTestCase
+from tests.disksupport import W1, W2, DiskFleet, d
 from tests.softtpm import SoftNode
-from tests.test_attest_holds import HoldsTestCase
-from tests.test_disks import W1, W2, DiskFleet, d
 
 W3 = NodeIdentity("w3", "SER3")
 

@@ -21,13 +21,12 @@ from twisted.internet.interfaces import IReactorFromThreads, IReactorUDP
 from twisted.internet.task import Clock
 from twisted.internet.threads import deferToThreadPool
 from twisted.internet.utils import getProcessOutputAndValue
-from twisted.python.threadpool import ThreadPool
 from twisted.trial.unittest import TestCase
 
 from fleetd.config import DNSRateLimit
 from fleetd.dns.service import UDP_READ_BYTES, DNSService, portNumber
+from tests.dnssupport import NAME, TOPOLOGY, query, threadPool
 from tests.support import missingPeer
-from tests.test_dns_responder import NAME, TOPOLOGY, query
 
 
 def startService(
@@ -67,14 +66,6 @@ def freePort() -> int:
         finally:
             udp.close()
             tcp.close()
-
-
-def threadPool(testCase: TestCase) -> ThreadPool:
-    """A thread pool for blocking clients, stopped at the end of the test."""
-    pool = ThreadPool(1, 1, name=testCase.id())
-    pool.start()
-    testCase.addCleanup(pool.stop)
-    return pool
 
 
 class DigTests(TestCase):

@@ -22,8 +22,7 @@ from fleetd.dns.protocol import DNSDatagramProtocol
 from fleetd.dns.ratelimit import ResponseRateLimiter
 from fleetd.dns.responder import Responder
 from fleetd.dns.udp import BatchPort, QuickPort, listenUDP
-from tests.test_dns_responder import NAME, TOPOLOGY, query
-from tests.test_dns_udp import Collector
+from tests.dnssupport import NAME, TOPOLOGY, Collector, query
 
 if not mmsg.available():
     skip = "no recvmmsg/sendmmsg here"

@@ -34,30 +34,13 @@ from fleetd.dns.metrics import DNSMetrics
 from fleetd.dns.protocol import DNSDatagramProtocol, DNSStreamFactory
 from fleetd.dns.responder import Responder
 from fleetd.dns.service import DNSService
-from tests.test_dns_responder import NAME, TOPOLOGY, query
+from tests.dnssupport import NAME, TOPOLOGY, framed, query, sample, unframe
 
 PEER = ("127.0.0.9", 5353)
 
 
-def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    return registry.get_sample_value(name, labels) or 0.0
-
-
 def answers(wire: bytes) -> list[str]:
     return [r.to_text() for rrset in dns.message.from_wire(wire).answer for r in rrset]
-
-
-def framed(data: bytes) -> bytes:
-    return struct.pack("!H", len(data)) + data
-
-
-def unframe(stream: bytes) -> list[bytes]:
-    messages = []
-    while stream:
-        (n,) = struct.unpack("!H", stream[:2])
-        messages.append(stream[2 : 2 + n])
-        stream = stream[2 + n :]
-    return messages
 
 
 class UDPTests(SynchronousTestCase):

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.dns.responder import Responder
-from tests.test_dns_responder import NAME, TOPOLOGY, TOPOLOGY6, query
+from tests.dnssupport import NAME, TOPOLOGY, TOPOLOGY6, query
 
 RESPONDERS = {
     "v4": Responder(TOPOLOGY, 60, serial=1764700000),

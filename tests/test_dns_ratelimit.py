@@ -32,8 +32,7 @@ from fleetd.dns.ratelimit import (
     slipReply,
 )
 from fleetd.dns.responder import Responder
-from tests.test_dns_protocol import framed, sample, unframe
-from tests.test_dns_responder import TOPOLOGY, query
+from tests.dnssupport import TOPOLOGY, framed, query, sample, unframe
 
 SETTINGS = DNSRateLimit(rate=10.0, burst=5.0, slip=2)
 

@@ -18,43 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.config import Anchor, Topology
 from fleetd.dns.responder import Responder, headerOnly, qtypeLabel
-
-NAME = "enroll.lolwtf.ca"
-TOPOLOGY = Topology(
-    spore_ip="10.20.0.5",
-    spore_bootstrap_ip="10.20.0.6",
-    enrollment_name=NAME,
-    anchors=(Anchor("anchor-a", "127.0.0.2"), Anchor("anchor-b", "127.0.0.3")),
-)
-TOPOLOGY6 = Topology("10.20.0.5", "10.20.0.6", NAME, TOPOLOGY.anchors, "2001:db8::6")
-
-
-def query(
-    name: str = NAME,
-    rdtype: str | int = "A",
-    *,
-    rdclass: str = "IN",
-    edns: int = -1,
-    payload: int = 1232,
-    ednsflags: int = 0,
-    flags: int | None = None,
-    qid: int = 0x1234,
-) -> bytes:
-    """The wire form of a query built with dnspython."""
-    message = dns.message.make_query(
-        name,
-        dns.rdatatype.RdataType.make(rdtype),
-        rdclass,
-        use_edns=edns,
-        payload=payload,
-        ednsflags=ednsflags,
-    )
-    message.id = qid
-    if flags is not None:
-        message.flags = flags
-    return message.to_wire()
+from tests.dnssupport import NAME, TOPOLOGY, TOPOLOGY6, query
 
 
 def parse(wire: bytes | None) -> dns.message.Message:

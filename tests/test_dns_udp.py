@@ -6,21 +6,11 @@ import socket
 from typing import Any
 
 from twisted.internet import reactor
-from twisted.internet.protocol import DatagramProtocol
 from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.dns.udp import QuickPort, listenUDP
-
-
-class Collector(DatagramProtocol):
-    def __init__(self) -> None:
-        self.got: list[tuple[bytes, Any]] = []
-
-    def datagramReceived(self, datagram: bytes, addr: Any) -> None:
-        if datagram == b"boom":
-            raise ValueError("handler bug")
-        self.got.append((datagram, addr))
+from tests.dnssupport import Collector
 
 
 class QuickPortTests(SynchronousTestCase):

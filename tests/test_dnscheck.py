@@ -34,8 +34,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from fleetd.cli.dnscheck import addArguments, dnsCheck, endpointAddress
 from fleetd.config import Anchor, Settings, Topology, loadSettings
 from fleetd.dns.service import DNSService, portNumber
-from tests.test_dns_integration import threadPool
-from tests.test_dns_responder import NAME, TOPOLOGY
+from tests.dnssupport import NAME, TOPOLOGY, threadPool
 
 NOW = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
 DEV_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "fleetd.dev.toml"

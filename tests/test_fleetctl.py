@@ -14,14 +14,10 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.cli import fleetctl
 from fleetd.cli import journal as journalCommand
+from tests.daemonsupport import DaemonTestMixin
+from tests.fleetctlsupport import ownerConfig
+from tests.fleetctlsupport import runFleetctl as run
 from tests.support import writeConfig
-from tests.test_daemon import DaemonTestMixin
-
-
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = fleetctl.main(argv, out, err)
-    return code, out.getvalue(), err.getvalue()
 
 
 class FrameTests(SynchronousTestCase):
@@ -89,9 +85,7 @@ class JournalCommandTests(DaemonTestMixin, TestCase):
         self.makeSettings()
 
     def configFor(self, port: int) -> Path:
-        return writeConfig(
-            self.directory, {"owner": {"server": f"https://localhost:{port}"}}
-        )
+        return ownerConfig(self.directory, port)
 
     async def _journal(self) -> None:
         service = self.startDaemon()

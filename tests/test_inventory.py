@@ -10,13 +10,12 @@ NetBox fake runs the same mixin).
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from twisted.internet.defer import Deferred, fail
+from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -29,6 +28,16 @@ from fleetd.inventory import (
     validateDevice,
 )
 from fleetd.store import Database, InlineRunner, StoreError
+from tests.inventorysupport import (
+    UUID1,
+    UUID2,
+    UUID3,
+    W1,
+    W2,
+    W3,
+    FailingRunner,
+    device,
+)
 from tests.support import inventoryOver
 
 _T = TypeVar("_T")
@@ -37,33 +46,6 @@ if TYPE_CHECKING:
     _Base = SynchronousTestCase
 else:
     _Base = object
-
-UUID1 = "4c4c4544-0042-3510-8052-b4c04f384833"
-UUID2 = "4c4c4544-0042-3510-8052-b4c04f384834"
-UUID3 = "4c4c4544-0042-3510-8052-b4c04f384835"
-
-
-def device(
-    name: str = "w1",
-    serial: str = "SN-0001",
-    uuid: str = UUID1,
-    macs: tuple[str, ...] = ("52:54:00:00:00:01",),
-    device_class: str = "worker-g3",
-    cluster: str | None = "folly",
-) -> Device:
-    return validateDevice(
-        name=name,
-        serial=serial,
-        uuid=uuid,
-        macs=macs,
-        device_class=device_class,
-        cluster=cluster,
-    )
-
-
-W1 = device()
-W2 = device("w2", "SN-0002", UUID2, ("52:54:00:00:00:02", "52:54:00:00:00:12"))
-W3 = device("w3", "SN-0003", UUID3, (), cluster=None)
 
 
 class InventoryContractMixin(_Base):
@@ -342,16 +324,6 @@ class SQLiteBySerialTests(SynchronousTestCase):
         self.assertNotIn("SCAN", details)
 
 
-class _FailingRunner:
-    """A runner whose every call fails as a stopped or broken database does."""
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-
-    def run(self, f: Callable[[Database], _T]) -> Deferred[_T]:
-        return fail(self.error)
-
-
 class SQLiteInventoryTests(SynchronousTestCase):
     """Behaviour particular to the SQLite backend."""
 
@@ -370,7 +342,7 @@ class SQLiteInventoryTests(SynchronousTestCase):
     def test_database_unavailable(self) -> None:
         """A stopped runner or a database error is reported as unavailable."""
         for error in (StoreError("stopped"), sqlite3.OperationalError("disk I/O")):
-            inventory = inventoryOver(_FailingRunner(error))
+            inventory = inventoryOver(FailingRunner(error))
             for d in (
                 inventory.list(),
                 inventory.add(W1, journal=()),

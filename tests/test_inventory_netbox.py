@@ -13,8 +13,9 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.inventory import Device, DeviceStatus, IInventory
+from tests.inventorysupport import W1, W2
 from tests.netbox_support import NetBoxRig, seedFake
-from tests.test_inventory import W1, W2, InventoryContractMixin
+from tests.test_inventory import InventoryContractMixin
 
 _T = TypeVar("_T")
 

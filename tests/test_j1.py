@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import io
 import sqlite3
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
-from twisted.internet.defer import Deferred, fail
+from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.test.requesthelper import DummyRequest
 
@@ -19,81 +18,11 @@ from fleetd.inventory.model import DeviceStatus, InventoryError
 from fleetd.runs.alerts import MISSING, REFETCHED
 from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import codeName, configName, servedName
-from fleetd.store.db import Database, StoreError
-from fleetd.store.entries import Entry, JournalEntry
-from fleetd.store.journal import Journal
-from fleetd.vault import MemoryVault, VaultError
-from tests.test_runs import KEY, Fleet, device
-
-_T = TypeVar("_T")
-
-
-class FaultyJournal(Journal):
-    """The real journal, refusing every append while C{failing} is set."""
-
-    failing: Exception | None = None
-    onlyEvents: frozenset[str] | None = None  # fail only changes with these
-
-    def appendMany(
-        self, db: Database, entries: Sequence[Any], *, at: float, savepoint: bool = True
-    ) -> list[JournalEntry]:
-        if self.failing is not None and (
-            self.onlyEvents is None or any(e.event in self.onlyEvents for e in entries)
-        ):
-            raise self.failing
-        return super().appendMany(db, entries, at=at, savepoint=savepoint)
-
-
-class FaultyRunner:
-    """The inline runner, failing every call as a broken disk does."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.failing: Exception | None = None
-
-    def run(self, f: Callable[[Database], _T]) -> Deferred[_T]:
-        if self.failing is not None:
-            return fail(self.failing)
-        result: Deferred[_T] = self.inner.run(f)
-        return result
-
-
-class FullVault(MemoryVault):
-    """A vault that refuses new files while C{full} (a full tmpfs)."""
-
-    full = False
-
-    def put(self, name: str, data: bytes) -> None:
-        if self.full:
-            raise VaultError("no space left on device")
-        super().put(name, data)
-
-
-FAULTS: dict[str, Callable[[], Exception]] = {
-    "journal": lambda: StoreError("journal head is not authentic"),
-    "database": lambda: sqlite3.OperationalError("disk I/O error"),
-}
-
-
-class Faults:
-    """Switch faults on and off in a L{Fleet}."""
-
-    def __init__(self, fleet: Fleet) -> None:
-        self.fleet = fleet
-        self.journal = FaultyJournal(KEY)
-        fleet.journal._journal = self.journal
-        self.runner = FaultyRunner(fleet.journal._runner)
-        fleet.journal._runner = self.runner
-
-    def inject(self, kind: str) -> None:
-        if kind == "journal":
-            self.journal.failing = FAULTS[kind]()
-        else:
-            self.runner.failing = FAULTS[kind]()
-
-    def clear(self) -> None:
-        self.journal.failing = None
-        self.runner.failing = None
+from fleetd.store.db import StoreError
+from fleetd.store.entries import Entry
+from fleetd.vault import VaultError
+from tests.faultsupport import FAULTS, Faults, FullVault
+from tests.fleetsupport import Fleet, device
 
 
 class ProvisionFaultTests(SynchronousTestCase):
@@ -110,7 +39,7 @@ class ProvisionFaultTests(SynchronousTestCase):
 
     def provision(self) -> Deferred[Any]:
         from fleetd.runs.render import NodeFacts
-        from tests.test_runs import RENDERER
+        from tests.fleetsupport import RENDERER
 
         return Deferred.fromCoroutine(
             self.fleet.registry.provision(

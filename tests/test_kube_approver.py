@@ -114,7 +114,7 @@ class ApproverTests(SynchronousTestCase):
 
     def test_unknownToken_refused(self) -> None:
         """[K2] A token fleetd did not issue (Talos's shared one) is refused."""
-        from tests.test_kube_fake import bootstrapSecret
+        from tests.kubesupport import bootstrapSecret
 
         self.fake.postSecret(bootstrapSecret("talos0"))
         csr = self.fleet.fileCSR("talos0.0123456789abcdef", "w1")

@@ -11,14 +11,12 @@ from typing import Any
 
 from treq.testing import StubTreq
 from twisted.internet.defer import ensureDeferred
-from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.admin.kube import clusterTokenResource, retireResource
+from tests.daemonsupport import DaemonTestMixin
+from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.kubesupport import KubeFleet, device
-from tests.support import writeConfig
-from tests.test_daemon import DaemonTestMixin
-from tests.test_devices_api import run as fleetctlRun
 
 
 class ResourceTests(SynchronousTestCase):
@@ -107,17 +105,10 @@ class CommandTests(DaemonTestMixin, TestCase):
         assert service._loading is not None
         await service._loading
         port = self.port(service, "admin")
-        config = str(
-            writeConfig(
-                self.directory, {"owner": {"server": f"https://localhost:{port}"}}
-            )
-        )
+        config = ownerConfig(self.directory, port)
 
         async def fleetctl(*words: str) -> tuple[int, str, str]:
-            result: tuple[int, str, str] = await deferToThread(
-                fleetctlRun, ["--config", config, *words]
-            )
-            return result
+            return await fleetctlAgainst(config, *words)
 
         uuid = "4c4c4544-0042-3510-8050-b4c04f4d3232"
         code, _, err = await fleetctl(

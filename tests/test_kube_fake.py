@@ -25,31 +25,11 @@ from fleetd.kube.client import (
     NotFound,
 )
 from fleetd.testing.kube import ApiError, FakeKube, csrPEM
+from tests.kubesupport import bootstrapSecret
 
 
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
-
-
-def bootstrapSecret(
-    tokenId: str = "abcdef",
-    secret: str = "0123456789abcdef",  # noqa: S107
-    expiration: str | None = "2100-01-01T00:00:00Z",
-    usage: bool = True,
-    groups: str = "system:bootstrappers:fleetd",
-) -> dict[str, Any]:
-    data = {"token-id": tokenId, "token-secret": secret, "auth-extra-groups": groups}
-    if expiration is not None:
-        data["expiration"] = expiration
-    if usage:
-        data["usage-bootstrap-authentication"] = "true"
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": f"bootstrap-token-{tokenId}", "namespace": "kube-system"},
-        "type": "bootstrap.kubernetes.io/token",
-        "stringData": data,
-    }
 
 
 if TYPE_CHECKING:
@@ -285,9 +265,7 @@ class KubeContractMixin(_Base):
 
     def test_unauthenticated_refused(self) -> None:
         """A wrong bearer is a 401, not a success."""
-        other = KubeClient(
-            "https://kube.test", self.fake.http(), self.clock, bearer="wrong"
-        )
+        other = self.fake.client(bearer="wrong")
         error = self.failure(other.listClusterRoleBindings(), KubeError)
         self.assertEqual(error.code, 401)
 
@@ -354,12 +332,7 @@ class FakeKubeContractTests(KubeContractMixin, SynchronousTestCase):
     def makeCluster(self) -> None:
         self.clock = Clock()
         self.fake = FakeKube(self.clock)
-        self.client = KubeClient(
-            "https://kube.test",
-            self.fake.http(),
-            self.clock,
-            bearer=self.fake.adminToken,
-        )
+        self.client = self.fake.client()
 
 
 class FakeStrictnessTests(SynchronousTestCase):

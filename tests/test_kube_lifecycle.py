@@ -11,12 +11,10 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.kube.client import KubeClient
 from fleetd.kube.machine import TokenEffects, TokenMachine
 from fleetd.kube.watcher import CSRWatcher
 from fleetd.testing.kube import FakeKube, csrPEM
-from tests.kubesupport import KubeFleet, device
-from tests.test_kube_fake import bootstrapSecret
+from tests.kubesupport import KubeFleet, bootstrapSecret, device
 
 
 class MachineTests(SynchronousTestCase):
@@ -166,12 +164,7 @@ class WatcherTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.fake = FakeKube(self.clock)
-        self.client = KubeClient(
-            "https://kube.test",
-            self.fake.http(),
-            self.clock,
-            bearer=self.fake.adminToken,
-        )
+        self.client = self.fake.client()
         self.seen: list[str] = []
         self.watcher = CSRWatcher(
             self.clock,

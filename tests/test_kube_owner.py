@@ -14,7 +14,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.inventory.model import DeviceStatus
-from fleetd.kube.client import KubeClient, KubeUnavailable
+from fleetd.kube.client import KubeUnavailable
 from fleetd.kube.cluster import ClusterTokenError
 from fleetd.kube.rbac import NODECLIENT_ROLE, RBACCheck
 from fleetd.status import DeviceReport
@@ -218,12 +218,7 @@ class RBACTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.fake = FakeKube(self.clock)
-        self.client = KubeClient(
-            "https://kube.test",
-            self.fake.http(),
-            self.clock,
-            bearer=self.fake.adminToken,
-        )
+        self.client = self.fake.client()
         self.registry = CollectorRegistry()
         self.check = RBACCheck(self.clock, self.client, self.registry, 600)
 

@@ -219,8 +219,8 @@ class StartRetryTests(SynchronousTestCase):
         approver) starts once it answers, retried on the injected clock
         with backoff; stopping cancels a pending retry.
         """
+        from tests.faultsupport import FaultyRunner
         from tests.kubesupport import SETTINGS
-        from tests.test_j1 import FaultyRunner
 
         fleet = KubeFleet(self)
         fleet.stopKube()
@@ -254,8 +254,8 @@ class StartRetryTests(SynchronousTestCase):
 
     def test_stopWhileRetryPending_noDelayedCall(self) -> None:
         """Stopping while a retry waits cancels it: no delayed call is left."""
+        from tests.faultsupport import FaultyRunner
         from tests.kubesupport import SETTINGS
-        from tests.test_j1 import FaultyRunner
 
         fleet = KubeFleet(self)
         fleet.stopKube()
@@ -282,8 +282,8 @@ class StartRetryTests(SynchronousTestCase):
         does not load (and arm) the tokens a second time, so stopping
         leaves no timer behind.
         """
+        from tests.faultsupport import FaultyRunner
         from tests.kubesupport import SETTINGS
-        from tests.test_j1 import FaultyRunner
 
         fleet = KubeFleet(self)
         fleet.add(device("w1", "SER1"))

@@ -16,7 +16,6 @@ from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.kube.client import KubeClient
 from fleetd.kube.rbac import NODECLIENT_ROLE, RBACCheck
 from fleetd.testing.kube import ApiError, FakeKube
 from fleetd.testing.kube_rbac import binding, group, serviceAccount, user
@@ -40,12 +39,7 @@ class Site:
         self.test = test
         self.clock = Clock()
         self.fake = FakeKube(self.clock)
-        self.client = KubeClient(
-            "https://kube.test",
-            self.fake.http(),
-            self.clock,
-            bearer=self.fake.adminToken,
-        )
+        self.client = self.fake.client()
         self.registry = CollectorRegistry()
         self.check = RBACCheck(self.clock, self.client, self.registry, 600)
 

@@ -26,8 +26,9 @@ from fleetd.config import ConfigError, KubernetesSettings
 from fleetd.kube.client import KubeClient, KubeUnavailable
 from fleetd.kube.connect import clientFromSettings
 from fleetd.testing.kube import FakeKube, csrPEM
-from tests.test_daemon import DaemonTestMixin
-from tests.test_kube_fake import bootstrapSecret
+from tests.daemonsupport import DaemonTestMixin
+from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
+from tests.kubesupport import bootstrapSecret
 from tests.tinkpeers import provisionedDevice
 
 
@@ -168,11 +169,6 @@ class DaemonWithClusterTests(FakeOverTLS, DaemonTestMixin):
         return ensureDeferred(self._provision())  # type: ignore[return-value]
 
     async def _provision(self) -> None:
-        from twisted.internet.threads import deferToThread
-
-        from tests.support import writeConfig
-        from tests.test_devices_api import run as fleetctlRun
-
         kube = {
             "api": f"https://127.0.0.1:{self.port.getHost().port}",
             "ca": str(self.cert),
@@ -183,18 +179,10 @@ class DaemonWithClusterTests(FakeOverTLS, DaemonTestMixin):
         assert service._loading is not None
         await service._loading
         admin = DaemonTestMixin.port(self, service, "admin")
-        config = str(
-            writeConfig(
-                self.directory,
-                {"owner": {"server": f"https://localhost:{admin}"}, "kubernetes": kube},
-            )
-        )
+        config = ownerConfig(self.directory, admin, {"kubernetes": kube})
 
         async def fleetctl(*words: str) -> tuple[int, str, str]:
-            result: tuple[int, str, str] = await deferToThread(
-                fleetctlRun, ["--config", config, *words]
-            )
-            return result
+            return await fleetctlAgainst(config, *words)
 
         uuid = "4c4c4544-0042-3510-8050-b4c04f4d3232"
         code, _, err = await fleetctl(

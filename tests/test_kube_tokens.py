@@ -22,8 +22,8 @@ from fleetd.kube.tokens import (
     tokenSecret,
 )
 from fleetd.runs.render import NodeFacts
+from tests.fleetsupport import RENDERER
 from tests.kubesupport import KubeFleet, device, secretData
-from tests.test_runs import RENDERER
 
 
 class TokenFormatTests(SynchronousTestCase):
@@ -190,7 +190,7 @@ class IssueTests(SynchronousTestCase):
 
     def test_noCluster_templateTokenKept(self) -> None:
         """Without [kubernetes] the configuration keeps the template's cluster.token."""
-        from tests.test_runs import Fleet
+        from tests.fleetsupport import Fleet
 
         plain = Fleet(self)
         plain.add(device("w1", "SER1"))

@@ -11,14 +11,13 @@ real TLS, with software LDevID keys (what legacy nodes hold).
 from __future__ import annotations
 
 import io
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import NameOID
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
@@ -27,6 +26,7 @@ from fleetd.agent import main as agent
 from fleetd.pki.dev import ensureDevPKI
 from fleetd.store.entries import JournalRefused
 from tests.attestserver import AttestServer
+from tests.swtpmsupport import issueWith
 
 PKI: Any = None
 
@@ -36,48 +36,6 @@ def sharedPKI(base: Path) -> Any:
     if PKI is None:
         PKI = ensureDevPKI(base.resolve() / "pki", "localhost")
     return PKI
-
-
-def issueWith(
-    caCert: Path,
-    caKey: Path,
-    device: str,
-    serial: str,
-    *,
-    expired: bool = False,
-    key: ec.EllipticCurvePrivateKey | None = None,
-) -> tuple[bytes, bytes]:
-    """A software LDevID (certificate PEM, key PEM) signed by a bundle CA."""
-    ca = x509.load_pem_x509_certificate(caCert.read_bytes())
-    signer: Any = serialization.load_pem_private_key(caKey.read_bytes(), None)
-    key = key or ec.generate_private_key(ec.SECP256R1())
-    now = datetime.now(UTC)
-    start, end = (now - timedelta(days=30), now - timedelta(days=1)) if expired else (
-        now - timedelta(hours=1), now + timedelta(days=30))  # fmt: skip
-    name = x509.Name(
-        [
-            x509.NameAttribute(NameOID.COMMON_NAME, device),
-            x509.NameAttribute(NameOID.SERIAL_NUMBER, serial),
-        ]
-    )
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(False, None), True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False)
-        .sign(signer, hashes.SHA256())
-    )
-    keyPEM = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), keyPEM
 
 
 class LDevIDTestCase(TestCase):

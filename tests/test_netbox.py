@@ -17,27 +17,22 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.admin.provision import ProvisionResource, Refused
-from fleetd.inventory.model import Device, DeviceStatus, InventoryError, ServedRecord
+from fleetd.inventory.model import DeviceStatus, InventoryError, ServedRecord
 from fleetd.netbox.client import NetBoxClient, NetBoxError
 from fleetd.netbox.devices import CUSTOM_FIELD_TYPES, findBySerial
 from fleetd.netbox.inventory import NetBoxInventory, digestOf
 from fleetd.netbox.mirror import carries, codeSpan
 from fleetd.netbox.outbox import pendingCount
 from fleetd.netbox.service import NetBoxService
-from fleetd.netbox.worker import OutboxWorker
-from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.machine import Outcome
-from fleetd.runs.registry import RunRegistry, configName
-from fleetd.store.db import Database, StoreError
+from fleetd.store.db import StoreError
 from fleetd.store.entries import Entry
 from fleetd.store.journal import AsyncJournal, Journal
-from fleetd.store.runner import InlineRunner
 from fleetd.testing.netbox import FakeNetBox
-from fleetd.vault import DirectoryVault, IVault
-from tests.netbox_support import TOKEN, URL, NetBoxRig, Switch, seedFake
+from tests.fleetsupport import KEY, RENDERER, device
+from tests.inventorysupport import W1, W2
+from tests.netbox_support import TOKEN, URL, NetBoxFleet, NetBoxRig, seedFake
 from tests.support import REPO
-from tests.test_inventory import W1, W2
-from tests.test_runs import KEY, RENDERER, Fleet, device
 
 
 def _events(rig: NetBoxRig, device: str | None = None) -> list[str]:
@@ -529,58 +524,6 @@ class MirrorTests(SynchronousTestCase):
         self.assertFalse(carries("fleetd-entry: 1-abc", "fleetd-entry: 1-ab"))
         self.assertFalse(carries("fleetd-entry: 11-ab", "fleetd-entry: 1-ab"))
         self.assertFalse(carries(None, "fleetd-entry: 1-ab"))
-
-
-class NetBoxFleet(Fleet):
-    """The run registry over the NetBox inventory and the fake."""
-
-    def start(self, vault: IVault | None = None, inventory: Any = None) -> None:
-        if not hasattr(self, "fake"):
-            self.fake = FakeNetBox(basePath="/netbox/")
-            self.http = Switch(self.fake)
-        self.db = Database.open(self.directory / "fleetd.sqlite3")
-        self.test.addCleanup(self.db.close)
-        runner = InlineRunner(self.db)
-        self.runner = runner
-        self.journal = AsyncJournal(runner, Journal(KEY), self.clock)
-        self.vault = (
-            vault
-            if vault is not None
-            else DirectoryVault.open(self.directory / "vault", allowAnyFilesystem=True)
-        )
-        client = NetBoxClient(self.http, self.clock, URL, TOKEN, timeout=10.0)
-        self.worker = OutboxWorker(self.clock, runner, self.journal, client)
-        self.inventory = NetBoxInventory(
-            client,
-            runner,
-            self.journal,
-            self.clock,
-            configDigest=lambda run: digestOf(self.vault.get(configName(run))),
-            wake=self.wake,
-        )
-        self.worker.start()
-        self.alerts = AlertTracker(self.clock, hold=self.hold)
-        self.registry = RunRegistry(
-            clock=self.clock,
-            vault=self.vault,
-            runner=runner,
-            inventory=self.inventory,
-            journal=self.journal,
-            alerts=self.alerts,
-            codeKey=KEY,
-        )
-        self.test.successResultOf(Deferred.fromCoroutine(self.registry.load()))
-
-    def wake(self) -> None:
-        self.clock.callLater(0, self.worker.kick)
-
-    def restart(self, wipeVault: bool = False) -> None:
-        self.worker.stop()
-        super().restart(wipeVault)
-
-    def add(self, *devices: Device) -> None:
-        for d in devices:
-            seedFake(self.fake, d)
 
 
 class DeliveryTests(SynchronousTestCase):

@@ -18,9 +18,9 @@ from fleetd.config import ConfigError, loadSettings
 from fleetd.netbox.inventory import NetBoxInventory
 from fleetd.prepare import prepare
 from fleetd.testing.netbox import FakeNetBox
+from tests.daemonsupport import DaemonTestMixin
 from tests.netbox_support import TOKEN
 from tests.support import REPO, writeConfig
-from tests.test_daemon import DaemonTestMixin
 
 
 class NetBoxDaemonTests(DaemonTestMixin, TestCase):

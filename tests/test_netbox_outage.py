@@ -26,8 +26,8 @@ from fleetd.store import Database
 from fleetd.store.journal import AsyncJournal, Journal, Recorder
 from fleetd.store.runner import DatabaseRunner
 from fleetd.testing.netbox import FakeNetBox
+from tests.inventorysupport import W1
 from tests.netbox_support import TOKEN, NetBoxRig, seedFake
-from tests.test_inventory import W1
 
 reactor: Any = _reactor
 HOUR = 3600

@@ -21,10 +21,9 @@ from fleetd.netbox.devices import RemoteDevice
 from fleetd.netbox.outbox import OutboxEntry, decide
 from fleetd.netbox.service import NetBoxService
 from fleetd.runs.machine import Outcome
-from tests.netbox_support import NetBoxRig, seedFake
-from tests.test_inventory import W1
-from tests.test_netbox import NetBoxFleet
-from tests.test_runs import device
+from tests.fleetsupport import device
+from tests.inventorysupport import W1
+from tests.netbox_support import NetBoxFleet, NetBoxRig, seedFake
 
 
 def _events(rig: NetBoxRig, name: str) -> list[Any]:

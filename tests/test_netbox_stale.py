@@ -36,13 +36,11 @@ from fleetd.device.attest import deviceAPI
 from fleetd.device.refusals import statusOf
 from fleetd.inventory.model import DeviceStatus, InventoryError
 from fleetd.nodes import Refused as NodeRefused
-from tests.attestserver import AttestServer
-from tests.netbox_support import NetBoxRig, seedFake
+from tests.attestserver import AttestServer, pki
+from tests.fleetsupport import RENDERER, device
+from tests.inventorysupport import W1
+from tests.netbox_support import NetBoxFleet, NetBoxRig, seedFake
 from tests.softtpm import SoftNode
-from tests.test_attest_checks import pki
-from tests.test_inventory import W1
-from tests.test_netbox import NetBoxFleet
-from tests.test_runs import RENDERER, device
 
 
 class _Unauthorized(Resource):

@@ -18,12 +18,10 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from OpenSSL import crypto
+from cryptography.x509.oid import NameOID
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.iweb import IRequest
@@ -33,83 +31,28 @@ from fleetd.admin.resource import adminRoot
 from fleetd.config import ConfigError, TLSFiles, loadSettings
 from fleetd.inventory import SQLiteInventory
 from fleetd.listen.tls import loadTLSOptions
-from fleetd.pki.dev import DevPKIPaths, ensureDevPKI, makeCertificate
+from fleetd.pki.dev import ensureDevPKI, makeCertificate
 from fleetd.pki.ldevid import Issuer, Subject
 from fleetd.prepare import checkOwnerCA
 from fleetd.store import AsyncJournal, Database, InlineRunner, Journal
 from fleetd.web.owner import OWNER_NAME, checkOwner
 from fleetd.web.resources import Endpoint
 from fleetd.web.site import BoundedSite
+from tests.daemonsupport import DaemonTestMixin, httpsRequest
+from tests.ownersupport import (
+    CLIENT_AUTH,
+    CSV,
+    NO_EKU,
+    NOW,
+    SERVER_AUTH,
+    W1,
+    CertTransport,
+    OwnerSiteMixin,
+    PKIMixin,
+    inline,
+    issue,
+)
 from tests.support import writeConfig
-from tests.test_daemon import DaemonTestMixin
-from tests.test_devices_api import CSV, W1, httpsRequest, inline
-
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
-CLIENT_AUTH = ExtendedKeyUsageOID.CLIENT_AUTH
-SERVER_AUTH = ExtendedKeyUsageOID.SERVER_AUTH
-NO_EKU = object()
-
-
-def issue(
-    pki: DevPKIPaths,
-    cn: str,
-    eku: Any = CLIENT_AUTH,
-    ca: str = "owner_ca",
-    directory: Path | None = None,
-) -> tuple[x509.Certificate, Path, Path]:
-    """A leaf for C{cn} signed by the dev PKI's C{ca}; C{NO_EKU}: no EKU."""
-    caCert = x509.load_pem_x509_certificate(getattr(pki, ca).read_bytes())
-    caKey: Any = serialization.load_pem_private_key(
-        getattr(pki, ca + "_key").read_bytes(), None
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = makeCertificate(
-        cn, key, NOW, (caCert, caKey), None if eku is NO_EKU else eku
-    )
-    where = directory or pki.directory
-    certPath = where / f"leaf-{abs(hash((cn, str(eku), ca)))}.pem"
-    keyPath = certPath.with_suffix(".key")
-    certPath.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    keyPath.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert, certPath, keyPath
-
-
-class _Handle:
-    """The TLS connection's verified chain, as pyOpenSSL gives it."""
-
-    def __init__(self, chain: list[x509.Certificate] | None) -> None:
-        self._chain = chain
-
-    def get_verified_chain(self) -> list[crypto.X509] | None:
-        if self._chain is None:
-            return None
-        return [crypto.X509.from_cryptography(c) for c in self._chain]
-
-
-class CertTransport(StringTransport):
-    """
-    A transport whose TLS peer presented C{cert} (or nothing), verified as
-    the chain C{[cert, *above]}.
-    """
-
-    def __init__(self, cert: x509.Certificate | None, *above: x509.Certificate) -> None:
-        super().__init__()
-        self._cert = cert
-        self._chain = None if cert is None else [cert, *above]
-
-    def getPeerCertificate(self) -> crypto.X509 | None:
-        if self._cert is None:
-            return None
-        return crypto.X509.from_cryptography(self._cert)
-
-    def getHandle(self) -> _Handle:
-        return _Handle(self._chain)
 
 
 class FakeRequest:
@@ -183,14 +126,6 @@ def ldevidUnder(
         )
     )
     return leaf, certPath, keyPath
-
-
-class PKIMixin:
-    pki: DevPKIPaths
-
-    def makePKI(self) -> None:
-        directory = Path(self.mktemp()).resolve()  # type: ignore[attr-defined]
-        self.pki = ensureDevPKI(directory / "pki", "enroll.lolwtf.ca")
 
 
 class CheckOwnerTests(PKIMixin, SynchronousTestCase):
@@ -311,7 +246,7 @@ class Recorder(Endpoint):
         return b"{}\n"
 
 
-class GateTests(PKIMixin, SynchronousTestCase):
+class GateTests(OwnerSiteMixin, PKIMixin, SynchronousTestCase):
     """The owner gate in front of /v1/admin/: who, and which bodies [O1] [O3]."""
 
     def setUp(self) -> None:
@@ -341,37 +276,6 @@ class GateTests(PKIMixin, SynchronousTestCase):
             idleTimeout=30, clock=self.clock,
         )  # fmt: skip
         self.owner, _, _ = issue(self.pki, "owner")
-
-    def send(
-        self,
-        method: str,
-        path: str,
-        body: bytes = b"",
-        contentType: str | None = "application/json",
-        cert: Any = None,
-    ) -> tuple[int, bytes]:
-        channel = self.site.buildProtocol(None)
-        ownerCA = x509.load_pem_x509_certificate(self.pki.owner_ca.read_bytes())
-        transport = CertTransport(self.owner if cert is None else cert, ownerCA)
-        channel.makeConnection(transport)
-        self.addCleanup(channel.connectionLost, None)
-        headers = f"{method} {path} HTTP/1.1\r\nHost: x\r\n"
-        if contentType is not None:
-            headers += f"Content-Type: {contentType}\r\n"
-        if body or method != "GET":
-            headers += f"Content-Length: {len(body)}\r\n"
-        channel.dataReceived(headers.encode() + b"\r\n" + body)
-        head, _, content = transport.value().partition(b"\r\n\r\n")
-        if b"Transfer-Encoding: chunked" in head:
-            chunks = b""
-            while True:
-                size, _, rest = content.partition(b"\r\n")
-                if int(size, 16) == 0:
-                    break
-                chunks += rest[: int(size, 16)]
-                content = rest[int(size, 16) + 2 :]
-            content = chunks
-        return int(head.split(b" ")[1]), content
 
     def devices(self) -> list[str]:
         return [d.name for d in self.successResultOf(self.inventory.list())]

@@ -9,7 +9,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import codeName, configName
-from tests.test_runs import Fleet, device
+from tests.fleetsupport import Fleet, device
 
 
 class PlanCodeTests(SynchronousTestCase):

@@ -13,22 +13,22 @@ from twisted.trial.unittest import SynchronousTestCase
 from fleetd.inventory.model import DeviceStatus
 from fleetd.kube.errors import KubeUnavailable
 from fleetd.kube.retire import RetireService
+from fleetd.kube.service import retireService
 from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import RETIRED, codeName, configName, servedName
 from fleetd.store.db import StoreError
+from tests.faultsupport import Faults
+from tests.fleetsupport import Fleet, device
 from tests.kubesupport import KubeFleet
-from tests.test_j1 import Faults
-from tests.test_runs import Fleet, device
 
 
 def _retirer(fleet: Fleet) -> RetireService:
-    return RetireService(
+    return retireService(
+        None,
         clock=fleet.clock,
         inventory=fleet.inventory,
         journal=fleet.journal,
         runner=fleet.runner,
-        client=None,
-        book=None,
         runs=fleet.registry,
     )
 

@@ -13,10 +13,9 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from fleetd.inventory.model import DeviceStatus
 from fleetd.runs.alerts import DEFAULT_HOLD
 from fleetd.status import DeviceReport, StatusService
-from tests.support import writeConfig
-from tests.test_daemon import DaemonTestMixin
-from tests.test_devices_api import run as fleetctlRun
-from tests.test_runs import Fleet, device
+from tests.daemonsupport import DaemonTestMixin
+from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
+from tests.fleetsupport import Fleet, device
 
 
 class StatusServiceTests(SynchronousTestCase):
@@ -118,24 +117,15 @@ class StatusCommandTests(DaemonTestMixin, TestCase):
         return ensureDeferred(self._status())  # type: ignore[return-value]
 
     async def _status(self) -> None:
-        from twisted.internet.threads import deferToThread
-
         self.makeSettings()
         service = self.startDaemon()
         assert service._loading is not None
         await service._loading
         port = self.port(service, "admin")
-        config = str(
-            writeConfig(
-                self.directory, {"owner": {"server": f"https://localhost:{port}"}}
-            )
-        )
+        config = ownerConfig(self.directory, port)
 
         async def fleetctl(*words: str) -> tuple[int, str, str]:
-            result: tuple[int, str, str] = await deferToThread(
-                fleetctlRun, ["--config", config, *words]
-            )
-            return result
+            return await fleetctlAgainst(config, *words)
 
         uuid = "4c4c4544-0042-3510-8050-b4c04f4d3232"
         code, _, err = await fleetctl(

@@ -21,9 +21,9 @@ from fleetd.netbox.outbox import pendingStatuses
 from fleetd.runs.machine import Outcome
 from fleetd.runs.registry import Decommissioning
 from fleetd.runs.render import NodeFacts
+from tests.fleetsupport import RENDERER, FlakyInventory, Fleet, device
+from tests.inventorysupport import W1
 from tests.netbox_support import NetBoxRig, seedFake
-from tests.test_inventory import W1
-from tests.test_runs import RENDERER, FlakyInventory, Fleet, device
 
 
 def _setStatus(fleet: Fleet, name: str, status: DeviceStatus) -> None:

@@ -32,38 +32,16 @@ from fleetd.h2.listener import TinkListenerFactory
 from fleetd.h2.server import SLICE
 from fleetd.listen.connections import LimitedFactory
 from fleetd.tink.metrics import TinkMetrics
-from tests.test_tink_h2proxy import Site
-from tests.test_tink_listener import (
-    Harness,
+from tests.h2support import (
+    CALM,
     RecordingHandler,
+    Site,
+    calm,
+    counted,
     grpcHeaders,
     grpcMessage,
+    guarded,
 )
-
-CALM = "tink.h2.enhance-your-calm {reason}"
-
-
-def counted(metrics: TinkMetrics, kind: str) -> float:
-    value: float = metrics.h2Abuse.labels(kind)._value.get()
-    return value
-
-
-def calm(h: Harness) -> list[ConnectionTerminated]:
-    return [
-        e
-        for e in h.of(ConnectionTerminated)
-        if e.error_code == ErrorCodes.ENHANCE_YOUR_CALM
-    ]
-
-
-def guarded(limits: H2Limits, handler: Any = RecordingHandler, **kw: Any) -> Harness:
-    """A L{Harness} whose server counts abuse in C{h.metrics}."""
-    metrics = TinkMetrics()
-    h = Harness(handler, handshake=False, limits=limits, **kw)
-    h.server.countAbuse = metrics.abuse
-    h.metrics = metrics  # type: ignore[attr-defined]
-    h.pump()
-    return h
 
 
 class RapidResetTests(SynchronousTestCase):

@@ -28,12 +28,14 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.h2.guard import H2Limits
 from fleetd.h2.listener import TinkListenerFactory
-from tests.test_tink_h2abuse import calm, counted, guarded
-from tests.test_tink_listener import (
+from tests.h2support import (
     PREFACE,
     Harness,
     RecordingHandler,
+    calm,
+    counted,
     grpcMessage,
+    guarded,
     selfSignedCertificate,
 )
 

@@ -9,7 +9,6 @@ ends its stream) is done here.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from h2.config import H2Configuration
 from h2.connection import H2Connection
@@ -17,7 +16,6 @@ from h2.errors import ErrorCodes
 from h2.events import (
     ConnectionTerminated,
     DataReceived,
-    Event,
     RequestReceived,
     ResponseReceived,
     StreamEnded,
@@ -26,157 +24,12 @@ from h2.events import (
 )
 from hpack import Decoder, Encoder
 from hyperframe.frame import ContinuationFrame, HeadersFrame, PingFrame
-from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.error import ConnectionRefusedError
-from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.h2.conn import DrainingH2Connection
-from fleetd.h2.listener import proxyFactory
-from fleetd.h2.server import H2ServerProtocol
-from fleetd.h2.upstream import UpstreamPool
-from fleetd.logs import ThrottledLog
-from fleetd.tink.metrics import TinkMetrics
-from tests.test_tink_listener import grpcHeaders, grpcMessage
-
-OK_TRAILERS = [(b"grpc-status", b"0")]
-
-
-class FakeEndpoint:
-    """Connects synchronously to a new in-memory tink-server."""
-
-    def __init__(self, site: Site) -> None:
-        self.site = site
-
-    def connect(self, factory: Any) -> Deferred[Any]:
-        if self.site.upstreamDown:
-            return fail(ConnectionRefusedError())
-        protocol = factory.buildProtocol(None)
-        transport = StringTransport()
-        protocol.makeConnection(transport)
-        # Like grpc-go's GracefulStop: GOAWAY, then finish what was taken.
-        server = DrainingH2Connection(
-            H2Configuration(client_side=False, header_encoding=None)
-        )
-        server.initiate_connection()
-        self.site.upstreams.append((protocol, transport, server, []))
-        return succeed(protocol)
-
-
-class Site:
-    """Client ↔ proxy ↔ tink-server, pumped by hand."""
-
-    def __init__(self, **limits: Any) -> None:
-        self.clock = Clock()
-        self.upstreamDown = False
-        self.upstreams: list[
-            tuple[Any, StringTransport, DrainingH2Connection, list[Event]]
-        ] = []
-        self.metrics = TinkMetrics()
-        self.pool = UpstreamPool(
-            self.clock,
-            lambda: FakeEndpoint(self),  # type: ignore[arg-type,return-value]
-            log=ThrottledLog(self.clock),
-            metrics=self.metrics,
-        )
-        self.factory = proxyFactory(self.clock, self.pool, self.metrics, **limits)
-        self.clients: list[
-            tuple[H2ServerProtocol, StringTransport, H2Connection, list[Event]]
-        ] = []
-        self.connect()
-
-    def connect(self) -> int:
-        proxy = self.factory.buildProtocol(None)
-        transport = StringTransport()
-        proxy.makeConnection(transport)
-        # Like grpc-go, the client keeps its streams going after a GOAWAY.
-        client = DrainingH2Connection(
-            H2Configuration(client_side=True, header_encoding=None)
-        )
-        client.initiate_connection()
-        self.clients.append((proxy, transport, client, []))
-        self.pump()
-        return len(self.clients) - 1
-
-    @property
-    def client(self) -> H2Connection:
-        return self.clients[0][2]
-
-    @property
-    def server(self) -> DrainingH2Connection:
-        return self.upstreams[-1][2]
-
-    def clientEvents(self, index: int = 0) -> list[Event]:
-        return self.clients[index][3]
-
-    def serverEvents(self, index: int = -1) -> list[Event]:
-        return self.upstreams[index][3]
-
-    def pump(self) -> None:
-        for _ in range(1000):
-            moved = False
-            for proxy, transport, client, events in self.clients:
-                out = client.data_to_send()
-                if out and not transport.disconnecting:
-                    proxy.dataReceived(out)
-                    moved = True
-                back = transport.value()
-                transport.clear()
-                if back:
-                    events += client.receive_data(back)
-                    moved = True
-            for protocol, transport, server, events in self.upstreams:
-                out = transport.value()
-                transport.clear()
-                if out:
-                    events += server.receive_data(out)
-                    moved = True
-                back = server.data_to_send()
-                if (
-                    back
-                    and protocol.transport is not None
-                    and not transport.disconnecting
-                ):
-                    protocol.dataReceived(back)
-                    moved = True
-            if not moved:
-                return
-        raise AssertionError("pump did not settle")
-
-    def call(self, body: bytes = b"x", end: bool = True, index: int = 0) -> int:
-        client = self.clients[index][2]
-        sid = client.get_next_available_stream_id()
-        client.send_headers(sid, grpcHeaders())
-        if body or end:
-            client.send_data(sid, grpcMessage(body) if body else b"", end_stream=end)
-        self.pump()
-        return sid
-
-    def upstreamSid(self, nth: int = 0, index: int = -1) -> int:
-        requests = [
-            e for e in self.serverEvents(index) if isinstance(e, RequestReceived)
-        ]
-        sid: int = requests[nth].stream_id
-        return sid
-
-    def answer(self, usid: int, payload: bytes = b"ok", index: int = -1) -> None:
-        server = self.upstreams[index][2]
-        server.send_headers(
-            usid, [(b":status", b"200"), (b"content-type", b"application/grpc")]
-        )
-        server.send_data(usid, grpcMessage(payload))
-        server.send_headers(usid, OK_TRAILERS, end_stream=True)
-        self.pump()
-
-    def of(self, kind: type, sid: int | None = None, index: int = 0) -> list[Any]:
-        return [
-            e
-            for e in self.clientEvents(index)
-            if isinstance(e, kind)
-            and (sid is None or getattr(e, "stream_id", None) == sid)
-        ]
+from tests.h2support import OK_TRAILERS, Site, grpcHeaders, grpcMessage
 
 
 class GoAwayTests(SynchronousTestCase):

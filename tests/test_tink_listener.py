@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import datetime
 import socket
 import ssl
-from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import grpc
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import serialization
 from h2.config import H2Configuration
-from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.events import (
     ConnectionTerminated,
     DataReceived,
-    Event,
     PingAckReceived,
     ResponseReceived,
     StreamEnded,
@@ -43,136 +37,16 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from fleetd.h2.grpcwire import GRPCStatus, MessageSizeGuard, encodeGrpcMessage
 from fleetd.h2.listener import TinkListenerFactory, UnimplementedHandler
 from fleetd.h2.server import H2ServerProtocol
-from fleetd.h2.stream import Headers, IStreamHandler, StreamResponder
-
-E = TypeVar("E", bound=Event)
-PATH = b"/proto.WorkflowService/GetAction"
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-
-def grpcHeaders(
-    path: bytes = PATH,
-    method: bytes = b"POST",
-    contentType: bytes = b"application/grpc",
-) -> Headers:
-    return [
-        (b":method", method),
-        (b":scheme", b"https"),
-        (b":path", path),
-        (b":authority", b"localhost"),
-        (b"te", b"trailers"),
-        (b"content-type", contentType),
-        (b"user-agent", b"grpc-test"),
-    ]
-
-
-def grpcMessage(payload: bytes) -> bytes:
-    return b"\x00" + len(payload).to_bytes(4, "big") + payload
-
-
-class RecordingHandler:
-    """A handler that records calls and answers only when told to."""
-
-    def __init__(self, responder: StreamResponder) -> None:
-        self.responder = responder
-        self.calls: list[tuple[str, object]] = []
-        self.received = 0
-
-    def headersReceived(self, headers: Headers) -> None:
-        self.calls.append(("headers", dict(headers)[b":path"]))
-
-    def dataReceived(self, data: bytes) -> None:
-        self.received += len(data)
-
-    def endReceived(self) -> None:
-        self.calls.append(("end", self.received))
-
-    def reset(self, errorCode: int) -> None:
-        self.calls.append(("reset", errorCode))
-
-
-class Harness:
-    """A server protocol on a StringTransport talking to an h2 client."""
-
-    def __init__(
-        self,
-        handlerFactory: Callable[[StreamResponder], IStreamHandler] = (
-            UnimplementedHandler
-        ),
-        byteWise: bool = False,
-        handshake: bool = True,
-        clientConfig: H2Configuration | None = None,
-        server: H2ServerProtocol | None = None,
-        **limits: Any,
-    ) -> None:
-        self.handlers: list[Any] = []
-
-        def factory(responder: StreamResponder) -> IStreamHandler:
-            handler = handlerFactory(responder)
-            self.handlers.append(handler)
-            return handler
-
-        self.clock = Clock()
-        self.server = server or H2ServerProtocol(factory, clock=self.clock, **limits)
-        self.transport = StringTransport()
-        self.server.makeConnection(self.transport)
-        self.client = H2Connection(
-            clientConfig or H2Configuration(client_side=True, header_encoding=None)
-        )
-        self.client.initiate_connection()
-        self.byteWise = byteWise
-        self.events: list[Event] = []
-        if handshake:
-            self.pump()
-
-    def feed(self, data: bytes) -> None:
-        if self.byteWise:
-            for i in range(len(data)):
-                self.server.dataReceived(data[i : i + 1])
-        else:
-            self.server.dataReceived(data)
-
-    def pump(self) -> list[Event]:
-        new: list[Event] = []
-        while True:
-            out = self.client.data_to_send()
-            if out:
-                self.feed(out)
-            back = self.transport.value()
-            self.transport.clear()
-            if back:
-                new += self.client.receive_data(back)
-            if not out and not back:
-                break
-        self.events += new
-        return new
-
-    def call(
-        self, headers: Headers | None = None, body: bytes = b"", end: bool = True
-    ) -> int:
-        sid = self.client.get_next_available_stream_id()
-        self.client.send_headers(sid, headers or grpcHeaders())
-        if body or end:
-            self.client.send_data(sid, body, end_stream=end)
-        return sid
-
-    def response(self, sid: int) -> dict[bytes, bytes]:
-        [event] = [
-            e
-            for e in self.events
-            if isinstance(e, ResponseReceived) and e.stream_id == sid
-        ]
-        assert isinstance(event, ResponseReceived)
-        return dict(event.headers)
-
-    def of(self, kind: type[E], sid: int | None = None) -> list[E]:
-        found = [e for e in self.events if isinstance(e, kind)]
-        if sid is None:
-            return found
-        return [e for e in found if getattr(e, "stream_id", None) == sid]
-
-    def close(self) -> None:
-        self.server.connectionLost(None)
+from fleetd.h2.stream import Headers
+from tests.h2support import (
+    PATH,
+    PREFACE,
+    Harness,
+    RecordingHandler,
+    grpcHeaders,
+    grpcMessage,
+    selfSignedCertificate,
+)
 
 
 class UnimplementedTests(SynchronousTestCase):
@@ -719,33 +593,6 @@ class WireHelperTests(SynchronousTestCase):
         self.assertTrue(transport.disconnecting)
         protocol.connectionLost(None)
         self.assertEqual(clock.getDelayedCalls(), [])
-
-
-def selfSignedCertificate() -> tuple[bytes, bytes]:
-    """A throwaway ECDSA P-256 certificate for localhost: (key, cert) PEM."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    keyPEM = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    return keyPEM, cert.public_bytes(serialization.Encoding.PEM)
 
 
 def grpcUnaryCode(port: int, certPEM: bytes) -> Any:

@@ -29,8 +29,8 @@ from fleetd.service import FleetdService
 from fleetd.tink.metrics import TinkMetrics
 from fleetd.tink.proto import tink_agent_pb2 as agent
 from fleetd.tink.proto import tink_v012_pb2 as v012
-from tests.test_daemon import DaemonTestMixin
-from tests.test_tink_listener import selfSignedCertificate
+from tests.daemonsupport import DaemonTestMixin
+from tests.h2support import selfSignedCertificate
 from tests.tinkpeers import (
     FakeTinkServer,
     Outcome,

@@ -25,9 +25,9 @@ from fleetd.h2.grpcwire import GRPCStatus
 from fleetd.service import FleetdService
 from fleetd.tink.proto import tink_agent_pb2 as agent
 from fleetd.tink.proto import tink_v012_pb2 as v012
-from tests.test_daemon import DaemonTestMixin
-from tests.test_tink_boot import MAC, P, Site, frame
+from tests.daemonsupport import DaemonTestMixin
 from tests.tinkpeers import FakeTinkServer, channel, provisionedDevice, unary
+from tests.tinksupport import MAC, P, Site, frame
 
 RETURNED = "boot.hookos-after-install"
 

@@ -19,7 +19,6 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.config import ConfigError, TinkSettings, loadSettings
 from fleetd.inventory.model import validateDevice
-from fleetd.kube.client import KubeClient
 from fleetd.runs.alerts import HOOKOS
 from fleetd.testing.kube import FakeKube
 from fleetd.tink import wfstate
@@ -33,9 +32,9 @@ from fleetd.tink.wfstate import (
     hasEnded,
 )
 from tests.support import writeConfig
-from tests.test_tink_boot import MAC, RUNNING, SUCCESS, Site
+from tests.tinksupport import MAC, RUNNING, SUCCESS, Site
 
-NS = "ns"  # the proxy's agent workflow is "ns/wf" (tests.test_tink_boot)
+NS = "ns"  # the proxy's agent workflow is "ns/wf" (tests.tinksupport)
 
 
 class KubeSite(Site):
@@ -47,12 +46,7 @@ class KubeSite(Site):
         super().build()
         if not hasattr(self, "fake"):
             self.fake = FakeKube(self.fleet.clock)
-        self.client = KubeClient(
-            "https://kube.test",
-            self.fake.http(),
-            self.fleet.clock,
-            bearer=self.fake.adminToken,
-        )
+        self.client = self.fake.client()
         self.registry = CollectorRegistry()
         self.watch = WorkflowStateWatch(
             self.fleet.clock,
@@ -335,7 +329,7 @@ class WatchFailureTests(SynchronousTestCase):
         site = KubeSite(self)
         site.start()
         site.fake.addWorkflow(NS, "wf", MAC, state="RUNNING")
-        from tests.test_j1 import Faults
+        from tests.faultsupport import Faults
 
         faults = Faults(site.fleet)
         faults.inject("journal")
@@ -362,9 +356,7 @@ class WiringTests(SynchronousTestCase):
         site = Site(self)
         fleet = site.fleet
         fake = FakeKube(fleet.clock)
-        client = KubeClient(
-            "https://kube.test", fake.http(), fleet.clock, bearer=fake.adminToken
-        )
+        client = fake.client()
         proxy = TinkProxy(
             fleet.clock,
             settings,

@@ -20,8 +20,8 @@ from fleetd.trust import bindings
 from fleetd.trust.bindings import approvedSerialFor, bindingRefusal
 from fleetd.trust.model import EvidenceKind, TrustError, ekDigest, evidence
 from fleetd.trust.service import TrustService
-from tests.test_j1 import FAULTS, Faults
-from tests.test_runs import Fleet, device
+from tests.faultsupport import FAULTS, Faults
+from tests.fleetsupport import Fleet, device
 
 EK1 = hashlib.sha256(b"ek-one").hexdigest()
 EK2 = hashlib.sha256(b"ek-two").hexdigest()

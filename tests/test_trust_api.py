@@ -8,7 +8,6 @@ memory; L{TrustCommandTests} run fleetctl against a running daemon.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -16,34 +15,28 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import Clock
-from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.admin.devices import devicesResource
 from fleetd.admin.resource import adminRoot
 from fleetd.admin.trust import BindingsResource, EvidenceResource
-from fleetd.cli import fleetctl
 from fleetd.inventory import SQLiteInventory
 from fleetd.store import AsyncJournal, Database, InlineRunner, StoreError
 from fleetd.trust.service import TrustService
 from fleetd.web.site import BoundedSite
-from tests import test_owner
-from tests.support import writeConfig
-from tests.test_daemon import DaemonTestMixin
-from tests.test_devices_api import inline
-from tests.test_inventory import UUID1, UUID2
-from tests.test_j1 import FaultyJournal
-from tests.test_owner import PKIMixin, issue
+from tests.daemonsupport import DaemonTestMixin
+from tests.faultsupport import FaultyJournal
+from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
+from tests.inventorysupport import UUID1, UUID2
+from tests.ownersupport import OwnerSiteMixin, PKIMixin, inline, issue
 
 EK1 = hashlib.sha256(b"ek-one").hexdigest()
 EK2 = hashlib.sha256(b"ek-two").hexdigest()
 DEVICE = {"name": "w1", "serial": "SER1", "uuid": UUID1, "class": "worker-g3"}
 
 
-class TrustAPITests(PKIMixin, SynchronousTestCase):
+class TrustAPITests(OwnerSiteMixin, PKIMixin, SynchronousTestCase):
     """/v1/admin/evidence and /v1/admin/bindings behind the owner gate."""
-
-    send: Any = test_owner.GateTests.send
 
     def setUp(self) -> None:
         self.makePKI()
@@ -227,12 +220,6 @@ def _decode(body: bytes) -> Any:
         return text.rstrip("\n")
 
 
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = fleetctl.main(argv, out, err)
-    return code, out.getvalue(), err.getvalue()
-
-
 class TrustCommandTests(DaemonTestMixin, TestCase):
     """fleetctl evidence / binding / status against a running daemon [T1]."""
 
@@ -240,16 +227,12 @@ class TrustCommandTests(DaemonTestMixin, TestCase):
         self.makeSettings()
 
     async def fleetctl(self, *words: str) -> tuple[int, str, str]:
-        return await deferToThread(run, ["--config", self.config, *words])
+        return await fleetctlAgainst(self.config, *words)
 
     async def _flow(self) -> None:
         service = self.startDaemon()
         port = self.port(service, "admin")
-        self.config = str(
-            writeConfig(
-                self.directory, {"owner": {"server": f"https://localhost:{port}"}}
-            )
-        )
+        self.config = str(ownerConfig(self.directory, port))
         for name, serial, uuid in (("w1", "SER1", UUID1), ("w2", "SER2", UUID2)):
             await self.fleetctl(
                 *f"device add {name} --serial {serial} --uuid {uuid}".split(),

@@ -23,11 +23,8 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
 
 from fleetd.agent.client import Refusal
-from tests.test_agent_tpmtls import TPMKeyDaemonCase
-from tests.test_attest_proofs import Node
-from tests.test_attest_swtpm import ekDigestOf
-from tests.test_devices_api import run as fleetctlRun
-from tests.test_ldevid import issueWith
+from tests.fleetctlsupport import fleetctlAgainst
+from tests.swtpmsupport import Node, TPMKeyDaemonCase, ekDigestOf, issueWith
 
 BIG = 240_057_409_536
 
@@ -41,9 +38,7 @@ class SporeDaemonCase(TPMKeyDaemonCase):
     """Helpers over the daemon + swtpm + abrmd fixtures."""
 
     async def fleetctlRaw(self, *words: str) -> tuple[int, str, str]:
-        code, out, err = await deferToThread(
-            fleetctlRun, ["--config", self.config, *words]
-        )
+        code, out, err = await fleetctlAgainst(self.config, *words)
         return code, str(out), str(err)
 
     async def journal(self, event: str) -> list[Any]:

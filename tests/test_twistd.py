@@ -27,8 +27,8 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
 from fleetd.pki.dev import DevPKIPaths
+from tests.daemonsupport import httpsGet
 from tests.support import writeConfig
-from tests.test_daemon import httpsGet
 
 TWISTD = [str(Path(sys.executable).parent / "twistd")]
 LISTEN = re.compile(

@@ -19,6 +19,7 @@ from fleetd.vault import (
     parseMountInfo,
 )
 from fleetd.vault.store import processUmask
+from tests.vaults import REFUSED, SECRET, fakeMountInfo
 
 if TYPE_CHECKING:
     _Base = SynchronousTestCase
@@ -38,27 +39,7 @@ BAD_NAMES = [
     "a" * 129,
 ]
 
-SECRET = b"machine:\n  token: do-not-leak\n"
 IGNORED = "vault.ignored {name}"
-REFUSED = "vault.refused {name} {kind} {owner} {removed}"
-
-
-def _escape(path: str) -> str:
-    """Escape C{path} the way the kernel writes it in mountinfo."""
-    return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in path)
-
-
-def fakeMountInfo(testCase: SynchronousTestCase, mounts: dict[str, str]) -> Path:
-    """Write a mountinfo file with C{/} on ext4 plus C{mounts}."""
-    lines = ["22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw"]
-    for index, (mountPoint, fsType) in enumerate(mounts.items()):
-        lines.append(
-            f"{40 + index} 22 0:{35 + index} / {_escape(mountPoint)} "
-            f"rw,nosuid,nodev shared:5 - {fsType} {fsType} rw,mode=700"
-        )
-    path = Path(testCase.mktemp())
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 class VaultContractMixin(_Base):

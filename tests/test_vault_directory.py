@@ -22,8 +22,8 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from fleetd.config import ConfigError
 from fleetd.prepare import prepare
 from fleetd.vault import DirectoryVault, VaultError
-from tests.test_daemon import DaemonTestMixin
-from tests.test_vault import REFUSED, SECRET, fakeMountInfo
+from tests.daemonsupport import DaemonTestMixin
+from tests.vaults import REFUSED, SECRET, fakeMountInfo
 
 OTHER_UID = 54321
 PLANTED = b"machine:\n  token: planted-by-someone-else\n"

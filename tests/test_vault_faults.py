@@ -20,8 +20,8 @@ from fleetd.vault import (
     VaultError,
     VaultWriteError,
 )
-from tests.test_vault import SECRET, VaultContractMixin, fakeMountInfo
-from tests.vaults import FaultyVault
+from tests.test_vault import VaultContractMixin
+from tests.vaults import SECRET, FaultyVault, fakeMountInfo
 
 FULL = (
     "cannot write vault entry a: "

@@ -16,12 +16,17 @@ A failing put or delete raises L{VaultWriteError} exactly as
 L{DirectoryVault} does for the same errno (same type, C{errno} attribute
 and message) and leaves the wrapped vault untouched, as a real failed write
 leaves the directory and memory as they were.
+
+L{fakeMountInfo} writes a mountinfo file for the vault's filesystem check.
 """
 
 from __future__ import annotations
 
 import errno
 from collections.abc import Callable
+from pathlib import Path
+
+from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.vault import IVault, VaultWriteError, checkName
 
@@ -95,3 +100,26 @@ class FaultyVault:
         close = getattr(self.inner, "close", None)
         if close is not None:
             close()
+
+
+# A configuration as the vault tests write it, and the refusal log format.
+SECRET = b"machine:\n  token: do-not-leak\n"
+REFUSED = "vault.refused {name} {kind} {owner} {removed}"
+
+
+def _escape(path: str) -> str:
+    """Escape C{path} the way the kernel writes it in mountinfo."""
+    return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in path)
+
+
+def fakeMountInfo(testCase: SynchronousTestCase, mounts: dict[str, str]) -> Path:
+    """Write a mountinfo file with C{/} on ext4 plus C{mounts}."""
+    lines = ["22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw"]
+    for index, (mountPoint, fsType) in enumerate(mounts.items()):
+        lines.append(
+            f"{40 + index} 22 0:{35 + index} / {_escape(mountPoint)} "
+            f"rw,nosuid,nodev shared:5 - {fsType} {fsType} rw,mode=700"
+        )
+    path = Path(testCase.mktemp())
+    path.write_text("\n".join(lines) + "\n")
+    return path

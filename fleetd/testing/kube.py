@@ -69,6 +69,7 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.resource import Resource
 
+from fleetd.kube.client import KubeClient
 from fleetd.testing.kube_http import CSR, WORKFLOW, KubeHTTP, Watcher
 from fleetd.testing.kube_rbac import FakeRBAC
 from fleetd.testing.kube_rules import (
@@ -156,6 +157,18 @@ class FakeKube(FakeRBAC):
                 return d
 
         return _Client()
+
+    def client(self, bearer: str | None = None) -> KubeClient:
+        """
+        A L{KubeClient} for C{https://kube.test} over L{http}, on this
+        fake's clock, presenting the admin token unless C{bearer} is given.
+        """
+        return KubeClient(
+            "https://kube.test",
+            self.http(),
+            self.clock,
+            bearer=self.adminToken if bearer is None else bearer,
+        )
 
     def flush(self) -> None:
         """
