@@ -201,7 +201,7 @@ class FleetdService(MultiService):
         from fleetd.inventory.netbox import digestOf
         from fleetd.netbox.connect import makeClient
         from fleetd.netbox.service import NetBoxService
-        from fleetd.runs.registry import configName
+        from fleetd.runs.vaultnames import configName
 
         vault = self.vault
         service = NetBoxService(

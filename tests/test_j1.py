@@ -18,7 +18,7 @@ from twisted.web.test.requesthelper import DummyRequest
 from fleetd.inventory.model import DeviceStatus, InventoryError
 from fleetd.runs.alerts import MISSING, REFETCHED
 from fleetd.runs.machine import Outcome
-from fleetd.runs.registry import codeName, configName, servedName
+from fleetd.runs.vaultnames import codeName, configName, servedName
 from fleetd.store.db import Database, StoreError
 from fleetd.store.entries import Entry, JournalEntry
 from fleetd.store.journal import Journal

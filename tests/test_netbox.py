@@ -26,8 +26,9 @@ from fleetd.netbox.service import NetBoxService
 from fleetd.netbox.worker import OutboxWorker
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.machine import Outcome
-from fleetd.runs.registry import RunRegistry, configName
+from fleetd.runs.registry import RunRegistry
 from fleetd.runs.resource import ProvisionResource, Refused
+from fleetd.runs.vaultnames import configName
 from fleetd.store.db import Database, StoreError
 from fleetd.store.entries import Entry
 from fleetd.store.journal import AsyncJournal, Journal

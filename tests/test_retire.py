@@ -14,7 +14,8 @@ from fleetd.inventory.model import DeviceStatus
 from fleetd.kube.errors import KubeUnavailable
 from fleetd.kube.retire import RetireService
 from fleetd.runs.machine import Outcome
-from fleetd.runs.registry import RETIRED, codeName, configName, servedName
+from fleetd.runs.provision import RETIRED
+from fleetd.runs.vaultnames import codeName, configName, servedName
 from fleetd.store.db import StoreError
 from tests.kubesupport import KubeFleet
 from tests.test_j1 import Faults

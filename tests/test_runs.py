@@ -27,8 +27,9 @@ from fleetd.runs.alerts import MISSING, REFETCHED, AlertTracker
 from fleetd.runs.codes import codeDigest, mintCode, wellFormedCode
 from fleetd.runs.issued import IssuedDigests
 from fleetd.runs.machine import Outcome, RunEffects, RunMachine, delivering, ready
-from fleetd.runs.registry import RunRegistry, codeName, configName, servedName
+from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import NodeFacts, TemplateRenderer
+from fleetd.runs.vaultnames import codeName, configName, servedName
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.store.runner import InlineRunner
@@ -624,7 +625,7 @@ class RaceTests(SynchronousTestCase):
 
     def test_provisionWhileLoading_refused(self) -> None:
         """A provision before the runs are loaded is refused, not raced."""
-        from fleetd.runs.registry import NotReady
+        from fleetd.runs.provision import NotReady
 
         self.fleet.registry.loaded = False
         d = self.provisionLater(DeferringRunner(self.fleet.registry.runner))  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ from twisted.web.test.requesthelper import DummyRequest
 from fleetd.inventory.model import DeviceStatus, InventoryError, ServedRecord
 from fleetd.netbox.outbox import pendingStatuses
 from fleetd.runs.machine import Outcome
-from fleetd.runs.registry import Decommissioning
+from fleetd.runs.provision import Decommissioning
 from fleetd.runs.render import NodeFacts
 from fleetd.runs.resource import ProvisionResource
 from tests.netbox_support import NetBoxRig, seedFake

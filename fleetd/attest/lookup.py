@@ -28,7 +28,7 @@ from fleetd.attest.identity import LDevIDBook, Peer
 from fleetd.attest.service import REFUSED_CLASSES, AttestationService
 from fleetd.device.identity import NodeIdentity
 from fleetd.inventory.model import Device
-from fleetd.runs.registry import codeName, configName
+from fleetd.runs.vaultnames import codeName, configName
 from fleetd.store.runner import IRunner
 from fleetd.vault import IVault, VaultError
 

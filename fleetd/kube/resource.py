@@ -33,7 +33,7 @@ from fleetd.inventory.model import InventoryError, validateName
 from fleetd.kube.client import KubeError
 from fleetd.kube.cluster import ClusterTokenError, ClusterTokens
 from fleetd.kube.retire import RetireService
-from fleetd.runs.registry import NotReady
+from fleetd.runs.provision import NotReady
 from fleetd.web import Endpoint, notFound, textResponse
 
 OwnerOf = Callable[[IRequest], str | None]

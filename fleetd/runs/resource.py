@@ -31,13 +31,13 @@ from fleetd.inventory.model import (
     validateName,
 )
 from fleetd.kube.client import KubeError
-from fleetd.runs.registry import (
+from fleetd.runs.provision import (
     Decommissioning,
     ICredentials,
     NotReady,
     Provisioned,
-    RunRegistry,
 )
+from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import NodeFacts, RenderError, TemplateRenderer
 from fleetd.status import REFUSED_CLASSES
 from fleetd.store.journal import AsyncJournal
