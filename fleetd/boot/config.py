@@ -172,6 +172,8 @@ class ConfigResource(resource.Resource):
         verdict, run, body = self._registry.decide(
             code, ident.uuid, ident.serial, peer, self._handovers
         )
+        if body is not None and run is not None:  # delivering: marked served
+            return self._deliver(request, run, body)
         if verdict is Miss.HISTORY:
             # Superseded history is in the database, not in memory.
             d = self._registry.retired(code)
@@ -193,7 +195,7 @@ class ConfigResource(resource.Resource):
                 request, peer, "wrong_machine", FORBIDDEN,
                 "this code belongs to another machine",
             )  # fmt: skip
-        return self._answer(request, verdict, run, body)
+        return self._refuseOutcome(request, verdict)
 
     def _unknown(self, request: IRequest, peer: str) -> bytes:
         return self._refuse(request, peer, "unknown", NOT_FOUND, "unknown code")
@@ -251,29 +253,32 @@ class ConfigResource(resource.Resource):
             )  # fmt: skip
         if run is None or not isinstance(verdict, Outcome):
             return self._refuse(request, peer, "unknown", NOT_FOUND, "no run")
+        if body is None:
+            return self._refuseOutcome(request, verdict)
         delivered = run.record.id
-        return self._answer(
-            request, verdict, run, body,
+        return self._deliver(
+            request, run, body,
             onDelivered=lambda: grants.delivered(grant, delivered),
         )  # fmt: skip
 
-    def _answer(
-        self,
-        request: IRequest,
-        outcome: Outcome,
-        run: Run | None,
-        body: bytes | None,
-        onDelivered: Callable[[], None] | None = None,
-    ) -> bytes | int:
-        """Answer what the registry decided for C{run}: refuse, or hand over."""
+    def _refuseOutcome(self, request: IRequest, outcome: Outcome) -> bytes:
+        """A run's machine said no (busy, unavailable, consumed, lost...)."""
         if outcome is Outcome.BUSY or outcome is Outcome.UNAVAILABLE:
             self._count[outcome.value].inc()
             wait = b"5" if outcome is Outcome.BUSY else b"30"
             request.setHeader(b"retry-after", wait)
             return textResponse(request, SERVICE_UNAVAILABLE, REFUSALS[outcome])
-        if outcome is not Outcome.DELIVER or body is None or run is None:
-            self._count[outcome.value].inc()
-            return textResponse(request, GONE, REFUSALS[outcome])
+        self._count[outcome.value].inc()
+        return textResponse(request, GONE, REFUSALS[outcome])
+
+    def _deliver(
+        self,
+        request: IRequest,
+        run: Run,
+        body: bytes,
+        onDelivered: Callable[[], None] | None = None,
+    ) -> int:
+        """Hand C{run}'s body over; it counts as delivered once the OS has it."""
         request.setResponseCode(OK)
         request.setHeader(b"content-type", YAML)
         request.setHeader(b"cache-control", b"no-store")
