@@ -204,7 +204,7 @@ class FleetdService(MultiService):
         from fleetd.netbox.connect import makeClient
         from fleetd.netbox.inventory import digestOf
         from fleetd.netbox.service import NetBoxService
-        from fleetd.runs.registry import configName
+        from fleetd.runs.vaultnames import configName
 
         vault = self.vault
         service = NetBoxService(

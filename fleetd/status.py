@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from fleetd.inventory.model import REFUSED_CLASSES, Device, DeviceStatus, IInventory
 from fleetd.kube import status as kubestatus
 from fleetd.runs.alerts import AlertTracker
-from fleetd.runs.registry import RunRegistry, RunView
+from fleetd.runs.index import RunView
+from fleetd.runs.registry import RunRegistry
 from fleetd.store.entries import JournalEntry
 from fleetd.store.journal import AsyncJournal
 

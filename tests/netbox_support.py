@@ -20,7 +20,8 @@ from fleetd.netbox.client import NetBoxClient
 from fleetd.netbox.inventory import NetBoxInventory, digestOf
 from fleetd.netbox.service import NetBoxService
 from fleetd.runs.alerts import AlertTracker
-from fleetd.runs.registry import RunRegistry, configName
+from fleetd.runs.registry import RunRegistry
+from fleetd.runs.vaultnames import configName
 from fleetd.store import Database, InlineRunner
 from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.testing.netbox import FakeNetBox

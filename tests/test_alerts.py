@@ -13,7 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.runs.alerts import DEFAULT_HOLD, MISSING, REFETCHED
 from fleetd.runs.machine import Outcome
-from fleetd.runs.registry import codeName, configName, servedName
+from fleetd.runs.vaultnames import codeName, configName, servedName
 from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.store.runner import InlineRunner

@@ -19,14 +19,10 @@ from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.boot.config import (
-    BadQuery,
-    BodyProducer,
-    ConfigResource,
-    Identity,
-    _unquote,
-    parseQuery,
-)
+from fleetd.boot.config import ConfigResource
+from fleetd.boot.handover import BodyProducer
+from fleetd.boot.query import BadQuery, Identity, parseQuery
+from fleetd.boot.query import unquote as _unquote
 from fleetd.boot.resource import bootRoot
 from fleetd.listen.connections import LimitedFactory
 from fleetd.runs.machine import Outcome

@@ -17,7 +17,7 @@ from twisted.web.test.requesthelper import DummyRequest
 from fleetd.inventory.model import DeviceStatus, InventoryError
 from fleetd.runs.alerts import MISSING, REFETCHED
 from fleetd.runs.machine import Outcome
-from fleetd.runs.registry import codeName, configName, servedName
+from fleetd.runs.vaultnames import codeName, configName, servedName
 from fleetd.store.db import StoreError
 from fleetd.store.entries import Entry
 from fleetd.vault import VaultError

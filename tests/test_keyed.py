@@ -12,7 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.inventory.model import ServedRecord
 from fleetd.runs.codes import codeDigest
-from fleetd.runs.registry import _servedJSON
+from fleetd.runs.vaultnames import servedJSON as _servedJSON
 
 
 class CodeDigestTests(SynchronousTestCase):

@@ -232,7 +232,7 @@ class SecretReprTests(SynchronousTestCase):
         [A2] repr(Provisioned) (as a log line or a traceback would show it)
         names the run and device but not the code; toJSON still has it.
         """
-        from fleetd.runs.registry import Provisioned
+        from fleetd.runs.provision import Provisioned
 
         provisioned = Provisioned(run="r-0123", code=SECRET, device="w1")
         for text in (repr(provisioned), str(provisioned)):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.runs.machine import Outcome
-from fleetd.runs.registry import codeName, configName
+from fleetd.runs.vaultnames import codeName, configName
 from tests.fleetsupport import Fleet, device
 
 

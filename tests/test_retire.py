@@ -15,7 +15,8 @@ from fleetd.kube.errors import KubeUnavailable
 from fleetd.kube.retire import RetireService
 from fleetd.kube.service import retireService
 from fleetd.runs.machine import Outcome
-from fleetd.runs.registry import RETIRED, codeName, configName, servedName
+from fleetd.runs.provision import RETIRED
+from fleetd.runs.vaultnames import codeName, configName, servedName
 from fleetd.store.db import StoreError
 from tests.faultsupport import Faults
 from tests.fleetsupport import Fleet, device

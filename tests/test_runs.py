@@ -19,8 +19,8 @@ from fleetd.runs.alerts import MISSING, REFETCHED
 from fleetd.runs.codes import codeDigest, mintCode, wellFormedCode
 from fleetd.runs.issued import IssuedDigests
 from fleetd.runs.machine import Outcome, RunEffects, RunMachine, delivering, ready
-from fleetd.runs.registry import codeName, configName, servedName
 from fleetd.runs.render import NodeFacts
+from fleetd.runs.vaultnames import codeName, configName, servedName
 from fleetd.store.runner import InlineRunner
 from fleetd.vault import MemoryVault
 from tests.fleetsupport import KEY, RENDERER, FlakyInventory, Fleet, device
@@ -494,7 +494,7 @@ class RaceTests(SynchronousTestCase):
 
     def test_provisionWhileLoading_refused(self) -> None:
         """A provision before the runs are loaded is refused, not raced."""
-        from fleetd.runs.registry import NotReady
+        from fleetd.runs.provision import NotReady
 
         self.fleet.registry.loaded = False
         d = self.provisionLater(DeferringRunner(self.fleet.registry.runner))  # type: ignore[arg-type]

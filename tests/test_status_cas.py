@@ -19,7 +19,7 @@ from fleetd.admin.provision import ProvisionResource
 from fleetd.inventory.model import DeviceStatus, InventoryError, ServedRecord
 from fleetd.netbox.outbox import pendingStatuses
 from fleetd.runs.machine import Outcome
-from fleetd.runs.registry import Decommissioning
+from fleetd.runs.provision import Decommissioning
 from fleetd.runs.render import NodeFacts
 from tests.fleetsupport import RENDERER, FlakyInventory, Fleet, device
 from tests.inventorysupport import W1

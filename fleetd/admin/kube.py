@@ -31,7 +31,7 @@ from fleetd.inventory.model import InventoryError, validateName
 from fleetd.kube.client import KubeError
 from fleetd.kube.cluster import ClusterTokenError, ClusterTokens
 from fleetd.kube.retire import RetireService
-from fleetd.runs.registry import NotReady
+from fleetd.runs.provision import NotReady
 from fleetd.web.owner import OwnerOf, ownerOf
 from fleetd.web.refusals import storeRefusal
 from fleetd.web.resources import Endpoint, notFound, renderAsync, textResponse

@@ -30,13 +30,13 @@ from fleetd.inventory.model import (
     validateName,
 )
 from fleetd.kube.client import KubeError
-from fleetd.runs.registry import (
+from fleetd.runs.provision import (
     Decommissioning,
     ICredentials,
     NotReady,
     Provisioned,
-    RunRegistry,
 )
+from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import NodeFacts, RenderError, TemplateRenderer
 from fleetd.store.journal import AsyncJournal
 from fleetd.vault import VaultError

@@ -28,7 +28,7 @@ from fleetd.attest.inventory import busyWhileUnavailable, refuseRetired
 from fleetd.attest.service import AttestationService
 from fleetd.inventory.model import REFUSED_CLASSES, Device
 from fleetd.nodes import NodeIdentity, Refused
-from fleetd.runs.registry import codeName, configName
+from fleetd.runs.vaultnames import codeName, configName
 from fleetd.store.runner import IRunner
 from fleetd.vault import IVault, VaultError
 

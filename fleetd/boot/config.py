@@ -16,7 +16,10 @@ GET can consume a run, and a HEAD gets the headers of that answer without
 a body (L{fleetd.web.site.BoundedRequest}), so it neither consumes, delivers nor
 tells anything about the code.
 
-The decision and the consumed mark happen in one reactor turn [C1]; the
+The query is read by L{fleetd.boot.query}. Each request asks the run
+registry one question (L{fleetd.runs.index.BootIndex.decide}, the
+uuid/serial check inside it); the decision and the consumed mark happen
+in that one call, in one reactor turn [C1]; the
 body is written through a producer and the run counts as delivered only
 once the operating system has all of it (L{fleetd.boot.handover});
 when the connection fails before that, the mark is withdrawn. A full
@@ -26,12 +29,10 @@ vault (the mark cannot be written) is a 503 that says so.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
-from urllib.parse import unquote_to_bytes
 
 from prometheus_client import CollectorRegistry, Counter
-from twisted.internet.interfaces import IPushProducer, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 from twisted.web import resource, server
 from twisted.web.http import (  # bound once: the module is a deprecation proxy
@@ -44,15 +45,16 @@ from twisted.web.http import (  # bound once: the module is a deprecation proxy
     SERVICE_UNAVAILABLE,
 )
 from twisted.web.iweb import IRequest
-from zope.interface import implementer
 
-from fleetd.boot.handover import Handover
+from fleetd.boot.handover import BodyProducer, Handover
+from fleetd.boot.query import BadQuery, Identity, parseQuery
 from fleetd.deviceflow.model import Grant, sameIdentity
 from fleetd.logs import ThrottledLog
 from fleetd.ratelimit import RateLimiter
-from fleetd.runs.codes import wellFormedCode
+from fleetd.runs.index import Decision, Miss
 from fleetd.runs.machine import Outcome
-from fleetd.runs.registry import RunRegistry, _Run
+from fleetd.runs.registry import RunRegistry
+from fleetd.runs.run import Run
 from fleetd.runs.store import RunRecord
 from fleetd.sources import sourceKey
 from fleetd.web.resources import textResponse
@@ -71,56 +73,6 @@ REFUSALS = {
     Outcome.UNAVAILABLE: "unavailable: fleetd cannot write to its configuration "
     "vault; retry later",
 }
-
-
-class BadQuery(ValueError):
-    """The query cannot be a Talos config request."""
-
-
-@dataclass(frozen=True)
-class Identity:
-    """What a node says about itself in the query."""
-
-    code: str | None
-    uuid: str | None
-    serial: str | None
-
-
-def parseQuery(request: IRequest) -> Identity:
-    """
-    Read C{code}, C{uuid} and C{serial}; refuse repeats and bad encodings.
-    Other parameters are ignored.
-    """
-    raw = request.uri.partition(b"?")[2]
-    values: dict[str, str] = {}
-    for pair in raw.split(b"&") if raw else []:
-        key, _, value = pair.partition(b"=")
-        name = _PLAIN_NAMES.get(key)  # as nodes send them: nothing to decode
-        try:
-            if name is None:
-                name = _unquote(key)
-            text = _unquote(value)
-        except UnicodeDecodeError as e:
-            raise BadQuery("query is not UTF-8") from e
-        if name not in _NAMES:
-            continue
-        if name in values:
-            raise BadQuery(f"repeated parameter {name}")
-        if len(text) > 256 or not text.isprintable():
-            raise BadQuery(f"bad {name}")
-        values[name] = text
-    return Identity(values.get("code"), values.get("uuid"), values.get("serial"))
-
-
-_NAMES = frozenset(("code", "uuid", "serial"))
-_PLAIN_NAMES = {name.encode("ascii"): name for name in _NAMES}
-
-
-def _unquote(part: bytes) -> str:
-    """A query part decoded as a form does (C{+} is a space); plain ones cheaply."""
-    if b"%" in part or b"+" in part:
-        part = unquote_to_bytes(part.replace(b"+", b" "))
-    return part.decode("utf-8")
 
 
 class IGrants(Protocol):
@@ -213,16 +165,19 @@ class ConfigResource(resource.Resource):
         auth = request.getHeader(b"authorization")
         if auth is not None:
             return self._renderBearer(request, peer, auth, ident)
-        if ident.code is None or ident.code == LITERAL_CODE:
+        code = ident.code
+        if code is None or code == LITERAL_CODE:
             raise BadQuery("code missing: META 0x0b is not set on this node yet")
         if ident.uuid is None or ident.serial is None:
             raise BadQuery("uuid and serial are required")
-        if not wellFormedCode(ident.code):
-            return self._unknown(request, peer)
-        run = self._registry.byCode(ident.code)
-        if run is None:
+        verdict, run, body = self._registry.decide(
+            code, ident.uuid, ident.serial, peer, self._handovers
+        )
+        if body is not None and run is not None:  # delivering: marked served
+            return self._deliver(request, run, body)
+        if verdict is Miss.HISTORY:
             # Superseded history is in the database, not in memory.
-            d = self._registry.retired(ident.code)
+            d = self._registry.retired(code)
             d.addCallbacks(
                 self._retired,
                 self._retiredFailed,
@@ -230,7 +185,18 @@ class ConfigResource(resource.Resource):
                 errbackArgs=(request,),
             )
             return server.NOT_DONE_YET
-        return self._serve(request, peer, run, ident)
+        if verdict is Miss.UNKNOWN:
+            return self._unknown(request, peer)
+        if verdict is Miss.WRONG_MACHINE:
+            device = None if run is None else run.record.device
+            self.log.warn(
+                "config.wrong-machine {device} {peer}", device=device, peer=peer
+            )
+            return self._refuse(
+                request, peer, "wrong_machine", FORBIDDEN,
+                "this code belongs to another machine",
+            )  # fmt: skip
+        return self._refuseOutcome(request, verdict)
 
     def _unknown(self, request: IRequest, peer: str) -> bytes:
         return self._refuse(request, peer, "unknown", NOT_FOUND, "unknown code")
@@ -275,62 +241,45 @@ class ConfigResource(resource.Resource):
             return self._refuse(
                 request, peer, "unknown", NOT_FOUND, "unknown or expired token"
             )
-        if not _sameMachine(ident, grant) or (
-            self._registry.identity(grant.device) != grant.inventory
-        ):
+        decision: Decision = (Miss.WRONG_MACHINE, None, None)
+        if _sameMachine(ident, grant):
+            decision = self._registry.decideGrant(
+                grant.device, grant.delivered, grant.inventory, peer, self._handovers
+            )
+        verdict, run, body = decision
+        if verdict is Miss.WRONG_MACHINE:
             return self._refuse(
                 request, peer, "wrong_machine", FORBIDDEN,
                 "this token belongs to another machine",
             )  # fmt: skip
-        runId = grant.delivered or self._registry.readyRun(grant.device)
-        if runId is None:  # no ready run: answer as the latest one stands
-            current = self._registry.current(grant.device)
-            runId = None if current is None else current.id
-        run = None if runId is None else self._registry.byId(runId)
-        if run is None:
+        if run is None or not isinstance(verdict, Outcome):
             return self._refuse(request, peer, "unknown", NOT_FOUND, "no run")
+        if body is None:
+            return self._refuseOutcome(request, verdict)
         delivered = run.record.id
-        return self._serve(
-            request, peer, run, ident, checkIdentity=False,
+        return self._deliver(
+            request, run, body,
             onDelivered=lambda: grants.delivered(grant, delivered),
         )  # fmt: skip
 
-    def _serve(
-        self,
-        request: IRequest,
-        peer: str,
-        run: _Run,
-        ident: Identity,
-        checkIdentity: bool = True,
-        onDelivered: Callable[[], None] | None = None,
-    ) -> bytes | int:
-        device = run.record.device
-        known = self._registry.identity(device)
-        if checkIdentity and (
-            known is None
-            or (ident.uuid or "").strip().lower() != known[0]
-            # Serials are unique case-insensitively, as in the inventory.
-            or (ident.serial or "").strip().casefold() != known[1].casefold()
-        ):
-            self.log.warn(
-                "config.wrong-machine {device} {peer}", device=device, peer=peer
-            )
-            return self._refuse(
-                request, peer, "wrong_machine", FORBIDDEN,
-                "this code belongs to another machine",
-            )  # fmt: skip
-        pending = self._handovers.get(run.record.id)
-        if pending is not None:  # settle the previous delivery first, if it can
-            pending.poll()
-        outcome, body = self._registry.request(run, peer)
+    def _refuseOutcome(self, request: IRequest, outcome: Outcome) -> bytes:
+        """A run's machine said no (busy, unavailable, consumed, lost...)."""
         if outcome is Outcome.BUSY or outcome is Outcome.UNAVAILABLE:
             self._count[outcome.value].inc()
             wait = b"5" if outcome is Outcome.BUSY else b"30"
             request.setHeader(b"retry-after", wait)
             return textResponse(request, SERVICE_UNAVAILABLE, REFUSALS[outcome])
-        if outcome is not Outcome.DELIVER or body is None:
-            self._count[outcome.value].inc()
-            return textResponse(request, GONE, REFUSALS[outcome])
+        self._count[outcome.value].inc()
+        return textResponse(request, GONE, REFUSALS[outcome])
+
+    def _deliver(
+        self,
+        request: IRequest,
+        run: Run,
+        body: bytes,
+        onDelivered: Callable[[], None] | None = None,
+    ) -> int:
+        """Hand C{run}'s body over; it counts as delivered once the OS has it."""
         request.setResponseCode(OK)
         request.setHeader(b"content-type", YAML)
         request.setHeader(b"cache-control", b"no-store")
@@ -376,69 +325,6 @@ class ConfigResource(resource.Resource):
         for handover in list(self._handovers.values()):
             handover.cancel()
         self._handovers.clear()
-
-
-@implementer(IPushProducer)
-class BodyProducer:
-    """
-    Write a body in chunks while the connection takes them, pausing when
-    its buffers are full, and finish the response in the same step as the
-    last chunk.
-
-    Once the last byte is handed over the client may have everything, so
-    the response must count as finished then: a client that closes right
-    after reading Content-Length bytes must not make the run deliverable
-    again [C1]. A connection lost while chunks are still held back (a slow
-    or vanished reader) is a delivery that did not happen.
-    """
-
-    chunkSize = 65536
-
-    def __init__(
-        self,
-        request: IRequest,
-        body: bytes,
-        lastWritten: Callable[[], None] = lambda: None,
-    ) -> None:
-        self._request = request
-        self._lastWritten = lastWritten  # called between the last write and finish
-        self._body = memoryview(body)
-        self._offset = 0
-        self._paused = False
-        self._done = False
-
-    def start(self) -> None:
-        if len(self._body) <= self.chunkSize:
-            self._done = True
-            self._request.write(bytes(self._body))
-            self._lastWritten()
-            self._request.finish()
-            return
-        self._request.registerProducer(self, True)  # type: ignore[attr-defined]
-        self._pump()
-
-    def _pump(self) -> None:
-        while not (self._paused or self._done):
-            chunk = bytes(self._body[self._offset : self._offset + self.chunkSize])
-            self._offset += len(chunk)
-            if self._offset >= len(self._body):
-                self._done = True
-                self._request.unregisterProducer()  # type: ignore[attr-defined]
-                self._request.write(chunk)
-                self._lastWritten()
-                self._request.finish()
-            else:
-                self._request.write(chunk)  # may pause us, synchronously
-
-    def pauseProducing(self) -> None:
-        self._paused = True
-
-    def resumeProducing(self) -> None:
-        self._paused = False
-        self._pump()
-
-    def stopProducing(self) -> None:
-        self._done = True
 
 
 def _gone(request: IRequest) -> bool:

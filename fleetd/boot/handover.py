@@ -23,15 +23,20 @@ Over any other transport (no L{LimitedProtocol} below, as in tests that
 drive the HTTP channel directly) the check polls instead, backing off
 from the next reactor turn to once a second, and counts every byte
 still held.
+
+L{BodyProducer} writes the body itself, in chunks while the connection
+takes them, and tells the L{Handover} where it ended.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.protocols.policies import ProtocolWrapper
 from twisted.protocols.tls import TLSMemoryBIOProtocol
+from twisted.web.iweb import IRequest
+from zope.interface import implementer
 
 from fleetd.listen.connections import LimitedProtocol
 
@@ -178,3 +183,66 @@ class Handover:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
+
+
+@implementer(IPushProducer)
+class BodyProducer:
+    """
+    Write a body in chunks while the connection takes them, pausing when
+    its buffers are full, and finish the response in the same step as the
+    last chunk.
+
+    Once the last byte is handed over the client may have everything, so
+    the response must count as finished then: a client that closes right
+    after reading Content-Length bytes must not make the run deliverable
+    again [C1]. A connection lost while chunks are still held back (a slow
+    or vanished reader) is a delivery that did not happen.
+    """
+
+    chunkSize = 65536
+
+    def __init__(
+        self,
+        request: IRequest,
+        body: bytes,
+        lastWritten: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._request = request
+        self._lastWritten = lastWritten  # called between the last write and finish
+        self._body = memoryview(body)
+        self._offset = 0
+        self._paused = False
+        self._done = False
+
+    def start(self) -> None:
+        if len(self._body) <= self.chunkSize:
+            self._done = True
+            self._request.write(bytes(self._body))
+            self._lastWritten()
+            self._request.finish()
+            return
+        self._request.registerProducer(self, True)  # type: ignore[attr-defined]
+        self._pump()
+
+    def _pump(self) -> None:
+        while not (self._paused or self._done):
+            chunk = bytes(self._body[self._offset : self._offset + self.chunkSize])
+            self._offset += len(chunk)
+            if self._offset >= len(self._body):
+                self._done = True
+                self._request.unregisterProducer()  # type: ignore[attr-defined]
+                self._request.write(chunk)
+                self._lastWritten()
+                self._request.finish()
+            else:
+                self._request.write(chunk)  # may pause us, synchronously
+
+    def pauseProducing(self) -> None:
+        self._paused = True
+
+    def resumeProducing(self) -> None:
+        self._paused = False
+        self._pump()
+
+    def stopProducing(self) -> None:
+        self._done = True
