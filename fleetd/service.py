@@ -5,19 +5,23 @@ L{prepare} reads and checks every file the daemon needs (TLS material,
 vault directory, state database) before anything listens, so a bad
 configuration stops start-up with one line and nothing half-started.
 L{FleetdService} then binds the listeners in C{privilegedStartService}
-and starts the workers in C{startService}.
+and starts the workers in C{startService}. Every part owns its stop: the
+database worker wraps the services that use it (they stop first), each
+listener stops what it serves, the Tink proxy drains its own listener and
+the start-up load (L{LoadService}) is waited for before the worker stops.
 """
 
 from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from datetime import timedelta
 from typing import IO, Any
 
 from prometheus_client import CollectorRegistry
-from twisted.application.service import IService, MultiService, Service
-from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
+from twisted.application.service import MultiService
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IProtocolFactory
+from twisted.internet.ssl import CertificateOptions
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import ILogObserver, Logger
 from twisted.python.components import Componentized
@@ -28,6 +32,7 @@ from fleetd import __version__
 from fleetd.admin.deviceflow import (
     DevicePage,
     deviceFlowAdminResource,
+    followAdminPort,
     verificationURI,
 )
 from fleetd.admin.devices import devicesResource
@@ -40,7 +45,6 @@ from fleetd.admin.trust import (
     DisksAdminResource,
     EvidenceResource,
 )
-from fleetd.attest.ekroots import EKRoots
 from fleetd.attest.identity import LDevIDBook, LDevIDIdentifier
 from fleetd.attest.lookup import LookupService
 from fleetd.attest.service import AttestationService
@@ -60,7 +64,7 @@ from fleetd.device.identity import byLDevID
 from fleetd.device.resource import deviceRoot
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.dns.service import DNSService
-from fleetd.heap import ICollector, freezeStartup, pauseForStartup, resume, tune
+from fleetd.heap import ICollector, pauseForStartup, tune
 from fleetd.inventory.model import IInventory
 from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.kube.connect import clientFromSettings
@@ -70,11 +74,12 @@ from fleetd.kube.status import KubeStatus
 from fleetd.listen.policy import ListenerName, listenerPolicy
 from fleetd.listen.service import ListenerService, StartupError
 from fleetd.listen.tls import tlsFactory
+from fleetd.loading import LoadService
 from fleetd.logs import makeObserver
 from fleetd.metrics import listenerGauges, makeRegistry
-from fleetd.pki.ldevid import Issuer, TrustBundle
 from fleetd.prepare import Prepared, prepare
 from fleetd.ratelimit import RateLimiter
+from fleetd.reactors import IFleetdReactor
 from fleetd.readiness import Readiness, notifySystemd
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry
@@ -99,7 +104,7 @@ class FleetdService(MultiService):
     def __init__(
         self,
         prepared: Prepared,
-        reactor: Any,
+        reactor: IFleetdReactor,
         *,
         logFormat: str = "text",
         logOutput: IO[Any] | None = None,
@@ -129,17 +134,19 @@ class FleetdService(MultiService):
         self.notify = notify
         self.readiness = Readiness(self.registry)  # /healthz, fleetd_ready
         self.runner = DatabaseRunner(reactor, prepared.database)
+        # Started first, stopped last: every other service is its child.
+        self.database = RunnerService(self.runner)
+        self.database.setServiceParent(self)
         self.journal = AsyncJournal(
             self.runner,
             Journal(deriveKey(prepared.masterKey, "journal")),
             reactor,
         )
-        RunnerService(self.runner).setServiceParent(self)
         # [J2] verified at start, once the run load no longer waits behind it.
         self.chain = ChainMonitor(
             reactor, self.journal, self.registry, after=self.readiness.whenSettled
         )
-        self.chain.setServiceParent(self)
+        self.chain.setServiceParent(self.database)
         # Children of /v1/admin/ contributed by subsystems (behind the owner gate).
         self.adminAPI: dict[bytes, Resource] = {}
         self.inventory: IInventory = SQLiteInventory(self.runner, self.journal)
@@ -193,12 +200,22 @@ class FleetdService(MultiService):
             trust=self.trust,
             disks=self.disks,
             credentials=KubeStatus(self.runner, reactor),
-            ldevid=self._ldevidStatus,
+            ldevid=self.ldevids.status,
         )
         self.adminAPI[b"status"] = StatusResource(self.status)
         self.listeners: dict[str, ListenerService] = {}
-        self._loading: Deferred[None] | None = None
-        self._buildListeners()
+        self._buildListeners(prepared)
+        # Last to start, first to stop: the runs, then the boot states that
+        # need them [B1]; the worker stops only once the load settled.
+        self.loading = LoadService(
+            self._load,
+            self.readiness,
+            notify=notify,
+            collector=collector,
+            started=self._started,
+            stop=self.runs.stop,
+        )
+        self.loading.setServiceParent(self.database)
 
     def _netbox(self, netbox: NetBoxSettings) -> IInventory:
         """C{[netbox]} present: NetBox is the inventory (DESIGN section 4)."""
@@ -217,7 +234,7 @@ class FleetdService(MultiService):
             onRefused=self._refused,
             metrics=self.registry,
         )
-        service.setServiceParent(self)
+        service.setServiceParent(self.database)
         return service.inventory
 
     def _refused(self, message: str) -> None:
@@ -249,7 +266,7 @@ class FleetdService(MultiService):
                 sealKey=deriveKey(prepared.masterKey, "kube cluster token"),
                 metrics=self.registry,
             )
-            service.setServiceParent(self)
+            service.setServiceParent(self.database)
         self.adminAPI[b"cluster-token"] = clusterTokenResource(
             None if service is None else service.cluster
         )
@@ -269,27 +286,21 @@ class FleetdService(MultiService):
 
     def _buildAttestation(self, prepared: Prepared) -> None:
         """Attestation, LDevID issuance and lookups on the device listener."""
-        s = self.settings
-        issuer = Issuer.load(
-            s.pki.issuer_cert, s.pki.issuer_key, timedelta(days=s.pki.ldevid_days)
-        )
         self.ldevids = LDevIDBook()
         self.ldevids.load(prepared.database)  # before any listener answers
         self.attestation = AttestationService(
             clock=self.reactor,
             runner=self.runner,
             journal=self.journal,
-            ekRoots=EKRoots.load(s.ek_roots),
-            issuer=issuer,
+            ekRoots=prepared.ekRoots,
+            issuer=prepared.issuer,
             book=self.ldevids,
             approvedSerialFor=approvedSerialFor,
             deviceBySerial=self.inventory.bySerial,
-            challengeTTL=s.challenge_ttl,
+            challengeTTL=self.settings.challenge_ttl,
             bindingRefusal=bindingRefusal,
         )
-        self.identifyLDevID = LDevIDIdentifier(
-            TrustBundle.load(s.pki.bundle, issuer.cert), self.ldevids
-        )
+        self.identifyLDevID = LDevIDIdentifier(prepared.trustBundle, self.ldevids)
         self.lookups = LookupService(
             runner=self.runner,
             attestation=self.attestation,
@@ -301,19 +312,14 @@ class FleetdService(MultiService):
             diskRefusal=diskRefusal,
         )
 
-    def _ldevidStatus(self, serial: str) -> dict[str, Any] | None:
-        record = self.ldevids.current(serial)
-        if record is None:
-            return None
-        # Every record is from the one issuer: the node has cut over [T4].
-        return {**record.toJSON(), "legacy": False}
-
     def _inThread(self, work: Callable[[bytes], Any], data: bytes) -> Deferred[Any]:
         """Run blocking C{work(data)} in the reactor's thread pool."""
         pool = self.reactor.getThreadPool()
         return deferToThreadPool(self.reactor, pool, work, data)
 
-    def _web(self, name: ListenerName, root: Resource) -> None:
+    def _web(self, name: ListenerName, root: Resource, **hooks: Any) -> None:
+        """A BoundedSite for C{root} behind listener C{name}'s policy;
+        C{hooks} are the listener's (L{ListenerService})."""
         s = self.settings
         policy = listenerPolicy(s, name)  # body limits, client CA [O1] [O2] [T4]
         assert policy.maxBodyBytes is not None
@@ -329,16 +335,19 @@ class FleetdService(MultiService):
             clock=self.reactor,
             privileged=isOwner if policy.largeBodiesForOwnersOnly else None,
         )
-        self._listen(name, getattr(s.listen, name), policy.tlsOptions(s.tls), site)
+        self._listen(
+            name, getattr(s.listen, name), policy.tlsOptions(s.tls), site, **hooks
+        )
 
     def _listen(
         self,
         name: str,
         description: str,
-        options: Any,
-        factory: Any,
+        options: CertificateOptions,
+        factory: IProtocolFactory,
         idleTimeout: float | None = None,
         parent: MultiService | None = None,
+        **hooks: Any,
     ) -> None:
         limited = tlsFactory(
             options,
@@ -351,11 +360,11 @@ class FleetdService(MultiService):
         )
         self._openGauge.labels(name).set_function(limited.openConnections)
         self._maxGauge.labels(name).set(limited.maxConnections)
-        listener = ListenerService(self.reactor, name, description, limited)
-        listener.setServiceParent(self if parent is None else parent)
+        listener = ListenerService(self.reactor, name, description, limited, **hooks)
+        listener.setServiceParent(self.database if parent is None else parent)
         self.listeners[name] = listener
 
-    def _buildListeners(self) -> None:
+    def _buildListeners(self, prepared: Prepared) -> None:
         s = self.settings
         self._openGauge, self._maxGauge = listenerGauges(self.registry)
         bl = s.boot_limits
@@ -370,7 +379,7 @@ class FleetdService(MultiService):
             self.reactor,
             self.runs,
             self.journal,
-            # The admin port is known once bound: see privilegedStartService.
+            # The admin port is known once bound (followAdminPort).
             verificationURI=verificationURI(s.topology.enrollment_name, None),
         )
         self.adminAPI[b"device-flow"] = deviceFlowAdminResource(self.deviceFlow)
@@ -388,11 +397,12 @@ class FleetdService(MultiService):
                 deviceCode=deviceCodeResource(self.deviceFlow),
                 token=tokenResource(self.deviceFlow),
             ),
+            onStop=self.configResource.stop,
         )
         api = deviceAPI(
             self.attestation, self.identifyLDevID, self.lookups, node=self.nodeAPI
         )
-        self._web("device", deviceRoot(api))
+        self._web("device", deviceRoot(api), onStop=self.attestation.stop)
         admin = adminRoot(
             clock=self.reactor,
             registry=self.registry,
@@ -403,7 +413,11 @@ class FleetdService(MultiService):
             readiness=self.readiness,
         )
         admin.putChild(b"device", DevicePage())  # owners only [F3]
-        self._web("admin", admin)
+        self._web(
+            "admin",
+            admin,
+            onListening=followAdminPort(self.deviceFlow, s.topology.enrollment_name),
+        )
         self.tink = TinkProxy(
             self.reactor,
             s.tink,
@@ -415,8 +429,9 @@ class FleetdService(MultiService):
             journal=self.journal,
             alerts=self.alerts,
             kube=None if self.kube is None else self.kube.client,
+            upstreamCA=prepared.upstreamCA,
         )
-        self.tink.setServiceParent(self)
+        self.tink.setServiceParent(self.database)
         self._listen(
             "tink",
             s.listen.tink,
@@ -442,7 +457,7 @@ class FleetdService(MultiService):
             rateLimit=s.dns_rate_limit,
         )
         self.dns.setName("dns")
-        self.dns.setServiceParent(self)
+        self.dns.setServiceParent(self.database)
 
     def setServiceParent(self, parent: Any) -> None:
         """
@@ -456,33 +471,24 @@ class FleetdService(MultiService):
         super().setServiceParent(parent)
 
     def privilegedStartService(self) -> None:
-        started: list[IService] = []
         try:
-            for child in self:
-                child.privilegedStartService()
-                started.append(child)
+            super().privilegedStartService()
         except StartupError as e:
-            for child in reversed(started):
-                if isinstance(child, ListenerService):
-                    child.stopService()
+            for listener in reversed(self.listeners.values()):
+                listener.stopService()  # the ones bound close again
             if self.onStartupError is not None:
                 self.onStartupError(str(e))
             raise
-        admin = self.listeners["admin"].port  # [F3] where /device answers
-        port = None if admin is None else getattr(admin.getHost(), "port", None)
-        self.deviceFlow.verificationURI = verificationURI(
-            self.settings.topology.enrollment_name, port
-        )
 
     def startService(self) -> None:
-        Service.startService(self)
         if self.collector is not None:
             tune(self.collector)
-            pauseForStartup(self.collector)
-        for child in self:
-            child.startService()
+            pauseForStartup(self.collector)  # until the load settled
+        super().startService()
         if self.handleSignals:
             signal.signal(signal.SIGHUP, self._sighup)
+
+    def _started(self) -> None:
         self.log.info(
             "fleetd.started {version} {site} vault={entries}",
             version=__version__,
@@ -492,30 +498,10 @@ class FleetdService(MultiService):
         self.journal.append(
             "fleetd.started", actor="fleetd", fields={"version": __version__}
         ).addErrback(self._journalFailed)
-        self._loading = Deferred.fromCoroutine(self._load())
-        self._loading.addCallbacks(self._loaded, self._loadFailed)
-
-    def _loaded(self, _: None) -> None:
-        if self.collector is not None:
-            freezeStartup(self.collector)
-        # /healthz 200, fleetd_ready 1, and systemctl start returns.
-        self.readiness.loaded()
-        self.log.info("fleetd.ready")
-        self.notify(b"READY=1\nSTATUS=serving")
 
     async def _load(self) -> None:
         await self.runs.load()
         await self.tink.load()  # boot completion needs the runs [B1]
-
-    def _loadFailed(self, f: Failure) -> None:
-        # The boot listener keeps answering 503 "starting"; this needs a human.
-        self.log.failure("runs.load.failed", failure=f)
-        if self.collector is not None:
-            resume(self.collector)
-        error = " ".join(f"{type(f.value).__name__}: {f.getErrorMessage()}".split())
-        reason = f"loading the runs failed: {error}"[:200]  # one line
-        self.readiness.failed(reason)
-        self.notify(b"STATUS=" + reason.encode("utf-8", "replace"))
 
     def _journalFailed(self, f: Failure) -> None:
         self.log.failure("journal.append.failed", failure=f)
@@ -523,33 +509,14 @@ class FleetdService(MultiService):
     def _sighup(self, signum: int, frame: Any) -> None:
         self.reactor.callFromThread(self.dns.reloadTopology)
 
-    def stopService(self) -> Deferred[Any]:
+    def stopService(self) -> Deferred[None]:
         if self.handleSignals:
             signal.signal(signal.SIGHUP, signal.SIG_DFL)
         self.log.info("fleetd.stopping")
         self.notify(b"STOPPING=1")
-        Service.stopService(self)
-        # Listeners first, the database worker last (after the run load).
-        pending: list[Deferred[Any]] = []
-        if self._loading is not None:
-            loading, self._loading = self._loading, None
-            pending.append(loading)
-        self.configResource.stop()
-        self.attestation.stop()
-        pending.append(self.runs.stop())
-        for child in reversed(list(self)):
-            if isinstance(child, RunnerService):
-                continue
-            pending.append(maybeDeferred(child.stopService))
-
-        def stopRunner(_: object) -> None:
-            for child in self:
-                if isinstance(child, RunnerService):
-                    child.stopService()
-            # The vault directory's descriptor, held since prepare().
-            self.vault.close()
-
-        return DeferredList(pending, consumeErrors=True).addCallback(stopRunner)
+        stopping: Deferred[Any] = super().stopService()
+        # The vault directory's descriptor, held since prepare().
+        return stopping.addCallback(lambda _: self.vault.close())
 
 
 __all__ = ["FleetdService", "Prepared", "StartupError", "prepare"]

@@ -85,9 +85,7 @@ class DeliveryMixin(DaemonTestMixin):
         """Start a daemon; the Deferred fires once its runs are loaded."""
         self.makeSettings(overrides)
         self.service = self.startDaemon()
-        loading = self.service._loading
-        assert loading is not None
-        return loading
+        return self.service.loading.whenReady()
 
     def captureLogs(self) -> list[dict[str, Any]]:
         """Every log event of the test, as emitted (before any redaction)."""
@@ -375,8 +373,7 @@ class RestartDeliveryTests(DeliveryMixin, TestCase):
         if wipeVault:
             shutil.rmtree(self.settings.vault)
         self.service = self.startDaemon()
-        assert self.service._loading is not None
-        await self.service._loading
+        await self.service.loading.whenReady()
 
     async def _restart(self) -> None:
         await self.addDevice("w1", "SER1", UUID1)
@@ -460,7 +457,7 @@ class SecretsTests(DeliveryMixin, TestCase):
         for secret in secretish:
             self.assertNotIn(secret, logged)
         self.service = self.startDaemon()
-        await self.service._loading  # type: ignore[misc]
+        await self.service.loading.whenReady()
         journal = json.dumps(await self.journal())
         for secret in secretish:
             self.assertNotIn(secret, journal)

@@ -180,8 +180,7 @@ class DaemonWithClusterTests(FakeOverTLS, DaemonTestMixin):
         }
         self.makeSettings({"kubernetes": kube})
         service = self.startDaemon()
-        assert service._loading is not None
-        await service._loading
+        await service.loading.whenReady()
         admin = DaemonTestMixin.port(self, service, "admin")
         config = str(
             writeConfig(

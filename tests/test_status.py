@@ -122,8 +122,7 @@ class StatusCommandTests(DaemonTestMixin, TestCase):
 
         self.makeSettings()
         service = self.startDaemon()
-        assert service._loading is not None
-        await service._loading
+        await service.loading.whenReady()
         port = self.port(service, "admin")
         config = str(
             writeConfig(

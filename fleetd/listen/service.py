@@ -1,16 +1,18 @@
 """
 One stream listener as a service: it binds in C{privilegedStartService}
-and, on stop, stops listening and drops the connections still open.
+and, on stop, stops what it serves (C{onStop}), stops listening and drops
+the connections still open.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.interfaces import IListeningPort
+from twisted.internet.interfaces import IListeningPort, IReactorCore
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -26,11 +28,26 @@ class ListenerService(Service):
 
     log = Logger()
 
-    def __init__(self, reactor: Any, name: str, description: str, factory: Any):
+    def __init__(
+        self,
+        reactor: IReactorCore,
+        name: str,
+        description: str,
+        factory: LimitedFactory,
+        onStop: Callable[[], object] = lambda: None,
+        onListening: Callable[[IListeningPort], object] = lambda port: None,
+    ):
+        """
+        @param onStop: stops the work behind the listener (timers, transfers
+            in flight), called first when the listener stops.
+        @param onListening: told the port once bound (its number is known).
+        """
         self.reactor = reactor
         self.setName(name)
         self.description = description
         self.factory = factory
+        self.onStop = onStop
+        self.onListening = onListening
         self.port: IListeningPort | None = None
 
     def privilegedStartService(self) -> None:
@@ -48,14 +65,17 @@ class ListenerService(Service):
             listener=self.name,
             address=str(self.port.getHost()),
         )
+        self.onListening(self.port)
         super().privilegedStartService()
 
     def stopService(self) -> Deferred[None] | None:
         super().stopService()
+        self.onStop()
         port, self.port = self.port, None
         if port is None:
             return None
-        stopped: list[Deferred[Any]] = [maybeDeferred(port.stopListening)]
-        if isinstance(self.factory, LimitedFactory):
-            stopped.append(self.factory.closeAll())
+        stopped: list[Deferred[Any]] = [
+            maybeDeferred(port.stopListening),
+            self.factory.closeAll(),
+        ]
         return DeferredList(stopped, consumeErrors=True).addCallback(lambda _: None)

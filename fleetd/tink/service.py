@@ -56,10 +56,13 @@ class TinkProxy(MultiService):
         journal: AsyncJournal,
         alerts: AlertTracker,
         kube: KubeClient | None = None,
+        upstreamCA: bytes | None = None,
     ) -> None:
         """
         @param kube: the C{[kubernetes]} cluster client, for
             C{tink.workflow_state = "kubernetes"} (ignored otherwise).
+        @param upstreamCA: the PEM of C{tink.upstream_ca}, read by
+            L{fleetd.prepare.prepare}.
         """
         super().__init__()  # type: ignore[no-untyped-call]
         clock: IReactorTime = reactor
@@ -68,12 +71,9 @@ class TinkProxy(MultiService):
         address = UpstreamAddress(
             settings.upstream_tls, settings.upstream_host, settings.upstream_port
         )
-        caPEM = None
-        if settings.upstream_ca is not None:
-            caPEM = settings.upstream_ca.read_bytes()
         self.pool = UpstreamPool(
             clock,
-            lambda: address.endpoint(reactor, caPEM),
+            lambda: address.endpoint(reactor, upstreamCA),
             log=ThrottledLog(clock),
             metrics=self.metrics,
             connectTimeout=settings.connect_timeout,
