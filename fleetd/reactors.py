@@ -30,8 +30,12 @@ class IWorkerReactor(IReactorTime, IReactorFromThreads):
     """A worker woken from the database thread that waits between tries."""
 
 
+class IListenerReactor(IReactorCore, IReactorTime):
+    """A listener binds a described endpoint and times its connections."""
+
+
 class IFleetdReactor(
-    IHTTPClientReactor, IReactorCore, IReactorThreads, IReactorUDP, IWorkerReactor
+    IHTTPClientReactor, IListenerReactor, IReactorThreads, IReactorUDP, IWorkerReactor
 ):
     """The daemon's reactor: everything its parts need from it."""
 

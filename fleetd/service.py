@@ -20,8 +20,6 @@ from typing import IO, Any
 from prometheus_client import CollectorRegistry
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IProtocolFactory
-from twisted.internet.ssl import CertificateOptions
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import ILogObserver, Logger
 from twisted.python.components import Componentized
@@ -29,22 +27,9 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 
 from fleetd import __version__
-from fleetd.admin.deviceflow import (
-    DevicePage,
-    deviceFlowAdminResource,
-    followAdminPort,
-    verificationURI,
-)
-from fleetd.admin.devices import devicesResource
-from fleetd.admin.kube import clusterTokenResource, retireResource
-from fleetd.admin.provision import ProvisionResource
+from fleetd.admin.api import ownerAPI
+from fleetd.admin.deviceflow import DevicePage, followAdminPort, verificationURI
 from fleetd.admin.resource import adminRoot
-from fleetd.admin.status import StatusResource
-from fleetd.admin.trust import (
-    BindingsResource,
-    DisksAdminResource,
-    EvidenceResource,
-)
 from fleetd.attest.identity import LDevIDBook, LDevIDIdentifier
 from fleetd.attest.lookup import LookupService
 from fleetd.attest.service import AttestationService
@@ -72,11 +57,10 @@ from fleetd.kube.retire import RetireService
 from fleetd.kube.service import KubeService
 from fleetd.kube.status import KubeStatus
 from fleetd.listen.policy import ListenerName, listenerPolicy
-from fleetd.listen.service import ListenerService, StartupError
-from fleetd.listen.tls import tlsFactory
+from fleetd.listen.service import Listeners, ListenerService, StartupError
 from fleetd.loading import LoadService
 from fleetd.logs import makeObserver
-from fleetd.metrics import listenerGauges, makeRegistry
+from fleetd.metrics import makeRegistry
 from fleetd.prepare import Prepared, prepare
 from fleetd.ratelimit import RateLimiter
 from fleetd.reactors import IFleetdReactor
@@ -121,41 +105,34 @@ class FleetdService(MultiService):
             (C{READY=1} once loaded; L{fleetd.readiness}).
         """
         super().__init__()
-        self.collector = collector
-        settings = prepared.settings
-        self.settings = settings
+        s = self.settings = prepared.settings
         self.reactor = reactor
         self.vault = prepared.vault
+        self.collector = collector
         self.logFormat = logFormat
         self.logOutput = logOutput
         self.handleSignals = handleSignals
         self.onStartupError = onStartupError
-        self.registry: CollectorRegistry = makeRegistry(__version__, settings.site_name)
         self.notify = notify
+        self.registry: CollectorRegistry = makeRegistry(__version__, s.site_name)
         self.readiness = Readiness(self.registry)  # /healthz, fleetd_ready
         self.runner = DatabaseRunner(reactor, prepared.database)
         # Started first, stopped last: every other service is its child.
         self.database = RunnerService(self.runner)
         self.database.setServiceParent(self)
+        key = prepared.masterKey
         self.journal = AsyncJournal(
-            self.runner,
-            Journal(deriveKey(prepared.masterKey, "journal")),
-            reactor,
+            self.runner, Journal(deriveKey(key, "journal")), reactor
         )
         # [J2] verified at start, once the run load no longer waits behind it.
         self.chain = ChainMonitor(
             reactor, self.journal, self.registry, after=self.readiness.whenSettled
         )
         self.chain.setServiceParent(self.database)
-        # Children of /v1/admin/ contributed by subsystems (behind the owner gate).
-        self.adminAPI: dict[bytes, Resource] = {}
         self.inventory: IInventory = SQLiteInventory(self.runner, self.journal)
-        if settings.netbox is not None:
-            self.inventory = self._netbox(settings.netbox)
-        self.adminAPI[b"devices"] = devicesResource(
-            self.inventory, self.journal, offload=self._inThread
-        )
-        self.alerts = AlertTracker(reactor, settings.provision.alert_hold).register(
+        if s.netbox is not None:  # NetBox is the inventory (DESIGN section 4)
+            self.inventory = self._netbox(s.netbox)
+        self.alerts = AlertTracker(reactor, s.provision.alert_hold).register(
             self.registry
         )
         self.runs = RunRegistry(
@@ -165,33 +142,28 @@ class FleetdService(MultiService):
             inventory=self.inventory,
             journal=self.journal,
             alerts=self.alerts,
-            codeKey=deriveKey(prepared.masterKey, "codes"),
+            codeKey=deriveKey(key, "codes"),
             metrics=self.registry,
         )
-        renderer = TemplateRenderer(
-            settings.provision.templates, settings.provision.default_cluster
-        )
-        self.kube = self._kubernetes(prepared)
-        self.adminAPI[b"provision"] = ProvisionResource(
-            self.runs,
-            self.inventory,
-            renderer,
-            self.journal,
-            credentials=None if self.kube is None else self.kube.book,
-        )
-        self.trust = TrustService(self.runner, self.journal, self.inventory, reactor)
-        self.adminAPI[b"evidence"] = EvidenceResource(self.trust, self._inThread)
-        self.adminAPI[b"bindings"] = BindingsResource(self.trust)
-        self.disks = DiskService(self.runner, self.journal, reactor)
-        self.adminAPI[b"disks"] = DisksAdminResource(self.disks)
-        self._buildAttestation(prepared)
-        # Children of /v1/node/ on the device listener besides the lookups;
-        # who calls is decided by the LDevID identification [T4].
-        self.nodeAPI: dict[bytes, Resource] = {
-            b"disks": NodeDisksResource(
-                self.disks, byLDevID(self.identifyLDevID), admit=self.lookups.admit
+        # Kubernetes credentials [K1]-[K7] [R1]; without [kubernetes] fleetd
+        # makes no cluster calls (retirement still journals what it cannot
+        # revoke).
+        self.kube: KubeService | None = None
+        if s.kubernetes is not None:
+            self.kube = KubeService(
+                clock=reactor,
+                settings=s.kubernetes,
+                client=clientFromSettings(reactor, s.kubernetes),
+                runner=self.runner,
+                journal=self.journal,
+                inventory=self.inventory,
+                sealKey=deriveKey(key, "kube cluster token"),
+                metrics=self.registry,
             )
-        }
+            self.kube.setServiceParent(self.database)
+        self.trust = TrustService(self.runner, self.journal, self.inventory, reactor)
+        self.disks = DiskService(self.runner, self.journal, reactor)
+        self._buildAttestation(prepared)
         self.status = StatusService(
             self.inventory,
             self.runs,
@@ -202,8 +174,14 @@ class FleetdService(MultiService):
             credentials=KubeStatus(self.runner, reactor),
             ldevid=self.ldevids.status,
         )
-        self.adminAPI[b"status"] = StatusResource(self.status)
-        self.listeners: dict[str, ListenerService] = {}
+        self._listeners = Listeners(
+            reactor,
+            self.registry,
+            maxConnections=s.limits.max_connections,
+            maxPerSource=s.limits.max_connections_per_source,
+            idleTimeout=s.limits.idle_timeout,
+        )
+        self.listeners: dict[str, ListenerService] = self._listeners.services
         self._buildListeners(prepared)
         # Last to start, first to stop: the runs, then the boot states that
         # need them [B1]; the worker stops only once the load settled.
@@ -218,7 +196,6 @@ class FleetdService(MultiService):
         self.loading.setServiceParent(self.database)
 
     def _netbox(self, netbox: NetBoxSettings) -> IInventory:
-        """C{[netbox]} present: NetBox is the inventory (DESIGN section 4)."""
         from fleetd.netbox.connect import makeClient
         from fleetd.netbox.inventory import digestOf
         from fleetd.netbox.service import NetBoxService
@@ -245,44 +222,6 @@ class FleetdService(MultiService):
             except SystemExit:
                 pass
         self.reactor.stop()
-
-    def _kubernetes(self, prepared: Prepared) -> KubeService | None:
-        """
-        Kubernetes credentials [K1]-[K7] [R1]. Without [kubernetes] fleetd
-        makes no cluster calls: provisions carry the template's own
-        cluster.token, cluster-token commands refuse, retirement still
-        marks the device and journals what it cannot revoke.
-        """
-        kube = self.settings.kubernetes
-        service = None
-        if kube is not None:
-            service = KubeService(
-                clock=self.reactor,
-                settings=kube,
-                client=clientFromSettings(self.reactor, kube),
-                runner=self.runner,
-                journal=self.journal,
-                inventory=self.inventory,
-                sealKey=deriveKey(prepared.masterKey, "kube cluster token"),
-                metrics=self.registry,
-            )
-            service.setServiceParent(self.database)
-        self.adminAPI[b"cluster-token"] = clusterTokenResource(
-            None if service is None else service.cluster
-        )
-        self.adminAPI[b"retire"] = retireResource(
-            RetireService(
-                clock=self.reactor,
-                inventory=self.inventory,
-                journal=self.journal,
-                runner=self.runner,
-                client=None if service is None else service.client,
-                book=None if service is None else service.book,
-                runs=self.runs,
-                approvals=None if service is None else service.approver.flights,
-            )
-        )
-        return service
 
     def _buildAttestation(self, prepared: Prepared) -> None:
         """Attestation, LDevID issuance and lookups on the device listener."""
@@ -318,10 +257,9 @@ class FleetdService(MultiService):
         return deferToThreadPool(self.reactor, pool, work, data)
 
     def _web(self, name: ListenerName, root: Resource, **hooks: Any) -> None:
-        """A BoundedSite for C{root} behind listener C{name}'s policy;
-        C{hooks} are the listener's (L{ListenerService})."""
+        """Listener C{name} serving C{root} under its policy [O1] [O2] [T4]."""
         s = self.settings
-        policy = listenerPolicy(s, name)  # body limits, client CA [O1] [O2] [T4]
+        policy = listenerPolicy(s, name)  # body limits, client CA
         assert policy.maxBodyBytes is not None
         site = BoundedSite(
             root,
@@ -335,38 +273,14 @@ class FleetdService(MultiService):
             clock=self.reactor,
             privileged=isOwner if policy.largeBodiesForOwnersOnly else None,
         )
-        self._listen(
-            name, getattr(s.listen, name), policy.tlsOptions(s.tls), site, **hooks
+        options = policy.tlsOptions(s.tls)
+        listener = self._listeners.add(
+            name, getattr(s.listen, name), options, site, **hooks
         )
-
-    def _listen(
-        self,
-        name: str,
-        description: str,
-        options: CertificateOptions,
-        factory: IProtocolFactory,
-        idleTimeout: float | None = None,
-        parent: MultiService | None = None,
-        **hooks: Any,
-    ) -> None:
-        limited = tlsFactory(
-            options,
-            factory,
-            name=name,
-            clock=self.reactor,
-            maxConnections=self.settings.limits.max_connections,
-            maxPerSource=self.settings.limits.max_connections_per_source,
-            idleTimeout=idleTimeout or self.settings.limits.idle_timeout,
-        )
-        self._openGauge.labels(name).set_function(limited.openConnections)
-        self._maxGauge.labels(name).set(limited.maxConnections)
-        listener = ListenerService(self.reactor, name, description, limited, **hooks)
-        listener.setServiceParent(self.database if parent is None else parent)
-        self.listeners[name] = listener
+        listener.setServiceParent(self.database)
 
     def _buildListeners(self, prepared: Prepared) -> None:
         s = self.settings
-        self._openGauge, self._maxGauge = listenerGauges(self.registry)
         bl = s.boot_limits
         self.bootLimiter = RateLimiter(
             self.reactor,
@@ -382,7 +296,6 @@ class FleetdService(MultiService):
             # The admin port is known once bound (followAdminPort).
             verificationURI=verificationURI(s.topology.enrollment_name, None),
         )
-        self.adminAPI[b"device-flow"] = deviceFlowAdminResource(self.deviceFlow)
         self.configResource = ConfigResource(
             self.runs,
             clock=self.reactor,
@@ -390,34 +303,56 @@ class FleetdService(MultiService):
             limiter=self.bootLimiter,
             grants=self.deviceFlow,
         )
-        self._web(
-            "boot",
-            bootRoot(
-                config=self.configResource,
-                deviceCode=deviceCodeResource(self.deviceFlow),
-                token=tokenResource(self.deviceFlow),
-            ),
-            onStop=self.configResource.stop,
+        boot = bootRoot(
+            config=self.configResource,
+            deviceCode=deviceCodeResource(self.deviceFlow),
+            token=tokenResource(self.deviceFlow),
+        )
+        self._web("boot", boot, onStop=self.configResource.stop)
+        # Children of /v1/node/ besides the lookups; who calls is decided
+        # by the LDevID identification [T4].
+        disks = NodeDisksResource(
+            self.disks, byLDevID(self.identifyLDevID), admit=self.lookups.admit
         )
         api = deviceAPI(
-            self.attestation, self.identifyLDevID, self.lookups, node=self.nodeAPI
+            self.attestation, self.identifyLDevID, self.lookups, {b"disks": disks}
         )
         self._web("device", deviceRoot(api), onStop=self.attestation.stop)
+        retire = RetireService(
+            clock=self.reactor,
+            inventory=self.inventory,
+            journal=self.journal,
+            runner=self.runner,
+            client=None if self.kube is None else self.kube.client,
+            book=None if self.kube is None else self.kube.book,
+            runs=self.runs,
+            approvals=None if self.kube is None else self.kube.approver.flights,
+        )
+        renderer = TemplateRenderer(s.provision.templates, s.provision.default_cluster)
         admin = adminRoot(
             clock=self.reactor,
             registry=self.registry,
             journal=self.journal,
             site=s.site_name,
             version=__version__,
-            api=self.adminAPI,
+            api=ownerAPI(
+                inventory=self.inventory,
+                journal=self.journal,
+                offload=self._inThread,
+                runs=self.runs,
+                renderer=renderer,
+                trust=self.trust,
+                disks=self.disks,
+                status=self.status,
+                deviceFlow=self.deviceFlow,
+                retire=retire,
+                kube=self.kube,
+            ),
             readiness=self.readiness,
         )
         admin.putChild(b"device", DevicePage())  # owners only [F3]
-        self._web(
-            "admin",
-            admin,
-            onListening=followAdminPort(self.deviceFlow, s.topology.enrollment_name),
-        )
+        follow = followAdminPort(self.deviceFlow, s.topology.enrollment_name)
+        self._web("admin", admin, onListening=follow)
         self.tink = TinkProxy(
             self.reactor,
             s.tink,
@@ -432,7 +367,7 @@ class FleetdService(MultiService):
             upstreamCA=prepared.upstreamCA,
         )
         self.tink.setServiceParent(self.database)
-        self._listen(
+        tink = self._listeners.add(
             "tink",
             s.listen.tink,
             listenerPolicy(s, "tink").tlsOptions(s.tls),
@@ -441,8 +376,8 @@ class FleetdService(MultiService):
             # a call in flight is timed by tink.stream_timeout, an idle
             # connection still by limits.idle_timeout (the HTTP/2 layer).
             idleTimeout=max(s.limits.idle_timeout, s.tink.stream_timeout),
-            parent=self.tink,  # which drains it before it stops
         )
+        tink.setServiceParent(self.tink)  # which drains it before it stops
         self.dns = DNSService(
             self.reactor,
             s.topology,
@@ -474,8 +409,7 @@ class FleetdService(MultiService):
         try:
             super().privilegedStartService()
         except StartupError as e:
-            for listener in reversed(self.listeners.values()):
-                listener.stopService()  # the ones bound close again
+            self._listeners.unbind()
             if self.onStartupError is not None:
                 self.onStartupError(str(e))
             raise

@@ -9,14 +9,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.interfaces import IListeningPort, IReactorCore
+from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IReactorCore
+from twisted.internet.ssl import CertificateOptions
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from fleetd.listen.connections import LimitedFactory
+from fleetd.listen.tls import tlsFactory
+from fleetd.metrics import listenerGauges
+from fleetd.reactors import IListenerReactor
 
 
 class StartupError(Exception):
@@ -79,3 +84,61 @@ class ListenerService(Service):
             self.factory.closeAll(),
         ]
         return DeferredList(stopped, consumeErrors=True).addCallback(lambda _: None)
+
+
+class Listeners:
+    """
+    fleetd's stream listeners, built alike: TLS, then the connection
+    limits, the open/max gauges and one L{ListenerService} each.
+    """
+
+    def __init__(
+        self,
+        reactor: IListenerReactor,
+        registry: CollectorRegistry,
+        *,
+        maxConnections: int,
+        maxPerSource: int | None,
+        idleTimeout: float,
+    ) -> None:
+        self.reactor = reactor
+        self.maxConnections = maxConnections
+        self.maxPerSource = maxPerSource
+        self.idleTimeout = idleTimeout
+        self.openGauge, self.maxGauge = listenerGauges(registry)
+        self.services: dict[str, ListenerService] = {}
+
+    def add(
+        self,
+        name: str,
+        description: str,
+        options: CertificateOptions,
+        factory: IProtocolFactory,
+        *,
+        idleTimeout: float | None = None,
+        onStop: Callable[[], object] = lambda: None,
+        onListening: Callable[[IListeningPort], object] = lambda port: None,
+    ) -> ListenerService:
+        """The listener C{name} on C{description}, serving C{factory}
+        behind TLS C{options}; the caller gives it its parent."""
+        limited = tlsFactory(
+            options,
+            factory,
+            name=name,
+            clock=self.reactor,
+            maxConnections=self.maxConnections,
+            maxPerSource=self.maxPerSource,
+            idleTimeout=idleTimeout or self.idleTimeout,
+        )
+        self.openGauge.labels(name).set_function(limited.openConnections)
+        self.maxGauge.labels(name).set(limited.maxConnections)
+        listener = ListenerService(
+            self.reactor, name, description, limited, onStop, onListening
+        )
+        self.services[name] = listener
+        return listener
+
+    def unbind(self) -> None:
+        """Start-up failed: close the listeners bound so far, last first."""
+        for listener in reversed(self.services.values()):
+            listener.stopService()
