@@ -10,7 +10,6 @@ from typing import cast
 
 from twisted.internet.interfaces import (
     IReactorCore,
-    IReactorFromThreads,
     IReactorPluggableNameResolver,
     IReactorTCP,
     IReactorThreads,
@@ -26,16 +25,12 @@ class IHTTPClientReactor(IReactorTCP, IReactorTime, IReactorPluggableNameResolve
     """
 
 
-class IWorkerReactor(IReactorTime, IReactorFromThreads):
-    """A worker woken from the database thread that waits between tries."""
-
-
 class IListenerReactor(IReactorCore, IReactorTime):
     """A listener binds a described endpoint and times its connections."""
 
 
 class IFleetdReactor(
-    IHTTPClientReactor, IListenerReactor, IReactorThreads, IReactorUDP, IWorkerReactor
+    IHTTPClientReactor, IListenerReactor, IReactorThreads, IReactorUDP
 ):
     """The daemon's reactor: everything its parts need from it."""
 

@@ -25,6 +25,7 @@ from twisted.web.server import Site
 from fleetd.config import ConfigError, KubernetesSettings
 from fleetd.kube.client import KubeClient, KubeUnavailable
 from fleetd.kube.connect import clientFromSettings
+from fleetd.reactors import fleetdReactor
 from fleetd.testing.kube import FakeKube, csrPEM
 from tests.test_daemon import DaemonTestMixin
 from tests.test_kube_fake import bootstrapSecret
@@ -92,7 +93,7 @@ class TLSClientTests(FakeOverTLS):
             client_cert=None,
             client_key=None,
         )
-        client = clientFromSettings(reactor, settings)
+        client = clientFromSettings(fleetdReactor(reactor), settings)
         self.addCleanup(client.close)
         return client
 

@@ -45,7 +45,7 @@ class TinkProxy(MultiService):
 
     def __init__(
         self,
-        reactor: Any,
+        reactor: IReactorTime,
         settings: TinkSettings,
         *,
         idleTimeout: float,
@@ -61,11 +61,13 @@ class TinkProxy(MultiService):
         """
         @param kube: the C{[kubernetes]} cluster client, for
             C{tink.workflow_state = "kubernetes"} (ignored otherwise).
+        @param reactor: the proxy's clock; the upstream endpoint also
+            connects with it (TCP, TLS).
         @param upstreamCA: the PEM of C{tink.upstream_ca}, read by
             L{fleetd.prepare.prepare}.
         """
         super().__init__()  # type: ignore[no-untyped-call]
-        clock: IReactorTime = reactor
+        clock = reactor
         self.inventory = inventory
         self.metrics = TinkMetrics(registry)
         address = UpstreamAddress(

@@ -14,6 +14,7 @@ import io
 from collections.abc import Callable
 from typing import Any
 
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http, resource, server
@@ -230,7 +231,7 @@ class BoundedSite(server.Site):
         maxHeaders: int,
         maxBodyBytes: int,
         idleTimeout: float | None,
-        clock: Any,
+        clock: IReactorTime,
         requestTimeout: float = 10.0,
         privileged: Callable[[IRequest], bool] | None = None,
         unprivilegedBodyBytes: int = 65536,
