@@ -30,23 +30,12 @@ from fleetd import __version__
 from fleetd.admin.api import ownerAPI
 from fleetd.admin.deviceflow import DevicePage, followAdminPort, verificationURI
 from fleetd.admin.resource import adminRoot
-from fleetd.attest.identity import LDevIDBook, LDevIDIdentifier
-from fleetd.attest.lookup import LookupService
-from fleetd.attest.service import AttestationService
-from fleetd.attest.wiring import (
-    approvedSerialFor,
-    bindingRefusal,
-    diskRefusal,
-    targetDiskFor,
-)
+from fleetd.attest.wiring import buildAttestation
 from fleetd.boot.config import ConfigResource
 from fleetd.boot.deviceflow_resource import deviceCodeResource, tokenResource
 from fleetd.boot.resource import bootRoot
-from fleetd.config import NetBoxSettings, loadTopology
-from fleetd.device.attest import deviceAPI
-from fleetd.device.disks import NodeDisksResource
-from fleetd.device.identity import byLDevID
-from fleetd.device.resource import deviceRoot
+from fleetd.config import NetBoxSettings
+from fleetd.device.resource import deviceFace
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.dns.service import DNSService
 from fleetd.heap import ICollector, pauseForStartup, tune
@@ -76,8 +65,7 @@ from fleetd.store.runner import DatabaseRunner, RunnerService
 from fleetd.tink.service import TinkProxy
 from fleetd.trust.disks import DiskService
 from fleetd.trust.service import TrustService
-from fleetd.web.owner import isOwner
-from fleetd.web.site import BoundedSite
+from fleetd.web.site import listenerSite
 
 
 class FleetdService(MultiService):
@@ -163,7 +151,21 @@ class FleetdService(MultiService):
             self.kube.setServiceParent(self.database)
         self.trust = TrustService(self.runner, self.journal, self.inventory, reactor)
         self.disks = DiskService(self.runner, self.journal, reactor)
-        self._buildAttestation(prepared)
+        attestation = buildAttestation(
+            clock=reactor,
+            runner=self.runner,
+            journal=self.journal,
+            database=prepared.database,
+            inventory=self.inventory,
+            runs=self.runs,
+            vault=self.vault,
+            ekRoots=prepared.ekRoots,
+            issuer=prepared.issuer,
+            trustBundle=prepared.trustBundle,
+            challengeTTL=s.challenge_ttl,
+        )
+        self.attestation = attestation
+        self.ldevids, self.lookups = attestation.ldevids, attestation.lookups
         self.status = StatusService(
             self.inventory,
             self.runs,
@@ -223,34 +225,6 @@ class FleetdService(MultiService):
                 pass
         self.reactor.stop()
 
-    def _buildAttestation(self, prepared: Prepared) -> None:
-        """Attestation, LDevID issuance and lookups on the device listener."""
-        self.ldevids = LDevIDBook()
-        self.ldevids.load(prepared.database)  # before any listener answers
-        self.attestation = AttestationService(
-            clock=self.reactor,
-            runner=self.runner,
-            journal=self.journal,
-            ekRoots=prepared.ekRoots,
-            issuer=prepared.issuer,
-            book=self.ldevids,
-            approvedSerialFor=approvedSerialFor,
-            deviceBySerial=self.inventory.bySerial,
-            challengeTTL=self.settings.challenge_ttl,
-            bindingRefusal=bindingRefusal,
-        )
-        self.identifyLDevID = LDevIDIdentifier(prepared.trustBundle, self.ldevids)
-        self.lookups = LookupService(
-            runner=self.runner,
-            attestation=self.attestation,
-            book=self.ldevids,
-            getDevice=self.inventory.get,
-            runs=self.runs,
-            vault=self.vault,
-            targetDiskFor=targetDiskFor,
-            diskRefusal=diskRefusal,
-        )
-
     def _inThread(self, work: Callable[[bytes], Any], data: bytes) -> Deferred[Any]:
         """Run blocking C{work(data)} in the reactor's thread pool."""
         pool = self.reactor.getThreadPool()
@@ -260,23 +234,9 @@ class FleetdService(MultiService):
         """Listener C{name} serving C{root} under its policy [O1] [O2] [T4]."""
         s = self.settings
         policy = listenerPolicy(s, name)  # body limits, client CA
-        assert policy.maxBodyBytes is not None
-        site = BoundedSite(
-            root,
-            maxHeaderBytes=s.limits.max_header_bytes,
-            maxHeaders=s.limits.max_headers,
-            maxBodyBytes=policy.maxBodyBytes,
-            # The listener's sweep closes idle connections (no byte either
-            # way for limits.idle_timeout): no HTTP timer per connection.
-            idleTimeout=None,
-            requestTimeout=s.limits.request_timeout,
-            clock=self.reactor,
-            privileged=isOwner if policy.largeBodiesForOwnersOnly else None,
-        )
-        options = policy.tlsOptions(s.tls)
-        listener = self._listeners.add(
-            name, getattr(s.listen, name), options, site, **hooks
-        )
+        site = listenerSite(root, policy, s.limits, self.reactor)
+        description, options = getattr(s.listen, name), policy.tlsOptions(s.tls)
+        listener = self._listeners.add(name, description, options, site, **hooks)
         listener.setServiceParent(self.database)
 
     def _buildListeners(self, prepared: Prepared) -> None:
@@ -309,15 +269,8 @@ class FleetdService(MultiService):
             token=tokenResource(self.deviceFlow),
         )
         self._web("boot", boot, onStop=self.configResource.stop)
-        # Children of /v1/node/ besides the lookups; who calls is decided
-        # by the LDevID identification [T4].
-        disks = NodeDisksResource(
-            self.disks, byLDevID(self.identifyLDevID), admit=self.lookups.admit
-        )
-        api = deviceAPI(
-            self.attestation, self.identifyLDevID, self.lookups, {b"disks": disks}
-        )
-        self._web("device", deviceRoot(api), onStop=self.attestation.stop)
+        face = deviceFace(self.attestation, self.disks)
+        self._web("device", face, onStop=self.attestation.service.stop)
         retire = RetireService(
             clock=self.reactor,
             inventory=self.inventory,
@@ -378,20 +331,7 @@ class FleetdService(MultiService):
             idleTimeout=max(s.limits.idle_timeout, s.tink.stream_timeout),
         )
         tink.setServiceParent(self.tink)  # which drains it before it stops
-        self.dns = DNSService(
-            self.reactor,
-            s.topology,
-            port=s.listen.dns_port,
-            interface=s.listen.dns_interface,
-            ttl=s.dns_ttl,
-            registry=self.registry,
-            topologyLoader=lambda: loadTopology(s.topology_file),
-            maxConnections=s.limits.max_connections,
-            idleTimeout=s.limits.idle_timeout,
-            maxConnectionsPerSource=s.limits.max_connections_per_source,
-            rateLimit=s.dns_rate_limit,
-        )
-        self.dns.setName("dns")
+        self.dns = DNSService.fromSettings(self.reactor, s, self.registry)
         self.dns.setServiceParent(self.database)
 
     def setServiceParent(self, parent: Any) -> None:
