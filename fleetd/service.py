@@ -31,9 +31,7 @@ from fleetd.admin.api import ownerAPI
 from fleetd.admin.deviceflow import DevicePage, followAdminPort, verificationURI
 from fleetd.admin.resource import adminRoot
 from fleetd.attest.wiring import buildAttestation
-from fleetd.boot.config import ConfigResource
-from fleetd.boot.deviceflow_resource import deviceCodeResource, tokenResource
-from fleetd.boot.resource import bootRoot
+from fleetd.boot.face import bootFace
 from fleetd.config import NetBoxSettings
 from fleetd.device.resource import deviceFace
 from fleetd.deviceflow.flow import DeviceFlow
@@ -51,7 +49,6 @@ from fleetd.loading import LoadService
 from fleetd.logs import makeObserver
 from fleetd.metrics import makeRegistry
 from fleetd.prepare import Prepared, prepare
-from fleetd.ratelimit import RateLimiter
 from fleetd.reactors import IFleetdReactor
 from fleetd.readiness import Readiness, notifySystemd
 from fleetd.runs.alerts import AlertTracker
@@ -241,14 +238,6 @@ class FleetdService(MultiService):
 
     def _buildListeners(self, prepared: Prepared) -> None:
         s = self.settings
-        bl = s.boot_limits
-        self.bootLimiter = RateLimiter(
-            self.reactor,
-            rate=bl.failure_rate,
-            burst=bl.failure_burst,
-            globalRate=bl.global_failure_rate,
-            globalBurst=bl.global_failure_burst,
-        )
         self.deviceFlow = DeviceFlow(
             self.reactor,
             self.runs,
@@ -256,19 +245,14 @@ class FleetdService(MultiService):
             # The admin port is known once bound (followAdminPort).
             verificationURI=verificationURI(s.topology.enrollment_name, None),
         )
-        self.configResource = ConfigResource(
+        boot = bootFace(
             self.runs,
+            self.deviceFlow,
             clock=self.reactor,
             metrics=self.registry,
-            limiter=self.bootLimiter,
-            grants=self.deviceFlow,
+            limits=s.boot_limits,
         )
-        boot = bootRoot(
-            config=self.configResource,
-            deviceCode=deviceCodeResource(self.deviceFlow),
-            token=tokenResource(self.deviceFlow),
-        )
-        self._web("boot", boot, onStop=self.configResource.stop)
+        self._web("boot", boot.root, onStop=boot.config.stop)
         face = deviceFace(self.attestation, self.disks)
         self._web("device", face, onStop=self.attestation.service.stop)
         retire = RetireService(
