@@ -3,8 +3,9 @@ The tink proxy assembled from its settings: upstream pool, listener
 factory, the observation chain and boot completion [A4] [B1] [B2] [B3].
 
 No listening here: L{fleetd.service} binds the factory behind TLS (ALPN
-h2) in a listener service it makes a child of the L{TinkProxy}, and calls
-L{TinkProxy.load} once the runs are loaded. The proxy stops its listener
+h2) in a listener service it makes a child of the L{TinkProxy}; the
+start-up load (L{fleetd.loading.LoadService}) calls L{TinkProxy.load}
+once the runs are loaded. The proxy stops its listener
 itself (L{TinkProxy.stopService}): GOAWAY, drain, the upstream, then the
 port.
 
