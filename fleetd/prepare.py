@@ -6,6 +6,7 @@ configuration stops start-up with one line and nothing half-started.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from cryptography import x509
@@ -13,9 +14,11 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from OpenSSL import crypto
 
+from fleetd.attest.ekroots import EKRoots
 from fleetd.config import ConfigError, Settings
 from fleetd.listen.tls import loadCertificates, loadTLSOptions
 from fleetd.pki.dev import ensureDevPKI
+from fleetd.pki.ldevid import Issuer, TrustBundle
 from fleetd.store.db import Database
 from fleetd.store.keys import loadOrCreateKey
 from fleetd.vault import DirectoryVault, IClosableVault, VaultError
@@ -29,6 +32,10 @@ class Prepared:
     vault: IClosableVault
     database: Database
     masterKey: bytes
+    issuer: Issuer
+    ekRoots: EKRoots
+    trustBundle: TrustBundle
+    upstreamCA: bytes | None  # tink.upstream_ca's PEM, when set
 
 
 def prepare(settings: Settings) -> Prepared:
@@ -57,7 +64,13 @@ def prepare(settings: Settings) -> Prepared:
             tlsPolicy(settings.netbox.ca)
         except NetBoxSetupError as e:
             raise ConfigError(e.key, e.problem) from None
-    checkUpstreamCA(settings)
+    upstreamCA = checkUpstreamCA(settings)
+    pki = settings.pki
+    issuer = Issuer.load(
+        pki.issuer_cert, pki.issuer_key, timedelta(days=pki.ldevid_days)
+    )
+    ekRoots = EKRoots.load(settings.ek_roots)
+    trustBundle = TrustBundle.load(pki.bundle, issuer.cert)
     try:
         vault = DirectoryVault.open(settings.vault, settings.vault_allow_any_fs)
     except VaultError as e:
@@ -71,19 +84,29 @@ def prepare(settings: Settings) -> Prepared:
         if isinstance(e, ConfigError):
             raise
         raise ConfigError("paths.state", str(e)) from e
-    return Prepared(settings, vault, database, masterKey)
+    return Prepared(
+        settings,
+        vault,
+        database,
+        masterKey,
+        issuer=issuer,
+        ekRoots=ekRoots,
+        trustBundle=trustBundle,
+        upstreamCA=upstreamCA,
+    )
 
 
-def checkUpstreamCA(settings: Settings) -> None:
-    """C{tink.upstream_ca}, when set, is readable PEM certificates."""
+def checkUpstreamCA(settings: Settings) -> bytes | None:
+    """C{tink.upstream_ca}, when set, is readable PEM certificates: their PEM."""
     path = settings.tink.upstream_ca
     if path is None:
-        return
+        return None
     try:
         pem = path.read_bytes()
         crypto.load_certificate(crypto.FILETYPE_PEM, pem)
     except (OSError, crypto.Error) as e:
         raise ConfigError("tink.upstream_ca", f"cannot use {path}: {e}") from e
+    return pem
 
 
 def _publicKey(cert: crypto.X509) -> bytes:

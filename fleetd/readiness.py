@@ -6,7 +6,8 @@ After a start fleetd loads its runs (and the boot states that need them)
 before the boot listener serves a configuration; until then the boot
 listener answers 503 "starting". L{Readiness} holds that one fact for
 everyone else: C{starting} until the load finished, then C{ready}, or
-C{failed} with the reason when the load raised (a human must look).
+C{failed} with the reason when the load raised (a human must look);
+L{fleetd.loading.LoadService} drives it.
 L{notifySystemd} sends C{READY=1} to the service manager at the moment
 fleetd becomes ready, so C{systemctl start} returns only then
 (C{Type=notify}).

@@ -5,19 +5,21 @@ L{prepare} reads and checks every file the daemon needs (TLS material,
 vault directory, state database) before anything listens, so a bad
 configuration stops start-up with one line and nothing half-started.
 L{FleetdService} then binds the listeners in C{privilegedStartService}
-and starts the workers in C{startService}.
+and starts the workers in C{startService}. Every part owns its stop: the
+database worker wraps the services that use it (they stop first), each
+listener stops what it serves, the Tink proxy drains its own listener and
+the start-up load (L{LoadService}) is waited for before the worker stops.
 """
 
 from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from datetime import timedelta
 from typing import IO, Any
 
 from prometheus_client import CollectorRegistry
-from twisted.application.service import IService, MultiService, Service
-from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
+from twisted.application.service import MultiService
+from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import ILogObserver, Logger
 from twisted.python.components import Componentized
@@ -25,55 +27,28 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 
 from fleetd import __version__
-from fleetd.admin.deviceflow import (
-    DevicePage,
-    deviceFlowAdminResource,
-    verificationURI,
-)
-from fleetd.admin.devices import devicesResource
-from fleetd.admin.kube import clusterTokenResource, retireResource
-from fleetd.admin.provision import ProvisionResource
+from fleetd.admin.api import ownerAPI
+from fleetd.admin.deviceflow import DevicePage, followAdminPort, verificationURI
 from fleetd.admin.resource import adminRoot
-from fleetd.admin.status import StatusResource
-from fleetd.admin.trust import (
-    BindingsResource,
-    DisksAdminResource,
-    EvidenceResource,
-)
-from fleetd.attest.ekroots import EKRoots
-from fleetd.attest.identity import LDevIDBook, LDevIDIdentifier
-from fleetd.attest.lookup import LookupService
-from fleetd.attest.service import AttestationService
-from fleetd.attest.wiring import (
-    approvedSerialFor,
-    bindingRefusal,
-    diskRefusal,
-    targetDiskFor,
-)
-from fleetd.boot.config import ConfigResource
-from fleetd.boot.deviceflow_resource import deviceCodeResource, tokenResource
-from fleetd.boot.resource import bootRoot
-from fleetd.config import NetBoxSettings, loadTopology
-from fleetd.device.attest import deviceAPI
-from fleetd.device.disks import NodeDisksResource
-from fleetd.device.identity import byLDevID
-from fleetd.device.resource import deviceRoot
+from fleetd.attest.wiring import buildAttestation
+from fleetd.boot.face import bootFace
+from fleetd.config import NetBoxSettings
+from fleetd.device.resource import deviceFace
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.dns.service import DNSService
-from fleetd.heap import ICollector, freezeStartup, pauseForStartup, resume, tune
+from fleetd.heap import ICollector, pauseForStartup, tune
 from fleetd.inventory.model import IInventory
 from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.kube.connect import clientFromSettings
 from fleetd.kube.service import KubeService, retireService
 from fleetd.kube.status import KubeStatus
 from fleetd.listen.policy import ListenerName, listenerPolicy
-from fleetd.listen.service import ListenerService, StartupError
-from fleetd.listen.tls import tlsFactory
+from fleetd.listen.service import Listeners, ListenerService, StartupError
+from fleetd.loading import LoadService
 from fleetd.logs import makeObserver
-from fleetd.metrics import listenerGauges, makeRegistry
-from fleetd.pki.ldevid import Issuer, TrustBundle
+from fleetd.metrics import makeRegistry
 from fleetd.prepare import Prepared, prepare
-from fleetd.ratelimit import RateLimiter
+from fleetd.reactors import IFleetdReactor
 from fleetd.readiness import Readiness, notifySystemd
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry
@@ -86,8 +61,7 @@ from fleetd.store.runner import DatabaseRunner, RunnerService
 from fleetd.tink.service import TinkProxy
 from fleetd.trust.disks import DiskService
 from fleetd.trust.service import TrustService
-from fleetd.web.owner import isOwner
-from fleetd.web.site import BoundedSite
+from fleetd.web.site import listenerSite
 
 
 class FleetdService(MultiService):
@@ -98,7 +72,7 @@ class FleetdService(MultiService):
     def __init__(
         self,
         prepared: Prepared,
-        reactor: Any,
+        reactor: IFleetdReactor,
         *,
         logFormat: str = "text",
         logOutput: IO[Any] | None = None,
@@ -115,39 +89,34 @@ class FleetdService(MultiService):
             (C{READY=1} once loaded; L{fleetd.readiness}).
         """
         super().__init__()
-        self.collector = collector
-        settings = prepared.settings
-        self.settings = settings
+        s = self.settings = prepared.settings
         self.reactor = reactor
         self.vault = prepared.vault
+        self.collector = collector
         self.logFormat = logFormat
         self.logOutput = logOutput
         self.handleSignals = handleSignals
         self.onStartupError = onStartupError
-        self.registry: CollectorRegistry = makeRegistry(__version__, settings.site_name)
         self.notify = notify
+        self.registry: CollectorRegistry = makeRegistry(__version__, s.site_name)
         self.readiness = Readiness(self.registry)  # /healthz, fleetd_ready
         self.runner = DatabaseRunner(reactor, prepared.database)
+        # Started first, stopped last: every other service is its child.
+        self.database = RunnerService(self.runner)
+        self.database.setServiceParent(self)
+        key = prepared.masterKey
         self.journal = AsyncJournal(
-            self.runner,
-            Journal(deriveKey(prepared.masterKey, "journal")),
-            reactor,
+            self.runner, Journal(deriveKey(key, "journal")), reactor
         )
-        RunnerService(self.runner).setServiceParent(self)
         # [J2] verified at start, once the run load no longer waits behind it.
         self.chain = ChainMonitor(
             reactor, self.journal, self.registry, after=self.readiness.whenSettled
         )
-        self.chain.setServiceParent(self)
-        # Children of /v1/admin/ contributed by subsystems (behind the owner gate).
-        self.adminAPI: dict[bytes, Resource] = {}
+        self.chain.setServiceParent(self.database)
         self.inventory: IInventory = SQLiteInventory(self.runner, self.journal)
-        if settings.netbox is not None:
-            self.inventory = self._netbox(settings.netbox)
-        self.adminAPI[b"devices"] = devicesResource(
-            self.inventory, self.journal, offload=self._inThread
-        )
-        self.alerts = AlertTracker(reactor, settings.provision.alert_hold).register(
+        if s.netbox is not None:  # NetBox is the inventory (DESIGN section 4)
+            self.inventory = self._netbox(s.netbox)
+        self.alerts = AlertTracker(reactor, s.provision.alert_hold).register(
             self.registry
         )
         self.runs = RunRegistry(
@@ -157,33 +126,42 @@ class FleetdService(MultiService):
             inventory=self.inventory,
             journal=self.journal,
             alerts=self.alerts,
-            codeKey=deriveKey(prepared.masterKey, "codes"),
+            codeKey=deriveKey(key, "codes"),
             metrics=self.registry,
         )
-        renderer = TemplateRenderer(
-            settings.provision.templates, settings.provision.default_cluster
-        )
-        self.kube = self._kubernetes(prepared)
-        self.adminAPI[b"provision"] = ProvisionResource(
-            self.runs,
-            self.inventory,
-            renderer,
-            self.journal,
-            credentials=None if self.kube is None else self.kube.book,
-        )
-        self.trust = TrustService(self.runner, self.journal, self.inventory, reactor)
-        self.adminAPI[b"evidence"] = EvidenceResource(self.trust, self._inThread)
-        self.adminAPI[b"bindings"] = BindingsResource(self.trust)
-        self.disks = DiskService(self.runner, self.journal, reactor)
-        self.adminAPI[b"disks"] = DisksAdminResource(self.disks)
-        self._buildAttestation(prepared)
-        # Children of /v1/node/ on the device listener besides the lookups;
-        # who calls is decided by the LDevID identification [T4].
-        self.nodeAPI: dict[bytes, Resource] = {
-            b"disks": NodeDisksResource(
-                self.disks, byLDevID(self.identifyLDevID), admit=self.lookups.admit
+        # Kubernetes credentials [K1]-[K7] [R1]; without [kubernetes] fleetd
+        # makes no cluster calls (retirement still journals what it cannot
+        # revoke).
+        self.kube: KubeService | None = None
+        if s.kubernetes is not None:
+            self.kube = KubeService(
+                clock=reactor,
+                settings=s.kubernetes,
+                client=clientFromSettings(reactor, s.kubernetes),
+                runner=self.runner,
+                journal=self.journal,
+                inventory=self.inventory,
+                sealKey=deriveKey(key, "kube cluster token"),
+                metrics=self.registry,
             )
-        }
+            self.kube.setServiceParent(self.database)
+        self.trust = TrustService(self.runner, self.journal, self.inventory, reactor)
+        self.disks = DiskService(self.runner, self.journal, reactor)
+        attestation = buildAttestation(
+            clock=reactor,
+            runner=self.runner,
+            journal=self.journal,
+            database=prepared.database,
+            inventory=self.inventory,
+            runs=self.runs,
+            vault=self.vault,
+            ekRoots=prepared.ekRoots,
+            issuer=prepared.issuer,
+            trustBundle=prepared.trustBundle,
+            challengeTTL=s.challenge_ttl,
+        )
+        self.attestation = attestation
+        self.ldevids, self.lookups = attestation.ldevids, attestation.lookups
         self.status = StatusService(
             self.inventory,
             self.runs,
@@ -192,15 +170,30 @@ class FleetdService(MultiService):
             trust=self.trust,
             disks=self.disks,
             credentials=KubeStatus(self.runner, reactor),
-            ldevid=self._ldevidStatus,
+            ldevid=self.ldevids.status,
         )
-        self.adminAPI[b"status"] = StatusResource(self.status)
-        self.listeners: dict[str, ListenerService] = {}
-        self._loading: Deferred[None] | None = None
-        self._buildListeners()
+        self._listeners = Listeners(
+            reactor,
+            self.registry,
+            maxConnections=s.limits.max_connections,
+            maxPerSource=s.limits.max_connections_per_source,
+            idleTimeout=s.limits.idle_timeout,
+        )
+        self.listeners: dict[str, ListenerService] = self._listeners.services
+        self._buildListeners(prepared)
+        # Last to start, first to stop: the runs, then the boot states that
+        # need them [B1]; the worker stops only once the load settled.
+        self.loading = LoadService(
+            self._load,
+            self.readiness,
+            notify=notify,
+            collector=collector,
+            started=self._started,
+            stop=self.runs.stop,
+        )
+        self.loading.setServiceParent(self.database)
 
     def _netbox(self, netbox: NetBoxSettings) -> IInventory:
-        """C{[netbox]} present: NetBox is the inventory (DESIGN section 4)."""
         from fleetd.netbox.connect import makeClient
         from fleetd.netbox.inventory import digestOf
         from fleetd.netbox.service import NetBoxService
@@ -216,7 +209,7 @@ class FleetdService(MultiService):
             onRefused=self._refused,
             metrics=self.registry,
         )
-        service.setServiceParent(self)
+        service.setServiceParent(self.database)
         return service.inventory
 
     def _refused(self, message: str) -> None:
@@ -228,179 +221,72 @@ class FleetdService(MultiService):
                 pass
         self.reactor.stop()
 
-    def _kubernetes(self, prepared: Prepared) -> KubeService | None:
-        """
-        Kubernetes credentials [K1]-[K7] [R1]. Without [kubernetes] fleetd
-        makes no cluster calls: provisions carry the template's own
-        cluster.token, cluster-token commands refuse, retirement still
-        marks the device and journals what it cannot revoke.
-        """
-        kube = self.settings.kubernetes
-        service = None
-        if kube is not None:
-            service = KubeService(
-                clock=self.reactor,
-                settings=kube,
-                client=clientFromSettings(self.reactor, kube),
-                runner=self.runner,
-                journal=self.journal,
-                inventory=self.inventory,
-                sealKey=deriveKey(prepared.masterKey, "kube cluster token"),
-                metrics=self.registry,
-            )
-            service.setServiceParent(self)
-        self.adminAPI[b"cluster-token"] = clusterTokenResource(
-            None if service is None else service.cluster
-        )
-        self.adminAPI[b"retire"] = retireResource(
-            retireService(
-                service,
-                clock=self.reactor,
-                inventory=self.inventory,
-                journal=self.journal,
-                runner=self.runner,
-                runs=self.runs,
-            )
-        )
-        return service
-
-    def _buildAttestation(self, prepared: Prepared) -> None:
-        """Attestation, LDevID issuance and lookups on the device listener."""
-        s = self.settings
-        issuer = Issuer.load(
-            s.pki.issuer_cert, s.pki.issuer_key, timedelta(days=s.pki.ldevid_days)
-        )
-        self.ldevids = LDevIDBook()
-        self.ldevids.load(prepared.database)  # before any listener answers
-        self.attestation = AttestationService(
-            clock=self.reactor,
-            runner=self.runner,
-            journal=self.journal,
-            ekRoots=EKRoots.load(s.ek_roots),
-            issuer=issuer,
-            book=self.ldevids,
-            approvedSerialFor=approvedSerialFor,
-            deviceBySerial=self.inventory.bySerial,
-            challengeTTL=s.challenge_ttl,
-            bindingRefusal=bindingRefusal,
-        )
-        self.identifyLDevID = LDevIDIdentifier(
-            TrustBundle.load(s.pki.bundle, issuer.cert), self.ldevids
-        )
-        self.lookups = LookupService(
-            runner=self.runner,
-            attestation=self.attestation,
-            book=self.ldevids,
-            getDevice=self.inventory.get,
-            runs=self.runs,
-            vault=self.vault,
-            targetDiskFor=targetDiskFor,
-            diskRefusal=diskRefusal,
-        )
-
-    def _ldevidStatus(self, serial: str) -> dict[str, Any] | None:
-        record = self.ldevids.current(serial)
-        if record is None:
-            return None
-        # Every record is from the one issuer: the node has cut over [T4].
-        return {**record.toJSON(), "legacy": False}
-
     def _inThread(self, work: Callable[[bytes], Any], data: bytes) -> Deferred[Any]:
         """Run blocking C{work(data)} in the reactor's thread pool."""
         pool = self.reactor.getThreadPool()
         return deferToThreadPool(self.reactor, pool, work, data)
 
-    def _web(self, name: ListenerName, root: Resource) -> None:
+    def _web(self, name: ListenerName, root: Resource, **hooks: Any) -> None:
+        """Listener C{name} serving C{root} under its policy [O1] [O2] [T4]."""
         s = self.settings
-        policy = listenerPolicy(s, name)  # body limits, client CA [O1] [O2] [T4]
-        assert policy.maxBodyBytes is not None
-        site = BoundedSite(
-            root,
-            maxHeaderBytes=s.limits.max_header_bytes,
-            maxHeaders=s.limits.max_headers,
-            maxBodyBytes=policy.maxBodyBytes,
-            # The listener's sweep closes idle connections (no byte either
-            # way for limits.idle_timeout): no HTTP timer per connection.
-            idleTimeout=None,
-            requestTimeout=s.limits.request_timeout,
-            clock=self.reactor,
-            privileged=isOwner if policy.largeBodiesForOwnersOnly else None,
-        )
-        self._listen(name, getattr(s.listen, name), policy.tlsOptions(s.tls), site)
+        policy = listenerPolicy(s, name)  # body limits, client CA
+        site = listenerSite(root, policy, s.limits, self.reactor)
+        description, options = getattr(s.listen, name), policy.tlsOptions(s.tls)
+        listener = self._listeners.add(name, description, options, site, **hooks)
+        listener.setServiceParent(self.database)
 
-    def _listen(
-        self,
-        name: str,
-        description: str,
-        options: Any,
-        factory: Any,
-        idleTimeout: float | None = None,
-        parent: MultiService | None = None,
-    ) -> None:
-        limited = tlsFactory(
-            options,
-            factory,
-            name=name,
-            clock=self.reactor,
-            maxConnections=self.settings.limits.max_connections,
-            maxPerSource=self.settings.limits.max_connections_per_source,
-            idleTimeout=idleTimeout or self.settings.limits.idle_timeout,
-        )
-        self._openGauge.labels(name).set_function(limited.openConnections)
-        self._maxGauge.labels(name).set(limited.maxConnections)
-        listener = ListenerService(self.reactor, name, description, limited)
-        listener.setServiceParent(self if parent is None else parent)
-        self.listeners[name] = listener
-
-    def _buildListeners(self) -> None:
+    def _buildListeners(self, prepared: Prepared) -> None:
         s = self.settings
-        self._openGauge, self._maxGauge = listenerGauges(self.registry)
-        bl = s.boot_limits
-        self.bootLimiter = RateLimiter(
-            self.reactor,
-            rate=bl.failure_rate,
-            burst=bl.failure_burst,
-            globalRate=bl.global_failure_rate,
-            globalBurst=bl.global_failure_burst,
-        )
         self.deviceFlow = DeviceFlow(
             self.reactor,
             self.runs,
             self.journal,
-            # The admin port is known once bound: see privilegedStartService.
+            # The admin port is known once bound (followAdminPort).
             verificationURI=verificationURI(s.topology.enrollment_name, None),
         )
-        self.adminAPI[b"device-flow"] = deviceFlowAdminResource(self.deviceFlow)
-        self.configResource = ConfigResource(
+        boot = bootFace(
             self.runs,
+            self.deviceFlow,
             clock=self.reactor,
             metrics=self.registry,
-            limiter=self.bootLimiter,
-            grants=self.deviceFlow,
+            limits=s.boot_limits,
         )
-        self._web(
-            "boot",
-            bootRoot(
-                config=self.configResource,
-                deviceCode=deviceCodeResource(self.deviceFlow),
-                token=tokenResource(self.deviceFlow),
-            ),
+        self._web("boot", boot.root, onStop=boot.config.stop)
+        face = deviceFace(self.attestation, self.disks)
+        self._web("device", face, onStop=self.attestation.service.stop)
+        retire = retireService(
+            self.kube,
+            clock=self.reactor,
+            inventory=self.inventory,
+            journal=self.journal,
+            runner=self.runner,
+            runs=self.runs,
         )
-        api = deviceAPI(
-            self.attestation, self.identifyLDevID, self.lookups, node=self.nodeAPI
-        )
-        self._web("device", deviceRoot(api))
+        renderer = TemplateRenderer(s.provision.templates, s.provision.default_cluster)
         admin = adminRoot(
             clock=self.reactor,
             registry=self.registry,
             journal=self.journal,
             site=s.site_name,
             version=__version__,
-            api=self.adminAPI,
+            api=ownerAPI(
+                inventory=self.inventory,
+                journal=self.journal,
+                offload=self._inThread,
+                runs=self.runs,
+                renderer=renderer,
+                trust=self.trust,
+                disks=self.disks,
+                status=self.status,
+                deviceFlow=self.deviceFlow,
+                retire=retire,
+                kube=self.kube,
+            ),
             readiness=self.readiness,
         )
         admin.putChild(b"device", DevicePage())  # owners only [F3]
-        self._web("admin", admin)
+        follow = followAdminPort(self.deviceFlow, s.topology.enrollment_name)
+        self._web("admin", admin, onListening=follow)
         self.tink = TinkProxy(
             self.reactor,
             s.tink,
@@ -412,9 +298,10 @@ class FleetdService(MultiService):
             journal=self.journal,
             alerts=self.alerts,
             kube=None if self.kube is None else self.kube.client,
+            upstreamCA=prepared.upstreamCA,
         )
-        self.tink.setServiceParent(self)
-        self._listen(
+        self.tink.setServiceParent(self.database)
+        tink = self._listeners.add(
             "tink",
             s.listen.tink,
             listenerPolicy(s, "tink").tlsOptions(s.tls),
@@ -423,23 +310,10 @@ class FleetdService(MultiService):
             # a call in flight is timed by tink.stream_timeout, an idle
             # connection still by limits.idle_timeout (the HTTP/2 layer).
             idleTimeout=max(s.limits.idle_timeout, s.tink.stream_timeout),
-            parent=self.tink,  # which drains it before it stops
         )
-        self.dns = DNSService(
-            self.reactor,
-            s.topology,
-            port=s.listen.dns_port,
-            interface=s.listen.dns_interface,
-            ttl=s.dns_ttl,
-            registry=self.registry,
-            topologyLoader=lambda: loadTopology(s.topology_file),
-            maxConnections=s.limits.max_connections,
-            idleTimeout=s.limits.idle_timeout,
-            maxConnectionsPerSource=s.limits.max_connections_per_source,
-            rateLimit=s.dns_rate_limit,
-        )
-        self.dns.setName("dns")
-        self.dns.setServiceParent(self)
+        tink.setServiceParent(self.tink)  # which drains it before it stops
+        self.dns = DNSService.fromSettings(self.reactor, s, self.registry)
+        self.dns.setServiceParent(self.database)
 
     def setServiceParent(self, parent: Any) -> None:
         """
@@ -453,33 +327,23 @@ class FleetdService(MultiService):
         super().setServiceParent(parent)
 
     def privilegedStartService(self) -> None:
-        started: list[IService] = []
         try:
-            for child in self:
-                child.privilegedStartService()
-                started.append(child)
+            super().privilegedStartService()
         except StartupError as e:
-            for child in reversed(started):
-                if isinstance(child, ListenerService):
-                    child.stopService()
+            self._listeners.unbind()
             if self.onStartupError is not None:
                 self.onStartupError(str(e))
             raise
-        admin = self.listeners["admin"].port  # [F3] where /device answers
-        port = None if admin is None else getattr(admin.getHost(), "port", None)
-        self.deviceFlow.verificationURI = verificationURI(
-            self.settings.topology.enrollment_name, port
-        )
 
     def startService(self) -> None:
-        Service.startService(self)
         if self.collector is not None:
             tune(self.collector)
-            pauseForStartup(self.collector)
-        for child in self:
-            child.startService()
+            pauseForStartup(self.collector)  # until the load settled
+        super().startService()
         if self.handleSignals:
             signal.signal(signal.SIGHUP, self._sighup)
+
+    def _started(self) -> None:
         self.log.info(
             "fleetd.started {version} {site} vault={entries}",
             version=__version__,
@@ -489,30 +353,10 @@ class FleetdService(MultiService):
         self.journal.append(
             "fleetd.started", actor="fleetd", fields={"version": __version__}
         ).addErrback(self._journalFailed)
-        self._loading = Deferred.fromCoroutine(self._load())
-        self._loading.addCallbacks(self._loaded, self._loadFailed)
-
-    def _loaded(self, _: None) -> None:
-        if self.collector is not None:
-            freezeStartup(self.collector)
-        # /healthz 200, fleetd_ready 1, and systemctl start returns.
-        self.readiness.loaded()
-        self.log.info("fleetd.ready")
-        self.notify(b"READY=1\nSTATUS=serving")
 
     async def _load(self) -> None:
         await self.runs.load()
         await self.tink.load()  # boot completion needs the runs [B1]
-
-    def _loadFailed(self, f: Failure) -> None:
-        # The boot listener keeps answering 503 "starting"; this needs a human.
-        self.log.failure("runs.load.failed", failure=f)
-        if self.collector is not None:
-            resume(self.collector)
-        error = " ".join(f"{type(f.value).__name__}: {f.getErrorMessage()}".split())
-        reason = f"loading the runs failed: {error}"[:200]  # one line
-        self.readiness.failed(reason)
-        self.notify(b"STATUS=" + reason.encode("utf-8", "replace"))
 
     def _journalFailed(self, f: Failure) -> None:
         self.log.failure("journal.append.failed", failure=f)
@@ -520,33 +364,14 @@ class FleetdService(MultiService):
     def _sighup(self, signum: int, frame: Any) -> None:
         self.reactor.callFromThread(self.dns.reloadTopology)
 
-    def stopService(self) -> Deferred[Any]:
+    def stopService(self) -> Deferred[None]:
         if self.handleSignals:
             signal.signal(signal.SIGHUP, signal.SIG_DFL)
         self.log.info("fleetd.stopping")
         self.notify(b"STOPPING=1")
-        Service.stopService(self)
-        # Listeners first, the database worker last (after the run load).
-        pending: list[Deferred[Any]] = []
-        if self._loading is not None:
-            loading, self._loading = self._loading, None
-            pending.append(loading)
-        self.configResource.stop()
-        self.attestation.stop()
-        pending.append(self.runs.stop())
-        for child in reversed(list(self)):
-            if isinstance(child, RunnerService):
-                continue
-            pending.append(maybeDeferred(child.stopService))
-
-        def stopRunner(_: object) -> None:
-            for child in self:
-                if isinstance(child, RunnerService):
-                    child.stopService()
-            # The vault directory's descriptor, held since prepare().
-            self.vault.close()
-
-        return DeferredList(pending, consumeErrors=True).addCallback(stopRunner)
+        stopping: Deferred[Any] = super().stopService()
+        # The vault directory's descriptor, held since prepare().
+        return stopping.addCallback(lambda _: self.vault.close())
 
 
 __all__ = ["FleetdService", "Prepared", "StartupError", "prepare"]

@@ -58,6 +58,7 @@ def _fatal(message: str) -> NoReturn:
 def makeService(options: Options) -> IService:
     from twisted.internet import reactor
 
+    from fleetd.reactors import fleetdReactor
     from fleetd.service import FleetdService, prepare
 
     try:
@@ -66,7 +67,7 @@ def makeService(options: Options) -> IService:
         # [kubernetes] files (CA, token, client certificate) are read here.
         service = FleetdService(
             prepared,
-            reactor,
+            fleetdReactor(reactor),
             logFormat=options["log-format"],
             logOutput=sys.stdout,
             handleSignals=True,

@@ -22,6 +22,7 @@ from twisted.logger import ILogObserver, globalLogPublisher
 
 from fleetd.config import Settings, loadSettings
 from fleetd.pki.dev import DevPKIPaths
+from fleetd.reactors import fleetdReactor
 from fleetd.service import FleetdService, prepare
 from tests.support import writeConfig
 
@@ -63,7 +64,9 @@ class DaemonTestMixin:
         self.pki = DevPKIPaths.inside(self.directory / "pki")
 
     def startDaemon(self, collector: Any = None) -> FleetdService:
-        service = FleetdService(prepare(self.settings), reactor, collector=collector)
+        service = FleetdService(
+            prepare(self.settings), fleetdReactor(reactor), collector=collector
+        )
         service.privilegedStartService()
         service.startService()
         self.addCleanup(self.stopDaemon, service)  # type: ignore[attr-defined]
@@ -133,9 +136,7 @@ class DeliveryMixin(DaemonTestMixin):
         """Start a daemon; the Deferred fires once its runs are loaded."""
         self.makeSettings(overrides)
         self.service = self.startDaemon()
-        loading = self.service._loading
-        assert loading is not None
-        return loading
+        return self.service.loading.whenReady()
 
     def captureLogs(self) -> list[dict[str, Any]]:
         """Every log event of the test, as emitted (before any redaction)."""

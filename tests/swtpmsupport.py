@@ -293,8 +293,7 @@ class TPMKeyDaemonCase(DaemonTestMixin, TestCase):
 
     async def _start(self, approve: bool = True) -> None:
         self.service = service = self.startDaemon()
-        assert service._loading is not None
-        await service._loading
+        await service.loading.whenReady()
         admin = self.port(service, "admin")
         self.url = f"https://localhost:{self.port(service, 'device')}"
         self.config = str(ownerConfig(self.directory, admin))

@@ -109,8 +109,7 @@ class TPM12DaemonTests(DaemonTestMixin, TestCase):
 
     async def _tpm12(self) -> None:
         service = self.startDaemon()
-        assert service._loading is not None
-        await service._loading
+        await service.loading.whenReady()
         admin = self.port(service, "admin")
         config = ownerConfig(self.directory, admin)
         code, _, err = await fleetctlAgainst(

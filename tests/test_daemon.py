@@ -28,6 +28,7 @@ from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import TestCase
 
 from fleetd.pki.dev import ensureDevPKI
+from fleetd.reactors import fleetdReactor
 from fleetd.readiness import notifySystemd
 from fleetd.service import FleetdService, StartupError, prepare
 from tests.daemonsupport import DaemonTestMixin, httpsGet
@@ -85,8 +86,7 @@ class DaemonTests(DaemonTestMixin, TestCase):
         service = self.startDaemon(collector)
         start = [("set_threshold", 7000, 10, 10), ("disable",)]
         self.assertEqual(collector.calls, start)
-        assert service._loading is not None
-        await service._loading
+        await service.loading.whenReady()
         self.assertEqual(
             collector.calls, [*start, ("collect",), ("freeze",), ("enable",)]
         )
@@ -101,8 +101,7 @@ class DaemonTests(DaemonTestMixin, TestCase):
 
     async def _healthz(self) -> None:
         service = self.startDaemon()
-        assert service._loading is not None
-        await service._loading
+        await service.loading.whenReady()
         status, ctype, body = await self.get(service, "admin", "/healthz")
         self.assertEqual((status, ctype), (200, b"application/json"))
         self.assertEqual(json.loads(body)["status"], "ok")
@@ -136,8 +135,7 @@ class DaemonTests(DaemonTestMixin, TestCase):
         service = self.startDaemon()
         # The journal's series appear with its first verification, which
         # follows the run load.
-        assert service._loading is not None
-        await service._loading
+        await service.loading.whenReady()
         await service.chain.verify()
         _, _, body = await self.get(service, "admin", "/metrics")
         exposed = set(re.findall(r"^# HELP (\w+)", body.decode(), re.MULTILINE))
@@ -358,7 +356,7 @@ class ReadinessTests(DaemonTestMixin, TestCase):
         """A daemon whose run load waits for the returned Deferred."""
         service = FleetdService(
             prepare(self.settings),
-            reactor,
+            fleetdReactor(reactor),
             notify=lambda m: notifySystemd(m, {"NOTIFY_SOCKET": self.notifyPath}),
             collector=collector,
         )
@@ -392,8 +390,7 @@ class ReadinessTests(DaemonTestMixin, TestCase):
         self.assertEqual(await self.metric(service), b"fleetd_ready 0.0")
         self.assertEqual(self.received(), [])
         held.callback(None)
-        assert service._loading is not None
-        await service._loading
+        await service.loading.whenReady()
         self.assertEqual(self.received(), [b"READY=1\nSTATUS=serving"])
         status, body = await self.healthz(service)
         self.assertEqual((status, body["status"]), (200, "ok"))
@@ -413,8 +410,7 @@ class ReadinessTests(DaemonTestMixin, TestCase):
         collector = FakeCollector()
         service, held = self.startHeld(collector)
         held.errback(RuntimeError("the database is gone"))
-        assert service._loading is not None
-        await service._loading
+        await service.loading.whenReady()
         self.flushLoggedErrors(RuntimeError)
         status, body = await self.healthz(service)
         self.assertEqual((status, body["status"]), (503, "failed"))
@@ -476,7 +472,7 @@ class StartupFailureTests(DaemonTestMixin, TestCase):
         self.addCleanup(busy.close)
         port = busy.getsockname()[1]
         self.makeSettings({"listen": {"admin": f"tcp:{port}:interface=127.0.0.1"}})
-        service = FleetdService(prepare(self.settings), reactor)
+        service = FleetdService(prepare(self.settings), fleetdReactor(reactor))
         e = self.assertRaises(StartupError, service.privilegedStartService)
         self.assertIn("listen.admin", str(e))
         self.assertNotIn("\n", str(e))

@@ -276,8 +276,7 @@ class RestartDeliveryTests(DeliveryMixin, TestCase):
         if wipeVault:
             shutil.rmtree(self.settings.vault)
         self.service = self.startDaemon()
-        assert self.service._loading is not None
-        await self.service._loading
+        await self.service.loading.whenReady()
 
     async def _restart(self) -> None:
         await self.addDevice("w1", "SER1", UUID1)
@@ -361,7 +360,7 @@ class SecretsTests(DeliveryMixin, TestCase):
         for secret in secretish:
             self.assertNotIn(secret, logged)
         self.service = self.startDaemon()
-        await self.service._loading  # type: ignore[misc]
+        await self.service.loading.whenReady()
         journal = json.dumps(await self.journal())
         for secret in secretish:
             self.assertNotIn(secret, journal)

@@ -102,8 +102,7 @@ class CommandTests(DaemonTestMixin, TestCase):
     async def _retire(self) -> None:
         self.makeSettings()
         service = self.startDaemon()
-        assert service._loading is not None
-        await service._loading
+        await service.loading.whenReady()
         port = self.port(service, "admin")
         config = ownerConfig(self.directory, port)
 

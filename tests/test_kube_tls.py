@@ -25,6 +25,7 @@ from twisted.web.server import Site
 from fleetd.config import ConfigError, KubernetesSettings
 from fleetd.kube.client import KubeClient, KubeUnavailable
 from fleetd.kube.connect import clientFromSettings
+from fleetd.reactors import fleetdReactor
 from fleetd.testing.kube import FakeKube, csrPEM
 from tests.daemonsupport import DaemonTestMixin
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
@@ -93,7 +94,7 @@ class TLSClientTests(FakeOverTLS):
             client_cert=None,
             client_key=None,
         )
-        client = clientFromSettings(reactor, settings)
+        client = clientFromSettings(fleetdReactor(reactor), settings)
         self.addCleanup(client.close)
         return client
 
@@ -176,8 +177,7 @@ class DaemonWithClusterTests(FakeOverTLS, DaemonTestMixin):
         }
         self.makeSettings({"kubernetes": kube})
         service = self.startDaemon()
-        assert service._loading is not None
-        await service._loading
+        await service.loading.whenReady()
         admin = DaemonTestMixin.port(self, service, "admin")
         config = ownerConfig(self.directory, admin, {"kubernetes": kube})
 

@@ -24,6 +24,7 @@ from twisted.web.server import Site
 from fleetd.netbox.client import NetBoxClient, NetBoxError, authorization, checkURL
 from fleetd.netbox.connect import NetBoxSetupError, makeClient
 from fleetd.pki.dev import ensureDevPKI
+from fleetd.reactors import fleetdReactor
 from fleetd.testing.netbox import FakeNetBox
 
 TOKEN = "nbt_fleetd01.s3cret"
@@ -298,7 +299,9 @@ class LoopbackFakeContractTests(NetBoxAPIContractMixin, TestCase):
         def listening(port: Any) -> None:
             self.addCleanup(port.stopListening)
             self.url = f"https://localhost:{port.getHost().port}{self.base}"
-            self.client = makeClient(reactor, self.url, tokenFile, self.ca, timeout=10)
+            self.client = makeClient(
+                fleetdReactor(reactor), self.url, tokenFile, self.ca, timeout=10
+            )
             self.addCleanup(self.client.close)
 
         d: Deferred[None] = endpoint.listen(Site(self.fake)).addCallback(listening)
@@ -316,7 +319,9 @@ class LoopbackFakeContractTests(NetBoxAPIContractMixin, TestCase):
         if token != TOKEN:
             other = self.tokenFile.with_name("other")
             other.write_text(token or "x")
-            client = makeClient(reactor, self.url, other, self.ca, timeout=10)
+            client = makeClient(
+                fleetdReactor(reactor), self.url, other, self.ca, timeout=10
+            )
             if token is None:  # no header at all
                 client._auth = ""
         try:

@@ -119,8 +119,7 @@ class StatusCommandTests(DaemonTestMixin, TestCase):
     async def _status(self) -> None:
         self.makeSettings()
         service = self.startDaemon()
-        assert service._loading is not None
-        await service._loading
+        await service.loading.whenReady()
         port = self.port(service, "admin")
         config = ownerConfig(self.directory, port)
 

@@ -184,8 +184,7 @@ async def provisionedDevice(service: Any, mac: str) -> Any:
     returns the device."""
     from fleetd.inventory.model import validateDevice
 
-    assert service._loading is not None
-    await service._loading
+    await service.loading.whenReady()
     device = validateDevice(
         name="w1",
         serial="S1",

@@ -23,8 +23,10 @@ bound port.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 from twisted.web import http, resource
 from twisted.web.iweb import IRequest
@@ -70,6 +72,21 @@ def verificationURI(enrollmentName: str, port: int | None) -> str:
     if port is None or port == 443:
         return f"https://{enrollmentName}/device"
     return f"https://{enrollmentName}:{port}/device"
+
+
+def followAdminPort(
+    flow: DeviceFlow, enrollmentName: str
+) -> Callable[[IListeningPort], None]:
+    """
+    [F3] Once the admin listener is bound, point the device flow's
+    C{verification_uri} at its /device page (the port is known only then).
+    """
+
+    def bound(port: IListeningPort) -> None:
+        number = getattr(port.getHost(), "port", None)
+        flow.verificationURI = verificationURI(enrollmentName, number)
+
+    return bound
 
 
 def requestJSON(view: RequestView) -> dict[str, object]:

@@ -13,6 +13,7 @@ LDevID from the current issuer (it renewed or attested through spore).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from cryptography import x509
 
@@ -46,6 +47,14 @@ class LDevIDBook:
     def issued(self, record: LDevIDRecord) -> None:
         """C{record} committed as its node's current LDevID."""
         self._current[record.chassis.lower()] = record
+
+    def status(self, chassis: str) -> dict[str, Any] | None:
+        """The owner's status view of the node's current LDevID, if any."""
+        record = self.current(chassis)
+        if record is None:
+            return None
+        # Every record is from the one issuer: the node has cut over [T4].
+        return {**record.toJSON(), "legacy": False}
 
 
 @dataclass(frozen=True)

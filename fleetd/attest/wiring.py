@@ -1,5 +1,5 @@
 """
-The machine-trust lookups attestation and the plan depend on [T1] [D1].
+The attestation side of the device listener, assembled [T1] [T4] [D1].
 
 C{approvedSerialFor} and C{bindingRefusal} (approved EK bindings and why
 one is missing) come from L{fleetd.trust.bindings}; C{targetDiskFor} and
@@ -10,7 +10,84 @@ import error at start, never a silent "nothing approved".
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from twisted.internet.interfaces import IReactorTime
+
+from fleetd.attest.ekroots import EKRoots
+from fleetd.attest.identity import LDevIDBook, LDevIDIdentifier
+from fleetd.attest.lookup import LookupService, ReadyRuns
+from fleetd.attest.service import AttestationService
+from fleetd.inventory.model import IInventory
+from fleetd.pki.ldevid import Issuer, TrustBundle
+from fleetd.store.db import Database
+from fleetd.store.journal import AsyncJournal
+from fleetd.store.runner import IRunner
 from fleetd.trust.bindings import approvedSerialFor, bindingRefusal
 from fleetd.trust.disks import diskRefusal, targetDiskFor
+from fleetd.vault import IVault
 
-__all__ = ["approvedSerialFor", "bindingRefusal", "diskRefusal", "targetDiskFor"]
+
+@dataclass(frozen=True)
+class Attestation:
+    """What the device listener serves attestation, LDevIDs and lookups with."""
+
+    ldevids: LDevIDBook
+    service: AttestationService
+    identify: LDevIDIdentifier
+    lookups: LookupService
+
+
+def buildAttestation(
+    *,
+    clock: IReactorTime,
+    runner: IRunner,
+    journal: AsyncJournal,
+    database: Database,
+    inventory: IInventory,
+    runs: ReadyRuns,
+    vault: IVault,
+    ekRoots: EKRoots,
+    issuer: Issuer,
+    trustBundle: TrustBundle,
+    challengeTTL: float,
+) -> Attestation:
+    """Attestation, LDevID issuance and the node lookups, from what
+    L{fleetd.prepare.prepare} read; the LDevID book is loaded from
+    C{database} here, before any listener answers."""
+    ldevids = LDevIDBook()
+    ldevids.load(database)
+    service = AttestationService(
+        clock=clock,
+        runner=runner,
+        journal=journal,
+        ekRoots=ekRoots,
+        issuer=issuer,
+        book=ldevids,
+        approvedSerialFor=approvedSerialFor,
+        deviceBySerial=inventory.bySerial,
+        challengeTTL=challengeTTL,
+        bindingRefusal=bindingRefusal,
+    )
+    lookups = LookupService(
+        runner=runner,
+        attestation=service,
+        book=ldevids,
+        getDevice=inventory.get,
+        runs=runs,
+        vault=vault,
+        targetDiskFor=targetDiskFor,
+        diskRefusal=diskRefusal,
+    )
+    identify = LDevIDIdentifier(trustBundle, ldevids)
+    return Attestation(ldevids, service, identify, lookups)
+
+
+__all__ = [
+    "Attestation",
+    "approvedSerialFor",
+    "bindingRefusal",
+    "buildAttestation",
+    "diskRefusal",
+    "targetDiskFor",
+]

@@ -28,7 +28,7 @@ from twisted.internet.interfaces import (
 )
 from twisted.logger import Logger
 
-from fleetd.config import ConfigError, DNSRateLimit, Topology
+from fleetd.config import ConfigError, DNSRateLimit, Settings, Topology, loadTopology
 from fleetd.dns.metrics import DNSMetrics
 from fleetd.dns.protocol import DNSDatagramProtocol, DNSStreamFactory
 from fleetd.dns.ratelimit import ResponseRateLimiter
@@ -110,6 +110,29 @@ class DNSService(Service):
         )
         self.udpPort: IListeningPort | None = None
         self.tcpPort: IListeningPort | None = None
+
+    @classmethod
+    def fromSettings(
+        cls, reactor: IReactorUDP, settings: Settings, registry: CollectorRegistry
+    ) -> DNSService:
+        """The daemon's DNS service, named C{dns}: C{listen.dns_*}, C{dns_*}
+        and the connection limits; the topology reloads from its file."""
+        s = settings
+        service = cls(
+            reactor,
+            s.topology,
+            port=s.listen.dns_port,
+            interface=s.listen.dns_interface,
+            ttl=s.dns_ttl,
+            registry=registry,
+            topologyLoader=lambda: loadTopology(s.topology_file),
+            maxConnections=s.limits.max_connections,
+            idleTimeout=s.limits.idle_timeout,
+            maxConnectionsPerSource=s.limits.max_connections_per_source,
+            rateLimit=s.dns_rate_limit,
+        )
+        service.setName("dns")  # type: ignore[no-untyped-call]
+        return service
 
     def _responderFor(self, topology: Topology) -> Responder:
         return Responder(topology, self._ttl, serial=int(self._clock.seconds()))

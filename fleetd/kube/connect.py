@@ -23,6 +23,7 @@ from zope.interface import implementer
 
 from fleetd.config import ConfigError, KubernetesSettings
 from fleetd.kube.client import KubeClient
+from fleetd.reactors import IHTTPClientReactor
 
 
 @implementer(IPolicyForHTTPS)
@@ -53,7 +54,9 @@ def _read(key: str, path: Any) -> bytes:
         ) from e
 
 
-def clientFromSettings(reactor: Any, settings: KubernetesSettings) -> KubeClient:
+def clientFromSettings(
+    reactor: IHTTPClientReactor, settings: KubernetesSettings
+) -> KubeClient:
     """
     The client for the configured cluster.
 

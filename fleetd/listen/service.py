@@ -1,20 +1,27 @@
 """
 One stream listener as a service: it binds in C{privilegedStartService}
-and, on stop, stops listening and drops the connections still open.
+and, on stop, stops what it serves (C{onStop}), stops listening and drops
+the connections still open.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.interfaces import IListeningPort
+from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IReactorCore
+from twisted.internet.ssl import CertificateOptions
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from fleetd.listen.connections import LimitedFactory
+from fleetd.listen.tls import tlsFactory
+from fleetd.metrics import listenerGauges
+from fleetd.reactors import IListenerReactor
 
 
 class StartupError(Exception):
@@ -26,11 +33,26 @@ class ListenerService(Service):
 
     log = Logger()
 
-    def __init__(self, reactor: Any, name: str, description: str, factory: Any):
+    def __init__(
+        self,
+        reactor: IReactorCore,
+        name: str,
+        description: str,
+        factory: LimitedFactory,
+        onStop: Callable[[], object] = lambda: None,
+        onListening: Callable[[IListeningPort], object] = lambda port: None,
+    ):
+        """
+        @param onStop: stops the work behind the listener (timers, transfers
+            in flight), called first when the listener stops.
+        @param onListening: told the port once bound (its number is known).
+        """
         self.reactor = reactor
         self.setName(name)
         self.description = description
         self.factory = factory
+        self.onStop = onStop
+        self.onListening = onListening
         self.port: IListeningPort | None = None
 
     def privilegedStartService(self) -> None:
@@ -48,14 +70,75 @@ class ListenerService(Service):
             listener=self.name,
             address=str(self.port.getHost()),
         )
+        self.onListening(self.port)
         super().privilegedStartService()
 
     def stopService(self) -> Deferred[None] | None:
         super().stopService()
+        self.onStop()
         port, self.port = self.port, None
         if port is None:
             return None
-        stopped: list[Deferred[Any]] = [maybeDeferred(port.stopListening)]
-        if isinstance(self.factory, LimitedFactory):
-            stopped.append(self.factory.closeAll())
+        stopped: list[Deferred[Any]] = [
+            maybeDeferred(port.stopListening),
+            self.factory.closeAll(),
+        ]
         return DeferredList(stopped, consumeErrors=True).addCallback(lambda _: None)
+
+
+class Listeners:
+    """
+    fleetd's stream listeners, built alike: TLS, then the connection
+    limits, the open/max gauges and one L{ListenerService} each.
+    """
+
+    def __init__(
+        self,
+        reactor: IListenerReactor,
+        registry: CollectorRegistry,
+        *,
+        maxConnections: int,
+        maxPerSource: int | None,
+        idleTimeout: float,
+    ) -> None:
+        self.reactor = reactor
+        self.maxConnections = maxConnections
+        self.maxPerSource = maxPerSource
+        self.idleTimeout = idleTimeout
+        self.openGauge, self.maxGauge = listenerGauges(registry)
+        self.services: dict[str, ListenerService] = {}
+
+    def add(
+        self,
+        name: str,
+        description: str,
+        options: CertificateOptions,
+        factory: IProtocolFactory,
+        *,
+        idleTimeout: float | None = None,
+        onStop: Callable[[], object] = lambda: None,
+        onListening: Callable[[IListeningPort], object] = lambda port: None,
+    ) -> ListenerService:
+        """The listener C{name} on C{description}, serving C{factory}
+        behind TLS C{options}; the caller gives it its parent."""
+        limited = tlsFactory(
+            options,
+            factory,
+            name=name,
+            clock=self.reactor,
+            maxConnections=self.maxConnections,
+            maxPerSource=self.maxPerSource,
+            idleTimeout=idleTimeout or self.idleTimeout,
+        )
+        self.openGauge.labels(name).set_function(limited.openConnections)
+        self.maxGauge.labels(name).set(limited.maxConnections)
+        listener = ListenerService(
+            self.reactor, name, description, limited, onStop, onListening
+        )
+        self.services[name] = listener
+        return listener
+
+    def unbind(self) -> None:
+        """Start-up failed: close the listeners bound so far, last first."""
+        for listener in reversed(self.services.values()):
+            listener.stopService()

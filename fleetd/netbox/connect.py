@@ -7,7 +7,7 @@ plain HTTP when the URL says so (a NetBox on the same host, say).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from OpenSSL import SSL
 from treq.client import HTTPClient
@@ -24,6 +24,7 @@ from fleetd.netbox.client import (
     authorization,
     checkURL,
 )
+from fleetd.reactors import IHTTPClientReactor
 
 
 class NetBoxSetupError(ValueError):
@@ -78,7 +79,7 @@ def tlsPolicy(ca: Path | None) -> IPolicyForHTTPS:
 
 
 def makeClient(
-    reactor: Any,
+    reactor: IHTTPClientReactor,
     url: str,
     tokenFile: Path,
     ca: Path | None,

@@ -13,11 +13,11 @@ fields are known to exist.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 from twisted.application.service import Service
 from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IReactorFromThreads, IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
@@ -40,7 +40,7 @@ class NetBoxService(Service):
 
     def __init__(
         self,
-        reactor: Any,
+        reactor: IReactorTime,
         client: NetBoxClient,
         runner: IRunner,
         journal: AsyncJournal,
@@ -58,7 +58,9 @@ class NetBoxService(Service):
         """
         self._clock = reactor
         self._onRefused = onRefused
-        self._handOver = wake if wake is not None else reactor.callFromThread
+        if wake is None:
+            wake = IReactorFromThreads(reactor).callFromThread
+        self._handOver = wake
         self.worker = OutboxWorker(reactor, runner, journal, client, metrics=metrics)
         self.mirror = JournalMirror(reactor, runner, client, metrics=metrics)
         self.inventory = NetBoxInventory(

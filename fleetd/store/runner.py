@@ -13,8 +13,14 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from twisted.application.service import Service
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.application.service import MultiService, Service
+from twisted.internet.defer import (
+    Deferred,
+    DeferredList,
+    fail,
+    maybeDeferred,
+    succeed,
+)
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.python.failure import Failure
 
@@ -190,16 +196,25 @@ class InlineRunner:
         return succeed(result)
 
 
-class RunnerService(Service):
-    """Start and stop the database thread with the daemon."""
+class RunnerService(MultiService):
+    """
+    The database thread around the services that use it: started before
+    its children, stopped only once every child finished stopping.
+    """
 
     def __init__(self, runner: DatabaseRunner) -> None:
+        super().__init__()
         self.runner = runner
 
     def startService(self) -> None:
-        super().startService()
+        Service.startService(self)
         self.runner.start()
+        for child in self:
+            child.startService()
 
-    def stopService(self) -> None:
-        super().stopService()
-        self.runner.stop()
+    def stopService(self) -> Deferred[None]:
+        Service.stopService(self)
+        stopping = [maybeDeferred(child.stopService) for child in reversed(list(self))]
+        return DeferredList(stopping, consumeErrors=True).addCallback(
+            lambda _: self.runner.stop()
+        )

@@ -3,8 +3,9 @@ The tink proxy assembled from its settings: upstream pool, listener
 factory, the observation chain and boot completion [A4] [B1] [B2] [B3].
 
 No listening here: L{fleetd.service} binds the factory behind TLS (ALPN
-h2) in a listener service it makes a child of the L{TinkProxy}, and calls
-L{TinkProxy.load} once the runs are loaded. The proxy stops its listener
+h2) in a listener service it makes a child of the L{TinkProxy}; the
+start-up load (L{fleetd.loading.LoadService}) calls L{TinkProxy.load}
+once the runs are loaded. The proxy stops its listener
 itself (L{TinkProxy.stopService}): GOAWAY, drain, the upstream, then the
 port.
 
@@ -45,7 +46,7 @@ class TinkProxy(MultiService):
 
     def __init__(
         self,
-        reactor: Any,
+        reactor: IReactorTime,
         settings: TinkSettings,
         *,
         idleTimeout: float,
@@ -56,24 +57,26 @@ class TinkProxy(MultiService):
         journal: AsyncJournal,
         alerts: AlertTracker,
         kube: KubeClient | None = None,
+        upstreamCA: bytes | None = None,
     ) -> None:
         """
         @param kube: the C{[kubernetes]} cluster client, for
             C{tink.workflow_state = "kubernetes"} (ignored otherwise).
+        @param reactor: the proxy's clock; the upstream endpoint also
+            connects with it (TCP, TLS).
+        @param upstreamCA: the PEM of C{tink.upstream_ca}, read by
+            L{fleetd.prepare.prepare}.
         """
         super().__init__()  # type: ignore[no-untyped-call]
-        clock: IReactorTime = reactor
+        clock = reactor
         self.inventory = inventory
         self.metrics = TinkMetrics(registry)
         address = UpstreamAddress(
             settings.upstream_tls, settings.upstream_host, settings.upstream_port
         )
-        caPEM = None
-        if settings.upstream_ca is not None:
-            caPEM = settings.upstream_ca.read_bytes()
         self.pool = UpstreamPool(
             clock,
-            lambda: address.endpoint(reactor, caPEM),
+            lambda: address.endpoint(reactor, upstreamCA),
             log=ThrottledLog(clock),
             metrics=self.metrics,
             connectTimeout=settings.connect_timeout,

@@ -14,13 +14,17 @@ import io
 from collections.abc import Callable
 from typing import Any
 
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http, resource, server
 from twisted.web.error import UnsupportedMethod
 from twisted.web.iweb import IRequest
 
+from fleetd.config import Limits
+from fleetd.listen.policy import ListenerPolicy
 from fleetd.logs import ThrottledLog, describeRequest
+from fleetd.web.owner import isOwner
 from fleetd.web.resources import TEXT, textResponse
 
 # Bodies up to this size are held in memory, never spooled to a temp file.
@@ -230,7 +234,7 @@ class BoundedSite(server.Site):
         maxHeaders: int,
         maxBodyBytes: int,
         idleTimeout: float | None,
-        clock: Any,
+        clock: IReactorTime,
         requestTimeout: float = 10.0,
         privileged: Callable[[IRequest], bool] | None = None,
         unprivilegedBodyBytes: int = 65536,
@@ -326,3 +330,29 @@ class BoundedSite(server.Site):
         )
 
     _accessLog = Logger(namespace="fleetd.access")
+
+
+def listenerSite(
+    root: resource.Resource,
+    policy: ListenerPolicy,
+    limits: Limits,
+    clock: IReactorTime,
+) -> BoundedSite:
+    """
+    The site behind an HTTP/1.1 listener: its policy's body limit (larger
+    bodies for owners only where it says so [O2]), the C{[limits]} on
+    headers and requests.
+    """
+    assert policy.maxBodyBytes is not None  # an HTTP/1.1 listener's policy
+    return BoundedSite(
+        root,
+        maxHeaderBytes=limits.max_header_bytes,
+        maxHeaders=limits.max_headers,
+        maxBodyBytes=policy.maxBodyBytes,
+        # The listener's sweep closes idle connections (no byte either
+        # way for limits.idle_timeout): no HTTP timer per connection.
+        idleTimeout=None,
+        requestTimeout=limits.request_timeout,
+        clock=clock,
+        privileged=isOwner if policy.largeBodiesForOwnersOnly else None,
+    )

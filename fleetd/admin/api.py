@@ -1,0 +1,67 @@
+"""
+The owner API, C{/v1/admin/...}: one child per subsystem, all of them
+behind the owner gate of L{fleetd.admin.resource.adminRoot}.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.web.resource import Resource
+
+from fleetd.admin.deviceflow import deviceFlowAdminResource
+from fleetd.admin.devices import Offload, devicesResource
+from fleetd.admin.kube import clusterTokenResource, retireResource
+from fleetd.admin.provision import ProvisionResource
+from fleetd.admin.status import StatusResource
+from fleetd.admin.trust import BindingsResource, DisksAdminResource, EvidenceResource
+from fleetd.deviceflow.flow import DeviceFlow
+from fleetd.inventory.model import IInventory
+from fleetd.kube.retire import RetireService
+from fleetd.kube.service import KubeService
+from fleetd.runs.registry import RunRegistry
+from fleetd.runs.render import TemplateRenderer
+from fleetd.status import StatusService
+from fleetd.store.journal import AsyncJournal
+from fleetd.trust.disks import DiskService
+from fleetd.trust.service import TrustService
+
+
+def ownerAPI(
+    *,
+    inventory: IInventory,
+    journal: AsyncJournal,
+    offload: Offload[Any],
+    runs: RunRegistry,
+    renderer: TemplateRenderer,
+    trust: TrustService,
+    disks: DiskService,
+    status: StatusService,
+    deviceFlow: DeviceFlow,
+    retire: RetireService,
+    kube: KubeService | None,
+) -> dict[bytes, Resource]:
+    """
+    The children of C{/v1/admin/}. Without C{[kubernetes]} (C{kube} is
+    L{None}) provisions carry the template's own cluster token and the
+    cluster-token commands refuse.
+
+    @param offload: runs blocking parses (CSV import, evidence) in a thread.
+    """
+    return {
+        b"devices": devicesResource(inventory, journal, offload=offload),
+        b"cluster-token": clusterTokenResource(None if kube is None else kube.cluster),
+        b"retire": retireResource(retire),
+        b"provision": ProvisionResource(
+            runs,
+            inventory,
+            renderer,
+            journal,
+            credentials=None if kube is None else kube.book,
+        ),
+        b"evidence": EvidenceResource(trust, offload),
+        b"bindings": BindingsResource(trust),
+        b"disks": DisksAdminResource(disks),
+        b"status": StatusResource(status),
+        b"device-flow": deviceFlowAdminResource(deviceFlow),
+    }
