@@ -25,7 +25,7 @@ from twisted.internet.error import ConnectError, ConnectionLost, DNSLookupError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web._newclient import ResponseFailed
+from twisted.web.client import ResponseFailed
 from twisted.web.iweb import IResponse
 
 from fleetd.config import KubernetesSettings
@@ -38,7 +38,7 @@ from fleetd.kube.errors import (
     NotFound,
     errorFor,
 )
-from fleetd.kube.stream import Watch, _Collect, _Lines
+from fleetd.kube.stream import BodyCollector, LineReader, Watch
 
 __all__ = [
     "Conflict",
@@ -144,7 +144,7 @@ class KubeClient:
             response: IResponse = await d
             chunks: list[bytes] = []
             done: Deferred[None] = Deferred()
-            response.deliverBody(_Collect(chunks, done))
+            response.deliverBody(BodyCollector(chunks, done))
             await done
             return response.code, b"".join(chunks)
 
@@ -277,13 +277,13 @@ class KubeClient:
             if response.code != 200:
                 chunks: list[bytes] = []
                 collected: Deferred[None] = Deferred()
-                response.deliverBody(_Collect(chunks, collected))
+                response.deliverBody(BodyCollector(chunks, collected))
 
                 def failed(_: object) -> None:
                     raise errorFor(response.code, b"".join(chunks), what)
 
                 return collected.addCallback(failed)
-            lines = _Lines(onEvent, Deferred())
+            lines = LineReader(onEvent, Deferred())
             watch._lines = lines
             response.deliverBody(lines)
             return lines._done

@@ -22,7 +22,7 @@ MAX_LINE = 4 << 20
 _DONE = Failure(ResponseDone())
 
 
-class _Lines(TwistedProtocol):
+class LineReader(TwistedProtocol):
     """Split a streamed body into lines; hand each decoded JSON to C{onLine}."""
 
     def __init__(self, onLine: Callable[[Any], None], done: Deferred[None]) -> None:
@@ -80,7 +80,7 @@ class Watch:
     def __init__(self, what: str = "watch") -> None:
         self.what = what
         self.done: Deferred[None] = Deferred(lambda _: self.stop())
-        self._lines: _Lines | None = None
+        self._lines: LineReader | None = None
         self._request: Deferred[Any] | None = None
 
     def stop(self, error: Exception | None = None) -> None:
@@ -97,7 +97,7 @@ class Watch:
         self.stop(KubeUnavailable(f"{self.what}: no end from the server; reconnecting"))
 
 
-class _Collect(TwistedProtocol):
+class BodyCollector(TwistedProtocol):
     """Collect a bounded body."""
 
     def __init__(self, chunks: list[bytes], done: Deferred[None]) -> None:
