@@ -74,6 +74,20 @@ class InventoryError(Exception):
         return self.message
 
 
+def releasedBefore(run: str, device: str, owner: str | None) -> bool:
+    """
+    Whether C{run}, released before to C{owner} (L{None}: never), was
+    released to C{device} already: a release is once, for one device.
+
+    @raise InventoryError: (C{"duplicate"}) it was released for another device.
+    """
+    if owner is None:
+        return False
+    if owner == device:
+        return True
+    raise InventoryError(f"run {run} was released for device {owner}", "duplicate")
+
+
 @dataclass(frozen=True)
 class Device:
     """One machine of the fleet; build it with L{validateDevice}."""

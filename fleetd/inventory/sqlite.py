@@ -25,6 +25,7 @@ from fleetd.inventory.model import (
     DeviceStatus,
     InventoryError,
     ServedRecord,
+    releasedBefore,
     validateName,
     validateSerial,
     validateServedRecord,
@@ -54,12 +55,8 @@ def _release(conn: sqlite3.Connection, record: ServedRecord) -> bool:
     row = conn.execute(
         "SELECT device FROM served_records WHERE run = ?", (record.run,)
     ).fetchone()
-    if row is not None:
-        if row[0] == record.device:
-            return False
-        raise InventoryError(
-            f"run {record.run} was released for device {row[0]}", "duplicate"
-        )
+    if releasedBefore(record.run, record.device, None if row is None else row[0]):
+        return False
     # Only a planned device becomes staged: a retirement or an approval
     # that committed since the delivery keeps its status [J1].
     moved = transitionDevice(
@@ -120,13 +117,10 @@ def _releaseMany(
             continue
         owner = served.get(c.run)
         if owner is not None:
-            outcomes.append(
-                False  # released before, to this device: as _release
-                if owner == c.device
-                else InventoryError(
-                    f"run {c.run} was released for device {owner}", "duplicate"
-                )
-            )
+            try:  # released before, to this device: as _release
+                outcomes.append(not releasedBefore(c.run, c.device, owner))
+            except InventoryError as e:
+                outcomes.append(e)
             continue
         status = statuses.get(c.device)
         if status is None:

@@ -21,7 +21,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from fleetd.inventory.model import DeviceStatus, InventoryError, ServedRecord
+from fleetd.inventory.model import (
+    DeviceStatus,
+    ServedRecord,
+    releasedBefore,
+)
 from fleetd.netbox.devices import CF_RELEASE, RemoteDevice
 from fleetd.store.db import Database
 
@@ -116,12 +120,8 @@ def enqueueRelease(
     row = db.execute(
         "SELECT device FROM netbox_outbox WHERE run = ?", (record.run,)
     ).fetchone()
-    if row is not None:
-        if row[0] == record.device:
-            return False
-        raise InventoryError(
-            f"run {record.run} was released for device {row[0]}", "duplicate"
-        )
+    if releasedBefore(record.run, record.device, None if row is None else row[0]):
+        return False
     db.execute(
         "INSERT INTO netbox_outbox"
         " (device, status, run, served_at, peer, digest, created_at)"
