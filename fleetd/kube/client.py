@@ -24,7 +24,6 @@ from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.error import ConnectError, ConnectionLost, DNSLookupError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 from twisted.web.client import ResponseFailed
 from twisted.web.iweb import IResponse
 
@@ -38,7 +37,7 @@ from fleetd.kube.errors import (
     NotFound,
     errorFor,
 )
-from fleetd.kube.stream import BodyCollector, LineReader, Watch
+from fleetd.kube.stream import BodyCollector, Watch
 
 __all__ = [
     "Conflict",
@@ -268,53 +267,8 @@ class KubeClient:
             **extra,
         }
         url = f"{self.api}{path}?{urlencode(query)}"
-        watch = Watch(what)
-        d = self._http.request("GET", url, headers=self._headers())
-        watch._request = d
-
-        def started(response: IResponse) -> Deferred[Any] | None:
-            watch._request = None
-            if response.code != 200:
-                chunks: list[bytes] = []
-                collected: Deferred[None] = Deferred()
-                response.deliverBody(BodyCollector(chunks, collected))
-
-                def failed(_: object) -> None:
-                    raise errorFor(response.code, b"".join(chunks), what)
-
-                return collected.addCallback(failed)
-            lines = LineReader(onEvent, Deferred())
-            watch._lines = lines
-            response.deliverBody(lines)
-            return lines._done
-
-        def settle(result: object) -> None:
-            if watch.done.called:
-                return
-            if isinstance(result, Failure):
-                if result.check(KubeError):
-                    watch.done.errback(result)
-                else:
-                    watch.done.errback(
-                        KubeUnavailable(
-                            f"{what}: API unreachable: {result.getErrorMessage()}"
-                        )
-                    )
-            else:
-                watch.done.callback(None)
-
-        d.addCallback(started)
-        d.addBoth(settle)
-        # The server ends the stream after timeoutSeconds; this is the backstop.
-        timer = self._clock.callLater(timeoutSeconds + 60, watch.expire)
-
-        def disarm(result: object) -> object:
-            if timer.active():
-                timer.cancel()
-            return result
-
-        watch.done.addBoth(disarm)
-        return watch
+        request = self._http.request("GET", url, headers=self._headers())
+        return Watch(what).follow(request, onEvent, self._clock, timeoutSeconds)
 
     # Tinkerbell Workflows (read only: boot completion's second signal)
 

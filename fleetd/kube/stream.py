@@ -10,12 +10,14 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Protocol as TwistedProtocol
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
+from twisted.web.iweb import IResponse
 
-from fleetd.kube.errors import KubeError, KubeUnavailable
+from fleetd.kube.errors import KubeError, KubeUnavailable, errorFor
 
 MAX_BODY = 16 << 20
 MAX_LINE = 4 << 20
@@ -95,6 +97,65 @@ class Watch:
     def expire(self) -> None:
         """The server kept it open past its own timeout: a broken stream."""
         self.stop(KubeUnavailable(f"{self.what}: no end from the server; reconnecting"))
+
+    def follow(
+        self,
+        request: Deferred[IResponse],
+        onEvent: Callable[[dict[str, Any]], None],
+        clock: IReactorTime,
+        timeoutSeconds: int,
+    ) -> Watch:
+        """
+        Follow the answer to the watch C{request}: each event to
+        C{onEvent}; C{done} fires when the server ends the stream, or fails
+        (L{KubeUnavailable}, or the L{KubeError} of a non-200 answer).
+        """
+        what = self.what
+        self._request = request
+
+        def started(response: IResponse) -> Deferred[Any] | None:
+            self._request = None
+            if response.code != 200:
+                chunks: list[bytes] = []
+                collected: Deferred[None] = Deferred()
+                response.deliverBody(BodyCollector(chunks, collected))
+
+                def failed(_: object) -> None:
+                    raise errorFor(response.code, b"".join(chunks), what)
+
+                return collected.addCallback(failed)
+            lines = LineReader(onEvent, Deferred())
+            self._lines = lines
+            response.deliverBody(lines)
+            return lines._done
+
+        def settle(result: object) -> None:
+            if self.done.called:
+                return
+            if isinstance(result, Failure):
+                if result.check(KubeError):
+                    self.done.errback(result)
+                else:
+                    self.done.errback(
+                        KubeUnavailable(
+                            f"{what}: API unreachable: {result.getErrorMessage()}"
+                        )
+                    )
+            else:
+                self.done.callback(None)
+
+        request.addCallback(started)
+        request.addBoth(settle)
+        # The server ends the stream after timeoutSeconds; this is the backstop.
+        timer = clock.callLater(timeoutSeconds + 60, self.expire)
+
+        def disarm(result: object) -> object:
+            if timer.active():
+                timer.cancel()
+            return result
+
+        self.done.addBoth(disarm)
+        return self
 
 
 class BodyCollector(TwistedProtocol):
