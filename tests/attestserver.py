@@ -189,18 +189,25 @@ class AttestServer:
         return [e for e in entries if event is None or e.event == event]
 
 
+def serverAndNode(
+    test: SynchronousTestCase,
+) -> tuple[AttestServer, Any, Any, SoftNode]:
+    """
+    An L{AttestServer} with device w1 (SER1), stopped and closed with
+    C{test}, and a software node whose EK the server's EK CA certified.
+    """
+    server = AttestServer(Path(test.mktemp()), pki(Path(test.mktemp())))
+    test.addCleanup(server.db.close)
+    test.addCleanup(server.service.stop)
+    caCert = x509.load_pem_x509_certificate(server.pki.ek_ca.read_bytes())
+    caKey = serialization.load_pem_private_key(server.pki.ek_ca_key.read_bytes(), None)
+    server.addDevice("w1", "SER1")
+    return server, caCert, caKey, SoftNode(caCert, caKey)
+
+
 class ChecklistTestCase(SynchronousTestCase):
     def setUp(self) -> None:
-        self.server = AttestServer(Path(self.mktemp()), pki(Path(self.mktemp())))
-        self.addCleanup(self.server.db.close)
-        self.addCleanup(self.server.service.stop)
-        caCert = x509.load_pem_x509_certificate(self.server.pki.ek_ca.read_bytes())
-        caKey = serialization.load_pem_private_key(
-            self.server.pki.ek_ca_key.read_bytes(), None
-        )
-        self.caCert, self.caKey = caCert, caKey
-        self.node = SoftNode(caCert, caKey)
-        self.server.addDevice("w1", "SER1")
+        self.server, self.caCert, self.caKey, self.node = serverAndNode(self)
         self.server.bindings.approved[ekDigest(spkiOf(self.node.ekPublic))] = "SER1"
 
     def begin(self, doc: dict[str, Any]) -> Deferred[Any]:
@@ -231,16 +238,7 @@ WHY = (
 
 class HoldsTestCase(SynchronousTestCase):
     def setUp(self) -> None:
-        self.server = AttestServer(Path(self.mktemp()), pki(Path(self.mktemp())))
-        self.addCleanup(self.server.db.close)
-        self.addCleanup(self.server.service.stop)
-        caCert = x509.load_pem_x509_certificate(self.server.pki.ek_ca.read_bytes())
-        caKey = serialization.load_pem_private_key(
-            self.server.pki.ek_ca_key.read_bytes(), None
-        )
-        self.caCert, self.caKey = caCert, caKey
-        self.node = SoftNode(caCert, caKey)
-        self.server.addDevice("w1", "SER1")
+        self.server, self.caCert, self.caKey, self.node = serverAndNode(self)
         self.server.addDevice("w2", "SER2")
         self.digest = ekDigest(spkiOf(self.node.ekPublic))
         self.server.bindings.approved[self.digest] = "SER1"

@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 from twisted.internet.defer import Deferred
+from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.config import KubernetesSettings
 from fleetd.kube.service import KubeService, retireService
@@ -130,6 +131,26 @@ class KubeFleet(Fleet):
 
     def faults(self) -> Faults:
         return Faults(self)
+
+
+class TwoNodesMixin(SynchronousTestCase):
+    """
+    A L{KubeFleet} with w1 and w2 provisioned (C{run1}, C{run2}, their
+    bootstrap tokens C{bearer1}, C{bearer2}); w1's configuration fetched.
+    """
+
+    fleet: KubeFleet
+
+    def setUp(self) -> None:
+        self.fleet = KubeFleet(self)
+        self.addCleanup(self.fleet.stopKube)
+        self.fleet.add(device("w1", "SER1"), device("w2", "SER2"))
+        self.run1, self.run2 = self.fleet.provision(
+            device("w1", "SER1"), device("w2", "SER2")
+        )
+        self.bearer1 = self.fleet.bearer(self.run1.run)
+        self.bearer2 = self.fleet.bearer(self.run2.run)
+        self.fleet.fetch(self.run1.code)
 
 
 def bootstrapSecret(

@@ -9,24 +9,14 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from twisted.trial.unittest import SynchronousTestCase
-
 from fleetd.inventory.model import DeviceStatus
 from fleetd.testing.kube import csrPEM
-from tests.kubesupport import KubeFleet, device
+from tests.kubesupport import TwoNodesMixin, device
 
 
-class ApproverTests(SynchronousTestCase):
+class ApproverTests(TwoNodesMixin):
     def setUp(self) -> None:
-        self.fleet = KubeFleet(self)
-        self.addCleanup(self.fleet.stopKube)
-        self.fleet.add(device("w1", "SER1"), device("w2", "SER2"))
-        self.run1, self.run2 = self.fleet.provision(
-            device("w1", "SER1"), device("w2", "SER2")
-        )
-        self.bearer1 = self.fleet.bearer(self.run1.run)
-        self.bearer2 = self.fleet.bearer(self.run2.run)
-        self.fleet.fetch(self.run1.code)
+        super().setUp()
         self.id1 = self.bearer1.split(".")[0]
 
     @property

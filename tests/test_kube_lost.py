@@ -17,7 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from fleetd.inventory.model import DeviceStatus, InventoryError
 from fleetd.kube.client import CSRS
 from fleetd.testing.kube import csrPEM
-from tests.kubesupport import KubeFleet, device
+from tests.kubesupport import KubeFleet, TwoNodesMixin, device
 
 
 def _pending(fleet: KubeFleet) -> list[tuple[str, str]]:
@@ -255,19 +255,11 @@ class _InventoryDownOnce:
         return await self.inner.get(name)
 
 
-class BusyRetryTests(SynchronousTestCase):
+class BusyRetryTests(TwoNodesMixin):
     """[K2] A CSR that met a busy store is looked at again, backed off."""
 
     def setUp(self) -> None:
-        self.fleet = KubeFleet(self)
-        self.addCleanup(self.fleet.stopKube)
-        self.fleet.add(device("w1", "SER1"), device("w2", "SER2"))
-        self.run1, self.run2 = self.fleet.provision(
-            device("w1", "SER1"), device("w2", "SER2")
-        )
-        self.bearer1 = self.fleet.bearer(self.run1.run)
-        self.bearer2 = self.fleet.bearer(self.run2.run)
-        self.fleet.fetch(self.run1.code)
+        super().setUp()
         self.fleet.fetch(self.run2.code)
 
     def looks(self, name: str) -> int:

@@ -21,7 +21,7 @@ from fleetd.kube.csr import Unreadable, readCSR
 from fleetd.kube.watcher import CSRWatcher
 from fleetd.store.db import StoreError
 from fleetd.testing.kube import csrPEM, malformedBasicConstraintsPEM
-from tests.kubesupport import KubeFleet, device
+from tests.kubesupport import KubeFleet, TwoNodesMixin, device
 
 
 def _pending(fleet: KubeFleet) -> list[tuple[str, str]]:
@@ -31,19 +31,8 @@ def _pending(fleet: KubeFleet) -> list[tuple[str, str]]:
     ]
 
 
-class MalformedCSRTests(SynchronousTestCase):
+class MalformedCSRTests(TwoNodesMixin):
     """[K2] A CSR fleetd cannot read never stops approvals for other nodes."""
-
-    def setUp(self) -> None:
-        self.fleet = KubeFleet(self)
-        self.addCleanup(self.fleet.stopKube)
-        self.fleet.add(device("w1", "SER1"), device("w2", "SER2"))
-        self.run1, self.run2 = self.fleet.provision(
-            device("w1", "SER1"), device("w2", "SER2")
-        )
-        self.bearer1 = self.fleet.bearer(self.run1.run)
-        self.bearer2 = self.fleet.bearer(self.run2.run)
-        self.fleet.fetch(self.run1.code)
 
     def fileMalformed(self) -> str:
         """Anyone holding any bootstrap token (here w2's) files the bad CSR."""
