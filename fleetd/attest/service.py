@@ -51,6 +51,7 @@ from fleetd.attest.tpm import (
     spkiOf,
     verifyCertify,
 )
+from fleetd.config import Settings
 from fleetd.inventory.model import REFUSED_CLASSES, Device
 from fleetd.logs import ThrottledLog
 from fleetd.nodes import Refused
@@ -186,7 +187,7 @@ class AttestationService:
         book: LDevIDBook,
         approvedSerialFor: ApprovedSerialFor,
         deviceBySerial: DeviceBySerial,
-        challengeTTL: float = 60.0,
+        challengeTTL: float = Settings.challenge_ttl,
         bindingRefusal: BindingRefusal = _noReason,
     ) -> None:
         self.clock = clock

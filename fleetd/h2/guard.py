@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from twisted.internet.interfaces import IReactorTime
 
+from fleetd.config import TinkSettings
 from fleetd.ratelimit import RateLimiter
 from fleetd.sources import sourceKey
 
@@ -45,7 +46,7 @@ from fleetd.sources import sourceKey
 class H2Limits:
     """The per-connection abuse limits (defaults: see docs/decisions.md)."""
 
-    streamBudget: int = 32
+    streamBudget: int = TinkSettings.stream_budget
     controlBurst: float = 100.0
     controlRate: float = 10.0
     maxUnreadBytes: int = 64 * 1024

@@ -155,7 +155,7 @@ class BoundedChannel(http.HTTPChannel):
     per connection.
     """
 
-    requestTimeout = 10.0
+    requestTimeout = Limits.request_timeout
     site: BoundedSite
 
     def connectionMade(self) -> None:
@@ -235,9 +235,9 @@ class BoundedSite(server.Site):
         maxBodyBytes: int,
         idleTimeout: float | None,
         clock: IReactorTime,
-        requestTimeout: float = 10.0,
+        requestTimeout: float = Limits.request_timeout,
         privileged: Callable[[IRequest], bool] | None = None,
-        unprivilegedBodyBytes: int = 65536,
+        unprivilegedBodyBytes: int = Limits.max_body_bytes,
     ) -> None:
         super().__init__(root, timeout=idleTimeout, reactor=clock)
         self.maxHeaderBytes = maxHeaderBytes
