@@ -93,6 +93,10 @@ class Fleet:
             if vault is not None
             else DirectoryVault.open(self.directory / "vault", allowAnyFilesystem=True)
         )
+        self.loadRuns(runner)
+
+    def loadRuns(self, runner: Any) -> None:
+        """The alert tracker and the run registry over this fleet, loaded."""
         self.alerts = AlertTracker(self.clock, hold=self.hold)
         self.registry = RunRegistry(
             clock=self.clock,

@@ -19,8 +19,6 @@ from fleetd.inventory.model import Device
 from fleetd.netbox.client import NetBoxClient
 from fleetd.netbox.inventory import NetBoxInventory, digestOf
 from fleetd.netbox.service import NetBoxService
-from fleetd.runs.alerts import AlertTracker
-from fleetd.runs.registry import RunRegistry
 from fleetd.runs.vaultnames import configName
 from fleetd.store import Database, InlineRunner
 from fleetd.store.journal import AsyncJournal, Journal
@@ -154,17 +152,7 @@ class NetBoxFleet(Fleet):
         self.worker = service.worker
         self.inventory = service.inventory
         self.worker.start()
-        self.alerts = AlertTracker(self.clock, hold=self.hold)
-        self.registry = RunRegistry(
-            clock=self.clock,
-            vault=self.vault,
-            runner=runner,
-            inventory=self.inventory,
-            journal=self.journal,
-            alerts=self.alerts,
-            codeKey=KEY,
-        )
-        self.test.successResultOf(Deferred.fromCoroutine(self.registry.load()))
+        self.loadRuns(runner)
 
     def handOver(self, kick: Callable[[], None]) -> None:
         """A row was queued: kick the worker on the next turn, after the commit."""
