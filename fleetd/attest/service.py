@@ -18,26 +18,36 @@ L{fleetd.device.attest}.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hmac
-import math
 import os
 import sqlite3
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from tpm2_pytss.types import TPM2B_PUBLIC
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from fleetd import nodes as E
-from fleetd.attest.challenge import PER_KEY, ChallengeBook, NoRoom, Presented
+from fleetd.attest.bindings import (
+    ApprovedSerialFor,
+    BindingRefusal,
+    lineRefusal,
+    noBindingReason,
+)
+from fleetd.attest.challenge import ChallengeBook, NoRoom, Presented
 from fleetd.attest.ekroots import EKRoots
+from fleetd.attest.fields import (
+    b64Field,
+    b64Text,
+    csrField,
+    noRoomRefusal,
+    pemText,
+    spkiDER,
+    textField,
+)
 from fleetd.attest.identity import LDevIDBook, Peer
 from fleetd.attest.inventory import busyWhileUnavailable, refuseRetired
 from fleetd.attest.throttle import JournalThrottle
@@ -64,22 +74,6 @@ from fleetd.store.runner import IRunner
 ACTOR = "attest"
 
 
-class ApprovedSerialFor(Protocol):
-    """The approved, non-conflicting binding's chassis serial for an EK digest."""
-
-    def __call__(self, db: sqlite3.Connection, ekSha256: str) -> str | None: ...
-
-
-class BindingRefusal(Protocol):
-    """Why an EK digest has no usable binding: C{"<code>: <sentence>"} [T1]."""
-
-    def __call__(self, db: sqlite3.Connection, ekSha256: str) -> str: ...
-
-
-def _noReason(db: sqlite3.Connection, ekSha256: str) -> str:
-    return f"{E.NOT_APPROVED}: no approved binding for this EK"
-
-
 DeviceBySerial = Callable[[str], Awaitable[Device | None]]
 # A reported serial is the caller's text: journaled, but never at any length.
 REPORTED_SERIAL_MAX = 64
@@ -93,84 +87,6 @@ class _Context:
     ak: TPM2B_PUBLIC
     secret: bytes
     nonce: bytes
-
-
-def _b64(doc: Mapping[str, Any], name: str, limit: int = 8192) -> bytes:
-    value = doc.get(name)
-    if not isinstance(value, str) or len(value) > limit * 2:
-        raise Refused(E.MALFORMED, f"{name}: missing or not base64 text")
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise Refused(E.MALFORMED, f"{name}: not base64") from e
-
-
-def _text(doc: Mapping[str, Any], name: str, limit: int = 128) -> str:
-    value = doc.get(name)
-    if (
-        not isinstance(value, str)
-        or not 0 < len(value) <= limit
-        or not value.isprintable()
-    ):
-        raise Refused(E.MALFORMED, f"{name}: missing or not a short string")
-    return value
-
-
-def _lineRefusal(line: str) -> Refused:
-    """A refusal from a C{"<code>: <sentence>"} line (bindingRefusal's form)."""
-    code, sep, detail = line.partition(": ")
-    if not sep or not code:
-        return Refused(E.NOT_APPROVED, line[:200] or "no approved binding for this EK")
-    return Refused(code, detail)
-
-
-def _noRoom(full: NoRoom) -> Refused:
-    if not full.perKey:
-        return Refused(E.BUSY, "too many outstanding challenges; retry later")
-    seconds = max(1, math.ceil(full.retryAfter))
-    return Refused(
-        E.CHALLENGES_PENDING,
-        f"{PER_KEY} challenges for this EK are pending (each ends when answered"
-        f" or expired); retry in {seconds} s",
-        retryAfter=seconds,
-    )
-
-
-def _b64out(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _pem(cert: x509.Certificate) -> str:
-    return cert.public_bytes(serialization.Encoding.PEM).decode("ascii")
-
-
-def _csr(
-    doc: Mapping[str, Any],
-) -> tuple[
-    x509.CertificateSigningRequest, ec.EllipticCurvePublicKey | rsa.RSAPublicKey
-]:
-    raw = doc.get("csr")
-    if not isinstance(raw, str) or len(raw) > 16384:
-        raise Refused(E.MALFORMED, "csr: missing or not PEM text")
-    try:
-        csr = x509.load_pem_x509_csr(raw.encode("ascii"))
-    except (ValueError, UnicodeEncodeError) as e:
-        raise Refused(E.CSR_INVALID, "csr: not a PEM certificate request") from e
-    if not csr.is_signature_valid:
-        raise Refused(
-            E.CSR_INVALID, "csr: its signature does not verify (no proof of possession)"
-        )
-    key = csr.public_key()
-    if not isinstance(key, ec.EllipticCurvePublicKey | rsa.RSAPublicKey):
-        raise Refused(E.CSR_INVALID, "csr: key type not allowed")
-    return csr, key
-
-
-def _spki(key: Any) -> bytes:
-    der: bytes = key.public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return der
 
 
 class AttestationService:
@@ -188,7 +104,7 @@ class AttestationService:
         approvedSerialFor: ApprovedSerialFor,
         deviceBySerial: DeviceBySerial,
         challengeTTL: float = Settings.challenge_ttl,
-        bindingRefusal: BindingRefusal = _noReason,
+        bindingRefusal: BindingRefusal = noBindingReason,
     ) -> None:
         self.clock = clock
         self.runner = runner
@@ -258,7 +174,7 @@ class AttestationService:
     async def _begin(
         self, doc: Mapping[str, Any], context: dict[str, str | None]
     ) -> dict[str, Any]:
-        version = _text(doc, "tpm_version", 16)
+        version = textField(doc, "tpm_version", 16)
         reported = doc.get("serial")
         context["reported_serial"] = (
             reported[:REPORTED_SERIAL_MAX] if isinstance(reported, str) else None
@@ -270,9 +186,9 @@ class AttestationService:
                     E.TPM12, f"TPM {version} cannot attest; TPM 2.0 is required"
                 )
             raise Refused(E.MALFORMED, "tpm_version: must be 2.0")
-        reportedSerial = _text(doc, "serial")
-        ekCert = self.ekRoots.verify(_b64(doc, "ek_cert"))
-        ek = parsePublic(_b64(doc, "ek_public"), "ek_public")
+        reportedSerial = textField(doc, "serial")
+        ekCert = self.ekRoots.verify(b64Field(doc, "ek_cert"))
+        ek = parsePublic(b64Field(doc, "ek_public"), "ek_public")
         digest = ekDigest(checkEK(ek, ekCert.spki))
         context["ek_sha256"] = digest
         serial = await self.runner.run(
@@ -293,7 +209,7 @@ class AttestationService:
         if device.device_class in REFUSED_CLASSES:
             raise Refused(E.CLASS_REFUSED, f"class {device.device_class} cannot attest")
         refuseRetired(device)  # [R1]
-        ak = parsePublic(_b64(doc, "ak_public"), "ak_public")
+        ak = parsePublic(b64Field(doc, "ak_public"), "ak_public")
         checkAK(ak)
         # [T1] A new begin never cancels a pending challenge (the claim is
         # public): a few per EK, then refused until one is answered or expires.
@@ -306,12 +222,12 @@ class AttestationService:
                 key=digest,
             )
         except NoRoom as full:
-            raise _noRoom(full) from None
+            raise noRoomRefusal(full) from None
         return {
             "challenge": ident,
-            "credential_blob": _b64out(blob),
-            "encrypted_secret": _b64out(encrypted),
-            "nonce": _b64out(nonce),
+            "credential_blob": b64Text(blob),
+            "encrypted_secret": b64Text(encrypted),
+            "nonce": b64Text(nonce),
             "ttl": self.challenges.ttl,
         }
 
@@ -329,7 +245,7 @@ class AttestationService:
     async def _prove(
         self, doc: Mapping[str, Any], context: dict[str, str | None]
     ) -> dict[str, Any]:
-        ident = _text(doc, "challenge", 64)
+        ident = textField(doc, "challenge", 64)
         presented = self.challenges.present(ident)
         if presented is None:
             raise Refused(E.CHALLENGE_UNKNOWN, "no such challenge")
@@ -340,19 +256,19 @@ class AttestationService:
             raise Refused(E.CHALLENGE_USED, "this challenge was already answered")
         if outcome is Presented.EXPIRED:
             raise Refused(E.CHALLENGE_EXPIRED, "this challenge expired; start again")
-        if not hmac.compare_digest(_b64(doc, "secret", 128), ctx.secret):
+        if not hmac.compare_digest(b64Field(doc, "secret", 128), ctx.secret):
             raise Refused(E.ACTIVATION_FAILED, "the activated credential is wrong")
-        ldevid = parsePublic(_b64(doc, "ldevid_public"), "ldevid_public")
+        ldevid = parsePublic(b64Field(doc, "ldevid_public"), "ldevid_public")
         checkLDevID(ldevid)
         verifyCertify(
-            _b64(doc, "certify_info"),
-            _b64(doc, "certify_signature"),
+            b64Field(doc, "certify_info"),
+            b64Field(doc, "certify_signature"),
             ctx.ak,
             ctx.nonce,
             ldevid,
         )
-        _, key = _csr(doc)
-        if not hmac.compare_digest(_spki(key), spkiOf(ldevid)):
+        _, key = csrField(doc)
+        if not hmac.compare_digest(spkiDER(key), spkiOf(ldevid)):
             raise Refused(E.CSR_INVALID, "csr key is not the certified LDevID key")
         # The device as it is now: retired since the challenge, no LDevID [R1].
         device = await self._deviceBySerial(ctx.serial)
@@ -365,7 +281,7 @@ class AttestationService:
         )
         # The binding is checked again in the issuing transaction [T1] [T3].
         await self._record(cert, ctx.device, ctx.serial, "attest", ctx.ekSha256)
-        return {"certificate": _pem(cert), "chain": _pem(self.issuer.cert)}
+        return {"certificate": pemText(cert), "chain": pemText(self.issuer.cert)}
 
     # Renewal [T4]
 
@@ -382,8 +298,8 @@ class AttestationService:
         """
         ident = peer.identity
         try:
-            _, key = _csr(doc)
-            if not hmac.compare_digest(_spki(key), _spki(peer.cert.public_key())):
+            _, key = csrField(doc)
+            if not hmac.compare_digest(spkiDER(key), spkiDER(peer.cert.public_key())):
                 raise Refused(E.CSR_INVALID, "renewal keeps the key: csr key differs")
             current = self.book.current(ident.serial)
             if peer.legacy or current is None or current.ek_sha256 is None:
@@ -408,14 +324,14 @@ class AttestationService:
             raise await self.refuse(
                 refusal, device=ident.device, serial=ident.serial
             ) from None
-        return {"certificate": _pem(cert), "chain": _pem(self.issuer.cert)}
+        return {"certificate": pemText(cert), "chain": pemText(self.issuer.cert)}
 
     async def _unbound(self, ekSha256: str) -> Refused:
         """[T1] The refusal for an EK without a usable binding, saying why."""
         line = await self.runner.run(
             lambda db: self._bindingRefusal(db.connection, ekSha256)
         )
-        return _lineRefusal(line)
+        return lineRefusal(line)
 
     def bindingHolds(self, db: sqlite3.Connection, ekSha256: str, serial: str) -> None:
         """
@@ -427,7 +343,7 @@ class AttestationService:
         """
         bound = self._approvedSerialFor(db, ekSha256)
         if bound is None:
-            raise _lineRefusal(self._bindingRefusal(db, ekSha256))
+            raise lineRefusal(self._bindingRefusal(db, ekSha256))
         if bound.lower() != serial.lower():
             raise Refused(
                 E.SERIAL_MISMATCH,

@@ -23,20 +23,17 @@ from __future__ import annotations
 import errno
 import itertools
 import os
-import re
 import stat
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 from twisted.logger import Logger
 
 from fleetd.vault.errors import VaultError, VaultWriteError
+from fleetd.vault.interface import checkName, isValidName
 from fleetd.vault.mounts import MOUNTINFO, VOLATILE_FILESYSTEMS, filesystemType
 from fleetd.vault.safedir import openVaultDirectory
-
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 TEMP_PREFIX = ".tmp-"
 """Prefix of in-flight writes; such a file found on open is a torn write."""
@@ -56,81 +53,8 @@ _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-@runtime_checkable
-class IVault(Protocol):
-    """A mapping of validated names to secret bytes."""
-
-    def put(self, name: str, data: bytes) -> None:
-        """Store C{data} under C{name}, replacing any previous value."""
-
-    def get(self, name: str) -> bytes | None:
-        """Return the value stored under C{name}, or L{None}."""
-
-    def delete(self, name: str) -> None:
-        """Forget C{name}; no error if it is absent."""
-
-    def names(self) -> list[str]:
-        """Return all stored names, sorted."""
-
-    def __len__(self) -> int:
-        """Return the number of stored entries."""
-
-    def __contains__(self, name: object) -> bool:
-        """Return whether C{name} is stored."""
-
-
-@runtime_checkable
-class IClosableVault(IVault, Protocol):
-    """An L{IVault} holding an open directory, released by L{close}."""
-
-    def close(self) -> None:
-        """
-        Release the directory. Later puts and deletes raise L{VaultError};
-        gets and names still answer from memory. Closing twice is harmless.
-        """
-
-
-def checkName(name: str) -> str:
-    """Return C{name} if it is a valid vault name, else raise L{VaultError}."""
-    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
-        shown = repr(name[:64]) if isinstance(name, str) else type(name).__name__
-        raise VaultError(f"bad vault name {shown}")
-    return name
-
-
-def _isValidName(name: object) -> bool:
-    return isinstance(name, str) and _NAME.fullmatch(name) is not None
-
-
 def _noSync(fd: int) -> None:
     """fsync for a filesystem that has nothing to flush to."""
-
-
-class MemoryVault:
-    """A dict-backed L{IVault}, for tests."""
-
-    def __init__(self, entries: Iterable[tuple[str, bytes]] = ()) -> None:
-        self._entries: dict[str, bytes] = {}
-        for name, data in entries:
-            self.put(name, data)
-
-    def put(self, name: str, data: bytes) -> None:
-        self._entries[checkName(name)] = bytes(data)
-
-    def get(self, name: str) -> bytes | None:
-        return self._entries.get(checkName(name))
-
-    def delete(self, name: str) -> None:
-        self._entries.pop(checkName(name), None)
-
-    def names(self) -> list[str]:
-        return sorted(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, name: object) -> bool:
-        return _isValidName(name) and name in self._entries
 
 
 class DirectoryVault:
@@ -242,7 +166,7 @@ class DirectoryVault:
         try:
             changed = False
             for name in sorted(os.listdir(dirFd)):
-                if not (name.startswith(TEMP_PREFIX) or _isValidName(name)):
+                if not (name.startswith(TEMP_PREFIX) or isValidName(name)):
                     self.log.warn("vault.ignored {name}", name=name)
                     continue
                 if not self._isOurs(dirFd, name):
@@ -393,7 +317,7 @@ class DirectoryVault:
         return len(self._names)
 
     def __contains__(self, name: object) -> bool:
-        return _isValidName(name) and name in self._names
+        return isValidName(name) and name in self._names
 
 
 def processUmask(status: Path = Path("/proc/self/status")) -> int | None:
