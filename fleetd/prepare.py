@@ -36,6 +36,9 @@ class Prepared:
     ekRoots: EKRoots
     trustBundle: TrustBundle
     upstreamCA: bytes | None  # tink.upstream_ca's PEM, when set
+    # The vault as opened, its entries listed but not yet looked at: the
+    # daemon's load checks them (in a thread, beside its database reads).
+    uncheckedVault: DirectoryVault | None = None
 
 
 def prepare(settings: Settings) -> Prepared:
@@ -72,7 +75,9 @@ def prepare(settings: Settings) -> Prepared:
     ekRoots = EKRoots.load(settings.ek_roots)
     trustBundle = TrustBundle.load(pki.bundle, issuer.cert)
     try:
-        vault = DirectoryVault.open(settings.vault, settings.vault_allow_any_fs)
+        vault = DirectoryVault.open(
+            settings.vault, settings.vault_allow_any_fs, check=False
+        )
     except VaultError as e:
         raise ConfigError("paths.vault", str(e)) from e
     try:
@@ -93,6 +98,7 @@ def prepare(settings: Settings) -> Prepared:
         ekRoots=ekRoots,
         trustBundle=trustBundle,
         upstreamCA=upstreamCA,
+        uncheckedVault=vault,
     )
 
 

@@ -92,6 +92,7 @@ class FleetdService(MultiService):
         s = self.settings = prepared.settings
         self.reactor = reactor
         self.vault = prepared.vault
+        self._uncheckedVault = prepared.uncheckedVault
         self.collector = collector
         self.logFormat = logFormat
         self.logOutput = logOutput
@@ -355,8 +356,20 @@ class FleetdService(MultiService):
         ).addErrback(self._journalFailed)
 
     async def _load(self) -> None:
-        await self.runs.load()
+        await self.runs.load(self._vaultChecked())
         await self.tink.load()  # boot completion needs the runs [B1]
+
+    def _vaultChecked(self) -> Deferred[None] | None:
+        """
+        The vault's entries checked in the reactor's thread pool while the
+        runs are read, then settled in this thread (L{DirectoryVault.inspect}).
+        """
+        vault, self._uncheckedVault = self._uncheckedVault, None
+        if vault is None:
+            return None
+        pool = self.reactor.getThreadPool()
+        inspected = deferToThreadPool(self.reactor, pool, vault.inspect)
+        return inspected.addCallback(vault.settle)
 
     def _journalFailed(self, f: Failure) -> None:
         self.log.failure("journal.append.failed", failure=f)

@@ -363,9 +363,9 @@ class ReadinessTests(DaemonTestMixin, TestCase):
         held: Deferred[None] = Deferred()
         load = service.runs.load
 
-        async def heldLoad() -> None:
+        async def heldLoad(vaultChecked: Deferred[None] | None = None) -> None:
             await held
-            await load()
+            await load(vaultChecked)
 
         service.runs.load = heldLoad  # type: ignore[method-assign]
         service.privilegedStartService()

@@ -270,6 +270,10 @@ def validateServedRecord(record: ServedRecord) -> ServedRecord:
     return ServedRecord(run=run, device=device, served_at=float(at), peer=peer)
 
 
+Identities = list[tuple[str, str, str]]
+"""C{(name, uuid, serial)} of devices (L{IInventory.identities})."""
+
+
 class IInventory(Protocol):
     """
     The inventory of record: embedded SQLite or NetBox.
@@ -298,6 +302,13 @@ class IInventory(Protocol):
 
     def list(self) -> Deferred[list[Device]]:
         """Every device, ordered by name."""
+
+    def identities(self) -> Deferred[Identities]:
+        """
+        C{(name, uuid, serial)} of every device, in no order: what a
+        restart needs of each (L{fleetd.runs.recovery}), without building
+        the rest of it.
+        """
 
     def bySerial(self, serial: str) -> Deferred[Device | None]:
         """

@@ -23,6 +23,7 @@ from fleetd.inventory.failures import storeFailure
 from fleetd.inventory.model import (
     Device,
     DeviceStatus,
+    Identities,
     InventoryError,
     ServedRecord,
     releasedBefore,
@@ -205,6 +206,13 @@ class SQLiteInventory:
                 return readDevices(conn)
 
         return self._run(readAll)
+
+    def identities(self) -> Deferred[Identities]:
+        def read(db: Database) -> Identities:
+            with db.transaction(write=False) as conn:
+                return conn.execute("SELECT name, uuid, serial FROM devices").fetchall()
+
+        return self._run(read)
 
     def bySerial(self, serial: str) -> Deferred[Device | None]:
         try:

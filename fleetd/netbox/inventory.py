@@ -35,6 +35,7 @@ from fleetd.inventory.model import (
     Device,
     DeviceStatus,
     ErrorKind,
+    Identities,
     InventoryError,
     ServedRecord,
     validateName,
@@ -254,6 +255,11 @@ class NetBoxInventory:
 
     def list(self) -> Deferred[list[Device]]:
         return self._wrap(Deferred.fromCoroutine(self._listOrCached()))
+
+    def identities(self) -> Deferred[Identities]:
+        return self.list().addCallback(
+            lambda devices: [(d.name, d.uuid, d.serial) for d in devices]
+        )
 
     def releasedRuns(self) -> Deferred[set[str]]:
         return self._wrap(self._runner.run(outbox.releasedRuns))

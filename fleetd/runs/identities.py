@@ -8,6 +8,8 @@ to identity that also keeps the reverse index answers in O(1).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class IdentityIndex(dict[str, tuple[str, str]]):
     """
@@ -28,6 +30,21 @@ class IdentityIndex(dict[str, tuple[str, str]]):
         uuid = identity[0]
         lower = uuid.lower()  # a new string, even when nothing changed:
         self._byUUID[uuid if lower == uuid else lower] = device  # keep one
+
+    def restore(self, identities: Iterable[tuple[str, str, str]]) -> None:
+        """
+        Add C{(device, uuid, serial)} triples (a start-up's, from
+        L{fleetd.inventory.model.IInventory.identities}) in one pass.
+        """
+        if self:
+            for device, uuid, serial in identities:
+                self[device] = (uuid, serial)
+            return
+        byUUID = self._byUUID
+        for device, uuid, serial in identities:
+            dict.__setitem__(self, device, (uuid, serial))
+            lower = uuid.lower()
+            byUUID[uuid if lower == uuid else lower] = device
 
     def deviceByIdentity(self, uuid: str, serial: str) -> str | None:
         """The device whose uuid and serial (any case) these are, if any."""

@@ -11,6 +11,10 @@ after the deliveries their marks stand for are recorded [J1].
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
+
+from twisted.internet.defer import Deferred, FirstError, gatherResults, succeed
+from twisted.python.failure import Failure
 
 from fleetd.inventory.model import IInventory
 from fleetd.runs.alerts import AlertTracker, loadAlerts
@@ -27,14 +31,31 @@ async def recover(
     runner: IRunner,
     inventory: IInventory,
     alerts: AlertTracker,
+    vaultChecked: Deferred[None] | None = None,
 ) -> int:
-    """Fill C{index} with every current run; how many are ready."""
-    records = await runner.run(loadRuns)
-    index.issued = await runner.run(issuedDigests)
-    released = await inventory.releasedRuns()
-    for device in await inventory.list():
-        index.identities[device.name] = (device.uuid, device.serial)
-    for name, kind, first, last in await runner.run(loadAlerts):
+    """
+    Fill C{index} with every current run; how many are ready.
+
+    @param vaultChecked: fires once the vault's entries are checked (the
+        daemon checks them in another thread meanwhile,
+        L{fleetd.vault.store.DirectoryVault.inspect}); nothing here asks
+        the vault for a name before.
+    """
+    # Every read is asked for at once: the database thread answers them in
+    # turn while the vault is checked (and NetBox, as the inventory, asked).
+    reads: list[Deferred[Any]] = [
+        vaultChecked if vaultChecked is not None else succeed(None),
+        runner.run(loadRuns),
+        runner.run(issuedDigests),
+        inventory.releasedRuns(),
+        inventory.identities(),
+        runner.run(loadAlerts),
+    ]
+    _, records, index.issued, released, identities, alertRows = await gatherResults(
+        reads, consumeErrors=True
+    ).addErrback(_firstError)
+    index.identities.restore(identities)
+    for name, kind, first, last in alertRows:
         alerts.restore(name, kind, first, last)
     vault, releaser = core.vault, core.releaser
     ready = 0
@@ -62,6 +83,15 @@ async def recover(
     _recordStrayMarks(core, index, strays)
     _dropOrphans(core, index, strays)
     return ready
+
+
+def _firstError(f: Failure) -> Failure:
+    """The failure itself, not L{FirstError}: the load's reason names it."""
+    f.trap(FirstError)
+    first = f.value
+    assert isinstance(first, FirstError)
+    sub: Failure = first.subFailure
+    return sub
 
 
 def _strayFiles(core: RunCore, index: BootIndex) -> set[str]:

@@ -81,9 +81,14 @@ class RunRegistry(BootIndex):
             self.core, self, journal, inventory, alerts, self.log
         )
 
-    async def load(self) -> None:
-        """Rebuild every current run's state from the database, vault and inventory."""
-        ready = await recover(self.core, self, self.runner, self.inventory, self.alerts)
+    async def load(self, vaultChecked: Deferred[None] | None = None) -> None:
+        """
+        Rebuild every current run's state from the database, vault and
+        inventory (L{recover}, which says what C{vaultChecked} is).
+        """
+        ready = await recover(
+            self.core, self, self.runner, self.inventory, self.alerts, vaultChecked
+        )
         self.loaded = True
         self.log.info(
             "runs.loaded {runs} runs, {ready} ready", runs=len(self.runs), ready=ready

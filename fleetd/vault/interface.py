@@ -86,4 +86,5 @@ class MemoryVault:
         return len(self._entries)
 
     def __contains__(self, name: object) -> bool:
-        return isValidName(name) and name in self._entries
+        # Only valid names are ever kept.
+        return isinstance(name, str) and name in self._entries
