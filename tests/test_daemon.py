@@ -31,6 +31,7 @@ from fleetd.pki.dev import ensureDevPKI
 from fleetd.reactors import fleetdReactor
 from fleetd.readiness import notifySystemd
 from fleetd.service import FleetdService, StartupError, prepare
+from fleetd.vault import VaultError
 from tests.daemonsupport import DaemonTestMixin, httpsGet
 from tests.support import REPO
 
@@ -427,6 +428,44 @@ class ReadinessTests(DaemonTestMixin, TestCase):
         )
         # Nothing to freeze, but cycles are collected again.
         self.assertEqual(collector.calls[-2:], [("disable",), ("enable",)])
+
+    async def _vaultCheckFailed(self) -> None:
+        service = FleetdService(
+            prepare(self.settings),
+            fleetdReactor(reactor),
+            notify=lambda m: notifySystemd(m, {"NOTIFY_SOCKET": self.notifyPath}),
+        )
+        unchecked = service._uncheckedVault
+        assert unchecked is not None
+
+        def unreadable() -> list[str]:
+            raise VaultError(
+                "cannot load vault /run/fleetd/configs: Input/output error"
+            )
+
+        unchecked.inspect = unreadable  # type: ignore[method-assign]
+        service.privilegedStartService()
+        service.startService()
+        self.addCleanup(self.stopDaemon, service)
+        await service.loading.whenReady()
+        self.flushLoggedErrors(VaultError)
+        status, body = await self.healthz(service)
+        self.assertEqual((status, body["status"]), (503, "failed"))
+        self.assertEqual(
+            body["reason"],
+            "loading the runs failed: VaultError: cannot load vault"
+            " /run/fleetd/configs: Input/output error",
+        )
+        self.assertFalse(service.runs.loaded)
+        self.assertNotIn(b"READY=1", b"\n".join(self.received()).split(b"\n"))
+
+    def test_vaultCheckFailed_loadFailsWithItsReason(self) -> None:
+        """
+        Issue 17 item 17: the vault's entries are checked in a thread during
+        the run load; when that check fails the load fails with its reason
+        (not a wrapper's), no run is restored, and fleetd never says ready.
+        """
+        return ensureDeferred(self._vaultCheckFailed())  # type: ignore[return-value]
 
     def test_healthz_loadFailed_503WithReason_neverReady(self) -> None:
         """

@@ -15,6 +15,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
 from fleetd.logs import makeObserver
+from fleetd.reactors import fleetdReactor
+from fleetd.service import FleetdService, prepare
 from tests.daemonsupport import (
     UUID1,
     UUID2,
@@ -32,6 +35,8 @@ from tests.daemonsupport import (
     configPath,
     httpsGet,
 )
+from tests.test_vault_directory import giveAway
+from tests.vaults import REFUSED
 
 
 def rawTLS(port: int, ca: Path, payload: bytes) -> bytes:
@@ -295,6 +300,49 @@ class RestartDeliveryTests(DeliveryMixin, TestCase):
         self.assertEqual(
             (await self.fetch(configPath(codes["w2"], UUID2, "SER2")))[0], 410
         )
+
+    async def _foreignConfig(self) -> None:
+        await self.addDevice("w1", "SER1", UUID1)
+        codes = await self.provision("w1")
+        await self.service.stopService()
+        configs = [p for p in self.settings.vault.iterdir() if p.suffix == ".yaml"]
+        self.assertEqual(len(configs), 1)
+        giveAway(self, configs[0])
+        logged = self.captureLogs()
+        self.service = FleetdService(prepare(self.settings), fleetdReactor(reactor))
+        unchecked = self.service._uncheckedVault
+        assert unchecked is not None
+        inspect = unchecked.inspect
+
+        def slowInspect() -> list[str]:
+            time.sleep(0.5)  # in the thread pool: the database answers first
+            return inspect()
+
+        unchecked.inspect = slowInspect  # type: ignore[method-assign]
+        self.service.privilegedStartService()
+        self.service.startService()
+        self.addCleanup(self.stopDaemon, self.service)
+        await self.service.loading.whenReady()
+        # The run load waited for the vault's check (done in a thread
+        # beside the database reads): the file was never counted ready.
+        (loaded,) = [
+            e for e in logged if e.get("log_format", "").startswith("runs.loaded")
+        ]
+        self.assertEqual((loaded["runs"], loaded["ready"]), (1, 0))
+        refused = [e["name"] for e in logged if e.get("log_format") == REFUSED]
+        self.assertEqual(refused, [configs[0].name])
+        self.assertFalse(configs[0].exists())
+        status, _, body = await self.fetch(configPath(codes["w1"], UUID1, "SER1"))
+        self.assertEqual((status, body.split(b":")[0]), (410, b"lost"))
+
+    def test_restart_foreignConfigFile_refusedBeforeRunsLoad(self) -> None:
+        """
+        [V2] Issue 17 item 17: the daemon checks the vault's entries in a
+        thread while it reads the runs, and a run's configuration file that
+        is not fleetd's is refused and removed before any run is restored
+        from it: the run is lost, never ready. As root.
+        """
+        return ensureDeferred(self._foreignConfig())  # type: ignore[return-value]
 
     def test_restart_readyOnceConsumedRefused(self) -> None:
         """[V2][C1] Across a restart: ready delivered once, consumed refused."""

@@ -96,6 +96,18 @@ class InventoryContractMixin(_Base):
         self.seed(W3, W1, W2)
         self.assertEqual(self.ok(self.inventory.list()), [W1, W2, W3])
 
+    def test_identities_nameUUIDSerialOfEach(self) -> None:
+        """identities gives (name, uuid, serial) of every device, as list has them."""
+        self.seed(W3, W1, W2)
+        identities: list[tuple[str, str, str]] = self.successResultOf(
+            self.inventory.identities()
+        )
+        self.assertEqual(
+            sorted(identities),
+            [(d.name, d.uuid, d.serial) for d in self.ok(self.inventory.list())],
+        )
+        self.assertEqual(len(identities), 3)
+
     def test_list_empty(self) -> None:
         """An empty inventory lists nothing."""
         self.assertEqual(self.ok(self.inventory.list()), [])

@@ -321,6 +321,65 @@ class VaultEntryTests(SynchronousTestCase):
         self.assertEqual([e["name"] for e in refused], [".tmp-0123abcd"])
 
 
+class CheckLaterTests(SynchronousTestCase):
+    """
+    C{DirectoryVault.open(check=False)}: names listed at once, every entry
+    looked at by L{DirectoryVault.inspect} (read-only, any thread) and put
+    right by L{DirectoryVault.settle} (issue 17 item 17: the daemon
+    overlaps the 100,000 lstats of 50,000 runs with its database reads).
+    """
+
+    def setUp(self) -> None:
+        self.path = Path(self.mktemp()).resolve()
+        self.mountinfo = fakeMountInfo(self, {str(self.path): "tmpfs"})
+        vault = DirectoryVault.open(self.path, mountinfo=self.mountinfo)
+        vault.put("run-0.config", SECRET)
+        vault.close()
+        self.foreign = self.path / "run-1.config"
+        self.foreign.write_bytes(PLANTED)
+        os.chmod(self.foreign, 0o600)
+        giveAway(self, self.foreign)
+        self.loose = self.path / "run-2.config"
+        self.loose.write_bytes(SECRET)
+        os.chmod(self.loose, 0o644)
+        (self.path / ".tmp-1-2").write_bytes(b"torn")
+
+    def openLater(self) -> DirectoryVault:
+        vault = DirectoryVault.open(self.path, mountinfo=self.mountinfo, check=False)
+        self.addCleanup(vault.close)
+        return vault
+
+    def test_inspect_changesNothing(self) -> None:
+        """Inspecting names what needs a look and leaves the directory alone."""
+        vault = self.openLater()
+        before = sorted(os.listdir(self.path))
+        found = vault.inspect()
+        self.assertEqual(sorted(found), [".tmp-1-2", "run-1.config", "run-2.config"])
+        self.assertEqual(sorted(os.listdir(self.path)), before)
+        self.assertEqual(os.stat(self.loose).st_mode & 0o777, 0o644)
+
+    def test_settle_refusesFixesAndRemovesTornWrites(self) -> None:
+        """After settle, the vault holds what open(check=True) would have kept."""
+        vault = self.openLater()
+        with capturedLogs() as events:
+            vault.settle(vault.inspect())
+        self.assertEqual(vault.names(), ["run-0.config", "run-2.config"])
+        self.assertEqual(sorted(os.listdir(self.path)), vault.names())
+        self.assertEqual(os.stat(self.loose).st_mode & 0o777, 0o600)
+        refused = [e["name"] for e in events if e.get("log_format") == REFUSED]
+        self.assertEqual(refused, ["run-1.config"])
+        self.assertIn("vault.loaded {entries}", [e.get("log_format") for e in events])
+
+    def test_settle_fileReplacedSinceInspect_keptWhenOurs(self) -> None:
+        """A file put by fleetd between inspect and settle is looked at again."""
+        vault = self.openLater()
+        found = vault.inspect()
+        vault.put("run-1.config", SECRET)  # fleetd's own file now
+        vault.settle(found)
+        self.assertIn("run-1.config", vault)
+        self.assertEqual(vault.get("run-1.config"), SECRET)
+
+
 class DaemonVaultTests(DaemonTestMixin, TestCase):
     """The daemon holds the vault directory open while it runs [V1]."""
 
