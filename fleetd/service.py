@@ -356,20 +356,14 @@ class FleetdService(MultiService):
         ).addErrback(self._journalFailed)
 
     async def _load(self) -> None:
-        await self.runs.load(self._vaultChecked())
+        await self.runs.load(self._checkVault)
         await self.tink.load()  # boot completion needs the runs [B1]
 
-    def _vaultChecked(self) -> Deferred[None] | None:
-        """
-        The vault's entries checked in the reactor's thread pool while the
-        runs are read, then settled in this thread (L{DirectoryVault.inspect}).
-        """
+    def _checkVault(self) -> None:
+        """The vault's entries, listed in prepare(), looked at and put right."""
         vault, self._uncheckedVault = self._uncheckedVault, None
-        if vault is None:
-            return None
-        pool = self.reactor.getThreadPool()
-        inspected = deferToThreadPool(self.reactor, pool, vault.inspect)
-        return inspected.addCallback(vault.settle)
+        if vault is not None:
+            vault.settle(vault.inspect())
 
     def _journalFailed(self, f: Failure) -> None:
         self.log.failure("journal.append.failed", failure=f)

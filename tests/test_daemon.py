@@ -15,6 +15,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -364,9 +365,9 @@ class ReadinessTests(DaemonTestMixin, TestCase):
         held: Deferred[None] = Deferred()
         load = service.runs.load
 
-        async def heldLoad(vaultChecked: Deferred[None] | None = None) -> None:
+        async def heldLoad(checkVault: Callable[[], None] | None = None) -> None:
             await held
-            await load(vaultChecked)
+            await load(checkVault)
 
         service.runs.load = heldLoad  # type: ignore[method-assign]
         service.privilegedStartService()
@@ -461,8 +462,8 @@ class ReadinessTests(DaemonTestMixin, TestCase):
 
     def test_vaultCheckFailed_loadFailsWithItsReason(self) -> None:
         """
-        Issue 17 item 17: the vault's entries are checked in a thread during
-        the run load; when that check fails the load fails with its reason
+        Issue 17 item 17: the vault's entries are checked while the runs
+        are read; when that check fails the load fails with its reason
         (not a wrapper's), no run is restored, and fleetd never says ready.
         """
         return ensureDeferred(self._vaultCheckFailed())  # type: ignore[return-value]

@@ -15,7 +15,6 @@ import socket
 import ssl
 import struct
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,8 +25,6 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
 from fleetd.logs import makeObserver
-from fleetd.reactors import fleetdReactor
-from fleetd.service import FleetdService, prepare
 from tests.daemonsupport import (
     UUID1,
     UUID2,
@@ -309,22 +306,10 @@ class RestartDeliveryTests(DeliveryMixin, TestCase):
         self.assertEqual(len(configs), 1)
         giveAway(self, configs[0])
         logged = self.captureLogs()
-        self.service = FleetdService(prepare(self.settings), fleetdReactor(reactor))
-        unchecked = self.service._uncheckedVault
-        assert unchecked is not None
-        inspect = unchecked.inspect
-
-        def slowInspect() -> list[str]:
-            time.sleep(0.5)  # in the thread pool: the database answers first
-            return inspect()
-
-        unchecked.inspect = slowInspect  # type: ignore[method-assign]
-        self.service.privilegedStartService()
-        self.service.startService()
-        self.addCleanup(self.stopDaemon, self.service)
+        self.service = self.startDaemon()
         await self.service.loading.whenReady()
-        # The run load waited for the vault's check (done in a thread
-        # beside the database reads): the file was never counted ready.
+        # The vault was checked (beside the database reads) before any
+        # run was restored from it: the file was never counted ready.
         (loaded,) = [
             e for e in logged if e.get("log_format", "").startswith("runs.loaded")
         ]
@@ -337,8 +322,8 @@ class RestartDeliveryTests(DeliveryMixin, TestCase):
 
     def test_restart_foreignConfigFile_refusedBeforeRunsLoad(self) -> None:
         """
-        [V2] Issue 17 item 17: the daemon checks the vault's entries in a
-        thread while it reads the runs, and a run's configuration file that
+        [V2] Issue 17 item 17: the daemon checks the vault's entries while
+        it reads the runs, and a run's configuration file that
         is not fleetd's is refused and removed before any run is restored
         from it: the run is lost, never ready. As root.
         """

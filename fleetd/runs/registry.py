@@ -81,13 +81,13 @@ class RunRegistry(BootIndex):
             self.core, self, journal, inventory, alerts, self.log
         )
 
-    async def load(self, vaultChecked: Deferred[None] | None = None) -> None:
+    async def load(self, checkVault: Callable[[], None] | None = None) -> None:
         """
         Rebuild every current run's state from the database, vault and
-        inventory (L{recover}, which says what C{vaultChecked} is).
+        inventory (L{recover}, which says what C{checkVault} is).
         """
         ready = await recover(
-            self.core, self, self.runner, self.inventory, self.alerts, vaultChecked
+            self.core, self, self.runner, self.inventory, self.alerts, checkVault
         )
         self.loaded = True
         self.log.info(
