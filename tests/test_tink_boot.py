@@ -121,6 +121,17 @@ class AgentBootTests(SynchronousTestCase):
         self.assertNotIn("boot.hookos-after-install", site.events())
         self.assertEqual(site.fleet.alerts.openFor("w1"), [])
 
+    def test_restartThenFetch_doneWithoutEarlierEvents(self) -> None:
+        """[B1] After a restart, a run with no boot event yet gets its
+        machine on the first one, a fetch included: a later workflow's end
+        is then not taken for this run's install (issue 17 item 17: idle
+        runs get no machine at start)."""
+        site = Site(self)
+        site.restart()
+        site.fleet.fetch(site.run.code)
+        site.agentWorkflow(connection=1)
+        self.assertNotIn("boot.rebooting", site.events())
+
     def test_fetchAfterReturn_alertCleared(self) -> None:
         """[B2] Once the node boots its disk and fetches its configuration,
         the alert clears and the completion is journaled."""

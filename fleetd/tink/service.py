@@ -126,9 +126,9 @@ class TinkProxy(MultiService):
     async def load(self) -> None:
         """After the run registry loaded: the device index and every current
         run's boot state."""
-        devices = await self.inventory.list()
+        identities = await self.inventory.identities()
         await self.devices.refresh()
-        await self.boot.load([d.name for d in devices])
+        await self.boot.load([name for name, _, _ in identities])
         if self.workflowState is not None and not self._stopped:
             self.workflowState.start()
 
