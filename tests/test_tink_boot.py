@@ -16,6 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from fleetd.runs.alerts import HOOKOS
 from fleetd.status import StatusService
 from fleetd.tink.boot import BootEffects, BootMachine
+from fleetd.tink.completion import BootTracker
 from fleetd.tink.observe import (
     OLD,
     MessageReader,
@@ -131,6 +132,27 @@ class AgentBootTests(SynchronousTestCase):
         site.fleet.fetch(site.run.code)
         site.agentWorkflow(connection=1)
         self.assertNotIn("boot.rebooting", site.events())
+
+    def test_eventsBeforeTheTinkLoad_loadStillSucceeds(self) -> None:
+        """
+        A node that fetches its configuration (or a worker that polls)
+        after the runs loaded but before the Tink load restored the boot
+        states does not fail that load (it did: NoTransition for
+        restoreDone in state done, and fleetd never said ready).
+        """
+        site = Site(self)
+        fleet = site.fleet
+        fleet.restart()
+        tracker = BootTracker(
+            clock=fleet.clock,
+            runs=fleet.registry,
+            runner=fleet.runner,
+            journal=fleet.journal,
+            alerts=fleet.alerts,
+        )
+        fleet.fetch(site.run.code)  # tracker.delivered, before its load
+        self.successResultOf(Deferred.fromCoroutine(tracker.load(["w1"])))
+        self.assertEqual(tracker._byDevice["w1"].machine.describe(), "done")
 
     def test_fetchAfterReturn_alertCleared(self) -> None:
         """[B2] Once the node boots its disk and fetches its configuration,

@@ -167,6 +167,11 @@ class BootTracker:
                 continue
             if took:
                 boot.finished |= took
+            if boot.machine.describe() != "waiting":
+                # An event since the runs loaded (a node fetched its
+                # configuration, a worker polled) came first: it is newer
+                # than the history, and its machine is past the restore.
+                continue
             if delivered:
                 boot.machine.restoreDone()
             elif state == REBOOTING:
