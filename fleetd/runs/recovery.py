@@ -21,7 +21,7 @@ from fleetd.inventory.model import IInventory
 from fleetd.runs.alerts import AlertTracker, loadAlerts
 from fleetd.runs.index import BootIndex
 from fleetd.runs.run import Run, RunCore
-from fleetd.runs.store import issuedDigests, loadRuns
+from fleetd.runs.store import RunRecord, issuedDigests, loadRuns
 from fleetd.runs.vaultnames import RUN_FILE, configName, readServed, servedName
 from fleetd.store.runner import IRunner
 
@@ -40,29 +40,43 @@ async def recover(
     @param checkVault: checks the vault's entries (the daemon's vault is
         opened unchecked, L{fleetd.vault.store.DirectoryVault.inspect});
         called while the database reads, before the vault is asked for a
-        name.
+        name. The runs are restored while the rest is read; the boot path
+        waits for the whole load (L{BootIndex.loaded}).
     """
     # Every read is asked for at once: the database thread answers them in
-    # turn while this thread checks the vault (and NetBox, as the
-    # inventory, is asked). 100,000 lstats at 50,000 runs, beside the reads.
-    reads: list[Deferred[Any]] = [
-        runner.run(loadRuns),
-        runner.run(issuedDigests),
-        inventory.releasedRuns(),
-        inventory.identities(),
-        runner.run(loadAlerts),
-    ]
-    gathered = gatherResults(reads, consumeErrors=True).addErrback(_firstError)
-    if checkVault is not None:
-        try:
+    # turn while this thread checks the vault (100,000 lstats at 50,000
+    # runs) and then restores the runs while the rest is read.
+    first = _gather([inventory.releasedRuns(), runner.run(loadRuns)])
+    rest = _gather(
+        [runner.run(issuedDigests), inventory.identities(), runner.run(loadAlerts)]
+    )
+    try:
+        if checkVault is not None:
             checkVault()
-        except BaseException:
-            gathered.addErrback(lambda _: None)  # the check's failure is the one
-            raise
-    records, index.issued, released, identities, alertRows = await gathered
+        released, records = await first
+        ready = _restore(core, index, records, released)
+    except BaseException:
+        rest.addErrback(lambda _: None)  # the first failure is the one
+        raise
+    index.issued, identities, alertRows = await rest
     index.identities.restore(identities)
-    for name, kind, first, last in alertRows:
-        alerts.restore(name, kind, first, last)
+    for name, kind, first_, last in alertRows:
+        alerts.restore(name, kind, first_, last)
+    strays = _strayFiles(core, index)
+    _recordStrayMarks(core, index, strays)
+    _dropOrphans(core, index, strays)
+    return ready
+
+
+def _gather(reads: list[Deferred[Any]]) -> Deferred[list[Any]]:
+    """All of C{reads}, or the first failure itself (not L{FirstError})."""
+    return gatherResults(reads, consumeErrors=True).addErrback(_firstError)
+
+
+def _restore(
+    core: RunCore, index: BootIndex, records: list[RunRecord], released: set[str]
+) -> int:
+    """Add every current run to C{index} in its state; how many are ready."""
     vault, releaser = core.vault, core.releaser
     ready = 0
     for record in records:
@@ -85,9 +99,6 @@ async def recover(
             ready += record.superseded_by is None
         else:
             run.machine.restoreLost()
-    strays = _strayFiles(core, index)
-    _recordStrayMarks(core, index, strays)
-    _dropOrphans(core, index, strays)
     return ready
 
 
