@@ -135,12 +135,13 @@ class AgentBootTests(SynchronousTestCase):
 
     def test_eventsBeforeTheTinkLoad_loadStillSucceeds(self) -> None:
         """
-        A node that fetches its configuration (or a worker that polls)
-        after the runs loaded but before the Tink load restored the boot
-        states does not fail that load (it did: NoTransition for
-        restoreDone in state done, and fleetd never said ready).
+        A worker's call and a node's fetch after the runs loaded but before
+        the Tink load restored the boot states do not fail that load (it
+        did: NoTransition for a restore in a state past waiting, and
+        fleetd never said ready): the events are newer than the history.
         """
         site = Site(self)
+        site.agentWorkflow(connection=1)  # the history: rebooting
         fleet = site.fleet
         fleet.restart()
         tracker = BootTracker(
@@ -150,9 +151,20 @@ class AgentBootTests(SynchronousTestCase):
             journal=fleet.journal,
             alerts=fleet.alerts,
         )
+        tracker.running("w1", "ns/wf2")  # before its load
         fleet.fetch(site.run.code)  # tracker.delivered, before its load
         self.successResultOf(Deferred.fromCoroutine(tracker.load(["w1"])))
         self.assertEqual(tracker._byDevice["w1"].machine.describe(), "done")
+
+    def test_restartFetchThenEvent_machineStartsDone(self) -> None:
+        """[B1] No machine is made on the delivery path: a run delivered
+        before any event gets one on its first event, already done."""
+        site = Site(self)
+        site.restart()
+        site.fleet.fetch(site.run.code)
+        self.assertNotIn("w1", site.tracker._byDevice)
+        site.agentPoll(connection=1)
+        self.assertEqual(site.tracker._byDevice["w1"].machine.describe(), "done")
 
     def test_fetchAfterReturn_alertCleared(self) -> None:
         """[B2] Once the node boots its disk and fetches its configuration,

@@ -155,26 +155,23 @@ class BootTracker:
         now = self.clock.seconds()
         for record in records:
             took = finished.get(record.id)
-            delivered = self.runs.configDelivered(record.id)
             state = history.get(record.id)
-            if not (took or delivered or state in (REBOOTING, RETURNED)):
-                # Nothing happened to it yet: its machine is made on its
-                # first event, as for a run provisioned since the start
-                # (50,000 idle machines were 23 MiB after a restart).
+            if not (took or state in (REBOOTING, RETURNED)):
+                # Nothing to restore: its machine is made on its first
+                # event, as for a run provisioned since the start, done if
+                # its configuration went out (50,000 idle machines were
+                # 23 MiB after a restart).
                 continue
-            boot = self._boot(record.device)
+            boot = self._boot(record.device)  # done if delivered
             if boot is None:
                 continue
             if took:
                 boot.finished |= took
             if boot.machine.describe() != "waiting":
-                # An event since the runs loaded (a node fetched its
-                # configuration, a worker polled) came first: it is newer
-                # than the history, and its machine is past the restore.
+                # Delivered, or an event since the runs loaded (a worker
+                # polled) came first: it is newer than the history.
                 continue
-            if delivered:
-                boot.machine.restoreDone()
-            elif state == REBOOTING:
+            if state == REBOOTING:
                 boot.doneAt = now
                 boot.machine.restoreRebooting()
             elif state == RETURNED:
@@ -188,6 +185,10 @@ class BootTracker:
         boot = self._byDevice.get(device)
         if boot is None or boot.record.id != record.id:
             boot = self._byDevice[device] = _RunBoot(self, record)
+            if self.runs.configDelivered(record.id):
+                # A delivery before its first event: the machine starts
+                # where that delivery would have put it (nothing to do).
+                boot.machine.restoreDone()
         return boot
 
     # IBootEvents (from the proxy's observations)
@@ -246,7 +247,10 @@ class BootTracker:
     # From the run registry
 
     def delivered(self, record: RunRecord) -> None:
-        boot = self._boot(record.device)  # made now if nothing came before
+        # No machine yet: nothing happened to the run before, and its
+        # first event makes one that starts done (L{_boot}). Nothing is
+        # made on the delivery path.
+        boot = self._byDevice.get(record.device)
         if boot is not None and boot.record.id == record.id:
             boot.machine.configFetched()
 
