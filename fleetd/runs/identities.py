@@ -24,8 +24,10 @@ class IdentityIndex(dict[str, tuple[str, str]]):
 
     def __setitem__(self, device: str, identity: tuple[str, str]) -> None:
         old = self.get(device)
-        if old is not None and self._byUUID.get(old[0]) == device:
-            del self._byUUID[old[0]]
+        if old is not None:
+            key = old[0].lower()  # the reverse index keeps it in lower case
+            if self._byUUID.get(key) == device:
+                del self._byUUID[key]
         super().__setitem__(device, identity)
         uuid = identity[0]
         lower = uuid.lower()  # a new string, even when nothing changed:
