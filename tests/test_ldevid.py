@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.agent import main as agent
 from fleetd.pki.dev import ensureDevPKI
@@ -411,3 +411,36 @@ class RenewSubjectTests(LDevIDTestCase):
         """[T4] an attested LDevID for a serial no longer in the inventory
         cannot renew."""
         return self.refusal(self.attested("w9", "SER9"), "renew", "device-unknown")
+
+
+SERVER = "https://127.0.0.1:9"  # never reached: the state is looked at first
+
+
+class AgentStateTests(SynchronousTestCase):
+    """fleetd-agent's --state: one line, never a traceback (issue 17's note)."""
+
+    def agent(self, *argv: str) -> tuple[int, str]:
+        err, out = io.StringIO(), io.StringIO()
+        code = agent.main(list(argv), err, out)
+        return code, err.getvalue()
+
+    def test_renew_noKeyInState_oneLine(self) -> None:
+        """renew without a previous attest names the directory and what to run."""
+        state = self.mktemp()
+        Path(state).mkdir()
+        code, err = self.agent(
+            "--server", "https://127.0.0.1:9", "--state", state, "renew"
+        )
+        self.assertEqual(code, 1)
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertIn(f"fleetd-agent: renew: no LDevID key in {state}", err)
+        self.assertIn("fleetd-agent attest", err)
+
+    def test_emptyState_usageError(self) -> None:
+        """An empty --state is a usage error, not the current directory."""
+        code, err = self.agent(
+            "--server", "https://127.0.0.1:9", "--state", "", "renew"
+        )
+        self.assertEqual(code, 1)
+        self.assertIn("--state: empty", err)
+        self.assertNotIn("Traceback", err)

@@ -172,6 +172,10 @@ def installable(plan: dict[str, Any]) -> dict[str, Any]:
     return plan
 
 
+class NoLDevID(Exception):
+    """C{renew} found no key of a previous C{attest} under C{--state}."""
+
+
 def renew(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
     """A new LDevID from the one issuer, for the key the node holds."""
     state = Path(args.state)
@@ -184,6 +188,11 @@ def renew(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
         builder = x509.CertificateSigningRequestBuilder().subject_name(name)
         csr = builder.sign(key, hashes.SHA256()).public_bytes(
             serialization.Encoding.PEM
+        )
+    elif not (state / KEY).is_file():
+        raise NoLDevID(
+            f"no LDevID key in {state} (neither {KEY} nor {SOFT_KEY});"
+            " run `fleetd-agent attest` first"
         )
     else:
         public, private = tpm.readTSS2PEM((state / KEY).read_bytes())
@@ -223,7 +232,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     except Unreachable as e:
         err.write(f"fleetd-agent: {args.command}: unreachable: {e}\n")
         return 1
-    except TPMTLSError as e:
+    except (TPMTLSError, NoLDevID) as e:
         err.write(f"fleetd-agent: {args.command}: {e}\n")
         return 1
     except tpm.TPMError as e:

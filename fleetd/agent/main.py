@@ -25,12 +25,20 @@ class AgentParser(Parser):
     namesCommand = False
 
 
+def _stateDir(value: str) -> str:
+    if not value.strip():
+        raise argparse.ArgumentTypeError("empty: give the agent's state directory")
+    return value
+
+
 def buildParser() -> argparse.ArgumentParser:
     parser = AgentParser(prog="fleetd-agent", description="fleetd node-side client.")
     parser.add_argument("--server", required=True, help="https://HOST:8444")
     parser.add_argument("--ca", help="CA bundle for the device listener")
     parser.add_argument("--tcti", default="device:/dev/tpmrm0", help="TPM TCTI")
-    parser.add_argument("--state", default="/var/lib/fleetd-agent", help="state dir")
+    parser.add_argument(
+        "--state", type=_stateDir, default="/var/lib/fleetd-agent", help="state dir"
+    )
     addJSONOption(parser)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=AgentParser)
     for name in COMMANDS:
