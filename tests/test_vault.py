@@ -18,7 +18,7 @@ from fleetd.vault import (
     filesystemType,
     parseMountInfo,
 )
-from fleetd.vault.store import processUmask
+from fleetd.vault.files import processUmask
 from tests.vaults import REFUSED, SECRET, fakeMountInfo
 
 if TYPE_CHECKING:

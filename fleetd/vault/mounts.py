@@ -7,7 +7,12 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from twisted.logger import Logger
+
 from fleetd.vault.errors import VaultError
+
+# The vault's own namespace, as when the check lived in DirectoryVault.
+_log = Logger(namespace="fleetd.vault.store.DirectoryVault")
 
 _MOUNTINFO_ESCAPE = re.compile(r"\\([0-7]{3})")
 
@@ -55,3 +60,26 @@ def filesystemType(path: Path, mountinfo: Path = MOUNTINFO) -> str:
     if fsType is None:
         raise VaultError(f"no mount in {mountinfo} holds {path}")
     return fsType
+
+
+def isVolatile(path: Path, allowAnyFilesystem: bool, mountinfo: Path) -> bool:
+    """
+    Whether C{path} is on tmpfs or ramfs [V1]. Another filesystem is
+    refused unless C{allowAnyFilesystem} (dev, tests), then logged.
+
+    @raise VaultError: not volatile, and not allowed.
+    """
+    try:
+        fsType = filesystemType(path, mountinfo)
+    except VaultError:
+        if not allowAnyFilesystem:
+            raise
+        fsType = "unknown"
+    if fsType in VOLATILE_FILESYSTEMS:
+        return True
+    if not allowAnyFilesystem:
+        raise VaultError(f"vault directory {path} is on {fsType}, not tmpfs or ramfs")
+    _log.warn(
+        "vault.persistent_filesystem {path} {fsType}", path=str(path), fsType=fsType
+    )
+    return False

@@ -31,8 +31,9 @@ from pathlib import Path
 from twisted.logger import Logger
 
 from fleetd.vault.errors import VaultError, VaultWriteError
+from fleetd.vault.files import entryKind, entryName, processUmask
 from fleetd.vault.interface import checkName, isValidName
-from fleetd.vault.mounts import MOUNTINFO, VOLATILE_FILESYSTEMS, filesystemType
+from fleetd.vault.mounts import MOUNTINFO, isVolatile
 from fleetd.vault.safedir import openVaultDirectory
 
 TEMP_PREFIX = ".tmp-"
@@ -132,28 +133,12 @@ class DirectoryVault:
         return vault
 
     def _checkFilesystem(self, allowAnyFilesystem: bool, mountinfo: Path) -> None:
-        try:
-            fsType = filesystemType(self.path, mountinfo)
-        except VaultError:
-            if not allowAnyFilesystem:
-                raise
-            fsType = "unknown"
-        if fsType in VOLATILE_FILESYSTEMS:
-            if self._fsync is os.fsync:
-                # tmpfs and ramfs have no backing store: fsync makes nothing
-                # more durable (a fleetd crash keeps their pages, a reboot
-                # loses them either way), so skip its syscalls.
-                self._fsync = _noSync
-            return
-        if not allowAnyFilesystem:
-            raise VaultError(
-                f"vault directory {self.path} is on {fsType}, not tmpfs or ramfs"
-            )
-        self.log.warn(
-            "vault.persistent_filesystem {path} {fsType}",
-            path=str(self.path),
-            fsType=fsType,
-        )
+        volatile = isVolatile(self.path, allowAnyFilesystem, mountinfo)
+        if volatile and self._fsync is os.fsync:
+            # tmpfs and ramfs have no backing store: fsync makes nothing
+            # more durable (a fleetd crash keeps their pages, a reboot
+            # loses them either way), so skip its syscalls.
+            self._fsync = _noSync
 
     @property
     def closed(self) -> bool:
@@ -179,7 +164,7 @@ class DirectoryVault:
         changed = False
         try:
             with os.scandir(dirFd) as entries:
-                listed = sorted(entries, key=_entryName)
+                listed = sorted(entries, key=entryName)
             for entry in listed:
                 name = entry.name
                 temp = name.startswith(TEMP_PREFIX)
@@ -292,7 +277,7 @@ class DirectoryVault:
     def _refuse(self, dirFd: int, name: str) -> bool:
         """Log and remove an entry that is not a regular file of ours."""
         st = os.stat(name, dir_fd=dirFd, follow_symlinks=False)
-        kind = _kind(st.st_mode)
+        kind = entryKind(st.st_mode)
         removable = not stat.S_ISDIR(st.st_mode)
         self.log.warn(
             "vault.refused {name} {kind} {owner} {removed}",
@@ -386,31 +371,6 @@ class DirectoryVault:
     def __contains__(self, name: object) -> bool:
         # Only valid names are ever kept.
         return isinstance(name, str) and name in self._names
-
-
-def _entryName(entry: os.DirEntry[str]) -> str:
-    return entry.name
-
-
-def processUmask(status: Path = Path("/proc/self/status")) -> int | None:
-    """This process's umask, from C{status}; L{None} when it does not say."""
-    try:
-        for line in status.read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split(":", 1)[1].strip(), 8)
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    if stat.S_ISDIR(mode):
-        return "directory"
-    if stat.S_ISREG(mode):
-        return "file"
-    return "special"
 
 
 def _unlinkQuietly(name: str, dirFd: int) -> None:
