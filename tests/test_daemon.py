@@ -460,6 +460,31 @@ class ReadinessTests(DaemonTestMixin, TestCase):
         self.assertFalse(service.runs.loaded)
         self.assertNotIn(b"READY=1", b"\n".join(self.received()).split(b"\n"))
 
+    async def _readFailed(self) -> None:
+        prepared = prepare(self.settings)
+        with prepared.database.transaction() as conn:
+            conn.execute("ALTER TABLE runs RENAME TO runs_elsewhere")
+        service = FleetdService(prepared, fleetdReactor(reactor))
+        service.privilegedStartService()
+        service.startService()
+        self.addCleanup(self.stopDaemon, service)
+        await service.loading.whenReady()
+        self.flushLoggedErrors()
+        status, body = await self.healthz(service)
+        self.assertEqual((status, body["status"]), (503, "failed"))
+        self.assertEqual(
+            body["reason"],
+            "loading the runs failed: OperationalError: no such table: runs",
+        )
+
+    def test_databaseReadFailed_loadFailsWithItsReason(self) -> None:
+        """
+        The run load asks for its reads at once (issue 17 item 17); the one
+        that fails is the reason /healthz gives, not the gathering's
+        wrapper (FirstError).
+        """
+        return ensureDeferred(self._readFailed())  # type: ignore[return-value]
+
     def test_vaultCheckFailed_loadFailsWithItsReason(self) -> None:
         """
         Issue 17 item 17: the vault's entries are checked while the runs
