@@ -32,7 +32,7 @@ from fleetd.admin.deviceflow import DevicePage, followAdminPort, verificationURI
 from fleetd.admin.resource import adminRoot
 from fleetd.attest.wiring import buildAttestation
 from fleetd.boot.face import bootFace
-from fleetd.config import NetBoxSettings
+from fleetd.config import ConfigError, NetBoxSettings
 from fleetd.device.resource import deviceFace
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.dns.service import DNSService
@@ -43,6 +43,7 @@ from fleetd.kube.connect import clientFromSettings
 from fleetd.kube.service import KubeService, retireService
 from fleetd.kube.status import KubeStatus
 from fleetd.listen.policy import ListenerName, listenerPolicy
+from fleetd.listen.reload import reloadCertificates
 from fleetd.listen.service import Listeners, ListenerService, StartupError
 from fleetd.loading import LoadService
 from fleetd.logs import makeObserver
@@ -369,7 +370,20 @@ class FleetdService(MultiService):
         self.log.failure("journal.append.failed", failure=f)
 
     def _sighup(self, signum: int, frame: Any) -> None:
-        self.reactor.callFromThread(self.dns.reloadTopology)
+        self.reactor.callFromThread(self.reload)
+
+    def reload(self) -> None:
+        """SIGHUP: the topology and the listeners' certificates read again."""
+        self.dns.reloadTopology()
+        try:
+            fields = reloadCertificates(self._listeners, self.settings)
+        except ConfigError as e:
+            self.log.error("tls.reload.failed {error}", error=str(e))
+            return
+        self.log.info("tls.reloaded {listeners} {sha256} {not_after}", **fields)
+        self.journal.append("tls.reloaded", actor="fleetd", fields=fields).addErrback(
+            self._journalFailed
+        )
 
     def stopService(self) -> Deferred[None]:
         if self.handleSignals:

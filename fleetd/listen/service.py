@@ -19,7 +19,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from fleetd.listen.connections import LimitedFactory
-from fleetd.listen.tls import tlsFactory
+from fleetd.listen.tls import ServerConnections, tlsFactory
 from fleetd.metrics import listenerGauges
 from fleetd.reactors import IListenerReactor
 
@@ -107,6 +107,7 @@ class Listeners:
         self.idleTimeout = idleTimeout
         self.openGauge, self.maxGauge = listenerGauges(registry)
         self.services: dict[str, ListenerService] = {}
+        self.tls: dict[str, ServerConnections] = {}
 
     def add(
         self,
@@ -121,8 +122,9 @@ class Listeners:
     ) -> ListenerService:
         """The listener C{name} on C{description}, serving C{factory}
         behind TLS C{options}; the caller gives it its parent."""
+        connections = self.tls[name] = ServerConnections(options)
         limited = tlsFactory(
-            options,
+            connections,
             factory,
             name=name,
             clock=self.reactor,
@@ -137,6 +139,18 @@ class Listeners:
         )
         self.services[name] = listener
         return listener
+
+    def reloadTLS(self, build: Callable[[str], CertificateOptions]) -> list[str]:
+        """
+        Read every TLS listener's certificate and key again (C{build(name)},
+        which raises L{fleetd.config.ConfigError} on a bad file) and, only
+        when all of them load, use them for new connections; return the
+        listeners' names. Open connections keep theirs.
+        """
+        fresh = {name: build(name) for name in self.tls}
+        for name, options in fresh.items():
+            self.tls[name].replace(options)
+        return list(fresh)
 
     def unbind(self) -> None:
         """Start-up failed: close the listeners bound so far, last first."""

@@ -135,6 +135,11 @@ class ServerConnections:
     def serverConnectionForTLS(self, protocol: Any) -> SSL.Connection:
         return SSL.Connection(self.options.getContext(), None)
 
+    def replace(self, options: ssl.CertificateOptions) -> None:
+        """New connections use C{options} (a reloaded certificate); open
+        ones keep the context they were made with."""
+        self.options = options
+
 
 class _TLSProtocol(TLSMemoryBIOProtocol):
     """
@@ -164,7 +169,7 @@ class _TLSFactory(TLSMemoryBIOFactory):
 
 
 def tlsFactory(
-    options: ssl.CertificateOptions,
+    tls: ServerConnections | ssl.CertificateOptions,
     factory: Any,
     *,
     name: str,
@@ -173,9 +178,11 @@ def tlsFactory(
     idleTimeout: float,
     maxPerSource: int | None = None,
 ) -> LimitedFactory:
-    """Wrap C{factory} in TLS, then in connection limits (with
-    C{factory.admits} as the admission check, when it has one)."""
-    wrapped = _TLSFactory(ServerConnections(options), False, factory)
+    """Wrap C{factory} in TLS (C{tls}'s connections, or new ones from
+    options), then in connection limits (with C{factory.admits} as the
+    admission check, when it has one)."""
+    connections = tls if isinstance(tls, ServerConnections) else ServerConnections(tls)
+    wrapped = _TLSFactory(connections, False, factory)
     wrapped.noisy = False
     return LimitedFactory(
         wrapped,
