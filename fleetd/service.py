@@ -37,6 +37,7 @@ from fleetd.device.resource import deviceFace
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.dns.service import DNSService
 from fleetd.heap import ICollector, pauseForStartup, tune
+from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import IInventory
 from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.kube.connect import clientFromSettings
@@ -264,6 +265,11 @@ class FleetdService(MultiService):
             runs=self.runs,
         )
         renderer = TemplateRenderer(s.provision.templates, s.provision.default_cluster)
+        defined = None  # NetBox refuses additions: its devices are made there
+        if s.netbox is None:
+            defined = SiteDefinitions(
+                s.provision.classes, renderer.clusters, str(s.provision.templates)
+            )
         admin = adminRoot(
             clock=self.reactor,
             registry=self.registry,
@@ -274,6 +280,7 @@ class FleetdService(MultiService):
                 inventory=self.inventory,
                 journal=self.journal,
                 offload=self._inThread,
+                defined=defined,
                 runs=self.runs,
                 renderer=renderer,
                 trust=self.trust,
