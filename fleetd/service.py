@@ -291,6 +291,7 @@ class FleetdService(MultiService):
                 kube=self.kube,
             ),
             readiness=self.readiness,
+            inventory=self.inventory,
         )
         admin.putChild(b"device", DevicePage())  # owners only [F3]
         follow = followAdminPort(self.deviceFlow, s.topology.enrollment_name)
