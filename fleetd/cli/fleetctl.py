@@ -30,6 +30,7 @@ from fleetd.cli import (
     status,
     trust,
 )
+from fleetd.cli.output import Console
 from fleetd.clitools import CLIError, Parser, addJSONOption, runMain
 from fleetd.config import ConfigError, Settings, loadSettings
 
@@ -58,19 +59,26 @@ def main(
     argv: Sequence[str] | None = None,
     out: IO[str] | None = None,
     err: IO[str] | None = None,
+    stdin: IO[str] | None = None,
 ) -> int:
+    """
+    Run fleetctl; C{stdin} and C{err} are where a command asks a person to
+    confirm (C{retire} at a terminal), as C{args.console}.
+    """
     output = sys.stdout if out is None else out
+    errors = sys.stderr if err is None else err
 
     def run() -> int:
         try:
             args = buildParser().parse_args(argv)
+            args.console = Console(sys.stdin if stdin is None else stdin, errors)
             settings = loadSettings(configPath(args.config))
             handler: Handler = args.handler
             return handler(settings, args, output)
         except ConfigError as e:
             raise CLIError(f"configuration error: {e}", 2) from e
 
-    return runMain("fleetctl", run, output, sys.stderr if err is None else err)
+    return runMain("fleetctl", run, output, errors)
 
 
 if __name__ == "__main__":
