@@ -60,7 +60,7 @@ class CommandTests(DaemonTestMixin, TestCase):
         """
         Without --yes and no terminal: exit 2, one line, still not retired;
         at a terminal, a wrong name: exit 1, not retired; the right name
-        retires; --yes retires without asking.
+        retires; --yes retires without asking (--json after the command).
         """
         return ensureDeferred(self._retire())  # type: ignore[return-value]
 
@@ -100,7 +100,7 @@ class CommandTests(DaemonTestMixin, TestCase):
         self.assertEqual(code, 0, err)
         self.assertIn("w1  decommissioning", out)
         code, out, err = await fleetctlAgainst(
-            config, "--json", "retire", "w2", "--yes"
+            config, "retire", "w2", "--yes", "--json"
         )
         self.assertEqual((code, err), (0, ""))
         self.assertEqual(json.loads(out)["status"], "decommissioning")

@@ -1,7 +1,8 @@
 """
 fleetctl: the owner's command-line client for fleetd's admin API.
 
-C{fleetctl [--config FILE] [--json] COMMAND ...}. The config is found from
+C{fleetctl [--config FILE] [--json] COMMAND ... [--json]}: C{--json} is
+taken before or after the command, at any depth. The config is found from
 C{--config}, then C{$FLEETD_CONFIG}, then C{/etc/fleetd/fleetd.toml}; the
 owner client certificate and the admin URL come from its C{[owner]} table
 (L{fleetd.cli.client}). Exit 0 on success; otherwise one line on stderr
@@ -31,7 +32,13 @@ from fleetd.cli import (
     trust,
 )
 from fleetd.cli.output import Console
-from fleetd.clitools import CLIError, Parser, addJSONOption, runMain
+from fleetd.clitools import (
+    CLIError,
+    Parser,
+    acceptJSONAnywhere,
+    addJSONOption,
+    runMain,
+)
 from fleetd.config import ConfigError, Settings, loadSettings
 
 DEFAULT_CONFIG = "/etc/fleetd/fleetd.toml"
@@ -47,6 +54,7 @@ def buildParser() -> argparse.ArgumentParser:
     for module in (journal, devices, provision, approve, status, trust, cluster):
         module.addCommands(commands)
     dnscheck.addCommands(commands)
+    acceptJSONAnywhere(parser)
     return parser
 
 
