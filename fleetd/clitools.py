@@ -57,6 +57,22 @@ def addJSONOption(parser: argparse.ArgumentParser, *, after: bool = False) -> No
         parser.add_argument("--json", action="store_true", help="print JSON")
 
 
+def acceptJSONAnywhere(parser: argparse.ArgumentParser) -> None:
+    """
+    C{--json} before or after any subcommand (C{fleetctl --json status w1},
+    C{fleetctl status w1 --json}, C{fleetctl device --json list}): the flag
+    on every subcommand parser below C{parser} that lacks it, as
+    L{addJSONOption}'s C{after} form. Call once all subcommands exist.
+    """
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for sub in action.choices.values():
+            if "--json" not in sub._option_string_actions:
+                addJSONOption(sub, after=True)
+            acceptJSONAnywhere(sub)
+
+
 def writeJSON(out: IO[str], document: Any, *, sortKeys: bool = False) -> None:
     """The C{--json} output: C{document} on one line."""
     out.write(json.dumps(document, sort_keys=sortKeys) + "\n")

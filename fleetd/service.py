@@ -37,6 +37,7 @@ from fleetd.device.resource import deviceFace
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.dns.service import DNSService
 from fleetd.heap import ICollector, pauseForStartup, tune
+from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import IInventory
 from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.kube.connect import clientFromSettings
@@ -265,6 +266,11 @@ class FleetdService(MultiService):
             runs=self.runs,
         )
         renderer = TemplateRenderer(s.provision.templates, s.provision.default_cluster)
+        defined = None  # NetBox refuses additions: its devices are made there
+        if s.netbox is None:
+            defined = SiteDefinitions(
+                s.provision.classes, renderer.clusters, str(s.provision.templates)
+            )
         admin = adminRoot(
             clock=self.reactor,
             registry=self.registry,
@@ -275,6 +281,7 @@ class FleetdService(MultiService):
                 inventory=self.inventory,
                 journal=self.journal,
                 offload=self._inThread,
+                defined=defined,
                 runs=self.runs,
                 renderer=renderer,
                 trust=self.trust,
@@ -285,6 +292,7 @@ class FleetdService(MultiService):
                 kube=self.kube,
             ),
             readiness=self.readiness,
+            inventory=self.inventory,
         )
         admin.putChild(b"device", DevicePage())  # owners only [F3]
         follow = followAdminPort(self.deviceFlow, s.topology.enrollment_name)

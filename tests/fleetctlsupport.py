@@ -18,10 +18,23 @@ from fleetd.cli import fleetctl
 from tests.support import writeConfig
 
 
-def runFleetctl(argv: list[str]) -> tuple[int, str, str]:
-    """fleetctl's C{main} over C{argv}: (exit status, stdout, stderr)."""
+class Terminal(io.StringIO):
+    """Standard input that is a terminal, holding what the person types."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def runFleetctl(
+    argv: list[str], stdin: io.StringIO | None = None
+) -> tuple[int, str, str]:
+    """
+    fleetctl's C{main} over C{argv}: (exit status, stdout, stderr). Its
+    standard input is C{stdin}, by default empty and not a terminal (as
+    in a script), never the test runner's.
+    """
     out, err = io.StringIO(), io.StringIO()
-    code = fleetctl.main(argv, out, err)
+    code = fleetctl.main(argv, out, err, io.StringIO() if stdin is None else stdin)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -38,6 +51,8 @@ def ownerConfig(
     return writeConfig(directory, tables)
 
 
-def fleetctlAgainst(config: Path | str, *argv: str) -> Deferred[tuple[int, str, str]]:
+def fleetctlAgainst(
+    config: Path | str, *argv: str, stdin: io.StringIO | None = None
+) -> Deferred[tuple[int, str, str]]:
     """Run C{fleetctl --config config argv...} in a thread."""
-    return deferToThread(runFleetctl, ["--config", str(config), *argv])
+    return deferToThread(runFleetctl, ["--config", str(config), *argv], stdin)

@@ -8,6 +8,7 @@ from typing import TypeVar
 from twisted.internet.defer import Deferred, fail
 
 from fleetd.inventory import Device, validateDevice
+from fleetd.inventory.defined import SiteDefinitions
 from fleetd.store import Database
 
 _T = TypeVar("_T")
@@ -34,6 +35,11 @@ def device(
         cluster=cluster,
     )
 
+
+# The classes the test site defines (as tests.support.writeConfig's), and
+# the clusters whose templates it has.
+CLASSES = ("worker", "worker-g1", "worker-g2", "worker-g3", "control-plane")
+SITE = SiteDefinitions(CLASSES, lambda: ["big", "default", "folly"], "templates")
 
 W1 = device()
 W2 = device("w2", "SN-0002", UUID2, ("52:54:00:00:00:02", "52:54:00:00:00:12"))

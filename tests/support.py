@@ -10,6 +10,7 @@ from typing import Any
 from twisted.trial.unittest import SkipTest
 
 from fleetd.inventory.sqlite import SQLiteInventory
+from tests.inventorysupport import CLASSES
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,7 +49,8 @@ def writeConfig(
     templates = directory / "templates"
     templates.mkdir(exist_ok=True)
     template = REPO / "conf" / "templates" / "default.yaml"
-    (templates / "default.yaml").write_bytes(template.read_bytes())
+    for cluster in ("default", "folly"):  # folly: the reference site's cluster
+        (templates / f"{cluster}.yaml").write_bytes(template.read_bytes())
     (directory / "topology.json").write_text(json.dumps(topology or TOPOLOGY))
     listen = "tcp:{}:interface=127.0.0.1"
     tables: dict[str, dict[str, Any]] = {
@@ -82,6 +84,7 @@ def writeConfig(
             "server_ca": "pki/public-ca.pem",
         },
         "tink": {"upstream": "tcp:127.0.0.1:1"},
+        "provision": {"classes": list(CLASSES)},
     }
     for table, keys in (overrides or {}).items():
         target = tables.setdefault(table, {})

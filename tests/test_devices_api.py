@@ -25,7 +25,7 @@ from fleetd.store import AsyncJournal, Database, InlineRunner, Journal, StoreErr
 from fleetd.web.resources import Router
 from tests.daemonsupport import DaemonTestMixin, httpsRequest
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
-from tests.inventorysupport import UUID1, UUID2, UUID3, FailingRunner
+from tests.inventorysupport import SITE, UUID1, UUID2, UUID3, FailingRunner
 from tests.inventorysupport import W1 as DEVICE_W1
 from tests.ownersupport import CSV, W1, inline
 from tests.support import inventoryOver
@@ -47,7 +47,7 @@ class DevicesResourceTests(SynchronousTestCase):
         self.journal = AsyncJournal(runner, Journal(b"k" * 32), Clock())
         self.inventory = SQLiteInventory(runner, self.journal)
         self.stub = self.treqFor(
-            devicesResource(self.inventory, self.journal, offload=inline)
+            devicesResource(self.inventory, self.journal, offload=inline, defined=SITE)
         )
 
     def treqFor(self, devices: Any) -> Any:
@@ -236,7 +236,7 @@ class DevicesResourceTests(SynchronousTestCase):
             return d
 
         self.stub = self.treqFor(
-            devicesResource(self.inventory, self.journal, offload=hold)
+            devicesResource(self.inventory, self.journal, offload=hold, defined=SITE)
         )
         bad = CSV + "w4,SN-4,not-a-uuid,,worker,\n"
         for body, expected in [(CSV, 200), (bad, 400)]:
@@ -282,7 +282,9 @@ class DevicesResourceTests(SynchronousTestCase):
     def test_unavailable_503(self) -> None:
         """When the database cannot be used the answer is a one-line 503."""
         broken = inventoryOver(FailingRunner(StoreError("runner stopped")))
-        self.stub = self.treqFor(devicesResource(broken, self.journal, offload=inline))
+        self.stub = self.treqFor(
+            devicesResource(broken, self.journal, offload=inline, defined=SITE)
+        )
         code, _, body = self.call("GET", BASE)
         self.assertEqual(code, 503)
         self.assertEqual(body, b"inventory database unavailable: runner stopped\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import sqlite3
@@ -78,6 +79,68 @@ class FrameTests(SynchronousTestCase):
         self.assertEqual(code, 1)
         self.assertIn("cannot reach fleetd at https://localhost:1", err)
         self.assertEqual(err.count("\n"), 1)
+
+
+# One way to call each fleetctl command, by its words: --json must be taken
+# before or after each (issue 19 item 4).
+EVERY_COMMAND = {
+    ("journal",): ["journal"],
+    ("device", "add"): ["device", "add", "w1", "--serial", "S", "--uuid", "U",
+                        "--class", "worker"],
+    ("device", "list"): ["device", "list"],
+    ("device", "show"): ["device", "show", "w1"],
+    ("device", "import"): ["device", "import", "f.csv"],
+    ("provision",): ["provision", "w1", "w2"],
+    ("approve",): ["approve", "BCDF-GHJK", "--device", "w1"],
+    ("status",): ["status", "w1"],
+    ("evidence", "add"): ["evidence", "add", "--serial", "S", "--ek-sha256", "H",
+                          "--kind", "console"],
+    ("evidence", "import"): ["evidence", "import", "m.csv"],
+    ("evidence", "list"): ["evidence", "list"],
+    ("evidence", "withdraw"): ["evidence", "withdraw", "1", "--reason", "r"],
+    ("binding", "approve"): ["binding", "approve", "S"],
+    ("binding", "list"): ["binding", "list"],
+    ("disks", "forget"): ["disks", "forget", "w1", "--reason", "r"],
+    ("cluster-token", "request"): ["cluster-token", "request", "--node", "cp1",
+                                   "--reason", "r"],
+    ("cluster-token", "approve"): ["cluster-token", "approve", "ctr-1"],
+    ("cluster-token", "rotate"): ["cluster-token", "rotate"],
+    ("cluster-token", "list"): ["cluster-token", "list"],
+    ("retire",): ["retire", "w1", "--yes"],
+    ("dns-check",): ["dns-check", "--timeout", "1"],
+}  # fmt: skip
+
+
+def commandPaths(
+    parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()
+) -> set[tuple[str, ...]]:
+    """The words of every command C{parser} takes, down to the leaves."""
+    found: set[tuple[str, ...]] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found |= commandPaths(sub, (*prefix, name)) or {(*prefix, name)}
+    return found
+
+
+class JSONAnywhereTests(SynchronousTestCase):
+    """C{--json} before or after the subcommand, everywhere (issue 19 item 4)."""
+
+    def test_everyCommand_jsonBeforeOrAfter(self) -> None:
+        """
+        Every command takes --json before the command, after it, or after
+        the group's word (C{device --json list}); without it, no JSON.
+        """
+        parser = fleetctl.buildParser()
+        self.assertEqual(commandPaths(parser), set(EVERY_COMMAND))
+        for path, argv in EVERY_COMMAND.items():
+            self.assertFalse(parser.parse_args(argv).json, path)
+            self.assertTrue(parser.parse_args(["--json", *argv]).json, path)
+            self.assertTrue(parser.parse_args([*argv, "--json"]).json, path)
+            inner = [*path, "--json", *argv[len(path) :]]
+            self.assertTrue(parser.parse_args(inner).json, path)
+            both = parser.parse_args(["--json", *argv, "--json"])
+            self.assertTrue(both.json, path)
 
 
 class JournalCommandTests(DaemonTestMixin, TestCase):

@@ -122,7 +122,7 @@ class CommandTests(DaemonTestMixin, TestCase):
             "worker",
         )
         self.assertEqual(code, 0, err)
-        code, out, err = await fleetctl("retire", "w1")
+        code, out, err = await fleetctl("retire", "w1", "--yes")
         self.assertEqual(code, 0, err)
         self.assertIn("decommissioning", out)
         self.assertIn("machine.token", out)

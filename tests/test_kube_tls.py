@@ -220,7 +220,7 @@ class DaemonWithClusterTests(FakeOverTLS, DaemonTestMixin):
         self.assertIn("is deleted at", out)
         # [R1] retirement with a cluster
         self.fake.addNode("w1")
-        code, out, err = await fleetctl("retire", "w1")
+        code, out, err = await fleetctl("retire", "w1", "--yes")
         self.assertEqual(code, 0, err)
         self.assertIn("node:     deleted", out)
         self.assertNotIn("w1", self.fake.nodes)

@@ -39,6 +39,7 @@ from fleetd.web.owner import OWNER_NAME, checkOwner
 from fleetd.web.resources import Endpoint
 from fleetd.web.site import BoundedSite
 from tests.daemonsupport import DaemonTestMixin, httpsRequest
+from tests.inventorysupport import SITE
 from tests.ownersupport import (
     CLIENT_AUTH,
     CSV,
@@ -266,7 +267,7 @@ class GateTests(OwnerSiteMixin, PKIMixin, SynchronousTestCase):
             version="0",
             api={
                 b"devices": devicesResource(
-                    self.inventory, self.journal, offload=inline
+                    self.inventory, self.journal, offload=inline, defined=SITE
                 ),
                 b"provision": self.provision,
             },

@@ -27,7 +27,7 @@ from fleetd.web.site import BoundedSite
 from tests.daemonsupport import DaemonTestMixin
 from tests.faultsupport import FaultyJournal
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
-from tests.inventorysupport import UUID1, UUID2
+from tests.inventorysupport import SITE, UUID1, UUID2
 from tests.ownersupport import OwnerSiteMixin, PKIMixin, inline, issue
 
 EK1 = hashlib.sha256(b"ek-one").hexdigest()
@@ -56,7 +56,9 @@ class TrustAPITests(OwnerSiteMixin, PKIMixin, SynchronousTestCase):
             site="test",
             version="0",
             api={
-                b"devices": devicesResource(inventory, self.journal, offload=inline),
+                b"devices": devicesResource(
+                    inventory, self.journal, offload=inline, defined=SITE
+                ),
                 b"evidence": EvidenceResource(trust, inline),
                 b"bindings": BindingsResource(trust),
             },

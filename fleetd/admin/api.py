@@ -16,6 +16,7 @@ from fleetd.admin.provision import ProvisionResource
 from fleetd.admin.status import StatusResource
 from fleetd.admin.trust import BindingsResource, DisksAdminResource, EvidenceResource
 from fleetd.deviceflow.flow import DeviceFlow
+from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import IInventory
 from fleetd.kube.retire import RetireService
 from fleetd.kube.service import KubeService
@@ -32,6 +33,7 @@ def ownerAPI(
     inventory: IInventory,
     journal: AsyncJournal,
     offload: Offload[Any],
+    defined: SiteDefinitions | None,
     runs: RunRegistry,
     renderer: TemplateRenderer,
     trust: TrustService,
@@ -47,9 +49,12 @@ def ownerAPI(
     cluster-token commands refuse.
 
     @param offload: runs blocking parses (CSV import, evidence) in a thread.
+    @param defined: what an added device may name (L{devicesResource}).
     """
     return {
-        b"devices": devicesResource(inventory, journal, offload=offload),
+        b"devices": devicesResource(
+            inventory, journal, offload=offload, defined=defined
+        ),
         b"cluster-token": clusterTokenResource(None if kube is None else kube.cluster),
         b"retire": retireResource(retire),
         b"provision": ProvisionResource(

@@ -11,9 +11,11 @@ The inventory's part of the admin API, under C{/v1/admin/devices}.
     The file (up to the admin body limit, 8 MiB) is decoded and parsed in
     a worker thread (the C{offload} given), never on the reactor thread.
 
-Refusals are one line of text: 400 invalid, 404 unknown, 409 duplicate,
-503 inventory unavailable.  These resources sit behind the owner gate;
-additions are journaled with the owner as actor.
+A device's class must be one the site defines and its cluster one with a
+template (L{SiteDefinitions}); otherwise 400 with one line saying which
+and what was probably meant.  Refusals are one line of text: 400 invalid,
+404 unknown, 409 duplicate, 503 inventory unavailable.  These resources
+sit behind the owner gate; additions are journaled with the owner as actor.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from twisted.web.iweb import IRequest
 
 from fleetd import jsonbody
 from fleetd.inventory.csvimport import parseDeviceCSV
+from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import Device, IInventory, InventoryError, validateDevice
 from fleetd.jsonbody import JSONBodyError
 from fleetd.store.entries import Entry
@@ -139,12 +142,17 @@ class DevicesResource(Endpoint):
     """C{/v1/admin/devices}: list and add; children are single devices."""
 
     def __init__(
-        self, inventory: IInventory, journal: AsyncJournal, offload: Offload[Any]
+        self,
+        inventory: IInventory,
+        journal: AsyncJournal,
+        offload: Offload[Any],
+        defined: SiteDefinitions | None,
     ) -> None:
         super().__init__()
         self._inventory = inventory
         self._journal = journal
         self._offload = offload
+        self._defined = defined
 
     def getChild(self, path: bytes, request: IRequest) -> resource.Resource:
         if request.postpath:
@@ -152,7 +160,9 @@ class DevicesResource(Endpoint):
         if path == b"":
             return self
         if path == b"import":
-            return ImportResource(self._inventory, self._journal, self._offload)
+            return ImportResource(
+                self._inventory, self._journal, self._offload, self._defined
+            )
         try:
             name = path.decode("utf-8")
         except UnicodeDecodeError:
@@ -171,6 +181,8 @@ class DevicesResource(Endpoint):
 
         async def work() -> Outcome:
             new = parseDeviceJSON(_body(request))
+            if self._defined is not None:
+                self._defined.check(new)
             device = await self._inventory.add(new, journal=[_added(new, actor)])
             location = f"/v1/admin/devices/{device.name}".encode("ascii")
             request.setHeader(b"location", location)
@@ -221,11 +233,16 @@ class ImportResource(DeviceResource):
     """
 
     def __init__(
-        self, inventory: IInventory, journal: AsyncJournal, offload: Offload[Any]
+        self,
+        inventory: IInventory,
+        journal: AsyncJournal,
+        offload: Offload[Any],
+        defined: SiteDefinitions | None,
     ) -> None:
         super().__init__(inventory, "import")
         self._journal = journal
         self._offload = offload
+        self._defined = defined
 
     def render_POST(self, request: IRequest) -> int:
         actor = _actor(request)
@@ -233,6 +250,8 @@ class ImportResource(DeviceResource):
 
         async def work() -> Outcome:
             devices: list[Device] = await self._offload(parseDeviceCSVBody, raw)
+            if self._defined is not None:
+                self._defined.checkAll(devices)
             count = await self._inventory.importDevices(
                 devices, journal=[_added(d, actor, via="import") for d in devices]
             )
@@ -242,11 +261,18 @@ class ImportResource(DeviceResource):
 
 
 def devicesResource(
-    inventory: IInventory, journal: AsyncJournal, *, offload: Offload[Any]
+    inventory: IInventory,
+    journal: AsyncJournal,
+    *,
+    offload: Offload[Any],
+    defined: SiteDefinitions | None,
 ) -> resource.Resource:
     """
     The C{/v1/admin/devices} subtree, to mount behind the owner gate.
 
     @param offload: runs the CSV parse of an import off the reactor thread.
+    @param defined: the classes and clusters an added device may name;
+        L{None} only where the inventory refuses additions itself (NetBox,
+        whose devices are created in NetBox).
     """
-    return DevicesResource(inventory, journal, offload)
+    return DevicesResource(inventory, journal, offload, defined)

@@ -6,7 +6,9 @@ Answer 201 with C{{"runs": [{"run", "code", "device"}, ...]}}; the codes
 appear in this response and nowhere else. All devices are checked before
 any run starts: unknown devices, refused classes [T2], a serial NetBox
 holds more than once (DESIGN section 4), a broken template or a full vault
-refuse the whole request, and nothing changes [J1]. While the inventory
+refuse the whole request, and nothing changes [J1]. A template that cannot
+be rendered is a 409 naming the device and its cluster, journaled as
+C{provision.refused} (reason C{template}) like the other refusals. While the inventory
 cannot be asked (NetBox down, or refusing fleetd's token) the answer is
 503 C{busy: ...} with Retry-After: a device is never provisioned from a
 cache (issue 17 items 11 and 12).
@@ -38,6 +40,7 @@ from fleetd.runs.provision import (
 )
 from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import NodeFacts, RenderError, TemplateRenderer
+from fleetd.store.fields import MAX_STRING
 from fleetd.store.journal import AsyncJournal
 from fleetd.vault import VaultError
 from fleetd.web.owner import ownerOf
@@ -53,6 +56,15 @@ class Refused(Exception):
     def __init__(self, code: int, line: str) -> None:
         super().__init__(line)
         self.code = code
+
+
+class _TemplateFailed(Exception):
+    """C{device}'s template could not be rendered (C{error} says why)."""
+
+    def __init__(self, device: Device, cluster: str, error: RenderError) -> None:
+        super().__init__(str(error))
+        self.device = device
+        self.cluster = cluster
 
 
 def _refusal(error: Exception) -> tuple[int, str] | None:
@@ -176,8 +188,8 @@ class ProvisionResource(Endpoint):
             raise Refused(http.SERVICE_UNAVAILABLE, str(e)) from e
         except Decommissioning as e:  # retired while this request ran [R1]
             raise await self._decommissioning(e.device, actor) from e
-        except RenderError as e:  # rendered once each, before any run is stored
-            raise Refused(http.CONFLICT, f"template: {e}") from e
+        except _TemplateFailed as e:  # rendered once each, before any run is stored
+            raise await self._templateFailed(e, actor) from e
         except VaultError as e:
             raise Refused(
                 http.SERVICE_UNAVAILABLE, f"vault: {e}; nothing was provisioned"
@@ -215,6 +227,25 @@ class ProvisionResource(Endpoint):
         )
         raise Refused(http.CONFLICT, line)
 
+    async def _templateFailed(self, failed: _TemplateFailed, actor: str) -> Refused:
+        """The refusal of a provision whose template failed, journaled."""
+        name = failed.device.name
+        await self._journal.append(
+            "provision.refused",
+            actor=actor,
+            device=name,
+            fields={
+                "reason": "template",
+                "cluster": failed.cluster,
+                "problem": str(failed)[:MAX_STRING],
+            },
+        )
+        return Refused(
+            http.CONFLICT,
+            f"template: {name} (cluster {failed.cluster}): {failed};"
+            " nothing was provisioned",
+        )
+
     async def _decommissioning(self, name: str, actor: str) -> Refused:
         await self._journal.append(
             "provision.refused",
@@ -230,15 +261,22 @@ class ProvisionResource(Endpoint):
     async def _provisionRuns(
         self, rendered: list[Device], action: str | None, actor: str
     ) -> list[Provisioned]:
+        renderer = self._renderer
+
+        def render(device: Device, run: str, token: str | None = None) -> bytes:
+            facts = NodeFacts(
+                device.name, device.device_class, run=run, bootstrap_token=token
+            )
+            try:
+                return renderer.render(device.cluster, facts)
+            except RenderError as e:
+                cluster = device.cluster or renderer.defaultCluster
+                raise _TemplateFailed(device, cluster, e) from e
+
         return await self._registry.provision(
             rendered,
             actor=actor,
             desiredAction=action,
-            render=lambda device, run, token=None: self._renderer.render(
-                device.cluster,
-                NodeFacts(
-                    device.name, device.device_class, run=run, bootstrap_token=token
-                ),
-            ),
+            render=render,
             credentials=self._credentials,
         )

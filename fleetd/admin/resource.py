@@ -22,11 +22,13 @@ from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
 from fleetd import jsonbody
+from fleetd.inventory.model import IInventory, InventoryError
 from fleetd.jsonbody import JSONBodyError
 from fleetd.logs import ThrottledLog
 from fleetd.readiness import Readiness
 from fleetd.store.journal import AsyncJournal
 from fleetd.web.owner import NO_CERTIFICATE, checkOwner, ownerOf
+from fleetd.web.refusals import inventoryRefusal
 from fleetd.web.resources import (
     Endpoint,
     Refusal,
@@ -188,13 +190,53 @@ def _arg(request: IRequest, name: bytes) -> str | None:
     return value.decode("utf-8")
 
 
-class JournalResource(Endpoint):
-    """C{GET /v1/admin/journal[?device=&run=&since=&limit=]}."""
+class _Unknown(Exception):
+    """A device or run the query names that fleetd never knew: 404."""
 
-    def __init__(self, journal: AsyncJournal) -> None:
+
+def _journalRefusal(error: Exception) -> tuple[int, str] | None:
+    if isinstance(error, _Unknown):
+        return http.NOT_FOUND, str(error)
+    if isinstance(error, InventoryError):
+        return inventoryRefusal(error)
+    return None
+
+
+class JournalResource(Endpoint):
+    """
+    C{GET /v1/admin/journal[?device=&run=&since=&limit=]}.
+
+    A C{device} neither the journal nor the inventory knows, or a C{run}
+    the journal never named, is a 404 line, not an empty list (issue 19
+    item 4): a typo must not look like a quiet device. A retired device
+    the inventory no longer holds is known by its history.
+    """
+
+    def __init__(
+        self, journal: AsyncJournal, inventory: IInventory | None = None
+    ) -> None:
+        """
+        @param inventory: where a device without history is looked up;
+            L{None} for a tree without one (then only the journal counts).
+        """
         super().__init__()
         self._journal = journal
+        self._inventory = inventory
         self.putChild(b"verify", JournalVerifyResource(journal))
+
+    async def _deviceKey(self, device: str) -> str:
+        """The name C{device}'s entries carry; L{_Unknown} when none could."""
+        key = device.lower()  # as the inventory keys names
+        if await self._journal.query(device=key, limit=1):
+            return key
+        found = None if self._inventory is None else await self._inventory.get(device)
+        if found is None:
+            raise _Unknown(f"no device named {device} in the inventory or the journal")
+        return found.name
+
+    async def _checkRun(self, run: str) -> None:
+        if not await self._journal.query(run=run, limit=1):
+            raise _Unknown(f"no run named {run} in the journal")
 
     def getChild(self, path: bytes, request: IRequest) -> resource.Resource:
         if path == b"":
@@ -213,12 +255,15 @@ class JournalResource(Endpoint):
             return textResponse(request, http.BAD_REQUEST, f"bad query: {e}")
 
         async def work() -> tuple[int, Any]:
+            key = None if device is None else await self._deviceKey(device)
+            if run is not None:
+                await self._checkRun(run)
             entries = await self._journal.query(
-                device=device, run=run, since_seq=since, limit=limit
+                device=key, run=run, since_seq=since, limit=limit
             )
             return http.OK, {"entries": [e.toJSON() for e in entries]}
 
-        return renderAsync(request, work)
+        return renderAsync(request, work, _journalRefusal)
 
 
 class JournalVerifyResource(Endpoint):
@@ -259,6 +304,7 @@ def adminRoot(
     version: str,
     api: Mapping[bytes, resource.Resource] | None = None,
     readiness: Readiness | None = None,
+    inventory: IInventory | None = None,
 ) -> resource.Resource:
     """
     The admin listener's resource tree.
@@ -267,9 +313,11 @@ def adminRoot(
         own them (devices, runs, ...); all of them sit behind the owner gate.
     @param readiness: what C{/healthz} reports; L{None} for a tree that
         has no run load behind it (always ready).
+    @param inventory: where C{journal?device=} looks up a device without
+        history (L{JournalResource}).
     """
     owner = Router()
-    owner.putChild(b"journal", JournalResource(journal))
+    owner.putChild(b"journal", JournalResource(journal, inventory))
     owner.putChild(b"whoami", WhoAmI())
     for name, child in (api or {}).items():
         owner.putChild(name, child)

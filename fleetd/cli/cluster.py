@@ -1,7 +1,10 @@
 """
 C{fleetctl cluster-token request --node NAME --reason TEXT},
 C{fleetctl cluster-token approve REQ}, C{fleetctl cluster-token rotate}
-[K5][K6] and C{fleetctl retire NAME} [R1].
+[K5][K6] and C{fleetctl retire NAME [--yes]} [R1].
+
+Retiring cannot be undone, so C{retire} asks first: at a terminal the
+owner types the device's name; elsewhere (a script) only C{--yes} retires.
 
 The token printed by C{approve} and C{rotate} appears in that output and
 nowhere else fleetd writes.
@@ -10,11 +13,12 @@ nowhere else fleetd writes.
 from __future__ import annotations
 
 import argparse
+import urllib.parse
 from typing import IO, Any
 
 from fleetd.cli.client import AdminClient
-from fleetd.cli.output import when
-from fleetd.clitools import writeJSON
+from fleetd.cli.output import Console, when
+from fleetd.clitools import CLIError, writeJSON
 from fleetd.config import Settings
 
 
@@ -41,6 +45,11 @@ def addCommands(commands: Any) -> None:
         "retire", help="delete the Node and tokens, mark decommissioning [R1]"
     )
     retire.add_argument("name", metavar="NAME")
+    retire.add_argument(
+        "--yes",
+        action="store_true",
+        help="do not ask: retiring cannot be undone (without --yes, type NAME)",
+    )
     retire.set_defaults(handler=cmdRetire)
 
 
@@ -108,8 +117,38 @@ def cmdList(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
     return 0
 
 
+def confirmRetire(record: dict[str, Any], console: Console) -> None:
+    """
+    Ask a person at the terminal to type the device's name; without a
+    terminal, or when something else is typed, refuse: nothing changed.
+    """
+    name = record["name"]
+    if not console.interactive():
+        raise CLIError(
+            f"retire: retiring {name} cannot be undone: pass --yes"
+            " (or run at a terminal and type its name)",
+            2,
+        )
+    typed = console.ask(
+        f"retire {name} (serial {record['serial']}, {record['status']}): its"
+        " Node and tokens are deleted and it can never be provisioned again;"
+        " this cannot be undone (a new device record brings the machine back)."
+        f"\nType {name} to retire it: "
+    )
+    if typed.lower() != name:
+        raise CLIError(
+            f"retire: not confirmed ({typed or 'nothing'} typed, not {name});"
+            " nothing changed"
+        )
+
+
 def cmdRetire(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
-    doc = _post(settings, "/v1/admin/retire", {"device": args.name})
+    client = AdminClient(settings)
+    path = "/v1/admin/devices/" + urllib.parse.quote(args.name, safe="")
+    record = client.request("GET", path)  # an unknown name: refused, not asked
+    if not args.yes:
+        confirmRetire(record, args.console)
+    doc = client.request("POST", "/v1/admin/retire", body={"device": args.name})
     if args.json:
         writeJSON(out, doc, sortKeys=True)
         return 0

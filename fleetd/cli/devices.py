@@ -15,7 +15,7 @@ from typing import IO, Any
 
 from fleetd.cli.client import AdminClient, postText, readUpload
 from fleetd.cli.output import alignedTable, emit
-from fleetd.clitools import CLIError, addJSONOption
+from fleetd.clitools import CLIError
 from fleetd.config import Settings
 from fleetd.inventory.csvimport import parseDeviceCSV
 from fleetd.inventory.model import InventoryError, validateDevice
@@ -127,6 +127,3 @@ def addCommands(commands: Any) -> None:
         "file", help="CSV with a header naming name,serial,uuid,mac,class,cluster"
     )
     load.set_defaults(handler=cmdImport)
-
-    for parser in (add, listing, show, load):
-        addJSONOption(parser, after=True)

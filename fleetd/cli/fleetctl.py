@@ -1,7 +1,8 @@
 """
 fleetctl: the owner's command-line client for fleetd's admin API.
 
-C{fleetctl [--config FILE] [--json] COMMAND ...}. The config is found from
+C{fleetctl [--config FILE] [--json] COMMAND ... [--json]}: C{--json} is
+taken before or after the command, at any depth. The config is found from
 C{--config}, then C{$FLEETD_CONFIG}, then C{/etc/fleetd/fleetd.toml}; the
 owner client certificate and the admin URL come from its C{[owner]} table
 (L{fleetd.cli.client}). Exit 0 on success; otherwise one line on stderr
@@ -30,7 +31,14 @@ from fleetd.cli import (
     status,
     trust,
 )
-from fleetd.clitools import CLIError, Parser, addJSONOption, runMain
+from fleetd.cli.output import Console
+from fleetd.clitools import (
+    CLIError,
+    Parser,
+    acceptJSONAnywhere,
+    addJSONOption,
+    runMain,
+)
 from fleetd.config import ConfigError, Settings, loadSettings
 
 DEFAULT_CONFIG = "/etc/fleetd/fleetd.toml"
@@ -46,6 +54,7 @@ def buildParser() -> argparse.ArgumentParser:
     for module in (journal, devices, provision, approve, status, trust, cluster):
         module.addCommands(commands)
     dnscheck.addCommands(commands)
+    acceptJSONAnywhere(parser)
     return parser
 
 
@@ -58,19 +67,26 @@ def main(
     argv: Sequence[str] | None = None,
     out: IO[str] | None = None,
     err: IO[str] | None = None,
+    stdin: IO[str] | None = None,
 ) -> int:
+    """
+    Run fleetctl; C{stdin} and C{err} are where a command asks a person to
+    confirm (C{retire} at a terminal), as C{args.console}.
+    """
     output = sys.stdout if out is None else out
+    errors = sys.stderr if err is None else err
 
     def run() -> int:
         try:
             args = buildParser().parse_args(argv)
+            args.console = Console(sys.stdin if stdin is None else stdin, errors)
             settings = loadSettings(configPath(args.config))
             handler: Handler = args.handler
             return handler(settings, args, output)
         except ConfigError as e:
             raise CLIError(f"configuration error: {e}", 2) from e
 
-    return runMain("fleetctl", run, output, sys.stderr if err is None else err)
+    return runMain("fleetctl", run, output, errors)
 
 
 if __name__ == "__main__":

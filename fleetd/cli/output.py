@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 from typing import IO, Any
 
 from fleetd.clitools import writeJSON
@@ -53,3 +54,24 @@ def formatEntry(entry: dict[str, Any]) -> str:
             f"{key}={json.dumps(value) if not isinstance(value, str) else value}"
         )
     return "  ".join(parts)
+
+
+@dataclass(frozen=True)
+class Console:
+    """Where a command asks a person: answers on C{stdin}, questions on C{err}."""
+
+    stdin: IO[str]
+    err: IO[str]
+
+    def interactive(self) -> bool:
+        """Whether a person is there to answer (C{stdin} is a terminal)."""
+        try:
+            return self.stdin.isatty()
+        except ValueError:  # closed
+            return False
+
+    def ask(self, question: str) -> str:
+        """C{question} on C{err}; the line typed, without its end ("" at EOF)."""
+        self.err.write(question)
+        self.err.flush()
+        return self.stdin.readline().strip()

@@ -23,7 +23,7 @@ from typing import IO, Any
 
 from fleetd.cli.client import AdminClient, postText, readUpload
 from fleetd.cli.output import alignedTable, emit, when
-from fleetd.clitools import CLIError, addJSONOption
+from fleetd.clitools import CLIError
 from fleetd.config import Settings
 from fleetd.trust.manifest import parseManifest
 from fleetd.trust.model import EvidenceKind, TrustError, evidence, validateKind
@@ -236,5 +236,3 @@ def addCommands(commands: Any) -> None:
     forget.add_argument("name", metavar="NAME")
     forget.add_argument("--reason", required=True)
     forget.set_defaults(handler=cmdDisksForget)
-    for parser in (add, load, listing, withdraw, approve, blist, forget):
-        addJSONOption(parser, after=True)

@@ -117,6 +117,15 @@ class Table:
             raise ConfigError(self.key(name), f"must be between {low} and {high}")
         return float(value)
 
+    def strings(self, name: str) -> tuple[str, ...]:
+        """A list of non-empty strings; absent, the empty tuple."""
+        value = self._get(name, [])
+        if not isinstance(value, list) or not all(
+            isinstance(item, str) and item.strip() for item in value
+        ):
+            raise ConfigError(self.key(name), "must be a list of non-empty strings")
+        return tuple(value)
+
     def flag(self, name: str, default: bool) -> bool:
         value = self._get(name, default)
         if not isinstance(value, bool):

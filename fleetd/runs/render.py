@@ -99,6 +99,17 @@ class TemplateRenderer:
             raise RenderError(f"bad cluster name {name!r}")
         return self.directory / f"{name}.yaml"
 
+    def clusters(self) -> list[str]:
+        """
+        The clusters the site defines: one per template C{<cluster>.yaml}
+        in the directory, by name; none when it cannot be listed.
+        """
+        try:
+            paths = list(self.directory.glob("*.yaml"))
+        except OSError:
+            return []
+        return sorted(p.stem for p in paths if _CLUSTER.match(p.stem) and p.is_file())
+
     def render(self, cluster: str | None, node: NodeFacts) -> bytes:
         """The node's configuration as multi-document YAML bytes."""
         path = self.templatePath(cluster)
