@@ -284,6 +284,7 @@ class FleetdService(MultiService):
                 kube=self.kube,
             ),
             readiness=self.readiness,
+            verify=self.chain.verify,  # the chain gauge follows at once
         )
         admin.putChild(b"device", DevicePage())  # owners only [F3]
         follow = followAdminPort(self.deviceFlow, s.topology.enrollment_name)

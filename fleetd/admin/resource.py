@@ -22,6 +22,7 @@ from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
 from fleetd import jsonbody
+from fleetd.admin.journal import JournalVerifyResource, ReanchorResource, Verify
 from fleetd.jsonbody import JSONBodyError
 from fleetd.logs import ThrottledLog
 from fleetd.readiness import Readiness
@@ -191,10 +192,16 @@ def _arg(request: IRequest, name: bytes) -> str | None:
 class JournalResource(Endpoint):
     """C{GET /v1/admin/journal[?device=&run=&since=&limit=]}."""
 
-    def __init__(self, journal: AsyncJournal) -> None:
+    def __init__(self, journal: AsyncJournal, verify: Verify | None = None) -> None:
+        """
+        @param verify: verifies the chain and records the verdict (fleetd's
+            L{fleetd.store.chain.ChainMonitor.verify}); L{None}: only verify.
+        """
         super().__init__()
         self._journal = journal
-        self.putChild(b"verify", JournalVerifyResource(journal))
+        check: Verify = journal.verify if verify is None else verify
+        self.putChild(b"verify", JournalVerifyResource(check))
+        self.putChild(b"reanchor", ReanchorResource(journal, check))
 
     def getChild(self, path: bytes, request: IRequest) -> resource.Resource:
         if path == b"":
@@ -221,28 +228,6 @@ class JournalResource(Endpoint):
         return renderAsync(request, work)
 
 
-class JournalVerifyResource(Endpoint):
-    """C{GET /v1/admin/journal/verify}: walk the whole chain."""
-
-    isLeaf = True
-
-    def __init__(self, journal: AsyncJournal) -> None:
-        super().__init__()
-        self._journal = journal
-
-    def render_GET(self, request: IRequest) -> int:
-        async def work() -> tuple[int, Any]:
-            result = await self._journal.verify()
-            return http.OK, {
-                "ok": result.ok,
-                "entries": result.entries,
-                "problem": result.problem,
-                "seq": result.seq,
-            }
-
-        return renderAsync(request, work)
-
-
 class WhoAmI(Endpoint):
     isLeaf = True
 
@@ -259,6 +244,7 @@ def adminRoot(
     version: str,
     api: Mapping[bytes, resource.Resource] | None = None,
     readiness: Readiness | None = None,
+    verify: Verify | None = None,
 ) -> resource.Resource:
     """
     The admin listener's resource tree.
@@ -267,9 +253,10 @@ def adminRoot(
         own them (devices, runs, ...); all of them sit behind the owner gate.
     @param readiness: what C{/healthz} reports; L{None} for a tree that
         has no run load behind it (always ready).
+    @param verify: see L{JournalResource}.
     """
     owner = Router()
-    owner.putChild(b"journal", JournalResource(journal))
+    owner.putChild(b"journal", JournalResource(journal, verify))
     owner.putChild(b"whoami", WhoAmI())
     for name, child in (api or {}).items():
         owner.putChild(name, child)
