@@ -148,6 +148,19 @@ class ReanchorTests(JournalFixture):
         result = self.verify()
         self.assertEqual((result.ok, result.seq), (False, 2))
 
+    def test_acknowledgedDigestChanged_isNew(self) -> None:
+        """
+        [J2] A re-anchor acknowledges the digest it found: writing another
+        digest into the broken entry is a new break.
+        """
+        self.fill(4)
+        self.tamper("UPDATE journal SET digest = ? WHERE seq = 2", "ab" * 32)
+        self.reanchor()
+        self.assertTrue(self.verify().ok)
+        self.tamper("UPDATE journal SET digest = ? WHERE seq = 2", "cd" * 32)
+        result = self.verify()
+        self.assertEqual((result.ok, result.seq), (False, 2))
+
     def test_reanchorEdited_isBroken(self) -> None:
         """[J2] The re-anchor entry is itself in the chain: editing it is a break."""
         self.fill(3)
