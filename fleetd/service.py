@@ -282,6 +282,7 @@ class FleetdService(MultiService):
                 deviceFlow=self.deviceFlow,
                 retire=retire,
                 kube=self.kube,
+                database=prepared.database.path,
             ),
             readiness=self.readiness,
             verify=self.chain.verify,  # the chain gauge follows at once

@@ -22,6 +22,7 @@ from typing import IO
 
 from fleetd.cli import (
     approve,
+    backup,
     cluster,
     devices,
     dnscheck,
@@ -46,6 +47,7 @@ def buildParser() -> argparse.ArgumentParser:
     for module in (journal, devices, provision, approve, status, trust, cluster):
         module.addCommands(commands)
     dnscheck.addCommands(commands)
+    backup.addCommands(commands)
     return parser
 
 
