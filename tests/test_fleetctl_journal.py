@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from pathlib import Path
 
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.service import FleetdService
 from tests.daemonsupport import DaemonTestMixin, httpsRequest
-from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
+from tests.fleetctlsupport import fleetctlAgainst, ownerConfig, runFleetctl
+from tests.support import writeConfig
 
 REASON = "seq 2 edited during the disk swap; checked against the NetBox mirror"
 
@@ -168,3 +170,22 @@ class ReanchorCommandTests(DaemonTestMixin, TestCase):
     def test_reanchor_onlyOwnersWithReason(self) -> None:
         """[J2] Without an owner certificate, or with an empty reason: refused."""
         return ensureDeferred(self._notOwner())  # type: ignore[return-value]
+
+
+class ReanchorUsageTests(SynchronousTestCase):
+    """fleetctl journal reanchor's usage mistakes, before anything is sent."""
+
+    def test_reasonOnlyWithReanchor(self) -> None:
+        """
+        --reason without reanchor, reanchor without --reason, and an unknown
+        action are one-line usage errors (exit 2).
+        """
+        config = str(writeConfig(Path(self.mktemp()).resolve()))
+        for argv in (
+            ["journal", "verify", "--reason", "x"],
+            ["journal", "--reason", "x"],
+            ["journal", "reanchor"],
+            ["journal", "erase"],
+        ):
+            code, out, err = runFleetctl(["--config", config, *argv])
+            self.assertEqual((code, out, err.count("\n")), (2, "", 1), argv)

@@ -54,9 +54,21 @@ class BackupResource(Endpoint):
 
     def render_GET(self, request: IRequest) -> int:
         actor = "owner:" + (ownerOf(request) or "unknown")
-        Deferred.fromCoroutine(self._send(request, actor))
+        Deferred.fromCoroutine(self._send(request, actor)).addErrback(
+            self._failed, request
+        )
         notDoneYet: int = server.NOT_DONE_YET
         return notDoneYet
+
+    def _failed(self, failure: Failure, request: Any) -> None:
+        self.log.failure("admin.backup.failed", failure=failure)
+        if request.finished or request._disconnected:
+            return
+        if not request.startedWriting:
+            request.write(
+                textResponse(request, http.INTERNAL_SERVER_ERROR, "internal error")
+            )
+        request.finish()
 
     async def _send(self, request: Any, actor: str) -> None:
         gone: list[bool] = []
