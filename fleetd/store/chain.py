@@ -146,7 +146,8 @@ class _ChainCollector(Collector):
         )
         yield GaugeMetricFamily(
             "fleetd_journal_verified_entries",
-            "Entries found intact, from the first, by the last verification.",
+            "The seq up to which the last verification found the chain intact"
+            " (past acknowledged breaks).",
             value=float(verdict.entries),
         )
         yield GaugeMetricFamily(
