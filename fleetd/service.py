@@ -290,9 +290,11 @@ class FleetdService(MultiService):
                 deviceFlow=self.deviceFlow,
                 retire=retire,
                 kube=self.kube,
+                database=prepared.database.path,
             ),
             readiness=self.readiness,
             inventory=self.inventory,
+            verify=self.chain.verify,  # the chain gauge follows at once
         )
         admin.putChild(b"device", DevicePage())  # owners only [F3]
         follow = followAdminPort(self.deviceFlow, s.topology.enrollment_name)

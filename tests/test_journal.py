@@ -344,7 +344,7 @@ class VerifyTests(JournalFixture):
         entries = self.fill(5)
         self.tamper("DELETE FROM journal WHERE seq = 5")
         self.tamper("UPDATE journal_head SET seq = 4, digest = ?", entries[3].digest)
-        self.assertBroken("head is not authentic", None)
+        self.assertBroken("head is not authentic", 4)  # the entry the head should name
 
     def test_verify_reordered(self) -> None:
         """Swapping two entries (seqs kept in order) is caught."""
@@ -384,13 +384,13 @@ class VerifyTests(JournalFixture):
             self.path, self.db = self.openFresh()
             self.fill(3)
             self.tamper(f"UPDATE journal_head SET {column} = ?", value)  # noqa: S608
-            self.assertBroken("head is not authentic", None)
+            self.assertBroken("head is not authentic", 3)
 
     def test_verify_headDeleted(self) -> None:
         """A journal with entries but no head is caught."""
         self.fill(2)
         self.tamper("DELETE FROM journal_head")
-        self.assertBroken("head is missing", None)
+        self.assertBroken("head is missing", 2)
 
     def test_verify_wrongKey(self) -> None:
         """A journal checked with another key fails at its first entry."""

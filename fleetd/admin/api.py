@@ -5,10 +5,12 @@ behind the owner gate of L{fleetd.admin.resource.adminRoot}.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from twisted.web.resource import Resource
 
+from fleetd.admin.backup import BackupResource
 from fleetd.admin.deviceflow import deviceFlowAdminResource
 from fleetd.admin.devices import Offload, devicesResource
 from fleetd.admin.kube import clusterTokenResource, retireResource
@@ -42,16 +44,23 @@ def ownerAPI(
     deviceFlow: DeviceFlow,
     retire: RetireService,
     kube: KubeService | None,
+    database: Path | None = None,
 ) -> dict[bytes, Resource]:
     """
     The children of C{/v1/admin/}. Without C{[kubernetes]} (C{kube} is
     L{None}) provisions carry the template's own cluster token and the
     cluster-token commands refuse.
 
-    @param offload: runs blocking parses (CSV import, evidence) in a thread.
+    @param offload: runs blocking work (CSV import, evidence, the
+        backup's copy) in a thread.
     @param defined: what an added device may name (L{devicesResource}).
+    @param database: the database file C{fleetctl backup} copies; L{None}:
+        no C{backup} child.
     """
-    return {
+    children: dict[bytes, Resource] = {}
+    if database is not None:
+        children[b"backup"] = BackupResource(database, journal, offload)
+    return children | {
         b"devices": devicesResource(
             inventory, journal, offload=offload, defined=defined
         ),

@@ -22,6 +22,7 @@ from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
 from fleetd import jsonbody
+from fleetd.admin.journal import JournalVerifyResource, ReanchorResource, Verify
 from fleetd.inventory.model import IInventory, InventoryError
 from fleetd.jsonbody import JSONBodyError
 from fleetd.logs import ThrottledLog
@@ -213,16 +214,23 @@ class JournalResource(Endpoint):
     """
 
     def __init__(
-        self, journal: AsyncJournal, inventory: IInventory | None = None
+        self,
+        journal: AsyncJournal,
+        inventory: IInventory | None = None,
+        verify: Verify | None = None,
     ) -> None:
         """
         @param inventory: where a device without history is looked up;
             L{None} for a tree without one (then only the journal counts).
+        @param verify: verifies the chain and records the verdict (fleetd's
+            L{fleetd.store.chain.ChainMonitor.verify}); L{None}: only verify.
         """
         super().__init__()
         self._journal = journal
         self._inventory = inventory
-        self.putChild(b"verify", JournalVerifyResource(journal))
+        check: Verify = journal.verify if verify is None else verify
+        self.putChild(b"verify", JournalVerifyResource(check))
+        self.putChild(b"reanchor", ReanchorResource(journal, check))
 
     async def _deviceKey(self, device: str) -> str:
         """The name C{device}'s entries carry; L{_Unknown} when none could."""
@@ -266,28 +274,6 @@ class JournalResource(Endpoint):
         return renderAsync(request, work, _journalRefusal)
 
 
-class JournalVerifyResource(Endpoint):
-    """C{GET /v1/admin/journal/verify}: walk the whole chain."""
-
-    isLeaf = True
-
-    def __init__(self, journal: AsyncJournal) -> None:
-        super().__init__()
-        self._journal = journal
-
-    def render_GET(self, request: IRequest) -> int:
-        async def work() -> tuple[int, Any]:
-            result = await self._journal.verify()
-            return http.OK, {
-                "ok": result.ok,
-                "entries": result.entries,
-                "problem": result.problem,
-                "seq": result.seq,
-            }
-
-        return renderAsync(request, work)
-
-
 class WhoAmI(Endpoint):
     isLeaf = True
 
@@ -305,6 +291,7 @@ def adminRoot(
     api: Mapping[bytes, resource.Resource] | None = None,
     readiness: Readiness | None = None,
     inventory: IInventory | None = None,
+    verify: Verify | None = None,
 ) -> resource.Resource:
     """
     The admin listener's resource tree.
@@ -315,9 +302,10 @@ def adminRoot(
         has no run load behind it (always ready).
     @param inventory: where C{journal?device=} looks up a device without
         history (L{JournalResource}).
+    @param verify: see L{JournalResource}.
     """
     owner = Router()
-    owner.putChild(b"journal", JournalResource(journal, inventory))
+    owner.putChild(b"journal", JournalResource(journal, inventory, verify))
     owner.putChild(b"whoami", WhoAmI())
     for name, child in (api or {}).items():
         owner.putChild(name, child)

@@ -23,6 +23,7 @@ from typing import IO
 
 from fleetd.cli import (
     approve,
+    backup,
     cluster,
     devices,
     dnscheck,
@@ -54,6 +55,7 @@ def buildParser() -> argparse.ArgumentParser:
     for module in (journal, devices, provision, approve, status, trust, cluster):
         module.addCommands(commands)
     dnscheck.addCommands(commands)
+    backup.addCommands(commands)
     acceptJSONAnywhere(parser)
     return parser
 

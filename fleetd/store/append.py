@@ -148,18 +148,29 @@ class Appender:
         *,
         at: float,
         savepoint: bool = True,
+        base: tuple[int, bytes] | None = None,
     ) -> list[JournalEntry]:
-        """See L{fleetd.store.journal.Journal.appendMany}."""
+        """
+        See L{fleetd.store.journal.Journal.appendMany}.
+
+        @param base: the (seq, digest) to chain onto instead of the
+            authenticated head: only a re-anchor (L{fleetd.store.anchor})
+            gives one, after verifying the chain in the same transaction.
+        """
         at = float(at)
         if not entries:
             return []
         if not savepoint and db.connection.in_transaction:
-            return self._appendIn(db, entries, at)
+            return self._appendIn(db, entries, at, base)
         with db.transaction():
-            return self._appendIn(db, entries, at)
+            return self._appendIn(db, entries, at, base)
 
     def _appendIn(
-        self, db: Database, entries: Sequence[PreparedEntry], at: float
+        self,
+        db: Database,
+        entries: Sequence[PreparedEntry],
+        at: float,
+        base: tuple[int, bytes] | None,
     ) -> list[JournalEntry]:
         """
         L{appendMany} inside the caller's open transaction, without a
@@ -168,7 +179,7 @@ class Appender:
         if not math.isfinite(at):
             raise ValueError("journal time is not finite")
         conn = db.connection
-        seq, previous = self._head(db)
+        seq, previous = self._head(db) if base is None else base
         appended: list[JournalEntry] = []
         rows = []
         for pending in entries:

@@ -8,6 +8,12 @@ L{fleetd.store.journal.Journal.append}'s business: new entries still chain
 onto the authenticated head after a mid-chain edit, so fleetd keeps
 recording what happens; a head that is missing, forged or does not match
 the last entry stops appends (and so every change [J1]).
+
+An owner's re-anchor (L{fleetd.store.anchor}) acknowledges a break: the
+gauge returns to 1 and C{fleetd_journal_acknowledged_breaks} counts the
+breaks acknowledged; a later break is a new one and drops it to 0 again.
+C{fleetctl journal verify} and the re-anchor go through L{ChainMonitor.verify},
+so the gauge follows them at once rather than at the next period.
 """
 
 from __future__ import annotations
@@ -140,8 +146,15 @@ class _ChainCollector(Collector):
         )
         yield GaugeMetricFamily(
             "fleetd_journal_verified_entries",
-            "Entries found intact, from the first, by the last verification.",
+            "The seq up to which the last verification found the chain intact"
+            " (past acknowledged breaks).",
             value=float(verdict.entries),
+        )
+        yield GaugeMetricFamily(
+            "fleetd_journal_acknowledged_breaks",
+            "Journal breaks an owner acknowledged with a re-anchor (kept in the"
+            " chain for good).",
+            value=float(len(verdict.acknowledged)),
         )
         yield GaugeMetricFamily(
             "fleetd_journal_verified_timestamp_seconds",

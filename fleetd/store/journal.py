@@ -18,6 +18,8 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
+from fleetd.store.anchor import Reanchored
+from fleetd.store.anchor import reanchor as reanchorChain
 from fleetd.store.append import Appender, ChainKey, PreparedEntry
 from fleetd.store.append import prepare as prepareEntry
 from fleetd.store.db import Database
@@ -153,6 +155,19 @@ class Journal:
             )
         return result
 
+    def reanchor(
+        self, db: Database, *, at: float, actor: str, reason: str
+    ) -> Reanchored:
+        """
+        Acknowledge the chain's first break with a re-anchor entry (see
+        L{fleetd.store.anchor}).
+
+        @raise ReanchorRefused: the chain is intact, or no reason was given.
+        """
+        return reanchorChain(
+            db, self._chain, self._appender, at=at, actor=actor, reason=reason
+        )
+
 
 class Recorder:
     """
@@ -282,3 +297,10 @@ class AsyncJournal:
     def verify(self) -> Deferred[JournalVerification]:
         """See L{Journal.verify}."""
         return self._runner.run(self._journal.verify)
+
+    def reanchor(self, *, actor: str, reason: str) -> Deferred[Reanchored]:
+        """See L{Journal.reanchor}; stamped with the clock's current time."""
+        at = self._clock.seconds()
+        return self._runner.run(
+            lambda db: self._journal.reanchor(db, at=at, actor=actor, reason=reason)
+        )

@@ -1,0 +1,191 @@
+"""
+fleetctl's journal verify and re-anchor against a real daemon: a journal
+break has a way back (issue 19 item 5) [J2].
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+from twisted.internet import reactor
+from twisted.internet.defer import ensureDeferred
+from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from fleetd.service import FleetdService
+from tests.daemonsupport import DaemonTestMixin, httpsRequest
+from tests.fleetctlsupport import fleetctlAgainst, ownerConfig, runFleetctl
+from tests.support import writeConfig
+
+REASON = "seq 2 edited during the disk swap; checked against the NetBox mirror"
+
+
+class ReanchorCommandTests(DaemonTestMixin, TestCase):
+    """[J2] fleetctl journal verify and reanchor, and the chain gauge."""
+
+    def setUp(self) -> None:
+        self.makeSettings()
+
+    def gauge(self, service: FleetdService, name: str) -> float | None:
+        return service.registry.get_sample_value(name)
+
+    async def started(self) -> FleetdService:
+        """A daemon whose first chain verification is done (gauge at 1)."""
+        service = self.startDaemon()
+        for n in range(3):
+            await service.journal.append("test.event", actor="fleetd", device=f"w{n}")
+        for _ in range(500):
+            if self.gauge(service, "fleetd_journal_chain_ok") is not None:
+                break
+            await deferLater(reactor, 0.01, lambda: None)
+        await service.chain.verify()  # after the appends: intact
+        self.assertEqual(self.gauge(service, "fleetd_journal_chain_ok"), 1.0)
+        self.config = ownerConfig(self.directory, self.port(service, "admin"))
+        return service
+
+    def tamper(self, sql: str) -> None:
+        db = sqlite3.connect(self.settings.state / "fleetd.sqlite3")
+        try:
+            db.execute(sql)
+            db.commit()
+        finally:
+            db.close()
+
+    async def fleetctl(self, *argv: str) -> tuple[int, str, str]:
+        result: tuple[int, str, str] = await fleetctlAgainst(self.config, *argv)
+        return result
+
+    async def _verifyGauge(self) -> None:
+        service = await self.started()
+        self.tamper("UPDATE journal SET device = 'w9' WHERE seq = 2")
+        # The monitor's next period is an hour away: only verify moves the gauge.
+        self.assertEqual(self.gauge(service, "fleetd_journal_chain_ok"), 1.0)
+        code, out, _ = await self.fleetctl("journal", "verify")
+        self.assertEqual(code, 1)
+        self.assertIn("journal BROKEN at seq 2", out)
+        self.assertEqual(self.gauge(service, "fleetd_journal_chain_ok"), 0.0)
+        _, _, body = await self.get(service, "admin", "/metrics")
+        self.assertIn(b"fleetd_journal_chain_ok 0.0", body)
+
+    def test_verify_updatesGaugeAtOnce(self) -> None:
+        """
+        [J2] C{fleetctl journal verify} finding a break sets
+        C{fleetd_journal_chain_ok} to 0 at once, not at the next period.
+        """
+        return ensureDeferred(self._verifyGauge())  # type: ignore[return-value]
+
+    async def _reanchor(self) -> None:
+        service = await self.started()
+        code, _, err = await self.fleetctl("journal", "reanchor", "--reason", REASON)
+        self.assertEqual(code, 1)
+        self.assertIn("intact", err)
+        self.assertEqual(err.count("\n"), 1)
+
+        self.tamper("UPDATE journal SET device = 'w9' WHERE seq = 2")
+        code, _, err = await self.fleetctl("journal", "reanchor")
+        self.assertEqual((code, err.count("\n")), (2, 1))
+        self.assertIn("--reason", err)
+        code, out, _ = await self.fleetctl("journal", "verify")
+        self.assertEqual(code, 1)
+        self.assertEqual(self.gauge(service, "fleetd_journal_chain_ok"), 0.0)
+
+        code, out, err = await self.fleetctl("journal", "reanchor", "--reason", REASON)
+        self.assertEqual((code, err), (0, ""))
+        self.assertIn("journal re-anchored at seq 5: break at seq 2 acknowledged", out)
+        # The alert clears at once.
+        self.assertEqual(self.gauge(service, "fleetd_journal_chain_ok"), 1.0)
+        self.assertEqual(self.gauge(service, "fleetd_journal_acknowledged_breaks"), 1.0)
+
+        code, out, _ = await self.fleetctl("journal", "verify")
+        self.assertEqual(code, 0)
+        self.assertIn(
+            "journal OK: 5 entries, intact since re-anchor at seq 5;"
+            " break at seq 2 acknowledged",
+            out,
+        )
+        code, out, _ = await self.fleetctl("--json", "journal")
+        entries = json.loads(out)
+        self.assertEqual(entries[1]["device"], "w9")  # the break is kept
+        anchor = entries[-1]
+        self.assertEqual(
+            (anchor["seq"], anchor["event"], anchor["actor"]),
+            (5, "journal.reanchored", "owner:owner"),
+        )
+        self.assertEqual(anchor["fields"]["reason"], REASON)
+        self.assertEqual(anchor["fields"]["break_seq"], 2)
+        self.assertEqual(anchor["fields"]["found"], entries[1]["digest"])
+
+        # A second break after the re-anchor is a new break: the alert fires again.
+        await service.journal.append("test.after", actor="fleetd")
+        self.tamper("UPDATE journal SET actor = 'mallory' WHERE seq = 6")
+        code, out, _ = await self.fleetctl("--json", "journal", "verify")
+        self.assertEqual(code, 1)
+        result = json.loads(out)
+        self.assertEqual((result["ok"], result["seq"]), (False, 6))
+        self.assertEqual(result["acknowledged"], [{"seq": 5, "break_seq": 2}])
+        self.assertEqual(self.gauge(service, "fleetd_journal_chain_ok"), 0.0)
+
+    def test_reanchor_acknowledgesBreak_alertClears(self) -> None:
+        """
+        [J2] An owner's C{fleetctl journal reanchor --reason} is refused on
+        an intact chain and without a reason; after a break it appends an
+        entry naming the break's seq and the digest found, the gauge goes
+        back to 1, verify says "intact since re-anchor at seq N; break at
+        seq M acknowledged", the edited entry is left as found, and a later
+        break drops the gauge again.
+        """
+        return ensureDeferred(self._reanchor())  # type: ignore[return-value]
+
+    async def _notOwner(self) -> None:
+        service = await self.started()
+        self.tamper("UPDATE journal SET device = 'w9' WHERE seq = 2")
+        status, _ = await deferToThread(
+            httpsRequest,
+            self.port(service, "admin"),
+            "POST",
+            "/v1/admin/journal/reanchor",
+            self.pki.public_ca,
+            None,
+            b'{"reason": "not an owner"}',
+            "application/json",
+        )
+        self.assertEqual(status, 403)
+        status, body = await deferToThread(
+            httpsRequest,
+            self.port(service, "admin"),
+            "POST",
+            "/v1/admin/journal/reanchor",
+            self.pki.public_ca,
+            (self.pki.owner_cert, self.pki.owner_key),
+            b'{"reason": ""}',
+            "application/json",
+        )
+        self.assertEqual(status, 400, body)
+        events = [e.event for e in await service.journal.query()]
+        self.assertNotIn("journal.reanchored", events)
+
+    def test_reanchor_onlyOwnersWithReason(self) -> None:
+        """[J2] Without an owner certificate, or with an empty reason: refused."""
+        return ensureDeferred(self._notOwner())  # type: ignore[return-value]
+
+
+class ReanchorUsageTests(SynchronousTestCase):
+    """fleetctl journal reanchor's usage mistakes, before anything is sent."""
+
+    def test_reasonOnlyWithReanchor(self) -> None:
+        """
+        --reason without reanchor, reanchor without --reason, and an unknown
+        action are one-line usage errors (exit 2).
+        """
+        config = str(writeConfig(Path(self.mktemp()).resolve()))
+        for argv in (
+            ["journal", "verify", "--reason", "x"],
+            ["journal", "--reason", "x"],
+            ["journal", "reanchor"],
+            ["journal", "erase"],
+        ):
+            code, out, err = runFleetctl(["--config", config, *argv])
+            self.assertEqual((code, out, err.count("\n")), (2, "", 1), argv)
