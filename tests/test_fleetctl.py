@@ -108,6 +108,7 @@ EVERY_COMMAND = {
     ("cluster-token", "list"): ["cluster-token", "list"],
     ("retire",): ["retire", "w1", "--yes"],
     ("dns-check",): ["dns-check", "--timeout", "1"],
+    ("backup",): ["backup", "state.sqlite3"],
 }  # fmt: skip
 
 
