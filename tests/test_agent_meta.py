@@ -36,11 +36,12 @@ import hashlib
 import json
 import os
 import struct
+import subprocess
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from fleetd.agent import adv, gpt
 from tests.metasupport import (
@@ -468,3 +469,24 @@ class MetaDiskTests(SynchronousTestCase):
         partition(device)
         self.ok("write", "0x0b", CODE.decode(), disk=device)
         self.assertEqual(self.keys(disk=device), {"0x0b": CODE.decode()})
+
+    def test_mountedDisk_refusedInUse(self) -> None:
+        """A disk the kernel holds (a mounted file system) is not written:
+        the exclusive open fails, one line."""
+        image = Path(self.mktemp())
+        with image.open("wb") as f:
+            f.truncate(64 * MiB)
+        device = loopDevice(self, image)
+        mountpoint = Path(self.mktemp())
+        mountpoint.mkdir()
+        made = subprocess.run(["mkfs.ext4", "-q", device], capture_output=True)
+        mounted = subprocess.run(
+            ["mount", device, str(mountpoint)], capture_output=True
+        )
+        if made.returncode or mounted.returncode:
+            raise SkipTest(f"cannot mount a loop device here: {mounted.stderr!r}")
+        self.addCleanup(subprocess.run, ["umount", str(mountpoint)], check=False)
+        err = self.refused("write", "0x0b", "c", disk=device)
+        self.assertEqual(
+            err, f"fleetd-agent: meta write: {device}: in use (mounted or held open)\n"
+        )
