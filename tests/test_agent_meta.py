@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 import subprocess
 from pathlib import Path
@@ -43,7 +42,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
-from fleetd.agent import adv, gpt
+from fleetd.agent import adv
 from tests.metasupport import (
     MiB,
     loopDevice,
@@ -208,65 +207,6 @@ class ADVTests(SynchronousTestCase):
         loaded = adv.load(blob)
         self.assertEqual(loaded.tags, tags)
         self.assertEqual(loaded.states, (adv.CopyState.GOOD,) * 2)
-
-
-class GPTTests(SynchronousTestCase):
-    """Finding META by GPT partition name in tables sfdisk wrote."""
-
-    def find(self, image: Path | str, name: str = "META") -> gpt.Partition:
-        fd = os.open(image, os.O_RDONLY)
-        try:
-            return gpt.findByName(fd, name)
-        finally:
-            os.close(fd)
-
-    def test_talosLayout_metaWhereSfdiskSaysIt(self) -> None:
-        """META's offset and length agree with sfdisk's own reading."""
-        image = makeImage(self)
-        found = self.find(image)
-        self.assertEqual((found.offset, found.length), metaRange(image))
-        self.assertEqual((found.index, found.length), (4, MiB))
-
-    def test_backupHeader_usedWhenPrimaryBroken(self) -> None:
-        """A broken primary header (LBA 1): the backup at the last LBA."""
-        image = makeImage(self)
-        expected = metaRange(image)
-        with image.open("r+b") as f:
-            f.seek(512 + 16)
-            f.write(b"\xff\xff\xff\xff")  # the header's CRC32
-        self.assertEqual((self.find(image).offset, self.find(image).length), expected)
-
-    def test_noMeta_refused(self) -> None:
-        """A table without META names what is missing."""
-        image = makeImage(self, layout=(("STATE", "4MiB"),))
-        with self.assertRaises(gpt.GPTError) as e:
-            self.find(image)
-        self.assertEqual(str(e.exception), "no partition named META")
-
-    def test_twoMeta_refused(self) -> None:
-        """Two partitions named META: which one is Talos's is not guessed."""
-        image = makeImage(self, layout=(("META", "1MiB"), ("META", "1MiB")))
-        with self.assertRaises(gpt.GPTError) as e:
-            self.find(image)
-        self.assertIn("1, 2 are all named META", str(e.exception))
-
-    def test_noTable_refused(self) -> None:
-        """A disk without a GPT."""
-        image = Path(self.mktemp())
-        image.write_bytes(bytes(4 * MiB))
-        self.assertRaises(gpt.GPTError, self.find, image)
-
-    def test_sector4096_loopDevice(self) -> None:
-        """A 4096-byte-sector disk (a loop device so set up), partitioned
-        there by sfdisk: the table is found at 4096 bytes."""
-        image = Path(self.mktemp())
-        with image.open("wb") as f:
-            f.truncate(64 * MiB)
-        device = loopDevice(self, image, 4096)
-        partition(device)
-        found = self.find(device)
-        self.assertEqual(found.sectorSize, 4096)
-        self.assertEqual((found.offset, found.length), metaRange(device))
 
 
 class MetaDiskTests(SynchronousTestCase):
