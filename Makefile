@@ -7,8 +7,9 @@ DEV_CONFIG := conf/fleetd.dev.toml
 APT_BUILD := libtss2-dev pkg-config gcc
 # tpm2-openssl, tpm2-abrmd (+ its TCTI) and D-Bus: fleetd-agent's mTLS with
 # the TPM-resident LDevID, behind a resource manager as on a node.
+# fdisk (sfdisk): the GPT disk images of fleetd-agent's META tests.
 APT_TEST := swtpm swtpm-tools tpm2-tools prometheus bind9-dnsutils openssl curl \
-	tpm2-openssl tpm2-abrmd libtss2-tcti-tabrmd0 dbus-daemon dbus-bin
+	tpm2-openssl tpm2-abrmd libtss2-tcti-tabrmd0 dbus-daemon dbus-bin fdisk
 STAMP := $(VENV)/.installed
 
 .PHONY: run test lint imports types unit rules system-build system-test devpki clean bench

@@ -11,6 +11,8 @@ real TLS, with software LDevID keys (what legacy nodes hold).
 from __future__ import annotations
 
 import io
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from fleetd.agent import main as agent
 from fleetd.pki.dev import ensureDevPKI
 from fleetd.store.entries import JournalRefused
 from tests.attestserver import AttestServer
+from tests.metasupport import loopDevice, makeImage, runAgent
 from tests.swtpmsupport import issueWith
 
 PKI: Any = None
@@ -120,8 +123,6 @@ class LDevIDTestCase(TestCase):
         return deferToThread(run)
 
     async def ok(self, state: Path, command: str, *extra: str) -> dict[str, Any]:
-        import json
-
         code, out, err = await self.agent(state, command, *extra)
         self.assertEqual((code, err), (0, ""))
         doc: dict[str, Any] = json.loads(out)
@@ -389,6 +390,165 @@ class PlanTests(LDevIDTestCase):
             self.assertEqual(
                 (entry.device, entry.fields["reason"]), ("old1", "class-refused")
             )
+
+        return ensureDeferred(check())
+
+
+class PlanWriteMetaTests(LDevIDTestCase):
+    """
+    C{plan --write-meta DEV} (issue 19, item 1): the run's code as META
+    0x0b on the plan's target disk, through C{meta write}'s code path;
+    refused in one line without a code or on another disk.
+    """
+
+    CODE = "ABCD-1234-code"
+
+    def ready(self) -> None:
+        self.server.disks.targets["w1"] = "DISK-SN-1"
+        self.server.runs.ready["w1"] = "r-0123456789abcdef"
+        self.server.vault.put("r-0123456789abcdef.code", self.CODE.encode())
+        config = b"machine:\n  install:\n    image: ghcr.io/x/installer:v1\n"
+        self.server.vault.put("r-0123456789abcdef.yaml", config)
+
+    def metaKeys(self, disk: Path | str) -> dict[str, str]:
+        code, out, err = runAgent("--json", "meta", "read", "--disk", str(disk))
+        self.assertEqual((code, err), (0, ""))
+        keys: dict[str, str] = json.loads(out)["keys"]
+        return keys
+
+    def fakeSysfs(self, device: str, serial: str) -> Path:
+        """A sysfs root where C{device} is a whole disk with C{serial}."""
+        root = Path(self.mktemp())
+        rdev = os.stat(device).st_rdev
+        name = Path(device).name
+        (root / "block" / name / "device").mkdir(parents=True)
+        (root / "block" / name / "device" / "serial").write_text(serial + "\n")
+        (root / "dev" / "block").mkdir(parents=True)
+        (root / "dev" / "block" / f"{os.major(rdev)}:{os.minor(rdev)}").symlink_to(
+            f"../../block/{name}"
+        )
+        return root
+
+    def test_imageFile_codeWrittenAndReadBack(self) -> Deferred[None]:
+        """With --image-file the code lands as 0x0b (other keys kept) and a
+        warning line says the target disk was not checked."""
+        self.ready()
+        image = makeImage(self)
+        self.assertEqual(
+            runAgent("meta", "write", "--disk", str(image), "0x0a", "n")[0], 0
+        )
+
+        async def check() -> None:
+            code, out, err = await self.agent(
+                self.legacy(), "plan", "--write-meta", str(image), "--image-file"
+            )
+            self.assertEqual(code, 0, err)
+            plan = json.loads(out)
+            self.assertEqual(
+                (plan["meta_0x0b"], plan["meta_written"]), (self.CODE, str(image))
+            )
+            self.assertEqual(
+                err,
+                f"fleetd-agent: warning: {image} is an image file; it was not"
+                " checked against the plan's target disk serial DISK-SN-1\n",
+            )
+            self.assertEqual(self.metaKeys(image), {"0x0a": "n", "0x0b": self.CODE})
+
+        return ensureDeferred(check())
+
+    def test_noCode_refused(self) -> Deferred[None]:
+        """No ready run, no code: one line, the disk untouched."""
+        image = makeImage(self)
+        before = image.read_bytes()
+
+        async def check() -> None:
+            err = await self.refused(
+                self.legacy(), "plan", "meta-code-missing",
+                "--write-meta", str(image), "--image-file",
+            )  # fmt: skip
+            self.assertIn("the plan carries no META 0x0b code", err)
+            self.assertEqual(image.read_bytes(), before)
+
+        return ensureDeferred(check())
+
+    def test_fileWithoutImageFlag_refused(self) -> Deferred[None]:
+        """A file is not the target disk unless --image-file says it is one."""
+        self.ready()
+        image = makeImage(self)
+        before = image.read_bytes()
+
+        async def check() -> None:
+            err = await self.refused(
+                self.legacy(), "plan", "not-target-disk", "--write-meta", str(image)
+            )
+            self.assertIn("not the plan's target disk DISK-SN-1", err)
+            self.assertEqual(image.read_bytes(), before)
+
+        return ensureDeferred(check())
+
+    def test_targetDisk_bySerial(self) -> Deferred[None]:
+        """A block device whose serial is the plan's target (case aside)
+        gets the code; no warning."""
+        self.ready()
+        device = loopDevice(self, makeImage(self))
+        sysfs = self.fakeSysfs(device, "disk-sn-1")
+
+        async def check() -> None:
+            code, out, err = await self.agent(
+                self.legacy(), "plan", "--write-meta", device,
+                "--sysfs-root", str(sysfs),
+            )  # fmt: skip
+            self.assertEqual((code, err), (0, ""))
+            self.assertEqual(json.loads(out)["meta_written"], device)
+            self.assertEqual(self.metaKeys(device), {"0x0b": self.CODE})
+
+        return ensureDeferred(check())
+
+    def test_otherDisk_refused(self) -> Deferred[None]:
+        """A block device with another serial: not-target-disk, untouched."""
+        self.ready()
+        device = loopDevice(self, makeImage(self))
+        sysfs = self.fakeSysfs(device, "DISK-SN-2")
+
+        async def check() -> None:
+            err = await self.refused(
+                self.legacy(), "plan", "not-target-disk",
+                "--write-meta", device, "--sysfs-root", str(sysfs),
+            )  # fmt: skip
+            self.assertIn(
+                "is disk DISK-SN-2, not the plan's target disk DISK-SN-1", err
+            )
+            self.assertEqual(self.metaKeys(device), {})
+
+        return ensureDeferred(check())
+
+    def test_diskWithoutSerial_refused(self) -> Deferred[None]:
+        """A disk that reports no serial (a loop device in the real sysfs)
+        cannot be shown to be the target: refused."""
+        self.ready()
+        device = loopDevice(self, makeImage(self))
+
+        async def check() -> None:
+            err = await self.refused(
+                self.legacy(), "plan", "not-target-disk", "--write-meta", device
+            )
+            self.assertIn("reports no serial", err)
+            self.assertEqual(self.metaKeys(device), {})
+
+        return ensureDeferred(check())
+
+    def test_imageFlagOnDisk_refused(self) -> Deferred[None]:
+        """--image-file cannot waive the serial check for a block device."""
+        self.ready()
+        device = loopDevice(self, makeImage(self))
+
+        async def check() -> None:
+            err = await self.refused(
+                self.legacy(), "plan", "not-target-disk",
+                "--write-meta", device, "--image-file",
+            )  # fmt: skip
+            self.assertIn("--image-file, but", err)
+            self.assertEqual(self.metaKeys(device), {})
 
         return ensureDeferred(check())
 

@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 from tpm2_pytss import TSS2_Exception
 
-from fleetd.agent import tpm
+from fleetd.agent import meta, tpm
 from fleetd.agent.client import Refusal, Send, Unreachable, call, tlsContext
 from fleetd.agent.mtls import TPMTLSError, tpmSender
 from fleetd.clitools import writeJSON
@@ -153,11 +153,25 @@ def tpmTLS(args: argparse.Namespace, cert: Path, key: Path) -> Send:
     return tpmSender(args.tcti, args.ca, cert, key)
 
 
-def plan(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
+def plan(args: argparse.Namespace, out: IO[str], err: IO[str]) -> dict[str, Any]:
+    """
+    The install plan; with C{--write-meta DEV}, its code then written as
+    META 0x0b on DEV (L{meta.writePlanCode}).
+    """
     path = "/v1/node/plan"
     if args.device:
         path += "?device=" + urllib.parse.quote(args.device, safe="")
-    return installable(call(args.server, path, ldevidTransport(args)))
+    result = installable(call(args.server, path, ldevidTransport(args)))
+    if args.write_meta is not None:
+
+        def warn(line: str) -> None:
+            err.write(line + "\n")
+
+        written = meta.writePlanCode(args, result, warn)
+        for note in written.notes:
+            err.write(f"fleetd-agent: plan: {note}\n")
+        result = {**result, "meta_written": written.disk}
+    return result
 
 
 def installable(plan: dict[str, Any]) -> dict[str, Any]:
@@ -209,7 +223,7 @@ def renew(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
     return {"ldevid": str(state / CERT)}
 
 
-COMMANDS = {"attest": attest, "plan": plan, "renew": renew}
+COMMANDS = {"attest": attest, "renew": renew}
 
 
 def _describe(command: str, result: dict[str, Any]) -> str:
@@ -218,6 +232,10 @@ def _describe(command: str, result: dict[str, Any]) -> str:
             f"target disk serial: {result.get('target_disk_serial') or '-'}\n"
             f"image: {result.get('image') or '-'}\n"
             f"META 0x0b code: {result.get('meta_0x0b') or '- (no ready run)'}\n"
+        ) + (
+            f"META 0x0b written on {result['meta_written']} (both copies, read back)\n"
+            if "meta_written" in result
+            else ""
         )
     return f"LDevID stored in {result['ldevid']}\n"
 
@@ -225,14 +243,17 @@ def _describe(command: str, result: dict[str, Any]) -> str:
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     """Run one command; 0, or 1 with one line naming the reason code."""
     try:
-        result = COMMANDS[args.command](args, out)
+        if args.command == "plan":
+            result = plan(args, out, err)
+        else:
+            result = COMMANDS[args.command](args, out)
     except Refusal as e:
         err.write(f"fleetd-agent: {args.command}: refused: {e.line}\n")
         return 1
     except Unreachable as e:
         err.write(f"fleetd-agent: {args.command}: unreachable: {e}\n")
         return 1
-    except (TPMTLSError, NoLDevID) as e:
+    except (TPMTLSError, NoLDevID, meta.MetaError) as e:
         err.write(f"fleetd-agent: {args.command}: {e}\n")
         return 1
     except tpm.TPMError as e:

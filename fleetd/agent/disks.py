@@ -7,8 +7,7 @@ C{--from FILE}, the same JSON the agent would send
 C{block/} that has a C{device} link (so not loop, ram, zram, dm or md
 devices) and is not an optical drive is reported, with:
 
-  - serial: C{device/serial} (NVMe, most SCSI), else C{serial} (virtio),
-    else the unit serial VPD page C{device/vpd_pg80}; trimmed;
+  - serial: L{fleetd.agent.sysfs.serialOf};
   - WWN: C{wwid}, else C{device/wwid};
   - size: C{size} (512-byte sectors) in bytes; C{removable}: the flag.
 
@@ -31,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from fleetd.agent.sysfs import serialOf, text
 from fleetd.clitools import writeJSON
 from fleetd.trust.disk_report import (
     Disk,
@@ -55,31 +55,6 @@ class AgentError(Exception):
         self.status = status
 
 
-def _read(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except OSError:
-        return None
-
-
-def _text(path: Path) -> str | None:
-    data = _read(path)
-    if data is None:
-        return None
-    text = data.decode("ascii", "replace").strip().strip("\x00").strip()
-    return text or None
-
-
-def _vpdSerial(path: Path) -> str | None:
-    """The serial in a unit serial number VPD page (0x80), if any."""
-    data = _read(path)
-    if data is None or len(data) < 4 or data[1] != 0x80:
-        return None
-    length = int.from_bytes(data[2:4], "big")
-    text = data[4 : 4 + length].decode("ascii", "replace").strip().strip("\x00")
-    return text.strip() or None
-
-
 def readSysfs(root: Path) -> list[Disk]:
     """The whole disks under C{root}/block, as fleetd wants them reported."""
     block = root / "block"
@@ -92,18 +67,13 @@ def readSysfs(root: Path) -> list[Disk]:
         base = block / name
         if name.startswith(_SKIPPED) or not (base / "device").exists():
             continue
-        sectors = _text(base / "size")
-        serial = (
-            _text(base / "device" / "serial")
-            or _text(base / "serial")
-            or _vpdSerial(base / "device" / "vpd_pg80")
-        )
+        sectors = text(base / "size")
         entry = {
             "name": name,
-            "serial": serial,
-            "wwn": _text(base / "wwid") or _text(base / "device" / "wwid"),
+            "serial": serialOf(base),
+            "wwn": text(base / "wwid") or text(base / "device" / "wwid"),
             "size": int(sectors) * 512 if sectors and sectors.isdigit() else 0,
-            "removable": _text(base / "removable") == "1",
+            "removable": text(base / "removable") == "1",
         }
         try:
             found = disk(entry, len(disks))

@@ -2,7 +2,8 @@
 fleetd-agent: the node-side client, run as a Tinkerbell action in HookOS.
 
 The command frame follows DESIGN §6; each command lives in its own module
-(L{fleetd.agent.attest}: attest, plan, renew; L{fleetd.agent.disks}: disks).
+(L{fleetd.agent.attest}: attest, plan, renew; L{fleetd.agent.disks}: disks;
+L{fleetd.agent.meta}: meta, which edits a disk and needs no C{--server}).
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import sys
 from collections.abc import Sequence
 from typing import IO
 
-from fleetd.agent import disks
+from fleetd.agent import disks, meta
 from fleetd.clitools import Parser, addJSONOption, runMain
 
-COMMANDS = ("attest", "plan", "disks", "renew")
+COMMANDS = ("attest", "plan", "disks", "renew", "meta")
+# The commands that talk to fleetd, and so need --server.
+ONLINE = ("attest", "plan", "disks", "renew")
 
 
 class AgentParser(Parser):
@@ -33,7 +36,7 @@ def _stateDir(value: str) -> str:
 
 def buildParser() -> argparse.ArgumentParser:
     parser = AgentParser(prog="fleetd-agent", description="fleetd node-side client.")
-    parser.add_argument("--server", required=True, help="https://HOST:8444")
+    parser.add_argument("--server", help="https://HOST:8444 (all but meta)")
     parser.add_argument("--ca", help="CA bundle for the device listener")
     parser.add_argument("--tcti", default="device:/dev/tpmrm0", help="TPM TCTI")
     parser.add_argument(
@@ -51,8 +54,23 @@ def buildParser() -> argparse.ArgumentParser:
             command.add_argument(
                 "--ek", choices=("auto", "rsa", "ecc"), default="auto", help="EK type"
             )
+        if name == "meta":
+            meta.addArguments(command)
         if name == "plan":
             command.add_argument("--device", help="ask for this device's plan")
+            command.add_argument(
+                "--write-meta",
+                metavar="DEV",
+                help="write the run's code as META 0x0b on DEV, the target disk",
+            )
+            command.add_argument(
+                "--image-file",
+                action="store_true",
+                help="DEV is a disk image file: its serial is not checked",
+            )
+            command.add_argument(
+                "--sysfs-root", default="/sys", help="where sysfs is mounted (tests)"
+            )
     return parser
 
 
@@ -65,7 +83,12 @@ def main(
     output = sys.stdout if out is None else out
 
     def run() -> int:
-        args = buildParser().parse_args(argv)
+        parser = buildParser()
+        args = parser.parse_args(argv)
+        if args.command in ONLINE and args.server is None:
+            parser.error("the following arguments are required: --server")
+        if args.command == "meta":
+            return meta.run(args, output, errors)
         if args.command == "disks":
             return disks.run(args, out=output, err=errors)
         from fleetd.agent import attest
