@@ -55,6 +55,7 @@ from fleetd.readiness import Readiness, notifySystemd
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import TemplateRenderer
+from fleetd.runs.vaultnames import configName
 from fleetd.status import StatusService
 from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal, Journal
@@ -197,21 +198,13 @@ class FleetdService(MultiService):
         self.loading.setServiceParent(self.database)
 
     def _netbox(self, netbox: NetBoxSettings) -> IInventory:
-        from fleetd.netbox.connect import makeClient
-        from fleetd.netbox.inventory import digestOf
-        from fleetd.netbox.service import NetBoxService
-        from fleetd.runs.vaultnames import configName
+        from fleetd.netbox.wiring import netboxService  # only when configured
 
-        vault = self.vault
-        service = NetBoxService(
-            self.reactor,
-            makeClient(self.reactor, netbox.url, netbox.token_file, netbox.ca),
-            self.runner,
-            self.journal,
-            configDigest=lambda run: digestOf(vault.get(configName(run))),
-            onRefused=self._refused,
-            metrics=self.registry,
-        )
+        service = netboxService(
+            self.reactor, netbox, self.runner, self.journal,
+            configOf=lambda run: self.vault.get(configName(run)),
+            onRefused=self._refused, metrics=self.registry,
+        )  # fmt: skip
         service.setServiceParent(self.database)
         return service.inventory
 
@@ -358,10 +351,8 @@ class FleetdService(MultiService):
     def _started(self) -> None:
         self.log.info(
             "fleetd.started {version} {site} vault={entries}",
-            version=__version__,
-            site=self.settings.site_name,
-            entries=len(self.vault),
-        )
+            version=__version__, site=self.settings.site_name, entries=len(self.vault),
+        )  # fmt: skip
         self.journal.append(
             "fleetd.started", actor="fleetd", fields={"version": __version__}
         ).addErrback(self._journalFailed)
