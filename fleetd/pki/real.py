@@ -294,7 +294,8 @@ def existingDigests(target: Path) -> set[str]:
 
 
 def appendFile(path: Path, data: bytes) -> None:
-    """Append C{data} to C{path} (made 0644 when new) and fsync it."""
+    """Append C{data} to C{path} (made 0644 when new, its directory 0755)."""
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     fd = os.open(
         path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, CERT_MODE
     )
