@@ -142,6 +142,21 @@ class OperatorTests(SynchronousTestCase):
         self.assertEqual(code, 2)
         self.assertIn("owner-ca.pem", err)
 
+    def test_operator_caKeyOffline(self) -> None:
+        """With the owner CA's key moved offline, --ca-key names where it is."""
+        config, real = realConfig(self)
+        pki(config, "owner-ca")
+        offline = Path(self.mktemp())
+        offline.mkdir()
+        (real / "owner-ca.key").rename(offline / "owner-ca.key")
+        code, _, err = pki(config, "operator", "alice")
+        self.assertEqual(code, 2)
+        self.assertIn("(offline? --ca-key FILE)", err)
+        code, _, err = pki(
+            config, "operator", "alice", "--ca-key", str(offline / "owner-ca.key")
+        )
+        self.assertEqual((code, err), (0, ""))
+
     def test_operator_neverOverwrites(self) -> None:
         """The same operator twice: refused, the first key kept."""
         config, real = realConfig(self)

@@ -93,6 +93,10 @@ def ownerCA(settings: Settings, options: argparse.Namespace) -> list[str]:
 
 def operator(settings: Settings, options: argparse.Namespace) -> list[str]:
     caKey = _caKey(settings, options.ca_key)
+    if settings.owner.client_ca.exists() and not caKey.exists():
+        raise PKIError(
+            f"the owner CA's key {caKey} is not there (offline? --ca-key FILE)"
+        )
     ca = real.readPair(settings.owner.client_ca, caKey)
     _checkOwnerApart(settings, ca[0])
     cert, key = real.makeOperator(

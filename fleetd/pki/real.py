@@ -173,9 +173,10 @@ def writeFiles(files: Sequence[tuple[Path, bytes, int]], force: bool) -> list[st
     if not force:
         existing = [str(path) for path, _, _ in files if path.exists()]
         if existing:
+            verb = "exists" if len(existing) == 1 else "exist"
             raise PKIError(
-                f"{', '.join(existing)} already exist(s); nothing written "
-                "(--force replaces them)"
+                f"{', '.join(existing)} already {verb}; nothing written "
+                "(--force replaces)"
             )
     lines = []
     for path, data, mode in files:
