@@ -24,6 +24,7 @@ is not running.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import secrets
@@ -37,7 +38,7 @@ import sys
 import tempfile
 import time
 import tomllib
-import urllib.request
+import urllib.parse
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -60,6 +61,13 @@ from tests.support import TOPOLOGY, writeConfig  # noqa: E402
 from tests.swtpm import SWTPM, ResourceManager, SessionBus  # noqa: E402
 
 BIN = Path(sys.executable).parent  # the venv's console scripts
+# Its commands run this checkout's fleetd, as this script does.
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    ),
+}
 IMAGE_BYTES = 16 * 1024**3  # sparse; fleetd installs on disks of 10 GiB or more
 SHOWN = 6  # characters of the code that are printed
 
@@ -116,7 +124,7 @@ class Demo:
         for line in (done.stdout + done.stderr).splitlines():
             say(f"  {self.mask(line).replace(str(self.work), '$W')}")
         if done.returncode != 0:
-            raise StepFailed(f"{shown(argv[:3])}... exited {done.returncode}")
+            raise StepFailed(f"exit status {done.returncode} from the step above")
         return done.stdout
 
 
@@ -132,12 +140,21 @@ def freePort() -> int:
 
 
 def healthy(url: str, ca: Path) -> bool:
-    context = ssl.create_default_context(cafile=str(ca))
-    try:
-        with urllib.request.urlopen(url + "/healthz", context=context, timeout=5):
-            return True
-    except OSError:
+    """Whether fleetd's C{/healthz} at C{url} (https://HOST:PORT) says 200."""
+    where = urllib.parse.urlsplit(url)
+    if not ca.is_file():  # no dev PKI yet: make run has never started
         return False
+    context = ssl.create_default_context(cafile=str(ca))
+    conn = http.client.HTTPSConnection(
+        where.hostname or "localhost", where.port or 443, context=context, timeout=5
+    )
+    try:
+        conn.request("GET", "/healthz")
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
 
 
 class Fleetd:
@@ -174,7 +191,7 @@ def startFleetd(work: Path, stack: ExitStack) -> Fleetd:
     argv = [str(BIN / "twistd"), "-n", "--pidfile=", "fleetd", "--config", str(config)]
     echo(argv, " > $W/fleetd.log 2>&1 &")
     log = (work / "fleetd.log").open("wb")
-    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=ENV)
     log.close()
 
     def stop() -> None:
@@ -256,9 +273,9 @@ def demo(args: argparse.Namespace, work: Path, stack: ExitStack) -> None:
     try:
         rm.start()
     finally:
-        started(stack, "tpm2-abrmd", rm.process and rm.process.pid, rm.stop)
+        started(stack, "tpm2-abrmd", rm.process.pid if rm.process else None, rm.stop)
     say(f"$ export DBUS_SESSION_BUS_ADDRESS={bus.address}")
-    run = Demo(work, {**os.environ, "DBUS_SESSION_BUS_ADDRESS": bus.address})
+    run = Demo(work, {**ENV, "DBUS_SESSION_BUS_ADDRESS": bus.address})
 
     tag = secrets.token_hex(3)
     name, serial, node = f"demo-{tag}", f"DEMO-{tag.upper()}", str(uuid.uuid4())

@@ -245,8 +245,9 @@ class ResourceManager:
         return f"tabrmd:bus_name={self.name},bus_type=session"
 
     def start(self) -> None:
+        echo: Echo = _quiet
         if self.bus is None:
-            address, echo = sessionBus(self.directory), _quiet
+            address = sessionBus(self.directory)
         else:
             address, echo = self.bus.address, self.bus.echo
         env = {**os.environ, "DBUS_SESSION_BUS_ADDRESS": address}
