@@ -11,9 +11,10 @@ APT_BUILD := libtss2-dev pkg-config gcc
 APT_TEST := swtpm swtpm-tools tpm2-tools prometheus bind9-dnsutils openssl curl \
 	tpm2-openssl tpm2-abrmd libtss2-tcti-tabrmd0 dbus-daemon dbus-bin fdisk
 # What `make agent-demo` runs beside fleetd: swtpm and its EK CA tools,
-# tpm2-abrmd on a private D-Bus, OpenSSL's tpm2 provider, sfdisk.
-APT_DEMO := swtpm swtpm-tools tpm2-openssl tpm2-abrmd libtss2-tcti-tabrmd0 \
-	dbus-daemon dbus-bin fdisk
+# tpm2-abrmd on a private D-Bus, OpenSSL (the EK digest) and its tpm2
+# provider, sfdisk.
+APT_DEMO := swtpm swtpm-tools openssl tpm2-openssl tpm2-abrmd \
+	libtss2-tcti-tabrmd0 dbus-daemon dbus-bin fdisk
 STAMP := $(VENV)/.installed
 
 .PHONY: run test lint imports types unit rules system-build system-test system-demo devpki clean bench agent-demo

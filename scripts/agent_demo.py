@@ -110,12 +110,16 @@ class Demo:
     def mask(self, text: str) -> str:
         return text.replace(self.code, masked(self.code)) if self.code else text
 
-    def run(self, *argv: str, provision: bool = False) -> str:
+    def run(self, *argv: str, provision: bool = False, asLine: bool = False) -> str:
         """
         Run one step; print its output (code masked); its stdout. After
-        C{provision}, the code is learnt from its JSON before printing.
+        C{provision}, the code is learnt from its JSON before printing;
+        an C{asLine} step (C{sh -c LINE}) is shown as its line.
         """
-        echo(argv)
+        if asLine:
+            say(f"$ {argv[-1].replace(str(self.work), '$W')}")
+        else:
+            echo(argv)
         done = subprocess.run(
             argv, capture_output=True, text=True, env=self.env, timeout=120
         )
@@ -279,9 +283,18 @@ def demo(args: argparse.Namespace, work: Path, stack: ExitStack) -> None:
 
     tag = secrets.token_hex(3)
     name, serial, node = f"demo-{tag}", f"DEMO-{tag.upper()}", str(uuid.uuid4())
-    digest = ekDigestOf(tpm.ekCertificates()["ek-rsa2048.crt"])
     say("== 2. the owner: inventory, evidence of the EK (a receiving scan), binding")
-    say(f"  EK digest (SHA-256 of the RSA EK's SPKI, {tpm.directory}/certs): {digest}")
+    digest = ekDigestOf(tpm.ekCertificates()["ek-rsa2048.crt"])
+    # The EK digest as an owner computes it from the EK certificate (DER,
+    # as swtpm_setup and a TPM's NV index hold it); fleetd's reading of
+    # the same SPKI must agree.
+    ek = tpm.directory / "certs" / "ek-rsa2048.crt"
+    pipeline = (
+        f"openssl x509 -inform DER -in {shlex.quote(str(ek))} -noout -pubkey"
+        " | openssl pkey -pubin -outform DER | sha256sum"
+    )
+    if run.run("sh", "-c", pipeline, asLine=True).split()[0] != digest:
+        raise StepFailed(f"openssl's EK digest is not fleetd's {digest}")
     fleetctl = [str(BIN / "fleetctl"), "--config", config]
     run.run(*fleetctl, "device", "add", name, "--serial", serial, "--uuid", node,
             "--class", args.device_class)  # fmt: skip
