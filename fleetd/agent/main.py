@@ -1,7 +1,7 @@
 """
 fleetd-agent: the node-side client, run as a Tinkerbell action in HookOS.
 
-The command frame follows DESIGN §6; each command lives in its own module
+The command frame follows design.md, wire contract; each command lives in its own module
 (L{fleetd.agent.attest}: attest, plan, renew; L{fleetd.agent.disks}: disks;
 L{fleetd.agent.meta}: meta, which edits a disk and needs no C{--server}).
 """
