@@ -69,6 +69,11 @@ def buildParser() -> argparse.ArgumentParser:
                 help="DEV is a disk image file: its serial is not checked",
             )
             command.add_argument(
+                "--target-link",
+                metavar="PATH",
+                help="make PATH a symlink to the target disk's /dev node",
+            )
+            command.add_argument(
                 "--sysfs-root", default="/sys", help="where sysfs is mounted (tests)"
             )
     return parser
