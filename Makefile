@@ -10,15 +10,25 @@ APT_BUILD := libtss2-dev pkg-config gcc
 # fdisk (sfdisk): the GPT disk images of fleetd-agent's META tests.
 APT_TEST := swtpm swtpm-tools tpm2-tools prometheus bind9-dnsutils openssl curl \
 	tpm2-openssl tpm2-abrmd libtss2-tcti-tabrmd0 dbus-daemon dbus-bin fdisk
+# What `make agent-demo` runs beside fleetd: swtpm and its EK CA tools,
+# tpm2-abrmd on a private D-Bus, OpenSSL (the EK digest) and its tpm2
+# provider, sfdisk.
+APT_DEMO := swtpm swtpm-tools openssl tpm2-openssl tpm2-abrmd \
+	libtss2-tcti-tabrmd0 dbus-daemon dbus-bin fdisk
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint imports types unit rules system-build system-test devpki clean bench dist
+.PHONY: run test lint imports types unit rules system-build system-test system-demo devpki clean bench agent-demo dist
 
 run: system-build $(STAMP) devpki
 	exec $(BIN)/twistd -n --pidfile= fleetd --config $(DEV_CONFIG)
 
 devpki: $(STAMP)
 	$(BIN)/fleetd-devpki --config $(DEV_CONFIG)
+
+# One node's TPM path (attest, disks, plan, META 0x0b on a disk image)
+# against `make run` in another terminal: scripts/agent_demo.py.
+agent-demo: system-demo $(STAMP) devpki
+	$(BIN)/python scripts/agent_demo.py --config $(DEV_CONFIG)
 
 test: system-test $(STAMP) lint imports types rules unit
 
@@ -27,6 +37,9 @@ system-build:
 
 system-test:
 	@./.ci/apt-ensure $(APT_BUILD) $(APT_TEST)
+
+system-demo:
+	@./.ci/apt-ensure $(APT_BUILD) $(APT_DEMO)
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -2,7 +2,7 @@
 Who a node is, and why fleetd refuses one: a stable reason code and one
 line for people.
 
-The codes are part of the wire contract (DESIGN §6): C{fleetd-agent}
+The codes are part of the wire contract (design.md, wire contract): C{fleetd-agent}
 prints them, operators grep for them, and the journal records them. The
 HTTP status each code is answered with belongs to the device listener
 (L{fleetd.device.refusals}).

@@ -118,7 +118,7 @@ class FleetdService(MultiService):
         )
         self.chain.setServiceParent(self.database)
         self.inventory: IInventory = SQLiteInventory(self.runner, self.journal)
-        if s.netbox is not None:  # NetBox is the inventory (DESIGN section 4)
+        if s.netbox is not None:  # NetBox is the inventory (design.md, State)
             self.inventory = self._netbox(s.netbox)
         self.alerts = AlertTracker(reactor, s.provision.alert_hold).register(
             self.registry

@@ -11,7 +11,7 @@ are named once:
   - DNS response-rate limiting counts an IPv4 /24 or an IPv6 /56 by
     default (L{RRL_IPV4_BITS}, L{RRL_IPV6_BITS}; C{[dns_rate_limit]}
     C{ipv4_prefix} and C{ipv6_prefix} change them): spoofed sources spread
-    over a network count as one (issue 8, item 12; DESIGN section 2).
+    over a network count as one (issue 8, item 12; design.md, Listeners).
 
 An IPv4-mapped IPv6 address always counts as its IPv4 address, and text
 that is not an address (a UNIX socket path, a test's fake address) as

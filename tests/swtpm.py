@@ -16,11 +16,19 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fleetd.pki.dev import DevPKIPaths, swtpmLocalCA
 
 AVAILABLE = all(shutil.which(t) for t in ("swtpm", "swtpm_setup", "swtpm_localca"))
+
+# Shown each command before it runs (scripts/agent_demo.py prints them).
+Echo = Callable[[Sequence[str]], None]
+
+
+def _quiet(argv: Sequence[str]) -> None:
+    pass
 
 
 def freePortPair() -> int:
@@ -42,13 +50,37 @@ def freePortPair() -> int:
     raise RuntimeError("no free loopback port pair")
 
 
+def stopPid(pid: int) -> None:
+    """SIGTERM a daemon that is not our child; SIGKILL it after 5 s."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+
+
 class SWTPM:
     """One swtpm process with its own manufactured state."""
 
-    def __init__(self, directory: Path, pki: DevPKIPaths, *, tpm2: bool = True) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        pki: DevPKIPaths,
+        *,
+        tpm2: bool = True,
+        echo: Echo = _quiet,
+    ) -> None:
         directory = directory.resolve()  # swtpm --daemon leaves the cwd
         self.directory = directory
         self.tpm2 = tpm2
+        self.echo = echo
         self.state = directory / "state"
         self.state.mkdir(parents=True, exist_ok=True)
         config = swtpmLocalCA(pki, directory / "ca")
@@ -64,6 +96,7 @@ class SWTPM:
             "--overwrite",
             "--logfile", str(directory / "setup.log"),
         ]  # fmt: skip
+        echo(args)
         subprocess.run(args, check=True, capture_output=True, timeout=60)
         self.port = 0
         self.pid: int | None = None
@@ -72,7 +105,7 @@ class SWTPM:
         """A second TPM with the same state (the same EK): a cloned TPM."""
         twin = object.__new__(SWTPM)
         directory = directory.resolve()
-        twin.directory, twin.tpm2 = directory, self.tpm2
+        twin.directory, twin.tpm2, twin.echo = directory, self.tpm2, self.echo
         twin.state = directory / "state"
         shutil.copytree(self.state, twin.state)
         twin.port, twin.pid = 0, None
@@ -97,6 +130,7 @@ class SWTPM:
         ]  # fmt: skip
         if self.tpm2:
             args.insert(2, "--tpm2")
+        self.echo(args)
         subprocess.run(args, check=True, capture_output=True, timeout=30)
         self.pid = int(pidFile.read_text().strip())
         deadline = time.monotonic() + 10
@@ -109,20 +143,8 @@ class SWTPM:
 
     def stop(self) -> None:
         pid, self.pid = self.pid, None
-        if pid is None:
-            return
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.01)
-        os.kill(pid, signal.SIGKILL)
+        if pid is not None:
+            stopPid(pid)
 
     def ekCertificates(self) -> dict[str, bytes]:
         """The EK certificates swtpm_setup wrote (for direct checks)."""
@@ -155,6 +177,34 @@ RM_AVAILABLE = (
     and _tpm2Provider()
 )
 
+
+class SessionBus:
+    """A private D-Bus session bus (C{dbus-daemon --session --fork})."""
+
+    def __init__(self, directory: Path, echo: Echo = _quiet) -> None:
+        self.directory = directory
+        self.echo = echo
+        self.address = ""
+        self.pid: int | None = None
+
+    def start(self) -> str:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        printed = self.directory / "dbus.out"
+        args = ["dbus-daemon", "--session", "--fork", "--nopidfile",
+                "--print-address=1", "--print-pid=1"]  # fmt: skip
+        self.echo(args)
+        with printed.open("wb") as sink:
+            subprocess.run(args, stdout=sink, check=True, timeout=30)
+        address, pid = printed.read_text().split()[:2]
+        self.address, self.pid = address, int(pid)
+        return address
+
+    def stop(self) -> None:
+        pid, self.pid = self.pid, None
+        if pid is not None:
+            stopPid(pid)
+
+
 _bus: list[str] = []
 
 
@@ -166,34 +216,27 @@ def sessionBus(directory: Path) -> str:
     """
     if _bus:
         return _bus[0]
-    directory.mkdir(parents=True, exist_ok=True)
-    printed = directory / "dbus.out"
-    with printed.open("wb") as sink:
-        subprocess.run(
-            ["dbus-daemon", "--session", "--fork", "--nopidfile",
-             "--print-address=1", "--print-pid=1"],
-            stdout=sink, check=True, timeout=30,
-        )  # fmt: skip
-    address, pid = printed.read_text().split()[:2]
-    atexit.register(_kill, int(pid))
+    bus = SessionBus(directory)
+    address = bus.start()
+    atexit.register(bus.stop)
     os.environ["DBUS_SESSION_BUS_ADDRESS"] = address
     _bus.append(address)
     return address
 
 
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-
-
 class ResourceManager:
     """tpm2-abrmd in front of one L{SWTPM}, as /dev/tpmrm0 is on a node."""
 
-    def __init__(self, tpm: SWTPM, directory: Path) -> None:
+    def __init__(
+        self, tpm: SWTPM, directory: Path, bus: SessionBus | None = None
+    ) -> None:
+        """
+        @param bus: the session bus to register on; by default the test
+            process's own (L{sessionBus}).
+        """
         self.tpm = tpm
         self.directory = directory
+        self.bus = bus
         self.name = f"com.intel.tss2.Tabrmd.fleetd{os.getpid()}p{tpm.port}"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -202,20 +245,30 @@ class ResourceManager:
         return f"tabrmd:bus_name={self.name},bus_type=session"
 
     def start(self) -> None:
-        sessionBus(self.directory)
+        echo: Echo = _quiet
+        if self.bus is None:
+            address = sessionBus(self.directory)
+        else:
+            address, echo = self.bus.address, self.bus.echo
+        env = {**os.environ, "DBUS_SESSION_BUS_ADDRESS": address}
         args = ["tpm2-abrmd", "--session", "--flush-all",
                 f"--dbus-name={self.name}", f"--tcti={self.tpm.tcti}"]  # fmt: skip
         if os.geteuid() == 0:
             args.append("--allow-root")
+        echo(args)
         log = (self.directory / "abrmd.log").open("wb")
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env=env
+        )
         log.close()
         ask = ["dbus-send", "--session", "--print-reply",
                "--dest=org.freedesktop.DBus", "/org/freedesktop/DBus",
                "org.freedesktop.DBus.NameHasOwner", f"string:{self.name}"]  # fmt: skip
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            owned = subprocess.run(ask, capture_output=True, timeout=10, check=False)
+            owned = subprocess.run(
+                ask, capture_output=True, timeout=10, check=False, env=env
+            )
             if b"boolean true" in owned.stdout:
                 return
             time.sleep(0.02)

@@ -333,7 +333,7 @@ class DaemonTests(DaemonTestMixin, TestCase):
 class ReadinessTests(DaemonTestMixin, TestCase):
     """
     /healthz, fleetd_ready and systemd's READY=1 follow the run load
-    (DESIGN section 2), on the real daemon and a real AF_UNIX socket.
+    (design.md, Listeners), on the real daemon and a real AF_UNIX socket.
     """
 
     def setUp(self) -> None:

@@ -184,7 +184,7 @@ class LimitsOnLoopbackTests(TestCase):
     async def test_tcpPerSource(self) -> None:
         """
         One source holding its share of TCP slots cannot take more; another
-        source is still answered over TCP (issue 8, item 8; DESIGN §2).
+        source is still answered over TCP (issue 8, item 8; design.md, Listeners).
         """
         service = startService(self, maxConnectionsPerSource=4)
         assert service.tcpPort is not None

@@ -244,7 +244,7 @@ class UDPRateLimitTests(SynchronousTestCase):
 
 
 class TCPPerSourceTests(SynchronousTestCase):
-    """One source cannot hold every TCP slot (issue 8, item 8; DESIGN §2)."""
+    """One source cannot hold every TCP slot (issue 8, item 8; design.md, Listeners)."""
 
     def setUp(self) -> None:
         self.registry = CollectorRegistry()

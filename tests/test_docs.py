@@ -44,6 +44,16 @@ class StandAloneTests(SynchronousTestCase):
         ]
         self.assertEqual(found, [])
 
+    def test_noCitationOfADesignFileTheCloneLacks(self) -> None:
+        """Code and tests cite docs/design.md, not the DESIGN.md a clone lacks."""
+        citing = [
+            str(source.relative_to(REPO))
+            for tree in ("fleetd", "tests")
+            for source in (REPO / tree).rglob("*.py")
+            if source.name != "test_docs.py" and "DESIGN" in source.read_text()
+        ]
+        self.assertEqual(citing, [])
+
     def test_everyCitedRuleIsDefined(self) -> None:
         """Each rule tag in fleetd/ and tests/ has its sentence in docs/design.md."""
         defined = set(DEFINED.findall((REPO / "docs" / "design.md").read_text()))

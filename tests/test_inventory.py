@@ -113,7 +113,7 @@ class InventoryContractMixin(_Base):
         self.assertEqual(self.ok(self.inventory.list()), [])
 
     def test_bySerial_caseInsensitive(self) -> None:
-        """bySerial finds the device with that serial, in any case (DESIGN 4)."""
+        """bySerial finds the device with its serial, any case (design.md, NetBox)."""
         self.seed(W1, W2)
         self.assertEqual(self.ok(self.inventory.bySerial("sn-0002")), W2)
         self.assertEqual(self.ok(self.inventory.bySerial("SN-0001")), W1)

@@ -50,7 +50,7 @@ class NetBoxInventoryContractTests(InventoryContractMixin, SynchronousTestCase):
 
     def test_bySerial_severalNamedThem(self) -> None:
         """
-        DESIGN 4: several NetBox devices with one serial (in any case) are
+        design.md, NetBox: several NetBox devices with one serial (in any case) are
         a duplicate error naming them, not the first one found.
         """
         self.seed(W1)

@@ -1,6 +1,6 @@
 """
 NetBox outages of any length delay the push, never for long after NetBox
-answers again (DESIGN section 4: the outbox; issue 17 item 13): retries
+answers again (design.md, State: the outbox; issue 17 item 13): retries
 back off 1 s doubling to C{RETRY_MAX} (10 s), never to minutes, the
 start-up check gives up on nothing, and a pooled connection NetBox
 dropped without a word costs one deadline, not one per attempt.

@@ -1,5 +1,5 @@
 """
-The NetBox push's decisions (DESIGN section 4, "NetBox as the inventory"):
+The NetBox push's decisions (design.md, NetBox):
 a delivery's release writes C{staged} and never an older status, what the
 push leaves alone is journaled, and a NetBox that sends no ETag gets
 writes that never put a status over one fleetd did not set itself.
@@ -37,7 +37,7 @@ class ReleaseStatusTests(SynchronousTestCase):
 
     def test_listProvisionDeliver_staged(self) -> None:
         """
-        DESIGN 4: list, then provision, then the node's fetch ends with the
+        design.md, NetBox: list, then provision, then the node's fetch ends with the
         device C{staged} in NetBox: the release does not take the status
         from the list cached before the provision (it sent C{inventory}).
         """
@@ -64,7 +64,7 @@ class ReleaseStatusTests(SynchronousTestCase):
 
     def test_decide_releaseNeverWritesTheRowsStaleStatus(self) -> None:
         """
-        DESIGN 4: whatever status a release's row carries (what fleetd
+        design.md, NetBox: whatever status a release's row carries (what fleetd
         knew when the delivery committed), its push writes C{staged} over
         C{planned} and no other status, ever.
         """
@@ -124,7 +124,7 @@ class WithoutETagTests(SynchronousTestCase):
 
     def test_operatorsFailed_notOverwritten(self) -> None:
         """
-        DESIGN 4: without ETag fleetd writes a status only over the one it
+        design.md, NetBox: without ETag fleetd writes a status only over the one it
         last wrote itself; an operator's C{failed} set since survives an
         approval's C{active}, journaled as skipped.
         """

@@ -1,6 +1,6 @@
 """
 No credential from a stale cache, and no provision of an ambiguous serial
-(issue 17 items 11 and 12; DESIGN section 4, "NetBox as the inventory").
+(issue 17 items 11 and 12; design.md, NetBox).
 
 The NetBox inventory keeps the device list NetBox last gave, for lists
 people read while NetBox is down. Lookups that decide on a credential
@@ -377,7 +377,7 @@ class ProvisionTests(SynchronousTestCase):
 
     def test_ambiguousSerial_refusedBeforeAnythingChanges(self) -> None:
         """
-        Item 12 (DESIGN 4): w1's serial also matches w9 in NetBox (in
+        Item 12 (design.md, NetBox): w1's serial also matches w9 in NetBox (in
         another case: ?serial= is case-insensitive). Provisioning w1
         fails with one line naming the serial; no run, nothing PATCHed,
         journaled as provision.refused.

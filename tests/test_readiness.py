@@ -1,5 +1,5 @@
 """
-Readiness (DESIGN section 2): C{/healthz} says C{starting} or C{failed}
+Readiness (design.md, Listeners): C{/healthz} says C{starting} or C{failed}
 with a reason until fleetd can serve, C{fleetd_ready} follows, and
 systemd hears C{READY=1} over a real C{AF_UNIX} datagram socket.
 """

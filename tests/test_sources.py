@@ -30,7 +30,7 @@ class SourceKeyTests(SynchronousTestCase):
 
 
 class SourcePrefixTests(SynchronousTestCase):
-    """Sources are counted by prefix (issue 8, item 12; DESIGN §2)."""
+    """Sources are counted by prefix (issue 8, item 12; design.md, Listeners)."""
 
     def test_ipv4(self) -> None:
         """IPv4 /24 by default: the last octet does not matter (issue 8, item 12)."""
@@ -47,7 +47,7 @@ class SourcePrefixTests(SynchronousTestCase):
         self.assertNotEqual(prefix("2001:db8:0:10::1"), prefix("2001:db8:0:20::1"))
 
     def test_ipv6(self) -> None:
-        """IPv6 /56 for RRL and /64 for TCP caps; scope ids ignored (DESIGN §2)."""
+        """IPv6 /56 for RRL, /64 for TCP caps; no scope ids (design.md, Listeners)."""
         rrl, tcp = SourcePrefix(24, 56), SourcePrefix(32, 64)
         self.assertEqual(rrl("2001:db8:0:1::1"), rrl("2001:db8:0:ff::2"))
         self.assertNotEqual(rrl("2001:db8:0:1::1"), rrl("2001:db8:0:100::1"))
@@ -56,7 +56,10 @@ class SourcePrefixTests(SynchronousTestCase):
         self.assertEqual(tcp("fe80::1%lo"), tcp("fe80::2"))
 
     def test_mappedAndFamilies(self) -> None:
-        """A v4-mapped v6 address counts as IPv4; families never collide (DESIGN §2)."""
+        """
+        A v4-mapped v6 address counts as IPv4; families never collide
+        (design.md, Listeners).
+        """
         prefix = SourcePrefix(32, 64)
         self.assertEqual(prefix("::ffff:10.0.0.1"), prefix("10.0.0.1"))
         self.assertNotEqual(prefix("::a00:1"), prefix("10.0.0.1"))

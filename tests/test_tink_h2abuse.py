@@ -1,6 +1,6 @@
 """
 What one HTTP/2 client may cost the tink listener (issue 17, item 5;
-[A4], DESIGN.md section 2): the CVE-2023-44487 rapid-reset budget and its
+[A4], design.md, Listeners): the CVE-2023-44487 rapid-reset budget and its
 GOAWAY(ENHANCE_YOUR_CALM), upstream streams only for whole requests, new
 streams per source, and the penalty of a source told to calm down.
 Control-frame floods and the pause: L{tests.test_tink_h2flood}.

@@ -1,6 +1,6 @@
 """
 Control-frame floods and clients that do not read on the tink listener
-(issue 17, item 6; [A4], DESIGN.md section 2): the PING/SETTINGS rate,
+(issue 17, item 6; [A4], design.md, Listeners): the PING/SETTINGS rate,
 what counts as progress, and the pause (fleetd stops reading while its
 replies are unread), on fake and on real TLS transports.
 """

@@ -5,7 +5,7 @@ Body: C{{"devices": ["w1", ...], "desired_action": null | "netboot"}}.
 Answer 201 with C{{"runs": [{"run", "code", "device"}, ...]}}; the codes
 appear in this response and nowhere else. All devices are checked before
 any run starts: unknown devices, refused classes [T2], a serial NetBox
-holds more than once (DESIGN section 4), a broken template or a full vault
+holds more than once (design.md, State), a broken template or a full vault
 refuse the whole request, and nothing changes [J1]. A template that cannot
 be rendered is a 409 naming the device and its cluster, journaled as
 C{provision.refused} (reason C{template}) like the other refusals. While the inventory
@@ -203,7 +203,7 @@ class ProvisionResource(Endpoint):
 
     async def _serialIsOne(self, device: Device, actor: str) -> None:
         """
-        DESIGN 4: C{device}'s serial names it alone (compared without regard
+        design.md, NetBox: C{device}'s serial names it alone (compared without regard
         to case, as NetBox's C{?serial=}); several devices are refused,
         journaled, before anything changes (issue 17 item 12).
         """

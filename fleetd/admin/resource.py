@@ -44,7 +44,7 @@ class Health(Endpoint):
     """
     C{/healthz}, a readiness signal: 200 C{"ok"} once fleetd can serve
     nodes, 503 C{"starting"} while its runs load and 503 C{"failed"} with
-    the reason when the load failed (DESIGN section 2).
+    the reason when the load failed (design.md, Listeners).
     """
 
     isLeaf = True

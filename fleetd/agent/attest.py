@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 from tpm2_pytss import TSS2_Exception
 
-from fleetd.agent import meta, tpm
+from fleetd.agent import meta, target, tpm
 from fleetd.agent.client import Refusal, Send, Unreachable, call, tlsContext
 from fleetd.agent.mtls import TPMTLSError, tpmSender
 from fleetd.clitools import writeJSON
@@ -155,13 +155,19 @@ def tpmTLS(args: argparse.Namespace, cert: Path, key: Path) -> Send:
 
 def plan(args: argparse.Namespace, out: IO[str], err: IO[str]) -> dict[str, Any]:
     """
-    The install plan; with C{--write-meta DEV}, its code then written as
-    META 0x0b on DEV (L{meta.writePlanCode}).
+    The install plan; with C{--target-link PATH}, PATH made a link to its
+    target disk (L{target.linkTarget}); with C{--write-meta DEV}, its code
+    then written as META 0x0b on DEV (L{meta.writePlanCode}).
     """
     path = "/v1/node/plan"
     if args.device:
         path += "?device=" + urllib.parse.quote(args.device, safe="")
     result = installable(call(args.server, path, ldevidTransport(args)))
+    if args.target_link is not None:
+        device = target.linkTarget(
+            result, Path(args.target_link), Path(args.sysfs_root)
+        )
+        result = {**result, "target_device": device}
     if args.write_meta is not None:
 
         def warn(line: str) -> None:
@@ -227,17 +233,19 @@ COMMANDS = {"attest": attest, "renew": renew}
 
 
 def _describe(command: str, result: dict[str, Any]) -> str:
-    if command == "plan":
-        return (
-            f"target disk serial: {result.get('target_disk_serial') or '-'}\n"
-            f"image: {result.get('image') or '-'}\n"
-            f"META 0x0b code: {result.get('meta_0x0b') or '- (no ready run)'}\n"
-        ) + (
-            f"META 0x0b written on {result['meta_written']} (both copies, read back)\n"
-            if "meta_written" in result
-            else ""
-        )
-    return f"LDevID stored in {result['ldevid']}\n"
+    if command != "plan":
+        return f"LDevID stored in {result['ldevid']}\n"
+    lines = [
+        f"target disk serial: {result.get('target_disk_serial') or '-'}",
+        f"image: {result.get('image') or '-'}",
+        f"META 0x0b code: {result.get('meta_0x0b') or '- (no ready run)'}",
+    ]
+    if "target_device" in result:
+        lines.append(f"target disk device: {result['target_device']}")
+    if "meta_written" in result:
+        written = result["meta_written"]
+        lines.append(f"META 0x0b written on {written} (both copies, read back)")
+    return "".join(line + "\n" for line in lines)
 
 
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -253,7 +261,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     except Unreachable as e:
         err.write(f"fleetd-agent: {args.command}: unreachable: {e}\n")
         return 1
-    except (TPMTLSError, NoLDevID, meta.MetaError) as e:
+    except (TPMTLSError, NoLDevID, meta.MetaError, target.TargetError) as e:
         err.write(f"fleetd-agent: {args.command}: {e}\n")
         return 1
     except tpm.TPMError as e:

@@ -1,7 +1,7 @@
 """
 fleetd-agent: the node-side client, run as a Tinkerbell action in HookOS.
 
-The command frame follows DESIGN §6; each command lives in its own module
+The command frame follows design.md, wire contract; each command lives in its own module
 (L{fleetd.agent.attest}: attest, plan, renew; L{fleetd.agent.disks}: disks;
 L{fleetd.agent.meta}: meta, which edits a disk and needs no C{--server}).
 """
@@ -67,6 +67,11 @@ def buildParser() -> argparse.ArgumentParser:
                 "--image-file",
                 action="store_true",
                 help="DEV is a disk image file: its serial is not checked",
+            )
+            command.add_argument(
+                "--target-link",
+                metavar="PATH",
+                help="make PATH a symlink to the target disk's /dev node",
             )
             command.add_argument(
                 "--sysfs-root", default="/sys", help="where sysfs is mounted (tests)"

@@ -106,7 +106,10 @@ def canonicalSPKI(der: bytes) -> bytes:
 
 
 def ekDigest(spki: bytes) -> str:
-    """DESIGN §6: lowercase hex SHA-256 of the EK's DER SubjectPublicKeyInfo."""
+    """
+    The EK digest (design.md, wire contract): lower-case hex SHA-256 of
+    the EK's DER SubjectPublicKeyInfo.
+    """
     return hashlib.sha256(spki).hexdigest()
 
 

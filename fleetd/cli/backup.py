@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any
 
-from fleetd.cli.client import AdminClient, errorLine
+from fleetd.cli.client import AdminClient, errorLine, unreachable
 from fleetd.clitools import CLIError, writeJSON
 from fleetd.config import Settings
 
@@ -88,10 +88,7 @@ def _receive(client: AdminClient, f: IO[bytes]) -> tuple[int, int]:
             f.write(chunk)
             size += len(chunk)
     except (OSError, http.client.HTTPException) as e:
-        reason = getattr(e, "reason", None) or str(e) or e.__class__.__name__
-        raise CLIError(
-            f"backup: cannot fetch from https://{client.host}:{client.port}: {reason}"
-        ) from e
+        raise unreachable(client, e, "backup") from e
     finally:
         conn.close()
     if size != expected:

@@ -34,6 +34,15 @@ def errorLine(data: bytes) -> str:
     return lines[0] if lines else ""
 
 
+def unreachable(client: AdminClient, e: Exception, what: str = "") -> CLIError:
+    """One line for a request that did not reach fleetd or broke off."""
+    reason = getattr(e, "reason", None) or str(e) or e.__class__.__name__
+    where = f"https://{client.host}:{client.port}"
+    if what:
+        return CLIError(f"{what}: cannot fetch from {where}: {reason}")
+    return CLIError(f"cannot reach fleetd at {where}: {reason}")
+
+
 class _Connection(http.client.HTTPSConnection):
     """HTTPS to C{host}, with SNI and certificate checks for C{serverName}."""
 
@@ -150,10 +159,7 @@ def postText(client: AdminClient, path: str, text: str, contentType: str) -> Any
         response = conn.getresponse()
         data = response.read(16 << 20)
     except (OSError, http.client.HTTPException) as e:
-        reason = getattr(e, "reason", None) or str(e) or e.__class__.__name__
-        raise CLIError(
-            f"cannot reach fleetd at https://{client.host}:{client.port}: {reason}"
-        ) from e
+        raise unreachable(client, e) from e
     finally:
         conn.close()
     if not 200 <= response.status < 300:

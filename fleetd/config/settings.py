@@ -178,7 +178,7 @@ def _netboxURL(table: Table, name: str) -> str:
 
 @dataclass(frozen=True)
 class NetBoxSettings:
-    """C{[netbox]}: present, NetBox is the inventory (DESIGN section 4)."""
+    """C{[netbox]}: present, NetBox is the inventory (design.md, State)."""
 
     url: str = field(metadata=toml(read=_netboxURL))
     token_file: Path

@@ -1,5 +1,5 @@
 """
-Response-rate limiting (RRL) for DNS over UDP (issue 8, item 12; DESIGN §2).
+Response-rate limiting (RRL) for DNS over UDP (issue 8, item 12; design.md, Listeners).
 
 No I/O here. L{ResponseRateLimiter} keeps one account per source prefix
 (L{fleetd.sources}: IPv4 /24 and IPv6 /56 by default) and kind of response:

@@ -119,7 +119,7 @@ class Device:
 class ServedRecord:
     """
     The record of one configuration delivery, released to the inventory
-    after it (DESIGN section 5: a consumed run survives a reboot only if
+    after it (design.md, rules: a consumed run survives a reboot only if
     this record was released).
     """
 
@@ -315,7 +315,7 @@ class IInventory(Protocol):
         The device whose chassis serial is C{serial} (compared
         case-insensitively), or L{None} (also for a malformed serial).
         Several devices with that serial fail with C{"duplicate"}, naming
-        them (DESIGN section 4: serials are not unique in NetBox; the
+        them (design.md, State: serials are not unique in NetBox; the
         embedded inventory refuses a duplicate when it is added).
         """
 

@@ -1,5 +1,5 @@
 """
-How a fleetd device maps onto NetBox's C{dcim.device} (DESIGN section 4,
+How a fleetd device maps onto NetBox's C{dcim.device} (design.md, State,
 "NetBox as the inventory").
 
     name      device name, matched case-insensitively (C{name__ie})

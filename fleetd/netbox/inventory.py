@@ -1,6 +1,6 @@
 """
 The NetBox inventory: L{IInventory} over a NetBox's C{dcim.device}s
-(DESIGN section 4, "NetBox as the inventory"; mapping in
+(design.md, NetBox; mapping in
 L{fleetd.netbox.devices}).
 
 Reads go to NetBox. Changes commit locally first, as one transaction

@@ -1,5 +1,5 @@
 """
-Appending to the hash chain (DESIGN.md section 4).
+Appending to the hash chain (design.md, State).
 
 Entry C{n} carries C{digest_n = HMAC-SHA256(key, digest_(n-1) ||
 canonical_json(seq, at, event, actor, device, run, fields))}, with 32 zero

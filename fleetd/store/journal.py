@@ -1,5 +1,5 @@
 """
-The journal: append-only, durable, hash-chained (DESIGN.md section 4).
+The journal: append-only, durable, hash-chained (design.md, State).
 
 L{Journal} is its database-thread face: it holds the chain key and binds
 the parts, each in a module of its own: the entries and the public query

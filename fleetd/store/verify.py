@@ -1,5 +1,5 @@
 """
-Verifying the whole hash chain and its head (DESIGN.md section 4).
+Verifying the whole hash chain and its head (design.md, State).
 
 L{verifyChain} detects an edited entry (any column), a deleted entry
 (first, middle or last: the head catches a truncated tail), an inserted or

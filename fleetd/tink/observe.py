@@ -1,6 +1,6 @@
 """
 Observation, never alteration, of the Tinkerbell calls passing the proxy
-(DESIGN §6 "Tink proxy").
+(design.md, wire contract "Tink proxy").
 
 A L{CallTap} gets copies of one call's bytes each way, reassembles the
 gRPC length-prefixed messages across DATA frames (and messages split over

@@ -2,7 +2,7 @@
 Values of machine trust, checked and normalised.
 
 An I{EK digest} is the lowercase hex SHA-256 of the DER
-SubjectPublicKeyInfo of an EK public key (DESIGN section 6): input in
+SubjectPublicKeyInfo of an EK public key (design.md, wire contract): input in
 either case is accepted and stored lowercase. Serials follow the
 inventory's rules (L{fleetd.inventory.model.validateSerial}) and compare
 case-insensitively, as the inventory and NetBox do.
