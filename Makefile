@@ -17,7 +17,7 @@ APT_DEMO := swtpm swtpm-tools openssl tpm2-openssl tpm2-abrmd \
 	libtss2-tcti-tabrmd0 dbus-daemon dbus-bin fdisk
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint imports types unit rules system-build system-test system-demo devpki clean bench agent-demo
+.PHONY: run test lint imports types unit rules system-build system-test system-demo devpki clean bench agent-demo dist
 
 run: system-build $(STAMP) devpki
 	exec $(BIN)/twistd -n --pidfile= fleetd --config $(DEV_CONFIG)
@@ -67,8 +67,20 @@ rules:
 unit: $(STAMP)
 	FLEETD_REQUIRE_PEERS=1 $(BIN)/python -m twisted.trial $(TRIAL_ARGS) tests
 
+# The wheel (and sdist) for a production install (docs/install.md). The wheel
+# carries twisted/plugins/fleetd_plugin.py, so `twistd fleetd` finds the
+# plugin in a plain (non-editable) install.
+dist: $(STAMP)
+	rm -rf dist build
+	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
+	$(BIN)/python -c "from setuptools import build_meta as b; b.build_sdist('dist')"
+	@$(BIN)/python -c "import sys, zipfile, glob; \
+	  names = zipfile.ZipFile(glob.glob('dist/fleetd-*.whl')[0]).namelist(); \
+	  sys.exit(0 if 'twisted/plugins/fleetd_plugin.py' in names else 'dist: the wheel lacks the twistd plugin')"
+	@ls dist
+
 bench: $(STAMP)
 	@echo "see bench/README.md"
 
 clean:
-	rm -rf $(VENV) .dev _trial_temp* build *.egg-info
+	rm -rf $(VENV) .dev _trial_temp* build dist *.egg-info

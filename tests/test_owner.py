@@ -33,9 +33,10 @@ from fleetd.inventory import SQLiteInventory
 from fleetd.listen.tls import loadTLSOptions
 from fleetd.pki.dev import ensureDevPKI, makeCertificate
 from fleetd.pki.ldevid import Issuer, Subject
+from fleetd.pki.owners import OWNER_NAME
 from fleetd.prepare import checkOwnerCA
 from fleetd.store import AsyncJournal, Database, InlineRunner, Journal
-from fleetd.web.owner import OWNER_NAME, checkOwner
+from fleetd.web.owner import checkOwner
 from fleetd.web.resources import Endpoint
 from fleetd.web.site import BoundedSite
 from tests.daemonsupport import DaemonTestMixin, httpsRequest

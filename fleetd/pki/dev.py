@@ -268,15 +268,20 @@ def makeCertificate(
     issuer: tuple[x509.Certificate, _PrivateKey] | None = None,
     eku: x509.ObjectIdentifier | None = None,
     sans: Sequence[x509.GeneralName] = (),
+    validity: timedelta | None = None,
 ) -> x509.Certificate:
-    """A self-signed CA for leaves only (no C{issuer}), or a leaf it signs."""
+    """
+    A self-signed CA for leaves only (no C{issuer}), or a leaf it signs;
+    valid from an hour before C{now} for C{validity} (default ten years for
+    a CA, one for a leaf).
+    """
     public = key.public_key()
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
     if issuer is None:
-        issuerName, signer, validity = subject, key, CA_VALIDITY
+        issuerName, signer, default = subject, key, CA_VALIDITY
         aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(public)
     else:
-        (issuerCert, signer), validity = issuer, LEAF_VALIDITY
+        (issuerCert, signer), default = issuer, LEAF_VALIDITY
         issuerName = issuerCert.subject
         ski = issuerCert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier)
         aki = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski.value)
@@ -288,7 +293,7 @@ def makeCertificate(
         .public_key(public)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - BACKDATE)
-        .not_valid_after(now + validity)
+        .not_valid_after(now + (default if validity is None else validity))
         .add_extension(x509.BasicConstraints(isCA, 0 if isCA else None), critical=True)
         .add_extension(_keyUsage(signer=isCA, rsaKey=isRSA), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), False)

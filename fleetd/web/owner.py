@@ -10,7 +10,6 @@ which peers may send large bodies.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,12 +18,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from twisted.web.iweb import IRequest
 
+from fleetd.pki.owners import OWNER_NAME, OWNER_NAME_RULE
 from fleetd.web.peer import peerCertificate
 
-# An owner's name is its certificate's CN; the journal records it as the
-# actor "owner:<CN>", so it must fit the journal's actor alphabet
-# (fleetd.store.journal): here letters, digits and _ . @ -, at most 64.
-OWNER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
+# An owner's name is its certificate's CN (the rule: fleetd.pki.owners).
 NO_CERTIFICATE = "owner client certificate required"
 
 
@@ -93,8 +90,7 @@ def checkOwner(request: IRequest) -> OwnerCheck:
         shown = repr(name)[:70] if isinstance(name, str) else "missing or repeated"
         return OwnerCheck(
             None, f"owner certificate refused: its CN {shown} is not a usable owner "
-            "name (letters, digits, _ . @ -; at most 64, starting with a letter "
-            "or digit)",
+            f"name ({OWNER_NAME_RULE})",
         )  # fmt: skip
     return OwnerCheck(name)
 
