@@ -90,6 +90,8 @@ EVERY_COMMAND = {
     ("device", "list"): ["device", "list"],
     ("device", "show"): ["device", "show", "w1"],
     ("device", "import"): ["device", "import", "f.csv"],
+    ("device", "forget-identity"): ["device", "forget-identity", "w1",
+                                    "--reason", "r"],
     ("provision",): ["provision", "w1", "w2"],
     ("approve",): ["approve", "BCDF-GHJK", "--device", "w1"],
     ("status",): ["status", "w1"],

@@ -48,6 +48,13 @@ class NetBoxInventoryContractTests(InventoryContractMixin, SynchronousTestCase):
             self.assertIn("added in NetBox", str(error))
         self.assertEqual(self.rig.fake.devices, {})
 
+    def test_forgetIdentity_refused(self) -> None:
+        """With NetBox a device's identity is NetBox's: fleetd changes nothing."""
+        self.seed(W1)
+        error = self.refused(self.inventory.forgetIdentity("w1", journal=[]), "invalid")
+        self.assertIn("NetBox", str(error))
+        self.assertEqual(self.ok(self.inventory.get("w1")), W1)
+
     def test_bySerial_severalNamedThem(self) -> None:
         """
         design.md, NetBox: several NetBox devices with one serial (in any case) are

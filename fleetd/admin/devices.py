@@ -155,6 +155,14 @@ class DevicesResource(Endpoint):
         self._defined = defined
 
     def getChild(self, path: bytes, request: IRequest) -> resource.Resource:
+        if request.postpath == [b"forget-identity"] and path:
+            request.prepath.append(request.postpath.pop())
+            try:
+                return ForgetIdentityResource(
+                    self._inventory, path.decode("utf-8"), self._journal
+                )
+            except UnicodeDecodeError:
+                return notFound()
         if request.postpath:
             return notFound()
         if path == b"":
@@ -223,6 +231,57 @@ class DeviceResource(Endpoint):
             return http.OK, device.toJSON()
 
         return renderInventory(request, work)
+
+
+class ForgetIdentityResource(DeviceResource):
+    """
+    C{POST /v1/admin/devices/NAME/forget-identity} C{{"reason": "..."}}: a
+    retired device's serial, uuid and MACs are freed for a new record (the
+    machine comes back under a new name); journaled with what they were.
+    """
+
+    def __init__(self, inventory: IInventory, name: str, journal: AsyncJournal) -> None:
+        super().__init__(inventory, name)
+        self._journal = journal
+
+    def render_POST(self, request: IRequest) -> int:
+        actor = _actor(request)
+
+        async def work() -> Outcome:
+            reason = _reason(_body(request))
+            device = await self._inventory.get(self._name)
+            if device is None:
+                raise InventoryError(f"no device named {self._name}", "not-found")
+            entry = Entry(
+                "device.identity-forgotten",
+                actor=actor,
+                device=device.name,
+                fields={
+                    "serial": device.serial,
+                    "uuid": device.uuid,
+                    "macs": " ".join(device.macs),
+                    "reason": reason,
+                },
+            )
+            forgotten = await self._inventory.forgetIdentity(
+                device.name, journal=[entry]
+            )
+            return http.OK, forgotten.toJSON()
+
+        return renderInventory(request, work)
+
+
+def _reason(text: str) -> str:
+    try:
+        doc = jsonbody.loads(text)
+    except JSONBodyError as e:
+        raise InventoryError(f"body: {e}") from None
+    reason = doc.get("reason") if isinstance(doc, dict) else None
+    if not isinstance(reason, str) or not 0 < len(reason) <= 200:
+        raise InventoryError("reason: required, 1 to 200 characters")
+    if not reason.isprintable():
+        raise InventoryError("reason: printable text only")
+    return reason
 
 
 class ImportResource(DeviceResource):

@@ -1,5 +1,6 @@
 """
-C{fleetctl device add|list|show|import}: the inventory through the admin API.
+C{fleetctl device add|list|show|import|forget-identity}: the inventory
+through the admin API.
 
 Input is checked locally first (L{validateDevice}, L{parseDeviceCSV}), so
 a mistake is reported with its field or CSV line number before anything
@@ -97,6 +98,20 @@ def cmdImport(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int
     return 0
 
 
+def cmdForgetIdentity(
+    settings: Settings, args: argparse.Namespace, out: IO[str]
+) -> int:
+    path = f"{DEVICES}/{urllib.parse.quote(args.name, safe='')}/forget-identity"
+    body = {"reason": args.reason}
+    device = AdminClient(settings).request("POST", path, body=body)
+    line = (
+        f"forgot {device['name']}'s serial, uuid and MACs; the machine can be"
+        " added again under a new name (the record and its journal stay)"
+    )
+    emit(out, args, device, [line])
+    return 0
+
+
 def addCommands(commands: Any) -> None:
     """Register C{device} and its actions on fleetctl's subparsers."""
     device = commands.add_parser("device", help="the device inventory")
@@ -127,3 +142,11 @@ def addCommands(commands: Any) -> None:
         "file", help="CSV with a header naming name,serial,uuid,mac,class,cluster"
     )
     load.set_defaults(handler=cmdImport)
+
+    forget = actions.add_parser(
+        "forget-identity",
+        help="free a retired device's serial, uuid and MACs for a new record",
+    )
+    forget.add_argument("name")
+    forget.add_argument("--reason", required=True, help="why (journaled)")
+    forget.set_defaults(handler=cmdForgetIdentity)

@@ -351,6 +351,17 @@ class IInventory(Protocol):
     def releasedRuns(self) -> Deferred[set[str]]:
         """The ids of every run whose served-config record was released."""
 
+    def forgetIdentity(
+        self, name: str, *, journal: Sequence[Entry]
+    ) -> Deferred[Device]:
+        """
+        Free a retired (C{decommissioning}) device's serial, uuid and MACs,
+        so that the machine can come back as a new device record; the
+        record, its runs' records and its journal stay. Another status
+        fails with C{"invalid"}; the NetBox backend refuses (the identity
+        is NetBox's to change).
+        """
+
     def setStatusIn(self, db: Database, name: str, status: DeviceStatus) -> None:
         """L{setStatus} as part of the caller's transaction."""
 

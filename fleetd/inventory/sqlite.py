@@ -34,6 +34,7 @@ from fleetd.inventory.model import (
     validateToken,
 )
 from fleetd.inventory.sqlite_rows import (
+    forgetDeviceIdentity,
     insertDevice,
     normalised,
     readDevice,
@@ -282,6 +283,15 @@ class SQLiteInventory:
             self.releaseIn(db, checked)
 
         return self._change(release, journal)
+
+    def forgetIdentity(
+        self, name: str, *, journal: Sequence[Entry]
+    ) -> Deferred[Device]:
+        try:
+            key = validateName(name)
+        except InventoryError:
+            return fail()
+        return self._change(lambda db: forgetDeviceIdentity(db, key), journal)
 
     def releasedRuns(self) -> Deferred[set[str]]:
         def released(db: Database) -> set[str]:

@@ -173,3 +173,33 @@ def transitionDevice(
     if conn.execute("SELECT 1 FROM devices WHERE name = ?", (name,)).fetchone() is None:
         raise InventoryError(f"no device named {name}", "not-found")
     return False
+
+
+FORGOTTEN = "forgotten:"
+"""What a forgotten identity's serial and uuid start with (never valid input)."""
+
+
+def forgetDeviceIdentity(db: Database, name: str) -> Device:
+    """
+    L{IInventory.forgetIdentity} in the caller's transaction: the serial
+    and uuid become C{forgotten:NAME}, the MACs go; only a retired device.
+    """
+    with db.transaction() as conn:
+        device = readDevice(conn, name)
+        if device is None:
+            raise InventoryError(f"no device named {name}", "not-found")
+        if device.status is not DeviceStatus.DECOMMISSIONING:
+            raise InventoryError(
+                f"{name} is {device.status.value}, not retired: only a retired"
+                " device's serial, uuid and MACs can be forgotten"
+            )
+        if device.serial.startswith(FORGOTTEN):
+            raise InventoryError(f"{name}'s identity is already forgotten")
+        conn.execute(
+            "UPDATE devices SET serial = ?, uuid = ? WHERE name = ?",
+            (FORGOTTEN + name, FORGOTTEN + name, name),
+        )
+        conn.execute("DELETE FROM device_macs WHERE device = ?", (name,))
+        forgotten = readDevice(conn, name)
+    assert forgotten is not None
+    return forgotten

@@ -256,6 +256,17 @@ class NetBoxInventory:
     def list(self) -> Deferred[list[Device]]:
         return self._wrap(Deferred.fromCoroutine(self._listOrCached()))
 
+    def forgetIdentity(
+        self, name: str, *, journal: Sequence[Entry]
+    ) -> Deferred[Device]:
+        return fail(
+            InventoryError(
+                "the device's serial, uuid and MACs are NetBox's: delete the"
+                " retired device in NetBox, or clear its serial there",
+                "invalid",
+            )
+        )
+
     def identities(self) -> Deferred[Identities]:
         return self.list().addCallback(
             lambda devices: [(d.name, d.uuid, d.serial) for d in devices]
