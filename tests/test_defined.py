@@ -11,23 +11,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from treq.testing import StubTreq
 from twisted.internet.defer import ensureDeferred
-from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from fleetd.admin.devices import devicesResource
 from fleetd.config import ConfigError, loadSettings
-from fleetd.inventory import SQLiteInventory
 from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import InventoryError
 from fleetd.runs.render import TemplateRenderer
-from fleetd.store import AsyncJournal, Database, InlineRunner, Journal
-from fleetd.web.resources import Router
 from tests.daemonsupport import DaemonTestMixin
+from tests.devicessupport import devicesTree
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.inventorysupport import SITE, device
-from tests.ownersupport import CSV, W1, inline
+from tests.ownersupport import CSV, W1
 from tests.support import writeConfig
 
 BASE = "https://admin.test/devices"
@@ -122,17 +117,12 @@ class ResourceTests(SynchronousTestCase):
     """C{POST /v1/admin/devices} and its import refuse undefined names."""
 
     def setUp(self) -> None:
-        db = Database.open(Path(self.mktemp()) / "fleetd.sqlite3")
-        self.addCleanup(db.close)
-        runner = InlineRunner(db)
-        self.journal = AsyncJournal(runner, Journal(b"k" * 32), Clock())
-        self.inventory = SQLiteInventory(runner, self.journal)
-        root = Router()
-        root.putChild(
-            b"devices",
-            devicesResource(self.inventory, self.journal, offload=inline, defined=SITE),
+        tree = devicesTree(self)
+        self.stub, self.inventory, self.journal = (
+            tree.stub,
+            tree.inventory,
+            tree.journal,
         )
-        self.stub: Any = StubTreq(root)
 
     def call(self, url: str, body: bytes) -> tuple[int, bytes]:
         d = self.stub.request("POST", url, data=body)

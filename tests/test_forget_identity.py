@@ -8,20 +8,13 @@ were; the record, its runs' records and its journal stay.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
-from treq.testing import StubTreq
-from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.admin.devices import devicesResource
-from fleetd.inventory import SQLiteInventory
 from fleetd.inventory.model import DeviceStatus
-from fleetd.store import AsyncJournal, Database, InlineRunner, Journal
-from fleetd.web.resources import Router
-from tests.inventorysupport import SITE
-from tests.ownersupport import W1, inline
+from tests.devicessupport import devicesTree
+from tests.ownersupport import W1
 
 BASE = "https://admin.test/devices"
 FORGET = f"{BASE}/w1/forget-identity"
@@ -29,17 +22,12 @@ FORGET = f"{BASE}/w1/forget-identity"
 
 class ForgetIdentityTests(SynchronousTestCase):
     def setUp(self) -> None:
-        db = Database.open(Path(self.mktemp()) / "fleetd.sqlite3")
-        self.addCleanup(db.close)
-        runner = InlineRunner(db)
-        self.journal = AsyncJournal(runner, Journal(b"k" * 32), Clock())
-        self.inventory = SQLiteInventory(runner, self.journal)
-        root = Router()
-        root.putChild(
-            b"devices",
-            devicesResource(self.inventory, self.journal, offload=inline, defined=SITE),
+        tree = devicesTree(self)
+        self.stub, self.inventory, self.journal = (
+            tree.stub,
+            tree.inventory,
+            tree.journal,
         )
-        self.stub: Any = StubTreq(root)  # request methods made at run time
         self.assertEqual(self.call("POST", BASE, W1)[0], 201)
 
     def call(self, method: str, url: str, document: Any) -> tuple[int, bytes]:
