@@ -105,13 +105,15 @@ class ReadmeTests(TestCase):
         config.write_text(own)
         self.env = {**os.environ, "PYTHONPATH": str(REPO)}
         twistd = Path(sys.executable).parent / "twistd"
-        self.daemon = subprocess.Popen(
-            [str(twistd), "-n", "--pidfile=", "fleetd", "--config", str(config)],
-            cwd=self.root,
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        self.log = self.root / "fleetd.log"
+        with open(self.log, "wb") as log:
+            self.daemon = subprocess.Popen(
+                [str(twistd), "-n", "--pidfile=", "fleetd", "--config", str(config)],
+                cwd=self.root,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         self.addCleanup(self.stopDaemon)
         self.waitHealthy()
 
@@ -125,7 +127,12 @@ class ReadmeTests(TestCase):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.daemon.poll() is not None:
-                self.fail(f"fleetd exited with {self.daemon.returncode}")
+                last = self.log.read_text(errors="replace").splitlines()[-5:]
+                self.fail(
+                    f"fleetd on the dev configuration exited with"
+                    f" {self.daemon.returncode} (are the dev ports taken, by"
+                    f" `make run`?): " + " | ".join(last)
+                )
             try:
                 context = ssl.create_default_context(cafile=str(ca))
                 with urllib.request.urlopen(
