@@ -44,8 +44,9 @@ system-demo:
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
-	# compat editable mode: twistd finds twisted/plugins/fleetd_plugin.py
-	$(BIN)/python -m pip install --quiet --config-settings editable_mode=compat -e '.[test,dev]'
+	# src layout: the editable install is one .pth naming src/, where twistd
+	# finds twisted/plugins/fleetd_plugin.py
+	$(BIN)/python -m pip install --quiet -e '.[test,dev]'
 	touch $(STAMP)
 
 lint: $(STAMP)

@@ -41,10 +41,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-# --serve-fleetd runs the fleetd of FLEETD_TREE when set (--baseline).
+# --serve-fleetd runs the fleetd of FLEETD_TREE when set (--baseline): its
+# bench helpers from the tree, its fleetd from src/ (or the tree itself,
+# for a checkout from before the src layout).
 sys.path.insert(
     0, os.environ.get("FLEETD_TREE") or str(Path(__file__).resolve().parent.parent)
 )
+sys.path.insert(0, os.path.join(sys.path[0], "src"))  # absent in an older tree
 
 from bench._fleet import (
     STORM_OVERRIDES,
@@ -179,7 +182,10 @@ def spawn(
 ) -> tuple[subprocess.Popen[str], list[int]]:
     env = dict(os.environ)
     if tree is not None:
-        env["FLEETD_TREE"] = env["PYTHONPATH"] = str(tree)
+        env["FLEETD_TREE"] = str(tree)
+        env["PYTHONPATH"] = os.pathsep.join(
+            str(p) for p in (tree / "src", tree) if p.is_dir()
+        )
     process = subprocess.Popen(
         ["taskset", "-c", "0", sys.executable, __file__, *args],
         stdout=subprocess.PIPE,

@@ -117,7 +117,7 @@ def startFleetd(
     argv = pinned(cpus, [sys.executable, __file__, "--serve", str(port)])
     if profile:
         argv += ["--profile", profile]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
     assert process.stdout is not None
     if process.stdout.readline().strip() != "ready":

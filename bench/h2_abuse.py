@@ -25,7 +25,7 @@ attacking connection, PING bytes sent, and the server's RSS before, after
 and at its peak. The server is pinned to CPU 0, everything else to CPU 1.
 Loopback only; every process started is stopped.
 
-    PYTHONPATH=. .venv/bin/python bench/h2_abuse.py --seconds 10
+    .venv/bin/python bench/h2_abuse.py --seconds 10
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ and runs what they queued the way the database thread does
 releaser's side and the database work with C{time.process_time}.
 Compare two checkouts by running it with each one's C{PYTHONPATH}::
 
-    PYTHONPATH=. .venv/bin/python bench/record_cost.py [--records 3000]
+    PYTHONPATH=src .venv/bin/python bench/record_cost.py [--records 3000]
         [--batch 50] [--repeat 3] [--profile]
 """
 

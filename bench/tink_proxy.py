@@ -89,7 +89,7 @@ class Floor:
         argv = ["taskset", "-c", cpu, sys.executable, str(here / "_h2floor.py")]
         argv += ["--port", str(port), "--upstream", str(upstream)]
         argv += ["--cert", str(pki / "public.pem"), "--key", str(pki / "public.key")]
-        env = dict(os.environ, PYTHONPATH=str(here.parent))
+        env = dict(os.environ, PYTHONPATH=str(here.parent / "src"))
         self.process = subprocess.Popen(argv + ["--memo"] * memo, env=env)
         self.pid = self.process.pid
         deadline = time.monotonic() + 10

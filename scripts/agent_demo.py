@@ -65,7 +65,7 @@ BIN = Path(sys.executable).parent  # the venv's console scripts
 ENV = {
     **os.environ,
     "PYTHONPATH": os.pathsep.join(
-        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+        [str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
     ),
 }
 IMAGE_BYTES = 16 * 1024**3  # sparse; fleetd installs on disks of 10 GiB or more

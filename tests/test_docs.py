@@ -48,7 +48,7 @@ class StandAloneTests(SynchronousTestCase):
         """Code and tests cite docs/design.md, not the DESIGN.md a clone lacks."""
         citing = [
             str(source.relative_to(REPO))
-            for tree in ("fleetd", "tests")
+            for tree in ("src/fleetd", "tests")
             for source in (REPO / tree).rglob("*.py")
             if source.name != "test_docs.py" and "DESIGN" in source.read_text()
         ]
@@ -58,7 +58,7 @@ class StandAloneTests(SynchronousTestCase):
         """Each rule tag in fleetd/ and tests/ has its sentence in docs/design.md."""
         defined = set(DEFINED.findall((REPO / "docs" / "design.md").read_text()))
         cited: set[str] = set()
-        for tree in ("fleetd", "tests"):
+        for tree in ("src/fleetd", "tests"):
             for source in (REPO / tree).rglob("*.py"):
                 cited.update(TAG.findall(source.read_text()))
         self.assertTrue(cited)

@@ -60,8 +60,7 @@ def wheel(tmp: Path) -> Path:
             source.mkdir(parents=True, exist_ok=True)
             shutil.copy(REPO / name, source / name)
         ignore = shutil.ignore_patterns("__pycache__", "dropin.cache", "*.pyc")
-        for tree in ("fleetd", "twisted"):
-            shutil.copytree(REPO / tree, source / tree, ignore=ignore)
+        shutil.copytree(REPO / "src", source / "src", ignore=ignore)
         subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
              "--no-build-isolation", "-w", str(tmp / "dist"), str(source)],

@@ -103,7 +103,7 @@ class ReadmeTests(TestCase):
         own = re.sub(r'(?m)^vault = ".*"$', f'vault = "{self.vault}/configs"', text)
         self.assertNotEqual(own, text)
         config.write_text(own)
-        self.env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
         twistd = Path(sys.executable).parent / "twistd"
         self.log = self.root / "fleetd.log"
         with open(self.log, "wb") as log:
