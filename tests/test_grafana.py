@@ -161,7 +161,7 @@ def exported(body: str) -> dict[str, set[str]]:
 def declaredLabels(service: FleetdService) -> dict[str, set[str]]:
     """The labelnames of the registry's prometheus_client metrics, by name."""
     declared: dict[str, set[str]] = {}
-    mapping: dict[Any, list[str]] = service.registry._collector_to_names  # type: ignore[attr-defined]
+    mapping: dict[Any, list[str]] = service.registry._collector_to_names
     for collector, names in mapping.items():
         labelnames = getattr(collector, "_labelnames", None)
         if labelnames is None:
