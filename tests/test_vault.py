@@ -99,6 +99,18 @@ class VaultContractMixin(_Base):
             vault.put(name, b"x")
         self.assertEqual(vault.names(), ["A", "a_1", "b.yaml", "c"])
 
+    def test_iter_everyNameDeletesAllowed(self) -> None:
+        """Iterating gives every name once, in no order; deleting meanwhile is safe."""
+        vault = self.makeVault()
+        for name in ["c", "A", "b.yaml", "a_1"]:
+            vault.put(name, b"x")
+        seen = []
+        for name in vault:
+            seen.append(name)
+            vault.delete(name)
+        self.assertEqual(sorted(seen), ["A", "a_1", "b.yaml", "c"])
+        self.assertEqual(len(vault), 0)
+
     def test_len_contains(self) -> None:
         """Length and membership follow puts and deletes."""
         vault = self.makeVault()

@@ -23,7 +23,7 @@ L{fakeMountInfo} writes a mountinfo file for the vault's filesystem check.
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from twisted.trial.unittest import SynchronousTestCase
@@ -88,6 +88,9 @@ class FaultyVault:
 
     def names(self) -> list[str]:
         return self.inner.names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.inner)
 
     def __len__(self) -> int:
         return len(self.inner)

@@ -118,7 +118,7 @@ def _strayFiles(core: RunCore, index: BootIndex) -> set[str]:
     and nearly all of them belong to a run.
     """
     runs = index.runs
-    return {name for name in core.vault.names() if name.partition(".")[0] not in runs}
+    return {name for name in core.vault if name.partition(".")[0] not in runs}
 
 
 def _recordStrayMarks(core: RunCore, index: BootIndex, names: set[str]) -> None:

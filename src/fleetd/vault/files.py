@@ -1,18 +1,12 @@
 """
-Small facts about the vault's files: an entry's kind and name, and the
+Small facts about the vault's files: an entry's kind, and the
 process's umask (which decides whether a created file needs a chmod).
 """
 
 from __future__ import annotations
 
-import os
 import stat
 from pathlib import Path
-
-
-def entryName(entry: os.DirEntry[str]) -> str:
-    """The name of a directory entry (a sort key)."""
-    return entry.name
 
 
 def processUmask(status: Path = Path("/proc/self/status")) -> int | None:

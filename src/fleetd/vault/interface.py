@@ -7,7 +7,7 @@ on tmpfs that fleetd runs with is L{fleetd.vault.store.DirectoryVault}.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Protocol, runtime_checkable
 
 from fleetd.vault.errors import VaultError
@@ -30,6 +30,9 @@ class IVault(Protocol):
 
     def names(self) -> list[str]:
         """Return all stored names, sorted."""
+
+    def __iter__(self) -> Iterator[str]:
+        """Every stored name, in no order (no sort: for a pass over all)."""
 
     def __len__(self) -> int:
         """Return the number of stored entries."""
@@ -81,6 +84,9 @@ class MemoryVault:
 
     def names(self) -> list[str]:
         return sorted(self._entries)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._entries))
 
     def __len__(self) -> int:
         return len(self._entries)

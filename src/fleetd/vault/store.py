@@ -25,13 +25,13 @@ import itertools
 import os
 import stat
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from twisted.logger import Logger
 
 from fleetd.vault.errors import VaultError, VaultWriteError
-from fleetd.vault.files import entryKind, entryName, processUmask
+from fleetd.vault.files import entryKind, processUmask
 from fleetd.vault.interface import checkName, isValidName
 from fleetd.vault.mounts import MOUNTINFO, isVolatile
 from fleetd.vault.safedir import openVaultDirectory
@@ -160,22 +160,27 @@ class DirectoryVault:
         otherwise; entries that are not regular files are refused now.
         """
         dirFd = self._dirFd()
-        unchecked = []
+        unchecked, ignored, others = [], [], []
         changed = False
         try:
+            # Directory order: sorting 100,000 entries cost 30 ms of the
+            # start; the rare ones logged below are sorted instead.
             with os.scandir(dirFd) as entries:
-                listed = sorted(entries, key=entryName)
-            for entry in listed:
-                name = entry.name
-                temp = name.startswith(TEMP_PREFIX)
-                if not (temp or isValidName(name)):
-                    self.log.warn("vault.ignored {name}", name=name)
-                elif not entry.is_file(follow_symlinks=False):
-                    changed = self._refuse(dirFd, name) or changed
-                else:
-                    unchecked.append(name)
-                    if not temp:
-                        self._names.add(name)
+                for entry in entries:
+                    name = entry.name
+                    temp = name.startswith(TEMP_PREFIX)
+                    if not (temp or isValidName(name)):
+                        ignored.append(name)
+                    elif not entry.is_file(follow_symlinks=False):
+                        others.append(name)
+                    else:
+                        unchecked.append(name)
+                        if not temp:
+                            self._names.add(name)
+            for name in sorted(ignored):
+                self.log.warn("vault.ignored {name}", name=name)
+            for name in sorted(others):
+                changed = self._refuse(dirFd, name) or changed
             if changed:
                 self._fsync(dirFd)
         except OSError as e:
@@ -364,6 +369,9 @@ class DirectoryVault:
 
     def names(self) -> list[str]:
         return sorted(self._names)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._names))  # a snapshot: deletes may follow
 
     def __len__(self) -> int:
         return len(self._names)
