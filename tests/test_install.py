@@ -43,7 +43,7 @@ from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from fleetd.pki.dev import _certPEM, _keyPEM, makeCertificate
+from fleetd.pki.dev import certPEM, keyPEM, makeCertificate
 from tests.daemonsupport import httpsGet
 from tests.support import REPO, _toml, missingPeer
 from tests.test_pki_cli import vendorFiles
@@ -304,10 +304,10 @@ class InstallTests(TestCase):
         )
         tls = config["tls"]
         Path(tls["cert"]).parent.mkdir(parents=True, exist_ok=True)
-        Path(tls["cert"]).write_bytes(_certPEM(leaf))
-        Path(tls["key"]).write_bytes(_keyPEM(leafKey))
+        Path(tls["cert"]).write_bytes(certPEM(leaf))
+        Path(tls["key"]).write_bytes(keyPEM(leafKey))
         Path(tls["key"]).chmod(0o600)
-        Path(tls["chain"]).write_bytes(_certPEM(ca))
+        Path(tls["chain"]).write_bytes(certPEM(ca))
         return Path(tls["chain"])
 
     async def _install(self) -> None:

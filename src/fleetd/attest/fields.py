@@ -87,11 +87,3 @@ def csrField(
     if not isinstance(key, ec.EllipticCurvePublicKey | rsa.RSAPublicKey):
         raise Refused(E.CSR_INVALID, "csr: key type not allowed")
     return csr, key
-
-
-def spkiDER(key: Any) -> bytes:
-    """C{key}'s SubjectPublicKeyInfo, DER."""
-    der: bytes = key.public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return der

@@ -45,7 +45,6 @@ from fleetd.attest.fields import (
     csrField,
     noRoomRefusal,
     pemText,
-    spkiDER,
     textField,
 )
 from fleetd.attest.identity import LDevIDBook, Peer
@@ -65,7 +64,7 @@ from fleetd.config import Settings
 from fleetd.inventory.model import REFUSED_CLASSES, Device
 from fleetd.logs import ThrottledLog
 from fleetd.nodes import Refused
-from fleetd.pki.ldevid import Issuer, Subject, serialHex
+from fleetd.pki.ldevid import Issuer, Subject, serialHex, spkiDER
 from fleetd.pki.records import LDevIDRecord, storeIssued
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder

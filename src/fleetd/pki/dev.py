@@ -41,7 +41,7 @@ KEY_MODE = 0o600
 CERT_MODE = 0o644
 DIR_MODE = 0o700
 
-_PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def ensureDevPKI(
     for stale in [*paths.files(), *directory.glob(".*.tmp")]:
         stale.unlink(missing_ok=True)
     for path, (data, mode) in contents.items():
-        _writeAtomic(path, data, mode)
+        writeAtomic(path, data, mode)
     fd = os.open(directory, os.O_RDONLY)  # make the renames durable
     try:
         os.fsync(fd)
@@ -174,20 +174,20 @@ def _generate(
 ) -> dict[Path, tuple[bytes, int]]:
     """Create every key and certificate in memory; nothing touches disk."""
     out: dict[Path, tuple[bytes, int]] = {}
-    cas: dict[str, tuple[x509.Certificate, _PrivateKey]] = {}
+    cas: dict[str, tuple[x509.Certificate, PrivateKey]] = {}
     for attribute, cn in _CAS:
-        key = _newKey(keyType)
+        key = newKey(keyType)
         cert = makeCertificate(cn, key, now)
         cas[attribute] = (cert, key)
-        out[getattr(paths, attribute)] = (_certPEM(cert), CERT_MODE)
-        out[getattr(paths, attribute + "_key")] = (_keyPEM(key), KEY_MODE)
+        out[getattr(paths, attribute)] = (certPEM(cert), CERT_MODE)
+        out[getattr(paths, attribute + "_key")] = (keyPEM(key), KEY_MODE)
     # The stand-in TPM manufacturer: RSA, as swtpm_localca signs with it.
-    ekKey = _newKey("rsa")
+    ekKey = newKey("rsa")
     ekCA = makeCertificate("fleetd dev TPM manufacturer CA", ekKey, now)
-    out[paths.ek_ca] = (_certPEM(ekCA), CERT_MODE)
-    out[paths.ek_ca_key] = (_keyPEM(ekKey), KEY_MODE)
+    out[paths.ek_ca] = (certPEM(ekCA), CERT_MODE)
+    out[paths.ek_ca_key] = (keyPEM(ekKey), KEY_MODE)
     bundle = [cas[a][0] for a in ("devid_issuer", "capsule_ca", "forge_ca")]
-    out[paths.bundle] = (b"".join(map(_certPEM, bundle)), CERT_MODE)
+    out[paths.bundle] = (b"".join(map(certPEM, bundle)), CERT_MODE)
 
     sans: tuple[x509.GeneralName, ...] = (
         x509.DNSName(name),
@@ -202,10 +202,10 @@ def _generate(
          (), cas["owner_ca"]),
     )  # fmt: skip
     for certPath, keyPath, cn, eku, names, issuer in leaves:
-        key = _newKey(keyType)
+        key = newKey(keyType)
         cert = makeCertificate(cn, key, now, issuer, eku, names)
-        out[certPath] = (_certPEM(cert), CERT_MODE)
-        out[keyPath] = (_keyPEM(key), KEY_MODE)
+        out[certPath] = (certPEM(cert), CERT_MODE)
+        out[keyPath] = (keyPEM(key), KEY_MODE)
     return out
 
 
@@ -241,7 +241,8 @@ def swtpmLocalCA(paths: DevPKIPaths, directory: Path) -> Path:
     return setup
 
 
-def _newKey(keyType: str) -> _PrivateKey:
+def newKey(keyType: str) -> PrivateKey:
+    """A new C{"rsa"} (2048) or ECDSA (P-256) private key."""
     if keyType == "rsa":
         return rsa.generate_private_key(public_exponent=65537, key_size=2048)
     return ec.generate_private_key(ec.SECP256R1())
@@ -263,9 +264,9 @@ def _keyUsage(*, signer: bool, rsaKey: bool) -> x509.KeyUsage:
 
 def makeCertificate(
     cn: str,
-    key: _PrivateKey,
+    key: PrivateKey,
     now: datetime,
-    issuer: tuple[x509.Certificate, _PrivateKey] | None = None,
+    issuer: tuple[x509.Certificate, PrivateKey] | None = None,
     eku: x509.ObjectIdentifier | None = None,
     sans: Sequence[x509.GeneralName] = (),
     validity: timedelta | None = None,
@@ -306,11 +307,13 @@ def makeCertificate(
     return builder.sign(signer, hashes.SHA256())
 
 
-def _certPEM(cert: x509.Certificate) -> bytes:
+def certPEM(cert: x509.Certificate) -> bytes:
+    """C{cert} as PEM."""
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
-def _keyPEM(key: _PrivateKey) -> bytes:
+def keyPEM(key: PrivateKey) -> bytes:
+    """C{key} as unencrypted PKCS#8 PEM (files of mode 0600)."""
     return key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
@@ -322,7 +325,7 @@ def _makeDirectory(path: Path) -> None:
     path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
 
 
-def _writeAtomic(path: Path, data: bytes, mode: int) -> None:
+def writeAtomic(path: Path, data: bytes, mode: int) -> None:
     """Write C{data} to a temporary file with C{mode}, fsync, rename over."""
     tmp = path.with_name(f".{path.name}.{token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)

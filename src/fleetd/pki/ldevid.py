@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -41,10 +42,16 @@ def _loadPEMCerts(key: str, path: Path) -> list[x509.Certificate]:
     return certs
 
 
-def _spki(cert: x509.Certificate) -> bytes:
-    return cert.public_key().public_bytes(
+def spkiDER(key: Any) -> bytes:
+    """A public key's SubjectPublicKeyInfo, DER (what "the same key" compares)."""
+    der: bytes = key.public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
+    return der
+
+
+def _spki(cert: x509.Certificate) -> bytes:
+    return spkiDER(cert.public_key())
 
 
 def serialHex(cert: x509.Certificate) -> str:

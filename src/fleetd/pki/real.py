@@ -32,20 +32,20 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from OpenSSL import crypto
 
 from fleetd.pki.dev import (
     CERT_MODE,
     KEY_MODE,
-    _certPEM,
-    _keyPEM,
-    _newKey,
-    _PrivateKey,
-    _writeAtomic,
+    PrivateKey,
+    certPEM,
+    keyPEM,
     makeCertificate,
+    newKey,
+    writeAtomic,
 )
+from fleetd.pki.ldevid import spkiDER
 from fleetd.pki.owners import OWNER_NAME, OWNER_NAME_RULE
 
 __all__ = [
@@ -62,7 +62,7 @@ __all__ = [
     "writeFiles",
 ]
 
-Pair = tuple[x509.Certificate, _PrivateKey]
+Pair = tuple[x509.Certificate, PrivateKey]
 _PEM_BLOCK = re.compile(
     rb"-----BEGIN CERTIFICATE-----\s*(.*?)\s*-----END CERTIFICATE-----", re.DOTALL
 )
@@ -74,7 +74,7 @@ class PKIError(Exception):
 
 def makeOwnerCA(cn: str, now: datetime, days: int, keyType: str = "ecdsa") -> Pair:
     """A new owner CA: its own key, self-signed, signing leaves only."""
-    key = _newKey(keyType)
+    key = newKey(keyType)
     return makeCertificate(cn, key, now, validity=timedelta(days=days)), key
 
 
@@ -92,7 +92,7 @@ def makeOperator(
             f"operator name {name[:70]!r} is not a usable owner name "
             f"({OWNER_NAME_RULE}): it is the CN and the journal's actor"
         )
-    key = _newKey(keyType)
+    key = newKey(keyType)
     cert = makeCertificate(
         name,
         key,
@@ -106,7 +106,7 @@ def makeOperator(
 
 def makeIssuer(cn: str, now: datetime, days: int, keyType: str = "ecdsa") -> Pair:
     """A new LDevID issuer CA: its own key, nothing else's."""
-    key = _newKey(keyType)
+    key = newKey(keyType)
     return makeCertificate(cn, key, now, validity=timedelta(days=days)), key
 
 
@@ -130,18 +130,11 @@ def readPair(certPath: Path, keyPath: Path) -> Pair:
         raise PKIError(f"cannot read {keyPath}: {e.strerror}") from e
     except (ValueError, TypeError) as e:
         raise PKIError(f"{keyPath} is not an unencrypted PEM private key") from e
-    if not isinstance(key, _PrivateKey):
+    if not isinstance(key, PrivateKey):
         raise PKIError(f"{keyPath} is not an ECDSA or RSA key")
-    if _spki(key.public_key()) != _spki(cert.public_key()):
+    if spkiDER(key.public_key()) != spkiDER(cert.public_key()):
         raise PKIError(f"{keyPath} is not the key of {certPath}")
     return cert, key
-
-
-def _spki(public: object) -> bytes:
-    der: bytes = public.public_bytes(  # type: ignore[attr-defined]
-        Encoding.DER, PublicFormat.SubjectPublicKeyInfo
-    )
-    return der
 
 
 def ownerConflict(
@@ -152,9 +145,9 @@ def ownerConflict(
     or L{None}: the same key, or a certificate the owner CA signed. The
     same test as fleetd's start-up (L{fleetd.prepare.checkOwnerCA}).
     """
-    key = _spki(owner.public_key())
+    key = spkiDER(owner.public_key())
     for cert in others:
-        if _spki(cert.public_key()) == key:
+        if spkiDER(cert.public_key()) == key:
             return f"the owner CA is also {what}"
         try:
             cert.verify_directly_issued_by(owner)
@@ -181,7 +174,7 @@ def writeFiles(files: Sequence[tuple[Path, bytes, int]], force: bool) -> list[st
     lines = []
     for path, data, mode in files:
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        _writeAtomic(path, data, mode)
+        writeAtomic(path, data, mode)
         kind = "private key" if mode == KEY_MODE else "certificate"
         lines.append(f"wrote {path} ({kind}, mode {mode:04o})")
     return lines
@@ -189,12 +182,12 @@ def writeFiles(files: Sequence[tuple[Path, bytes, int]], force: bool) -> list[st
 
 def certFile(cert: x509.Certificate, path: Path) -> tuple[Path, bytes, int]:
     """A certificate's PEM to write at C{path}."""
-    return path, _certPEM(cert), CERT_MODE
+    return path, certPEM(cert), CERT_MODE
 
 
-def keyFile(key: _PrivateKey, path: Path) -> tuple[Path, bytes, int]:
+def keyFile(key: PrivateKey, path: Path) -> tuple[Path, bytes, int]:
     """A private key's PEM (PKCS#8, unencrypted) to write at C{path}, 0600."""
-    return path, _keyPEM(key), KEY_MODE
+    return path, keyPEM(key), KEY_MODE
 
 
 @dataclass(frozen=True)
