@@ -28,6 +28,9 @@ from twisted.web.resource import Resource
 
 from fleetd import __version__
 from fleetd.admin.api import ownerAPI
+from fleetd.admin.console.gate import consoleAPI
+from fleetd.admin.console.sessions import ConsoleSessions
+from fleetd.admin.console.tree import ConsoleServices, consoleTree
 from fleetd.admin.deviceflow import DevicePage, followAdminPort, verificationURI
 from fleetd.admin.resource import adminRoot
 from fleetd.attest.wiring import buildAttestation
@@ -264,33 +267,50 @@ class FleetdService(MultiService):
             defined = SiteDefinitions(
                 s.provision.classes, renderer.clusters, str(s.provision.templates)
             )
+        self.consoleSessions = sessions = ConsoleSessions(self.reactor)
+        api = ownerAPI(
+            inventory=self.inventory,
+            journal=self.journal,
+            offload=self._inThread,
+            defined=defined,
+            runs=self.runs,
+            renderer=renderer,
+            trust=self.trust,
+            disks=self.disks,
+            status=self.status,
+            deviceFlow=self.deviceFlow,
+            retire=retire,
+            kube=self.kube,
+            database=prepared.database.path,
+        )
+        api[b"console"] = consoleAPI(sessions, self.journal)
+        self.console = console = ConsoleServices(
+            journal=self.journal,
+            inventory=self.inventory,
+            runs=self.runs,
+            alerts=self.alerts,
+            status=self.status,
+            deviceFlow=self.deviceFlow,
+            trust=self.trust,
+            retire=retire,
+            verify=self.chain.verify,
+        )
         admin = adminRoot(
             clock=self.reactor,
             registry=self.registry,
             journal=self.journal,
             site=s.site_name,
             version=__version__,
-            api=ownerAPI(
-                inventory=self.inventory,
-                journal=self.journal,
-                offload=self._inThread,
-                defined=defined,
-                runs=self.runs,
-                renderer=renderer,
-                trust=self.trust,
-                disks=self.disks,
-                status=self.status,
-                deviceFlow=self.deviceFlow,
-                retire=retire,
-                kube=self.kube,
-                database=prepared.database.path,
-            ),
+            api=api,
             readiness=self.readiness,
             inventory=self.inventory,
             verify=self.chain.verify,  # the chain gauge follows at once
+            console=consoleTree(console, sessions, self.reactor),
         )
         admin.putChild(b"device", DevicePage())  # owners only [F3]
-        follow = followAdminPort(self.deviceFlow, s.topology.enrollment_name)
+        follow = followAdminPort(
+            self.deviceFlow, s.topology.enrollment_name, sessions.setBase
+        )
         self._web("admin", admin, onListening=follow)
         self.tink = TinkProxy(
             self.reactor,

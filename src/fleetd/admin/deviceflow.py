@@ -61,30 +61,40 @@ STATUS_OF_KIND = {
 DEVICE_PAGE = "approve with `fleetctl approve CODE --device NAME`"
 
 
-def verificationURI(enrollmentName: str, port: int | None) -> str:
+def adminBase(enrollmentName: str, port: int | None) -> str:
     """
-    C{https://<enrollment name>[:port]/device} for the admin listener bound
-    to C{port}: the public certificate covers the enrollment name, and the
-    port is the listener's own (left out when 443). A listener without a
-    port (C{unix:}) sits behind a proxy fleetd cannot see; its page is
-    assumed at port 443.
+    C{https://<enrollment name>[:port]}, the admin listener bound to
+    C{port} as a browser reaches it: the public certificate covers the
+    enrollment name, and the port is the listener's own (left out when
+    443). A listener without a port (C{unix:}) sits behind a proxy fleetd
+    cannot see; it is assumed at port 443.
     """
     if port is None or port == 443:
-        return f"https://{enrollmentName}/device"
-    return f"https://{enrollmentName}:{port}/device"
+        return f"https://{enrollmentName}"
+    return f"https://{enrollmentName}:{port}"
+
+
+def verificationURI(enrollmentName: str, port: int | None) -> str:
+    """The console's verification page [F3] on the admin listener."""
+    return adminBase(enrollmentName, port) + "/device"
 
 
 def followAdminPort(
-    flow: DeviceFlow, enrollmentName: str
+    flow: DeviceFlow,
+    enrollmentName: str,
+    alsoBase: Callable[[str], None] | None = None,
 ) -> Callable[[IListeningPort], None]:
     """
     [F3] Once the admin listener is bound, point the device flow's
-    C{verification_uri} at its /device page (the port is known only then).
+    C{verification_uri} at its /device page (the port is known only then),
+    and tell C{alsoBase} the listener's L{adminBase} (the console's links).
     """
 
     def bound(port: IListeningPort) -> None:
         number = getattr(port.getHost(), "port", None)
         flow.verificationURI = verificationURI(enrollmentName, number)
+        if alsoBase is not None:
+            alsoBase(adminBase(enrollmentName, number))
 
     return bound
 

@@ -22,6 +22,7 @@ from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
 from fleetd import jsonbody
+from fleetd.admin.console.tree import ConsoleTree
 from fleetd.admin.journal import JournalVerifyResource, ReanchorResource, Verify
 from fleetd.inventory.model import IInventory, InventoryError
 from fleetd.jsonbody import JSONBodyError
@@ -292,6 +293,7 @@ def adminRoot(
     readiness: Readiness | None = None,
     inventory: IInventory | None = None,
     verify: Verify | None = None,
+    console: ConsoleTree | None = None,
 ) -> resource.Resource:
     """
     The admin listener's resource tree.
@@ -303,6 +305,8 @@ def adminRoot(
     @param inventory: where C{journal?device=} looks up a device without
         history (L{JournalResource}).
     @param verify: see L{JournalResource}.
+    @param console: the owner console's pages: the fleet view at C{/} and
+        its other children beside C{/v1}; L{None}: no console.
     """
     owner = Router()
     owner.putChild(b"journal", JournalResource(journal, inventory, verify))
@@ -311,7 +315,9 @@ def adminRoot(
         owner.putChild(name, child)
     v1 = Router()
     v1.putChild(b"admin", OwnerGate(owner, clock))
-    root = Router()
+    root = Router(None if console is None else console.index)
+    for name, child in ({} if console is None else console.children).items():
+        root.putChild(name, child)
     root.putChild(b"healthz", Health(clock, site, version, readiness))
     root.putChild(b"metrics", MetricsResource(registry))
     root.putChild(b"v1", v1)

@@ -25,6 +25,7 @@ from fleetd.cli import (
     approve,
     backup,
     cluster,
+    console,
     devices,
     dnscheck,
     journal,
@@ -56,6 +57,7 @@ def buildParser() -> argparse.ArgumentParser:
         module.addCommands(commands)
     dnscheck.addCommands(commands)
     backup.addCommands(commands)
+    console.addCommands(commands)
     acceptJSONAnywhere(parser)
     return parser
 

@@ -1,0 +1,324 @@
+"""
+Who may enter the console, and what a form must carry (DESIGN section 8).
+
+A page answers an owner: a browser that presents the owner client
+certificate [O1] (the same check as the owner API's), or one that holds a
+live session cookie from a one-time login link (L{ConsoleSessions}).
+Everyone else gets the API's 403 line. A change (any method but GET and
+HEAD) must be an C{application/x-www-form-urlencoded} form, come from the
+console's own origin when the browser names one, and carry the viewer's
+CSRF token in the field C{csrf} [O3]; otherwise it is refused with 403
+before any page sees it. Every answer carries the console's security
+headers (L{SECURITY_HEADERS}).
+"""
+
+from __future__ import annotations
+
+import hmac
+from pathlib import Path
+from typing import Any
+
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.web import http, resource
+from twisted.web.iweb import IRequest
+
+from fleetd.admin.console.page import (
+    HERE,
+    VIEWER_ATTRIBUTE,
+    Viewer,
+    errorPage,
+    formValue,
+    renderPage,
+    setSecurityHeaders,
+)
+from fleetd.admin.console.sessions import COOKIE, ConsoleSessions
+from fleetd.logs import ThrottledLog
+from fleetd.store.journal import AsyncJournal
+from fleetd.web.owner import NO_CERTIFICATE, OwnerOf, checkOwner, ownerOf
+from fleetd.web.resources import Endpoint, Router, renderAsync, textResponse
+
+log = Logger()
+
+READS = frozenset({b"GET", b"HEAD"})
+FORM = "application/x-www-form-urlencoded"
+
+
+def _cookie(request: IRequest) -> str | None:
+    raw = request.getCookie(COOKIE)
+    if not raw:
+        return None
+    try:
+        return bytes(raw).decode("ascii")
+    except UnicodeDecodeError:
+        return None
+
+
+def _header(request: IRequest, name: bytes) -> str:
+    """Header C{name} as text; empty when absent."""
+    value = request.getHeader(name)
+    if value is None:
+        return ""
+    return value.decode("latin-1") if isinstance(value, bytes) else str(value)
+
+
+def setCookie(request: Any, value: str, maxAge: int | None = None) -> None:
+    """The session cookie: C{Secure; HttpOnly; SameSite=Strict}, path C{/}."""
+    request.addCookie(
+        COOKIE,
+        value.encode("ascii"),
+        path=b"/",
+        max_age=None if maxAge is None else str(maxAge).encode(),
+        secure=True,
+        httpOnly=True,
+        sameSite="Strict",
+    )
+
+
+class _Refused(resource.Resource):
+    """A one-line refusal with the console's headers (the API's words)."""
+
+    isLeaf = True
+
+    def __init__(self, code: int, line: str) -> None:
+        super().__init__()
+        self._code = code
+        self._line = line
+
+    def render(self, request: IRequest) -> bytes:
+        setSecurityHeaders(request)
+        return textResponse(request, self._code, self._line)
+
+
+class ConsoleGate:
+    """Decides, per request, whether and as whom a console page answers."""
+
+    def __init__(
+        self,
+        sessions: ConsoleSessions,
+        clock: IReactorTime,
+        owner: OwnerOf | None = None,
+    ) -> None:
+        """
+        @param owner: names the request's certificate owner; tests pass a
+            fake (the default, L{checkOwner}, needs a TLS client certificate).
+        """
+        self.sessions = sessions
+        self._owner = owner
+        self._log = ThrottledLog(clock)
+
+    def viewer(self, request: IRequest) -> Viewer | str:
+        """The viewer of C{request}, or the line saying why there is none."""
+        refusal = NO_CERTIFICATE
+        if self._owner is not None:
+            owner = self._owner(request)
+        else:
+            checked = checkOwner(request)
+            owner, refusal = checked.owner, checked.refusal
+        if owner is not None:
+            return Viewer(owner, "certificate", self.sessions.certificateCSRF(owner))
+        sessionID = _cookie(request)
+        session = None if sessionID is None else self.sessions.find(sessionID)
+        if session is not None:
+            return Viewer(session.owner, "session", session.csrf)
+        return refusal
+
+    def admit(self, request: IRequest) -> resource.Resource | None:
+        """
+        L{None} when C{request} may go on (its viewer set on it), else the
+        refusal to render.
+        """
+        if isinstance(getattr(request, VIEWER_ATTRIBUTE, None), Viewer):
+            return None  # already admitted on the way down
+        viewer = self.viewer(request)
+        if not isinstance(viewer, Viewer):
+            if viewer != NO_CERTIFICATE:
+                self._log.warn("console.owner-refused {reason}", reason=viewer)
+            return _Refused(http.FORBIDDEN, viewer)
+        if request.method not in READS:
+            line = self._formRefusal(request, viewer)
+            if line is not None:
+                self._log.warn("console.form-refused {reason}", reason=line)
+                return _Refused(http.FORBIDDEN, line)
+        setattr(request, VIEWER_ATTRIBUTE, viewer)
+        setSecurityHeaders(request)
+        return None
+
+    def _formRefusal(self, request: IRequest, viewer: Viewer) -> str | None:
+        kind = _header(request, b"content-type").split(";")[0].strip()
+        if kind.lower() != FORM:
+            return f"form refused: a change takes {FORM}"
+        origin = _header(request, b"origin")
+        if origin and origin != "https://" + _header(request, b"host"):
+            return "form refused: it came from another origin"
+        try:
+            token = formValue(request, "csrf") or ""
+        except Exception:
+            token = ""
+        if not hmac.compare_digest(token.encode(), viewer.csrf.encode()):
+            return "form refused: its CSRF token is missing or wrong; reload the page"
+        return None
+
+
+class Guarded(resource.Resource):
+    """C{inner}, and everything below it, behind the console gate."""
+
+    def __init__(self, inner: resource.Resource, gate: ConsoleGate) -> None:
+        super().__init__()
+        self._inner = inner
+        self._gate = gate
+
+    def getChildWithDefault(self, path: bytes, request: IRequest) -> resource.Resource:
+        refusal = self._gate.admit(request)
+        if refusal is not None:
+            return refusal
+        child: resource.Resource = self._inner.getChildWithDefault(path, request)
+        return child
+
+    def render(self, request: IRequest) -> Any:
+        refusal = self._gate.admit(request)
+        if refusal is not None:
+            return refusal.render(request)
+        return self._inner.render(request)
+
+
+class Login(Endpoint):
+    """
+    C{GET /login?token=...}: open a session with a one-time link, set its
+    cookie and go on to the fleet view. The page moves on by a meta
+    refresh, not a redirect: a link followed from another site would not
+    send a C{SameSite=Strict} cookie along a redirect.
+    """
+
+    isLeaf = True
+
+    def __init__(self, gate: ConsoleGate, journal: AsyncJournal) -> None:
+        super().__init__()
+        self._gate = gate
+        self._journal = journal
+
+    def render_GET(self, request: IRequest) -> bytes:
+        setSecurityHeaders(request)
+        try:
+            token = formValue(request, "token") or ""
+        except Exception:
+            token = ""
+        opened = self._gate.sessions.redeem(token) if token else None
+        if opened is None:
+            return errorPage(
+                request,
+                http.FORBIDDEN,
+                "this login link was used already, has expired or is not one:"
+                " run fleetctl console for a new one",
+            )
+        sessionID, session = opened
+        setCookie(request, sessionID)
+        log.info("console.session-opened {owner}", owner=session.owner)
+        return renderPage(request, "login.html", owner=session.owner)
+
+
+class Logout(Endpoint):
+    """C{POST /logout} (behind the gate: the form's CSRF token is checked)."""
+
+    isLeaf = True
+
+    def __init__(self, sessions: ConsoleSessions) -> None:
+        super().__init__()
+        self._sessions = sessions
+
+    def render_POST(self, request: IRequest) -> bytes:
+        sessionID = _cookie(request)
+        if sessionID is not None:
+            self._sessions.end(sessionID)
+        setCookie(request, "", maxAge=0)
+        return renderPage(request, "logout.html")
+
+
+class Static(Endpoint):
+    """C{/static/NAME}: the stylesheet and the script, nothing else."""
+
+    TYPES = {
+        ".css": b"text/css; charset=utf-8",
+        ".js": b"text/javascript; charset=utf-8",
+    }
+
+    def __init__(self, directory: Path = HERE / "static") -> None:
+        super().__init__()
+        self._files = {
+            p.name.encode(): (self.TYPES[p.suffix], p.read_bytes())
+            for p in directory.iterdir()
+            if p.suffix in self.TYPES
+        }
+
+    def getChild(self, path: bytes, request: IRequest) -> resource.Resource:
+        found = self._files.get(path)
+        if found is None or request.postpath:
+            return _Refused(http.NOT_FOUND, "not found")
+        return _StaticFile(*found)
+
+
+class _StaticFile(Endpoint):
+    isLeaf = True
+
+    def __init__(self, kind: bytes, body: bytes) -> None:
+        super().__init__()
+        self._kind = kind
+        self._body = body
+
+    def render_GET(self, request: IRequest) -> bytes:
+        setSecurityHeaders(request)
+        request.setHeader(b"content-type", self._kind)
+        request.setHeader(b"cache-control", b"no-cache")
+        return self._body
+
+
+class LoginLinkResource(Endpoint):
+    """
+    C{POST /v1/admin/console/login-link} (behind the owner gate), as
+    C{fleetctl console} asks: C{{"url": ..., "expires_at": ...}}, a link
+    that opens one console session for the owner who asked. Journaled
+    (without the token) before the link is returned.
+    """
+
+    isLeaf = True
+
+    def __init__(
+        self,
+        sessions: ConsoleSessions,
+        journal: AsyncJournal,
+        owner: OwnerOf = ownerOf,
+    ) -> None:
+        super().__init__()
+        self._sessions = sessions
+        self._journal = journal
+        self._owner = owner
+
+    def render_POST(self, request: IRequest) -> int | bytes:
+        owner = self._owner(request)
+        if owner is None:
+            return textResponse(request, http.FORBIDDEN, NO_CERTIFICATE)
+
+        async def work() -> tuple[int, Any]:
+            await self._journal.append(
+                "console.link-issued",
+                actor=f"owner:{owner}",
+                fields={"expires_in": int(self._sessions.linkLifetime)},
+            )
+            token, expires = self._sessions.newLink(owner)
+            url = f"{self._sessions.base}/login?token={token}"
+            return http.CREATED, {"url": url, "expires_at": expires}
+
+        def refusal(e: Exception) -> tuple[int, str] | None:
+            log.error("console.link-not-recorded {reason}", reason=str(e)[:200])
+            return http.SERVICE_UNAVAILABLE, "the journal did not take it; try again"
+
+        return renderAsync(request, work, refusal)
+
+
+def consoleAPI(
+    sessions: ConsoleSessions, journal: AsyncJournal, owner: OwnerOf = ownerOf
+) -> resource.Resource:
+    """C{/v1/admin/console}: the login links of C{fleetctl console}."""
+    api = Router()
+    api.putChild(b"login-link", LoginLinkResource(sessions, journal, owner))
+    return api

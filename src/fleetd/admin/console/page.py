@@ -1,0 +1,188 @@
+"""
+Rendering console pages: the Jinja2 templates, the viewer, the headers.
+
+Templates live beside this module (C{templates/}); Jinja2 escapes every
+value (autoescape on for all of them) and refuses an undefined name
+(C{StrictUndefined}), so a field from a node or the inventory renders as
+text and a misspelt one fails the test that renders it. Pages are built
+from what the services return, after every await: rendering itself is a
+short synchronous step over one page of rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web import http, server
+from twisted.web.iweb import IRequest
+
+log = Logger()
+
+HERE = Path(__file__).parent
+HTML = b"text/html; charset=utf-8"
+# No inline script or style anywhere: the one stylesheet and the one
+# script come from /static; no frame may hold a console page.
+SECURITY_HEADERS: Mapping[bytes, bytes] = {
+    b"content-security-policy": (
+        b"default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self';"
+        b" connect-src 'self'; form-action 'self'; frame-ancestors 'none';"
+        b" base-uri 'none'"
+    ),
+    b"x-frame-options": b"DENY",
+    b"referrer-policy": b"no-referrer",
+    b"x-content-type-options": b"nosniff",
+    b"cache-control": b"no-store",
+    b"cross-origin-opener-policy": b"same-origin",
+}
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """
+    Who is looking: the owner, how they entered (C{certificate} or
+    C{session}), and the CSRF token every form on their pages carries.
+    """
+
+    owner: str
+    how: str
+    csrf: str
+
+    @property
+    def actor(self) -> str:
+        """The journal's actor for this owner: the same as fleetctl's."""
+        return f"owner:{self.owner}"
+
+
+VIEWER_ATTRIBUTE = "fleetdConsoleViewer"
+
+
+def viewerOf(request: IRequest) -> Viewer:
+    """The viewer the console gate admitted for C{request}."""
+    viewer = getattr(request, VIEWER_ATTRIBUTE, None)
+    if not isinstance(viewer, Viewer):
+        raise RuntimeError("a console page was reached past the gate")
+    return viewer
+
+
+def setSecurityHeaders(request: IRequest) -> None:
+    for name, value in SECURITY_HEADERS.items():
+        request.setHeader(name, value)
+
+
+def when(seconds: float | None) -> str:
+    """A time as the console shows it: UTC, to the second."""
+    if seconds is None:
+        return "never"
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def query(**params: Any) -> str:
+    """C{?a=1&b=2} of the params that are not L{None} (URL-encoded)."""
+    kept = {k: v for k, v in params.items() if v is not None and v != ""}
+    return "?" + urlencode(kept) if kept else ""
+
+
+ENVIRONMENT = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(HERE / "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+ENVIRONMENT.filters["when"] = when
+ENVIRONMENT.globals["query"] = query
+
+
+def renderPage(
+    request: IRequest, template: str, status: int = http.OK, **context: Any
+) -> bytes:
+    """Set C{status} and render C{template} for the gate's viewer."""
+    viewer = getattr(request, VIEWER_ATTRIBUTE, None)
+    body = ENVIRONMENT.get_template(template).render(viewer=viewer, **context)
+    request.setResponseCode(status)
+    request.setHeader(b"content-type", HTML)
+    setSecurityHeaders(request)
+    return body.encode("utf-8")
+
+
+def errorPage(request: IRequest, code: int, message: str) -> bytes:
+    """A page saying what was refused, in one line, with status C{code}."""
+    return renderPage(request, "error.html", code, code=code, message=message)
+
+
+@dataclass(frozen=True)
+class Page:
+    """What an async page renders: its template, context and status."""
+
+    template: str
+    context: Mapping[str, Any]
+    code: int = http.OK
+
+
+class Refused(Exception):
+    """A request a page refuses: its status and the one line shown."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def renderPageAsync(
+    request: Any,
+    work: Callable[[], Awaitable[Page]],
+    refusal: Callable[[Exception], tuple[int, str] | None] | None = None,
+) -> int:
+    """
+    Await C{work} and render the page it returns. L{Refused}, and what
+    C{refusal} maps to C{(code, line)}, are an error page; anything else
+    is logged as a bug and is a 500 page. Nothing is written after the
+    client went away.
+    """
+    gone: list[bool] = []
+    request.notifyFinish().addErrback(lambda _: gone.append(True))
+
+    async def run() -> None:
+        try:
+            page = await work()
+            body = renderPage(request, page.template, page.code, **page.context)
+        except Exception as e:
+            answer = (e.code, str(e)) if isinstance(e, Refused) else None
+            if answer is None and refusal is not None:
+                answer = refusal(e)
+            if answer is None:
+                log.failure("console.page.failed", failure=Failure())
+                answer = (http.INTERNAL_SERVER_ERROR, "internal error")
+            body = errorPage(request, *answer)
+        if not gone:
+            request.write(body)
+            request.finish()
+
+    Deferred.fromCoroutine(run())
+    notDoneYet: int = server.NOT_DONE_YET
+    return notDoneYet
+
+
+def formValue(request: IRequest, name: str, default: str | None = None) -> str | None:
+    """
+    The single value of form or query field C{name} as text; L{Refused}
+    (400) when it is repeated or not UTF-8.
+    """
+    values = (request.args or {}).get(name.encode("ascii"))
+    if not values:
+        return default
+    if len(values) > 1:
+        raise Refused(http.BAD_REQUEST, f"the field {name} is repeated")
+    try:
+        value: str = values[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise Refused(http.BAD_REQUEST, f"the field {name} is not UTF-8") from None
+    return value

@@ -1,0 +1,142 @@
+"""
+Who is in the console without a certificate: one-time login links and the
+sessions they open (DESIGN section 8).
+
+C{fleetctl console} asks the owner API for a link; the link names a random
+token that opens one session, once, within L{LINK_LIFETIME} seconds, for
+the owner who asked. A session lives in memory (a restart of fleetd ends
+every session: the owner runs C{fleetctl console} again), ends after
+L{IDLE} seconds unused or L{ABSOLUTE} seconds after it opened, and carries
+its own CSRF token. Tokens are kept as SHA-256 digests only, so a memory
+dump or a log line never holds a usable one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from twisted.internet.interfaces import IReactorTime
+
+LINK_LIFETIME = 300.0  # seconds a login link may wait to be opened
+IDLE = 30 * 60.0  # seconds a session may sit unused
+ABSOLUTE = 12 * 3600.0  # seconds a session lives at most
+MAX_LINKS = 64  # unopened links kept; the oldest goes first
+MAX_SESSIONS = 256  # open sessions kept; the least recently used goes first
+COOKIE = b"fleetd_console"
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+@dataclass
+class Session:
+    """An open console session: whose it is, its CSRF token, its times."""
+
+    owner: str
+    csrf: str
+    opened: float
+    seen: float
+
+
+@dataclass(frozen=True)
+class _Link:
+    owner: str
+    expires: float
+
+
+class ConsoleSessions:
+    """Login links and sessions, on C{clock}."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        *,
+        linkLifetime: float = LINK_LIFETIME,
+        idle: float = IDLE,
+        absolute: float = ABSOLUTE,
+    ) -> None:
+        self._clock = clock
+        self.linkLifetime = linkLifetime
+        self.idle = idle
+        self.absolute = absolute
+        self._links: OrderedDict[bytes, _Link] = OrderedDict()
+        self._sessions: OrderedDict[bytes, Session] = OrderedDict()
+        self._secret = secrets.token_bytes(32)
+        # Where a browser reaches the console, once the admin listener is
+        # bound (L{fleetd.admin.deviceflow.followAdminPort}).
+        self.base = "https://localhost"
+
+    def setBase(self, base: str) -> None:
+        """The console's C{https://name[:port]}, for the links it prints."""
+        self.base = base
+
+    def newLink(self, owner: str) -> tuple[str, float]:
+        """A login link token for C{owner}, and when it expires."""
+        self._sweep()
+        token = secrets.token_urlsafe(32)
+        expires = self._clock.seconds() + self.linkLifetime
+        self._links[_digest(token)] = _Link(owner, expires)
+        while len(self._links) > MAX_LINKS:
+            self._links.popitem(last=False)
+        return token, expires
+
+    def redeem(self, token: str) -> tuple[str, Session] | None:
+        """
+        Open a session with the link C{token}: its id and the session, or
+        L{None} when the link is unknown, used or expired. A link is gone
+        after its first use, whatever the outcome.
+        """
+        link = self._links.pop(_digest(token), None)
+        now = self._clock.seconds()
+        if link is None or now >= link.expires:
+            return None
+        self._sweep()
+        sessionID = secrets.token_urlsafe(32)
+        session = Session(link.owner, secrets.token_urlsafe(32), now, now)
+        self._sessions[_digest(sessionID)] = session
+        while len(self._sessions) > MAX_SESSIONS:
+            self._sessions.popitem(last=False)
+        return sessionID, session
+
+    def find(self, sessionID: str) -> Session | None:
+        """The live session C{sessionID} names (now used), or L{None}."""
+        key = _digest(sessionID)
+        session = self._sessions.get(key)
+        if session is None:
+            return None
+        now = self._clock.seconds()
+        if now - session.seen >= self.idle or now - session.opened >= self.absolute:
+            del self._sessions[key]
+            return None
+        session.seen = now
+        self._sessions.move_to_end(key)
+        return session
+
+    def end(self, sessionID: str) -> None:
+        """Close the session C{sessionID} (logout); unknown ids are ignored."""
+        self._sessions.pop(_digest(sessionID), None)
+
+    def certificateCSRF(self, owner: str) -> str:
+        """
+        The CSRF token of a browser that presents C{owner}'s certificate
+        (it has no session): bound to the owner, unguessable without this
+        process's secret, new after every restart.
+        """
+        mac = hmac.new(self._secret, b"certificate:" + owner.encode(), "sha256")
+        return mac.hexdigest()
+
+    def _sweep(self) -> None:
+        now = self._clock.seconds()
+        for key in [k for k, link in self._links.items() if now >= link.expires]:
+            del self._links[key]
+        for key in [
+            k
+            for k, s in self._sessions.items()
+            if now - s.seen >= self.idle or now - s.opened >= self.absolute
+        ]:
+            del self._sessions[key]

@@ -1,0 +1,82 @@
+"""
+The console's resources, built from the services the owner API reads
+through: L{consoleTree} gives the fleet view (the admin root's index) and
+the children of the admin root (C{device}, C{devices}, C{journal},
+C{login}, C{logout}, C{static}).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from twisted.internet.interfaces import IReactorTime
+from twisted.web import resource
+from twisted.web.iweb import IRequest
+
+from fleetd.admin.console.gate import ConsoleGate, Guarded, Login, Logout, Static
+from fleetd.admin.console.page import renderPage
+from fleetd.admin.console.sessions import ConsoleSessions
+from fleetd.admin.journal import Verify
+from fleetd.deviceflow.flow import DeviceFlow
+from fleetd.inventory.model import IInventory
+from fleetd.kube.retire import RetireService
+from fleetd.runs.alerts import AlertTracker
+from fleetd.runs.registry import RunRegistry
+from fleetd.status import StatusService
+from fleetd.store.journal import AsyncJournal
+from fleetd.trust.service import TrustService
+from fleetd.web.owner import OwnerOf
+from fleetd.web.resources import Endpoint
+
+
+@dataclass(frozen=True)
+class ConsoleServices:
+    """What the console's pages read and change through (the owner API's)."""
+
+    journal: AsyncJournal
+    inventory: IInventory
+    runs: RunRegistry
+    alerts: AlertTracker
+    status: StatusService
+    deviceFlow: DeviceFlow
+    trust: TrustService
+    retire: RetireService
+    verify: Verify
+
+
+@dataclass(frozen=True)
+class ConsoleTree:
+    """The fleet view (the root's index) and the root's console children."""
+
+    index: resource.Resource
+    children: dict[bytes, resource.Resource]
+
+
+class _Fleet(Endpoint):
+    """C{/}: the fleet view (being built)."""
+
+    isLeaf = True
+
+    def render_GET(self, request: IRequest) -> bytes:
+        return renderPage(request, "fleet.html")
+
+
+def consoleTree(
+    services: ConsoleServices,
+    sessions: ConsoleSessions,
+    clock: IReactorTime,
+    owner: OwnerOf | None = None,
+) -> ConsoleTree:
+    """
+    The console over C{services}; C{owner} names a request's certificate
+    owner (tests pass a fake; by default the TLS client certificate).
+    """
+    gate = ConsoleGate(sessions, clock, owner)
+    return ConsoleTree(
+        index=Guarded(_Fleet(), gate),
+        children={
+            b"login": Login(gate, services.journal),
+            b"logout": Guarded(Logout(sessions), gate),
+            b"static": Static(),
+        },
+    )

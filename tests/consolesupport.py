@@ -1,0 +1,140 @@
+"""
+The owner console over a real in-process daemon, through
+L{treq.testing.StubTreq}: the daemon's own console services and sessions,
+with the owner named by a test header instead of a TLS certificate
+(C{x-test-owner}; a request without it has no certificate).
+
+    class Tests(ConsoleMixin, TestCase):
+        async def test_x(self) -> None:
+            await self.startConsole()
+            code, headers, body = await self.page("GET", "/")
+            code, headers, body = await self.page("POST", "/logout", {"x": "1"})
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from typing import Any
+from urllib.parse import urlencode
+
+from treq.testing import StubTreq
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
+from twisted.web.iweb import IRequest
+from twisted.web.resource import Resource
+
+from fleetd.admin.console.gate import consoleAPI
+from fleetd.admin.console.tree import consoleTree
+from fleetd.web.resources import Router
+from tests.daemonsupport import DeliveryMixin
+
+BASE = "https://enroll.test:8446"
+OWNER = "alice"
+
+
+def testOwner(request: IRequest) -> str | None:
+    """The test's stand-in for a certificate: the C{x-test-owner} header."""
+    value = request.getHeader(b"x-test-owner")
+    return None if value is None else bytes(value).decode()
+
+
+class ConsoleMixin(DeliveryMixin):
+    """A daemon (L{DeliveryMixin}) and its console through L{StubTreq}."""
+
+    stub: StubTreq
+    root: Resource
+
+    async def startConsole(self, overrides: dict[str, Any] | None = None) -> None:
+        await self.startLoaded(overrides)
+        self.consoleRoot()
+
+    def consoleRoot(self) -> Resource:
+        """A root of the daemon's console and C{/v1/admin/console} only."""
+        service = self.service
+        tree = consoleTree(
+            service.console, service.consoleSessions, reactor, owner=testOwner
+        )
+        root = Router(tree.index)
+        for name, child in tree.children.items():
+            root.putChild(name, child)
+        v1, admin = Router(), Router()
+        admin.putChild(
+            b"console", consoleAPI(service.consoleSessions, service.journal, testOwner)
+        )
+        v1.putChild(b"admin", admin)
+        root.putChild(b"v1", v1)
+        self.root = root
+        self.stub = StubTreq(root)
+        return root
+
+    def csrf(self, owner: str = OWNER) -> str:
+        """The CSRF token of a browser presenting C{owner}'s certificate."""
+        return self.service.consoleSessions.certificateCSRF(owner)
+
+    async def page(
+        self,
+        method: str,
+        path: str,
+        form: dict[str, str] | None = None,
+        *,
+        owner: str | None = OWNER,
+        csrf: bool = True,
+        stub: StubTreq | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any, str]:
+        """
+        One request as C{owner} (L{None}: no certificate); a form is sent
+        URL-encoded, with the owner's CSRF token unless C{csrf} is false.
+        Returns the status, the response headers and the body as text.
+        """
+        client = self.stub if stub is None else stub
+        sent: dict[str, str] = dict(headers or {})
+        if owner is not None:
+            sent["x-test-owner"] = owner
+        data = None
+        if form is not None:
+            fields = dict(form)
+            if csrf and owner is not None:
+                fields.setdefault("csrf", self.csrf(owner))
+            data = urlencode(fields).encode()
+            sent.setdefault("content-type", "application/x-www-form-urlencoded")
+        pending = client.request(
+            method,
+            BASE + path,
+            data=data,
+            headers={k: [v] for k, v in sent.items()},
+        )
+        await self._settle(client, pending)
+        response = await pending
+        body = await self._body(client, response)
+        return response.code, response.headers, body
+
+    @staticmethod
+    async def _settle(client: StubTreq, pending: Any) -> None:
+        """Pump C{client} until C{pending} fires (the page awaits the
+        daemon's threads); at most 20 s."""
+        done: list[bool] = []
+
+        def fired(result: Any) -> Any:
+            done.append(True)  # the whole chain has run, not only its start
+            return result
+
+        pending.addBoth(fired)
+        for _ in range(4000):
+            if done:
+                return
+            client.flush()
+            await deferLater(reactor, 0.005, lambda: None)
+        raise AssertionError("the console did not answer within 20 s")
+
+    async def _body(self, client: StubTreq, response: Any) -> str:
+        pending = response.content()
+        await self._settle(client, pending)
+        content: bytes = await pending
+        return content.decode("utf-8")
+
+
+def text(body: str) -> str:
+    """A page's visible text, roughly: tags dropped, entities decoded."""
+    return html.unescape(re.sub(r"<[^>]+>", " ", body))
