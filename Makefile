@@ -8,8 +8,12 @@ APT_BUILD := libtss2-dev pkg-config gcc
 # tpm2-openssl, tpm2-abrmd (+ its TCTI) and D-Bus: fleetd-agent's mTLS with
 # the TPM-resident LDevID, behind a resource manager as on a node.
 # fdisk (sfdisk): the GPT disk images of fleetd-agent's META tests.
+# chromium, chromium-driver: the owner console's browser tests (Selenium);
+# libnss3-tools (certutil): the NSS database through which that Chromium
+# trusts the dev public CA; fonts-dejavu-core: the same text in screenshots.
 APT_TEST := swtpm swtpm-tools tpm2-tools prometheus bind9-dnsutils openssl curl \
-	tpm2-openssl tpm2-abrmd libtss2-tcti-tabrmd0 dbus-daemon dbus-bin fdisk
+	tpm2-openssl tpm2-abrmd libtss2-tcti-tabrmd0 dbus-daemon dbus-bin fdisk \
+	chromium chromium-driver libnss3-tools fonts-dejavu-core
 # What `make agent-demo` runs beside fleetd: swtpm and its EK CA tools,
 # tpm2-abrmd on a private D-Bus, OpenSSL (the EK digest) and its tpm2
 # provider, sfdisk.
