@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlencode
 
 from treq.testing import StubTreq
@@ -99,7 +99,7 @@ class ConsoleMixin(DeliveryMixin):
                 fields.setdefault("csrf", self.csrf(owner))
             data = urlencode(fields).encode()
             sent.setdefault("content-type", "application/x-www-form-urlencoded")
-        pending = client.request(
+        pending = cast(Any, client).request(
             method,
             BASE + path,
             data=data,
