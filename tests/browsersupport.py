@@ -38,6 +38,7 @@ from __future__ import annotations
 import atexit
 import functools
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -47,6 +48,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Concatenate, ParamSpec, TypeVar
+from urllib.parse import urlsplit
 
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.threads import deferToThread
@@ -56,7 +58,8 @@ from twisted.trial.unittest import SkipTest, TestCase
 
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from fleetd.service import FleetdService
-from tests.daemonsupport import DaemonTestMixin
+from tests.daemonsupport import DaemonTestMixin, DeliveryMixin
+from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.support import REPO, TOPOLOGY, missingPeer
 
 if TYPE_CHECKING:
@@ -480,3 +483,53 @@ class BrowserTestCase(DaemonTestMixin, TestCase):
         if not self.browser.save_screenshot(str(path)):
             raise AssertionError(f"no screenshot written to {path}")
         return path
+
+
+class ConsoleBrowserTestCase(DeliveryMixin, BrowserTestCase):
+    """
+    A browser test of the owner console: L{startConsole} starts the daemon
+    (as L{DeliveryMixin}: C{addDevice}, C{provision}, C{journal}, ...) and
+    L{login} signs the class's browser in with a link from C{fleetctl
+    --json console}, as an owner would.
+    """
+
+    service: FleetdService
+
+    async def startConsole(
+        self, overrides: dict[str, dict[str, Any]] | None = None
+    ) -> FleetdService:
+        self.makeSettings(overrides)
+        self.service = self.startDaemon()
+        await self.service.loading.whenReady()
+        return self.service
+
+    async def consoleLink(self) -> str:
+        """A one-time login link, as C{fleetctl --json console} prints it."""
+        config = ownerConfig(self.directory, self.port(self.service, "admin"))
+        code, out, err = await fleetctlAgainst(config, "--json", "console")
+        if code != 0:
+            raise AssertionError(f"fleetctl console failed: {err}")
+        url: str = json.loads(out)["url"]
+        return url
+
+    async def login(self, url: str | None = None) -> str:
+        """
+        Sign the browser in with C{url} (by default a new link from
+        fleetctl); returns the page text of the fleet view it lands on.
+        """
+        if url is None:
+            url = await self.consoleLink()
+
+        def steps(browser: WebDriver) -> str:
+            browser.get(url)
+            from selenium.webdriver.support.ui import WebDriverWait
+
+            WebDriverWait(browser, 10).until(lambda b: urlPath(b.current_url) == "/")
+            return pageText(browser)
+
+        text: str = await self.inBrowser(steps)
+        return text
+
+
+def urlPath(url: str) -> str:
+    return urlsplit(url).path

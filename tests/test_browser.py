@@ -26,7 +26,14 @@ from twisted.web.server import Site
 from twisted.web.static import Data
 
 from fleetd.pki.dev import ensureDevPKI
-from tests.browsersupport import NAME, WINDOW, Browser, BrowserTestCase, pageText
+from tests.browsersupport import (
+    NAME,
+    WINDOW,
+    Browser,
+    BrowserTestCase,
+    ConsoleBrowserTestCase,
+    pageText,
+)
 
 if TYPE_CHECKING:
     from selenium.webdriver.chrome.webdriver import WebDriver
@@ -219,3 +226,21 @@ class BrowserInfraTests(BrowserTestCase):
     def failsOnPurpose(self) -> None:
         """Run only by test_failure_savesBrowserState."""
         self.fail("on purpose")
+
+
+class ConsoleLoginTests(ConsoleBrowserTestCase):
+    """Issue 20: an owner signs in with a link from fleetctl console."""
+
+    async def test_fleetctlConsoleLink_signsIn_onceOnly(self) -> None:
+        await self.startConsole()
+        url = await self.consoleLink()
+        self.assertTrue(url.startswith(self.adminURL(self.service, "/login?")), url)
+        text = await self.login(url)
+        self.assertIn("Fleet", text)
+
+        def reuse(browser: WebDriver) -> str:
+            browser.delete_all_cookies()
+            browser.get(url)
+            return pageText(browser)
+
+        self.assertIn("used already", await self.inBrowser(reuse))
