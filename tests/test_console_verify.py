@@ -171,9 +171,7 @@ class VerifyPageTests(ConsoleMixin, TestCase):
         self.assertNotIn("forced", entry["fields"])
         status, token = await self.poll(grant)
         self.assertEqual(status, 200, token)
-        status, body = await self.node(
-            "GET", "/config", bearer=token["access_token"]
-        )
+        status, body = await self.node("GET", "/config", bearer=token["access_token"])
         self.assertEqual(status, 200)
         self.assertIn(b"hostname: w1", body)
 
@@ -291,3 +289,36 @@ class VerifyPageTests(ConsoleMixin, TestCase):
         await self.decide({"device": "w1", "action": "approve"}, 400)
         self.assertEqual(await self.decisions(), [])
         self.assertEqual(len(self.service.deviceFlow.pending()), 1)
+
+
+class FormOriginTests(ConsoleMixin, TestCase):
+    """
+    The gate's origin check as browsers send it: under the console's
+    C{Referrer-Policy: no-referrer} Chromium names the origin of the
+    console's own forms C{null}; C{Sec-Fetch-Site} then tells whose form
+    it is.
+    """
+
+    timeout = 60
+
+    async def post(self, **headers: str) -> int:
+        form = {"user_code": "BBBB-BBBB", "action": "deny"}
+        status, _, _ = await self.page("POST", "/device", form, headers=headers)
+        return status
+
+    async def test_nullOrigin_sameOriginFetch_admitted(self) -> None:
+        """The console's own form, as Chromium posts it, reaches the page."""
+        await self.startConsole()
+        same = {"sec-fetch-site": "same-origin"}
+        self.assertEqual(await self.post(origin="null", **same), 404)  # no such code
+        self.assertEqual(await self.post(origin="https://enroll.test:8446", **same), 404)
+
+    async def test_otherSites_refused(self) -> None:
+        """A null origin alone, or another site's fetch, is refused (403)."""
+        await self.startConsole()
+        self.assertEqual(await self.post(origin="null"), 403)
+        for site in ("cross-site", "same-site", "none"):
+            self.assertEqual(await self.post(**{"sec-fetch-site": site}), 403)
+            self.assertEqual(
+                await self.post(origin="null", **{"sec-fetch-site": site}), 403
+            )
