@@ -36,11 +36,16 @@ def waitFor(browser: WebDriver, css: str) -> Any:
     )
 
 
-def click(browser: WebDriver, css: str) -> None:
-    """Click C{css} and wait for the page it submits to replace this one."""
+def click(browser: WebDriver, css: str, typing: tuple[str, str] | None = None) -> None:
+    """
+    Click C{css} and wait for the page it submits to replace this one;
+    C{typing}: first type C{typing[1]} into the field C{typing[0]} selects.
+    """
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
+    if typing is not None:
+        waitFor(browser, typing[0]).send_keys(typing[1])
     button = waitFor(browser, css)
     button.click()
     WebDriverWait(browser, WAIT).until(expected_conditions.staleness_of(button))
@@ -49,9 +54,8 @@ def click(browser: WebDriver, css: str) -> None:
 def lookUp(browser: WebDriver, url: str, userCode: str) -> str:
     """Open C{/device}, type C{userCode} and look it up; the page's text."""
     browser.get(url)
-    field = waitFor(browser, 'input[type=text][name="user_code"]')
-    field.send_keys(userCode)
-    click(browser, "form[method=get] button[type=submit]")
+    field = 'input[type=text][name="user_code"]'
+    click(browser, "form[method=get] button[type=submit]", typing=(field, userCode))
     waitFor(browser, 'button[name="action"][value="deny"]')
     return pageText(browser)
 
@@ -67,8 +71,8 @@ class VerifyPageBrowserTests(ConsoleBrowserTestCase):
         await self.addDevice("w1", "SER1", UUID1, macs=[MAC])
         await self.provision("w1")
         await self.login()
-        form = {"client_id": "talos", "uuid": UUID1, "serial": serial,
-                "mac": MAC, "hostname": "talos-x1", "code": "node-secret-1"}  # fmt: skip
+        form = {"client_id": "talos", "uuid": UUID1, "serial": serial, "mac": MAC,
+                "hostname": "talos-x1", "code": "node-secret-1"}  # fmt: skip
         status, body = await self.node("POST", "/device/code", form=form)
         self.assertEqual(status, 200, body)
         grant: dict[str, Any] = json.loads(body)
@@ -90,7 +94,8 @@ class VerifyPageBrowserTests(ConsoleBrowserTestCase):
 
     async def decisions(self) -> list[dict[str, Any]]:
         entries = await self.journal()
-        return [e for e in entries if e["event"].startswith("deviceflow.")]
+        decided = ("deviceflow.approved", "deviceflow.denied")
+        return [e for e in entries if e["event"] in decided]
 
     async def test_approve_nodeFetchesItsConfiguration(self) -> None:
         """
@@ -149,7 +154,15 @@ class VerifyPageBrowserTests(ConsoleBrowserTestCase):
 
         def first(browser: WebDriver) -> str:
             shown = lookUp(browser, url, grant["user_code"])
-            self.assertIn("differs", shown)
+            self.assertIn("no inventory device's", shown)  # none to pre-choose
+            click(
+                browser,
+                'form:has(input[name="device"]) button',
+                typing=('input[name="device"]', "w1"),
+            )
+            shown = pageText(browser)
+            self.assertIn("differs: approving needs a second step", shown)
+            self.assertIn("SER-OTHER", shown)
             click(browser, 'button[name="action"][value="approve"]')
             waitFor(browser, 'input[type=checkbox][name="confirm_mismatch"]')
             return pageText(browser)
@@ -159,6 +172,7 @@ class VerifyPageBrowserTests(ConsoleBrowserTestCase):
         self.assertEqual(await self.decisions(), [])
 
         def second(browser: WebDriver) -> str:
+            self.screenshot("verify-mismatch")
             waitFor(browser, 'input[name="confirm_mismatch"]').click()
             click(browser, 'button[name="action"][value="approve"]')
             return pageText(browser)

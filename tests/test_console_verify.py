@@ -56,13 +56,13 @@ class VerifyPageTests(ConsoleMixin, TestCase):
         return status, document
 
     async def show(self, path: str, code: int = 200, **kw: Any) -> str:
-        status, headers, body = await self.page("GET", path, **kw)
+        status, _, body = await self.page("GET", path, **kw)
         self.assertEqual(status, code, text(body))
         self.assertNoSecret(body)
         return body
 
     async def decide(self, form: dict[str, str], code: int = 200, **kw: Any) -> str:
-        status, headers, body = await self.page("POST", "/device", form, **kw)
+        status, _, body = await self.page("POST", "/device", form, **kw)
         self.assertEqual(status, code, text(body))
         self.assertNoSecret(body)
         return body
@@ -101,7 +101,7 @@ class VerifyPageTests(ConsoleMixin, TestCase):
         self.assertIn('name="action" value="deny"', body)
         self.assertNotIn("confirm_mismatch", body)
         self.assertEqual(await self.decisions(), [])
-        status, document = await self.poll(grant)
+        _, document = await self.poll(grant)
         self.assertEqual(document["error"], "authorization_pending")
 
     async def test_completeURI_opensTheLookup(self) -> None:
@@ -190,7 +190,7 @@ class VerifyPageTests(ConsoleMixin, TestCase):
         self.assertIn('name="confirm_mismatch"', body)
         self.assertIn("another serial than w1", " ".join(text(body).split()))
         self.assertEqual(await self.decisions(), [])
-        status, document = await self.poll(grant)
+        _, document = await self.poll(grant)
         self.assertEqual(document["error"], "authorization_pending")
         body = await self.decide({**form, "confirm_mismatch": "yes"})
         self.assertIn("journaled as forced", text(body))
@@ -311,7 +311,9 @@ class FormOriginTests(ConsoleMixin, TestCase):
         await self.startConsole()
         same = {"sec-fetch-site": "same-origin"}
         self.assertEqual(await self.post(origin="null", **same), 404)  # no such code
-        self.assertEqual(await self.post(origin="https://enroll.test:8446", **same), 404)
+        self.assertEqual(
+            await self.post(origin="https://enroll.test:8446", **same), 404
+        )
 
     async def test_otherSites_refused(self) -> None:
         """A null origin alone, or another site's fetch, is refused (403)."""

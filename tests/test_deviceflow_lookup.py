@@ -15,9 +15,10 @@ from tests.test_deviceflow import FlowTestCase
 
 class LookupTests(FlowTestCase):
     def lookupRefused(self, userCode: str, owner: str = "alice") -> DeviceFlowError:
-        with self.assertRaises(DeviceFlowError) as caught:
-            self.flow.lookup(userCode, owner)
-        return caught.exception
+        error: DeviceFlowError = self.assertRaises(
+            DeviceFlowError, self.flow.lookup, userCode, owner
+        )
+        return error
 
     def test_lookup_showsWithoutDeciding(self) -> None:
         """

@@ -50,6 +50,7 @@ from fleetd.inventory.model import Device, IInventory, InventoryError, validateM
 from fleetd.web.resources import Endpoint
 
 VIA = "console"
+SECOND_STEP = "differs: approving needs a second step"
 REFRESH = 10  # seconds between reloads of the page listing pending requests
 # Sec-Fetch-Site values of a lookup the page answers: typed or opened from
 # a QR code (none), or a link on the console (same-origin); absent for
@@ -114,21 +115,15 @@ def comparison(view: RequestView, record: Device | None) -> list[Row]:
     differ = differences(reported, (record.uuid, record.serial))
     mac = reported.get("mac")
     macDiffers = mac is not None and not macAmong(mac, record.macs)
+
+    def compared(name: str, label: str, known: str) -> Row:
+        if name in differ:
+            return Row(label, reported.get(name), known, True, SECOND_STEP)
+        return Row(label, reported.get(name), known, note="same")
+
     return [
-        Row(
-            "UUID",
-            reported.get("uuid"),
-            record.uuid,
-            "uuid" in differ,
-            "differs: approving needs a second step" if "uuid" in differ else "",
-        ),
-        Row(
-            "Serial",
-            reported.get("serial"),
-            record.serial,
-            "serial" in differ,
-            "differs: approving needs a second step" if "serial" in differ else "",
-        ),
+        compared("uuid", "UUID", record.uuid),
+        compared("serial", "Serial", record.serial),
         Row(
             "MAC",
             mac,
