@@ -1,6 +1,6 @@
 """
-The console's verification page C{/device} (issue 20 item 1, DESIGN
-section 8) over a real daemon through StubTreq: a node runs the device
+The console's verification page C{/device} (issue 20 item 1; docs/design.md,
+the owner console) over a real daemon through StubTreq: a node runs the device
 flow on the boot listener; the owner looks its user code up, sees what it
 reported beside the inventory record, and approves or denies.
 """

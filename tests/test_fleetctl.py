@@ -111,6 +111,7 @@ EVERY_COMMAND = {
     ("retire",): ["retire", "w1", "--yes"],
     ("dns-check",): ["dns-check", "--timeout", "1"],
     ("backup",): ["backup", "state.sqlite3"],
+    ("console",): ["console"],
 }  # fmt: skip
 
 

@@ -1,5 +1,6 @@
 """
-Who may enter the console, and what a form must carry (DESIGN section 8).
+Who may enter the console, and what a form must carry (docs/design.md,
+the owner console).
 
 A page answers an owner: a browser that presents the owner client
 certificate [O1] (the same check as the owner API's), or one that holds a
@@ -9,8 +10,8 @@ HEAD) must be an C{application/x-www-form-urlencoded} form, come from the
 console's own origin when the browser names one (C{Origin}, or
 C{Sec-Fetch-Site: same-origin} where C{Origin} is C{null}), and carry the
 viewer's CSRF token in the field C{csrf} [O3]; otherwise it is refused
-with 403 before any page sees it. Every answer carries the console's security
-headers (L{SECURITY_HEADERS}).
+with 403 before any page sees it. Every answer carries the console's
+security headers (L{SECURITY_HEADERS}).
 """
 
 from __future__ import annotations
