@@ -114,7 +114,14 @@ class RequestCodeTests(FlowTestCase):
         document = self.request()
         self.assertEqual(
             set(document),
-            {"device_code", "user_code", "verification_uri", "expires_in", "interval"},
+            {
+                "device_code",
+                "user_code",
+                "verification_uri",
+                "verification_uri_complete",
+                "expires_in",
+                "interval",
+            },
         )
         self.assertEqual(document["verification_uri"], "https://enroll.example/device")
         self.assertEqual((document["expires_in"], document["interval"]), (600, 5))

@@ -203,19 +203,28 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
         self.assertEqual(
             grant["verification_uri"], f"https://enroll.lolwtf.ca:{admin}/device"
         )
-        status, _, body = await self.get(self.service, "admin", "/device", owner=True)
-        self.assertEqual(status, 200)
-        self.assertEqual(body, b"approve with `fleetctl approve CODE --device NAME`\n")
-        status, _, _ = await self.get(self.service, "admin", "/device")
+        self.assertEqual(
+            grant["verification_uri_complete"],
+            f"https://enroll.lolwtf.ca:{admin}/device?user_code={grant['user_code']}",
+        )
+        status, kind, body = await self.get(
+            self.service, "admin", "/device", owner=True
+        )
+        self.assertEqual((status, kind), (200, b"text/html; charset=utf-8"))
+        self.assertIn(b'name="user_code"', body)
+        self.assertIn(grant["user_code"].encode(), body)  # pending, listed
+        status, _, body = await self.get(self.service, "admin", "/device")
         self.assertEqual(status, 403)
+        self.assertNotIn(grant["user_code"].encode(), body)
         status, _, _ = await self.get(self.service, "boot", "/device")
         self.assertEqual(status, 404)
 
     def test_verificationURI_adminDevicePage(self) -> None:
         """
         [F3] verification_uri is the admin listener's /device under the
-        enrollment name; that page answers owners only, with one line
-        saying how to approve; the boot listener has no /device [A2].
+        enrollment name (verification_uri_complete adds the user code);
+        that page is the console's verification page, for owners only; the
+        boot listener has no /device [A2].
         """
         return ensureDeferred(self._page())  # type: ignore[return-value]
 

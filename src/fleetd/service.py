@@ -31,7 +31,7 @@ from fleetd.admin.api import ownerAPI
 from fleetd.admin.console.gate import consoleAPI
 from fleetd.admin.console.sessions import ConsoleSessions
 from fleetd.admin.console.tree import ConsoleServices, consoleTree
-from fleetd.admin.deviceflow import DevicePage, followAdminPort, verificationURI
+from fleetd.admin.deviceflow import followAdminPort, verificationURI
 from fleetd.admin.resource import adminRoot
 from fleetd.attest.wiring import buildAttestation
 from fleetd.boot.face import bootFace
@@ -307,7 +307,6 @@ class FleetdService(MultiService):
             verify=self.chain.verify,  # the chain gauge follows at once
             console=consoleTree(console, sessions, self.reactor),
         )
-        admin.putChild(b"device", DevicePage())  # owners only [F3]
         follow = followAdminPort(
             self.deviceFlow, s.topology.enrollment_name, sessions.setBase
         )

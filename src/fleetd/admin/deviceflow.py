@@ -1,6 +1,6 @@
 """
 The admin listener's side of the device flow: the owner's API and the
-verification page.
+verification page's address.
 
 Under C{/v1/admin/device-flow} (behind the owner gate):
 
@@ -15,10 +15,11 @@ user code or device, 409 already (or being) decided, no ready run or
 mismatch, 410 expired, 429 too many failed attempts, 503 not recorded
 (the journal refused the decision; nothing changed).
 
-C{/device} is the C{verification_uri} Talos shows [F3]; until the owner
-console exists it is one line telling the owner how to approve from a
-shell. L{verificationURI} derives its address from the admin listener's
-bound port.
+C{/device} is the C{verification_uri} Talos shows [F3], the owner
+console's verification page (L{fleetd.admin.console.verify}), which
+decides through the same L{DeviceFlow} calls as this API and answers its
+refusals with the statuses of L{STATUS_OF_KIND}. L{verificationURI}
+derives its address from the admin listener's bound port.
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ STATUS_OF_KIND = {
     "too-many-attempts": 429,
     "not-recorded": http.SERVICE_UNAVAILABLE,
 }
-DEVICE_PAGE = "approve with `fleetctl approve CODE --device NAME`"
 
 
 def adminBase(enrollmentName: str, port: int | None) -> str:
@@ -208,29 +208,6 @@ class DeviceFlowAdmin(Endpoint):
     def render_GET(self, request: IRequest) -> bytes:
         pending = [requestJSON(p) for p in self._flow.pending()]
         return jsonResponse(request, http.OK, {"pending": pending})
-
-
-class DevicePage(Endpoint):
-    """
-    C{GET /device} on the admin listener [F3]: for now one line saying how
-    to approve, to owners only (the same check as the gate of C{/v1/admin}:
-    L{ownerOf}).
-    """
-
-    isLeaf = True
-
-    def __init__(self, owner: OwnerOf = ownerOf) -> None:
-        super().__init__()
-        self._owner = owner
-
-    def render_GET(self, request: IRequest) -> bytes:
-        if self._owner(request) is None:
-            return textResponse(
-                request, http.FORBIDDEN, "owner client certificate required"
-            )
-        if request.postpath not in ([], [b""]):
-            return textResponse(request, http.NOT_FOUND, "not found")
-        return textResponse(request, http.OK, DEVICE_PAGE)
 
 
 def deviceFlowAdminResource(

@@ -5,9 +5,11 @@ C{talos.config.oauth.*} client, on an injected clock.
 A node in Talos POSTs C{/device/code} (with C{uuid}, C{serial}, C{mac},
 C{hostname} and C{code} as extra form fields when configured), prints the
 user code and C{verification_uri} (the admin listener's C{/device} page
-[F3]) and polls C{/token}; the owner runs C{fleetctl approve USER-CODE
---device NAME}; the next poll gets an access token, and C{GET /config}
-with C{Authorization: Bearer} is authorized by L{DeviceFlow.authorize}.
+[F3]) with a QR code of C{verification_uri_complete} (that page with the
+user code filled in) and polls C{/token}; the owner approves on that page
+or runs C{fleetctl approve USER-CODE --device NAME}; the next poll gets
+an access token, and C{GET /config} with C{Authorization: Bearer} is
+authorized by L{DeviceFlow.authorize}.
 
 Secrets: device codes and access tokens are 256-bit random strings held
 only as SHA-256 digests; user codes are short and guessable, so they are
@@ -48,6 +50,7 @@ from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
+from urllib.parse import urlencode
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -110,8 +113,9 @@ class DeviceFlow(Decisions):
     Device authorization requests, their decisions and access tokens.
 
     @param verificationURI: what the node's console tells the owner to
-        visit [F3]; no C{verification_uri_complete} is sent (the user code
-        is typed, not carried in a URL that lands in browser history).
+        visit [F3]; C{verification_uri_complete} is it with
+        C{?user_code=XXXX-XXXX} (RFC 8628 section 3.3.1), which the page
+        looks up (spending the failed-attempt budget like a decision).
     @param expiresIn: seconds a request lives (device and user code).
     @param interval: the polling interval first asked for, in seconds.
     @param tokenExpiresIn: seconds an access token authorizes C{/config}.
@@ -181,6 +185,7 @@ class DeviceFlow(Decisions):
             return refusal
         deviceCode = secrets.token_urlsafe(32)
         letters = self._newUserCode()
+        userCode = displayUserCode(letters)
         core = RequestCore(self.interval)
         held = Held(
             digest=_digest(deviceCode),
@@ -211,8 +216,11 @@ class DeviceFlow(Decisions):
             200,
             {
                 "device_code": deviceCode,
-                "user_code": displayUserCode(letters),
+                "user_code": userCode,
                 "verification_uri": self.verificationURI,
+                "verification_uri_complete": (
+                    f"{self.verificationURI}?{urlencode({'user_code': userCode})}"
+                ),
                 "expires_in": self.expiresIn,
                 "interval": self.interval,
             },

@@ -18,11 +18,12 @@ node's next poll gets (C{undecided} when the journal refused it). The
 first poll after an approval moves to C{issuing} and gets
 L{Outcome.ISSUE}: the caller journals the token before it hands it out,
 then says C{issued} (or C{notIssued}, and the next poll tries again).
-C{deciding} and C{issuing} ignore C{expire}: an entry being written
-settles first. The sweep has by then taken the request out of the live
-queue, so whoever settles a decision checks the request's lifetime and
-says C{expire} when it is over: an approval recorded too late never
-yields a token.
+C{look} answers what C{decide} would, and changes nothing (the owner's
+lookup before deciding). C{deciding} and C{issuing} ignore C{expire}: an
+entry being written settles first. The sweep has by then taken the
+request out of the live queue, so whoever settles a decision checks the
+request's lifetime and says C{expire} when it is over: an approval
+recorded too late never yields a token.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ class RequestInputs(Protocol):
 
     def decide(self) -> Outcome:
         "An owner wants to approve or deny; L{Outcome.DECIDE} lets them."
+
+    def look(self) -> Outcome:
+        "An owner looks the request up: what C{decide} would answer, unchanged."
 
     def approved(self, grant: Grant) -> None:
         "The approval's journal entry is durable; C{grant} is what it allows."
@@ -129,6 +133,19 @@ pending.upon(RequestInputs.decide).to(deciding).returns(Outcome.DECIDE)
 answer(
     RequestInputs.decide,
     (
+        (deciding, Outcome.BUSY),
+        (approved, Outcome.DECIDED),
+        (issuing, Outcome.DECIDED),
+        (issued, Outcome.DECIDED),
+        (denied, Outcome.DECIDED),
+        (expired, Outcome.EXPIRED),
+    ),
+)
+
+answer(
+    RequestInputs.look,
+    (
+        (pending, Outcome.DECIDE),
         (deciding, Outcome.BUSY),
         (approved, Outcome.DECIDED),
         (issuing, Outcome.DECIDED),

@@ -1,5 +1,6 @@
 """
-The owner's side of the device flow: approving and denying requests.
+The owner's side of the device flow: looking requests up, approving and
+denying them.
 
 A decision takes the request out of other hands (C{decide}), is checked,
 is journaled, and only then changes what the node's next poll gets [J1]:
@@ -15,6 +16,12 @@ the one the owner accepted, and journals the approval with C{forced=true}
 and what differed (RFC 8628 section 5.4, remote phishing). A device-flow
 approval lets a node fetch its device's ready run; it never approves an
 EK binding [T1].
+
+A lookup (the console's C{/device?user_code=...}) shows a request without
+deciding it; it spends from the same failed-attempt budget as a decision,
+so it is no free oracle for guessing user codes (RFC 8628 section 5.1).
+A decision may say where it was made (C{via}, e.g. C{console}): the
+journal entry then carries it; fleetctl's entries have none.
 """
 
 from __future__ import annotations
@@ -78,6 +85,19 @@ class Decisions:
     def sweep(self) -> None:
         raise NotImplementedError
 
+    def lookup(self, userCode: str, owner: str) -> RequestView:
+        """
+        The undecided request C{userCode} names, as C{owner} sees it before
+        deciding; nothing changes, but an unknown code spends from the
+        failed-attempt budget as a decision's would.
+
+        @raise DeviceFlowError: C{unknown-user-code}, C{too-many-attempts},
+            C{expired}, C{being-decided} or C{already-decided}.
+        """
+        held = self._found(userCode, owner)
+        self._admissible(held, held.machine.look())
+        return held.view()
+
     def _held(self, letters: str) -> Held | None:
         raise NotImplementedError
 
@@ -87,11 +107,13 @@ class Decisions:
         device: str,
         owner: str,
         acceptMismatch: Collection[str] = (),
+        via: str | None = None,
     ) -> RequestView:
         """
         Let the request C{userCode} fetch C{device}'s ready run, once
         journaled; C{acceptMismatch} names the fields (C{uuid}, C{serial})
-        the owner knowingly approves despite their differing.
+        the owner knowingly approves despite their differing; C{via} (if
+        given) is journaled as where the decision was made.
 
         @raise DeviceFlowError: see L{DeviceFlowError.kind}.
         """
@@ -101,6 +123,8 @@ class Decisions:
         except DeviceFlowError:
             held.machine.undecided()
             raise
+        if via is not None:
+            fields["via"] = via
         await self._record(held, "deviceflow.approved", owner, device, fields)
         held.machine.approved(grant)
         held.device, held.decided_by = device, owner
@@ -119,10 +143,16 @@ class Decisions:
         )
         return held.view()
 
-    async def deny(self, userCode: str, owner: str) -> RequestView:
-        """Refuse the request C{userCode}, once journaled; its node stops."""
+    async def deny(
+        self, userCode: str, owner: str, via: str | None = None
+    ) -> RequestView:
+        """
+        Refuse the request C{userCode}, once journaled; its node stops.
+        C{via} (if given) is journaled as where the decision was made.
+        """
         held = self._decidable(userCode, owner)
-        await self._record(held, "deviceflow.denied", owner, None, {})
+        fields: dict[str, FieldValue] = {} if via is None else {"via": via}
+        await self._record(held, "deviceflow.denied", owner, None, fields)
         held.machine.denied()
         held.decided_by = owner
         await self._expiredMeanwhile(held, owner)
@@ -233,6 +263,16 @@ class Decisions:
 
     def _decidable(self, userCode: str, owner: str) -> Held:
         """The request C{userCode} names, now being decided by C{owner}."""
+        held = self._found(userCode, owner)
+        self._admissible(held, held.machine.decide())
+        return held
+
+    def _found(self, userCode: str, owner: str) -> Held:
+        """
+        The request C{userCode} names, whatever its state; an unknown code
+        spends from C{owner}'s failed-attempt budget, and once that is
+        spent nothing is found.
+        """
         self.sweep()
         budget = self._approveLimiter
         if not budget.peek(owner):
@@ -244,9 +284,12 @@ class Decisions:
         if held is None:
             budget.allow(owner)
             raise DeviceFlowError("unknown-user-code", "no such user code")
-        outcome = held.machine.decide()
+        return held
+
+    def _admissible(self, held: Held, outcome: Outcome) -> None:
+        """Raise the refusal of deciding C{held}, if C{outcome} is one."""
         if outcome is Outcome.DECIDE:
-            return held
+            return
         if outcome is Outcome.EXPIRED:
             raise DeviceFlowError("expired", f"request {held.id} has expired")
         if outcome is Outcome.BUSY:

@@ -1,15 +1,17 @@
 """
-Who may enter the console, and what a form must carry (docs/design.md, the owner console).
+Who may enter the console, and what a form must carry (docs/design.md,
+the owner console).
 
 A page answers an owner: a browser that presents the owner client
 certificate [O1] (the same check as the owner API's), or one that holds a
 live session cookie from a one-time login link (L{ConsoleSessions}).
 Everyone else gets the API's 403 line. A change (any method but GET and
 HEAD) must be an C{application/x-www-form-urlencoded} form, come from the
-console's own origin when the browser names one, and carry the viewer's
-CSRF token in the field C{csrf} [O3]; otherwise it is refused with 403
-before any page sees it. Every answer carries the console's security
-headers (L{SECURITY_HEADERS}).
+console's own origin when the browser names one (C{Origin}, or
+C{Sec-Fetch-Site: same-origin} where C{Origin} is C{null}), and carry the
+viewer's CSRF token in the field C{csrf} [O3]; otherwise it is refused
+with 403 before any page sees it. Every answer carries the console's
+security headers (L{SECURITY_HEADERS}).
 """
 
 from __future__ import annotations
@@ -149,7 +151,14 @@ class ConsoleGate:
         if kind.lower() != FORM:
             return f"form refused: a change takes {FORM}"
         origin = _header(request, b"origin")
-        if origin and origin != "https://" + _header(request, b"host"):
+        site = _header(request, b"sec-fetch-site")
+        if site and site != "same-origin":
+            return "form refused: it came from another origin"
+        # Under Referrer-Policy: no-referrer browsers name the origin of a
+        # form post "null", the console's own too; Sec-Fetch-Site then
+        # says it is the console's.
+        own = origin == "https://" + _header(request, b"host")
+        if origin and not own and not (origin == "null" and site == "same-origin"):
             return "form refused: it came from another origin"
         try:
             token = formValue(request, "csrf") or ""

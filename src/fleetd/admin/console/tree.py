@@ -16,6 +16,7 @@ from twisted.web.iweb import IRequest
 from fleetd.admin.console.gate import ConsoleGate, Guarded, Login, Logout, Static
 from fleetd.admin.console.page import renderPage
 from fleetd.admin.console.sessions import ConsoleSessions
+from fleetd.admin.console.verify import verifyPage
 from fleetd.admin.journal import Verify
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.inventory.model import IInventory
@@ -75,6 +76,9 @@ def consoleTree(
     return ConsoleTree(
         index=Guarded(_Fleet(), gate),
         children={
+            b"device": Guarded(
+                verifyPage(services.deviceFlow, services.inventory), gate
+            ),
             b"login": Login(gate, services.journal),
             b"logout": Guarded(Logout(sessions), gate),
             b"static": Static(),

@@ -1,0 +1,249 @@
+"""
+C{/device}: the RFC 8628 verification page [F3] (issue 20 item 1).
+
+A Talos node running the device flow shows a user code, the
+C{verification_uri} (this page) and a QR code of
+C{verification_uri_complete} (this page with C{?user_code=...}).
+
+  - C{GET /device}: the lookup form (an input C{user_code}) and the pending
+    requests, oldest first; the page reloads every 10 s so new ones appear.
+  - C{GET /device?user_code=...[&device=NAME]}: the request looked up
+    without deciding it (L{DeviceFlow.lookup}: an unknown code spends the
+    same failed-attempt budget as a decision, so the page is no guessing
+    oracle, RFC 8628 section 5.1), what the node reported beside the
+    chosen device's inventory record (by default the device whose uuid
+    and serial the node reported), differences marked.
+  - C{POST /device} with C{user_code}, C{device} and C{action}
+    (C{approve} or C{deny}): the decision, through the same
+    L{DeviceFlow.approve} and L{DeviceFlow.deny} as C{fleetctl approve},
+    journaled by the viewer with C{via=console}. Approving a mismatch is
+    a second step: without the box C{confirm_mismatch} it is refused
+    (409) with the differences explained and the box shown; with it the
+    differing fields are the approval's C{acceptMismatch}, which the flow
+    compares again and journals as forced.
+
+What the node reported and what the inventory holds are rendered as text
+(autoescape). The node's one-time C{code} is never rendered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.web import http, resource
+from twisted.web.iweb import IRequest
+
+from fleetd.admin.console.page import (
+    Page,
+    Refused,
+    errorPage,
+    formValue,
+    renderPageAsync,
+    viewerOf,
+)
+from fleetd.admin.deviceflow import STATUS_OF_KIND
+from fleetd.deviceflow.flow import DeviceFlow
+from fleetd.deviceflow.model import DeviceFlowError, RequestView, differences
+from fleetd.inventory.model import Device, IInventory, InventoryError, validateMAC
+from fleetd.web.resources import Endpoint
+
+VIA = "console"
+SECOND_STEP = "differs: approving needs a second step"
+REFRESH = 10  # seconds between reloads of the page listing pending requests
+# Sec-Fetch-Site values of a lookup the page answers: typed or opened from
+# a QR code (none), or a link on the console (same-origin); absent for
+# clients that do not send it. A lookup another site's page makes the
+# browser send (an image, a link) could spend the owner's budget.
+LOOKUP_SITES = frozenset({"", "none", "same-origin"})
+HINTS: Mapping[str, str] = {
+    "unknown-user-code": (
+        "check the code on the node's console: each unknown code counts"
+        " against a small budget of attempts"
+    ),
+    "expired": "the node must start the device flow again",
+    "too-many-attempts": "wait, then type the code again",
+    "already-decided": "a request is decided once",
+    "being-decided": "another owner is deciding it; look again in a moment",
+    "not-recorded": "nothing changed; try again",
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """
+    One line of the comparison: what the node reported beside what the
+    inventory holds (L{None}: not reported, or not a field of the other
+    side), and whether it differs (with a word on what follows).
+    """
+
+    label: str
+    reported: str | None
+    inventory: str | None
+    differs: bool = False
+    note: str = ""
+    fromNode: bool = True
+
+
+def macAmong(reported: str, macs: tuple[str, ...]) -> bool:
+    """Whether the MAC a node reported is one of the record's C{macs}."""
+    try:
+        return validateMAC(reported) in macs
+    except InventoryError:
+        return False
+
+
+def comparison(view: RequestView, record: Device | None) -> list[Row]:
+    """
+    The rows of C{view} beside C{record}: uuid and serial (a difference
+    needs the second step), the MAC (marked when it is not among the
+    record's, for information), the hostname beside the device's name, and
+    the record's class, cluster and status. Never the node's C{code}.
+    """
+    reported = view.reported
+    if record is None:
+        return [
+            Row(label, reported.get(name), None)
+            for name, label in (
+                ("uuid", "UUID"),
+                ("serial", "Serial"),
+                ("mac", "MAC"),
+                ("hostname", "Hostname"),
+            )
+        ]
+    differ = differences(reported, (record.uuid, record.serial))
+    mac = reported.get("mac")
+    macDiffers = mac is not None and not macAmong(mac, record.macs)
+
+    def compared(name: str, label: str, known: str) -> Row:
+        if name in differ:
+            return Row(label, reported.get(name), known, True, SECOND_STEP)
+        return Row(label, reported.get(name), known, note="same")
+
+    return [
+        compared("uuid", "UUID", record.uuid),
+        compared("serial", "Serial", record.serial),
+        Row(
+            "MAC",
+            mac,
+            ", ".join(record.macs) or "none recorded",
+            macDiffers,
+            "not among the record's MACs (for information)" if macDiffers else "",
+        ),
+        Row("Hostname / name", reported.get("hostname"), record.name),
+        Row("Class", None, record.device_class, fromNode=False),
+        Row("Cluster", None, record.cluster or "none", fromNode=False),
+        Row("Status", None, str(record.status), fromNode=False),
+    ]
+
+
+def _refusal(e: Exception) -> tuple[int, str] | None:
+    if isinstance(e, DeviceFlowError):
+        hint = HINTS.get(e.kind)
+        line = f"{e.kind}: {e}" + ("" if hint is None else f" ({hint})")
+        return STATUS_OF_KIND[e.kind], line
+    return None
+
+
+class VerifyPage(Endpoint):
+    """C{/device} (behind the console gate): lookup, comparison, decision."""
+
+    isLeaf = True
+
+    def __init__(self, flow: DeviceFlow, inventory: IInventory) -> None:
+        super().__init__()
+        self._flow = flow
+        self._inventory = inventory
+
+    def render_GET(self, request: IRequest) -> int | bytes:
+        if request.postpath not in ([], [b""]):
+            return errorPage(request, http.NOT_FOUND, "not found")
+        return renderPageAsync(request, lambda: self._show(request), _refusal)
+
+    def render_POST(self, request: IRequest) -> int | bytes:
+        if request.postpath not in ([], [b""]):
+            return errorPage(request, http.NOT_FOUND, "not found")
+        return renderPageAsync(request, lambda: self._decide(request), _refusal)
+
+    async def _show(self, request: IRequest) -> Page:
+        userCode = formValue(request, "user_code", "") or ""
+        if not userCode.strip():
+            return Page("verify.html", self._landing())
+        site = request.getHeader(b"sec-fetch-site")
+        if (b"" if site is None else bytes(site)).decode("latin-1") not in LOOKUP_SITES:
+            raise Refused(
+                http.FORBIDDEN,
+                "a lookup opened from another site is refused: type the user"
+                " code on this page, or open the node's link directly",
+            )
+        view = self._flow.lookup(userCode, viewerOf(request).owner)
+        chosen = formValue(request, "device", "") or view.known or ""
+        return await self._compared(view, chosen.strip())
+
+    def _landing(self) -> dict[str, Any]:
+        return {
+            "pending": self._flow.pending(),
+            "refresh": REFRESH,
+            "view": None,
+        }
+
+    async def _compared(
+        self, view: RequestView, chosen: str, step: bool = False
+    ) -> Page:
+        """
+        The comparison of C{view} with the device named C{chosen}; C{step}:
+        the refused first approval of a mismatch (409, with the box).
+        """
+        record = await self._inventory.get(chosen) if chosen else None
+        differ: tuple[str, ...] = ()
+        if record is not None:
+            differ = differences(view.reported, (record.uuid, record.serial))
+        context = {
+            "pending": [],
+            "refresh": None,
+            "view": view,
+            "chosen": chosen,
+            "record": record,
+            "rows": comparison(view, record),
+            "differ": differ,
+            "step": step,
+        }
+        if step:
+            return Page("verify.html", context, http.CONFLICT)
+        return Page("verify.html", context, http.OK if record or not chosen else 404)
+
+    async def _decide(self, request: IRequest) -> Page:
+        owner = viewerOf(request).owner
+        action = formValue(request, "action")
+        userCode = formValue(request, "user_code", "") or ""
+        if action not in ("approve", "deny"):
+            raise Refused(http.BAD_REQUEST, "action: approve or deny")
+        if not userCode.strip():
+            raise Refused(http.BAD_REQUEST, "user_code: type the node's user code")
+        if action == "deny":
+            view = await self._flow.deny(userCode, owner, via=VIA)
+            return Page("verify_done.html", {"view": view, "forced": ()})
+        name = (formValue(request, "device", "") or "").strip()
+        if not name:
+            raise Refused(
+                http.BAD_REQUEST, "device: name the inventory device to approve as"
+            )
+        view = self._flow.lookup(userCode, owner)
+        record = await self._inventory.get(name)
+        if record is None:
+            raise DeviceFlowError(
+                "unknown-device", f"{name} is no device of the inventory"
+            )
+        differ = differences(view.reported, (record.uuid, record.serial))
+        if differ and not formValue(request, "confirm_mismatch"):
+            return await self._compared(view, record.name, step=True)
+        view = await self._flow.approve(
+            userCode, record.name, owner, acceptMismatch=differ, via=VIA
+        )
+        return Page("verify_done.html", {"view": view, "forced": differ})
+
+
+def verifyPage(flow: DeviceFlow, inventory: IInventory) -> resource.Resource:
+    """C{/device} over C{flow} and C{inventory} (to be put behind the gate)."""
+    return VerifyPage(flow, inventory)
