@@ -149,7 +149,14 @@ class ConsoleGate:
         if kind.lower() != FORM:
             return f"form refused: a change takes {FORM}"
         origin = _header(request, b"origin")
-        if origin and origin != "https://" + _header(request, b"host"):
+        site = _header(request, b"sec-fetch-site")
+        if site and site != "same-origin":
+            return "form refused: it came from another origin"
+        # Under Referrer-Policy: no-referrer a browser sends its own forms
+        # with Origin: null (Fetch, "serialize a request origin"); it says
+        # where they come from in Sec-Fetch-Site instead.
+        own = origin == "https://" + _header(request, b"host")
+        if origin and not own and not (origin == "null" and site == "same-origin"):
             return "form refused: it came from another origin"
         try:
             token = formValue(request, "csrf") or ""
