@@ -1,7 +1,8 @@
 """
 Who may enter the owner console, and what a form must carry (issue 20
-item 5, DESIGN section 8): the owner certificate or a one-time login link,
-sessions with idle and absolute timeouts, CSRF tokens, the headers.
+item 5; docs/operations.md, "Console"): the owner certificate or a
+one-time login link, sessions with idle and absolute timeouts, CSRF
+tokens, the headers.
 """
 
 from __future__ import annotations

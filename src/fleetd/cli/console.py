@@ -2,8 +2,9 @@
 C{fleetctl console}: a one-time login link to the owner console.
 
 The link opens one browser session for the owner whose certificate asked
-for it, once, within minutes (DESIGN section 8); a browser that presents
-the owner certificate needs none. C{--json}: C{{"url": ..., "expires_at": ...}}.
+for it, once, within minutes (docs/operations.md, "Console"); a browser
+that presents the owner certificate needs none. C{--json}:
+C{{"url": ..., "expires_at": ...}}.
 """
 
 from __future__ import annotations

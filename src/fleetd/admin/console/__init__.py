@@ -1,6 +1,6 @@
 """
 The owner console: server-rendered pages on the admin listener (design.md
-and DESIGN section 8).
+and docs/operations.md, "Console").
 
   - L{fleetd.admin.console.sessions}: one-time login links and sessions;
   - L{fleetd.admin.console.gate}: who may enter (the owner certificate or

@@ -1,5 +1,6 @@
 """
-Who may enter the console, and what a form must carry (DESIGN section 8).
+Who may enter the console, and what a form must carry (docs/operations.md,
+"Console").
 
 A page answers an owner: a browser that presents the owner client
 certificate [O1] (the same check as the owner API's), or one that holds a

@@ -1,5 +1,6 @@
 """
-The console's journal view, C{/journal} (issue 20 item 4; DESIGN section 8).
+The console's journal view, C{/journal} (issue 20 item 4; docs/operations.md,
+"Console").
 
 It lists the journal newest first, a fixed page of L{PAGE} entries at a
 time, filtered by device and run through the same lookups as

@@ -1,6 +1,6 @@
 """
 Who is in the console without a certificate: one-time login links and the
-sessions they open (DESIGN section 8).
+sessions they open (docs/operations.md, "Console").
 
 C{fleetctl console} asks the owner API for a link; the link names a random
 token that opens one session, once, within L{LINK_LIFETIME} seconds, for
