@@ -12,7 +12,7 @@ from tests.browsersupport import ConsoleBrowserTestCase, pageText
 from tests.daemonsupport import UUID1
 
 if TYPE_CHECKING:
-    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.chrome.webdriver import WebDriver
 
 
 class JournalViewBrowserTests(ConsoleBrowserTestCase):
