@@ -161,6 +161,22 @@ class JournalViewTests(ConsoleMixin, TestCase):
         self.assertIn("BROKEN at seq 2: entry 2 fails its digest", text(alert.group(1)))
         self.assertNotIn("Verified through", text(body))
 
+    async def test_chain_reanchored_showsTheAcknowledgedBreak(self) -> None:
+        await self.fleet()
+        self.tamper("UPDATE journal SET device = 'w9' WHERE seq = 2")
+        done = await self.service.journal.reanchor(actor="owner:alice", reason="test")
+        await self.service.chain.verify()
+        code, _, body = await self.page("GET", "/journal")
+        self.assertEqual(code, 200, body)
+        shown = " ".join(text(body).split())
+        self.assertIn("Verified through seq", shown)
+        self.assertIn(
+            f"1 acknowledged break (re-anchored at seq {done.entry.seq};"
+            f" the last re-anchor is at seq {done.entry.seq})",
+            shown,
+        )
+        self.assertIn("journal.reanchored", shown)
+
     async def test_notVerifiedYet_saysSo(self) -> None:
         await self.startConsole()
         chain = self.service.chain
