@@ -141,6 +141,29 @@ class GateTests(ConsoleMixin, TestCase):
         )
         self.assertEqual(code, 403)
         self.assertIn("another origin", body)
+        for sent in (
+            {"origin": "null"},
+            {"sec-fetch-site": "cross-site"},
+            {"sec-fetch-site": "same-site"},
+            {"origin": "null", "sec-fetch-site": "same-site"},
+        ):
+            code, _, body = await self.page("POST", "/logout", {}, headers=sent)
+            self.assertEqual(code, 403, sent)
+            self.assertIn("another origin", body)
+
+    async def test_formFromOwnPage_noReferrerOriginNull_accepted(self) -> None:
+        """
+        A browser sends the console's own forms with C{Origin: null} (the
+        pages' C{Referrer-Policy: no-referrer}) and C{Sec-Fetch-Site:
+        same-origin}: accepted, as is the console's own origin.
+        """
+        await self.startConsole()
+        for sent in (
+            {"origin": "null", "sec-fetch-site": "same-origin"},
+            {"origin": "https://enroll.test:8446", "sec-fetch-site": "same-origin"},
+        ):
+            code, _, body = await self.page("POST", "/logout", {}, headers=sent)
+            self.assertEqual(code, 200, (sent, body))
 
     async def loginLink(self) -> str:
         code, _, body = await self.page(

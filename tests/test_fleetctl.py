@@ -1,20 +1,25 @@
-"""Tests for fleetctl: the frame, and journal commands against a real daemon."""
+"""Tests for fleetctl: the frame; journal and console against a real daemon."""
 
 from __future__ import annotations
 
 import argparse
 import io
 import json
+import re
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from fleetd.admin.console.sessions import LINK_LIFETIME
 from fleetd.cli import fleetctl
 from fleetd.cli import journal as journalCommand
+from fleetd.service import FleetdService
 from tests.daemonsupport import DaemonTestMixin
 from tests.fleetctlsupport import ownerConfig
 from tests.fleetctlsupport import runFleetctl as run
@@ -269,3 +274,58 @@ class ServerNameTests(DaemonTestMixin, TestCase):
         enrollment name; a certificate from another CA is still refused.
         """
         return ensureDeferred(self._localhost())  # type: ignore[return-value]
+
+
+class ConsoleCommandTests(DaemonTestMixin, TestCase):
+    """C{fleetctl console} against a real daemon (issue 20 item 5)."""
+
+    daemon: FleetdService
+
+    async def linkFor(self, *argv: str) -> tuple[str, int, float]:
+        """Run C{fleetctl argv... console}: its output, the admin port, when."""
+        self.makeSettings()
+        service = self.daemon = self.startDaemon()
+        port = self.port(service, "admin")
+        config = str(ownerConfig(self.directory, port))
+        asked = time.time()
+        code, out, err = await deferToThread(
+            run, ["--config", config, *argv, "console"]
+        )
+        self.assertEqual((code, err), (0, ""))
+        return out, port, asked
+
+    def assertLink(self, url: str, port: int) -> str:
+        """C{url} is a login link on the enrollment name and admin port."""
+        parts = urlsplit(url)
+        self.assertEqual(parts.scheme, "https")
+        self.assertEqual(parts.hostname, self.settings.topology.enrollment_name)
+        self.assertEqual(parts.port, port)
+        self.assertEqual(parts.path, "/login")
+        (token,) = parse_qs(parts.query, strict_parsing=True)["token"]
+        self.assertGreaterEqual(len(token), 40)
+        return token
+
+    async def test_console_printsLinkAndExpiry(self) -> None:
+        out, port, asked = await self.linkFor()
+        url, line = out.splitlines()
+        token = self.assertLink(url, port)
+        found = re.fullmatch(
+            r"open it once, before (\d\d):(\d\d):(\d\d) UTC;"
+            r" it signs this browser in as you",
+            line,
+        )
+        assert found is not None, line
+        h, m, s = (int(g) for g in found.groups())
+        shown = (h * 3600 + m * 60 + s - asked) % 86400
+        self.assertLess(abs(shown - LINK_LIFETIME), 5, line)
+        entries = [e.toJSON() for e in await self.daemon.journal.query()]
+        issued = [e for e in entries if e["event"] == "console.link-issued"]
+        self.assertEqual([e["actor"] for e in issued], ["owner:owner"])
+        self.assertNotIn(token, json.dumps(entries))
+
+    async def test_console_json(self) -> None:
+        out, port, asked = await self.linkFor("--json")
+        doc = json.loads(out)
+        self.assertEqual(set(doc), {"url", "expires_at"})
+        self.assertLink(doc["url"], port)
+        self.assertLess(abs(doc["expires_at"] - asked - LINK_LIFETIME), 5)

@@ -137,6 +137,24 @@ class JournalAppendTests(JournalFixture):
         self.assertEqual([e.seq for e in page], [3, 4, 5])
         self.assertRaises(ValueError, self.journal.query, self.db, limit=0)
 
+    def test_query_newestFirst(self) -> None:
+        """
+        C{newest_first} takes the last C{limit} entries of the window,
+        descending; C{before_seq} is exclusive and combines with the
+        filters and C{since_seq}.
+        """
+        self.fill(8)
+        newest = self.journal.query(self.db, newest_first=True, limit=3)
+        self.assertEqual([e.seq for e in newest], [8, 7, 6])
+        older = self.journal.query(self.db, before_seq=6, newest_first=True, limit=3)
+        self.assertEqual([e.seq for e in older], [5, 4, 3])
+        window = self.journal.query(self.db, since_seq=2, before_seq=6)
+        self.assertEqual([e.seq for e in window], [3, 4, 5])
+        device = self.journal.query(
+            self.db, device="node-1", before_seq=8, newest_first=True
+        )
+        self.assertEqual([e.seq for e in device], [6, 4, 2])
+
     def test_query_roundTrip(self) -> None:
         """Read-back entries equal the appended ones, field types included."""
         appended = self.fill(3)

@@ -294,6 +294,7 @@ class FleetdService(MultiService):
             trust=self.trust,
             retire=retire,
             verify=self.chain.verify,
+            chain=self.chain,
         )
         admin = adminRoot(
             clock=self.reactor,

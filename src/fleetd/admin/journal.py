@@ -9,6 +9,10 @@ The journal's chain in the owner API (issue 19 item 5).
     and the verification that follows it, 409 when the chain is intact,
     400 without a reason. Only owners get here (the owner gate); the
     owner is the entry's actor.
+
+And what C{GET /v1/admin/journal} and the console's journal view share:
+the device and run a query names must be ones fleetd knew (L{deviceKey},
+L{checkRun}), else a 404 (L{journalRefusal}).
 """
 
 from __future__ import annotations
@@ -20,17 +24,54 @@ from typing import Any
 from twisted.web import http
 from twisted.web.iweb import IRequest
 
+from fleetd.inventory.model import IInventory, InventoryError
 from fleetd.store.anchor import Reanchored, ReanchorRefused, checkReason
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.verify import JournalVerification
 from fleetd.web.owner import ownerOf
-from fleetd.web.refusals import storeRefusal
+from fleetd.web.refusals import inventoryRefusal, storeRefusal
 from fleetd.web.resources import Endpoint, renderAsync, textResponse
 
 Verify = Callable[[], Awaitable[JournalVerification | None]]
 """Verify the chain now and record the verdict (L{ChainMonitor.verify})."""
 
 UNREADABLE = "the journal could not be read; see fleetd's log"
+
+
+class UnknownName(Exception):
+    """A device or run a journal query names that fleetd never knew: 404."""
+
+
+async def deviceKey(
+    journal: AsyncJournal, inventory: IInventory | None, device: str
+) -> str:
+    """
+    The name C{device}'s entries carry; L{UnknownName} when neither the
+    journal nor C{inventory} knows it (a typo must not look like a quiet
+    device; a retired device is known by its history).
+    """
+    key = device.lower()  # as the inventory keys names
+    if await journal.query(device=key, limit=1):
+        return key
+    found = None if inventory is None else await inventory.get(device)
+    if found is None:
+        raise UnknownName(f"no device named {device} in the inventory or the journal")
+    return found.name
+
+
+async def checkRun(journal: AsyncJournal, run: str) -> None:
+    """L{UnknownName} unless the journal names C{run}."""
+    if not await journal.query(run=run, limit=1):
+        raise UnknownName(f"no run named {run} in the journal")
+
+
+def journalRefusal(error: Exception) -> tuple[int, str] | None:
+    """The status and line of a journal query's refusal (L{None}: a bug)."""
+    if isinstance(error, UnknownName):
+        return http.NOT_FOUND, str(error)
+    if isinstance(error, InventoryError):
+        return inventoryRefusal(error)
+    return None
 
 
 class JournalVerifyResource(Endpoint):

@@ -23,14 +23,20 @@ from twisted.web.iweb import IRequest
 
 from fleetd import jsonbody
 from fleetd.admin.console.tree import ConsoleTree
-from fleetd.admin.journal import JournalVerifyResource, ReanchorResource, Verify
-from fleetd.inventory.model import IInventory, InventoryError
+from fleetd.admin.journal import (
+    JournalVerifyResource,
+    ReanchorResource,
+    Verify,
+    checkRun,
+    deviceKey,
+    journalRefusal,
+)
+from fleetd.inventory.model import IInventory
 from fleetd.jsonbody import JSONBodyError
 from fleetd.logs import ThrottledLog
 from fleetd.readiness import Readiness
 from fleetd.store.journal import AsyncJournal
 from fleetd.web.owner import NO_CERTIFICATE, checkOwner, ownerOf
-from fleetd.web.refusals import inventoryRefusal
 from fleetd.web.resources import (
     Endpoint,
     Refusal,
@@ -192,18 +198,6 @@ def _arg(request: IRequest, name: bytes) -> str | None:
     return value.decode("utf-8")
 
 
-class _Unknown(Exception):
-    """A device or run the query names that fleetd never knew: 404."""
-
-
-def _journalRefusal(error: Exception) -> tuple[int, str] | None:
-    if isinstance(error, _Unknown):
-        return http.NOT_FOUND, str(error)
-    if isinstance(error, InventoryError):
-        return inventoryRefusal(error)
-    return None
-
-
 class JournalResource(Endpoint):
     """
     C{GET /v1/admin/journal[?device=&run=&since=&limit=]}.
@@ -233,20 +227,6 @@ class JournalResource(Endpoint):
         self.putChild(b"verify", JournalVerifyResource(check))
         self.putChild(b"reanchor", ReanchorResource(journal, check))
 
-    async def _deviceKey(self, device: str) -> str:
-        """The name C{device}'s entries carry; L{_Unknown} when none could."""
-        key = device.lower()  # as the inventory keys names
-        if await self._journal.query(device=key, limit=1):
-            return key
-        found = None if self._inventory is None else await self._inventory.get(device)
-        if found is None:
-            raise _Unknown(f"no device named {device} in the inventory or the journal")
-        return found.name
-
-    async def _checkRun(self, run: str) -> None:
-        if not await self._journal.query(run=run, limit=1):
-            raise _Unknown(f"no run named {run} in the journal")
-
     def getChild(self, path: bytes, request: IRequest) -> resource.Resource:
         if path == b"":
             return self
@@ -264,15 +244,17 @@ class JournalResource(Endpoint):
             return textResponse(request, http.BAD_REQUEST, f"bad query: {e}")
 
         async def work() -> tuple[int, Any]:
-            key = None if device is None else await self._deviceKey(device)
+            key = None
+            if device is not None:
+                key = await deviceKey(self._journal, self._inventory, device)
             if run is not None:
-                await self._checkRun(run)
+                await checkRun(self._journal, run)
             entries = await self._journal.query(
                 device=key, run=run, since_seq=since, limit=limit
             )
             return http.OK, {"entries": [e.toJSON() for e in entries]}
 
-        return renderAsync(request, work, _journalRefusal)
+        return renderAsync(request, work, journalRefusal)
 
 
 class WhoAmI(Endpoint):

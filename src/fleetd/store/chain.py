@@ -72,6 +72,11 @@ class ChainMonitor(Service):
         """The last verification's result; L{None} before the first."""
         return self._verdict
 
+    @property
+    def checkedAt(self) -> float | None:
+        """When the last verification ended (the clock's time); L{None} before."""
+        return self._checkedAt
+
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]
         if self._after is None:

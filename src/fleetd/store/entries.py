@@ -117,12 +117,21 @@ def query(
     device: str | None = None,
     run: str | None = None,
     since_seq: int = 0,
+    before_seq: int | None = None,
+    newest_first: bool = False,
     limit: int = 1000,
 ) -> list[JournalEntry]:
-    """Return up to C{limit} entries after C{since_seq}, ascending."""
+    """
+    Up to C{limit} entries after C{since_seq} (and before C{before_seq}),
+    ascending: the first C{limit} of them; with C{newest_first}, the last
+    C{limit} of them, descending.
+    """
     _checkLimit(limit)
     clauses = ["seq > ?"]
     parameters: list[object] = [since_seq]
+    if before_seq is not None:
+        clauses.append("seq < ?")
+        parameters.append(before_seq)
     if device is not None:
         clauses.append("device = ?")
         parameters.append(device)
@@ -130,7 +139,8 @@ def query(
         clauses.append("run = ?")
         parameters.append(run)
     where = " AND ".join(clauses)  # constant fragments only
-    sql = f"{SELECT_ENTRIES} WHERE {where} ORDER BY seq LIMIT ?"
+    order = "DESC" if newest_first else "ASC"
+    sql = f"{SELECT_ENTRIES} WHERE {where} ORDER BY seq {order} LIMIT ?"
     rows = db.execute(sql, (*parameters, limit)).fetchall()
     entries = []
     for row in rows:

@@ -130,11 +130,19 @@ class Journal:
         device: str | None = None,
         run: str | None = None,
         since_seq: int = 0,
+        before_seq: int | None = None,
+        newest_first: bool = False,
         limit: int = 1000,
     ) -> list[JournalEntry]:
         """See L{fleetd.store.entries.query}."""
         return queryEntries(
-            db, device=device, run=run, since_seq=since_seq, limit=limit
+            db,
+            device=device,
+            run=run,
+            since_seq=since_seq,
+            before_seq=before_seq,
+            newest_first=newest_first,
+            limit=limit,
         )
 
     def latest(self, db: Database, *, device: str, limit: int) -> list[JournalEntry]:
@@ -285,12 +293,20 @@ class AsyncJournal:
         device: str | None = None,
         run: str | None = None,
         since_seq: int = 0,
+        before_seq: int | None = None,
+        newest_first: bool = False,
         limit: int = 1000,
     ) -> Deferred[list[JournalEntry]]:
         """See L{Journal.query}."""
         return self._runner.run(
             lambda db: self._journal.query(
-                db, device=device, run=run, since_seq=since_seq, limit=limit
+                db,
+                device=device,
+                run=run,
+                since_seq=since_seq,
+                before_seq=before_seq,
+                newest_first=newest_first,
+                limit=limit,
             )
         )
 

@@ -14,6 +14,7 @@ from twisted.web import resource
 from twisted.web.iweb import IRequest
 
 from fleetd.admin.console.gate import ConsoleGate, Guarded, Login, Logout, Static
+from fleetd.admin.console.journal import JournalView
 from fleetd.admin.console.page import renderPage
 from fleetd.admin.console.sessions import ConsoleSessions
 from fleetd.admin.console.verify import verifyPage
@@ -24,6 +25,7 @@ from fleetd.kube.retire import RetireService
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry
 from fleetd.status import StatusService
+from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal
 from fleetd.trust.service import TrustService
 from fleetd.web.owner import OwnerOf
@@ -43,6 +45,7 @@ class ConsoleServices:
     trust: TrustService
     retire: RetireService
     verify: Verify
+    chain: ChainMonitor
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,9 @@ def consoleTree(
         children={
             b"device": Guarded(
                 verifyPage(services.deviceFlow, services.inventory), gate
+            ),
+            b"journal": Guarded(
+                JournalView(services.journal, services.inventory, services.chain), gate
             ),
             b"login": Login(gate, services.journal),
             b"logout": Guarded(Logout(sessions), gate),
