@@ -31,6 +31,7 @@ from fleetd.admin.api import ownerAPI
 from fleetd.admin.console.gate import consoleAPI
 from fleetd.admin.console.sessions import ConsoleSessions
 from fleetd.admin.console.tree import ConsoleServices, consoleTree
+from fleetd.admin.provision import Provisioner
 from fleetd.admin.deviceflow import DevicePage, followAdminPort, verificationURI
 from fleetd.admin.resource import adminRoot
 from fleetd.attest.wiring import buildAttestation
@@ -268,13 +269,19 @@ class FleetdService(MultiService):
                 s.provision.classes, renderer.clusters, str(s.provision.templates)
             )
         self.consoleSessions = sessions = ConsoleSessions(self.reactor)
+        provisioner = Provisioner(  # the owner API's and the console's
+            self.runs,
+            self.inventory,
+            renderer,
+            self.journal,
+            credentials=None if self.kube is None else self.kube.book,
+        )
         api = ownerAPI(
             inventory=self.inventory,
             journal=self.journal,
             offload=self._inThread,
             defined=defined,
-            runs=self.runs,
-            renderer=renderer,
+            provisioner=provisioner,
             trust=self.trust,
             disks=self.disks,
             status=self.status,
@@ -294,6 +301,7 @@ class FleetdService(MultiService):
             trust=self.trust,
             retire=retire,
             verify=self.chain.verify,
+            provisioner=provisioner,
         )
         admin = adminRoot(
             clock=self.reactor,

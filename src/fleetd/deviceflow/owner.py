@@ -119,10 +119,17 @@ class Decisions:
         )
         return held.view()
 
-    async def deny(self, userCode: str, owner: str) -> RequestView:
-        """Refuse the request C{userCode}, once journaled; its node stops."""
+    async def deny(
+        self, userCode: str, owner: str, via: str | None = None
+    ) -> RequestView:
+        """
+        Refuse the request C{userCode}, once journaled; its node stops.
+
+        @param via: where the owner decided (C{console}), journaled when given.
+        """
         held = self._decidable(userCode, owner)
-        await self._record(held, "deviceflow.denied", owner, None, {})
+        fields: dict[str, FieldValue] = {} if via is None else {"via": via}
+        await self._record(held, "deviceflow.denied", owner, None, fields)
         held.machine.denied()
         held.decided_by = owner
         await self._expiredMeanwhile(held, owner)

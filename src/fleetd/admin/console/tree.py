@@ -17,6 +17,7 @@ from fleetd.admin.console.gate import ConsoleGate, Guarded, Login, Logout, Stati
 from fleetd.admin.console.page import renderPage
 from fleetd.admin.console.sessions import ConsoleSessions
 from fleetd.admin.journal import Verify
+from fleetd.admin.provision import Provisioner
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.inventory.model import IInventory
 from fleetd.kube.retire import RetireService
@@ -42,6 +43,7 @@ class ConsoleServices:
     trust: TrustService
     retire: RetireService
     verify: Verify
+    provisioner: Provisioner
 
 
 @dataclass(frozen=True)
