@@ -13,7 +13,14 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.cli import status
-from fleetd.statuswords import Row, headline, statusLines, statusRows
+from fleetd.statuswords import (
+    Row,
+    approvalLine,
+    headline,
+    retirementLines,
+    statusLines,
+    statusRows,
+)
 
 RICH: dict[str, Any] = {
     "device": {
@@ -222,4 +229,37 @@ class StatusWordsTests(SynchronousTestCase):
         self.assertEqual(Row("state", "").lines(), ["state:    "])
         self.assertEqual(
             Row("journal", "", ("a", "b")).lines(), ["journal:", "  a", "  b"]
+        )
+
+    def test_retirementLines_asFleetctlPrintedThem(self) -> None:
+        doc = {
+            "device": "w1",
+            "status": "decommissioning",
+            "node_deleted": None,
+            "tokens_deleted": [],
+            "unrevocable": ["kubelet client certificate", "machine.token"],
+        }
+        self.assertEqual(
+            retirementLines(doc),
+            [
+                "w1  decommissioning",
+                "node:     no cluster configured",
+                "tokens:   none live (deleted now, retried until done)",
+                "cannot be revoked:",
+                "  - kubelet client certificate",
+                "  - machine.token",
+                "wipe or power off the machine: a kubelet with a valid certificate"
+                " registers its Node again when it restarts",
+            ],
+        )
+
+    def test_approvalLine(self) -> None:
+        result = {"changed": True, "serial": "S", "device": "w1", "ek_sha256": "e"}
+        self.assertEqual(
+            approvalLine({**result, "evidence": 3}),
+            "approved: serial S (device w1) <-> EK e on evidence 3",
+        )
+        self.assertEqual(
+            approvalLine({**result, "changed": False}),
+            "already approved: serial S <-> EK e",
         )

@@ -211,3 +211,36 @@ def trustLines(trust: dict[str, Any] | None) -> list[str]:
 def diskLines(disks: dict[str, Any] | None) -> list[str]:
     """The disk report as C{fleetctl status} prints it."""
     return diskRow(disks).lines()
+
+
+def approvalLine(result: dict[str, Any]) -> str:
+    """The outcome of C{binding approve} (the admin API's answer) [T1]."""
+    if result["changed"]:
+        return (
+            f"approved: serial {result['serial']} (device {result['device']})"
+            f" <-> EK {result['ek_sha256']} on evidence {result['evidence']}"
+        )
+    return f"already approved: serial {result['serial']} <-> EK {result['ek_sha256']}"
+
+
+NODE_OUTCOME = {None: "no cluster configured", True: "deleted", False: "was not there"}
+RETIRE_ADVICE = (
+    "wipe or power off the machine: a kubelet with a valid certificate"
+    " registers its Node again when it restarts"
+)
+
+
+def retirementRows(doc: dict[str, Any]) -> list[Row]:
+    """The outcome of C{retire} (the admin API's answer) after its headline [R1]."""
+    tokens = ", ".join(doc["tokens_deleted"]) or "none live"
+    return [
+        Row("node", NODE_OUTCOME[doc["node_deleted"]]),
+        Row("tokens", f"{tokens} (deleted now, retried until done)"),
+        Row("cannot be revoked", "", tuple(f"- {i}" for i in doc["unrevocable"])),
+    ]
+
+
+def retirementLines(doc: dict[str, Any]) -> list[str]:
+    """C{fleetctl retire}'s lines."""
+    rows = [line for row in retirementRows(doc) for line in row.lines()]
+    return [f"{doc['device']}  {doc['status']}", *rows, RETIRE_ADVICE]

@@ -13,6 +13,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web import resource
 from twisted.web.iweb import IRequest
 
+from fleetd.admin.console.device import DevicesPages
 from fleetd.admin.console.gate import ConsoleGate, Guarded, Login, Logout, Static
 from fleetd.admin.console.page import renderPage
 from fleetd.admin.console.sessions import ConsoleSessions
@@ -80,5 +81,6 @@ def consoleTree(
             b"login": Login(gate, services.journal),
             b"logout": Guarded(Logout(sessions), gate),
             b"static": Static(),
+            b"devices": Guarded(DevicesPages(services), gate),
         },
     )
