@@ -20,6 +20,7 @@ from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 
 UUID = "4c4c4544-0042-3510-8050-b4c04f4d3232"
 SERIAL = "SN-1"
+UUID2 = "4c4c4544-0042-3510-8050-b4c04f4d3233"
 EK = "ab" * 32
 
 
@@ -176,7 +177,7 @@ class DevicePageTests(ConsoleMixin, TestCase):
 
     async def test_retire_typedNameMustMatch(self) -> None:
         await self.device()
-        await self.addDevice("w2", "SN-2", "4c4c4544-0042-3510-8050-b4c04f4d3233")
+        await self.addDevice("w2", "SN-2", UUID2)
         code, _, confirm = await self.page("GET", "/devices/w1/retire")
         self.assertIn('name="confirm_name"', confirm)
         before = await self.journal()
@@ -260,12 +261,22 @@ class DevicePageTests(ConsoleMixin, TestCase):
             "POST", "/devices/w1/deny", {"request": "dfr-0"}
         )
         self.assertEqual(code, 404, body)
-        self.assertEqual(len(flow.pending()), 1)
+        await self.addDevice("w2", "SN-2", UUID2)
+        await self.provision("w2")
+        flow.requestCode({"client_id": "talos", "uuid": UUID2, "serial": "SN-2"}, "::1")
+        (other,) = [v for v in flow.pending() if v.known == "w2"]
+        code, _, page = await self.page("GET", "/devices/w1")
+        self.assertNotIn(other.id, page)
+        code, _, body = await self.page(
+            "POST", "/devices/w1/deny", {"request": other.id}
+        )
+        self.assertEqual(code, 404, "another device's request")
+        self.assertEqual(len(flow.pending()), 2)
         code, _, body = await self.page(
             "POST", "/devices/w1/deny", {"request": pending.id}
         )
         self.assertEqual(code, 200, body)
-        self.assertEqual(flow.pending(), [])
+        self.assertEqual(flow.pending(), [other])
         (denied,) = [
             e for e in await self.journal() if e["event"] == "deviceflow.denied"
         ]
