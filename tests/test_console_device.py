@@ -326,3 +326,21 @@ class DevicePageTests(ConsoleMixin, TestCase):
             self.assertEqual(code, 403, path)
             self.assertIn("CSRF", body)
         self.assertEqual(await self.journal(), before)
+
+    async def test_nullOriginForm_fromTheSameOriginOnly(self) -> None:
+        """
+        Under Referrer-Policy: no-referrer Chromium posts the console's own
+        forms with C{Origin: null}: accepted when C{Sec-Fetch-Site} says
+        same-origin (or is absent), refused when it names another site.
+        """
+        await self.device()
+        form = {"confirm_name": "w2"}
+        for site, expected in [("same-origin", 400), (None, 400),
+                               ("cross-site", 403), ("same-site", 403)]:  # fmt: skip
+            headers = {"origin": "null"}
+            if site is not None:
+                headers["sec-fetch-site"] = site
+            code, _, body = await self.page(
+                "POST", "/devices/w1/retire", form, headers=headers
+            )
+            self.assertEqual(code, expected, (site, body))

@@ -51,7 +51,7 @@ RICH: dict[str, Any] = {
         "binding": {
             "state": "approved",
             "problem": "evidence withdrawn",
-            "ek_sha256": "abababababababababababababababababababababababababababababababab",
+            "ek_sha256": "ab" * 32,
             "evidence": 3,
             "approved_by": "owner:alice",
         },
@@ -59,7 +59,7 @@ RICH: dict[str, Any] = {
             {
                 "id": 3,
                 "kind": "supplier-record",
-                "ek_sha256": "abababababababababababababababababababababababababababababababab",
+                "ek_sha256": "ab" * 32,
                 "ref": "PO-7",
                 "independent": True,
                 "withdrawn": None,
@@ -67,7 +67,7 @@ RICH: dict[str, Any] = {
             {
                 "id": 12,
                 "kind": "tofu",
-                "ek_sha256": "cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd",
+                "ek_sha256": "cd" * 32,
                 "ref": None,
                 "independent": False,
                 "withdrawn": None,
@@ -75,7 +75,7 @@ RICH: dict[str, Any] = {
             {
                 "id": 4,
                 "kind": "receiving-scan",
-                "ek_sha256": "efefefefefefefefefefefefefefefefefefefefefefefefefefefefefefefef",
+                "ek_sha256": "ef" * 32,
                 "ref": "",
                 "independent": True,
                 "withdrawn": {"reason": "wrong box", "at": 1.0},
@@ -154,31 +154,45 @@ SPARSE: dict[str, Any] = {
 }
 
 RICH_TEXT = (
-    "w1  planned  class worker  serial SN-1  uuid 4c4c4544-0042-3510-8050-b4c04f4d3232\n"
+    "w1  planned  class worker  serial SN-1  uuid 4c4c4544-0042-3"
+    "510-8050-b4c04f4d3232\n"
     "run:      r-abc  ready\n"
     "state:    provisioned; waiting for the node to fetch its configuration\n"
-    "ldevid:   spore-ldevid-1  until 2027-01-15  (attested, current issuer; legacy LDevIDs refused)\n"
+    "ldevid:   spore-ldevid-1  until 2027-01-15  (attested, curre"
+    "nt issuer; legacy LDevIDs refused)\n"
     "alerts:   FleetInstallConfigRefetched, FleetNodeBootedHookOSAfterInstall\n"
     "recovery: fleetctl provision w1; the disk holds no STATE to preserve\n"
-    "binding:  approved (evidence withdrawn): EK abababababababababababababababababababababababababababababababab  on evidence 3  by owner:alice\n"
+    "binding:  approved (evidence withdrawn): EK abababababababab"
+    "abababababababababababababababababababababababab  on evidenc"
+    "e 3  by owner:alice\n"
     "evidence:\n"
-    "      3  supplier-record  EK abababababababababababababababababababababababababababababababab  ref PO-7\n"
-    "     12  tofu  EK cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd  (cannot approve)\n"
-    "      4  receiving-scan  EK efefefefefefefefefefefefefefefefefefefefefefefefefefefefefefefef  (withdrawn: wrong box)\n"
+    "      3  supplier-record  EK abababababababababababababababa"
+    "babababababababababababababababab  ref PO-7\n"
+    "     12  tofu  EK cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd"
+    "cdcdcdcdcdcdcdcdcdcdcd  (cannot approve)\n"
+    "      4  receiving-scan  EK efefefefefefefefefefefefefefefef"
+    "efefefefefefefefefefefefefefefef  (withdrawn: wrong box)\n"
     "disks:    2 reported; ok, target disk serial S3Z9NX0K\n"
-    "token:    abc123  live  expires 2023-11-14T23:13:20Z  deletion due 2023-11-14T22:14:20Z  deleted -\n"
-    "kubelet:  approved 2023-11-14T22:15:00Z  last 2023-11-14T22:16:40Z  notAfter 2024-11-13T22:15:00Z  retired 2023-11-14T22:18:20Z\n"
+    "token:    abc123  live  expires 2023-11-14T23:13:20Z  deleti"
+    "on due 2023-11-14T22:14:20Z  deleted -\n"
+    "kubelet:  approved 2023-11-14T22:15:00Z  last 2023-11-14T22:"
+    "16:40Z  notAfter 2024-11-13T22:15:00Z  retired 2023-11-14T22"
+    ":18:20Z\n"
     "note:     lost certificate note\n"
     "journal:\n"
-    "       7  2023-11-14T22:13:20Z  run.provisioned  actor=owner:alice  device=w1  run=r-abc  desired_action=null  via=console\n"
-    "       8  2023-11-14T22:13:21Z  delivery.refused  actor=fleetd  device=w1  count=2  reason=x y\n"
+    "       7  2023-11-14T22:13:20Z  run.provisioned  actor=owner"
+    ":alice  device=w1  run=r-abc  desired_action=null  via=conso"
+    "le\n"
+    "       8  2023-11-14T22:13:21Z  delivery.refused  actor=flee"
+    "td  device=w1  count=2  reason=x y\n"
 )
 
 SPARSE_TEXT = (
     "w2  staged  class worker-g2  serial SN-2  uuid u2\n"
     "run:      none\n"
     "state:    never provisioned\n"
-    "ldevid:   none from spore (a capsule/forge LDevID is accepted until the node attests through spore)\n"
+    "ldevid:   none from spore (a capsule/forge LDevID is accepte"
+    "d until the node attests through spore)\n"
     "alerts:   none\n"
     "recovery: nothing to do\n"
     "binding:  none approved\n"

@@ -31,8 +31,8 @@ from fleetd.admin.api import ownerAPI
 from fleetd.admin.console.gate import consoleAPI
 from fleetd.admin.console.sessions import ConsoleSessions
 from fleetd.admin.console.tree import ConsoleServices, consoleTree
-from fleetd.admin.provision import Provisioner
 from fleetd.admin.deviceflow import DevicePage, followAdminPort, verificationURI
+from fleetd.admin.provision import Provisioner
 from fleetd.admin.resource import adminRoot
 from fleetd.attest.wiring import buildAttestation
 from fleetd.boot.face import bootFace

@@ -167,9 +167,7 @@ class RetireService:
                 reason=str(e),
             )
 
-    async def retire(
-        self, name: str, actor: str, via: str | None = None
-    ) -> Retirement:
+    async def retire(self, name: str, actor: str, via: str | None = None) -> Retirement:
         """
         @param via: where the owner asked (C{console}), journaled when given.
         @raise InventoryError: C{not-found}, or the inventory is unavailable.

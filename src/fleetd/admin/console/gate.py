@@ -149,7 +149,14 @@ class ConsoleGate:
         if kind.lower() != FORM:
             return f"form refused: a change takes {FORM}"
         origin = _header(request, b"origin")
-        if origin and origin != "https://" + _header(request, b"host"):
+        if origin == "null":
+            # Under Referrer-Policy: no-referrer a browser posts even a
+            # same-origin form with "Origin: null" (Fetch standard); its
+            # Sec-Fetch-Site still says where the form came from.
+            site = _header(request, b"sec-fetch-site")
+            if site not in ("", "same-origin"):
+                return "form refused: it came from another origin"
+        elif origin and origin != "https://" + _header(request, b"host"):
             return "form refused: it came from another origin"
         try:
             token = formValue(request, "csrf") or ""
