@@ -662,7 +662,7 @@ class ProvisionTests(SynchronousTestCase):
         registry: Any = None  # never reached
         resource = ProvisionResource(registry, rig.inventory, RENDERER, rig.journal)
         failure = self.failureResultOf(
-            Deferred.fromCoroutine(resource._provision(["w1"], None, "owner:ann")),
+            Deferred.fromCoroutine(resource.provisioner.provision(["w1"], "owner:ann")),
             Refused,
         )
         self.assertEqual(failure.value.code, 409)

@@ -387,9 +387,9 @@ class StatusTests(SynchronousTestCase):
 
     def test_report_showsBindingEvidenceAndDisks(self) -> None:
         """[T1] [D1] The status report carries the binding state and disk report."""
-        from fleetd.cli.status import diskLines, trustLines
         from fleetd.nodes import NodeIdentity
         from fleetd.status import StatusService
+        from fleetd.statuswords import diskLines, trustLines
         from fleetd.trust.disk_report import Disk
         from fleetd.trust.disks import DiskService
 

@@ -32,6 +32,7 @@ from fleetd.admin.console.gate import consoleAPI
 from fleetd.admin.console.sessions import ConsoleSessions
 from fleetd.admin.console.tree import ConsoleServices, consoleTree
 from fleetd.admin.deviceflow import followAdminPort, verificationURI
+from fleetd.admin.provision import Provisioner
 from fleetd.admin.resource import adminRoot
 from fleetd.attest.wiring import buildAttestation
 from fleetd.boot.face import bootFace
@@ -268,13 +269,19 @@ class FleetdService(MultiService):
                 s.provision.classes, renderer.clusters, str(s.provision.templates)
             )
         self.consoleSessions = sessions = ConsoleSessions(self.reactor)
+        provisioner = Provisioner(  # the owner API's and the console's
+            self.runs,
+            self.inventory,
+            renderer,
+            self.journal,
+            credentials=None if self.kube is None else self.kube.book,
+        )
         api = ownerAPI(
             inventory=self.inventory,
             journal=self.journal,
             offload=self._inThread,
             defined=defined,
-            runs=self.runs,
-            renderer=renderer,
+            provisioner=provisioner,
             trust=self.trust,
             disks=self.disks,
             status=self.status,
@@ -295,6 +302,7 @@ class FleetdService(MultiService):
             retire=retire,
             verify=self.chain.verify,
             chain=self.chain,
+            provisioner=provisioner,
         )
         admin = adminRoot(
             clock=self.reactor,

@@ -14,7 +14,7 @@ from fleetd.admin.backup import BackupResource
 from fleetd.admin.deviceflow import deviceFlowAdminResource
 from fleetd.admin.devices import Offload, devicesResource
 from fleetd.admin.kube import clusterTokenResource, retireResource
-from fleetd.admin.provision import ProvisionResource
+from fleetd.admin.provision import ProvisionEndpoint, Provisioner
 from fleetd.admin.status import StatusResource
 from fleetd.admin.trust import BindingsResource, DisksAdminResource, EvidenceResource
 from fleetd.deviceflow.flow import DeviceFlow
@@ -22,8 +22,6 @@ from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import IInventory
 from fleetd.kube.retire import RetireService
 from fleetd.kube.service import KubeService
-from fleetd.runs.registry import RunRegistry
-from fleetd.runs.render import TemplateRenderer
 from fleetd.status import StatusService
 from fleetd.store.journal import AsyncJournal
 from fleetd.trust.disks import DiskService
@@ -36,8 +34,7 @@ def ownerAPI(
     journal: AsyncJournal,
     offload: Offload[Any],
     defined: SiteDefinitions | None,
-    runs: RunRegistry,
-    renderer: TemplateRenderer,
+    provisioner: Provisioner,
     trust: TrustService,
     disks: DiskService,
     status: StatusService,
@@ -48,8 +45,8 @@ def ownerAPI(
 ) -> dict[bytes, Resource]:
     """
     The children of C{/v1/admin/}. Without C{[kubernetes]} (C{kube} is
-    L{None}) provisions carry the template's own cluster token and the
-    cluster-token commands refuse.
+    L{None}) the cluster-token commands refuse (and C{provisioner}'s runs
+    carry the template's own cluster token).
 
     @param offload: runs blocking work (CSV import, evidence, the
         backup's copy) in a thread.
@@ -66,13 +63,7 @@ def ownerAPI(
         ),
         b"cluster-token": clusterTokenResource(None if kube is None else kube.cluster),
         b"retire": retireResource(retire),
-        b"provision": ProvisionResource(
-            runs,
-            inventory,
-            renderer,
-            journal,
-            credentials=None if kube is None else kube.book,
-        ),
+        b"provision": ProvisionEndpoint(provisioner),
         b"evidence": EvidenceResource(trust, offload),
         b"bindings": BindingsResource(trust),
         b"disks": DisksAdminResource(disks),

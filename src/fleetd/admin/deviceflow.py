@@ -143,7 +143,8 @@ def _jsonBody(
     return document
 
 
-def _refusal(e: Exception) -> tuple[int, str] | None:
+def decisionRefusal(e: Exception) -> tuple[int, str] | None:
+    """The status and line of a refused decision; the console shows the same."""
     if isinstance(e, DeviceFlowError):
         return STATUS_OF_KIND[e.kind], f"{e.kind}: {e}"
     return None
@@ -188,7 +189,7 @@ class _Decision(Endpoint):
                 view = await self._flow.deny(body["user_code"], owner)
             return http.OK, requestJSON(view)
 
-        return renderAsync(request, work, _refusal)
+        return renderAsync(request, work, decisionRefusal)
 
 
 class DeviceFlowAdmin(Endpoint):

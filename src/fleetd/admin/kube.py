@@ -62,7 +62,8 @@ def _body(request: IRequest, keys: tuple[str, ...]) -> dict[str, str]:
     return doc
 
 
-def _refusal(error: Exception) -> tuple[int, str] | None:
+def kubeRefusal(error: Exception) -> tuple[int, str] | None:
+    """The status and line of a refused command; the console shows the same."""
     if isinstance(error, ClusterTokenError):
         return STATUS.get(error.kind, http.BAD_REQUEST), f"{error.kind}: {error}"
     if isinstance(error, KubeError):
@@ -113,7 +114,7 @@ class _Command(Endpoint):
         async def work() -> tuple[int, Any]:
             return self._created, await self._action(body, f"owner:{owner}")
 
-        return renderAsync(request, work, _refusal)
+        return renderAsync(request, work, kubeRefusal)
 
 
 class _Pending(Endpoint):
@@ -135,7 +136,7 @@ class _Pending(Endpoint):
             pending = await tokens.pending()
             return http.OK, {"pending": [r.toJSON() for r in pending]}
 
-        return renderAsync(request, work, _refusal)
+        return renderAsync(request, work, kubeRefusal)
 
 
 def clusterTokenResource(

@@ -67,17 +67,18 @@ class _TemplateFailed(Exception):
         self.cluster = cluster
 
 
-def _refusal(error: Exception) -> tuple[int, str] | None:
+def provisionRefusal(error: Exception) -> tuple[int, str] | None:
+    """The status and line of a failed provision (L{None}: a bug)."""
     if isinstance(error, Refused):
         return error.code, str(error)
     return storeRefusal(error)
 
 
 def _answer(request: IRequest) -> Callable[[Exception], tuple[int, str] | None]:
-    """L{_refusal}, with C{Retry-After} on a 503 (busy: retry later)."""
+    """L{provisionRefusal}, with C{Retry-After} on a 503 (busy: retry later)."""
 
     def refusal(error: Exception) -> tuple[int, str] | None:
-        answer = _refusal(error)
+        answer = provisionRefusal(error)
         if answer is not None and answer[0] == http.SERVICE_UNAVAILABLE:
             request.setHeader(b"retry-after", b"%d" % (RETRY_AFTER,))
         return answer
@@ -119,8 +120,12 @@ def parseProvision(body: bytes) -> tuple[list[str], str | None]:
     return names, action
 
 
-class ProvisionResource(Endpoint):
-    isLeaf = True
+class Provisioner:
+    """
+    The owner's provision, free of HTTP: every check and refusal of
+    C{POST /v1/admin/provision}, for the owner API and the console's
+    device page alike.
+    """
 
     def __init__(
         self,
@@ -128,33 +133,29 @@ class ProvisionResource(Endpoint):
         inventory: IInventory,
         renderer: TemplateRenderer,
         journal: AsyncJournal,
-        ownerName: Callable[[IRequest], str | None] = ownerOf,
         credentials: ICredentials | None = None,
     ) -> None:
-        super().__init__()
         self._credentials = credentials
         self._registry = registry
         self._inventory = inventory
         self._renderer = renderer
         self._journal = journal
-        self._ownerName = ownerName
 
-    def render_POST(self, request: IRequest) -> bytes | int:
-        body = request.content.read() if request.content is not None else b""
-        actor = f"owner:{self._ownerName(request)}"
-        try:
-            names, action = parseProvision(body)
-        except Refused as e:
-            return textResponse(request, e.code, str(e))
+    async def provision(
+        self,
+        names: list[str],
+        actor: str,
+        desiredAction: str | None = None,
+        via: str | None = None,
+    ) -> list[Provisioned]:
+        """
+        Start one run per device of C{names} (checked names, as
+        L{parseProvision} gives them), all or none.
 
-        async def work() -> tuple[int, Any]:
-            return await self._provision(names, action, actor)
-
-        return renderAsync(request, work, _answer(request))
-
-    async def _provision(
-        self, names: list[str], action: str | None, actor: str
-    ) -> tuple[int, Any]:
+        @param via: where the owner asked (C{console}), journaled when given.
+        @raise Refused: the one line saying why nothing was provisioned
+            (store failures raise the store's own errors: L{provisionRefusal}).
+        """
         devices: list[Device] = []
         for name in names:
             try:
@@ -183,7 +184,7 @@ class ProvisionResource(Endpoint):
                 )
             devices.append(device)
         try:
-            provisioned = await self._provisionRuns(devices, action, actor)
+            return await self._provisionRuns(devices, desiredAction, actor, via)
         except NotReady as e:
             raise Refused(http.SERVICE_UNAVAILABLE, str(e)) from e
         except Decommissioning as e:  # retired while this request ran [R1]
@@ -199,7 +200,6 @@ class ProvisionResource(Endpoint):
                 http.SERVICE_UNAVAILABLE,
                 f"kubernetes: {e}; nothing was provisioned",
             ) from e
-        return http.CREATED, {"runs": [p.toJSON() for p in provisioned]}
 
     async def _serialIsOne(self, device: Device, actor: str) -> None:
         """
@@ -259,7 +259,7 @@ class ProvisionResource(Endpoint):
         )
 
     async def _provisionRuns(
-        self, rendered: list[Device], action: str | None, actor: str
+        self, rendered: list[Device], action: str | None, actor: str, via: str | None
     ) -> list[Provisioned]:
         renderer = self._renderer
 
@@ -279,4 +279,52 @@ class ProvisionResource(Endpoint):
             desiredAction=action,
             render=render,
             credentials=self._credentials,
+            via=via,
+        )
+
+
+class ProvisionEndpoint(Endpoint):
+    """C{POST /v1/admin/provision} over a L{Provisioner}."""
+
+    isLeaf = True
+
+    def __init__(
+        self,
+        provisioner: Provisioner,
+        ownerName: Callable[[IRequest], str | None] = ownerOf,
+    ) -> None:
+        super().__init__()
+        self.provisioner = provisioner
+        self._ownerName = ownerName
+
+    def render_POST(self, request: IRequest) -> bytes | int:
+        body = request.content.read() if request.content is not None else b""
+        actor = f"owner:{self._ownerName(request)}"
+        try:
+            names, action = parseProvision(body)
+        except Refused as e:
+            return textResponse(request, e.code, str(e))
+
+        async def work() -> tuple[int, Any]:
+            runs = await self.provisioner.provision(names, actor, action)
+            return http.CREATED, {"runs": [p.toJSON() for p in runs]}
+
+        return renderAsync(request, work, _answer(request))
+
+
+class ProvisionResource(ProvisionEndpoint):
+    """L{ProvisionEndpoint} over a L{Provisioner} of its own."""
+
+    def __init__(
+        self,
+        registry: RunRegistry,
+        inventory: IInventory,
+        renderer: TemplateRenderer,
+        journal: AsyncJournal,
+        ownerName: Callable[[IRequest], str | None] = ownerOf,
+        credentials: ICredentials | None = None,
+    ) -> None:
+        super().__init__(
+            Provisioner(registry, inventory, renderer, journal, credentials),
+            ownerName,
         )

@@ -90,7 +90,8 @@ def jsonObject(raw: bytes, keys: dict[str, bool]) -> dict[str, Any]:
     return document
 
 
-def _refusal(error: Exception) -> tuple[int, str] | None:
+def trustRefusal(error: Exception) -> tuple[int, str] | None:
+    """The status and line of a refused trust change; the console shows the same."""
     if isinstance(error, TrustError):
         log.warn("trust.refused {kind} {reason}", kind=error.kind, reason=str(error))
         return STATUS_OF_KIND[error.kind], str(error)
@@ -100,7 +101,7 @@ def _refusal(error: Exception) -> tuple[int, str] | None:
 
 
 def render(request: Any, work: Callable[[], Awaitable[Outcome]]) -> int:
-    return renderAsync(request, work, _refusal)
+    return renderAsync(request, work, trustRefusal)
 
 
 def _query(request: IRequest, name: bytes) -> str | None:

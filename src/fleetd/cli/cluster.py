@@ -20,6 +20,7 @@ from fleetd.cli.client import AdminClient
 from fleetd.cli.output import Console, when
 from fleetd.clitools import CLIError, writeJSON
 from fleetd.config import Settings
+from fleetd.statuswords import retirementLines
 
 
 def addCommands(commands: Any) -> None:
@@ -152,16 +153,5 @@ def cmdRetire(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int
     if args.json:
         writeJSON(out, doc, sortKeys=True)
         return 0
-    node = {None: "no cluster configured", True: "deleted", False: "was not there"}
-    out.write(f"{doc['device']}  {doc['status']}\n")
-    out.write(f"node:     {node[doc['node_deleted']]}\n")
-    tokens = ", ".join(doc["tokens_deleted"]) or "none live"
-    out.write(f"tokens:   {tokens} (deleted now, retried until done)\n")
-    out.write("cannot be revoked:\n")
-    for item in doc["unrevocable"]:
-        out.write(f"  - {item}\n")
-    out.write(
-        "wipe or power off the machine: a kubelet with a valid certificate"
-        " registers its Node again when it restarts\n"
-    )
+    out.write("".join(line + "\n" for line in retirementLines(doc)))
     return 0

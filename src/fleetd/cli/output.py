@@ -1,18 +1,19 @@
 """
 What fleetctl prints: lines for people, or with C{--json} one JSON document
 (L{fleetd.clitools.writeJSON}); tables, times and journal entries are
-formatted the same way by every subcommand.
+formatted the same way by every subcommand (times and journal entries
+in L{fleetd.statuswords}, which the owner console shares).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from dataclasses import dataclass
 from typing import IO, Any
 
 from fleetd.clitools import writeJSON
+from fleetd.statuswords import formatEntry as formatEntry
+from fleetd.statuswords import when as when
 
 
 def emit(
@@ -33,27 +34,6 @@ def alignedTable(header: list[str], rows: list[list[str]]) -> list[str]:
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
         for row in table
     ]
-
-
-def when(at: float | None) -> str:
-    """A POSIX time as UTC ISO 8601 to the second, or C{-} for none."""
-    if at is None:
-        return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
-
-
-def formatEntry(entry: dict[str, Any]) -> str:
-    """One journal entry on one line: seq, time, event, actor, subject, fields."""
-    parts = [f"{entry['seq']:>6}", when(entry["at"]), entry["event"]]
-    parts.append(f"actor={entry['actor']}")
-    for key in ("device", "run"):
-        if entry.get(key):
-            parts.append(f"{key}={entry[key]}")
-    for key, value in sorted((entry.get("fields") or {}).items()):
-        parts.append(
-            f"{key}={json.dumps(value) if not isinstance(value, str) else value}"
-        )
-    return "  ".join(parts)
 
 
 @dataclass(frozen=True)

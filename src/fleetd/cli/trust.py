@@ -25,6 +25,7 @@ from fleetd.cli.client import AdminClient, postText, readUpload
 from fleetd.cli.output import alignedTable, emit, when
 from fleetd.clitools import CLIError
 from fleetd.config import Settings
+from fleetd.statuswords import approvalLine
 from fleetd.trust.manifest import parseManifest
 from fleetd.trust.model import EvidenceKind, TrustError, evidence, validateKind
 
@@ -158,16 +159,7 @@ def cmdBindingApprove(
     if args.ek_sha256 is not None:
         body["ek_sha256"] = args.ek_sha256
     result = AdminClient(settings).request("POST", f"{BINDINGS}/approve", body=body)
-    if result["changed"]:
-        line = (
-            f"approved: serial {result['serial']} (device {result['device']})"
-            f" <-> EK {result['ek_sha256']} on evidence {result['evidence']}"
-        )
-    else:
-        line = (
-            f"already approved: serial {result['serial']} <-> EK {result['ek_sha256']}"
-        )
-    emit(out, args, result, [line])
+    emit(out, args, result, [approvalLine(result)])
     return 0
 
 

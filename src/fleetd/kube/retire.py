@@ -167,8 +167,9 @@ class RetireService:
                 reason=str(e),
             )
 
-    async def retire(self, name: str, actor: str) -> Retirement:
+    async def retire(self, name: str, actor: str, via: str | None = None) -> Retirement:
         """
+        @param via: where the owner asked (C{console}), journaled when given.
         @raise InventoryError: C{not-found}, or the inventory is unavailable.
         @raise KubeError: the Node could not be deleted; nothing changed.
         """
@@ -178,15 +179,15 @@ class RetireService:
         name = device.name
         approvals = self.approvals
         if approvals is None:
-            return await self._retire(name, actor)
+            return await self._retire(name, actor, via)
         approvals.hold(name)  # before any API call [R1]
         try:
             await approvals.drained(name)
-            return await self._retire(name, actor)
+            return await self._retire(name, actor, via)
         finally:
             approvals.release(name)
 
-    async def _retire(self, name: str, actor: str) -> Retirement:
+    async def _retire(self, name: str, actor: str, via: str | None) -> Retirement:
         nodeDeleted = None
         if self.client is not None:
             nodeDeleted = await self._deleteNode(self.client, name, actor)
@@ -211,7 +212,8 @@ class RetireService:
                 fields={
                     "node_deleted": nodeDeleted,
                     "bootstrap_ids": ",".join(tokens),
-                },
+                }
+                | ({} if via is None else {"via": via}),
             )
             journal(
                 "kube.unrevocable",

@@ -112,6 +112,7 @@ class Provisioner:
         render: Callable[..., bytes],
         desiredAction: str | None = None,
         credentials: ICredentials | None = None,
+        via: str | None = None,
     ) -> list[Provisioned]:
         """
         Start one run per device: render its configuration into the vault,
@@ -128,6 +129,7 @@ class Provisioner:
         bootstrap token is created first and C{render(device, run, token)}
         gets it (L{ICredentials}); without, C{render(device, run)}.
 
+        @param via: where the owner asked (C{console}), journaled when given.
         @raise NotReady: the registry is still loading after a start.
         """
         if not self._index.loaded:
@@ -137,7 +139,7 @@ class Provisioner:
             raise ValueError("a device appears twice in one provision")
         async with self._lock:
             return await self._provision(
-                devices, actor, render, desiredAction, credentials
+                devices, actor, render, desiredAction, credentials, via
             )
 
     async def _provision(
@@ -147,6 +149,7 @@ class Provisioner:
         render: Callable[..., bytes],
         desiredAction: str | None,
         credentials: ICredentials | None = None,
+        via: str | None = None,
     ) -> list[Provisioned]:
         core, index = self._core, self._index
         now = core.clock.seconds()
@@ -208,7 +211,8 @@ class Provisioner:
                     actor=actor,
                     device=device.name,
                     run=record.id,
-                    fields={"desired_action": desiredAction},
+                    fields={"desired_action": desiredAction}
+                    | ({} if via is None else {"via": via}),
                 )
             if credentials is not None:
                 credentials.recordIn(db, journal, issued, actor)

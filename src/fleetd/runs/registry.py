@@ -106,6 +106,7 @@ class RunRegistry(BootIndex):
         render: Callable[..., bytes],
         desiredAction: str | None = None,
         credentials: ICredentials | None = None,
+        via: str | None = None,
     ) -> list[Provisioned]:
         """L{Provisioner.provision}."""
         return await self._provisioner.provision(
@@ -114,6 +115,7 @@ class RunRegistry(BootIndex):
             render=render,
             desiredAction=desiredAction,
             credentials=credentials,
+            via=via,
         )
 
     async def retire(

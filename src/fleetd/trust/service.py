@@ -214,14 +214,17 @@ class TrustService:
         return await self._journal.change(work)
 
     async def approve(
-        self, serial: object, *, actor: str, ek: object = None
+        self, serial: object, *, actor: str, ek: object = None, via: str | None = None
     ) -> Approval:
         """
         Approve the binding of C{serial} [T1], or refuse with a
         L{TrustError} of kind C{"refused"} whose code and line say which
         evidence is missing or conflicts; the refusal is journaled
         (C{binding.refused}) and changes nothing else.
+
+        @param via: where the owner asked (C{console}), journaled when given.
         """
+        extra: dict[str, FieldValue] = {} if via is None else {"via": via}
         wanted = validateTrustSerial(serial)
         pinned = None if ek is None else validateEKDigest(ek)
         device = await self._inventoryDevice(wanted)
@@ -246,6 +249,7 @@ class TrustService:
                         "ek_sha256": pinned,
                         "reason": decision.code,
                         "detail": decision.reason[:500],
+                        **extra,
                     },
                 )
                 return TrustError(decision.reason, "refused", decision.code)
@@ -272,6 +276,7 @@ class TrustService:
                 "serial": stored,
                 "ek_sha256": decision.ek,
                 "evidence": decision.evidenceId,
+                **extra,
             }
             if replaced:
                 fields["replaced"] = ", ".join(f"{s}={e}" for s, e in replaced)[:500]
@@ -289,6 +294,19 @@ class TrustService:
             )
             raise outcome
         return outcome
+
+    async def decision(self, serial: str) -> bindings.Decision:
+        """
+        What L{approve} of C{serial} would decide from the evidence now
+        (reads only; the console offers approval only when it would approve).
+        """
+        wanted = validateTrustSerial(serial)
+
+        def read(db: Database) -> bindings.Decision:
+            with db.transaction(write=False) as conn:
+                return bindings.decide(conn, wanted, None)
+
+        return await self._runner.run(read)
 
     async def _inventoryDevice(self, serial: str) -> tuple[str, str] | None:
         """The (name, serial as the inventory spells it) of C{serial}'s device."""

@@ -13,12 +13,14 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web import resource
 from twisted.web.iweb import IRequest
 
+from fleetd.admin.console.device import DevicesPages
 from fleetd.admin.console.gate import ConsoleGate, Guarded, Login, Logout, Static
 from fleetd.admin.console.journal import JournalView
 from fleetd.admin.console.page import renderPage
 from fleetd.admin.console.sessions import ConsoleSessions
 from fleetd.admin.console.verify import verifyPage
 from fleetd.admin.journal import Verify
+from fleetd.admin.provision import Provisioner
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.inventory.model import IInventory
 from fleetd.kube.retire import RetireService
@@ -46,6 +48,7 @@ class ConsoleServices:
     retire: RetireService
     verify: Verify
     chain: ChainMonitor
+    provisioner: Provisioner
 
 
 @dataclass(frozen=True)
@@ -88,5 +91,6 @@ def consoleTree(
             b"login": Login(gate, services.journal),
             b"logout": Guarded(Logout(sessions), gate),
             b"static": Static(),
+            b"devices": Guarded(DevicesPages(services), gate),
         },
     )

@@ -1,0 +1,246 @@
+"""
+The words of C{fleetctl status NAME}, for fleetctl and the owner console.
+
+A device's status report (the JSON of C{GET /v1/admin/status/NAME},
+L{fleetd.status.DeviceReport.toJSON}) becomes a headline and labelled
+L{Row}s here, once: fleetctl prints them as lines, the console's device
+page as a definition list, so both say the same thing in the same words.
+Pure functions over JSON values; nothing of fleetd is imported, so both
+the command-line client and the daemon's pages may use them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+LABEL_WIDTH = 10  # "recovery: " is the widest label
+
+
+@dataclass(frozen=True)
+class Row:
+    """
+    One labelled row: C{label} and its C{text} on one line, then C{items}
+    (evidence records, journal entries), one per line beneath it.
+    """
+
+    label: str
+    text: str
+    items: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        """The row as fleetctl prints it: the label padded, items indented."""
+        if self.items and not self.text:
+            head = f"{self.label}:"
+        else:
+            head = f"{self.label + ':':<{LABEL_WIDTH}}{self.text}"
+        return [head] + [f"  {item}" for item in self.items]
+
+
+def when(at: float | None) -> str:
+    """A POSIX time as UTC ISO 8601 to the second, or C{-} for none."""
+    if at is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def entryParts(entry: dict[str, Any]) -> list[str]:
+    """
+    One journal entry's words: seq (padded to 6), time, event, actor,
+    subject, then its fields sorted by name.
+    """
+    parts = [f"{entry['seq']:>6}", when(entry["at"]), entry["event"]]
+    parts.append(f"actor={entry['actor']}")
+    for key in ("device", "run"):
+        if entry.get(key):
+            parts.append(f"{key}={entry[key]}")
+    for key, value in sorted((entry.get("fields") or {}).items()):
+        parts.append(
+            f"{key}={json.dumps(value) if not isinstance(value, str) else value}"
+        )
+    return parts
+
+
+def formatEntry(entry: dict[str, Any]) -> str:
+    """One journal entry on one line: seq, time, event, actor, subject, fields."""
+    return "  ".join(entryParts(entry))
+
+
+def headline(doc: dict[str, Any]) -> str:
+    """The report's first line: the device's name, status, class, serial, uuid."""
+    device = doc["device"]
+    return (
+        f"{device['name']}  {device['status']}  class {device['class']}"
+        f"  serial {device['serial']}  uuid {device['uuid']}"
+    )
+
+
+def statusRows(doc: dict[str, Any], journal: bool = True) -> list[Row]:
+    """
+    Everything after the headline: run, state, LDevID, alerts, recovery,
+    binding and evidence, disks, token and kubelet certificate, and (with
+    C{journal}) the last journal entries.
+    """
+    run = doc["run"]
+    rows = [
+        Row("run", "none" if run is None else f"{run['run']}  {run['state']}"),
+        Row("state", doc["state"]),
+        Row("ldevid", _ldevid(doc.get("ldevid"))),
+        Row("alerts", ", ".join(doc["alerts"]) or "none"),
+        Row("recovery", doc["recovery"] or "nothing to do"),
+        *trustRows(doc.get("trust")),
+        diskRow(doc.get("disks")),
+        *credentialRows(doc.get("kubernetes")),
+    ]
+    if journal and doc["journal"]:
+        rows.append(Row("journal", "", tuple(formatEntry(e) for e in doc["journal"])))
+    return rows
+
+
+def statusLines(doc: dict[str, Any]) -> list[str]:
+    """C{fleetctl status}'s lines: the headline, then every row's lines."""
+    return [headline(doc)] + [line for row in statusRows(doc) for line in row.lines()]
+
+
+def _ldevid(ldevid: dict[str, Any] | None) -> str:
+    if ldevid is None:
+        return (
+            "none from spore (a capsule/forge LDevID is accepted"
+            " until the node attests through spore)"
+        )
+    until = datetime.fromtimestamp(ldevid["not_after"], UTC).strftime("%Y-%m-%d")
+    return (
+        f"{ldevid['issuer']}  until {until}  ({ldevid['how']},"
+        " current issuer; legacy LDevIDs refused)"
+    )
+
+
+def trustRows(trust: dict[str, Any] | None) -> list[Row]:
+    """The binding and the evidence behind it [T1]."""
+    if trust is None:
+        return []
+    binding = trust["binding"]
+    if binding is None:
+        rows = [Row("binding", "none approved")]
+    else:
+        state = binding["state"]
+        if binding["problem"]:
+            state += f" ({binding['problem']})"
+        rows = [
+            Row(
+                "binding",
+                f"{state}: EK {binding['ek_sha256']}"
+                f"  on evidence {binding['evidence']}  by {binding['approved_by']}",
+            )
+        ]
+    records = trust["evidence"]
+    if not records:
+        rows.append(Row("evidence", "none"))
+    else:
+        rows.append(Row("evidence", "", tuple(_evidence(r) for r in records)))
+    return rows
+
+
+def _evidence(r: dict[str, Any]) -> str:
+    note = "" if r["independent"] else "  (cannot approve)"
+    if r["withdrawn"]:
+        note = f"  (withdrawn: {r['withdrawn']['reason']})"
+    ref = f"  ref {r['ref']}" if r["ref"] else ""
+    return f"{r['id']:>5}  {r['kind']}  EK {r['ek_sha256']}{ref}{note}"
+
+
+def diskRow(disks: dict[str, Any] | None) -> Row:
+    """The device's last disk report [D1]."""
+    if disks is None:
+        return Row("disks", "not reported")
+    verdict = disks["verdict"]
+    if verdict == "ok":
+        verdict = f"ok, target disk serial {disks['target']}"
+    return Row("disks", f"{len(disks['disks'])} reported; {verdict}")
+
+
+def credentialRows(kube: dict[str, Any] | None) -> list[Row]:
+    """[K7] The per-node token (its id, never the token) and the kubelet's."""
+    if kube is None:
+        return []
+    rows = []
+    token = kube.get("token")
+    if token is None:
+        rows.append(Row("token", "none issued"))
+    else:
+        state = (
+            "deleted"
+            if token["deleted_at"]
+            else ("expired" if token["expired"] else "live")
+        )
+        rows.append(
+            Row(
+                "token",
+                f"{token['token_id']}  {state}"
+                f"  expires {when(token['expires_at'])}"
+                f"  deletion due {when(token['delete_at'])}"
+                f"  deleted {when(token['deleted_at'])}",
+            )
+        )
+    cert = kube.get("kubelet")
+    if cert is None:
+        rows.append(Row("kubelet", "no certificate approved by fleetd"))
+    else:
+        retired = f"  retired {when(cert['retired_at'])}" if cert["retired_at"] else ""
+        rows.append(
+            Row(
+                "kubelet",
+                f"approved {when(cert['first_approved_at'])}"
+                f"  last {when(cert['last_approved_at'])}"
+                f"  notAfter {when(cert['not_after'])}{retired}",
+            )
+        )
+    if kube.get("note"):
+        rows.append(Row("note", kube["note"]))
+    return rows
+
+
+def trustLines(trust: dict[str, Any] | None) -> list[str]:
+    """The binding and evidence as C{fleetctl status} prints them."""
+    return [line for row in trustRows(trust) for line in row.lines()]
+
+
+def diskLines(disks: dict[str, Any] | None) -> list[str]:
+    """The disk report as C{fleetctl status} prints it."""
+    return diskRow(disks).lines()
+
+
+def approvalLine(result: dict[str, Any]) -> str:
+    """The outcome of C{binding approve} (the admin API's answer) [T1]."""
+    if result["changed"]:
+        return (
+            f"approved: serial {result['serial']} (device {result['device']})"
+            f" <-> EK {result['ek_sha256']} on evidence {result['evidence']}"
+        )
+    return f"already approved: serial {result['serial']} <-> EK {result['ek_sha256']}"
+
+
+NODE_OUTCOME = {None: "no cluster configured", True: "deleted", False: "was not there"}
+RETIRE_ADVICE = (
+    "wipe or power off the machine: a kubelet with a valid certificate"
+    " registers its Node again when it restarts"
+)
+
+
+def retirementRows(doc: dict[str, Any]) -> list[Row]:
+    """The outcome of C{retire} (the admin API's answer) after its headline [R1]."""
+    tokens = ", ".join(doc["tokens_deleted"]) or "none live"
+    return [
+        Row("node", NODE_OUTCOME[doc["node_deleted"]]),
+        Row("tokens", f"{tokens} (deleted now, retried until done)"),
+        Row("cannot be revoked", "", tuple(f"- {i}" for i in doc["unrevocable"])),
+    ]
+
+
+def retirementLines(doc: dict[str, Any]) -> list[str]:
+    """C{fleetctl retire}'s lines."""
+    rows = [line for row in retirementRows(doc) for line in row.lines()]
+    return [f"{doc['device']}  {doc['status']}", *rows, RETIRE_ADVICE]
