@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.web import resource
-from twisted.web.iweb import IRequest
 
+from fleetd.admin.console.fleet import Fleet
 from fleetd.admin.console.gate import ConsoleGate, Guarded, Login, Logout, Static
-from fleetd.admin.console.page import renderPage
 from fleetd.admin.console.sessions import ConsoleSessions
 from fleetd.admin.journal import Verify
 from fleetd.deviceflow.flow import DeviceFlow
+from fleetd.fleetview import FleetView
 from fleetd.inventory.model import IInventory
 from fleetd.kube.retire import RetireService
 from fleetd.runs.alerts import AlertTracker
@@ -26,7 +26,6 @@ from fleetd.status import StatusService
 from fleetd.store.journal import AsyncJournal
 from fleetd.trust.service import TrustService
 from fleetd.web.owner import OwnerOf
-from fleetd.web.resources import Endpoint
 
 
 @dataclass(frozen=True)
@@ -52,13 +51,15 @@ class ConsoleTree:
     children: dict[bytes, resource.Resource]
 
 
-class _Fleet(Endpoint):
-    """C{/}: the fleet view (being built)."""
-
-    isLeaf = True
-
-    def render_GET(self, request: IRequest) -> bytes:
-        return renderPage(request, "fleet.html")
+def fleetView(services: ConsoleServices, clock: IReactorTime) -> FleetView:
+    """The fleet view's reader over C{services}."""
+    return FleetView(
+        services.inventory,
+        services.runs,
+        services.alerts,
+        services.deviceFlow,
+        clock,
+    )
 
 
 def consoleTree(
@@ -73,7 +74,7 @@ def consoleTree(
     """
     gate = ConsoleGate(sessions, clock, owner)
     return ConsoleTree(
-        index=Guarded(_Fleet(), gate),
+        index=Guarded(Fleet(fleetView(services, clock)), gate),
         children={
             b"login": Login(gate, services.journal),
             b"logout": Guarded(Logout(sessions), gate),
