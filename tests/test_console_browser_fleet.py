@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from selenium.webdriver.chrome.webdriver import WebDriver
 
 MISSING = "FleetInstallConfigMissing"
+# A device's row as the browser renders its text: name, serial, status,
+# class, cluster, run id, run state.
+ROW = r"{}\s+\S+\s+{}\s+worker\s+{}\s+r-\S+\s+{}"
 
 
 def uuid(i: int) -> str:
@@ -95,7 +98,7 @@ class FleetViewBrowserTests(ConsoleBrowserTestCase):
         self.assertEqual(status, 200)
         await self.events("run.delivered")  # released: survives the reboot
         text = await self.login()
-        self.assertRegex(text, r"rack1-n2\s+\S+\s+planned\s+worker\s+folly\s+r-\S+\s+ready")
+        self.assertRegex(text, ROW.format("rack1-n2", "planned", "folly", "ready"))
         self.assertNotIn(MISSING, text)
         await self.reboot()
         await self.provision("rack2-n1", "rack2-n2")
@@ -107,11 +110,11 @@ class FleetViewBrowserTests(ConsoleBrowserTestCase):
         await self.events("config.missing")
         # Sessions are in memory: the new daemon needs a new link.
         text = await self.login()
-        self.assertRegex(text, r"rack1-n2\s+\S+\s+planned\s+worker\s+folly\s+r-\S+\s+lost")
+        self.assertRegex(text, ROW.format("rack1-n2", "planned", "folly", "lost"))
         self.assertIn(MISSING, text)
         self.assertIn(ALERT_WORDS[MISSING], text)
-        self.assertRegex(text, r"rack1-n1\s+\S+\s+staged\s+worker\s+folly\s+r-\S+\s+consumed")
-        self.assertRegex(text, r"rack2-n1\s+\S+\s+planned\s+worker\s+default\s+r-\S+\s+ready")
+        self.assertRegex(text, ROW.format("rack1-n1", "staged", "folly", "consumed"))
+        self.assertRegex(text, ROW.format("rack2-n1", "planned", "default", "ready"))
         self.assertRegex(text, r"rack2-n3\s+\S+\s+decommissioning\s.*superseded")
         self.assertRegex(text, r"rack1-n3\s+\S+\s+inventory\s.*never provisioned")
 

@@ -45,8 +45,7 @@ def names(body: str) -> list[str]:
 
 def links(body: str, rel: str) -> list[str]:
     return [
-        html.unescape(m)
-        for m in re.findall(rf'<a rel="{rel}" href="([^"]+)"', body)
+        html.unescape(m) for m in re.findall(rf'<a rel="{rel}" href="([^"]+)"', body)
     ]
 
 
@@ -95,7 +94,7 @@ class FleetQueryTests(SynchronousTestCase):
             (None, None, None, "0"),
             (None, None, None, "-1"),
             (None, None, None, "two"),
-            (None, None, None, "١"),  # a digit, but not an ASCII one
+            (None, None, None, "\u0661"),  # a digit, but not an ASCII one
             (None, None, None, "99999999"),
         ]:
             self.assertRaises(FleetQueryError, fleetQuery, *fields)
@@ -166,7 +165,7 @@ class FleetViewTests(ConsoleMixin, TestCase):
             assert current is not None
             runs[name] = current.id
         await self.service.console.retire.retire("w4", "owner:alice")
-        status, headers, body = await self.page("GET", "/")
+        status, _, body = await self.page("GET", "/")
         self.assertEqual(status, 200, body)
         self.assertEqual(names(body), ["w1", "w2", "w3", "w4"])
         self.assertEqual(
@@ -178,7 +177,8 @@ class FleetViewTests(ConsoleMixin, TestCase):
             f"w2 SER2 staged worker default {runs['w2']} consumed none",
         )
         self.assertEqual(
-            row(body, "w3"), "w3 SER3 inventory control-plane — — never provisioned none"
+            row(body, "w3"),
+            "w3 SER3 inventory control-plane — — never provisioned none",
         )
         self.assertEqual(
             row(body, "w4"),
@@ -327,7 +327,8 @@ class FleetViewTests(ConsoleMixin, TestCase):
         self.assertIn("52:54:00:12:34:56", shown)
         self.assertIn("&lt;i&gt;S9&lt;/i&gt;", body)
         self.assertNotIn("<i>S9", body)
-        (line,) = [r for r in re.findall(r"<tr>.*?</tr>", body, re.S) if "user_code" in r and "SER1" in r]
+        rows = re.findall(r"<tr>.*?</tr>", body, re.S)
+        (line,) = [r for r in rows if "user_code" in r and "SER1" in r]
         self.assertIn('href="/devices/w1"', line)
         self.assertRegex(" ".join(text(line).split()), r"127\.0\.0\.1 w1 \d+ s ago")
 
@@ -337,4 +338,3 @@ class FleetViewTests(ConsoleMixin, TestCase):
         status, _, body = await self.page("GET", "/?q=w1", owner=None)
         self.assertEqual(status, 403)
         self.assertNotIn("w1", body)
-

@@ -80,7 +80,9 @@ class SQLiteListingTests(SynchronousTestCase):
         self.statuses()
         try:
             with self.db.groupCommit():
-                self.db.execute("UPDATE devices SET status = 'failed' WHERE name = 'w1'")
+                self.db.execute(
+                    "UPDATE devices SET status = 'failed' WHERE name = ?", ("w1",)
+                )
                 self.assertEqual(self.statuses()["w1"], "failed")
                 raise ZeroDivisionError("the commit fails")
         except ZeroDivisionError:

@@ -240,9 +240,7 @@ class FleetView:
         found, clusters = select(devices, query)
         pages = max(1, math.ceil(len(found) / self.pageSize))
         if query.page > pages:
-            raise FleetQueryError(
-                f"page: {query.page} is past the last page ({pages})"
-            )
+            raise FleetQueryError(f"page: {query.page} is past the last page ({pages})")
         start = (query.page - 1) * self.pageSize
         shown = found[start : start + self.pageSize]
         runs = await self._runs.views([d.name for d in shown])

@@ -151,8 +151,7 @@ def latestRuns(db: Database, devices: Sequence[str]) -> dict[str, RunRecord]:
         chunk = devices[i : i + _CHUNK]
         marks = ", ".join("?" * len(chunk))
         rows = db.execute(
-            f"{_SELECT} WHERE device IN ({marks})"  # noqa: S608
-            " ORDER BY created_at, id",
+            f"{_SELECT} WHERE device IN ({marks}) ORDER BY created_at, id",
             tuple(chunk),
         )
         found.update((row[1], _record(row)) for row in rows)  # the newest last
