@@ -167,9 +167,10 @@ class Search:
         mac = self.mac
         if mac is None:
             return False
-        if self.compact:
-            return any(mac in m.replace(":", "") for m in device.macs)
-        return any(mac in m for m in device.macs)
+        # One string of them all: a search has no space, so it cannot
+        # span two MACs.
+        macs = " ".join(device.macs)
+        return mac in (macs.replace(":", "") if self.compact else macs)
 
 
 def select(
