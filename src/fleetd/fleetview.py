@@ -7,8 +7,8 @@ waiting for the owner.
 
 L{FleetView} knows nothing of HTTP. What one page costs: one listing of
 the inventory (on the database thread, or from NetBox), one pass over it
-in the reactor thread to filter (about a millisecond per 1,000 devices:
-C{bench/console_render.py}), and, for the rows of that page only, runs
+in the reactor thread to filter (under 2 ms at 10,000 devices on an idle
+core: C{bench/console_render.py}), and, for the rows of that page only, runs
 and alerts from memory and one database read for devices whose runs all
 ended (L{fleetd.runs.index.BootIndex.views}).
 """

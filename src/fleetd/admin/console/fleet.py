@@ -1,5 +1,5 @@
 """
-C{/}: the fleet view (issue 20 item 2, DESIGN section 8).
+C{/}: the fleet view (issue 20 item 2).
 
 Every device with its status, class, cluster, latest run and that run's
 state as the run machine names it, and its open alerts in words; the
