@@ -14,11 +14,12 @@ import urllib.parse
 from typing import Any
 
 import yaml
+from twisted.internet.defer import fail
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.fleetview import PAGE_SIZE, FleetQueryError, Search, fleetQuery
-from fleetd.inventory.model import DeviceStatus, validateDevice
+from fleetd.inventory.model import DeviceStatus, InventoryError, validateDevice
 from fleetd.runs.alerts import ALERT_NAMES, ALERT_WORDS, alertWords
 from fleetd.store.entries import Entry
 from tests.consolesupport import ConsoleMixin, text
@@ -331,6 +332,17 @@ class FleetViewTests(ConsoleMixin, TestCase):
         (line,) = [r for r in rows if "user_code" in r and "SER1" in r]
         self.assertIn('href="/devices/w1"', line)
         self.assertRegex(" ".join(text(line).split()), r"127\.0\.0\.1 w1 \d+ s ago")
+
+    async def test_inventoryUnavailable_503(self) -> None:
+        """NetBox down and no cache: a 503 page saying so, not a 500."""
+        await self.startConsole()
+        down = InventoryError("NetBox is not answering", "unavailable")
+        self.patch(self.service.console.inventory, "list", lambda: fail(down))
+        status, _, body = await self.page("GET", "/")
+        self.assertEqual(status, 503)
+        self.assertIn(
+            "the inventory cannot be read: NetBox is not answering", text(body)
+        )
 
     async def test_noOwner_403(self) -> None:
         await self.startConsole()
