@@ -34,12 +34,12 @@ from fleetd.inventory.model import (
     validateToken,
 )
 from fleetd.inventory.sqlite_rows import (
+    DeviceListing,
     forgetDeviceIdentity,
     insertDevice,
     normalised,
     readDevice,
     readDeviceBySerial,
-    readDevices,
     transitionDevice,
     updateDevice,
 )
@@ -155,6 +155,7 @@ class SQLiteInventory:
     def __init__(self, runner: IRunner, journal: AsyncJournal) -> None:
         self._runner = runner
         self._journal = journal
+        self._listing = DeviceListing()
 
     def _run(self, f: Callable[[Database], _T]) -> Deferred[_T]:
         d = self._runner.run(f)
@@ -203,8 +204,9 @@ class SQLiteInventory:
 
     def list(self) -> Deferred[list[Device]]:
         def readAll(db: Database) -> list[Device]:
+            outermost = not db.connection.in_transaction
             with db.transaction(write=False) as conn:
-                return readDevices(conn)
+                return self._listing.read(conn, keep=outermost)
 
         return self._run(readAll)
 

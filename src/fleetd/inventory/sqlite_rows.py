@@ -20,6 +20,7 @@ from fleetd.store.db import Database
 
 __all__ = [
     "BY_SERIAL",
+    "DeviceListing",
     "insertDevice",
     "normalised",
     "readDevice",
@@ -137,6 +138,39 @@ def readDevices(conn: sqlite3.Connection) -> list[Device]:
         macs.setdefault(device, []).append(mac)
     rows = conn.execute(f"{SELECT_DEVICE} ORDER BY name").fetchall()
     return [deviceFromRow(row, macs.get(row[0], [])) for row in rows]
+
+
+class DeviceListing:
+    """
+    The last full listing of the devices and the state of the database it
+    was read at: the connection, the rows it has changed so far
+    (C{total_changes}, which never goes down, rollbacks included) and
+    what other connections have committed (C{PRAGMA data_version}). While
+    these stay the same the devices are the same, and the listing is
+    given again without reading 10,000 rows (the owner console's fleet
+    view lists them for every page). Used on the database thread only.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[sqlite3.Connection, int, int] | None = None
+        self._devices: tuple[Device, ...] = ()
+
+    def read(self, conn: sqlite3.Connection, keep: bool) -> list[Device]:
+        """
+        Every device, by name, in a read transaction on C{conn}. C{keep}
+        the listing only when that transaction is the outermost one: a
+        read inside a group commit sees writes that may yet be rolled back.
+        """
+        # The key is read first: a change that lands before the rows are
+        # read changes the key too, and only costs the next read a miss.
+        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        key = (conn, conn.total_changes, int(version))
+        if key == self._key:
+            return list(self._devices)
+        devices = readDevices(conn)
+        if keep:
+            self._key, self._devices = key, tuple(devices)
+        return devices
 
 
 def updateDevice(db: Database, name: str, column: str, value: str | None) -> Device:

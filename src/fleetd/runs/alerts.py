@@ -56,6 +56,30 @@ ALERT_NAMES = {
     HOOKOS: "FleetNodeBootedHookOSAfterInstall",
 }
 
+# What each alert means, in words, for people (the owner console): the
+# summaries of conf/alerts.yml, with the step that resolves it.
+ALERT_WORDS = {
+    "FleetInstallConfigMissing": (
+        "the node asks for a configuration fleetd no longer holds (spore"
+        " rebooted before the node fetched it); provision it again and give"
+        " the node the new code"
+    ),
+    "FleetInstallConfigRefetched": (
+        "the node asks again for a configuration already delivered (it"
+        " probably lost power before Talos wrote it to STATE); provision it"
+        " again"
+    ),
+    "FleetNodeBootedHookOSAfterInstall": (
+        "the node booted back into HookOS after its install instead of its"
+        " disk; fix the boot order and power-cycle it"
+    ),
+}
+
+
+def alertWords(name: str) -> str:
+    """The alert called C{name} in words (its name when fleetd has none)."""
+    return ALERT_WORDS.get(name, name)
+
 
 @dataclass
 class _Series:

@@ -15,7 +15,7 @@ marked served in the vault before it returns [C1].
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -29,7 +29,7 @@ from fleetd.runs.identities import IdentityIndex
 from fleetd.runs.issued import IssuedDigests
 from fleetd.runs.machine import Outcome
 from fleetd.runs.run import Run
-from fleetd.runs.store import RunRecord, latestRun, retiredRun
+from fleetd.runs.store import RunRecord, latestRun, latestRuns, retiredRun
 from fleetd.runs.vaultnames import configName
 from fleetd.store.runner import IRunner
 from fleetd.vault import IVault, VaultError
@@ -237,6 +237,25 @@ class BootIndex:
             return RunView(run.record, run.describe())
         record = await self.runner.run(lambda db: latestRun(db, device))
         return None if record is None else RunView(record, "superseded")
+
+    async def views(self, devices: Sequence[str]) -> dict[str, RunView]:
+        """
+        L{view} of each of C{devices} that has a run: the current ones from
+        memory, the others' latest (superseded) in one database read.
+        """
+        found: dict[str, RunView] = {}
+        others: list[str] = []
+        for device in devices:
+            run = self.currentRuns.get(device)
+            if run is None:
+                others.append(device)
+            else:
+                found[device] = RunView(run.record, run.describe())
+        if others:
+            records = await self.runner.run(lambda db: latestRuns(db, others))
+            for device, record in records.items():
+                found[device] = RunView(record, "superseded")
+        return found
 
     def identity(self, device: str) -> tuple[str, str] | None:
         """The (uuid, serial) the inventory holds for C{device}."""

@@ -144,6 +144,20 @@ def latestRun(db: Database, device: str) -> RunRecord | None:
     return None if row is None else _record(row)
 
 
+def latestRuns(db: Database, devices: Sequence[str]) -> dict[str, RunRecord]:
+    """L{latestRun} of each of C{devices} that has a run, in bulk."""
+    found: dict[str, RunRecord] = {}
+    for i in range(0, len(devices), _CHUNK):
+        chunk = devices[i : i + _CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        rows = db.execute(
+            f"{_SELECT} WHERE device IN ({marks}) ORDER BY created_at, id",
+            tuple(chunk),
+        )
+        found.update((row[1], _record(row)) for row in rows)  # the newest last
+    return found
+
+
 def noteRun(db: Database, run: str, note: str) -> None:
     """Set one of the 'journaled the first such request' flags of C{run}."""
     if note not in _NOTE:

@@ -11,17 +11,17 @@ from dataclasses import dataclass
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.web import resource
-from twisted.web.iweb import IRequest
 
 from fleetd.admin.console.device import DevicesPages
+from fleetd.admin.console.fleet import Fleet
 from fleetd.admin.console.gate import ConsoleGate, Guarded, Login, Logout, Static
 from fleetd.admin.console.journal import JournalView
-from fleetd.admin.console.page import renderPage
 from fleetd.admin.console.sessions import ConsoleSessions
 from fleetd.admin.console.verify import verifyPage
 from fleetd.admin.journal import Verify
 from fleetd.admin.provision import Provisioner
 from fleetd.deviceflow.flow import DeviceFlow
+from fleetd.fleetview import FleetView
 from fleetd.inventory.model import IInventory
 from fleetd.kube.retire import RetireService
 from fleetd.runs.alerts import AlertTracker
@@ -31,7 +31,6 @@ from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal
 from fleetd.trust.service import TrustService
 from fleetd.web.owner import OwnerOf
-from fleetd.web.resources import Endpoint
 
 
 @dataclass(frozen=True)
@@ -59,13 +58,15 @@ class ConsoleTree:
     children: dict[bytes, resource.Resource]
 
 
-class _Fleet(Endpoint):
-    """C{/}: the fleet view (being built)."""
-
-    isLeaf = True
-
-    def render_GET(self, request: IRequest) -> bytes:
-        return renderPage(request, "fleet.html")
+def fleetView(services: ConsoleServices, clock: IReactorTime) -> FleetView:
+    """The fleet view's reader over C{services}."""
+    return FleetView(
+        services.inventory,
+        services.runs,
+        services.alerts,
+        services.deviceFlow,
+        clock,
+    )
 
 
 def consoleTree(
@@ -80,7 +81,7 @@ def consoleTree(
     """
     gate = ConsoleGate(sessions, clock, owner)
     return ConsoleTree(
-        index=Guarded(_Fleet(), gate),
+        index=Guarded(Fleet(fleetView(services, clock)), gate),
         children={
             b"device": Guarded(
                 verifyPage(services.deviceFlow, services.inventory), gate
