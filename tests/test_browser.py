@@ -31,7 +31,6 @@ from tests.browsersupport import (
     WINDOW,
     Browser,
     BrowserTestCase,
-    ConsoleBrowserTestCase,
     pageText,
 )
 
@@ -226,21 +225,3 @@ class BrowserInfraTests(BrowserTestCase):
     def failsOnPurpose(self) -> None:
         """Run only by test_failure_savesBrowserState."""
         self.fail("on purpose")
-
-
-class ConsoleLoginTests(ConsoleBrowserTestCase):
-    """Issue 20: an owner signs in with a link from fleetctl console."""
-
-    async def test_fleetctlConsoleLink_signsIn_onceOnly(self) -> None:
-        await self.startConsole()
-        url = await self.consoleLink()
-        self.assertTrue(url.startswith(self.adminURL(self.service, "/login?")), url)
-        text = await self.login(url)
-        self.assertIn("Fleet", text)
-
-        def reuse(browser: WebDriver) -> str:
-            browser.delete_all_cookies()
-            browser.get(url)
-            return pageText(browser)
-
-        self.assertIn("used already", await self.inBrowser(reuse))

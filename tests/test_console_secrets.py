@@ -17,26 +17,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from treq.testing import StubTreq
-from twisted.trial.unittest import TestCase
 
-from tests import test_console_verify as verify
-from tests.consolesupport import ConsoleMixin
 from tests.daemonsupport import UUID2
+from tests.test_console_verify import DeviceFlowNodeCase
 
 LINKS = re.compile(r'href="(/[^"#]*)"')
 
 
-class NoSecretInAnyPageTests(ConsoleMixin, TestCase):
+class NoSecretInAnyPageTests(DeviceFlowNodeCase):
     """Crawl the console as an owner and look for every secret fleetd holds."""
-
-    timeout = 120
-    # a node's side of the device flow, as the verification page's tests run it
-    setUpDevice = verify.VerifyPageTests.setUpDevice
-    node = verify.VerifyPageTests.node
-    requestCode = verify.VerifyPageTests.requestCode
-    poll = verify.VerifyPageTests.poll
-    decide = verify.VerifyPageTests.decide
-    assertNoSecret = verify.VerifyPageTests.assertNoSecret
 
     async def test_crawl_noSecretAnywhere(self) -> None:
         await self.setUpDevice()

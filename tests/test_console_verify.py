@@ -22,7 +22,9 @@ MAC = "52:54:00:ab:cd:ef"
 SCRIPT = "<script>alert(1)</script>"
 
 
-class VerifyPageTests(ConsoleMixin, TestCase):
+class DeviceFlowNodeCase(ConsoleMixin, TestCase):
+    """A daemon, its console, and a node running the device flow (no tests)."""
+
     timeout = 120
 
     async def setUpDevice(self, serial: str = "SER1", **extra: Any) -> None:
@@ -74,6 +76,8 @@ class VerifyPageTests(ConsoleMixin, TestCase):
     async def decisions(self) -> list[dict[str, Any]]:
         return [e for e in await self.journal() if e["event"].startswith("deviceflow.")]
 
+
+class VerifyPageTests(DeviceFlowNodeCase):
     async def test_lookup_reportedBesideRecord(self) -> None:
         """
         The pending list names the request (linking to its lookup); the
