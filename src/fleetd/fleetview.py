@@ -18,9 +18,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
+from twisted.python.failure import Failure
 
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.deviceflow.model import RequestView
@@ -136,6 +138,7 @@ class FleetPage:
     clusters: tuple[str, ...]
     pending: tuple[PendingRequest, ...]
     pendingCount: int
+    listedAt: float | None = None
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,18 @@ class FleetView:
         deviceFlow: DeviceFlow,
         clock: IReactorTime,
         pageSize: int = PAGE_SIZE,
+        listingAge: float = 0.0,
     ) -> None:
+        """
+        @param listingAge: seconds a listing of the inventory may serve
+            later pages. 0 for the SQLite inventory, whose own listing is
+            kept until it changes; more for NetBox, where a listing is a
+            walk of NetBox's pages (then the page says when it was read).
+            Pages asked for while a listing is read share that one read.
+        """
+        self._listingAge = listingAge
+        self._listed: tuple[float, list[Device]] | None = None
+        self._reading: list[Deferred[tuple[float, list[Device]]]] | None = None
         self._inventory = inventory
         self._runs = runs
         self._alerts = alerts
@@ -233,8 +247,35 @@ class FleetView:
         @raise FleetQueryError: that page is past the last one.
         @raise InventoryError: the inventory cannot be read.
         """
-        devices = await self._inventory.list()
-        return await self.pageOf(devices, query)
+        listedAt, devices = await self._listing()
+        page = await self.pageOf(devices, query)
+        if self._listingAge > 0:
+            page = replace(page, listedAt=listedAt)
+        return page
+
+    def _listing(self) -> Deferred[tuple[float, list[Device]]]:
+        """The inventory's listing and when it was read, shared (see init)."""
+        now = self._clock.seconds()
+        if self._listed is not None and now - self._listed[0] < self._listingAge:
+            return succeed(self._listed)
+        waiter: Deferred[tuple[float, list[Device]]] = Deferred()
+        if self._reading is not None:
+            self._reading.append(waiter)
+            return waiter
+        self._reading = waiters = [waiter]
+
+        def done(result: list[Device] | Failure) -> None:
+            self._reading = None
+            if isinstance(result, Failure):
+                for w in waiters:
+                    w.errback(result)
+                return
+            self._listed = (now, result)
+            for w in waiters:
+                w.callback(self._listed)
+
+        self._inventory.list().addBoth(done)
+        return waiter
 
     async def pageOf(self, devices: Sequence[Device], query: FleetQuery) -> FleetPage:
         """L{page} over C{devices}, an inventory listing (by name)."""

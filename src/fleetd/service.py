@@ -70,6 +70,11 @@ from fleetd.trust.disks import DiskService
 from fleetd.trust.service import TrustService
 from fleetd.web.site import listenerSite
 
+# Seconds one listing of a NetBox inventory serves the console's fleet view
+# (each listing walks NetBox's device pages: an owner refreshing, or the
+# page's own refresh while requests wait, must not walk them every time).
+NETBOX_LISTING_AGE = 10.0
+
 
 class FleetdService(MultiService):
     """The whole daemon: listeners, DNS, database worker, journal."""
@@ -303,6 +308,7 @@ class FleetdService(MultiService):
             verify=self.chain.verify,
             chain=self.chain,
             provisioner=provisioner,
+            fleetListingAge=0.0 if s.netbox is None else NETBOX_LISTING_AGE,
         )
         admin = adminRoot(
             clock=self.reactor,

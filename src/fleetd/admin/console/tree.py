@@ -48,6 +48,9 @@ class ConsoleServices:
     verify: Verify
     chain: ChainMonitor
     provisioner: Provisioner
+    # Seconds one inventory listing serves the fleet view (FleetView):
+    # 0 for SQLite, more for NetBox, where a listing walks NetBox's pages.
+    fleetListingAge: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ def fleetView(services: ConsoleServices, clock: IReactorTime) -> FleetView:
         services.alerts,
         services.deviceFlow,
         clock,
+        listingAge=services.fleetListingAge,
     )
 
 
