@@ -17,6 +17,7 @@ from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from prometheus_client import CollectorRegistry
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.endpoints import serverFromString
@@ -112,6 +113,7 @@ class AttestServer:
         )
         self.bundle = TrustBundle.load(self.pki.bundle, self.issuer.cert)
         self.book = LDevIDBook()
+        self.registry = CollectorRegistry()
         self.service = AttestationService(
             clock=self.clock,
             runner=self.runner,
@@ -121,6 +123,7 @@ class AttestServer:
             book=self.book,
             approvedSerialFor=self.bindings,
             deviceBySerial=self.inventory.bySerial,
+            metrics=self.registry,
         )
         self.identify = LDevIDIdentifier(self.bundle, self.book)
         self.lookups = LookupService(
@@ -181,6 +184,15 @@ class AttestServer:
             await maybeDeferred(self.port.stopListening)
             await self.factory.closeAll()
         self.db.close()
+
+    def results(self) -> dict[str, float]:
+        """C{fleetd_attest_results_total} by result, zeros left out."""
+        return {
+            sample.labels["result"]: sample.value
+            for metric in self.registry.collect()
+            for sample in metric.samples
+            if sample.name == "fleetd_attest_results_total" and sample.value
+        }
 
     def entries(self, event: str | None = None) -> list[JournalEntry]:
         result: list[Any] = []

@@ -6,6 +6,7 @@ import base64
 from typing import Any
 
 import yaml
+from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -39,6 +40,8 @@ class KubeFleet(Fleet):
         if not hasattr(self, "fake"):
             self.fake = FakeKube(self.clock)
         self.client = self.fake.client()
+        # Fresh with each start (a restart's service registers its own).
+        self.metrics = CollectorRegistry()
         self.kube = KubeService(
             clock=self.clock,
             settings=SETTINGS,
@@ -47,6 +50,7 @@ class KubeFleet(Fleet):
             journal=self.journal,
             inventory=self.inventory,
             sealKey=b"s" * 32,
+            metrics=self.metrics,
         )
         self.kube.startService()
         self.fake.flush()
@@ -124,6 +128,15 @@ class KubeFleet(Fleet):
             self.journal,
             credentials=KubeStatus(self.runner, self.clock),
         )
+
+    def decisions(self) -> dict[tuple[str, str], float]:
+        """C{fleetd_kube_csr_decisions_total} by (decision, reason), no zeros."""
+        return {
+            (sample.labels["decision"], sample.labels["reason"]): sample.value
+            for metric in self.metrics.collect()
+            for sample in metric.samples
+            if sample.name == "fleetd_kube_csr_decisions_total" and sample.value
+        }
 
     def entries(self, event: str) -> list[Any]:
         found = self.test.successResultOf(self.journal.query())

@@ -15,12 +15,15 @@ import io
 import json
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import getChildForRequest
 from twisted.web.test.requesthelper import DummyRequest
 
+from fleetd import nodes
 from fleetd.attest.challenge import PER_KEY
+from fleetd.attest.results import AttestResults
 from fleetd.attest.throttle import KEYS, NAMED_EVERY, JournalThrottle
 from fleetd.attest.tpm import ekDigest, spkiOf
 from fleetd.device.attest import deviceAPI
@@ -155,6 +158,8 @@ class NamedRefusalThrottleTests(HoldsTestCase):
         self.assertEqual(len(self.named("malformed", "w2")), 1)
         self.assertEqual(len(self.named("device-retired", "w2")), 1)
         self.assertEqual(len(self.server.entries("attest.refused")), 4)
+        # Four entries; every refusal counted, journaled or not.
+        self.assertEqual(self.server.results(), {"device-retired": 203, "malformed": 1})
 
     def test_pendingRefusals_throttledToo(self) -> None:
         """
@@ -190,3 +195,31 @@ class JournalThrottleTests(SynchronousTestCase):
         self.assertEqual(throttle.admit(None, "r"), 0)
         self.assertEqual(len(throttle), 2)
         self.assertEqual(throttle.admit("w0", "r"), 1)
+
+
+class ResultLabelsTests(SynchronousTestCase):
+    """fleetd_attest_results_total's result label is a closed set."""
+
+    def test_everyReasonCode_aLabel(self) -> None:
+        """Every refusal code of L{fleetd.nodes} is in REASONS, created at 0."""
+        codes = {
+            value
+            for name, value in vars(nodes).items()
+            if name.isupper() and isinstance(value, str)
+        }
+        self.assertEqual(nodes.REASONS, codes)
+        registry = CollectorRegistry()
+        AttestResults(registry)
+        for result in codes | {"accepted", "renewed", "other"}:
+            value = registry.get_sample_value(
+                "fleetd_attest_results_total", {"result": result}
+            )
+            self.assertEqual(value, 0.0, result)
+
+    def test_unknownCode_countedAsOther(self) -> None:
+        """A code outside the set never becomes a label value of its own."""
+        registry = CollectorRegistry()
+        AttestResults(registry).refused("w1<script>")
+        name = "fleetd_attest_results_total"
+        self.assertEqual(registry.get_sample_value(name, {"result": "other"}), 1.0)
+        self.assertIsNone(registry.get_sample_value(name, {"result": "w1<script>"}))

@@ -58,6 +58,7 @@ class RenewTests(HoldsTestCase):
         self.assertEqual(
             [e.fields["how"] for e in entries], ["attest", "renew", "renew"]
         )
+        self.assertEqual(self.server.results(), {"accepted": 1, "renewed": 2})
         self.assertEqual({e.fields["ek_sha256"] for e in entries}, {self.digest})
         rows = self.server.db.execute("SELECT ek_sha256 FROM ldevids").fetchall()
         self.assertEqual(rows, [(self.digest,)] * 3)
@@ -92,6 +93,7 @@ class RenewTests(HoldsTestCase):
         self.retire()
         refusal = self.refused(self.renew(peer), "device-retired")
         self.assertIn("decommissioned", refusal.detail)
+        self.assertEqual(self.server.results(), {"accepted": 1, "device-retired": 1})
         self.assertEqual(self.server.entries("attest.refused")[-1].device, "w1")
         self.assertEqual(self.issued(), ["attest"])
         self.assertEqual(self.server.book.current("SER1"), before)

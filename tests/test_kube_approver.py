@@ -46,6 +46,7 @@ class ApproverTests(TwoNodesMixin):
             ("w1", name, self.id1),
         )
         self.assertEqual(self.pending(), [])
+        self.assertEqual(self.fleet.decisions(), {("approved", "first"): 1})
 
     def test_tokenDeletedOneMinuteLater(self) -> None:
         """[K4] The token is deleted one minute after approval, not before."""
@@ -196,10 +197,13 @@ class ApproverTests(TwoNodesMixin):
         for _ in range(5):
             self.fleet.kube.approver.seen(obj)
         self.assertEqual(len(self.pending()), 1)
+        # Counted with each entry, not with each sight.
+        self.assertEqual(self.fleet.decisions(), {("left-pending", "wrong-node"): 1})
         self.fleet.clock.advance(3600)
         self.fake.flush()
         self.fleet.kube.approver.seen(obj)
         self.assertEqual(len(self.pending()), 2)
+        self.assertEqual(self.fleet.decisions(), {("left-pending", "wrong-node"): 2})
 
     # Faults
 
@@ -239,11 +243,13 @@ class ApproverTests(TwoNodesMixin):
         self.assertTrue(self.fleet.approved(name))
         faults.clear()
         self.assertEqual(self.fleet.status("w1"), DeviceStatus.STAGED)
+        self.assertEqual(self.fleet.decisions(), {})  # approved, not recorded
         self.fleet.kube.approver.seen(self.fake.csrs[name])
         self.fake.flush()
         self.assertEqual(self.fleet.status("w1"), DeviceStatus.ACTIVE)
         (entry,) = self.fleet.entries("kube.csr-approved")
         self.assertTrue(entry.fields["late"])
+        self.assertEqual(self.fleet.decisions(), {("approved", "first"): 1})
 
     def test_certificateIssued_notAfterRecorded(self) -> None:
         """The issued certificate's notAfter is recorded and journaled."""
@@ -263,6 +269,10 @@ class ApproverTests(TwoNodesMixin):
         renewal = self.fleet.fileCSR(self.fake.nodeCredential("w1"), "w1")
         self.assertTrue(self.fleet.approved(renewal["metadata"]["name"]))
         self.assertEqual(len(self.fleet.entries("kube.csr-renewal-approved")), 1)
+        self.assertEqual(
+            self.fleet.decisions(),
+            {("approved", "first"): 1, ("approved", "renewal"): 1},
+        )
 
     def test_renewal_notActive_refused(self) -> None:
         """[R1] A renewal for a device that is not active is left pending."""

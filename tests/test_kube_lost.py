@@ -69,6 +69,9 @@ class LostGrantAnswerTests(SynchronousTestCase):
         second = fleet.fileCSR(self.token.bearer, "cp1")["metadata"]["name"]
         self.assertFalse(fleet.approved(second))
         self.assertIn((second, "no-approved-cluster-token-request"), _pending(fleet))
+        decisions = fleet.decisions()
+        self.assertEqual(decisions.get(("approved", "cluster-token")), 1)
+        self.assertNotIn(("approved", "first"), decisions)
         used = self.successResultOf(
             fleet.runner.run(
                 lambda db: db.execute(
@@ -233,6 +236,10 @@ class LostRenewalAnswerTests(SynchronousTestCase):
             (name, fleet.clock.seconds() + 365 * 86400.0),
         )
         self.assertEqual(fleet.entries("kube.csr-renewal-approved"), [])
+        self.assertEqual(
+            fleet.decisions(),
+            {("approved", "first"): 1, ("approved", "renewal-after-retirement"): 1},
+        )
         self.assertIsNotNone(fleet.kubelet("w1").retired_at)
         self.assertEqual(fleet.status("w1"), DeviceStatus.DECOMMISSIONING)
         self.flushLoggedErrors()

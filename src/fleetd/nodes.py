@@ -61,6 +61,19 @@ RETIRED = "device-retired"
 NO_PLAN = "no-plan"
 NO_TARGET_DISK = "target-disk-unknown"
 
+# Every code above: a closed set, so a metric may use them as label values.
+REASONS = frozenset(
+    {
+        TPM12, CLASS_REFUSED, EK_UNTRUSTED, EK_MISMATCH, EK_TEMPLATE,
+        NOT_APPROVED, SERIAL_MISMATCH, UNKNOWN_DEVICE, AK_ATTRIBUTES,
+        LDEVID_ATTRIBUTES, CHALLENGE_UNKNOWN, CHALLENGE_EXPIRED,
+        CHALLENGE_USED, CHALLENGES_PENDING, ACTIVATION_FAILED,
+        CERTIFY_INVALID, CSR_INVALID, MALFORMED, BUSY, INVENTORY_AMBIGUOUS,
+        LDEVID_REQUIRED, LDEVID_UNKNOWN, LDEVID_SUPERSEDED, LDEVID_NOT_OURS,
+        NOT_YOURS, ATTEST_REQUIRED, RETIRED, NO_PLAN, NO_TARGET_DISK,
+    }
+)  # fmt: skip
+
 
 class Refused(Exception):
     """A refusal with its reason code; never carries a secret."""

@@ -172,6 +172,7 @@ class FleetdService(MultiService):
             issuer=prepared.issuer,
             trustBundle=prepared.trustBundle,
             challengeTTL=s.challenge_ttl,
+            metrics=self.registry,
         )
         self.attestation = attestation
         self.ldevids, self.lookups = attestation.ldevids, attestation.lookups

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
+from prometheus_client import CollectorRegistry
 from tpm2_pytss.types import TPM2B_PUBLIC
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -49,6 +50,7 @@ from fleetd.attest.fields import (
 )
 from fleetd.attest.identity import LDevIDBook, Peer
 from fleetd.attest.inventory import busyWhileUnavailable, refuseRetired
+from fleetd.attest.results import AttestResults
 from fleetd.attest.throttle import JournalThrottle
 from fleetd.attest.tpm import (
     checkAK,
@@ -104,6 +106,7 @@ class AttestationService:
         deviceBySerial: DeviceBySerial,
         challengeTTL: float = Settings.challenge_ttl,
         bindingRefusal: BindingRefusal = noBindingReason,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
         self.clock = clock
         self.runner = runner
@@ -116,6 +119,7 @@ class AttestationService:
         self._bindingRefusal = bindingRefusal
         self.challenges = ChallengeBook(clock, challengeTTL)
         self._journaled = JournalThrottle(clock)
+        self.results = AttestResults(metrics)
         # Anyone can reach 8444: refusal lines in the log are throttled too.
         self._log = ThrottledLog(clock, self.log)
 
@@ -127,8 +131,10 @@ class AttestationService:
     ) -> Refused:
         """
         Journal C{refusal} (a refusal changes nothing else) and return it,
-        throttled per device (or none) and reason (L{JournalThrottle}).
+        throttled per device (or none) and reason (L{JournalThrottle});
+        counted whether journaled or not (L{AttestResults}).
         """
+        self.results.refused(refusal.reason)
         self._log.warn(
             "attest.refused {reason} {device}", reason=refusal.reason, device=device
         )
@@ -280,6 +286,7 @@ class AttestationService:
         )
         # The binding is checked again in the issuing transaction [T1] [T3].
         await self._record(cert, ctx.device, ctx.serial, "attest", ctx.ekSha256)
+        self.results.accepted()  # issued and committed with its record [J1]
         return {"certificate": pemText(cert), "chain": pemText(self.issuer.cert)}
 
     # Renewal [T4]
@@ -323,6 +330,7 @@ class AttestationService:
             raise await self.refuse(
                 refusal, device=ident.device, serial=ident.serial
             ) from None
+        self.results.renewed()
         return {"certificate": pemText(cert), "chain": pemText(self.issuer.cert)}
 
     async def _unbound(self, ekSha256: str) -> Refused:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry
 from twisted.internet.interfaces import IReactorTime
 
 from fleetd.attest.ekroots import EKRoots
@@ -51,6 +52,7 @@ def buildAttestation(
     issuer: Issuer,
     trustBundle: TrustBundle,
     challengeTTL: float,
+    metrics: CollectorRegistry | None = None,
 ) -> Attestation:
     """Attestation, LDevID issuance and the node lookups, from what
     L{fleetd.prepare.prepare} read; the LDevID book is loaded from
@@ -68,6 +70,7 @@ def buildAttestation(
         deviceBySerial=inventory.bySerial,
         challengeTTL=challengeTTL,
         bindingRefusal=bindingRefusal,
+        metrics=metrics,
     )
     lookups = LookupService(
         runner=runner,

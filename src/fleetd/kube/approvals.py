@@ -17,7 +17,7 @@ approves no other CSR once bound, also after a restart at any point
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from twisted.internet.interfaces import IReactorTime
@@ -26,6 +26,7 @@ from fleetd.inventory.model import IInventory
 from fleetd.kube.book import LiveToken, TokenBook
 from fleetd.kube.client import KubeClient, KubeUnavailable
 from fleetd.kube.csr import BOOTSTRAP_PREFIX, CSRFacts, notAfter, stillPending
+from fleetd.kube.decisions import GRANTED, CSRDecisions
 from fleetd.kube.records import firstApprovedIn, intentIn, renewalApprovedIn
 from fleetd.kube.store import TokenRecord, getToken, noteNotAfter
 from fleetd.store.db import Database
@@ -71,6 +72,7 @@ class ApprovalCore:
     runner: IRunner
     inventory: IInventory
     grants: IClusterGrants | None = None
+    decisions: CSRDecisions = field(default_factory=lambda: CSRDecisions(None))
 
 
 class Approvals:
@@ -145,7 +147,7 @@ class Approvals:
         self, record: TokenRecord, facts: CSRFacts, late: bool
     ) -> None:
         """Record a first certificate's approval (L{firstApprovedIn})."""
-        approved, deadline = await self.core.journal.change(
+        approved, deadline, reason = await self.core.journal.change(
             lambda db, journal: firstApprovedIn(
                 db,
                 journal,
@@ -157,6 +159,7 @@ class Approvals:
                 now=self.core.clock.seconds(),
             )
         )
+        self.core.decisions.approved(reason)  # recorded with its entry [J1]
         token = self.core.book.get(record.id)
         if token is not None:
             self.core.book.approvedCommitted(token, approved, deadline)
@@ -179,15 +182,17 @@ class Approvals:
             )
 
         await self.core.journal.change(change)
+        self.core.decisions.approved(GRANTED)
         grants.usedCommitted(request)
 
     async def recordRenewal(self, facts: CSRFacts, node: str, late: bool) -> None:
         """Record a renewal; its transaction re-checks retirement [R1]."""
-        await self.core.journal.change(
+        reason = await self.core.journal.change(
             lambda db, journal: renewalApprovedIn(
                 db, journal, facts, node, late, self.core.clock.seconds()
             )
         )
+        self.core.decisions.approved(reason)
 
     # Already approved: late records and issued certificates
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -44,6 +45,7 @@ from fleetd.kube.csr import (
     readCSR,
     shapeRefusal,
 )
+from fleetd.kube.decisions import CSRDecisions
 from fleetd.kube.flights import DeviceFlights
 from fleetd.kube.pending import LeftPending
 from fleetd.kube.retries import BusyRetries
@@ -79,14 +81,17 @@ class Approver:
         runner: IRunner,
         inventory: IInventory,
         grants: IClusterGrants | None = None,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
+        # fleetd_kube_csr_decisions_total (L{fleetd.kube.decisions})
+        self.decisions = CSRDecisions(metrics)
         self.core = ApprovalCore(
-            clock, client, book, journal, runner, inventory, grants
+            clock, client, book, journal, runner, inventory, grants, self.decisions
         )
         self.approvals = Approvals(self.core)
         self._busy: set[str] = set()
         self._again: dict[str, dict[str, Any]] = {}
-        self.pending = LeftPending(clock, journal)
+        self.pending = LeftPending(clock, journal, self.decisions)
         self.flights = DeviceFlights(book)
         self._pending: set[Deferred[None]] = set()
         self._stopped = False

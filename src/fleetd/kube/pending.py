@@ -12,6 +12,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from fleetd.kube.decisions import CSRDecisions
 from fleetd.store.journal import AsyncJournal
 
 JOURNAL_EVERY = 3600.0
@@ -23,9 +24,15 @@ class LeftPending:
 
     log = Logger()
 
-    def __init__(self, clock: IReactorTime, journal: AsyncJournal) -> None:
+    def __init__(
+        self,
+        clock: IReactorTime,
+        journal: AsyncJournal,
+        decisions: CSRDecisions | None = None,
+    ) -> None:
         self.clock = clock
         self.journal = journal
+        self.decisions = decisions or CSRDecisions(None)
         self._journaled: OrderedDict[tuple[str, str], float] = OrderedDict()
 
     def leave(
@@ -47,12 +54,19 @@ class LeftPending:
             requester=requester,
             reason=reason,
         )
-        self.journal.append(
+        d = self.journal.append(
             "kube.csr-left-pending",
             actor="fleetd",
             device=device,
             fields={"csr": csr[:128], "requester": requester[:256], "reason": reason},
-        ).addErrback(self._journalFailed, key)
+        )
+        # Counted with its entry: a failed one is journaled (and counted)
+        # again on the next sight.
+        d.addCallbacks(
+            lambda _: self.decisions.leftPending(reason),
+            self._journalFailed,
+            errbackArgs=(key,),
+        )
 
     def _journalFailed(self, f: Failure, key: tuple[str, str]) -> None:
         self._journaled.pop(key, None)  # try again on the next sight

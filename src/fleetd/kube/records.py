@@ -14,6 +14,12 @@ from __future__ import annotations
 from fleetd.inventory.model import DeviceStatus, IInventory, InventoryError
 from fleetd.kube.book import TokenBook
 from fleetd.kube.csr import CSRFacts, notAfter
+from fleetd.kube.decisions import (
+    FIRST,
+    FIRST_AFTER_RETIREMENT,
+    RENEWAL,
+    RENEWAL_AFTER_RETIREMENT,
+)
 from fleetd.kube.store import (
     TokenRecord,
     kubelet,
@@ -60,12 +66,13 @@ def firstApprovedIn(
     facts: CSRFacts,
     late: bool,
     now: float,
-) -> tuple[TokenRecord, float]:
+) -> tuple[TokenRecord, float, str]:
     """
     A first certificate approved with the token C{record}: the token's
     approval and deletion deadline [K4], the kubelet record and the move
     to C{active}, unless the device was retired after the token was
-    issued. Returns the token's new record and its deletion deadline.
+    issued. Returns the token's new record, its deletion deadline and
+    the approval's reason (L{fleetd.kube.decisions}).
     """
     device = record.device
     assert device is not None
@@ -74,7 +81,7 @@ def firstApprovedIn(
     if retired is not None and record.created_at <= retired:
         noteKubeletApproved(db, device, facts.name, now)
         afterRetirement(journal, facts, device, late, record.id)
-        return approved, deadline
+        return approved, deadline, FIRST_AFTER_RETIREMENT
     noteKubeletFirst(db, device, facts.name, now)
     # Compare and set in this transaction: a retirement (or an operator's
     # status) committed since is never overwritten.
@@ -95,23 +102,27 @@ def firstApprovedIn(
             "late": late,
         },
     )
-    return approved, deadline
+    return approved, deadline, FIRST
 
 
 def renewalApprovedIn(
     db: Database, journal: Recorder, facts: CSRFacts, node: str, late: bool, now: float
-) -> None:
-    """A renewal approved for C{node}; never clears C{retired_at} [R1]."""
+) -> str:
+    """
+    A renewal approved for C{node}; never clears C{retired_at} [R1].
+    Returns the approval's reason (L{fleetd.kube.decisions}).
+    """
     noteKubeletApproved(db, node, facts.name, now)
     if retiredAt(db, node) is not None:
         afterRetirement(journal, facts, node, late, None)
-        return
+        return RENEWAL_AFTER_RETIREMENT
     journal(
         "kube.csr-renewal-approved",
         actor="fleetd",
         device=node,
         fields={"csr": facts.name, "late": late},
     )
+    return RENEWAL
 
 
 def afterRetirement(

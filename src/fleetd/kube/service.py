@@ -83,6 +83,7 @@ class KubeService(Service):
             runner=runner,
             inventory=inventory,
             grants=self.cluster,
+            metrics=metrics,
         )
         self.watcher = CSRWatcher(clock, client, self.approver.seen, registry=metrics)
         self.rbac = RBACCheck(clock, client, metrics, settings.rbac_check_interval)
