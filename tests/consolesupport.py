@@ -14,6 +14,7 @@ with the owner named by a test header instead of a TLS certificate
 from __future__ import annotations
 
 import html
+import json
 import re
 from typing import Any, cast
 from urllib.parse import urlencode
@@ -67,6 +68,17 @@ class ConsoleMixin(DeliveryMixin):
         self.root = root
         self.stub = StubTreq(root)
         return root
+
+    async def loginLink(self) -> str:
+        """A login link, as C{fleetctl console} asks for one (as L{OWNER})."""
+        code, _, body = await self.page(
+            "POST", "/v1/admin/console/login-link", None,
+            headers={"content-type": "application/json"},
+        )  # fmt: skip
+        if code != 201:
+            raise AssertionError(f"login link refused: {code} {body}")
+        url: str = json.loads(body)["url"]
+        return url
 
     def csrf(self, owner: str = OWNER) -> str:
         """The CSRF token of a browser presenting C{owner}'s certificate."""

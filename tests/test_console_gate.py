@@ -7,7 +7,6 @@ tokens, the headers.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -164,15 +163,6 @@ class GateTests(ConsoleMixin, TestCase):
         ):
             code, _, body = await self.page("POST", "/logout", {}, headers=sent)
             self.assertEqual(code, 200, (sent, body))
-
-    async def loginLink(self) -> str:
-        code, _, body = await self.page(
-            "POST", "/v1/admin/console/login-link", None,
-            headers={"content-type": "application/json"},
-        )  # fmt: skip
-        self.assertEqual(code, 201, body)
-        url: str = json.loads(body)["url"]
-        return url
 
     async def test_loginLink_opensSessionOnce(self) -> None:
         await self.startConsole()

@@ -10,7 +10,6 @@ PEM block, nor a line of the rendered configuration.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -66,15 +65,6 @@ class NoSecretInAnyPageTests(DeviceFlowNodeCase):
         # the crawl reached the confirmation pages of every action
         for wanted in ("/devices/w1/provision", "/devices/w1/retire"):
             self.assertTrue(any(p.startswith(wanted) for p in seen), (wanted, seen))
-
-    async def loginLink(self) -> str:
-        code, _, body = await self.page(
-            "POST", "/v1/admin/console/login-link", None,
-            headers={"content-type": "application/json"},
-        )  # fmt: skip
-        self.assertEqual(code, 201, body)
-        url: str = json.loads(body)["url"]
-        return url
 
     def configLines(self) -> list[str]:
         """Distinctive lines of the configurations fleetd rendered."""

@@ -102,17 +102,24 @@ class Router(resource.Resource):
         return textResponse(request, http.NOT_FOUND, "not found")
 
 
-def renderAsync(
+Answer = Callable[[int, Any], bytes]  # (code, document) -> the body, set on the request
+Refusals = Callable[[Exception], tuple[int, str] | None]
+
+
+def answerAsync(
     request: Any,
     work: Callable[[], Awaitable[tuple[int, Any]]],
-    refusal: Callable[[Exception], tuple[int, str] | None] | None = None,
+    answer: Answer,
+    refuse: Callable[[int, str], bytes],
+    refusal: Refusals | None = None,
+    event: str = "admin.request.failed",
 ) -> int:
     """
-    Run C{work} and write its C{(code, document)} as JSON.
+    Run C{work}, then write C{answer(code, document)} of what it returns.
 
-    An exception that C{refusal} maps to C{(code, line)} is that one-line
-    answer; any other is logged as a bug and answered with a one-line 500.
-    Nothing is written after the client went away.
+    An exception that C{refusal} maps to C{(code, line)} is C{refuse(code,
+    line)}; any other is logged (C{event}) as a bug and answered with a 500
+    C{"internal error"}. Nothing is written after the client went away.
     """
     gone: list[bool] = []
     request.notifyFinish().addErrback(lambda _: gone.append(True))
@@ -120,13 +127,13 @@ def renderAsync(
     async def run() -> None:
         try:
             code, document = await work()
-            body = jsonResponse(request, code, document)
+            body = answer(code, document)
         except Exception as e:
-            answer = None if refusal is None else refusal(e)
-            if answer is None:
-                log.failure("admin.request.failed", failure=Failure())
-                answer = (http.INTERNAL_SERVER_ERROR, "internal error")
-            body = textResponse(request, *answer)
+            line = None if refusal is None else refusal(e)
+            if line is None:
+                log.failure(event, failure=Failure())
+                line = (http.INTERNAL_SERVER_ERROR, "internal error")
+            body = refuse(*line)
         if not gone:
             request.write(body)
             request.finish()
@@ -134,3 +141,21 @@ def renderAsync(
     Deferred.fromCoroutine(run())
     notDoneYet: int = server.NOT_DONE_YET
     return notDoneYet
+
+
+def renderAsync(
+    request: Any,
+    work: Callable[[], Awaitable[tuple[int, Any]]],
+    refusal: Refusals | None = None,
+) -> int:
+    """
+    Run C{work} and write its C{(code, document)} as JSON; a refusal is
+    its one line of text (L{answerAsync}).
+    """
+    return answerAsync(
+        request,
+        work,
+        lambda code, document: jsonResponse(request, code, document),
+        lambda code, line: textResponse(request, code, line),
+        refusal,
+    )

@@ -19,13 +19,10 @@ from typing import Any
 from urllib.parse import urlencode
 
 import jinja2
-from twisted.internet.defer import Deferred
-from twisted.logger import Logger
-from twisted.python.failure import Failure
-from twisted.web import http, server
+from twisted.web import http
 from twisted.web.iweb import IRequest
 
-log = Logger()
+from fleetd.web.resources import answerAsync
 
 HERE = Path(__file__).parent
 HTML = b"text/html; charset=utf-8"
@@ -145,30 +142,26 @@ def renderPageAsync(
     Await C{work} and render the page it returns. L{Refused}, and what
     C{refusal} maps to C{(code, line)}, are an error page; anything else
     is logged as a bug and is a 500 page. Nothing is written after the
-    client went away.
+    client went away (L{answerAsync}).
     """
-    gone: list[bool] = []
-    request.notifyFinish().addErrback(lambda _: gone.append(True))
 
-    async def run() -> None:
-        try:
-            page = await work()
-            body = renderPage(request, page.template, page.code, **page.context)
-        except Exception as e:
-            answer = (e.code, str(e)) if isinstance(e, Refused) else None
-            if answer is None and refusal is not None:
-                answer = refusal(e)
-            if answer is None:
-                log.failure("console.page.failed", failure=Failure())
-                answer = (http.INTERNAL_SERVER_ERROR, "internal error")
-            body = errorPage(request, *answer)
-        if not gone:
-            request.write(body)
-            request.finish()
+    async def page() -> tuple[int, Page]:
+        done = await work()
+        return done.code, done
 
-    Deferred.fromCoroutine(run())
-    notDoneYet: int = server.NOT_DONE_YET
-    return notDoneYet
+    def refused(e: Exception) -> tuple[int, str] | None:
+        if isinstance(e, Refused):
+            return e.code, str(e)
+        return None if refusal is None else refusal(e)
+
+    return answerAsync(
+        request,
+        page,
+        lambda code, done: renderPage(request, done.template, code, **done.context),
+        lambda code, line: errorPage(request, code, line),
+        refused,
+        event="console.page.failed",
+    )
 
 
 def formValue(request: IRequest, name: str, default: str | None = None) -> str | None:
