@@ -4,7 +4,7 @@ through fleetd's Tink proxy: blocking calls (grpcio runs its own
 threads), which Twisted callers run with C{deferToThread}.
 
 Shared by the tests and by C{fleetd-sim}, whose nodes poll the proxy
-with L{runWorkflow} as tink-agent does in HookOS.
+with L{getAction} and L{report} as tink-agent does in HookOS.
 """
 
 from __future__ import annotations
@@ -83,35 +83,37 @@ def streaming(
     )
 
 
-def runWorkflow(ch: grpc.Channel, mac: str, limit: int = 64) -> list[str]:
+def getAction(ch: grpc.Channel, mac: str) -> Any:
     """
-    Play tink-agent: poll C{GetAction}, report each served action RUNNING
-    then SUCCESS, until tink-server says the workflow is not running
-    (C{FAILED_PRECONDITION}); the action ids run, in order.
+    tink-agent's poll: the C{ActionResponse} tink-server serves C{mac}, or
+    L{None} when its workflow is not running (C{FAILED_PRECONDITION}).
 
-    @raise RuntimeError: on any other end of a call, or after C{limit}
-        actions.
+    @raise RuntimeError: on any other end of the call.
     """
     request = agent.ActionRequest(agent_id=mac).SerializeToString()
-    ran: list[str] = []
-    for _ in range(limit):
-        polled = unary(ch, "GetAction", request)
-        if polled.code == grpc.StatusCode.FAILED_PRECONDITION and ran:
-            return ran
-        if polled.code != grpc.StatusCode.OK:
-            raise RuntimeError(f"GetAction: {polled.code.name} {polled.details}")
-        action = agent.ActionResponse.FromString(polled.responses[0])
-        for state in (RUNNING, SUCCESS):
-            report = agent.ActionStatusRequest(
-                workflow_id=action.workflow_id,
-                agent_id=mac,
-                action_id=action.action_id,
-                action_state=state,
-            ).SerializeToString()
-            reported = unary(ch, "ReportActionStatus", report)
-            if reported.code != grpc.StatusCode.OK:
-                raise RuntimeError(
-                    f"ReportActionStatus: {reported.code.name} {reported.details}"
-                )
-        ran.append(action.action_id)
-    raise RuntimeError(f"more than {limit} actions")
+    polled = unary(ch, "GetAction", request)
+    if polled.code == grpc.StatusCode.FAILED_PRECONDITION:
+        return None
+    if polled.code != grpc.StatusCode.OK:
+        raise RuntimeError(f"GetAction: {polled.code.name} {polled.details}")
+    return agent.ActionResponse.FromString(polled.responses[0])
+
+
+def report(ch: grpc.Channel, mac: str, action: Any, running: bool) -> None:
+    """
+    Report C{action} (an C{ActionResponse}) RUNNING, or SUCCESS when not
+    C{running}.
+
+    @raise RuntimeError: unless tink-server answers OK.
+    """
+    status = agent.ActionStatusRequest(
+        workflow_id=action.workflow_id,
+        agent_id=mac,
+        action_id=action.action_id,
+        action_state=RUNNING if running else SUCCESS,
+    ).SerializeToString()
+    reported = unary(ch, "ReportActionStatus", status)
+    if reported.code != grpc.StatusCode.OK:
+        raise RuntimeError(
+            f"ReportActionStatus: {reported.code.name} {reported.details}"
+        )

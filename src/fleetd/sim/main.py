@@ -1,0 +1,233 @@
+"""
+C{fleetd-sim [--config FILE] --nodes N [--parallel P] [--time-scale X]
+[--json]}: a rack of virtual nodes enrolled end to end (docs/design.md §9).
+
+Without C{--config} it starts everything itself on a temporary directory:
+the grpcio tink-server stand-in, a fleetd whose Tink upstream it is, and
+one D-Bus session bus for the nodes' tpm2-abrmds; each node adds its
+swtpm and tpm2-abrmd. Whatever it started is stopped on every way out
+(the end, a failure, SIGINT or SIGTERM), and the directory removed.
+
+Each node's final C{state} is what fleetd says: the device's inventory
+status through the owner API (C{fleetctl status}), with its open alerts.
+Exit 0 when every node ended as expected, 1 otherwise, 2 when the rack
+could not start. With C{--json}, stdout holds one object and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import IO, Any, NoReturn
+
+from twisted.internet.defer import Deferred, DeferredSemaphore, gatherResults
+from twisted.python.failure import Failure
+
+from fleetd.sim.daemon import DaemonFailed, Fleetd, Started, healthy, startFleetd
+from fleetd.sim.node import Node, Rack, Refused, StepFailed
+from fleetd.sim.report import Outcome, progressLine, summary, table
+from fleetd.sim.tpm import RM_AVAILABLE, SessionBus
+from fleetd.testing.tinkserver import FakeTinkServer, Workflows
+
+# What fleetd should say of a node at the end, per fault (None: a clean
+# node). A clean node is released ("staged") once its configuration is
+# delivered; it becomes "active" when its kubelet certificate is
+# approved, which needs the kubelet phase (not built yet).
+EXPECTED: dict[str | None, str] = {None: "staged"}
+
+
+def parseArgs(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="fleetd-sim", description="A rack of virtual nodes against fleetd."
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="a running fleetd's config (default: start one of its own)",
+    )
+    parser.add_argument("--nodes", type=int, required=True, help="how many nodes")
+    parser.add_argument(
+        "--parallel", type=int, default=4, help="nodes on their way at once"
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=60.0,
+        help="Talos's retry gaps divided by this (default 60)",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object")
+    args = parser.parse_args(argv)
+    if not 1 <= args.nodes <= 60000 or args.parallel < 1 or args.time_scale <= 0:
+        parser.error("--nodes 1..60000, --parallel >= 1, --time-scale > 0")
+    return args
+
+
+class Console:
+    """stderr for people: progress lines (redrawn in place on a terminal)."""
+
+    def __init__(self, err: IO[str]) -> None:
+        self.err = err
+        self.tty = err.isatty()
+        self.last = ""
+
+    def say(self, line: str) -> None:
+        self.end()
+        self.err.write(line + "\n")
+        self.err.flush()
+
+    def progress(self, line: str) -> None:
+        if line == self.last:
+            return
+        self.last = line
+        self.err.write(("\r\x1b[K" + line) if self.tty else line + "\n")
+        self.err.flush()
+
+    def end(self) -> None:
+        if self.tty and self.last:
+            self.err.write("\n")
+        self.last = ""
+
+
+async def finalState(node: Node) -> Outcome:
+    """What fleetd says of C{node}: status and open alerts."""
+    expected = EXPECTED.get(node.fault, "?")
+    try:
+        doc: dict[str, Any] = json.loads(
+            await node.fleetctl("--json", "status", node.name)
+        )
+        state, alerts = str(doc["device"]["status"]), list(doc["alerts"])
+    except (Refused, StepFailed) as e:
+        state, alerts = "unknown", []
+        node.error = node.error or f"status: {e}"
+    if node.reason is not None:
+        state = "refused"
+    return Outcome(
+        node.name, node.fault, state, node.reason, node.phases, alerts,
+        expected, node.error,
+    )  # fmt: skip
+
+
+async def runRack(
+    clock: Any, args: argparse.Namespace, rack: Rack, console: Console
+) -> tuple[list[Outcome], float]:
+    """Every node on its path, C{args.parallel} at a time; their outcomes
+    and the rack's seconds."""
+    nodes = [Node(index, rack) for index in range(1, args.nodes + 1)]
+    started = clock.seconds()
+
+    def changed() -> None:
+        phases = [n.phase for n in nodes]
+        console.progress(progressLine(clock.seconds() - started, phases, len(nodes)))
+
+    rack.changed = changed
+    changed()
+    gate = DeferredSemaphore(args.parallel)
+
+    def one(node: Node) -> Deferred[Outcome]:
+        async def path() -> Outcome:
+            await node.run()
+            return await finalState(node)
+
+        return gate.run(lambda: Deferred.fromCoroutine(path()))
+
+    outcomes: list[Outcome] = await gatherResults([one(n) for n in nodes])
+    console.end()
+    return outcomes, clock.seconds() - started
+
+
+def setUp(
+    args: argparse.Namespace, work: Path, started: Started, console: Console
+) -> tuple[Fleetd, FakeTinkServer]:
+    """The tink-server stand-in, and the fleetd the rack runs against."""
+    if args.config is not None:
+        fleetd = Fleetd.fromConfig(args.config.resolve())
+        if not healthy(fleetd):
+            raise DaemonFailed(
+                f"fleetd does not answer on {fleetd.admin}/healthz: start it"
+                " with `make run` (or run fleetd-sim without --config)"
+            )
+        tink = FakeTinkServer(port=fleetd.upstream)
+    else:
+        tink = FakeTinkServer()
+
+    def stopTink() -> None:
+        tink.stop(None).wait(10)
+
+    started.add("tink-server", lambda: None, stopTink)
+    console.say(f"tink-server stand-in on 127.0.0.1:{tink.port}")
+    if args.config is None:
+        fleetd = startFleetd(work, tink.port, started)
+        console.say(f"fleetd on {fleetd.admin} (state in {work})")
+    return fleetd, tink
+
+
+def simulate(
+    args: argparse.Namespace, work: Path, started: Started, console: Console
+) -> tuple[list[Outcome], float]:
+    from twisted.internet import reactor
+
+    fleetd, tink = setUp(args, work, started, console)
+    bus = SessionBus(work / "bus")
+    started.add("dbus-daemon", lambda: bus.pid, bus.stop)
+    bus.start()
+    rack = Rack(
+        fleetd=fleetd,
+        work=work,
+        bus=bus,
+        tink=Workflows(tink),
+        clock=reactor,
+        timeScale=args.time_scale,
+        started=started,
+        changed=lambda: None,
+    )
+    result: list[tuple[list[Outcome], float]] = []
+    failure: list[Failure] = []
+    d = Deferred.fromCoroutine(runRack(reactor, args, rack, console))
+    d.addCallbacks(result.append, failure.append)
+    d.addBoth(lambda _: reactor.stop())
+    reactor.run()
+    if failure:
+        failure[0].raiseException()
+    if not result:
+        raise SystemExit(130)  # stopped by a signal before the rack was done
+    return result[0]
+
+
+def onSignal(signum: int, frame: object) -> NoReturn:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parseArgs(argv)
+    console = Console(sys.stderr)
+    if not RM_AVAILABLE:
+        console.say(
+            "fleetd-sim: needs swtpm, swtpm_setup, tpm2-abrmd, dbus-daemon and"
+            " OpenSSL's tpm2 provider (make demo installs them)"
+        )
+        return 2
+    signal.signal(signal.SIGTERM, onSignal)  # before the reactor's own handlers
+    started = Started()
+    with ExitStack() as stack:
+        work = Path(tempfile.mkdtemp(prefix="fleetd-sim-"))
+        stack.callback(shutil.rmtree, work, True)
+        stack.callback(lambda: console.say(started.stopAll()))
+        try:
+            outcomes, seconds = simulate(args, work, started, console)
+        except DaemonFailed as e:
+            console.say(f"fleetd-sim: {e}")
+            return 2
+    total = summary(outcomes, seconds)
+    if args.json:
+        document = {"nodes": [o.asJSON() for o in outcomes], "summary": total}
+        sys.stdout.write(json.dumps(document) + "\n")
+    else:
+        table(outcomes, total, sys.stdout)
+    return 0 if all(o.ok for o in outcomes) else 1

@@ -1,0 +1,118 @@
+"""
+C{fleetd-sim} (issue 21; docs/design.md §9) run whole as a subprocess: a
+small rack against a fleetd the test started (C{--config}), checked from
+fleetd's journal through the owner API, and a rack on the sim's own
+fleetd; the JSON object's shape, and no process left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from fleetd.sim.daemon import BIN, Started, freePort, startFleetd
+from fleetd.sim.node import PHASES
+from fleetd.sim.tpm import RM_AVAILABLE
+from tests.support import missingPeer
+
+STOPPED = re.compile(r"^stopped: (.*)$", re.M)
+NODE_KEYS = {"name", "fault", "state", "reason", "phases", "alerts"}
+
+
+def runSim(*argv: str) -> tuple[int, dict[str, Any], str]:
+    """Run C{fleetd-sim --json ARGV}: exit code, stdout's object, stderr."""
+    done = subprocess.run(
+        [str(BIN / "fleetd-sim"), "--json", *argv],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    try:
+        document = json.loads(done.stdout)
+    except ValueError:
+        document = {"stdout": done.stdout}
+    return done.returncode, document, done.stderr
+
+
+class SimTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        if not RM_AVAILABLE:
+            raise missingPeer("swtpm, tpm2-abrmd, dbus-daemon or tpm2-openssl missing")
+
+    def assertRack(self, document: dict[str, Any], nodes: int) -> None:
+        """The object of docs/design.md §9, every node clean and staged."""
+        self.assertEqual(set(document), {"nodes", "summary"}, document)
+        self.assertEqual(len(document["nodes"]), nodes)
+        for node in document["nodes"]:
+            self.assertEqual(set(node), NODE_KEYS, node)
+            self.assertIsNone(node["fault"])
+            self.assertEqual(node["state"], "staged", node)
+            self.assertIsNone(node["reason"])
+            self.assertEqual(list(node["phases"]), list(PHASES), node)
+            self.assertTrue(all(s >= 0 for s in node["phases"].values()))
+            self.assertEqual(node["alerts"], [])
+        summary = document["summary"]
+        self.assertEqual(summary["nodes"], nodes)
+        self.assertEqual(summary["as_expected"], nodes)
+        self.assertEqual(summary["unexpected"], [])
+
+    def assertAllStopped(self, stderr: str, expected: dict[str, int]) -> None:
+        """The sim's last word names what it stopped; none of it runs."""
+        (line,) = STOPPED.findall(stderr)
+        stopped = {
+            what: pids.split()
+            for what, _, pids in (part.partition(" ") for part in line.split("; "))
+        }
+        self.assertEqual({w: len(p) for w, p in stopped.items()}, expected, line)
+        for what, pids in stopped.items():
+            for pid in pids:
+                self.assertFalse(Path(f"/proc/{pid}").exists(), f"{what} {pid} left")
+
+    def test_rack_oneDeliveryEach(self) -> None:
+        """A rack of 3 against a running fleetd (C{--config}): each node is
+        staged and fleetd's journal, read through the owner API, holds
+        exactly one delivery per node, to the node's own loopback address."""
+        work = Path(tempfile.mkdtemp(dir=Path(self.mktemp()).parent))
+        started = Started()
+        self.addCleanup(started.stopAll)
+        fleetd = startFleetd(work, freePort(), started)
+        code, document, stderr = runSim("--config", str(fleetd.config), "--nodes", "3")
+        self.assertEqual(code, 0, stderr[-3000:])
+        self.assertRack(document, 3)
+        self.assertAllStopped(stderr, {"dbus-daemon": 1, "swtpm": 3, "tpm2-abrmd": 3})
+        for node in document["nodes"]:
+            shown = subprocess.run(
+                [str(BIN / "fleetctl"), "--config", str(fleetd.config), "--json",
+                 "journal", "--device", node["name"]],
+                capture_output=True, text=True, timeout=60, check=True,
+            ).stdout  # fmt: skip
+            entries = json.loads(shown)
+            delivered = [e for e in entries if e["event"] == "run.delivered"]
+            self.assertEqual(len(delivered), 1, entries)
+            index = int(node["name"].split("-")[1])  # sim-NNN-tag
+            self.assertEqual(delivered[0]["fields"]["peer"], f"127.0.1.{index}")
+
+    def test_ownFleetd_stopsEverything(self) -> None:
+        """Without C{--config} the sim starts its own fleetd and
+        tink-server stand-in, runs the rack, and stops every process it
+        started (fleetd, dbus-daemon, each swtpm and tpm2-abrmd)."""
+        code, document, stderr = runSim("--nodes", "2", "--parallel", "2")
+        self.assertEqual(code, 0, stderr[-3000:])
+        self.assertRack(document, 2)
+        self.assertAllStopped(
+            stderr, {"fleetd": 1, "dbus-daemon": 1, "swtpm": 2, "tpm2-abrmd": 2}
+        )
+        (work,) = re.findall(r"\(state in (\S+)\)", stderr)
+        self.assertFalse(Path(work).exists(), work)
+
+
+if __name__ == "__main__":
+    sys.exit("run with trial")
