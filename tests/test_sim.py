@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -113,6 +113,32 @@ class SimTests(SynchronousTestCase):
         (work,) = re.findall(r"\(state in (\S+)\)", stderr)
         self.assertFalse(Path(work).exists(), work)
 
-
-if __name__ == "__main__":
-    sys.exit("run with trial")
+    def test_sigterm_stopsEverything(self) -> None:
+        """SIGTERM in the middle of a rack: exit 143, and every process
+        the sim had started by then is stopped, its directory removed."""
+        process = subprocess.Popen(
+            [str(BIN / "fleetd-sim"), "--nodes", "2", "--parallel", "2"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.addCleanup(process.kill)
+        assert process.stderr is not None
+        seen = []
+        for line in process.stderr:
+            seen.append(line)
+            if "provision" in line:  # a TPM and fleetd run: stop it now
+                process.send_signal(signal.SIGTERM)
+                break
+        rest = process.stderr.read()
+        process.stderr.close()
+        stderr = "".join(seen) + rest
+        self.assertEqual(process.wait(60), 143, stderr[-3000:])
+        self.assertIn("fleetd-sim: interrupted", stderr)
+        (line,) = STOPPED.findall(stderr)
+        self.assertIn("fleetd ", line)
+        self.assertIn("swtpm ", line)
+        for pid in (word for word in line.replace(";", " ").split() if word.isdigit()):
+            self.assertFalse(Path(f"/proc/{pid}").exists(), f"{pid} left: {line}")
+        (work,) = re.findall(r"\(state in (\S+)\)", stderr)
+        self.assertFalse(Path(work).exists(), work)

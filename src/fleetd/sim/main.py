@@ -11,7 +11,8 @@ swtpm and tpm2-abrmd. Whatever it started is stopped on every way out
 Each node's final C{state} is what fleetd says: the device's inventory
 status through the owner API (C{fleetctl status}), with its open alerts.
 Exit 0 when every node ended as expected, 1 otherwise, 2 when the rack
-could not start. With C{--json}, stdout holds one object and nothing else.
+could not start, 128+N when signal N stopped it (after stopping all it
+started). With C{--json}, stdout holds one object and nothing else.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import tempfile
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, cast
 
 from twisted.internet.defer import Deferred, DeferredSemaphore, gatherResults
+from twisted.internet.interfaces import IReactorThreads
 from twisted.python.failure import Failure
 
 from fleetd.sim.daemon import DaemonFailed, Fleetd, Started, healthy, startFleetd
@@ -189,18 +191,37 @@ def simulate(
     )
     result: list[tuple[list[Outcome], float]] = []
     failure: list[Failure] = []
+    interrupted: list[int] = []
+
+    def stop(_: object = None) -> None:
+        if reactor.running:
+            reactor.stop()
+
+    def onSignal(signum: int, frame: object) -> None:
+        interrupted.append(signum)
+        cast(IReactorThreads, reactor).callFromThread(stop)  # wakes it
+
+    def handleSignals() -> None:
+        # The reactor's own handlers would stop it too, but say nothing
+        # of which signal it was (the exit status names it).
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, onSignal)
+
+    reactor.callWhenRunning(handleSignals)
     d = Deferred.fromCoroutine(runRack(reactor, args, rack, console))
     d.addCallbacks(result.append, failure.append)
-    d.addBoth(lambda _: reactor.stop())
+    d.addBoth(stop)
     reactor.run()
     if failure:
         failure[0].raiseException()
-    if not result:
-        raise SystemExit(130)  # stopped by a signal before the rack was done
+    if not result:  # stopped by a signal before the rack was done
+        console.say("fleetd-sim: interrupted; stopping what it started")
+        raise SystemExit(128 + (interrupted or [signal.SIGINT])[0])
     return result[0]
 
 
-def onSignal(signum: int, frame: object) -> NoReturn:
+def exitOnSignal(signum: int, frame: object) -> NoReturn:
+    """Before the reactor runs (fleetd starting): unwind, stopping it."""
     raise SystemExit(128 + signum)
 
 
@@ -213,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             " OpenSSL's tpm2 provider (make demo installs them)"
         )
         return 2
-    signal.signal(signal.SIGTERM, onSignal)  # before the reactor's own handlers
+    signal.signal(signal.SIGTERM, exitOnSignal)
     started = Started()
     with ExitStack() as stack:
         work = Path(tempfile.mkdtemp(prefix="fleetd-sim-"))
