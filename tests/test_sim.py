@@ -47,16 +47,19 @@ class SimTests(SynchronousTestCase):
         if not RM_AVAILABLE:
             raise missingPeer("swtpm, tpm2-abrmd, dbus-daemon or tpm2-openssl missing")
 
-    def assertRack(self, document: dict[str, Any], nodes: int) -> None:
-        """The object of docs/design.md §9, every node clean and staged."""
+    def assertRack(
+        self, document: dict[str, Any], nodes: int, state: str, phases: list[str]
+    ) -> None:
+        """The object of docs/design.md §9, every node clean, in C{state},
+        timed in C{phases}."""
         self.assertEqual(set(document), {"nodes", "summary"}, document)
         self.assertEqual(len(document["nodes"]), nodes)
         for node in document["nodes"]:
             self.assertEqual(set(node), NODE_KEYS, node)
             self.assertIsNone(node["fault"])
-            self.assertEqual(node["state"], "staged", node)
+            self.assertEqual(node["state"], state, node)
             self.assertIsNone(node["reason"])
-            self.assertEqual(list(node["phases"]), list(PHASES), node)
+            self.assertEqual(list(node["phases"]), phases, node)
             self.assertTrue(all(s >= 0 for s in node["phases"].values()))
             self.assertEqual(node["alerts"], [])
         summary = document["summary"]
@@ -86,7 +89,8 @@ class SimTests(SynchronousTestCase):
         fleetd = startFleetd(work, freePort(), started)
         code, document, stderr = runSim("--config", str(fleetd.config), "--nodes", "3")
         self.assertEqual(code, 0, stderr[-3000:])
-        self.assertRack(document, 3)
+        # No Kubernetes fake beside a fleetd the sim did not start: no kubelet.
+        self.assertRack(document, 3, "staged", [p for p in PHASES if p != "kubelet"])
         self.assertAllStopped(stderr, {"dbus-daemon": 1, "swtpm": 3, "tpm2-abrmd": 3})
         for node in document["nodes"]:
             shown = subprocess.run(
@@ -100,13 +104,17 @@ class SimTests(SynchronousTestCase):
             index = int(node["name"].split("-")[1])  # sim-NNN-tag
             self.assertEqual(delivered[0]["fields"]["peer"], f"127.0.1.{index}")
 
-    def test_ownFleetd_stopsEverything(self) -> None:
-        """Without C{--config} the sim starts its own fleetd and
-        tink-server stand-in, runs the rack, and stops every process it
-        started (fleetd, dbus-daemon, each swtpm and tpm2-abrmd)."""
+    def test_ownFleetd_active_stopsEverything(self) -> None:
+        """[K2] [K4] Without C{--config} the sim starts its own fleetd, the
+        tink-server stand-in and the Kubernetes fake; each node's kubelet
+        CSR is approved by fleetd, which makes the device active (exit 0
+        also says the sim found in fleetd's journal one delivery, one
+        approval and the token's deletion per node); and it stops every
+        process it started (fleetd, dbus-daemon, each swtpm and
+        tpm2-abrmd)."""
         code, document, stderr = runSim("--nodes", "2", "--parallel", "2")
         self.assertEqual(code, 0, stderr[-3000:])
-        self.assertRack(document, 2)
+        self.assertRack(document, 2, "active", list(PHASES))
         self.assertAllStopped(
             stderr, {"fleetd": 1, "dbus-daemon": 1, "swtpm": 2, "tpm2-abrmd": 2}
         )

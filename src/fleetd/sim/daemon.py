@@ -148,9 +148,12 @@ def _toml(value: Any) -> str:
     return json.dumps(value)
 
 
-def writeConfig(directory: Path, tinkUpstream: int) -> Path:
+def writeConfig(
+    directory: Path, tinkUpstream: int, kubernetes: dict[str, Any] | None = None
+) -> Path:
     """A dev config in C{directory}: every listener on a free loopback
-    port, the dev PKI under C{pki/}, the vault on any filesystem."""
+    port, the dev PKI under C{pki/}, the vault on any filesystem; with
+    C{kubernetes}, that C{[kubernetes]} table."""
     (directory / "templates").mkdir(parents=True)
     (directory / "templates" / "default.yaml").write_text(TEMPLATE)
     (directory / "topology.json").write_text(json.dumps(TOPOLOGY))
@@ -188,6 +191,8 @@ def writeConfig(directory: Path, tinkUpstream: int) -> Path:
         "tink": {"upstream": f"tcp:127.0.0.1:{tinkUpstream}", "min_reboot": 0},
         "provision": {"classes": ["worker", "worker-g3", "worker-g2"]},
     }
+    if kubernetes is not None:
+        tables["kubernetes"] = kubernetes
     lines = []
     for table, keys in tables.items():
         lines.append(f"[{table}]")
@@ -216,10 +221,20 @@ def healthy(fleetd: Fleetd) -> bool:
         conn.close()
 
 
-def startFleetd(work: Path, tinkUpstream: int, started: Started) -> Fleetd:
+def devPKI(work: Path) -> DevPKIPaths:
+    """The dev PKI of the sim's own fleetd (generated once)."""
+    return ensureDevPKI(work / "fleetd" / "pki", ENROLLMENT)
+
+
+def startFleetd(
+    work: Path,
+    tinkUpstream: int,
+    started: Started,
+    kubernetes: dict[str, Any] | None = None,
+) -> Fleetd:
     """Our own fleetd (C{twistd -n fleetd}) on C{work}, in C{started}."""
-    config = writeConfig(work / "fleetd", tinkUpstream)
-    ensureDevPKI(work / "fleetd" / "pki", ENROLLMENT)
+    devPKI(work)
+    config = writeConfig(work / "fleetd", tinkUpstream, kubernetes)
     fleetd = Fleetd.fromConfig(config)
     argv = [str(BIN / "twistd"), "-n", "--pidfile=", "fleetd", "--config", str(config)]
     logPath = work / "fleetd.log"

@@ -30,19 +30,30 @@ from typing import IO, Any, NoReturn, cast
 
 from twisted.internet.defer import Deferred, DeferredSemaphore, gatherResults
 from twisted.internet.interfaces import IReactorThreads
+from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
 
-from fleetd.sim.daemon import DaemonFailed, Fleetd, Started, healthy, startFleetd
-from fleetd.sim.node import Node, Rack, Refused, StepFailed
+from fleetd.sim.checks import unrecorded
+from fleetd.sim.daemon import (
+    DaemonFailed,
+    Fleetd,
+    Started,
+    devPKI,
+    healthy,
+    startFleetd,
+)
+from fleetd.sim.kubelet import serveFake
+from fleetd.sim.node import Cluster, Node, Rack, Refused, StepFailed
 from fleetd.sim.report import Outcome, progressLine, summary, table
 from fleetd.sim.tpm import RM_AVAILABLE, SessionBus
 from fleetd.testing.tinkserver import FakeTinkServer, Workflows
 
 # What fleetd should say of a node at the end, per fault (None: a clean
-# node). A clean node is released ("staged") once its configuration is
-# delivered; it becomes "active" when its kubelet certificate is
-# approved, which needs the kubelet phase (not built yet).
-EXPECTED: dict[str | None, str] = {None: "staged"}
+# node), with a cluster and without one. A clean node is released
+# ("staged") once its configuration is delivered, and becomes "active"
+# when its kubelet certificate is approved; a rack against a fleetd of
+# --config has no Kubernetes fake, so no kubelet phase.
+EXPECTED: dict[str | None, tuple[str, str]] = {None: ("active", "staged")}
 
 
 def parseArgs(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -99,7 +110,8 @@ class Console:
 
 async def finalState(node: Node) -> Outcome:
     """What fleetd says of C{node}: status and open alerts."""
-    expected = EXPECTED.get(node.fault, "?")
+    withCluster, without = EXPECTED.get(node.fault, ("?", "?"))
+    expected = withCluster if node.rack.cluster is not None else without
     try:
         doc: dict[str, Any] = json.loads(
             await node.fleetctl("--json", "status", node.name)
@@ -110,6 +122,8 @@ async def finalState(node: Node) -> Outcome:
         node.error = node.error or f"status: {e}"
     if node.reason is not None:
         state = "refused"
+    elif node.error is None and node.fault is None:
+        node.error = await unrecorded(node)
     return Outcome(
         node.name, node.fault, state, node.reason, node.phases, alerts,
         expected, node.error,
@@ -144,13 +158,20 @@ async def runRack(
     return outcomes, clock.seconds() - started
 
 
-def setUp(
-    args: argparse.Namespace, work: Path, started: Started, console: Console
-) -> tuple[Fleetd, FakeTinkServer]:
-    """The tink-server stand-in, and the fleetd the rack runs against."""
+async def setUp(
+    reactor: Any,
+    args: argparse.Namespace,
+    work: Path,
+    started: Started,
+    console: Console,
+) -> tuple[Fleetd, FakeTinkServer, Cluster | None]:
+    """
+    The tink-server stand-in and the fleetd the rack runs against; when
+    the sim starts its own fleetd, also the Kubernetes fake it names.
+    """
     if args.config is not None:
         fleetd = Fleetd.fromConfig(args.config.resolve())
-        if not healthy(fleetd):
+        if not await deferToThread(healthy, fleetd):
             raise DaemonFailed(
                 f"fleetd does not answer on {fleetd.admin}/healthz: start it"
                 " with `make run` (or run fleetd-sim without --config)"
@@ -164,21 +185,38 @@ def setUp(
 
     started.add("tink-server", lambda: None, stopTink)
     console.say(f"tink-server stand-in on 127.0.0.1:{tink.port}")
-    if args.config is None:
-        fleetd = startFleetd(work, tink.port, started)
-        console.say(f"fleetd on {fleetd.admin} (state in {work})")
-    return fleetd, tink
+    if args.config is not None:
+        return fleetd, tink, None
+    pki = await deferToThread(devPKI, work)
+    fake, listening = serveFake(reactor, pki)
+    started.add("kubernetes-fake", lambda: None, fake.closeWatches)
+    tokenFile = work / "kube-token"
+    tokenFile.write_text(fake.adminToken + "\n")
+    port: int = listening.getHost().port  # type: ignore[attr-defined]
+    kubernetes = {
+        "api": f"https://127.0.0.1:{port}",
+        "ca": str(pki.public_ca),
+        "token_file": str(tokenFile),
+        # [K4]'s minute before the token's deletion, scaled like Talos's waits
+        "delete_after": 60.0 / args.time_scale,
+    }
+    fleetd = await deferToThread(startFleetd, work, tink.port, started, kubernetes)
+    console.say(f"fleetd on {fleetd.admin} (state in {work})")
+    return fleetd, tink, Cluster(port, pki.public_ca)
 
 
-def simulate(
-    args: argparse.Namespace, work: Path, started: Started, console: Console
+async def rackOf(
+    reactor: Any,
+    args: argparse.Namespace,
+    work: Path,
+    started: Started,
+    console: Console,
 ) -> tuple[list[Outcome], float]:
-    from twisted.internet import reactor
-
-    fleetd, tink = setUp(args, work, started, console)
+    """Set up, then run the rack."""
+    fleetd, tink, cluster = await setUp(reactor, args, work, started, console)
     bus = SessionBus(work / "bus")
     started.add("dbus-daemon", lambda: bus.pid, bus.stop)
-    bus.start()
+    await deferToThread(bus.start)
     rack = Rack(
         fleetd=fleetd,
         work=work,
@@ -187,8 +225,18 @@ def simulate(
         clock=reactor,
         timeScale=args.time_scale,
         started=started,
+        cluster=cluster,
         changed=lambda: None,
     )
+    return await runRack(reactor, args, rack, console)
+
+
+def simulate(
+    args: argparse.Namespace, work: Path, started: Started, console: Console
+) -> tuple[list[Outcome], float]:
+    """Run the reactor until the rack is done (or a signal)."""
+    from twisted.internet import reactor
+
     result: list[tuple[list[Outcome], float]] = []
     failure: list[Failure] = []
     interrupted: list[int] = []
@@ -208,7 +256,7 @@ def simulate(
             signal.signal(signum, onSignal)
 
     reactor.callWhenRunning(handleSignals)
-    d = Deferred.fromCoroutine(runRack(reactor, args, rack, console))
+    d = Deferred.fromCoroutine(rackOf(reactor, args, work, started, console))
     d.addCallbacks(result.append, failure.append)
     d.addBoth(stop)
     reactor.run()

@@ -10,6 +10,9 @@ One virtual node's path, end to end (docs/design.md §1's happy path):
     install     over the device listener (install: the image written)
     config    Talos: GET /config?code=… on the boot listener, from the
               node's own loopback address, Talos's retry schedule scaled
+    kubelet   its first client CSR, filed with the bootstrap token of the
+              delivered configuration against the Kubernetes fake, until
+              fleetd's approver approves it (when the rack has a cluster)
 
 Each phase is a method of L{Node} run in that order by L{Node.run}; a
 fault (not built yet) will replace or follow one of them. A step fleetd
@@ -38,12 +41,16 @@ from twisted.internet.utils import getProcessOutputAndValue
 
 from fleetd.attest.tpm import canonicalSPKI, ekDigest
 from fleetd.sim.daemon import BIN, Fleetd, Started
+from fleetd.sim.kubelet import bootstrapToken, fileAndAwait
 from fleetd.sim.talos import fetchConfig
 from fleetd.sim.tpm import SWTPM, ResourceManager, SessionBus
 from fleetd.testing.tinkagent import channel, getAction, report
 from fleetd.testing.tinkserver import Workflows
 
-PHASES = ("tpm", "enroll", "provision", "attest", "disks", "plan", "install", "config")
+PHASES = (
+    "tpm", "enroll", "provision", "attest", "disks", "plan", "install", "config",
+    "kubelet",
+)  # fmt: skip
 ACTIONS = ("attest", "disks", "plan", "install")  # the workflow served by tink
 DISK_BYTES = 16 * 1024**3
 REFUSED = re.compile(r"refused: ([a-z0-9-]+)")
@@ -61,6 +68,14 @@ class StepFailed(Exception):
     """A step failed for another reason than a refusal (one line)."""
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """The Kubernetes fake's TLS port and the CA its certificate is from."""
+
+    port: int
+    ca: Path
+
+
 @dataclass
 class Rack:
     """What every node of a rack shares."""
@@ -72,6 +87,7 @@ class Rack:
     clock: IReactorTime
     timeScale: float
     started: Started
+    cluster: Cluster | None
     changed: Callable[[], None]
 
 
@@ -104,6 +120,7 @@ class Node:
         self.tcti = ""
         self.digest = ""
         self.code = ""
+        self.token = ""  # the delivered bootstrap token: used, never shown
 
     async def run(self) -> None:
         """Every phase in order, timing each; stop at a refusal."""
@@ -113,11 +130,13 @@ class Node:
             await self.timed("provision", self.provision)
             await self.workflow()  # attest, disks, plan, install: timed there
             await self.timed("config", self.fetchConfig)
+            if self.rack.cluster is not None:
+                await self.timed("kubelet", self.kubelet)
         except Refused as e:
             self.reason = e.reason
         except StepFailed as e:
             self.error = str(e)
-        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as e:
             self.error = f"{type(e).__name__}: {e}"
         self.enter("done")
 
@@ -239,7 +258,7 @@ class Node:
 
     async def fetchConfig(self) -> None:
         fleetd = self.rack.fleetd
-        status = await deferToThread(
+        status, body = await deferToThread(
             fetchConfig,
             port=fleetd.boot,
             ca=fleetd.pki.public_ca,
@@ -249,6 +268,23 @@ class Node:
         )
         if status != 200:
             raise StepFailed(f"config: HTTP {status}")
+        if self.rack.cluster is not None:
+            self.token = bootstrapToken(body)
+
+    async def kubelet(self) -> None:
+        cluster = self.rack.cluster
+        assert cluster is not None
+        verdict = await deferToThread(
+            fileAndAwait,
+            port=cluster.port,
+            ca=cluster.ca,
+            token=self.token,
+            node=self.name,
+            source=self.address,
+            timeout=60,
+        )
+        if verdict != "Approved":
+            raise StepFailed(f"kubelet: CSR {verdict}")
 
 
 def ekDigestOf(der: bytes) -> str:

@@ -86,7 +86,7 @@ def table(outcomes: Sequence[Outcome], total: dict[str, Any], out: IO[str]) -> N
     rows = [head]
     for o in outcomes:
         times = [f"{o.phases[p]:.1f}" if p in o.phases else "-" for p in PHASES]
-        mark = "" if o.ok else f" (expected {o.expected})"
+        mark = "" if o.state == o.expected else f" (expected {o.expected})"
         why = o.reason or o.error or "-"
         alerts = ",".join(o.alerts) or "-"
         rows.append([o.name, o.state + mark, *times, alerts, why])

@@ -36,15 +36,16 @@ def fetchConfig(
     timeScale: float,
     host: str = "localhost",
     sleep: Callable[[float], None] = time.sleep,
-) -> int:
+) -> tuple[int, bytes]:
     """
     Fetch the machine configuration until a 200 or the last try; the last
-    status (0: no answer). The body is read whole and dropped: it holds
-    the node's secrets, which the sim never keeps or prints.
+    status (0: no answer) and body. The body holds the node's secrets:
+    the caller reads what the node would (its bootstrap token) and never
+    keeps or prints it.
     """
     context = ssl.create_default_context(cafile=str(ca))
     path = "/config?" + urllib.parse.urlencode(query)
-    status = 0
+    status, body = 0, b""
     for gap in [*gaps(timeScale), None]:
         conn = http.client.HTTPSConnection(
             host, port, context=context, timeout=30, source_address=(source, 0)
@@ -52,13 +53,13 @@ def fetchConfig(
         try:
             conn.request("GET", path)
             response = conn.getresponse()
-            response.read()
+            body = response.read()
             status = response.status
         except (OSError, http.client.HTTPException):
-            status = 0
+            status, body = 0, b""
         finally:
             conn.close()
         if status == 200 or gap is None:
-            return status
+            return status, body
         sleep(gap)
-    return status
+    return status, body
