@@ -91,6 +91,7 @@ class SimTests(SynchronousTestCase):
         self.assertEqual(code, 0, stderr[-3000:])
         # No Kubernetes fake beside a fleetd the sim did not start: no kubelet.
         self.assertRack(document, 3, "staged", [p for p in PHASES if p != "kubelet"])
+        self.assertIsNone(document["summary"]["rack_active_seconds"])
         self.assertAllStopped(stderr, {"dbus-daemon": 1, "swtpm": 3, "tpm2-abrmd": 3})
         for node in document["nodes"]:
             shown = subprocess.run(
@@ -115,6 +116,7 @@ class SimTests(SynchronousTestCase):
         code, document, stderr = runSim("--nodes", "2", "--parallel", "2")
         self.assertEqual(code, 0, stderr[-3000:])
         self.assertRack(document, 2, "active", list(PHASES))
+        self.assertGreater(document["summary"]["rack_active_seconds"], 0)
         self.assertAllStopped(
             stderr, {"fleetd": 1, "dbus-daemon": 1, "swtpm": 2, "tpm2-abrmd": 2}
         )

@@ -25,6 +25,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn, cast
 
@@ -130,9 +131,19 @@ async def finalState(node: Node) -> Outcome:
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Result:
+    """The rack's outcomes, its seconds, and the seconds to its last
+    kubelet certificate (L{None} unless every node got one)."""
+
+    outcomes: list[Outcome]
+    seconds: float
+    active: float | None
+
+
 async def runRack(
     clock: Any, args: argparse.Namespace, rack: Rack, console: Console
-) -> tuple[list[Outcome], float]:
+) -> Result:
     """Every node on its path, C{args.parallel} at a time; their outcomes
     and the rack's seconds."""
     nodes = [Node(index, rack) for index in range(1, args.nodes + 1)]
@@ -155,7 +166,10 @@ async def runRack(
 
     outcomes: list[Outcome] = await gatherResults([one(n) for n in nodes])
     console.end()
-    return outcomes, clock.seconds() - started
+    # When the last node's kubelet certificate was approved (None: not all).
+    approved = [n.ended["kubelet"] for n in nodes if "kubelet" in n.ended]
+    active = max(approved) - started if len(approved) == len(nodes) else None
+    return Result(outcomes, clock.seconds() - started, active)
 
 
 async def setUp(
@@ -211,7 +225,7 @@ async def rackOf(
     work: Path,
     started: Started,
     console: Console,
-) -> tuple[list[Outcome], float]:
+) -> Result:
     """Set up, then run the rack."""
     fleetd, tink, cluster = await setUp(reactor, args, work, started, console)
     bus = SessionBus(work / "bus")
@@ -233,11 +247,11 @@ async def rackOf(
 
 def simulate(
     args: argparse.Namespace, work: Path, started: Started, console: Console
-) -> tuple[list[Outcome], float]:
+) -> Result:
     """Run the reactor until the rack is done (or a signal)."""
     from twisted.internet import reactor
 
-    result: list[tuple[list[Outcome], float]] = []
+    result: list[Result] = []
     failure: list[Failure] = []
     interrupted: list[int] = []
 
@@ -289,14 +303,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         stack.callback(shutil.rmtree, work, True)
         stack.callback(lambda: console.say(started.stopAll()))
         try:
-            outcomes, seconds = simulate(args, work, started, console)
+            result = simulate(args, work, started, console)
         except DaemonFailed as e:
             console.say(f"fleetd-sim: {e}")
             return 2
-    total = summary(outcomes, seconds)
+    total = summary(result.outcomes, result.seconds, result.active)
     if args.json:
-        document = {"nodes": [o.asJSON() for o in outcomes], "summary": total}
+        document = {
+            "nodes": [o.asJSON() for o in result.outcomes],
+            "summary": total,
+        }
         sys.stdout.write(json.dumps(document) + "\n")
     else:
-        table(outcomes, total, sys.stdout)
-    return 0 if all(o.ok for o in outcomes) else 1
+        table(result.outcomes, total, sys.stdout)
+    return 0 if all(o.ok for o in result.outcomes) else 1

@@ -100,6 +100,7 @@ class Node:
     fault: str | None = None
     phase: str = "waiting"
     phases: dict[str, float] = field(default_factory=dict)
+    ended: dict[str, float] = field(default_factory=dict)  # clock, per phase
     reason: str | None = None
     error: str | None = None
 
@@ -148,7 +149,8 @@ class Node:
         self.enter(phase)
         started = self.rack.clock.seconds()
         await step()
-        self.phases[phase] = round(self.rack.clock.seconds() - started, 3)
+        self.ended[phase] = self.rack.clock.seconds()
+        self.phases[phase] = round(self.ended[phase] - started, 3)
 
     # Owner and agent commands
 

@@ -59,8 +59,11 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def summary(outcomes: Sequence[Outcome], seconds: float) -> dict[str, Any]:
-    """Counts, the rack's wall time and p50/p99 seconds per phase."""
+def summary(
+    outcomes: Sequence[Outcome], seconds: float, active: float | None
+) -> dict[str, Any]:
+    """Counts, the rack's wall time, the seconds until its last kubelet
+    certificate (C{active}) and p50/p99 seconds per phase."""
     states = Counter(o.state for o in outcomes)
     perPhase: dict[str, dict[str, float]] = {}
     for phase in PHASES:
@@ -76,6 +79,7 @@ def summary(outcomes: Sequence[Outcome], seconds: float) -> dict[str, Any]:
         "unexpected": [o.name for o in outcomes if not o.ok],
         "states": dict(sorted(states.items())),
         "seconds": round(seconds, 3),
+        "rack_active_seconds": None if active is None else round(active, 3),
         "phases": perPhase,
     }
 
@@ -101,6 +105,11 @@ def table(outcomes: Sequence[Outcome], total: dict[str, Any], out: IO[str]) -> N
         f"\n{total['as_expected']}/{total['nodes']} nodes as expected"
         f" in {total['seconds']:.1f}s; states {total['states']}\n"
     )
+    if total["rack_active_seconds"] is not None:
+        out.write(
+            f"every kubelet certificate approved after"
+            f" {total['rack_active_seconds']:.1f}s\n"
+        )
     for phase, p in total["phases"].items():
         out.write(f"  {phase:<10} p50 {p['p50']:6.2f}s  p99 {p['p99']:6.2f}s\n")
     if total["unexpected"]:
