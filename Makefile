@@ -21,7 +21,7 @@ APT_DEMO := swtpm swtpm-tools openssl tpm2-openssl tpm2-abrmd \
 	libtss2-tcti-tabrmd0 dbus-daemon dbus-bin fdisk
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint imports types unit rules system-build system-test system-demo devpki clean bench agent-demo dist
+.PHONY: run test demo lint imports types unit rules system-build system-test system-demo devpki clean bench agent-demo dist
 
 run: system-build $(STAMP) devpki
 	exec $(BIN)/twistd -n --pidfile= fleetd --config $(DEV_CONFIG)
@@ -35,6 +35,13 @@ agent-demo: system-demo $(STAMP) devpki
 	$(BIN)/python scripts/agent_demo.py --config $(DEV_CONFIG)
 
 test: system-test $(STAMP) lint imports types rules unit
+
+# A rack of 8 virtual nodes enrolled end to end (fleetd-sim, docs/design.md
+# section 9) on its own fleetd and tink-server stand-in in a temporary
+# directory, stopped at the end: progress on stderr, then the table.
+DEMO_NODES ?= 8
+demo: system-demo $(STAMP)
+	$(BIN)/fleetd-sim --nodes $(DEMO_NODES)
 
 system-build:
 	@./.ci/apt-ensure $(APT_BUILD)

@@ -2,7 +2,7 @@
 HTTP/2 abuse against the tink listener (issue 17, item 7): four rapid-reset
 attackers (CVE-2023-44487) and one PING flood that never reads its ACKs,
 against C{twistd -n fleetd} and then against nginx C{grpc_pass}, both in
-front of the same grpcio tink-server stand-in (L{tests.tinkpeers}).
+front of the same grpcio tink-server stand-in (L{fleetd.testing.tinkserver}).
 
 While the attack runs, a probe asks C{/healthz} on fleetd's admin listener
 (for nginx: a C{/healthz} location served by the same worker) every
@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._fleet import Daemon, makeFleet, procStatus
 from bench.boot_storm import freePort
 from bench.tink_proxy import Nginx
-from tests.tinkpeers import Script, _Handler
+from fleetd.testing.tinkserver import Script, ScriptHandler
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
@@ -264,7 +264,7 @@ class CountingHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
 
 
 class StandIn:
-    """The grpcio tink-server stand-in of L{tests.tinkpeers} (h2c), answering
+    """The grpcio tink-server stand-in (L{fleetd.testing.tinkserver}, h2c), answering
     GetAction with an empty message, with a L{CountingHandler} first."""
 
     def __init__(self) -> None:
@@ -274,7 +274,7 @@ class StandIn:
         self.script.unary["GetAction"] = lambda request, context: b""
         self.counter = CountingHandler()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        self.server.add_generic_rpc_handlers((self.counter, _Handler(self)))  # type: ignore[arg-type]
+        self.server.add_generic_rpc_handlers((self.counter, ScriptHandler(self)))
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
 

@@ -56,9 +56,9 @@ from cryptography.hazmat.primitives.serialization import (  # noqa: E402
 
 from fleetd.attest.tpm import canonicalSPKI, ekDigest  # noqa: E402
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI  # noqa: E402
+from fleetd.sim.tpm import SWTPM, ResourceManager, SessionBus  # noqa: E402
 from tests.metasupport import TALOS_LAYOUT  # noqa: E402
 from tests.support import TOPOLOGY, writeConfig  # noqa: E402
-from tests.swtpm import SWTPM, ResourceManager, SessionBus  # noqa: E402
 
 BIN = Path(sys.executable).parent  # the venv's console scripts
 # Its commands run this checkout's fleetd, as this script does.

@@ -26,20 +26,14 @@ from fleetd.config import UpstreamAddress
 from fleetd.h2.listener import TinkListenerFactory, proxyFactory
 from fleetd.h2.upstream import UpstreamPool
 from fleetd.service import FleetdService
+from fleetd.testing.tinkagent import Outcome, channel, streaming, unary
+from fleetd.testing.tinkserver import FakeTinkServer
 from fleetd.tink.metrics import TinkMetrics
 from fleetd.tink.proto import tink_agent_pb2 as agent
 from fleetd.tink.proto import tink_v012_pb2 as v012
 from tests.daemonsupport import DaemonTestMixin
 from tests.h2support import selfSignedCertificate
-from tests.tinkpeers import (
-    FakeTinkServer,
-    Outcome,
-    channel,
-    context,
-    provisionedDevice,
-    streaming,
-    unary,
-)
+from tests.tinkpeers import context, provisionedDevice
 
 _shared: FakeTinkServer | None = None
 

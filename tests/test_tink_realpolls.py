@@ -23,10 +23,12 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.h2.grpcwire import GRPCStatus
 from fleetd.service import FleetdService
+from fleetd.testing.tinkagent import channel, unary
+from fleetd.testing.tinkserver import FakeTinkServer
 from fleetd.tink.proto import tink_agent_pb2 as agent
 from fleetd.tink.proto import tink_v012_pb2 as v012
 from tests.daemonsupport import DaemonTestMixin
-from tests.tinkpeers import FakeTinkServer, channel, provisionedDevice, unary
+from tests.tinkpeers import provisionedDevice
 from tests.tinksupport import MAC, P, Site, frame
 
 RETURNED = "boot.hookos-after-install"

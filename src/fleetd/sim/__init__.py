@@ -1,0 +1,5 @@
+"""
+C{fleetd-sim}: a rack of virtual nodes enrolled end to end against fleetd
+(docs/design.md §9), its own swtpm per node, with the project's stand-ins
+(L{fleetd.testing}) for the peers fleetd talks to.
+"""

@@ -1,0 +1,43 @@
+"""
+What fleetd recorded of a node, read from its journal through the owner
+API (C{fleetctl journal --device}), never from the sim's own beliefs:
+a clean node got exactly one delivery [C2], and with a cluster its first
+kubelet certificate approved once [K2] and its bootstrap token deleted
+after it [K4] (the deletion is awaited: it comes C{delete_after} later).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from twisted.internet.task import deferLater
+
+from fleetd.sim.node import Node
+
+DELETION_POLLS = 20  # a deletion is looked for this many times...
+POLL_GAP = 0.5  # ...this many seconds apart
+
+
+async def events(node: Node) -> Counter[str]:
+    """How many journal entries of each event name C{node} has."""
+    shown = await node.fleetctl("--json", "journal", "--device", node.name)
+    return Counter(str(entry["event"]) for entry in json.loads(shown))
+
+
+async def unrecorded(node: Node) -> str | None:
+    """What fleetd should have journaled of a clean C{node} and did not
+    (one line), or L{None}."""
+    seen = await events(node)
+    if seen["run.delivered"] != 1:
+        return f"journal: {seen['run.delivered']} deliveries, not 1"
+    if node.rack.cluster is None:
+        return None
+    if seen["kube.csr-approved"] != 1:
+        return f"journal: {seen['kube.csr-approved']} kubelet approvals, not 1"
+    for _ in range(DELETION_POLLS):
+        if seen["kube.token-deleted"] == 1:
+            return None
+        await deferLater(node.rack.clock, POLL_GAP, lambda: None)
+        seen = await events(node)
+    return f"journal: {seen['kube.token-deleted']} token deletions, not 1"

@@ -1,0 +1,305 @@
+"""
+One virtual node's path, end to end (docs/design.md §1's happy path):
+
+    tpm       its own swtpm (EK certified by the dev EK CA) behind tpm2-abrmd
+    enroll    the owner: device, evidence of the EK, binding approved
+    provision the owner: a run, its one-time code
+    attest    HookOS workflow actions, each served by the tink-server
+    disks       stand-in through fleetd's Tink proxy and reported RUNNING,
+    plan        SUCCESS by a grpcio tink agent; each runs fleetd-agent
+    install     over the device listener (install: the image written)
+    config    Talos: GET /config?code=… on the boot listener, from the
+              node's own loopback address, Talos's retry schedule scaled
+    kubelet   its first client CSR, filed with the bootstrap token of the
+              delivered configuration against the Kubernetes fake, until
+              fleetd's approver approves it (when the rack has a cluster)
+
+Each phase is a method of L{Node} run in that order by L{Node.run}; a
+fault (not built yet) will replace or follow one of them. A step fleetd
+refuses ends the node's path with its reason code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.threads import deferToThread
+from twisted.internet.utils import getProcessOutputAndValue
+
+from fleetd.attest.tpm import canonicalSPKI, ekDigest
+from fleetd.sim.daemon import BIN, Fleetd, Started
+from fleetd.sim.kubelet import bootstrapToken, fileAndAwait
+from fleetd.sim.talos import fetchConfig
+from fleetd.sim.tpm import SWTPM, ResourceManager, SessionBus
+from fleetd.testing.tinkagent import channel, getAction, report
+from fleetd.testing.tinkserver import Workflows
+
+PHASES = (
+    "tpm", "enroll", "provision", "attest", "disks", "plan", "install", "config",
+    "kubelet",
+)  # fmt: skip
+ACTIONS = ("attest", "disks", "plan", "install")  # the workflow served by tink
+DISK_BYTES = 16 * 1024**3
+REFUSED = re.compile(r"refused: ([a-z0-9-]+)")
+
+
+class Refused(Exception):
+    """fleetd refused a step; C{reason} is its code."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class StepFailed(Exception):
+    """A step failed for another reason than a refusal (one line)."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The Kubernetes fake's TLS port and the CA its certificate is from."""
+
+    port: int
+    ca: Path
+
+
+@dataclass
+class Rack:
+    """What every node of a rack shares."""
+
+    fleetd: Fleetd
+    work: Path
+    bus: SessionBus
+    tink: Workflows
+    clock: IReactorTime
+    timeScale: float
+    started: Started
+    cluster: Cluster | None
+    changed: Callable[[], None]
+
+
+@dataclass
+class Node:
+    """One node: its identity, where it is, what happened to it."""
+
+    index: int
+    rack: Rack
+    fault: str | None = None
+    phase: str = "waiting"
+    phases: dict[str, float] = field(default_factory=dict)
+    ended: dict[str, float] = field(default_factory=dict)  # clock, per phase
+    reason: str | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        tag = secrets.token_hex(3)
+        self.name = f"sim-{self.index:03d}-{tag}"
+        self.serial = f"SIM-{tag.upper()}-{self.index:03d}"
+        self.uuid = str(uuid.uuid4())
+        low = secrets.randbelow(256)
+        self.mac = (
+            f"52:54:00:{self.index >> 8 & 0xFF:02x}:{self.index & 0xFF:02x}:{low:02x}"
+        )
+        self.disk = f"SIM-DISK-{tag.upper()}-{self.index:03d}"
+        # Linux routes all of 127/8 to lo: each node its own source address.
+        rank = self.index - 1  # 127.0.1.1 for the first node
+        self.address = f"127.0.{1 + rank // 250}.{1 + rank % 250}"
+        self.directory = self.rack.work / self.name
+        self.tcti = ""
+        self.digest = ""
+        self.code = ""
+        self.token = ""  # the delivered bootstrap token: used, never shown
+
+    async def run(self) -> None:
+        """Every phase in order, timing each; stop at a refusal."""
+        try:
+            await self.timed("tpm", self.startTPM)
+            await self.timed("enroll", self.enroll)
+            await self.timed("provision", self.provision)
+            await self.workflow()  # attest, disks, plan, install: timed there
+            await self.timed("config", self.fetchConfig)
+            if self.rack.cluster is not None:
+                await self.timed("kubelet", self.kubelet)
+        except Refused as e:
+            self.reason = e.reason
+        except StepFailed as e:
+            self.error = str(e)
+        except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as e:
+            self.error = f"{type(e).__name__}: {e}"
+        self.enter("done")
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+        self.rack.changed()
+
+    async def timed(self, phase: str, step: Callable[[], Awaitable[None]]) -> None:
+        self.enter(phase)
+        started = self.rack.clock.seconds()
+        await step()
+        self.ended[phase] = self.rack.clock.seconds()
+        self.phases[phase] = round(self.ended[phase] - started, 3)
+
+    # Owner and agent commands
+
+    async def command(self, argv: list[str], env: dict[str, str] | None = None) -> str:
+        """Run a console script; its stdout, or L{Refused}/L{StepFailed}."""
+        out, err, code = await getProcessOutputAndValue(
+            argv[0], argv[1:], env=env if env is not None else _env()
+        )
+        if code != 0:
+            text = (out + err).decode(errors="replace")
+            refused = REFUSED.search(text)
+            if refused:
+                raise Refused(refused.group(1))
+            last = text.strip().splitlines()[-1:] or [f"exit status {code}"]
+            raise StepFailed(f"{Path(argv[0]).name} {argv[3:5]}: {last[0]}")
+        result: str = out.decode()
+        return result
+
+    def fleetctl(self, *args: str) -> Deferred[str]:
+        argv = [str(BIN / "fleetctl"), "--config", str(self.rack.fleetd.config)]
+        return Deferred.fromCoroutine(self.command([*argv, *args]))
+
+    def agent(self, *args: str) -> Deferred[str]:
+        fleetd = self.rack.fleetd
+        argv = [str(BIN / "fleetd-agent"), "--server", fleetd.device,
+                "--ca", str(fleetd.pki.public_ca), "--tcti", self.tcti,
+                "--state", str(self.directory / "agent"), *args]  # fmt: skip
+        env = {**_env(), "DBUS_SESSION_BUS_ADDRESS": self.rack.bus.address}
+        return Deferred.fromCoroutine(self.command(argv, env))
+
+    # Phases
+
+    def startTPM(self) -> Deferred[None]:
+        def start() -> str:
+            self.directory.mkdir(parents=True)
+            (self.directory / "agent").mkdir()
+            tpm = SWTPM(self.directory / "tpm", self.rack.fleetd.pki)
+            self.rack.started.add("swtpm", lambda: tpm.pid, tpm.stop)
+            tpm.start()
+            rm = ResourceManager(tpm, self.directory, self.rack.bus)
+            self.rack.started.add("tpm2-abrmd", lambda: _pid(rm.process), rm.stop)
+            rm.start()
+            self.tcti = rm.tcti
+            return ekDigestOf(tpm.ekCertificates()["ek-rsa2048.crt"])
+
+        def started(digest: str) -> None:
+            self.digest = digest
+
+        d: Deferred[str] = deferToThread(start)
+        return d.addCallback(started)
+
+    async def enroll(self) -> None:
+        await self.fleetctl("device", "add", self.name, "--serial", self.serial,
+                            "--uuid", self.uuid, "--mac", self.mac,
+                            "--class", "worker")  # fmt: skip
+        await self.fleetctl("evidence", "add", "--serial", self.serial,
+                            "--ek-sha256", self.digest, "--kind", "receiving-scan",
+                            "--ref", "fleetd-sim")  # fmt: skip
+        await self.fleetctl("binding", "approve", self.serial)
+
+    async def provision(self) -> None:
+        json.loads(await self.fleetctl("--json", "provision", self.name))
+        self.rack.tink.add(self.mac, f"sim/{self.name}", ACTIONS)
+
+    async def workflow(self) -> None:
+        """HookOS: the tink agent plays the workflow tink-server serves
+        through fleetd's proxy, each action being the step of its name."""
+        ca = self.rack.fleetd.pki.public_ca.read_bytes()
+        ch = channel(self.rack.fleetd.tink, ca)
+        try:
+            while True:
+                action = await deferToThread(getAction, ch, self.mac)
+                if action is None:
+                    return
+
+                await self.timed(action.action_id, self.reported(ch, action))
+        finally:
+            ch.close()
+
+    def reported(self, ch: Any, action: Any) -> Callable[[], Awaitable[None]]:
+        """C{action} run between its RUNNING and SUCCESS reports to tink."""
+
+        async def step() -> None:
+            await deferToThread(report, ch, self.mac, action, True)
+            await self.action(action.action_id)
+            await deferToThread(report, ch, self.mac, action, False)
+
+        return step
+
+    async def action(self, name: str) -> None:
+        if name == "attest":
+            await self.agent("attest", "--serial", self.serial, "--uuid", self.uuid,
+                             "--ek", "rsa")  # fmt: skip
+        elif name == "disks":
+            report = self.directory / "disks.json"
+            disk = {"name": "vda", "serial": self.disk, "wwn": None,
+                    "size": DISK_BYTES, "removable": False}  # fmt: skip
+            report.write_text(json.dumps({"disks": [disk]}))
+            await self.agent("disks", "--from", str(report))
+        elif name == "plan":
+            plan: dict[str, Any] = json.loads(await self.agent("--json", "plan"))
+            if plan.get("target_disk_serial") != self.disk:
+                raise StepFailed(f"plan: target disk {plan.get('target_disk_serial')}")
+            self.code = str(plan["meta_0x0b"])
+        elif name != "install":  # install: the image is written (nothing to do)
+            raise StepFailed(f"unknown workflow action {name!r}")
+
+    async def fetchConfig(self) -> None:
+        fleetd = self.rack.fleetd
+        status, body = await deferToThread(
+            fetchConfig,
+            port=fleetd.boot,
+            ca=fleetd.pki.public_ca,
+            source=self.address,
+            query={"code": self.code, "uuid": self.uuid, "serial": self.serial},
+            timeScale=self.rack.timeScale,
+        )
+        if status != 200:
+            raise StepFailed(f"config: HTTP {status}")
+        if self.rack.cluster is not None:
+            self.token = bootstrapToken(body)
+
+    async def kubelet(self) -> None:
+        cluster = self.rack.cluster
+        assert cluster is not None
+        verdict = await deferToThread(
+            fileAndAwait,
+            port=cluster.port,
+            ca=cluster.ca,
+            token=self.token,
+            node=self.name,
+            source=self.address,
+            timeout=60,
+        )
+        if verdict != "Approved":
+            raise StepFailed(f"kubelet: CSR {verdict}")
+
+
+def ekDigestOf(der: bytes) -> str:
+    """SHA-256 of the EK's DER SubjectPublicKeyInfo, as evidence names it."""
+    key = x509.load_der_x509_certificate(der).public_key()
+    return ekDigest(
+        canonicalSPKI(key.public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo))
+    )
+
+
+def _pid(process: subprocess.Popen[bytes] | None) -> int | None:
+    return None if process is None else process.pid
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ)
