@@ -1,6 +1,8 @@
 """
-C{fleetd-sim [--config FILE] --nodes N [--parallel P] [--time-scale X]
-[--json]}: a rack of virtual nodes enrolled end to end (docs/design.md §9).
+C{fleetd-sim [--config FILE] --nodes N [--faults NAME[:COUNT],...]
+[--parallel P] [--time-scale X] [--json]}: a rack of virtual nodes
+enrolled end to end (docs/design.md §9), some with a fault
+(L{fleetd.sim.faults}).
 
 Without C{--config} it starts everything itself on a temporary directory:
 the grpcio tink-server stand-in, a fleetd whose Tink upstream it is, and
@@ -43,18 +45,19 @@ from fleetd.sim.daemon import (
     healthy,
     startFleetd,
 )
+from fleetd.sim.faults import FAULTS, FaultSpecError, parseFaults
 from fleetd.sim.kubelet import serveFake
 from fleetd.sim.node import Cluster, Node, Rack, Refused, StepFailed
 from fleetd.sim.report import Outcome, progressLine, summary, table
 from fleetd.sim.tpm import RM_AVAILABLE, SessionBus
 from fleetd.testing.tinkserver import FakeTinkServer, Workflows
 
-# What fleetd should say of a node at the end, per fault (None: a clean
-# node), with a cluster and without one. A clean node is released
-# ("staged") once its configuration is delivered, and becomes "active"
-# when its kubelet certificate is approved; a rack against a fleetd of
-# --config has no Kubernetes fake, so no kubelet phase.
-EXPECTED: dict[str | None, tuple[str, str]] = {None: ("active", "staged")}
+# What fleetd should say of a clean node at the end, with a cluster and
+# without one. A clean node is released ("staged") once its configuration
+# is delivered, and becomes "active" when its kubelet certificate is
+# approved; a rack against a fleetd of --config has no Kubernetes fake, so
+# no kubelet phase. A fault says its own (fleetd.sim.faults.model.Fault).
+CLEAN = ("active", "staged")
 
 
 def parseArgs(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -76,10 +79,25 @@ def parseArgs(argv: Sequence[str] | None) -> argparse.Namespace:
         default=60.0,
         help="Talos's retry gaps divided by this (default 60)",
     )
+    parser.add_argument(
+        "--faults",
+        metavar="NAME[:COUNT],...",
+        help="faults for the rack's first nodes (" + ", ".join(sorted(FAULTS)) + ")",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object")
     args = parser.parse_args(argv)
     if not 1 <= args.nodes <= 60000 or args.parallel < 1 or args.time_scale <= 0:
         parser.error("--nodes 1..60000, --parallel >= 1, --time-scale > 0")
+    try:
+        args.faultNames = parseFaults(args.faults)
+    except FaultSpecError as e:
+        parser.error(str(e))
+    if len(args.faultNames) > args.nodes:
+        parser.error(f"--faults: {len(args.faultNames)} faults for {args.nodes} nodes")
+    if args.config is not None:
+        own = sorted({n for n in args.faultNames if FAULTS[n].ownFleetd})
+        if own:
+            parser.error(f"--faults: {', '.join(own)} only on the sim's own fleetd")
     return args
 
 
@@ -111,8 +129,12 @@ class Console:
 
 async def finalState(node: Node) -> Outcome:
     """What fleetd says of C{node}: status and open alerts."""
-    withCluster, without = EXPECTED.get(node.fault, ("?", "?"))
-    expected = withCluster if node.rack.cluster is not None else without
+    cluster = node.rack.cluster is not None
+    fault = None if node.fault is None else FAULTS[node.fault]
+    if fault is None:
+        expected = CLEAN[0] if cluster else CLEAN[1]
+    else:
+        expected = fault.expected(cluster)
     try:
         doc: dict[str, Any] = json.loads(
             await node.fleetctl("--json", "status", node.name)
@@ -123,8 +145,12 @@ async def finalState(node: Node) -> Outcome:
         node.error = node.error or f"status: {e}"
     if node.reason is not None:
         state = "refused"
-    elif node.error is None and node.fault is None:
-        node.error = await unrecorded(node)
+    if fault is not None and node.reason != fault.reason:
+        node.error = node.error or (
+            f"refusal {node.reason or 'none'}, expected {fault.reason or 'none'}"
+        )
+    if node.error is None:
+        node.error = await (unrecorded(node) if fault is None else fault.check(node))
     return Outcome(
         node.name, node.fault, state, node.reason, node.phases, alerts,
         expected, node.error,
@@ -146,7 +172,14 @@ async def runRack(
 ) -> Result:
     """Every node on its path, C{args.parallel} at a time; their outcomes
     and the rack's seconds."""
-    nodes = [Node(index, rack) for index in range(1, args.nodes + 1)]
+    faults: list[str | None] = list(args.faultNames)
+    faults += [None] * (args.nodes - len(faults))
+    nodes = [
+        Node(
+            index, rack, fault=name, alter=None if name is None else FAULTS[name].alter
+        )
+        for index, name in enumerate(faults, start=1)
+    ]
     started = clock.seconds()
 
     def changed() -> None:

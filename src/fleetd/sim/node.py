@@ -56,6 +56,17 @@ DISK_BYTES = 16 * 1024**3
 REFUSED = re.compile(r"refused: ([a-z0-9-]+)")
 
 
+@dataclass(frozen=True)
+class Step:
+    """
+    One step of a node's path: C{run} timed as C{phase} (L{None}: not
+    timed as a whole, as the workflow, which times its own actions).
+    """
+
+    phase: str | None
+    run: Callable[[], Awaitable[None]]
+
+
 class Refused(Exception):
     """fleetd refused a step; C{reason} is its code."""
 
@@ -103,6 +114,8 @@ class Node:
     ended: dict[str, float] = field(default_factory=dict)  # clock, per phase
     reason: str | None = None
     error: str | None = None
+    # The fault's change to the path (fleetd.sim.faults), if any.
+    alter: Callable[[Node, list[Step]], list[Step]] | None = None
 
     def __post_init__(self) -> None:
         tag = secrets.token_hex(3)
@@ -123,16 +136,31 @@ class Node:
         self.code = ""
         self.token = ""  # the delivered bootstrap token: used, never shown
 
+    def steps(self) -> list[Step]:
+        """The clean path."""
+        steps = [
+            Step("tpm", self.startTPM),
+            Step("enroll", self.enroll),
+            Step("provision", self.provision),
+            Step(None, self.workflow),  # attest, disks, plan, install: timed there
+            Step("config", self.fetchConfig),
+        ]
+        if self.rack.cluster is not None:
+            steps.append(Step("kubelet", self.kubelet))
+        return steps
+
     async def run(self) -> None:
-        """Every phase in order, timing each; stop at a refusal."""
+        """Every step in order (the fault's path, if any), timing each;
+        stop at a refusal."""
+        steps = self.steps()
+        if self.alter is not None:
+            steps = self.alter(self, steps)
         try:
-            await self.timed("tpm", self.startTPM)
-            await self.timed("enroll", self.enroll)
-            await self.timed("provision", self.provision)
-            await self.workflow()  # attest, disks, plan, install: timed there
-            await self.timed("config", self.fetchConfig)
-            if self.rack.cluster is not None:
-                await self.timed("kubelet", self.kubelet)
+            for step in steps:
+                if step.phase is None:
+                    await step.run()
+                else:
+                    await self.timed(step.phase, step.run)
         except Refused as e:
             self.reason = e.reason
         except StepFailed as e:

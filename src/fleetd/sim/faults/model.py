@@ -1,0 +1,50 @@
+"""
+What a fault is (docs/design.md §9, the fault table): a change to one
+node's path, the end fleetd must record of that node, and a check of what
+fleetd recorded, read from fleetd (its journal, its metrics, its alert
+rules), never from the sim's own beliefs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from fleetd.sim.node import Node, Step
+
+# The node's path with the fault in it, from the clean path's steps.
+Alter = Callable[[Node, list[Step]], list[Step]]
+# What fleetd should have recorded of the node and did not (one line), or None.
+Check = Callable[[Node], Awaitable[str | None]]
+
+
+async def nothingMore(node: Node) -> str | None:
+    """A fault whose end state says everything (no further check)."""
+    return None
+
+
+@dataclass(frozen=True)
+class Fault:
+    """
+    One fault of the table.
+
+    @ivar state: the device's final inventory status fleetd reports
+        (C{refused} for a refusal), with a cluster; C{stateWithout}
+        without one (a rack against C{--config}), when it differs.
+    @ivar reason: the refusal's reason code, for a refused node.
+    @ivar ownFleetd: only when the sim started fleetd itself (it must
+        restart it or empty its vault).
+    """
+
+    name: str
+    state: str
+    alter: Alter
+    check: Check = nothingMore
+    reason: str | None = None
+    stateWithout: str | None = None
+    ownFleetd: bool = False
+
+    def expected(self, cluster: bool) -> str:
+        if cluster or self.stateWithout is None:
+            return self.state
+        return self.stateWithout
