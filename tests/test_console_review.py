@@ -174,6 +174,7 @@ class ConsoleReviewTests(ReviewMixin, TestCase):
             len(started), 1, f"one confirmation of run {seen} started"
             f" {len(started)} runs (answers {codes})",
         )  # fmt: skip
+        self.assertEqual(sorted(codes), [200, 409], "the second submit is a 409 page")
 
     # -- a backend down: a page says so, it is no bug ----------------------------
 
