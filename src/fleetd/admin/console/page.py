@@ -22,6 +22,7 @@ import jinja2
 from twisted.web import http
 from twisted.web.iweb import IRequest
 
+from fleetd.web.refusals import readRefusal, storeRefusal
 from fleetd.web.resources import answerAsync
 
 HERE = Path(__file__).parent
@@ -140,8 +141,10 @@ def renderPageAsync(
 ) -> int:
     """
     Await C{work} and render the page it returns. L{Refused}, and what
-    C{refusal} maps to C{(code, line)}, are an error page; anything else
-    is logged as a bug and is a 500 page. Nothing is written after the
+    C{refusal} maps to C{(code, line)}, are an error page; so is the
+    inventory or the database down (503: L{readRefusal} for a read,
+    L{storeRefusal} for a change, as the owner API answers); anything
+    else is logged as a bug and is a 500 page. Nothing is written after the
     client went away (L{answerAsync}).
     """
 
@@ -152,7 +155,11 @@ def renderPageAsync(
     def refused(e: Exception) -> tuple[int, str] | None:
         if isinstance(e, Refused):
             return e.code, str(e)
-        return None if refusal is None else refusal(e)
+        answer = None if refusal is None else refusal(e)
+        if answer is None:
+            reading = request.method in (b"GET", b"HEAD")
+            answer = (readRefusal if reading else storeRefusal)(e)
+        return answer
 
     return answerAsync(
         request,
