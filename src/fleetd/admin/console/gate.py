@@ -181,6 +181,10 @@ class Guarded(resource.Resource):
         refusal = self._gate.admit(request)
         if refusal is not None:
             return refusal
+        if self._inner.isLeaf:  # it answers its own subpaths (a 404 page)
+            request.prepath.pop()
+            request.postpath.insert(0, path)
+            return self._inner
         child: resource.Resource = self._inner.getChildWithDefault(path, request)
         return child
 
@@ -236,6 +240,8 @@ class Logout(Endpoint):
         self._sessions = sessions
 
     def render_POST(self, request: IRequest) -> bytes:
+        if request.postpath:
+            return errorPage(request, http.NOT_FOUND, "not found")
         sessionID = _cookie(request)
         if sessionID is not None:
             self._sessions.end(sessionID)

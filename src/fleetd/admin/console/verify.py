@@ -157,12 +157,12 @@ class VerifyPage(Endpoint):
         self._inventory = inventory
 
     def render_GET(self, request: IRequest) -> int | bytes:
-        if request.postpath not in ([], [b""]):
+        if request.postpath:
             return errorPage(request, http.NOT_FOUND, "not found")
         return renderPageAsync(request, lambda: self._show(request), _refusal)
 
     def render_POST(self, request: IRequest) -> int | bytes:
-        if request.postpath not in ([], [b""]):
+        if request.postpath:
             return errorPage(request, http.NOT_FOUND, "not found")
         return renderPageAsync(request, lambda: self._decide(request), _refusal)
 
