@@ -40,9 +40,7 @@ class ReviewMixin(ConsoleMixin):
         """A browser without a certificate, signed in with a login link."""
         url = await self.loginLink(owner)
         browser = StubTreq(self.root)
-        code, _, body = await self.page(
-            "GET", f"/login?{urlsplit(url).query}", owner=None, stub=browser
-        )
+        code, _, body = await self.signIn(url, browser)
         self.assertEqual(code, 200, body)
         return browser
 
@@ -90,9 +88,7 @@ class ConsoleReviewTests(ReviewMixin, TestCase):
             "HEAD", f"/login?{query}", owner=None, stub=scanner
         )
         browser = StubTreq(self.root)
-        code, _, body = await self.page(
-            "GET", f"/login?{query}", owner=None, stub=browser
-        )
+        code, _, body = await self.signIn(url, browser)
         self.assertEqual(code, 200, "a HEAD spent the owner's login link: " + body)
 
     async def test_autoRefresh_doesNotDefeatIdleTimeout(self) -> None:
@@ -129,9 +125,7 @@ class ConsoleReviewTests(ReviewMixin, TestCase):
         for _ in range(64):
             await self.loginLink("bob")
         browser = StubTreq(self.root)
-        code, _, body = await self.page(
-            "GET", f"/login?{urlsplit(url).query}", owner=None, stub=browser
-        )
+        code, _, body = await self.signIn(url, browser)
         self.assertEqual(code, 200, "bob's links evicted alice's: " + words(body))
 
     async def test_csrfToken_notTakenFromTheURL(self) -> None:
@@ -292,9 +286,7 @@ class ConsoleReviewTests(ReviewMixin, TestCase):
         await self.startConsole()
         url = await self.loginLink()
         browser = StubTreq(self.root)
-        _code, headers, _ = await self.page(
-            "GET", f"/login?{urlsplit(url).query}", owner=None, stub=browser
-        )
+        _code, headers, _ = await self.signIn(url, browser)
         (cookie,) = headers.getRawHeaders("set-cookie")
         self.assertTrue(cookie.startswith("__Host-"), cookie.split("=")[0])
 

@@ -77,6 +77,30 @@ def setCookie(request: Any, value: str, maxAge: int | None = None) -> None:
     )
 
 
+def isForm(request: IRequest) -> bool:
+    """Whether C{request}'s body is an URL-encoded form (as the console's are)."""
+    kind = _header(request, b"content-type").split(";")[0].strip()
+    return kind.lower() == FORM
+
+
+def crossOrigin(request: IRequest) -> str | None:
+    """
+    The refusal of a post that another origin's page made, or L{None}: a
+    C{Sec-Fetch-Site} other than C{same-origin}, or an C{Origin} other
+    than the console's own (C{null}, which browsers send under
+    C{Referrer-Policy: no-referrer}, only with C{Sec-Fetch-Site:
+    same-origin}). A client that sends neither (not a browser) passes.
+    """
+    origin = _header(request, b"origin")
+    site = _header(request, b"sec-fetch-site")
+    if site and site != "same-origin":
+        return "form refused: it came from another origin"
+    own = origin == "https://" + _header(request, b"host")
+    if origin and not own and not (origin == "null" and site == "same-origin"):
+        return "form refused: it came from another origin"
+    return None
+
+
 class _Refused(resource.Resource):
     """A one-line refusal with the console's headers (the API's words)."""
 
@@ -147,19 +171,11 @@ class ConsoleGate:
         return None
 
     def _formRefusal(self, request: IRequest, viewer: Viewer) -> str | None:
-        kind = _header(request, b"content-type").split(";")[0].strip()
-        if kind.lower() != FORM:
+        if not isForm(request):
             return f"form refused: a change takes {FORM}"
-        origin = _header(request, b"origin")
-        site = _header(request, b"sec-fetch-site")
-        if site and site != "same-origin":
-            return "form refused: it came from another origin"
-        # Under Referrer-Policy: no-referrer browsers name the origin of a
-        # form post "null", the console's own too; Sec-Fetch-Site then
-        # says it is the console's.
-        own = origin == "https://" + _header(request, b"host")
-        if origin and not own and not (origin == "null" and site == "same-origin"):
-            return "form refused: it came from another origin"
+        line = crossOrigin(request)
+        if line is not None:
+            return line
         try:
             token = formValue(request, "csrf") or ""
         except Exception:
@@ -193,41 +209,6 @@ class Guarded(resource.Resource):
         if refusal is not None:
             return refusal.render(request)
         return self._inner.render(request)
-
-
-class Login(Endpoint):
-    """
-    C{GET /login?token=...}: open a session with a one-time link, set its
-    cookie and go on to the fleet view. The page moves on by a meta
-    refresh, not a redirect: a link followed from another site would not
-    send a C{SameSite=Strict} cookie along a redirect.
-    """
-
-    isLeaf = True
-
-    def __init__(self, gate: ConsoleGate, journal: AsyncJournal) -> None:
-        super().__init__()
-        self._gate = gate
-        self._journal = journal
-
-    def render_GET(self, request: IRequest) -> bytes:
-        setSecurityHeaders(request)
-        try:
-            token = formValue(request, "token") or ""
-        except Exception:
-            token = ""
-        opened = self._gate.sessions.redeem(token) if token else None
-        if opened is None:
-            return errorPage(
-                request,
-                http.FORBIDDEN,
-                "this login link was used already, has expired or is not one:"
-                " run fleetctl console for a new one",
-            )
-        sessionID, session = opened
-        setCookie(request, sessionID)
-        log.info("console.session-opened {owner}", owner=session.owner)
-        return renderPage(request, "login.html", owner=session.owner)
 
 
 class Logout(Endpoint):

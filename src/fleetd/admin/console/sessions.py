@@ -112,6 +112,11 @@ class ConsoleSessions:
         _bound(self._links, owner, MAX_LINKS_PER_OWNER, MAX_LINKS)
         return token, expires
 
+    def linkValid(self, token: str) -> bool:
+        """Whether C{token} names a link that would open a session now (kept)."""
+        link = self._links.get(_digest(token))
+        return link is not None and self._clock.seconds() < link.expires
+
     def redeem(self, token: str) -> tuple[str, Session] | None:
         """
         Open a session with the link C{token}: its id and the session, or
