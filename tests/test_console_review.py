@@ -106,10 +106,19 @@ class ConsoleReviewTests(ReviewMixin, TestCase):
         browser = await self.session()
         code, _, body = await self.page("GET", "/device", owner=None, stub=browser)
         self.assertEqual(code, 200, body)
+        self.assertNotIn("data-refresh", body, "nothing waits: nothing to reload")
+        await self.addDevice("w1", SERIAL, UUID)
+        self.service.deviceFlow.requestCode(
+            {"client_id": "talos", "uuid": UUID, "serial": SERIAL}, "127.0.0.9"
+        )
+        code, _, body = await self.page("GET", "/device", owner=None, stub=browser)
         self.assertIn('data-refresh="10"', body)
+        # console.js reloads a data-refresh page at its URL with auto=1
         for _ in range(int(3 * sessions.idle / 10)):  # 1.5 h of unattended reloads
             clock.advance(10)
-            code, _, body = await self.page("GET", "/device", owner=None, stub=browser)
+            code, _, body = await self.page(
+                "GET", "/device?auto=1", owner=None, stub=browser
+            )
             if code == 403:
                 return
         self.fail("1.5 h of automatic reloads kept the session out of its idle timeout")

@@ -80,7 +80,8 @@ class DeviceFlowNodeCase(ConsoleMixin, TestCase):
 class VerifyPageTests(DeviceFlowNodeCase):
     async def test_lookup_reportedBesideRecord(self) -> None:
         """
-        The pending list names the request (linking to its lookup); the
+        The pending list names the request by its public id (not its user
+        code: the owner types the code the node shows); the
         lookup, by a code typed in lower case without its dash, shows what
         the node reported beside the inventory record, nothing marked, and
         decides nothing.
@@ -91,7 +92,9 @@ class VerifyPageTests(DeviceFlowNodeCase):
         body = await self.show("/device")
         self.assertIn('data-refresh="10"', body)
         self.assertIn('name="user_code"', body)
-        self.assertIn(f'href="/device?user_code={user}"', body)
+        self.assertNotIn(user, body)  # typed by the owner, never listed
+        (pending,) = self.service.deviceFlow.pending()
+        self.assertIn(pending.id, text(body))
         self.assertIn("talos-x1", text(body))
         body = await self.show("/device?user_code=" + user.lower().replace("-", ""))
         self.assertNotIn("data-refresh", body)

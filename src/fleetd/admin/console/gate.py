@@ -77,6 +77,18 @@ def setCookie(request: Any, value: str, maxAge: int | None = None) -> None:
     )
 
 
+AUTOMATIC = b"auto"
+
+
+def isAutomatic(request: IRequest) -> bool:
+    """
+    Whether C{request} is a page's own reload (console.js adds C{auto=1}
+    to the URL of a C{data-refresh} page): it does not count as use, so a
+    browser left open on a reloading page still meets the idle timeout.
+    """
+    return request.method in READS and (request.args or {}).get(AUTOMATIC) == [b"1"]
+
+
 def isForm(request: IRequest) -> bool:
     """Whether C{request}'s body is an URL-encoded form (as the console's are)."""
     kind = _header(request, b"content-type").split(";")[0].strip()
@@ -144,7 +156,9 @@ class ConsoleGate:
         if owner is not None:
             return Viewer(owner, "certificate", self.sessions.certificateCSRF(owner))
         sessionID = _cookie(request)
-        session = None if sessionID is None else self.sessions.find(sessionID)
+        session = None
+        if sessionID is not None:
+            session = self.sessions.find(sessionID, touch=not isAutomatic(request))
         if session is not None:
             return Viewer(session.owner, "session", session.csrf)
         return refusal

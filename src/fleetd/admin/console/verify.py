@@ -6,7 +6,7 @@ C{verification_uri} (this page) and a QR code of
 C{verification_uri_complete} (this page with C{?user_code=...}).
 
   - C{GET /device}: the lookup form (an input C{user_code}) and the pending
-    requests, oldest first; the page reloads every 10 s so new ones appear.
+    requests, oldest first; while one waits the page reloads every 10 s.
   - C{GET /device?user_code=...[&device=NAME]}: the request looked up
     without deciding it (L{DeviceFlow.lookup}: an unknown code spends the
     same failed-attempt budget as a decision, so the page is no guessing
@@ -182,9 +182,10 @@ class VerifyPage(Endpoint):
         return await self._compared(view, chosen.strip())
 
     def _landing(self) -> dict[str, Any]:
+        pending = self._flow.pending()
         return {
-            "pending": self._flow.pending(),
-            "refresh": REFRESH,
+            "pending": pending,
+            "refresh": REFRESH if pending else None,
             "view": None,
         }
 
