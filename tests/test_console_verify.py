@@ -186,7 +186,9 @@ class VerifyPageTests(DeviceFlowNodeCase):
         """
         Approving a node that reported another serial is refused (409) with
         the difference explained and the box C{confirm_mismatch}; nothing
-        is journaled. With the box ticked it is approved, journaled forced.
+        is journaled. With the box ticked and the difference the 409 page
+        carried (accept_mismatch) it is approved, journaled forced; another
+        difference is refused.
         """
         await self.setUpDevice()
         grant = await self.requestCode(serial="SER-OTHER")
@@ -199,7 +201,15 @@ class VerifyPageTests(DeviceFlowNodeCase):
         self.assertEqual(await self.decisions(), [])
         _, document = await self.poll(grant)
         self.assertEqual(document["error"], "authorization_pending")
-        body = await self.decide({**form, "confirm_mismatch": "yes"})
+        # the second step's form carries exactly the difference it showed
+        self.assertIn('name="accept_mismatch" value="serial"', body)
+        self.assertEqual(body.count('name="accept_mismatch"'), 1)
+        # a difference other than the one shown is refused by the flow
+        wrong = {**form, "confirm_mismatch": "yes", "accept_mismatch": "uuid"}
+        body = await self.decide(wrong, 409)
+        self.assertEqual(await self.decisions(), [])
+        second = {**form, "confirm_mismatch": "yes", "accept_mismatch": "serial"}
+        body = await self.decide(second)
         self.assertIn("journaled as forced", text(body))
         (entry,) = await self.decisions()
         self.assertEqual(entry["actor"], "owner:alice")

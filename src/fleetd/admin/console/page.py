@@ -209,6 +209,20 @@ def formBody(request: IRequest) -> dict[str, list[str]]:
     return parsed
 
 
+def formValues(request: IRequest, name: str) -> list[str]:
+    """
+    Every value of field C{name} (from the form body only for a change,
+    as L{formValue}); L{Refused} (400) when one is not UTF-8.
+    """
+    if request.method not in (b"GET", b"HEAD"):
+        return list(formBody(request).get(name, []))
+    values = (request.args or {}).get(name.encode("ascii"), [])
+    try:
+        return [v.decode("utf-8") for v in values]
+    except UnicodeDecodeError:
+        raise Refused(http.BAD_REQUEST, f"the field {name} is not UTF-8") from None
+
+
 def formValue(request: IRequest, name: str, default: str | None = None) -> str | None:
     """
     The single value of field C{name} as text: of the query string for a

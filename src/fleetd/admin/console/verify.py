@@ -17,10 +17,12 @@ C{verification_uri_complete} (this page with C{?user_code=...}).
     (C{approve} or C{deny}): the decision, through the same
     L{DeviceFlow.approve} and L{DeviceFlow.deny} as C{fleetctl approve},
     journaled by the viewer with C{via=console}. Approving a mismatch is
-    a second step: without the box C{confirm_mismatch} it is refused
-    (409) with the differences explained and the box shown; with it the
-    differing fields are the approval's C{acceptMismatch}, which the flow
-    compares again and journals as forced.
+    a second step: a post without the box C{confirm_mismatch} and the
+    differences it accepts (C{accept_mismatch}, hidden fields of the 409
+    page) is refused (409) with the differences explained, the box shown
+    and those fields in its form; with both, exactly the accepted fields
+    are the approval's C{acceptMismatch}, which the flow compares again
+    (a record that changed since the 409 is refused) and journals as forced.
 
 What the node reported and what the inventory holds are rendered as text
 (autoescape). The node's one-time C{code} is never rendered.
@@ -40,6 +42,7 @@ from fleetd.admin.console.page import (
     Refused,
     errorPage,
     formValue,
+    formValues,
     renderPageAsync,
     viewerOf,
 )
@@ -237,12 +240,18 @@ class VerifyPage(Endpoint):
                 "unknown-device", f"{name} is no device of the inventory"
             )
         differ = differences(view.reported, (record.uuid, record.serial))
-        if differ and not formValue(request, "confirm_mismatch"):
+        # The second step's form carries the differences its 409 page
+        # showed (accept_mismatch) beside the ticked box; the flow compares
+        # them again with the record as it is now.
+        accepted = tuple(formValues(request, "accept_mismatch"))
+        confirmed = bool(formValue(request, "confirm_mismatch"))
+        if differ and not (confirmed and accepted):
             return await self._compared(view, record.name, step=True)
+        forced = accepted if confirmed else ()
         view = await self._flow.approve(
-            userCode, record.name, owner, acceptMismatch=differ, via=VIA
+            userCode, record.name, owner, acceptMismatch=forced, via=VIA
         )
-        return Page("verify_done.html", {"view": view, "forced": differ})
+        return Page("verify_done.html", {"view": view, "forced": forced})
 
 
 def verifyPage(flow: DeviceFlow, inventory: IInventory) -> resource.Resource:
