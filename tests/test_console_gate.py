@@ -77,6 +77,31 @@ class SessionTests(SynchronousTestCase):
         self.sessions.end(opened[0])
         self.assertIsNone(self.sessions.find(opened[0]))
 
+    def test_automaticUse_keepsTheIdleTimer(self) -> None:
+        """find(touch=False), a page's own reload, does not count as use."""
+        token, _ = self.sessions.newLink("alice")
+        opened = self.sessions.redeem(token)
+        assert opened is not None
+        self.clock.advance(59)
+        self.assertIsNotNone(self.sessions.find(opened[0], touch=False))
+        self.clock.advance(1)
+        self.assertIsNone(self.sessions.find(opened[0], touch=False))
+
+    def test_sessions_cappedPerOwner(self) -> None:
+        """An owner's 17th session ends that owner's oldest, not another's."""
+        token, _ = self.sessions.newLink("bob")
+        bobs = self.sessions.redeem(token)
+        assert bobs is not None
+        mine = []
+        for _ in range(17):
+            token, _ = self.sessions.newLink("alice")
+            opened = self.sessions.redeem(token)
+            assert opened is not None
+            mine.append(opened[0])
+        self.assertIsNone(self.sessions.find(mine[0]))
+        self.assertTrue(all(self.sessions.find(s) for s in mine[1:]))
+        self.assertIsNotNone(self.sessions.find(bobs[0]))
+
     def test_certificateCSRF_boundToOwner(self) -> None:
         self.assertNotEqual(
             self.sessions.certificateCSRF("alice"), self.sessions.certificateCSRF("bob")
@@ -114,6 +139,17 @@ class GateTests(ConsoleMixin, TestCase):
         self.assertEqual(headers.getRawHeaders("cache-control"), ["no-store"])
         self.assertNotIn("<script>", body)  # no inline script
         self.assertNotIn(" style=", body)
+
+    async def test_methodNoPageTakes_405(self) -> None:
+        """OPTIONS, PUT, DELETE: a 405 naming the methods, not a form refusal."""
+        await self.startConsole()
+        for method in ("OPTIONS", "PUT", "DELETE"):
+            for path in ("/", "/device", "/devices/w1"):
+                code, headers, body = await self.page(method, path)
+                self.assertEqual(code, 405, (method, path, body))
+                self.assertEqual(headers.getRawHeaders("allow"), ["GET, HEAD, POST"])
+        code, _, _ = await self.page("OPTIONS", "/", owner=None)
+        self.assertEqual(code, 403, "a non-owner learns nothing more")
 
     async def test_formWithoutCSRF_refused(self) -> None:
         await self.startConsole()

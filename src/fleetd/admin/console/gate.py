@@ -5,11 +5,12 @@ the owner console).
 A page answers an owner: a browser that presents the owner client
 certificate [O1] (the same check as the owner API's), or one that holds a
 live session cookie from a one-time login link (L{ConsoleSessions}).
-Everyone else gets the API's 403 line. A change (any method but GET and
-HEAD) must be an C{application/x-www-form-urlencoded} form, come from the
-console's own origin when the browser names one (C{Origin}, or
-C{Sec-Fetch-Site: same-origin} where C{Origin} is C{null}), and carry the
-viewer's CSRF token in the field C{csrf} [O3]; otherwise it is refused
+Everyone else gets the API's 403 line. Pages take GET, HEAD and POST
+only (any other method is a 405). A change (a POST) must be an
+C{application/x-www-form-urlencoded} form, come from the console's own
+origin when the browser names one (C{Origin}, or C{Sec-Fetch-Site:
+same-origin} where C{Origin} is C{null}), and carry the viewer's CSRF
+token in the form body's field C{csrf} [O3]; otherwise it is refused
 with 403 before any page sees it. Every answer carries the console's
 security headers (L{SECURITY_HEADERS}).
 """
@@ -43,6 +44,7 @@ from fleetd.web.resources import Endpoint, Router, renderAsync, textResponse
 log = Logger()
 
 READS = frozenset({b"GET", b"HEAD"})
+METHODS = READS | {b"POST"}  # what console pages take; others are a 405
 FORM = "application/x-www-form-urlencoded"
 
 
@@ -175,6 +177,9 @@ class ConsoleGate:
             if viewer != NO_CERTIFICATE:
                 self._log.warn("console.owner-refused {reason}", reason=viewer)
             return _Refused(http.FORBIDDEN, viewer)
+        if request.method not in METHODS:  # no page takes it: no form check
+            request.setHeader(b"allow", b"GET, HEAD, POST")
+            return _Refused(http.NOT_ALLOWED, "method not allowed")
         if request.method not in READS:
             line = self._formRefusal(request, viewer)
             if line is not None:
