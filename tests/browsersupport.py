@@ -526,7 +526,9 @@ class ConsoleBrowserTestCase(DeliveryMixin, BrowserTestCase):
             from selenium.webdriver.support.ui import WebDriverWait
 
             browser.get(url)
-            browser.find_element(By.CSS_SELECTOR, 'form[action="/login"] button').click()
+            browser.find_element(
+                By.CSS_SELECTOR, 'form[action="/login"] button'
+            ).click()
 
             WebDriverWait(browser, 10).until(lambda b: urlPath(b.current_url) == "/")
             return pageText(browser)
