@@ -515,14 +515,20 @@ class ConsoleBrowserTestCase(DeliveryMixin, BrowserTestCase):
     async def login(self, url: str | None = None) -> str:
         """
         Sign the browser in with C{url} (by default a new link from
-        fleetctl); returns the page text of the fleet view it lands on.
+        fleetctl): open it and press its "Sign in" button; returns the page
+        text of the fleet view it lands on.
         """
         if url is None:
             url = await self.consoleLink()
 
         def steps(browser: WebDriver) -> str:
-            browser.get(url)
+            from selenium.webdriver.common.by import By
             from selenium.webdriver.support.ui import WebDriverWait
+
+            browser.get(url)
+            browser.find_element(
+                By.CSS_SELECTOR, 'form[action="/login"] button'
+            ).click()
 
             WebDriverWait(browser, 10).until(lambda b: urlPath(b.current_url) == "/")
             return pageText(browser)

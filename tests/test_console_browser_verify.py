@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet.threads import deferToThread
 
+from fleetd.admin.console import verify as verifyModule
 from tests.browsersupport import ConsoleBrowserTestCase, pageText
 from tests.daemonsupport import UUID1
 from tests.test_deviceflow_daemon import GRANT, boot
@@ -127,6 +128,36 @@ class VerifyPageBrowserTests(ConsoleBrowserTestCase):
         (entry,) = await self.decisions()
         self.assertEqual((entry["event"], entry["fields"]["via"]),
                          ("deviceflow.approved", "console"))  # fmt: skip
+
+    async def test_automaticReload_isNotUse(self) -> None:
+        """
+        /device reloads itself while a request waits (console.js, at its URL
+        with auto=1): the reload does not count as use of the session (the
+        idle timeout still ends it), and the marker leaves the address bar.
+        """
+        await self.setUpNode()
+        self.patch(verifyModule, "REFRESH", 2)
+        (session,) = self.service.consoleSessions._sessions.values()
+        url = self.adminURL(self.service, "/device")
+
+        def steps(browser: WebDriver) -> tuple[float, str, str]:
+            from selenium.webdriver.support.ui import WebDriverWait
+
+            browser.get(url)
+            seen = session.seen
+            browser.execute_script("window.fleetdBefore = 1;")
+            WebDriverWait(browser, WAIT).until(
+                lambda b: b.execute_script(
+                    "return window.fleetdBefore === undefined"
+                    " && document.readyState === 'complete'"
+                )
+            )
+            return seen, browser.current_url, pageText(browser)
+
+        seen, current, shown = await self.inBrowser(steps)
+        self.assertIn("Pending requests", shown)
+        self.assertEqual(session.seen, seen, "an automatic reload counted as use")
+        self.assertEqual(current, url, "the auto marker stayed in the address bar")
 
     async def test_deny_nodeHearsAccessDenied(self) -> None:
         """Denying on the page ends the node's flow with access_denied."""

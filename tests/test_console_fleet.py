@@ -323,13 +323,15 @@ class FleetViewTests(ConsoleMixin, TestCase):
         self.assertIn('<body data-refresh="15">', body)
         shown = text(body)
         self.assertIn("Device-flow requests waiting (2)", shown)
-        self.assertIn(f'href="/device?user_code={mine.user_code}"', body)
-        self.assertIn(f'href="/device?user_code={theirs.user_code}"', body)
+        for pending in (mine, theirs):  # named by public id, never by a code
+            self.assertIn(pending.id, shown)
+            self.assertNotIn(pending.user_code, body)
+        self.assertIn('href="/device"', body)
         self.assertIn("52:54:00:12:34:56", shown)
         self.assertIn("&lt;i&gt;S9&lt;/i&gt;", body)
         self.assertNotIn("<i>S9", body)
         rows = re.findall(r"<tr>.*?</tr>", body, re.S)
-        (line,) = [r for r in rows if "user_code" in r and "SER1" in r]
+        (line,) = [r for r in rows if mine.id in r]
         self.assertIn('href="/devices/w1"', line)
         self.assertRegex(" ".join(text(line).split()), r"127\.0\.0\.1 w1 \d+ s ago")
 

@@ -77,6 +77,31 @@ class SessionTests(SynchronousTestCase):
         self.sessions.end(opened[0])
         self.assertIsNone(self.sessions.find(opened[0]))
 
+    def test_automaticUse_keepsTheIdleTimer(self) -> None:
+        """find(touch=False), a page's own reload, does not count as use."""
+        token, _ = self.sessions.newLink("alice")
+        opened = self.sessions.redeem(token)
+        assert opened is not None
+        self.clock.advance(59)
+        self.assertIsNotNone(self.sessions.find(opened[0], touch=False))
+        self.clock.advance(1)
+        self.assertIsNone(self.sessions.find(opened[0], touch=False))
+
+    def test_sessions_cappedPerOwner(self) -> None:
+        """An owner's 17th session ends that owner's oldest, not another's."""
+        token, _ = self.sessions.newLink("bob")
+        bobs = self.sessions.redeem(token)
+        assert bobs is not None
+        mine = []
+        for _ in range(17):
+            token, _ = self.sessions.newLink("alice")
+            opened = self.sessions.redeem(token)
+            assert opened is not None
+            mine.append(opened[0])
+        self.assertIsNone(self.sessions.find(mine[0]))
+        self.assertTrue(all(self.sessions.find(s) for s in mine[1:]))
+        self.assertIsNotNone(self.sessions.find(bobs[0]))
+
     def test_certificateCSRF_boundToOwner(self) -> None:
         self.assertNotEqual(
             self.sessions.certificateCSRF("alice"), self.sessions.certificateCSRF("bob")
@@ -114,6 +139,17 @@ class GateTests(ConsoleMixin, TestCase):
         self.assertEqual(headers.getRawHeaders("cache-control"), ["no-store"])
         self.assertNotIn("<script>", body)  # no inline script
         self.assertNotIn(" style=", body)
+
+    async def test_methodNoPageTakes_405(self) -> None:
+        """OPTIONS, PUT, DELETE: a 405 naming the methods, not a form refusal."""
+        await self.startConsole()
+        for method in ("OPTIONS", "PUT", "DELETE"):
+            for path in ("/", "/device", "/devices/w1"):
+                code, headers, body = await self.page(method, path)
+                self.assertEqual(code, 405, (method, path, body))
+                self.assertEqual(headers.getRawHeaders("allow"), ["GET, HEAD, POST"])
+        code, _, _ = await self.page("OPTIONS", "/", owner=None)
+        self.assertEqual(code, 403, "a non-owner learns nothing more")
 
     async def test_formWithoutCSRF_refused(self) -> None:
         await self.startConsole()
@@ -176,35 +212,94 @@ class GateTests(ConsoleMixin, TestCase):
             "GET", f"/login?{parts.query}", owner=None, stub=browser
         )
         self.assertEqual(code, 200, body)
+        self.assertIsNone(headers.getRawHeaders("set-cookie"), "the GET opens none")
+        self.assertIn('<form method="post" action="/login"', body)
+        self.assertIn("Sign in", text(body))
+        code, headers, body = await self.signIn(url, browser)
+        self.assertEqual(code, 200, body)
         (cookie,) = headers.getRawHeaders("set-cookie")
+        self.assertTrue(cookie.startswith("__Host-fleetd_console="), cookie)
         for flag in ("secure", "httponly", "samesite=strict", "path=/"):
             self.assertIn(flag, cookie.lower())
+        self.assertNotIn("domain=", cookie.lower())
         self.assertIn('http-equiv="refresh"', body)
         code, _, body = await self.page("GET", "/", owner=None, stub=browser)
         self.assertEqual(code, 200, body)
         self.assertIn("alice", text(body))
         # used once: a second browser cannot open it again
         again = StubTreq(self.root)
-        code, headers, body = await self.page(
-            "GET", f"/login?{parts.query}", owner=None, stub=again
-        )
-        self.assertEqual(code, 403)
-        self.assertIsNone(headers.getRawHeaders("set-cookie"))
-        self.assertIn("fleetctl console", text(body))
+        for method in ("GET", "POST"):
+            if method == "GET":
+                code, headers, body = await self.page(
+                    "GET", f"/login?{parts.query}", owner=None, stub=again
+                )
+            else:
+                code, headers, body = await self.page(
+                    "POST", "/login", {"token": parts.query.split("=", 1)[1]},
+                    owner=None, stub=again,
+                )  # fmt: skip
+            self.assertEqual(code, 403, method)
+            self.assertIsNone(headers.getRawHeaders("set-cookie"))
+            self.assertIn("fleetctl console", text(body))
         code, _, _ = await self.page("GET", "/", owner=None, stub=again)
         self.assertEqual(code, 403)
         entries = await self.journal()
         issued = [e for e in entries if e["event"] == "console.link-issued"]
         self.assertEqual([e["actor"] for e in issued], ["owner:alice"])
+        opened = [e for e in entries if e["event"] == "console.session-opened"]
+        self.assertEqual([e["actor"] for e in opened], ["owner:alice"])
         self.assertNotIn(parts.query.split("=", 1)[1], repr(entries))
+
+    async def test_loginPost_fromAnotherSite_refused_linkKept(self) -> None:
+        """
+        The sign-in POST must come from the login page itself: another
+        site's form (or one not URL-encoded) is refused and spends nothing.
+        """
+        await self.startConsole()
+        url = await self.loginLink()
+        token = urlsplit(url).query.split("=", 1)[1]
+        browser = StubTreq(self.root)
+        for sent in (
+            {"sec-fetch-site": "cross-site"},
+            {"sec-fetch-site": "same-site"},
+            {"origin": "https://evil.test"},
+            {"origin": "null"},
+        ):
+            code, headers, body = await self.page(
+                "POST", "/login", {"token": token}, owner=None, stub=browser,
+                headers=sent,
+            )  # fmt: skip
+            self.assertEqual(code, 403, (sent, body))
+            self.assertIsNone(headers.getRawHeaders("set-cookie"))
+        code, _, body = await self.page(
+            "POST", "/login", None, owner=None, stub=browser,
+            headers={"content-type": "application/json"},
+        )  # fmt: skip
+        self.assertEqual(code, 403, body)
+        code, _, body = await self.signIn(url, browser)
+        self.assertEqual(code, 200, "a refused post spent the link: " + body)
+
+    async def test_loginNotJournaled_noSession(self) -> None:
+        await self.startConsole()
+        url = await self.loginLink()
+
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            return fail(StoreError("journal head is not authentic"))
+
+        self.patch(self.service.journal, "append", refuse)
+        browser = StubTreq(self.root)
+        code, headers, body = await self.signIn(url, browser)
+        self.assertEqual(code, 503, body)
+        self.assertIsNone(headers.getRawHeaders("set-cookie"))
+        self.assertEqual(self.service.consoleSessions._sessions, {})
+        code, _, _ = await self.page("GET", "/", owner=None, stub=browser)
+        self.assertEqual(code, 403)
 
     async def test_sessionForm_needsTheSessionsToken(self) -> None:
         await self.startConsole()
         url = await self.loginLink()
         browser = StubTreq(self.root)
-        await self.page(
-            "GET", f"/login?{urlsplit(url).query}", owner=None, stub=browser
-        )
+        await self.signIn(url, browser)
         code, _, body = await self.page(
             "POST", "/logout", {"csrf": self.csrf("alice")}, owner=None, stub=browser
         )
@@ -227,6 +322,11 @@ class GateTests(ConsoleMixin, TestCase):
         code, _, body = await self.page(
             "GET", f"/login?{urlsplit(url).query}", owner=None, stub=browser
         )
+        self.assertEqual(code, 403, body)
+        code, _, body = await self.page(
+            "POST", "/login", {"token": urlsplit(url).query.split("=", 1)[1]},
+            owner=None, stub=browser,
+        )  # fmt: skip
         self.assertEqual(code, 403, body)
 
     async def test_linkNotJournaled_noLink(self) -> None:

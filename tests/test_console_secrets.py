@@ -42,9 +42,7 @@ class NoSecretInAnyPageTests(DeviceFlowNodeCase):
         secrets += self.configLines()
         secrets.append(self.csrf("bob"))  # another owner's token
         browser = StubTreq(self.root)
-        code, headers, _ = await self.page(
-            "GET", "/login?" + urlsplit(link).query, owner=None, stub=browser
-        )
+        code, headers, _ = await self.signIn(link, browser)
         self.assertEqual(code, 200)
         cookie = headers.getRawHeaders("set-cookie")[0].split(";")[0].split("=", 1)[1]
         secrets.append(cookie)

@@ -80,7 +80,8 @@ class DeviceFlowNodeCase(ConsoleMixin, TestCase):
 class VerifyPageTests(DeviceFlowNodeCase):
     async def test_lookup_reportedBesideRecord(self) -> None:
         """
-        The pending list names the request (linking to its lookup); the
+        The pending list names the request by its public id (not its user
+        code: the owner types the code the node shows); the
         lookup, by a code typed in lower case without its dash, shows what
         the node reported beside the inventory record, nothing marked, and
         decides nothing.
@@ -91,7 +92,9 @@ class VerifyPageTests(DeviceFlowNodeCase):
         body = await self.show("/device")
         self.assertIn('data-refresh="10"', body)
         self.assertIn('name="user_code"', body)
-        self.assertIn(f'href="/device?user_code={user}"', body)
+        self.assertNotIn(user, body)  # typed by the owner, never listed
+        (pending,) = self.service.deviceFlow.pending()
+        self.assertIn(pending.id, text(body))
         self.assertIn("talos-x1", text(body))
         body = await self.show("/device?user_code=" + user.lower().replace("-", ""))
         self.assertNotIn("data-refresh", body)
@@ -183,7 +186,9 @@ class VerifyPageTests(DeviceFlowNodeCase):
         """
         Approving a node that reported another serial is refused (409) with
         the difference explained and the box C{confirm_mismatch}; nothing
-        is journaled. With the box ticked it is approved, journaled forced.
+        is journaled. With the box ticked and the difference the 409 page
+        carried (accept_mismatch) it is approved, journaled forced; another
+        difference is refused.
         """
         await self.setUpDevice()
         grant = await self.requestCode(serial="SER-OTHER")
@@ -196,7 +201,15 @@ class VerifyPageTests(DeviceFlowNodeCase):
         self.assertEqual(await self.decisions(), [])
         _, document = await self.poll(grant)
         self.assertEqual(document["error"], "authorization_pending")
-        body = await self.decide({**form, "confirm_mismatch": "yes"})
+        # the second step's form carries exactly the difference it showed
+        self.assertIn('name="accept_mismatch" value="serial"', body)
+        self.assertEqual(body.count('name="accept_mismatch"'), 1)
+        # a difference other than the one shown is refused by the flow
+        wrong = {**form, "confirm_mismatch": "yes", "accept_mismatch": "uuid"}
+        body = await self.decide(wrong, 409)
+        self.assertEqual(await self.decisions(), [])
+        second = {**form, "confirm_mismatch": "yes", "accept_mismatch": "serial"}
+        body = await self.decide(second)
         self.assertIn("journaled as forced", text(body))
         (entry,) = await self.decisions()
         self.assertEqual(entry["actor"], "owner:alice")

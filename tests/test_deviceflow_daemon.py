@@ -212,7 +212,10 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
         )
         self.assertEqual((status, kind), (200, b"text/html; charset=utf-8"))
         self.assertIn(b'name="user_code"', body)
-        self.assertIn(grant["user_code"].encode(), body)  # pending, listed
+        # listed by its public id, never by its user code (the owner types it)
+        self.assertNotIn(grant["user_code"].encode(), body)
+        (pending,) = self.service.deviceFlow.pending()
+        self.assertIn(pending.id.encode(), body)
         status, _, body = await self.get(self.service, "admin", "/device")
         self.assertEqual(status, 403)
         self.assertNotIn(grant["user_code"].encode(), body)

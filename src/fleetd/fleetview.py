@@ -109,10 +109,13 @@ class FleetRow:
 
 @dataclass(frozen=True)
 class PendingRequest:
-    """A device-flow request awaiting the owner, without the node's code."""
+    """
+    A device-flow request awaiting the owner, named by its public id:
+    without the node's code or its user code (the owner proves presence
+    by typing the code the node shows, RFC 8628 section 5.4).
+    """
 
     id: str
-    user_code: str
     serial: str | None
     uuid: str | None
     mac: str | None
@@ -196,11 +199,10 @@ def select(
 
 
 def pendingRequest(view: RequestView, now: float) -> PendingRequest:
-    """What the fleet view shows of a request: never the node's C{code}."""
+    """What the fleet view shows of a request: never a code of it."""
     reported = view.reported
     return PendingRequest(
         id=view.id,
-        user_code=view.user_code,
         serial=reported.get("serial"),
         uuid=reported.get("uuid"),
         mac=reported.get("mac"),

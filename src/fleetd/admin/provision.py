@@ -17,7 +17,7 @@ cache (issue 17 items 11 and 12).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from twisted.web import http
@@ -37,6 +37,7 @@ from fleetd.runs.provision import (
     ICredentials,
     NotReady,
     Provisioned,
+    RunMoved,
 )
 from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import NodeFacts, RenderError, TemplateRenderer
@@ -147,12 +148,17 @@ class Provisioner:
         actor: str,
         desiredAction: str | None = None,
         via: str | None = None,
+        supersedes: Mapping[str, str | None] | None = None,
     ) -> list[Provisioned]:
         """
         Start one run per device of C{names} (checked names, as
         L{parseProvision} gives them), all or none.
 
         @param via: where the owner asked (C{console}), journaled when given.
+        @param supersedes: per device, the run id its latest run must be
+            (L{None}: it has none), compared in the transaction that starts
+            the runs: a confirmation submitted twice starts one run, and
+            the second is refused (409) with nothing changed.
         @raise Refused: the one line saying why nothing was provisioned
             (store failures raise the store's own errors: L{provisionRefusal}).
         """
@@ -184,7 +190,13 @@ class Provisioner:
                 )
             devices.append(device)
         try:
-            return await self._provisionRuns(devices, desiredAction, actor, via)
+            return await self._provisionRuns(
+                devices, desiredAction, actor, via, supersedes
+            )
+        except RunMoved as e:
+            raise Refused(
+                http.CONFLICT, f"{e}: confirm again; nothing was provisioned"
+            ) from e
         except NotReady as e:
             raise Refused(http.SERVICE_UNAVAILABLE, str(e)) from e
         except Decommissioning as e:  # retired while this request ran [R1]
@@ -259,7 +271,12 @@ class Provisioner:
         )
 
     async def _provisionRuns(
-        self, rendered: list[Device], action: str | None, actor: str, via: str | None
+        self,
+        rendered: list[Device],
+        action: str | None,
+        actor: str,
+        via: str | None,
+        supersedes: Mapping[str, str | None] | None,
     ) -> list[Provisioned]:
         renderer = self._renderer
 
@@ -280,6 +297,7 @@ class Provisioner:
             render=render,
             credentials=self._credentials,
             via=via,
+            supersedes=supersedes,
         )
 
 

@@ -9,7 +9,7 @@ removed only after the commit that retires them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -21,7 +21,7 @@ from fleetd.runs.alerts import AlertTracker, clearAlerts
 from fleetd.runs.codes import codeDigest, mintCode, mintRunId
 from fleetd.runs.index import BootIndex
 from fleetd.runs.run import Run, RunCore
-from fleetd.runs.store import RunRecord, endRuns, insertRuns
+from fleetd.runs.store import RunRecord, endRuns, insertRuns, latestRun
 from fleetd.runs.vaultnames import codeName, configName
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder
@@ -84,6 +84,24 @@ class Decommissioning(Exception):
         self.device = device
 
 
+class RunMoved(Exception):
+    """
+    C{device}'s latest run was not the one the caller expected it to
+    supersede (C{expected}; L{None}: none) when the provision's transaction
+    ran: another provision (a second submit of one confirmation) came
+    first. Nothing was provisioned.
+    """
+
+    def __init__(self, device: str, expected: str | None, current: str | None) -> None:
+        super().__init__(
+            f"{device}'s latest run is {current or 'none'} now,"
+            f" not {expected or 'none'}"
+        )
+        self.device = device
+        self.expected = expected
+        self.current = current
+
+
 class Provisioner:
     """Start and end runs, serialised, each in one transaction [J1]."""
 
@@ -113,6 +131,7 @@ class Provisioner:
         desiredAction: str | None = None,
         credentials: ICredentials | None = None,
         via: str | None = None,
+        supersedes: Mapping[str, str | None] | None = None,
     ) -> list[Provisioned]:
         """
         Start one run per device: render its configuration into the vault,
@@ -130,6 +149,9 @@ class Provisioner:
         gets it (L{ICredentials}); without, C{render(device, run)}.
 
         @param via: where the owner asked (C{console}), journaled when given.
+        @param supersedes: per device, the run its latest run must still be
+            (L{None}: it has none) when the transaction runs, else nothing
+            is provisioned (L{RunMoved}): a confirmation the owner saw.
         @raise NotReady: the registry is still loading after a start.
         """
         if not self._index.loaded:
@@ -139,7 +161,7 @@ class Provisioner:
             raise ValueError("a device appears twice in one provision")
         async with self._lock:
             return await self._provision(
-                devices, actor, render, desiredAction, credentials, via
+                devices, actor, render, desiredAction, credentials, via, supersedes
             )
 
     async def _provision(
@@ -150,6 +172,7 @@ class Provisioner:
         desiredAction: str | None,
         credentials: ICredentials | None = None,
         via: str | None = None,
+        supersedes: Mapping[str, str | None] | None = None,
     ) -> list[Provisioned]:
         core, index = self._core, self._index
         now = core.clock.seconds()
@@ -189,6 +212,11 @@ class Provisioner:
         records = [record for _, record, _ in batch]
 
         def change(db: Database, journal: Recorder) -> list[RunRecord]:
+            for name, expected in (supersedes or {}).items():
+                latest = latestRun(db, name)
+                current = None if latest is None else latest.id
+                if current != expected:
+                    raise RunMoved(name, expected, current)
             superseded = insertRuns(db, records)
             for old in superseded:
                 journal(

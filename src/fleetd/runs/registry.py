@@ -8,7 +8,7 @@ path (L{fleetd.runs.index}), with the changes that start and end runs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter
@@ -107,6 +107,7 @@ class RunRegistry(BootIndex):
         desiredAction: str | None = None,
         credentials: ICredentials | None = None,
         via: str | None = None,
+        supersedes: Mapping[str, str | None] | None = None,
     ) -> list[Provisioned]:
         """L{Provisioner.provision}."""
         return await self._provisioner.provision(
@@ -116,6 +117,7 @@ class RunRegistry(BootIndex):
             desiredAction=desiredAction,
             credentials=credentials,
             via=via,
+            supersedes=supersedes,
         )
 
     async def retire(

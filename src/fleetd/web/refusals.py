@@ -39,6 +39,21 @@ def inventoryRefusal(error: InventoryError) -> tuple[int, str]:
     return STATUS_OF_INVENTORY_KIND[error.kind], _line(error)
 
 
+def readRefusal(error: Exception) -> tuple[int, str] | None:
+    """
+    The answer for a read the inventory or the database could not serve
+    (503 while either is down), or L{None} when it is a bug.
+    """
+    if isinstance(error, InventoryError):
+        return inventoryRefusal(error)
+    if isinstance(error, StoreError | sqlite3.Error):
+        return (
+            http.SERVICE_UNAVAILABLE,
+            f"the database cannot be read ({_line(error)[:200]}); try again",
+        )
+    return None
+
+
 def storeRefusal(error: Exception) -> tuple[int, str] | None:
     """The answer for a failed change, or L{None} when it is a bug."""
     if isinstance(error, JournalRefused):

@@ -140,7 +140,8 @@ class Provision(_Action):
     """
     Provision again. The confirmation names the run it supersedes, and
     the form carries that run's id: when another run started meanwhile
-    the provision is refused, so a second tab or a resent form never
+    the provision is refused (409, compared in the transaction that starts
+    the run), so a second tab, a double click or a resent form never
     supersedes a run its owner has not seen.
     """
 
@@ -169,8 +170,10 @@ class Provision(_Action):
                 f"{name}'s latest run is {current or 'none'} now, not"
                 f" {seen[:MAX_ECHO] or 'none'}: confirm again; nothing was provisioned",
             )
+        # Compared again where the run starts: a second submit of this
+        # confirmation (a double click) finds the first one's run there.
         (run,) = await self._services.provisioner.provision(
-            [name], viewer.actor, via=VIA
+            [name], viewer.actor, via=VIA, supersedes={name: current or None}
         )
         return Page(
             "device-provisioned.html",

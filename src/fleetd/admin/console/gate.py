@@ -5,11 +5,12 @@ the owner console).
 A page answers an owner: a browser that presents the owner client
 certificate [O1] (the same check as the owner API's), or one that holds a
 live session cookie from a one-time login link (L{ConsoleSessions}).
-Everyone else gets the API's 403 line. A change (any method but GET and
-HEAD) must be an C{application/x-www-form-urlencoded} form, come from the
-console's own origin when the browser names one (C{Origin}, or
-C{Sec-Fetch-Site: same-origin} where C{Origin} is C{null}), and carry the
-viewer's CSRF token in the field C{csrf} [O3]; otherwise it is refused
+Everyone else gets the API's 403 line. Pages take GET, HEAD and POST
+only (any other method is a 405). A change (a POST) must be an
+C{application/x-www-form-urlencoded} form, come from the console's own
+origin when the browser names one (C{Origin}, or C{Sec-Fetch-Site:
+same-origin} where C{Origin} is C{null}), and carry the viewer's CSRF
+token in the form body's field C{csrf} [O3]; otherwise it is refused
 with 403 before any page sees it. Every answer carries the console's
 security headers (L{SECURITY_HEADERS}).
 """
@@ -43,6 +44,7 @@ from fleetd.web.resources import Endpoint, Router, renderAsync, textResponse
 log = Logger()
 
 READS = frozenset({b"GET", b"HEAD"})
+METHODS = READS | {b"POST"}  # what console pages take; others are a 405
 FORM = "application/x-www-form-urlencoded"
 
 
@@ -75,6 +77,42 @@ def setCookie(request: Any, value: str, maxAge: int | None = None) -> None:
         httpOnly=True,
         sameSite="Strict",
     )
+
+
+AUTOMATIC = b"auto"
+
+
+def isAutomatic(request: IRequest) -> bool:
+    """
+    Whether C{request} is a page's own reload (console.js adds C{auto=1}
+    to the URL of a C{data-refresh} page): it does not count as use, so a
+    browser left open on a reloading page still meets the idle timeout.
+    """
+    return request.method in READS and (request.args or {}).get(AUTOMATIC) == [b"1"]
+
+
+def isForm(request: IRequest) -> bool:
+    """Whether C{request}'s body is an URL-encoded form (as the console's are)."""
+    kind = _header(request, b"content-type").split(";")[0].strip()
+    return kind.lower() == FORM
+
+
+def crossOrigin(request: IRequest) -> str | None:
+    """
+    The refusal of a post that another origin's page made, or L{None}: a
+    C{Sec-Fetch-Site} other than C{same-origin}, or an C{Origin} other
+    than the console's own (C{null}, which browsers send under
+    C{Referrer-Policy: no-referrer}, only with C{Sec-Fetch-Site:
+    same-origin}). A client that sends neither (not a browser) passes.
+    """
+    origin = _header(request, b"origin")
+    site = _header(request, b"sec-fetch-site")
+    if site and site != "same-origin":
+        return "form refused: it came from another origin"
+    own = origin == "https://" + _header(request, b"host")
+    if origin and not own and not (origin == "null" and site == "same-origin"):
+        return "form refused: it came from another origin"
+    return None
 
 
 class _Refused(resource.Resource):
@@ -120,7 +158,9 @@ class ConsoleGate:
         if owner is not None:
             return Viewer(owner, "certificate", self.sessions.certificateCSRF(owner))
         sessionID = _cookie(request)
-        session = None if sessionID is None else self.sessions.find(sessionID)
+        session = None
+        if sessionID is not None:
+            session = self.sessions.find(sessionID, touch=not isAutomatic(request))
         if session is not None:
             return Viewer(session.owner, "session", session.csrf)
         return refusal
@@ -137,6 +177,9 @@ class ConsoleGate:
             if viewer != NO_CERTIFICATE:
                 self._log.warn("console.owner-refused {reason}", reason=viewer)
             return _Refused(http.FORBIDDEN, viewer)
+        if request.method not in METHODS:  # no page takes it: no form check
+            request.setHeader(b"allow", b"GET, HEAD, POST")
+            return _Refused(http.NOT_ALLOWED, "method not allowed")
         if request.method not in READS:
             line = self._formRefusal(request, viewer)
             if line is not None:
@@ -147,19 +190,11 @@ class ConsoleGate:
         return None
 
     def _formRefusal(self, request: IRequest, viewer: Viewer) -> str | None:
-        kind = _header(request, b"content-type").split(";")[0].strip()
-        if kind.lower() != FORM:
+        if not isForm(request):
             return f"form refused: a change takes {FORM}"
-        origin = _header(request, b"origin")
-        site = _header(request, b"sec-fetch-site")
-        if site and site != "same-origin":
-            return "form refused: it came from another origin"
-        # Under Referrer-Policy: no-referrer browsers name the origin of a
-        # form post "null", the console's own too; Sec-Fetch-Site then
-        # says it is the console's.
-        own = origin == "https://" + _header(request, b"host")
-        if origin and not own and not (origin == "null" and site == "same-origin"):
-            return "form refused: it came from another origin"
+        line = crossOrigin(request)
+        if line is not None:
+            return line
         try:
             token = formValue(request, "csrf") or ""
         except Exception:
@@ -181,6 +216,10 @@ class Guarded(resource.Resource):
         refusal = self._gate.admit(request)
         if refusal is not None:
             return refusal
+        if self._inner.isLeaf:  # it answers its own subpaths (a 404 page)
+            request.prepath.pop()
+            request.postpath.insert(0, path)
+            return self._inner
         child: resource.Resource = self._inner.getChildWithDefault(path, request)
         return child
 
@@ -189,41 +228,6 @@ class Guarded(resource.Resource):
         if refusal is not None:
             return refusal.render(request)
         return self._inner.render(request)
-
-
-class Login(Endpoint):
-    """
-    C{GET /login?token=...}: open a session with a one-time link, set its
-    cookie and go on to the fleet view. The page moves on by a meta
-    refresh, not a redirect: a link followed from another site would not
-    send a C{SameSite=Strict} cookie along a redirect.
-    """
-
-    isLeaf = True
-
-    def __init__(self, gate: ConsoleGate, journal: AsyncJournal) -> None:
-        super().__init__()
-        self._gate = gate
-        self._journal = journal
-
-    def render_GET(self, request: IRequest) -> bytes:
-        setSecurityHeaders(request)
-        try:
-            token = formValue(request, "token") or ""
-        except Exception:
-            token = ""
-        opened = self._gate.sessions.redeem(token) if token else None
-        if opened is None:
-            return errorPage(
-                request,
-                http.FORBIDDEN,
-                "this login link was used already, has expired or is not one:"
-                " run fleetctl console for a new one",
-            )
-        sessionID, session = opened
-        setCookie(request, sessionID)
-        log.info("console.session-opened {owner}", owner=session.owner)
-        return renderPage(request, "login.html", owner=session.owner)
 
 
 class Logout(Endpoint):
@@ -236,6 +240,8 @@ class Logout(Endpoint):
         self._sessions = sessions
 
     def render_POST(self, request: IRequest) -> bytes:
+        if request.postpath:
+            return errorPage(request, http.NOT_FOUND, "not found")
         sessionID = _cookie(request)
         if sessionID is not None:
             self._sessions.end(sessionID)

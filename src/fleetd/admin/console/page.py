@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode
 
 import jinja2
 from twisted.web import http
 from twisted.web.iweb import IRequest
 
+from fleetd.web.refusals import readRefusal, storeRefusal
 from fleetd.web.resources import answerAsync
 
 HERE = Path(__file__).parent
@@ -140,8 +141,10 @@ def renderPageAsync(
 ) -> int:
     """
     Await C{work} and render the page it returns. L{Refused}, and what
-    C{refusal} maps to C{(code, line)}, are an error page; anything else
-    is logged as a bug and is a 500 page. Nothing is written after the
+    C{refusal} maps to C{(code, line)}, are an error page; so is the
+    inventory or the database down (503: L{readRefusal} for a read,
+    L{storeRefusal} for a change, as the owner API answers); anything
+    else is logged as a bug and is a 500 page. Nothing is written after the
     client went away (L{answerAsync}).
     """
 
@@ -152,7 +155,11 @@ def renderPageAsync(
     def refused(e: Exception) -> tuple[int, str] | None:
         if isinstance(e, Refused):
             return e.code, str(e)
-        return None if refusal is None else refusal(e)
+        answer = None if refusal is None else refusal(e)
+        if answer is None:
+            reading = request.method in (b"GET", b"HEAD")
+            answer = (readRefusal if reading else storeRefusal)(e)
+        return answer
 
     return answerAsync(
         request,
@@ -164,11 +171,72 @@ def renderPageAsync(
     )
 
 
+MAX_FORM = 64 * 1024  # bytes of a form body the console reads
+_BODY_ATTRIBUTE = "fleetdConsoleForm"
+
+
+def formBody(request: IRequest) -> dict[str, list[str]]:
+    """
+    The fields of C{request}'s C{application/x-www-form-urlencoded} body,
+    parsed strictly (never the query string, which Twisted merges into
+    C{request.args}); L{Refused} (400) when malformed or not UTF-8, 413
+    past L{MAX_FORM} bytes.
+    """
+    cached = getattr(request, _BODY_ATTRIBUTE, None)
+    if cached is not None:
+        parsed: dict[str, list[str]] = cached
+        return parsed
+    content = request.content
+    raw = b""
+    if content is not None:
+        content.seek(0)
+        raw = content.read(MAX_FORM + 1)
+        content.seek(0)
+    if len(raw) > MAX_FORM:
+        raise Refused(http.REQUEST_ENTITY_TOO_LARGE, "the form is too large")
+    try:
+        parsed = parse_qs(
+            raw.decode("ascii"),
+            keep_blank_values=True,
+            strict_parsing=True,
+            encoding="utf-8",
+            errors="strict",
+            max_num_fields=100,
+        )
+    except (UnicodeDecodeError, ValueError):
+        raise Refused(http.BAD_REQUEST, "the form is malformed") from None
+    setattr(request, _BODY_ATTRIBUTE, parsed)
+    return parsed
+
+
+def formValues(request: IRequest, name: str) -> list[str]:
+    """
+    Every value of field C{name} (from the form body only for a change,
+    as L{formValue}); L{Refused} (400) when one is not UTF-8.
+    """
+    if request.method not in (b"GET", b"HEAD"):
+        return list(formBody(request).get(name, []))
+    values = (request.args or {}).get(name.encode("ascii"), [])
+    try:
+        return [v.decode("utf-8") for v in values]
+    except UnicodeDecodeError:
+        raise Refused(http.BAD_REQUEST, f"the field {name} is not UTF-8") from None
+
+
 def formValue(request: IRequest, name: str, default: str | None = None) -> str | None:
     """
-    The single value of form or query field C{name} as text; L{Refused}
-    (400) when it is repeated or not UTF-8.
+    The single value of field C{name} as text: of the query string for a
+    read (GET, HEAD), of the form body only for a change (L{formBody}), so
+    a change never takes a field (the CSRF token above all) from its URL.
+    L{Refused} (400) when it is repeated or not UTF-8.
     """
+    if request.method not in (b"GET", b"HEAD"):
+        found = formBody(request).get(name)
+        if not found:
+            return default
+        if len(found) > 1:
+            raise Refused(http.BAD_REQUEST, f"the field {name} is repeated")
+        return found[0]
     values = (request.args or {}).get(name.encode("ascii"))
     if not values:
         return default

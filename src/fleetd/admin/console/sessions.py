@@ -18,19 +18,47 @@ import hmac
 import secrets
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from twisted.internet.interfaces import IReactorTime
 
 LINK_LIFETIME = 300.0  # seconds a login link may wait to be opened
 IDLE = 30 * 60.0  # seconds a session may sit unused
 ABSOLUTE = 12 * 3600.0  # seconds a session lives at most
-MAX_LINKS = 64  # unopened links kept; the oldest goes first
-MAX_SESSIONS = 256  # open sessions kept; the least recently used goes first
-COOKIE = b"fleetd_console"
+# Unopened links and open sessions kept, per owner and in all; past a
+# bound the oldest link (the least recently used session) goes, of the
+# same owner when the owner's bound is passed: one owner (or a script
+# looping fleetctl console) never ends another's link or session.
+MAX_LINKS_PER_OWNER = 8
+MAX_LINKS = 256
+MAX_SESSIONS_PER_OWNER = 16
+MAX_SESSIONS = 1024
+# __Host-: the browser takes it only from this origin, Secure, Path=/ and
+# without Domain, so no sibling name or other port can set it.
+COOKIE = b"__Host-fleetd_console"
 
 
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+class _Owned(Protocol):
+    @property
+    def owner(self) -> str: ...
+
+
+_T = TypeVar("_T", bound=_Owned)
+
+
+def _bound(
+    table: OrderedDict[bytes, _T], owner: str, perOwner: int, total: int
+) -> None:
+    """Drop C{owner}'s oldest entries past C{perOwner}, then anyone's past C{total}."""
+    mine = [k for k, v in table.items() if v.owner == owner]
+    for key in mine[: max(0, len(mine) - perOwner)]:
+        del table[key]
+    while len(table) > total:
+        table.popitem(last=False)
 
 
 @dataclass
@@ -81,9 +109,13 @@ class ConsoleSessions:
         token = secrets.token_urlsafe(32)
         expires = self._clock.seconds() + self.linkLifetime
         self._links[_digest(token)] = _Link(owner, expires)
-        while len(self._links) > MAX_LINKS:
-            self._links.popitem(last=False)
+        _bound(self._links, owner, MAX_LINKS_PER_OWNER, MAX_LINKS)
         return token, expires
+
+    def linkValid(self, token: str) -> bool:
+        """Whether C{token} names a link that would open a session now (kept)."""
+        link = self._links.get(_digest(token))
+        return link is not None and self._clock.seconds() < link.expires
 
     def redeem(self, token: str) -> tuple[str, Session] | None:
         """
@@ -99,12 +131,16 @@ class ConsoleSessions:
         sessionID = secrets.token_urlsafe(32)
         session = Session(link.owner, secrets.token_urlsafe(32), now, now)
         self._sessions[_digest(sessionID)] = session
-        while len(self._sessions) > MAX_SESSIONS:
-            self._sessions.popitem(last=False)
+        _bound(self._sessions, link.owner, MAX_SESSIONS_PER_OWNER, MAX_SESSIONS)
         return sessionID, session
 
-    def find(self, sessionID: str) -> Session | None:
-        """The live session C{sessionID} names (now used), or L{None}."""
+    def find(self, sessionID: str, touch: bool = True) -> Session | None:
+        """
+        The live session C{sessionID} names, or L{None}.
+
+        @param touch: whether this counts as use (resets the idle time); a
+            page's automatic reload does not.
+        """
         key = _digest(sessionID)
         session = self._sessions.get(key)
         if session is None:
@@ -113,8 +149,9 @@ class ConsoleSessions:
         if now - session.seen >= self.idle or now - session.opened >= self.absolute:
             del self._sessions[key]
             return None
-        session.seen = now
-        self._sessions.move_to_end(key)
+        if touch:
+            session.seen = now
+            self._sessions.move_to_end(key)
         return session
 
     def end(self, sessionID: str) -> None:

@@ -14,8 +14,9 @@ from twisted.web import resource
 
 from fleetd.admin.console.device import DevicesPages
 from fleetd.admin.console.fleet import Fleet
-from fleetd.admin.console.gate import ConsoleGate, Guarded, Login, Logout, Static
+from fleetd.admin.console.gate import ConsoleGate, Guarded, Logout, Static
 from fleetd.admin.console.journal import JournalView
+from fleetd.admin.console.login import Login
 from fleetd.admin.console.sessions import ConsoleSessions
 from fleetd.admin.console.verify import verifyPage
 from fleetd.admin.journal import Verify

@@ -6,7 +6,7 @@ C{verification_uri} (this page) and a QR code of
 C{verification_uri_complete} (this page with C{?user_code=...}).
 
   - C{GET /device}: the lookup form (an input C{user_code}) and the pending
-    requests, oldest first; the page reloads every 10 s so new ones appear.
+    requests, oldest first; while one waits the page reloads every 10 s.
   - C{GET /device?user_code=...[&device=NAME]}: the request looked up
     without deciding it (L{DeviceFlow.lookup}: an unknown code spends the
     same failed-attempt budget as a decision, so the page is no guessing
@@ -17,10 +17,12 @@ C{verification_uri_complete} (this page with C{?user_code=...}).
     (C{approve} or C{deny}): the decision, through the same
     L{DeviceFlow.approve} and L{DeviceFlow.deny} as C{fleetctl approve},
     journaled by the viewer with C{via=console}. Approving a mismatch is
-    a second step: without the box C{confirm_mismatch} it is refused
-    (409) with the differences explained and the box shown; with it the
-    differing fields are the approval's C{acceptMismatch}, which the flow
-    compares again and journals as forced.
+    a second step: a post without the box C{confirm_mismatch} and the
+    differences it accepts (C{accept_mismatch}, hidden fields of the 409
+    page) is refused (409) with the differences explained, the box shown
+    and those fields in its form; with both, exactly the accepted fields
+    are the approval's C{acceptMismatch}, which the flow compares again
+    (a record that changed since the 409 is refused) and journals as forced.
 
 What the node reported and what the inventory holds are rendered as text
 (autoescape). The node's one-time C{code} is never rendered.
@@ -40,6 +42,7 @@ from fleetd.admin.console.page import (
     Refused,
     errorPage,
     formValue,
+    formValues,
     renderPageAsync,
     viewerOf,
 )
@@ -157,12 +160,12 @@ class VerifyPage(Endpoint):
         self._inventory = inventory
 
     def render_GET(self, request: IRequest) -> int | bytes:
-        if request.postpath not in ([], [b""]):
+        if request.postpath:
             return errorPage(request, http.NOT_FOUND, "not found")
         return renderPageAsync(request, lambda: self._show(request), _refusal)
 
     def render_POST(self, request: IRequest) -> int | bytes:
-        if request.postpath not in ([], [b""]):
+        if request.postpath:
             return errorPage(request, http.NOT_FOUND, "not found")
         return renderPageAsync(request, lambda: self._decide(request), _refusal)
 
@@ -182,9 +185,10 @@ class VerifyPage(Endpoint):
         return await self._compared(view, chosen.strip())
 
     def _landing(self) -> dict[str, Any]:
+        pending = self._flow.pending()
         return {
-            "pending": self._flow.pending(),
-            "refresh": REFRESH,
+            "pending": pending,
+            "refresh": REFRESH if pending else None,
             "view": None,
         }
 
@@ -236,12 +240,18 @@ class VerifyPage(Endpoint):
                 "unknown-device", f"{name} is no device of the inventory"
             )
         differ = differences(view.reported, (record.uuid, record.serial))
-        if differ and not formValue(request, "confirm_mismatch"):
+        # The second step's form carries the differences its 409 page
+        # showed (accept_mismatch) beside the ticked box; the flow compares
+        # them again with the record as it is now.
+        accepted = tuple(formValues(request, "accept_mismatch"))
+        confirmed = bool(formValue(request, "confirm_mismatch"))
+        if differ and not (confirmed and accepted):
             return await self._compared(view, record.name, step=True)
+        forced = accepted if confirmed else ()
         view = await self._flow.approve(
-            userCode, record.name, owner, acceptMismatch=differ, via=VIA
+            userCode, record.name, owner, acceptMismatch=forced, via=VIA
         )
-        return Page("verify_done.html", {"view": view, "forced": differ})
+        return Page("verify_done.html", {"view": view, "forced": forced})
 
 
 def verifyPage(flow: DeviceFlow, inventory: IInventory) -> resource.Resource:
