@@ -95,6 +95,18 @@ class Started:
         listed = "; ".join(f"{w} {' '.join(p)}" for w, p in sorted(stopped.items()))
         return f"stopped: {listed or 'nothing'}"
 
+    def stopNewest(self, what: str) -> int | None:
+        """Stop the newest process named C{what} now and forget it (a
+        spore reboot stops fleetd); its pid."""
+        with self._lock:
+            found = [i for i, s in enumerate(self._started) if s[0] == what]
+            if not found:
+                return None
+            _, pid, stop = self._started.pop(found[-1])
+        number = pid()
+        stop()
+        return number
+
 
 class DaemonFailed(Exception):
     """The sim's own fleetd did not come up (its log's tail)."""
@@ -235,10 +247,16 @@ def startFleetd(
     """Our own fleetd (C{twistd -n fleetd}) on C{work}, in C{started}."""
     devPKI(work)
     config = writeConfig(work / "fleetd", tinkUpstream, kubernetes)
+    return launchFleetd(work, config, started)
+
+
+def launchFleetd(work: Path, config: Path, started: Started) -> Fleetd:
+    """Run fleetd of C{config} (written by L{startFleetd}; again after a
+    spore reboot), in C{started}, until it answers; its log appended to."""
     fleetd = Fleetd.fromConfig(config)
     argv = [str(BIN / "twistd"), "-n", "--pidfile=", "fleetd", "--config", str(config)]
     logPath = work / "fleetd.log"
-    with logPath.open("wb") as log:
+    with logPath.open("ab") as log:
         process = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ)
         )

@@ -192,8 +192,9 @@ async def runRack(
 
     def one(node: Node) -> Deferred[Outcome]:
         async def path() -> Outcome:
-            await node.run()
-            return await finalState(node)
+            async with rack.pause.running():  # a spore reboot waits for it
+                await node.run()
+                return await finalState(node)
 
         return gate.run(lambda: Deferred.fromCoroutine(path()))
 

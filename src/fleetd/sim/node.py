@@ -42,6 +42,7 @@ from twisted.internet.utils import getProcessOutputAndValue
 from fleetd.attest.tpm import canonicalSPKI, ekDigest
 from fleetd.sim.daemon import BIN, Fleetd, Started
 from fleetd.sim.kubelet import bootstrapToken, fileAndAwait
+from fleetd.sim.pause import Pause
 from fleetd.sim.talos import fetchConfig
 from fleetd.sim.tpm import SWTPM, ResourceManager, SessionBus
 from fleetd.testing.tinkagent import channel, getAction, report
@@ -100,6 +101,9 @@ class Rack:
     started: Started
     cluster: Cluster | None
     changed: Callable[[], None]
+    # Held by each node on its way (fleetd.sim.main); a spore reboot waits
+    # until it is alone (fleetd.sim.faults.boot).
+    pause: Pause = field(default_factory=Pause)
 
 
 @dataclass

@@ -23,11 +23,14 @@ When configured, the Workflow's state in Kubernetes is a second C{done}
 
 Worker and agent ids (the MAC by default) are mapped to devices through
 the inventory (L{DeviceIndex}); ids that match no device are ignored, so
-strangers cannot grow this state.
+strangers cannot grow this state. A device added moments before its
+HookOS polls (a rack added, then powered on) is found at once: an id the
+index does not know asks for a new listing, each id on its own backoff.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Protocol as TypingProtocol
 
@@ -40,7 +43,14 @@ from fleetd.inventory.model import Device, InventoryError, validateMAC
 from fleetd.tink.proto import tink_agent_pb2 as agent
 from fleetd.tink.proto import tink_v012_pb2 as v012
 
+# An unknown id asks for a new listing at its first call, again FIRST_RETRY
+# later, the gap doubling to REFRESH_EVERY; whatever the ids, at most one
+# listing every REFRESH_FLOOR seconds, one at a time; the last UNKNOWN_KEPT
+# unknown ids are remembered (a stranger's rotating MACs cannot grow it).
 REFRESH_EVERY = 30.0
+FIRST_RETRY = 1.0
+REFRESH_FLOOR = 1.0
+UNKNOWN_KEPT = 4096
 FAILED_PRECONDITION = 9
 _OLD_SUCCESS = v012.STATE_SUCCESS
 _OLD_RUNNING = v012.STATE_RUNNING
@@ -72,9 +82,18 @@ class IDeviceSource(TypingProtocol):
 
 
 class DeviceIndex:
-    """Worker/agent id → device name, from the inventory's MACs (and device
-    names, for an C{agentID} set to one). Refreshed when an id is not
-    found, at most every L{REFRESH_EVERY} seconds."""
+    """
+    Worker/agent id → device name, from the inventory's MACs (and device
+    names, for an C{agentID} set to one).
+
+    Refreshed when an id is not found: an id's first miss lists the
+    inventory again, so a device added seconds before its HookOS polls is
+    linked to its workflow from its next call on ([B1] [B2]); the same id
+    asks again after L{FIRST_RETRY} seconds, doubling to L{REFRESH_EVERY}.
+    Listings are at most one at a time and L{REFRESH_FLOOR} seconds
+    apart, so ids that match nothing (a stranger naming MACs) cost at most
+    one listing that often.
+    """
 
     log = Logger()
 
@@ -84,6 +103,8 @@ class DeviceIndex:
         self._byId: dict[str, str] = {}
         self._refreshedAt = float("-inf")
         self._refreshing: Deferred[None] | None = None
+        # unknown id -> (when it may ask for a listing again, its gap)
+        self._unknown: OrderedDict[str, tuple[float, float]] = OrderedDict()
 
     def refresh(self) -> Deferred[None]:
         if self._refreshing is not None:
@@ -97,6 +118,8 @@ class DeviceIndex:
                 for mac in device.macs:
                     index[mac] = device.name
             self._byId = index
+            for known in [i for i in self._unknown if i in index]:
+                del self._unknown[known]
 
         def failed(f: Failure) -> None:
             self.log.failure("tink.devices.refresh-failed", failure=f)
@@ -120,11 +143,26 @@ class DeviceIndex:
         except InventoryError:
             pass
         found = self._byId.get(key)
-        if found is None and (
-            self._clock.seconds() - self._refreshedAt >= REFRESH_EVERY
-        ):
-            self.refresh()
+        if found is None:
+            self._missed(key)
         return found
+
+    def _missed(self, key: str) -> None:
+        """C{key} matched no device: a new listing, if its turn came and
+        the last listing is done and L{REFRESH_FLOOR} old. A turn lost to
+        the floor is not spent: the id's next call asks again."""
+        now = self._clock.seconds()
+        turn = self._unknown.get(key)
+        if turn is not None and now < turn[0]:
+            return
+        if self._refreshing is not None or now - self._refreshedAt < REFRESH_FLOOR:
+            return
+        gap = FIRST_RETRY if turn is None else min(turn[1] * 2, REFRESH_EVERY)
+        self._unknown[key] = (now + gap, gap)
+        self._unknown.move_to_end(key)
+        while len(self._unknown) > UNKNOWN_KEPT:
+            self._unknown.popitem(last=False)
+        self.refresh()
 
 
 @dataclass
