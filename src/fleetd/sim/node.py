@@ -54,7 +54,9 @@ PHASES = (
 )  # fmt: skip
 ACTIONS = ("attest", "disks", "plan", "install")  # the workflow served by tink
 DISK_BYTES = 16 * 1024**3
-REFUSED = re.compile(r"refused: ([a-z0-9-]+)")
+# fleetd-agent's refusal lines: "refused: CODE: ..." (attest, plan),
+# "fleetd refused (409): CODE: ..." (disks).
+REFUSED = re.compile(r"refused(?: \(\d{3}\))?: ([a-z0-9-]+)")
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,8 @@ class Node:
     error: str | None = None
     # The fault's change to the path (fleetd.sim.faults), if any.
     alter: Callable[[Node, list[Step]], list[Step]] | None = None
+    # A fault's disk report in place of the node's one disk, if any.
+    disks: Callable[[Node], Awaitable[list[dict[str, Any]]]] | None = None
 
     def __post_init__(self) -> None:
         tag = secrets.token_hex(3)
@@ -278,9 +282,8 @@ class Node:
                              "--ek", "rsa")  # fmt: skip
         elif name == "disks":
             report = self.directory / "disks.json"
-            disk = {"name": "vda", "serial": self.disk, "wwn": None,
-                    "size": DISK_BYTES, "removable": False}  # fmt: skip
-            report.write_text(json.dumps({"disks": [disk]}))
+            disks = [self.ownDisk()] if self.disks is None else await self.disks(self)
+            report.write_text(json.dumps({"disks": disks}))
             await self.agent("disks", "--from", str(report))
         elif name == "plan":
             plan: dict[str, Any] = json.loads(await self.agent("--json", "plan"))
@@ -289,6 +292,11 @@ class Node:
             self.code = str(plan["meta_0x0b"])
         elif name != "install":  # install: the image is written (nothing to do)
             raise StepFailed(f"unknown workflow action {name!r}")
+
+    def ownDisk(self) -> dict[str, Any]:
+        """The node's one disk, as C{fleetd-agent disks} reads it from sysfs."""
+        return {"name": "vda", "serial": self.disk, "wwn": None,
+                "size": DISK_BYTES, "removable": False}  # fmt: skip
 
     async def fetchConfig(self) -> None:
         fleetd = self.rack.fleetd
