@@ -3,7 +3,8 @@ What fleetd recorded of a node, read from its journal through the owner
 API (C{fleetctl journal --device}), never from the sim's own beliefs:
 a clean node got exactly one delivery [C2], and with a cluster its first
 kubelet certificate approved once [K2] and its bootstrap token deleted
-after it [K4] (the deletion is awaited: it comes C{delete_after} later).
+after it [K4] (the deletion is awaited: it comes C{delete_after} later);
+with the device flow, the owner's approval and the token issued once each.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ async def unrecorded(node: Node) -> str | None:
     seen = await events(node)
     if seen["run.delivered"] != 1:
         return f"journal: {seen['run.delivered']} deliveries, not 1"
+    if node.rack.fetch == "device-flow":
+        for event in ("deviceflow.approved", "deviceflow.issued"):
+            if seen[event] != 1:
+                return f"journal: {seen[event]} {event}, not 1"
     if node.rack.cluster is None:
         return None
     if seen["kube.csr-approved"] != 1:

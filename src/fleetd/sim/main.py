@@ -1,7 +1,7 @@
 """
 C{fleetd-sim [--config FILE] --nodes N [--faults NAME[:COUNT],...]
-[--parallel P] [--time-scale X] [--json]}: a rack of virtual nodes
-enrolled end to end (docs/design.md §9), some with a fault
+[--parallel P] [--time-scale X] [--fetch code|device-flow] [--json]}: a
+rack of virtual nodes enrolled end to end (docs/design.md §9), some with a fault
 (L{fleetd.sim.faults}).
 
 Without C{--config} it starts everything itself on a temporary directory:
@@ -83,6 +83,13 @@ def parseArgs(argv: Sequence[str] | None) -> argparse.Namespace:
         "--faults",
         metavar="NAME[:COUNT],...",
         help="faults for the rack's first nodes (" + ", ".join(sorted(FAULTS)) + ")",
+    )
+    parser.add_argument(
+        "--fetch",
+        choices=("code", "device-flow"),
+        default="code",
+        help="how each node's Talos fetches its configuration: its one-time"
+        " code (default) or RFC 8628's device flow, approved by the sim as owner",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object")
     args = parser.parse_args(argv)
@@ -249,7 +256,7 @@ async def setUp(
     }
     fleetd = await deferToThread(startFleetd, work, tink.port, started, kubernetes)
     console.say(f"fleetd on {fleetd.admin} (state in {work})")
-    return fleetd, tink, Cluster(port, pki.public_ca)
+    return fleetd, tink, Cluster(port, pki.public_ca, fake)
 
 
 async def rackOf(
@@ -274,6 +281,7 @@ async def rackOf(
         started=started,
         cluster=cluster,
         changed=lambda: None,
+        fetch=args.fetch,
     )
     return await runRack(reactor, args, rack, console)
 

@@ -9,7 +9,10 @@ One virtual node's path, end to end (docs/design.md §1's happy path):
     plan        SUCCESS by a grpcio tink agent; each runs fleetd-agent
     install     over the device listener (install: the image written)
     config    Talos: GET /config?code=… on the boot listener, from the
-              node's own loopback address, Talos's retry schedule scaled
+              node's own loopback address, Talos's retry schedule scaled;
+              or (C{--fetch device-flow}) RFC 8628: the node asks for a
+              user code, the owner approves it (C{fleetctl approve}), the
+              node polls for its token and fetches with it
     kubelet   its first client CSR, filed with the bootstrap token of the
               delivered configuration against the Kubernetes fake, until
               fleetd's approver approves it (when the rack has a cluster)
@@ -26,6 +29,7 @@ import os
 import re
 import secrets
 import subprocess
+import threading
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -41,9 +45,16 @@ from twisted.internet.utils import getProcessOutputAndValue
 
 from fleetd.attest.tpm import canonicalSPKI, ekDigest
 from fleetd.sim.daemon import BIN, Fleetd, Started
+from fleetd.sim.deviceflow import (
+    BootEndpoint,
+    DeviceFlowFailed,
+    awaitToken,
+    requestCode,
+)
 from fleetd.sim.kubelet import bootstrapToken, fileAndAwait
 from fleetd.sim.talos import fetchConfig
 from fleetd.sim.tpm import SWTPM, ResourceManager, SessionBus
+from fleetd.testing.kube import FakeKube
 from fleetd.testing.tinkagent import channel, getAction, report
 from fleetd.testing.tinkserver import Workflows
 
@@ -81,10 +92,13 @@ class StepFailed(Exception):
 
 @dataclass(frozen=True)
 class Cluster:
-    """The Kubernetes fake's TLS port and the CA its certificate is from."""
+    """The Kubernetes fake's TLS port and the CA its certificate is from;
+    the fake itself, for what a kubelet holds without asking fleetd (its
+    client certificate's identity) and for faults' checks of the fake."""
 
     port: int
     ca: Path
+    fake: FakeKube | None = None
 
 
 @dataclass
@@ -100,6 +114,7 @@ class Rack:
     started: Started
     cluster: Cluster | None
     changed: Callable[[], None]
+    fetch: str = "code"  # how Talos fetches its configuration: or "device-flow"
 
 
 @dataclass
@@ -288,18 +303,55 @@ class Node:
 
     async def fetchConfig(self) -> None:
         fleetd = self.rack.fleetd
+        if self.rack.fetch == "device-flow":
+            query, bearer = {}, await self.deviceFlowToken()
+        else:
+            query = {"code": self.code, "uuid": self.uuid, "serial": self.serial}
+            bearer = None
         status, body = await deferToThread(
             fetchConfig,
             port=fleetd.boot,
             ca=fleetd.pki.public_ca,
             source=self.address,
-            query={"code": self.code, "uuid": self.uuid, "serial": self.serial},
+            query=query,
             timeScale=self.rack.timeScale,
+            bearer=bearer,
         )
         if status != 200:
             raise StepFailed(f"config: HTTP {status}")
         if self.rack.cluster is not None:
             self.token = bootstrapToken(body)
+
+    async def deviceFlowToken(self) -> str:
+        """
+        RFC 8628 (L{fleetd.sim.deviceflow}): the node asks for a user code
+        and polls for its token while the owner, reading the code off the
+        node's console, approves it as the console does (C{fleetctl
+        approve USER-CODE --device NAME}).
+        """
+        fleetd = self.rack.fleetd
+        boot = BootEndpoint(fleetd.boot, fleetd.pki.public_ca, self.address)
+        reported = {"uuid": self.uuid, "serial": self.serial, "mac": self.mac,
+                    "hostname": self.name}  # fmt: skip
+        try:
+            grant = await deferToThread(requestCode, boot, reported)
+        except DeviceFlowFailed as e:
+            raise StepFailed(f"config: {e}") from None
+        stop = threading.Event()
+        polled: Deferred[str] = deferToThread(
+            awaitToken, boot, grant, self.rack.timeScale, stop
+        )
+        try:
+            await self.fleetctl("approve", grant.userCode, "--device", self.name)
+        except BaseException:
+            stop.set()
+            await polled.addErrback(lambda _: "")
+            raise
+        try:
+            token: str = await polled
+        except DeviceFlowFailed as e:
+            raise StepFailed(f"config: {e}") from None
+        return token
 
     async def kubelet(self) -> None:
         cluster = self.rack.cluster
