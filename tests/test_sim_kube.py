@@ -2,7 +2,8 @@
 C{fleetd-sim}'s kube faults (L{fleetd.sim.faults.kube}; docs/design.md
 §9, [K2] [R1]) and the device-flow fetch (C{--fetch device-flow}, [F1]
 [F2]): one rack on the sim's own fleetd, every node fetching through
-RFC 8628, with C{wrong-node-csr}, C{retire} and a clean node; and the
+RFC 8628, with C{wrong-node-csr}, C{retire} and a clean node; a second
+small rack against the NetBox fake (C{--inventory netbox}); and the
 Talos-side polling schedule on its own.
 """
 
@@ -70,6 +71,27 @@ class KubeRackTests(SynchronousTestCase):
         self.assertEqual(document["summary"]["unexpected"], [])
         (line,) = STOPPED.findall(stderr)
         self.assertIn("fleetd ", line)
+
+    def test_rack_netbox(self) -> None:
+        """
+        C{--inventory netbox}: the sim's fleetd has the NetBox fake as its
+        inventory; the sim enters each node in NetBox as an operator would
+        (C{fleetctl device add} refuses there), and the rack ends as on the
+        embedded inventory (code path): the clean node C{active}, the
+        retired one C{decommissioning}. Exit 0 also says NetBox ended with
+        the status fleetd reports for each node and the release of each
+        delivered configuration (fleetd's outbox pushed them).
+        """
+        code, document, stderr = runSim(
+            "--nodes", "2", "--parallel", "2", "--inventory", "netbox",
+            "--faults", "retire", "--time-scale", "10",
+        )  # fmt: skip
+        self.assertEqual(code, 0, f"{document.get('summary')}\n{stderr[-2000:]}")
+        ended = [(n["fault"], n["state"], n["reason"]) for n in document["nodes"]]
+        self.assertEqual(
+            ended, [("retire", "decommissioning", None), (None, "active", None)]
+        )
+        self.assertIn("NetBox fake on http://127.0.0.1:", stderr)
 
 
 class _Boot:
@@ -146,3 +168,9 @@ class FetchArgTests(SynchronousTestCase):
         for name in ("wrong-node-csr", "retire"):
             argv = ["--nodes", "1", "--faults", name, "--config", "x.toml"]
             self.assertRaises(SystemExit, parseArgs, argv)
+
+    def test_inventory_netboxOnlyOnOwnFleetd(self) -> None:
+        self.assertEqual(parseArgs(["--nodes", "1"]).inventory, "sqlite")
+        argv = ["--nodes", "1", "--inventory", "netbox"]
+        self.assertEqual(parseArgs(argv).inventory, "netbox")
+        self.assertRaises(SystemExit, parseArgs, [*argv, "--config", "x.toml"])

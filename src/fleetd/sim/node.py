@@ -52,9 +52,11 @@ from fleetd.sim.deviceflow import (
     requestCode,
 )
 from fleetd.sim.kubelet import bootstrapToken, fileAndAwait
+from fleetd.sim.netbox import enterDevice
 from fleetd.sim.talos import fetchConfig
 from fleetd.sim.tpm import SWTPM, ResourceManager, SessionBus
 from fleetd.testing.kube import FakeKube
+from fleetd.testing.netbox import FakeNetBox
 from fleetd.testing.tinkagent import channel, getAction, report
 from fleetd.testing.tinkserver import Workflows
 
@@ -115,6 +117,7 @@ class Rack:
     cluster: Cluster | None
     changed: Callable[[], None]
     fetch: str = "code"  # how Talos fetches its configuration: or "device-flow"
+    netbox: FakeNetBox | None = None  # NetBox is the inventory (--inventory)
 
 
 @dataclass
@@ -246,9 +249,13 @@ class Node:
         return d.addCallback(started)
 
     async def enroll(self) -> None:
-        await self.fleetctl("device", "add", self.name, "--serial", self.serial,
-                            "--uuid", self.uuid, "--mac", self.mac,
-                            "--class", "worker")  # fmt: skip
+        if self.rack.netbox is not None:  # entered in NetBox, not through fleetd
+            enterDevice(self.rack.netbox, name=self.name, serial=self.serial,
+                        uuid=self.uuid, mac=self.mac, deviceClass="worker")  # fmt: skip
+        else:
+            await self.fleetctl("device", "add", self.name, "--serial", self.serial,
+                                "--uuid", self.uuid, "--mac", self.mac,
+                                "--class", "worker")  # fmt: skip
         await self.fleetctl("evidence", "add", "--serial", self.serial,
                             "--ek-sha256", self.digest, "--kind", "receiving-scan",
                             "--ref", "fleetd-sim")  # fmt: skip
