@@ -48,15 +48,9 @@ from typing import Any, NoReturn
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from cryptography import x509  # noqa: E402
-from cryptography.hazmat.primitives.serialization import (  # noqa: E402
-    Encoding,
-    PublicFormat,
-)
 
-from fleetd.attest.tpm import canonicalSPKI, ekDigest  # noqa: E402
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI  # noqa: E402
-from fleetd.sim.tpm import SWTPM, ResourceManager, SessionBus  # noqa: E402
+from fleetd.sim.tpm import SWTPM, ResourceManager, SessionBus, ekDigestOf  # noqa: E402
 from tests.metasupport import TALOS_LAYOUT  # noqa: E402
 from tests.support import TOPOLOGY, writeConfig  # noqa: E402
 
@@ -227,14 +221,6 @@ def started(
         say(f"  stopped {what} (pid {pid})")
 
     stack.callback(stopping)
-
-
-def ekDigestOf(der: bytes) -> str:
-    """SHA-256 of the EK's DER SubjectPublicKeyInfo, as evidence names it."""
-    key = x509.load_der_x509_certificate(der).public_key()
-    return ekDigest(
-        canonicalSPKI(key.public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo))
-    )
 
 
 def makeImage(path: Path) -> None:

@@ -3,13 +3,15 @@ What fleetd recorded of a node, read from its journal through the owner
 API (C{fleetctl journal --device}), never from the sim's own beliefs:
 a clean node got exactly one delivery [C2], and with a cluster its first
 kubelet certificate approved once [K2] and its bootstrap token deleted
-after it [K4] (the deletion is awaited: it comes C{delete_after} later).
+after it [K4] (the deletion is awaited: it comes C{delete_after} later);
+with the device flow, the owner's approval and the token issued once each.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Any
 
 from twisted.internet.task import deferLater
 
@@ -31,6 +33,10 @@ async def unrecorded(node: Node) -> str | None:
     seen = await events(node)
     if seen["run.delivered"] != 1:
         return f"journal: {seen['run.delivered']} deliveries, not 1"
+    if node.rack.fetch == "device-flow":
+        for event in ("deviceflow.approved", "deviceflow.issued"):
+            if seen[event] != 1:
+                return f"journal: {seen[event]} {event}, not 1"
     if node.rack.cluster is None:
         return None
     if seen["kube.csr-approved"] != 1:
@@ -41,3 +47,33 @@ async def unrecorded(node: Node) -> str | None:
         await deferLater(node.rack.clock, POLL_GAP, lambda: None)
         seen = await events(node)
     return f"journal: {seen['kube.token-deleted']} token deletions, not 1"
+
+
+MIRROR_POLLS = 40  # fleetd's NetBox outbox pushes asynchronously: looked
+MIRROR_GAP = 0.25  # for this many times, this many seconds apart
+
+
+async def mirrored(node: Node, status: str) -> str | None:
+    """
+    With NetBox as the inventory (C{--inventory netbox}): what NetBox
+    lacks of C{node} (one line), or L{None}. Its status must become the
+    one fleetd reports (pushed through fleetd's outbox, so awaited) and,
+    once the configuration was delivered, carry the release
+    (C{fleetd_release} with its run).
+    """
+    fake = node.rack.netbox
+    assert fake is not None
+    device: dict[str, Any] = {}
+    for _ in range(MIRROR_POLLS):
+        device = fake.byName(node.name)
+        if device["status"] == status:
+            break
+        await deferLater(node.rack.clock, MIRROR_GAP, lambda: None)
+    else:
+        return f"netbox: status {device['status']}, fleetd says {status}"
+    release = device["custom_fields"].get("fleetd_release")
+    if (await events(node))["run.delivered"] and not (
+        isinstance(release, dict) and release.get("run")
+    ):
+        return "netbox: no fleetd_release for the delivered configuration"
+    return None

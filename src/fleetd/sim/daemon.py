@@ -161,11 +161,15 @@ def _toml(value: Any) -> str:
 
 
 def writeConfig(
-    directory: Path, tinkUpstream: int, kubernetes: dict[str, Any] | None = None
+    directory: Path,
+    tinkUpstream: int,
+    kubernetes: dict[str, Any] | None = None,
+    netbox: dict[str, Any] | None = None,
 ) -> Path:
     """A dev config in C{directory}: every listener on a free loopback
     port, the dev PKI under C{pki/}, the vault on any filesystem; with
-    C{kubernetes}, that C{[kubernetes]} table."""
+    C{kubernetes}, that C{[kubernetes]} table; with C{netbox}, that
+    C{[netbox]} table (NetBox is then the inventory)."""
     (directory / "templates").mkdir(parents=True)
     (directory / "templates" / "default.yaml").write_text(TEMPLATE)
     (directory / "topology.json").write_text(json.dumps(TOPOLOGY))
@@ -205,6 +209,8 @@ def writeConfig(
     }
     if kubernetes is not None:
         tables["kubernetes"] = kubernetes
+    if netbox is not None:
+        tables["netbox"] = netbox
     lines = []
     for table, keys in tables.items():
         lines.append(f"[{table}]")
@@ -243,10 +249,11 @@ def startFleetd(
     tinkUpstream: int,
     started: Started,
     kubernetes: dict[str, Any] | None = None,
+    netbox: dict[str, Any] | None = None,
 ) -> Fleetd:
     """Our own fleetd (C{twistd -n fleetd}) on C{work}, in C{started}."""
     devPKI(work)
-    config = writeConfig(work / "fleetd", tinkUpstream, kubernetes)
+    config = writeConfig(work / "fleetd", tinkUpstream, kubernetes, netbox)
     return launchFleetd(work, config, started)
 
 

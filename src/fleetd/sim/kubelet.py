@@ -82,6 +82,49 @@ class _API:
             conn.close()
 
 
+def fileCSR(*, port: int, ca: Path, token: str, node: str, source: str) -> str:
+    """
+    File a kubelet client CSR for C{node} (CN C{system:node:NODE}, O
+    C{system:nodes}) authenticated by C{token} (a bootstrap token, or the
+    bearer standing for a kubelet's client certificate); its name.
+    """
+    api = _API(port, ca, token, source)
+    return _file(api, node)
+
+
+def registerNode(*, port: int, ca: Path, token: str, node: str, source: str) -> None:
+    """Register the Node C{node}, as a kubelet does once it has its
+    client certificate (C{token}: the bearer standing for it)."""
+    status, _ = _API(port, ca, token, source).call(
+        "POST",
+        "/api/v1/nodes",
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}},
+    )
+    if status != 201:
+        raise RuntimeError(f"Node {node} not registered: HTTP {status}")
+
+
+def _file(api: _API, node: str) -> str:
+    pem = csrPEM(f"system:node:{node}")
+    status, created = api.call(
+        "POST",
+        CSRS,
+        {
+            "apiVersion": "certificates.k8s.io/v1",
+            "kind": "CertificateSigningRequest",
+            "metadata": {"generateName": "csr-"},
+            "spec": {
+                "request": base64.b64encode(pem).decode("ascii"),
+                "signerName": SIGNER,
+                "usages": ["digital signature", "client auth"],
+            },
+        },
+    )
+    if status != 201:
+        raise RuntimeError(f"CSR refused: HTTP {status}")
+    return str(created["metadata"]["name"])
+
+
 def fileAndAwait(
     *,
     port: int,
@@ -100,24 +143,7 @@ def fileAndAwait(
     that condition's type, or C{"pending"}.
     """
     api = _API(port, ca, token, source)
-    pem = csrPEM(f"system:node:{node}")
-    status, created = api.call(
-        "POST",
-        CSRS,
-        {
-            "apiVersion": "certificates.k8s.io/v1",
-            "kind": "CertificateSigningRequest",
-            "metadata": {"generateName": "csr-"},
-            "spec": {
-                "request": base64.b64encode(pem).decode("ascii"),
-                "signerName": SIGNER,
-                "usages": ["digital signature", "client auth"],
-            },
-        },
-    )
-    if status != 201:
-        raise RuntimeError(f"CSR refused: HTTP {status}")
-    name = created["metadata"]["name"]
+    name = _file(api, node)
     deadline = clock() + timeout
     while clock() < deadline:
         status, csr = api.call("GET", f"{CSRS}/{name}")

@@ -1,7 +1,8 @@
 """
 C{fleetd-sim [--config FILE] --nodes N [--faults NAME[:COUNT],...]
-[--parallel P] [--time-scale X] [--json]}: a rack of virtual nodes
-enrolled end to end (docs/design.md §9), some with a fault
+[--parallel P] [--time-scale X] [--fetch code|device-flow]
+[--inventory sqlite|netbox] [--json]}: a rack of virtual nodes enrolled
+end to end (docs/design.md §9), some with a fault
 (L{fleetd.sim.faults}).
 
 Without C{--config} it starts everything itself on a temporary directory:
@@ -36,7 +37,7 @@ from twisted.internet.interfaces import IReactorThreads
 from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
 
-from fleetd.sim.checks import unrecorded
+from fleetd.sim.checks import mirrored, unrecorded
 from fleetd.sim.daemon import (
     DaemonFailed,
     Fleetd,
@@ -47,9 +48,11 @@ from fleetd.sim.daemon import (
 )
 from fleetd.sim.faults import FAULTS, FaultSpecError, parseFaults
 from fleetd.sim.kubelet import serveFake
+from fleetd.sim.netbox import serveNetBox
 from fleetd.sim.node import Cluster, Node, Rack, Refused, StepFailed
 from fleetd.sim.report import Outcome, progressLine, summary, table
 from fleetd.sim.tpm import RM_AVAILABLE, SessionBus
+from fleetd.testing.netbox import FakeNetBox
 from fleetd.testing.tinkserver import FakeTinkServer, Workflows
 
 # What fleetd should say of a clean node at the end, with a cluster and
@@ -84,6 +87,20 @@ def parseArgs(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="NAME[:COUNT],...",
         help="faults for the rack's first nodes (" + ", ".join(sorted(FAULTS)) + ")",
     )
+    parser.add_argument(
+        "--fetch",
+        choices=("code", "device-flow"),
+        default="code",
+        help="how each node's Talos fetches its configuration: its one-time"
+        " code (default) or RFC 8628's device flow, approved by the sim as owner",
+    )
+    parser.add_argument(
+        "--inventory",
+        choices=("sqlite", "netbox"),
+        default="sqlite",
+        help="the sim's own fleetd's inventory: its embedded one (default) or"
+        " the NetBox fake, where the sim enters each node as an operator would",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object")
     args = parser.parse_args(argv)
     if not 1 <= args.nodes <= 60000 or args.parallel < 1 or args.time_scale <= 0:
@@ -98,6 +115,8 @@ def parseArgs(argv: Sequence[str] | None) -> argparse.Namespace:
         own = sorted({n for n in args.faultNames if FAULTS[n].ownFleetd})
         if own:
             parser.error(f"--faults: {', '.join(own)} only on the sim's own fleetd")
+        if args.inventory != "sqlite":
+            parser.error("--inventory: only on the sim's own fleetd")
     return args
 
 
@@ -151,6 +170,8 @@ async def finalState(node: Node) -> Outcome:
         )
     if node.error is None:
         node.error = await (unrecorded(node) if fault is None else fault.check(node))
+    if node.error is None and node.reason is None and node.rack.netbox is not None:
+        node.error = await mirrored(node, state)
     return Outcome(
         node.name, node.fault, state, node.reason, node.phases, alerts,
         expected, node.error,
@@ -212,10 +233,11 @@ async def setUp(
     work: Path,
     started: Started,
     console: Console,
-) -> tuple[Fleetd, FakeTinkServer, Cluster | None]:
+) -> tuple[Fleetd, FakeTinkServer, Cluster | None, FakeNetBox | None]:
     """
     The tink-server stand-in and the fleetd the rack runs against; when
-    the sim starts its own fleetd, also the Kubernetes fake it names.
+    the sim starts its own fleetd, also the Kubernetes fake it names, and
+    with C{--inventory netbox} the NetBox fake.
     """
     if args.config is not None:
         fleetd = Fleetd.fromConfig(args.config.resolve())
@@ -234,7 +256,7 @@ async def setUp(
     started.add("tink-server", lambda: None, stopTink)
     console.say(f"tink-server stand-in on 127.0.0.1:{tink.port}")
     if args.config is not None:
-        return fleetd, tink, None
+        return fleetd, tink, None, None
     pki = await deferToThread(devPKI, work)
     fake, listening = serveFake(reactor, pki)
     started.add("kubernetes-fake", lambda: None, fake.closeWatches)
@@ -248,9 +270,16 @@ async def setUp(
         # [K4]'s minute before the token's deletion, scaled like Talos's waits
         "delete_after": 60.0 / args.time_scale,
     }
-    fleetd = await deferToThread(startFleetd, work, tink.port, started, kubernetes)
+    netbox, table = None, None
+    if args.inventory == "netbox":
+        # In this process, on its reactor: gone with it.
+        netbox, _, table = serveNetBox(reactor, work)
+        console.say(f"NetBox fake on {table['url']}")
+    fleetd = await deferToThread(
+        startFleetd, work, tink.port, started, kubernetes, table
+    )
     console.say(f"fleetd on {fleetd.admin} (state in {work})")
-    return fleetd, tink, Cluster(port, pki.public_ca)
+    return fleetd, tink, Cluster(port, pki.public_ca, fake), netbox
 
 
 async def rackOf(
@@ -261,7 +290,7 @@ async def rackOf(
     console: Console,
 ) -> Result:
     """Set up, then run the rack."""
-    fleetd, tink, cluster = await setUp(reactor, args, work, started, console)
+    fleetd, tink, cluster, netbox = await setUp(reactor, args, work, started, console)
     bus = SessionBus(work / "bus")
     started.add("dbus-daemon", lambda: bus.pid, bus.stop)
     await deferToThread(bus.start)
@@ -275,6 +304,8 @@ async def rackOf(
         started=started,
         cluster=cluster,
         changed=lambda: None,
+        fetch=args.fetch,
+        netbox=netbox,
     )
     return await runRack(reactor, args, rack, console)
 

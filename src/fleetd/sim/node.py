@@ -9,7 +9,10 @@ One virtual node's path, end to end (docs/design.md §1's happy path):
     plan        SUCCESS by a grpcio tink agent; each runs fleetd-agent
     install     over the device listener (install: the image written)
     config    Talos: GET /config?code=… on the boot listener, from the
-              node's own loopback address, Talos's retry schedule scaled
+              node's own loopback address, Talos's retry schedule scaled;
+              or (C{--fetch device-flow}) RFC 8628: the node asks for a
+              user code, the owner approves it (C{fleetctl approve}), the
+              node polls for its token and fetches with it
     kubelet   its first client CSR, filed with the bootstrap token of the
               delivered configuration against the Kubernetes fake, until
               fleetd's approver approves it (when the rack has a cluster)
@@ -26,25 +29,32 @@ import os
 import re
 import secrets
 import subprocess
+import threading
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.threads import deferToThread
 from twisted.internet.utils import getProcessOutputAndValue
 
-from fleetd.attest.tpm import canonicalSPKI, ekDigest
 from fleetd.sim.daemon import BIN, Fleetd, Started
+from fleetd.sim.deviceflow import (
+    BootEndpoint,
+    DeviceFlowFailed,
+    awaitToken,
+    requestCode,
+)
 from fleetd.sim.kubelet import bootstrapToken, fileAndAwait
+from fleetd.sim.netbox import enterDevice
 from fleetd.sim.pause import Pause
 from fleetd.sim.talos import fetchConfig
-from fleetd.sim.tpm import SWTPM, ResourceManager, SessionBus
+from fleetd.sim.tpm import SWTPM, ResourceManager, SessionBus, ekDigestOf
+from fleetd.testing.kube import FakeKube
+from fleetd.testing.netbox import FakeNetBox
 from fleetd.testing.tinkagent import channel, getAction, report
 from fleetd.testing.tinkserver import Workflows
 
@@ -84,10 +94,13 @@ class StepFailed(Exception):
 
 @dataclass(frozen=True)
 class Cluster:
-    """The Kubernetes fake's TLS port and the CA its certificate is from."""
+    """The Kubernetes fake's TLS port and the CA its certificate is from;
+    the fake itself, for what a kubelet holds without asking fleetd (its
+    client certificate's identity) and for faults' checks of the fake."""
 
     port: int
     ca: Path
+    fake: FakeKube | None = None
 
 
 @dataclass
@@ -106,6 +119,8 @@ class Rack:
     # Held by each node on its way (fleetd.sim.main); a spore reboot waits
     # until it is alone (fleetd.sim.faults.boot).
     pause: Pause = field(default_factory=Pause)
+    fetch: str = "code"  # how Talos fetches its configuration: or "device-flow"
+    netbox: FakeNetBox | None = None  # NetBox is the inventory (--inventory)
 
 
 @dataclass
@@ -239,9 +254,13 @@ class Node:
         return d.addCallback(started)
 
     async def enroll(self) -> None:
-        await self.fleetctl("device", "add", self.name, "--serial", self.serial,
-                            "--uuid", self.uuid, "--mac", self.mac,
-                            "--class", "worker")  # fmt: skip
+        if self.rack.netbox is not None:  # entered in NetBox, not through fleetd
+            enterDevice(self.rack.netbox, name=self.name, serial=self.serial,
+                        uuid=self.uuid, mac=self.mac, deviceClass="worker")  # fmt: skip
+        else:
+            await self.fleetctl("device", "add", self.name, "--serial", self.serial,
+                                "--uuid", self.uuid, "--mac", self.mac,
+                                "--class", "worker")  # fmt: skip
         await self.fleetctl("evidence", "add", "--serial", self.serial,
                             "--ek-sha256", self.digest, "--kind", "receiving-scan",
                             "--ref", "fleetd-sim")  # fmt: skip
@@ -300,18 +319,55 @@ class Node:
 
     async def fetchConfig(self) -> None:
         fleetd = self.rack.fleetd
+        if self.rack.fetch == "device-flow":
+            query, bearer = {}, await self.deviceFlowToken()
+        else:
+            query = {"code": self.code, "uuid": self.uuid, "serial": self.serial}
+            bearer = None
         status, body = await deferToThread(
             fetchConfig,
             port=fleetd.boot,
             ca=fleetd.pki.public_ca,
             source=self.address,
-            query={"code": self.code, "uuid": self.uuid, "serial": self.serial},
+            query=query,
             timeScale=self.rack.timeScale,
+            bearer=bearer,
         )
         if status != 200:
             raise StepFailed(f"config: HTTP {status}")
         if self.rack.cluster is not None:
             self.token = bootstrapToken(body)
+
+    async def deviceFlowToken(self) -> str:
+        """
+        RFC 8628 (L{fleetd.sim.deviceflow}): the node asks for a user code
+        and polls for its token while the owner, reading the code off the
+        node's console, approves it as the console does (C{fleetctl
+        approve USER-CODE --device NAME}).
+        """
+        fleetd = self.rack.fleetd
+        boot = BootEndpoint(fleetd.boot, fleetd.pki.public_ca, self.address)
+        reported = {"uuid": self.uuid, "serial": self.serial, "mac": self.mac,
+                    "hostname": self.name}  # fmt: skip
+        try:
+            grant = await deferToThread(requestCode, boot, reported)
+        except DeviceFlowFailed as e:
+            raise StepFailed(f"config: {e}") from None
+        stop = threading.Event()
+        polled: Deferred[str] = deferToThread(
+            awaitToken, boot, grant, self.rack.timeScale, stop
+        )
+        try:
+            await self.fleetctl("approve", grant.userCode, "--device", self.name)
+        except BaseException:
+            stop.set()
+            await polled.addErrback(lambda _: "")
+            raise
+        try:
+            token: str = await polled
+        except DeviceFlowFailed as e:
+            raise StepFailed(f"config: {e}") from None
+        return token
 
     async def kubelet(self) -> None:
         cluster = self.rack.cluster
@@ -327,14 +383,6 @@ class Node:
         )
         if verdict != "Approved":
             raise StepFailed(f"kubelet: CSR {verdict}")
-
-
-def ekDigestOf(der: bytes) -> str:
-    """SHA-256 of the EK's DER SubjectPublicKeyInfo, as evidence names it."""
-    key = x509.load_der_x509_certificate(der).public_key()
-    return ekDigest(
-        canonicalSPKI(key.public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo))
-    )
 
 
 def _pid(process: subprocess.Popen[bytes] | None) -> int | None:

@@ -35,23 +35,26 @@ def fetchConfig(
     query: dict[str, str],
     timeScale: float,
     host: str = "localhost",
+    bearer: str | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[int, bytes]:
     """
     Fetch the machine configuration until a 200 or the last try; the last
     status (0: no answer) and body. The body holds the node's secrets:
     the caller reads what the node would (its bootstrap token) and never
-    keeps or prints it.
+    keeps or prints it. With C{bearer} (a device-flow access token,
+    L{fleetd.sim.deviceflow}) it is sent as C{Authorization: Bearer}.
     """
     context = ssl.create_default_context(cafile=str(ca))
-    path = "/config?" + urllib.parse.urlencode(query)
+    path = "/config" + ("?" + urllib.parse.urlencode(query) if query else "")
+    headers = {} if bearer is None else {"Authorization": f"Bearer {bearer}"}
     status, body = 0, b""
     for gap in [*gaps(timeScale), None]:
         conn = http.client.HTTPSConnection(
             host, port, context=context, timeout=30, source_address=(source, 0)
         )
         try:
-            conn.request("GET", path)
+            conn.request("GET", path, headers=headers)
             response = conn.getresponse()
             body = response.read()
             status = response.status

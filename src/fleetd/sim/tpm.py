@@ -21,6 +21,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from fleetd.attest.tpm import canonicalSPKI, ekDigest
 from fleetd.pki.dev import DevPKIPaths, swtpmLocalCA
 
 AVAILABLE = all(shutil.which(t) for t in ("swtpm", "swtpm_setup", "swtpm_localca"))
@@ -269,3 +273,11 @@ class ResourceManager:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def ekDigestOf(der: bytes) -> str:
+    """SHA-256 of the EK's DER SubjectPublicKeyInfo, as evidence names it."""
+    key = x509.load_der_x509_certificate(der).public_key()
+    return ekDigest(
+        canonicalSPKI(key.public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo))
+    )

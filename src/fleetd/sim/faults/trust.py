@@ -59,9 +59,8 @@ from fleetd.sim.node import (
     Rack,
     Step,
     StepFailed,
-    ekDigestOf,
 )
-from fleetd.sim.tpm import SWTPM, ResourceManager
+from fleetd.sim.tpm import SWTPM, ResourceManager, ekDigestOf
 
 NOT_APPROVED = "ek-binding-not-approved"
 TPM12 = "tpm12-unsupported"
