@@ -149,3 +149,22 @@ class AddedThenPolledTests(SynchronousTestCase):
         fleet.clock.advance(120)
         site.call("GetAction", 2, request, (), 9)
         self.assertEqual(fleet.events("w2").count("boot.hookos-after-install"), 1)
+
+
+class ListingFloorTests(SynchronousTestCase):
+    """Where a listing is dear (NetBox), a longer floor between listings:
+    strangers naming MACs cost one listing per floor, not per second."""
+
+    def test_floor_boundsListingsForUnknownIds(self) -> None:
+        clock = Clock()
+        clock.advance(1000)
+        inventory = Listed()
+        index = DeviceIndex(inventory, clock, floor=10.0)
+        self.successResultOf(index.refresh())
+        for i in range(100):  # 100 strangers' ids over 9.9 s
+            clock.advance(0.099)
+            index.lookup(f"52:54:00:00:01:{i:02x}")
+        self.assertEqual(inventory.listings, 1)  # the first listing only
+        clock.advance(0.2)
+        index.lookup("52:54:00:00:02:00")
+        self.assertEqual(inventory.listings, 2)

@@ -66,13 +66,15 @@ from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.store.keys import deriveKey
 from fleetd.store.runner import DatabaseRunner, RunnerService
 from fleetd.tink.service import TinkProxy
+from fleetd.tink.workflows import REFRESH_FLOOR
 from fleetd.trust.disks import DiskService
 from fleetd.trust.service import TrustService
 from fleetd.web.site import listenerSite
 
-# Seconds one listing of a NetBox inventory serves the console's fleet view
-# (each listing walks NetBox's device pages: an owner refreshing, or the
-# page's own refresh while requests wait, must not walk them every time).
+# Seconds one listing of a NetBox inventory serves the console's fleet view,
+# and the least between two listings the Tink proxy asks for unknown ids
+# (each listing walks NetBox's device pages: an owner refreshing, or
+# strangers naming MACs on the tink listener, must not walk them each time).
 NETBOX_LISTING_AGE = 10.0
 
 
@@ -339,6 +341,8 @@ class FleetdService(MultiService):
             alerts=self.alerts,
             kube=None if self.kube is None else self.kube.client,
             upstreamCA=prepared.upstreamCA,
+            # a stranger naming unknown MACs must not walk NetBox every second
+            listingFloor=REFRESH_FLOOR if s.netbox is None else NETBOX_LISTING_AGE,
         )
         self.tink.setServiceParent(self.database)
         tink = self._listeners.add(

@@ -38,7 +38,7 @@ from fleetd.tink.completion import BootTracker, IRuns
 from fleetd.tink.metrics import TinkMetrics
 from fleetd.tink.observe import WireObserver
 from fleetd.tink.wfstate import WorkflowStateWatch
-from fleetd.tink.workflows import DeviceIndex, WorkflowWatcher
+from fleetd.tink.workflows import REFRESH_FLOOR, DeviceIndex, WorkflowWatcher
 
 
 class TinkProxy(MultiService):
@@ -58,8 +58,12 @@ class TinkProxy(MultiService):
         alerts: AlertTracker,
         kube: KubeClient | None = None,
         upstreamCA: bytes | None = None,
+        listingFloor: float = REFRESH_FLOOR,
     ) -> None:
         """
+        @param listingFloor: the least seconds between two inventory
+            listings for ids the device index does not know
+            (L{fleetd.tink.workflows.DeviceIndex}).
         @param kube: the C{[kubernetes]} cluster client, for
             C{tink.workflow_state = "kubernetes"} (ignored otherwise).
         @param reactor: the proxy's clock; the upstream endpoint also
@@ -90,7 +94,7 @@ class TinkProxy(MultiService):
             alerts=alerts,
             minReboot=settings.min_reboot,
         )
-        self.devices = DeviceIndex(inventory, clock)
+        self.devices = DeviceIndex(inventory, clock, listingFloor)
         self.watcher = WorkflowWatcher(self.devices, self.boot)
         self.observer = WireObserver(self.watcher, self.metrics, ThrottledLog(clock))
         self.workflowState: WorkflowStateWatch | None = None

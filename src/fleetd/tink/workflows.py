@@ -97,9 +97,21 @@ class DeviceIndex:
 
     log = Logger()
 
-    def __init__(self, inventory: IDeviceSource, clock: IReactorTime) -> None:
+    def __init__(
+        self,
+        inventory: IDeviceSource,
+        clock: IReactorTime,
+        floor: float = REFRESH_FLOOR,
+    ) -> None:
+        """
+        @param floor: the least seconds between two listings: more than
+            L{REFRESH_FLOOR} where a listing is dear (NetBox: a walk of its
+            device pages), since anyone who reaches the tink listener can
+            name ids that match nothing.
+        """
         self._inventory = inventory
         self._clock = clock
+        self._floor = floor
         self._byId: dict[str, str] = {}
         self._refreshedAt = float("-inf")
         self._refreshing: Deferred[None] | None = None
@@ -155,7 +167,7 @@ class DeviceIndex:
         turn = self._unknown.get(key)
         if turn is not None and now < turn[0]:
             return
-        if self._refreshing is not None or now - self._refreshedAt < REFRESH_FLOOR:
+        if self._refreshing is not None or now - self._refreshedAt < self._floor:
             return
         gap = FIRST_RETRY if turn is None else min(turn[1] * 2, REFRESH_EVERY)
         self._unknown[key] = (now + gap, gap)
