@@ -104,6 +104,24 @@ class SimTests(SynchronousTestCase):
             self.assertEqual(len(delivered), 1, entries)
             index = int(node["name"].split("-")[1])  # sim-NNN-tag
             self.assertEqual(delivered[0]["fields"]["peer"], f"127.0.1.{index}")
+        self.assertSourcesPerNode((work / "fleetd.log").read_text(), 3)
+
+    def assertSourcesPerNode(self, log: str, nodes: int) -> None:
+        """
+        fleetd saw each node at its own address, as its per-source limits
+        count it: the agent's calls on the device listener (its access
+        log) and the tink agent's connections to the Tink proxy (through
+        the node's relay), each node's from 127.0.1.N and none from
+        127.0.0.1.
+        """
+        agentCalls = ("/v1/attest/challenge", "/v1/attest/proof", "/v1/node/disks",
+                      "/v1/node/plan")  # fmt: skip
+        access = re.findall(r"http\.access (?:GET|POST) (\S+) \d+ (\S+)$", log, re.M)
+        seen = {path: sorted(p for q, p in access if q == path) for path in agentCalls}
+        addresses = [f"127.0.1.{index}" for index in range(1, nodes + 1)]
+        self.assertEqual(seen, dict.fromkeys(agentCalls, addresses))
+        connected = re.findall(r"tink\.connected (\S+)$", log, re.M)
+        self.assertEqual(sorted(set(connected)), addresses, connected)
 
     def test_ownFleetd_active_stopsEverything(self) -> None:
         """[K2] [K4] Without C{--config} the sim starts its own fleetd, the

@@ -118,6 +118,16 @@ class UnimplementedTests(SynchronousTestCase):
         self.assertEqual(event["path"], PATH.decode())
         h.close()
 
+    def test_connected_logsSource(self) -> None:
+        """Each connection is logged with the address it came from, the
+        source fleetd's per-source limits count."""
+        factory = TinkListenerFactory(Clock())
+        with capturedLogs() as events:
+            h = Harness(server=factory.buildProtocol(None))
+        [event] = [e for e in events if e["log_format"] == "tink.connected {source}"]
+        self.assertEqual(event["source"], "192.168.1.1")  # StringTransport's peer
+        h.close()
+
     def test_logged_rateLimitedAcrossConnections(self) -> None:
         """
         A flood of calls over many connections of one listener logs at most

@@ -8,7 +8,7 @@ from typing import Any
 
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
-from twisted.logger import capturedLogs
+from twisted.logger import capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.iweb import IRequest
 
@@ -278,11 +278,22 @@ class BoundedSiteTests(SynchronousTestCase):
             clock.advance(1)
             self.exchange(b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", site)
         formats = [e["log_format"] for e in events if "http.access" in e["log_format"]]
-        self.assertEqual(formats.count("http.access {method} {path} {status}"), 4)
+        self.assertEqual(
+            formats.count("http.access {method} {path} {status} {peer}"), 4
+        )
         suppressed = [
             e for e in events if e["log_format"] == "http.access.suppressed {count}"
         ]
         self.assertEqual([e["count"] for e in suppressed], [7])
+
+    def test_accessLog_namesPeer(self) -> None:
+        """Each access line names the client's address (the source fleetd's
+        per-source limits count), never the query string."""
+        with capturedLogs() as events:
+            self.exchange(b"GET /nope?code=s3cret HTTP/1.1\r\nHost: x\r\n\r\n")
+        (line,) = [e for e in events if "http.access" in e["log_format"]]
+        self.assertEqual(line["peer"], "192.168.1.1")  # StringTransport's peer
+        self.assertEqual(formatEvent(line), "http.access GET /nope 404 192.168.1.1")
 
     def test_pipelinedInProgress_notCutByDeadline(self) -> None:
         """A pipelined request being answered is not cut off by the deadline."""

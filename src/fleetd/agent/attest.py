@@ -77,7 +77,8 @@ def attest(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
         ectx = tpm.openTPM(args.tcti)
     except tpm.TPM12:
         call(args.server, "/v1/attest/challenge", context,
-             {"tpm_version": "1.2", "serial": serial, "uuid": uuid})  # fmt: skip
+             {"tpm_version": "1.2", "serial": serial, "uuid": uuid},
+             source=args.source_address)  # fmt: skip
         raise tpm.TPMError("fleetd accepted a TPM 1.2 claim") from None
     try:
         keys = tpm.createKeys(ectx, args.ek)
@@ -93,6 +94,7 @@ def attest(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
                 "ek_public": _b64(keys.ekPublic.marshal()),
                 "ak_public": _b64(keys.akPublic.marshal()),
             },
+            source=args.source_address,
         )
         secret = tpm.activate(
             ectx,
@@ -117,6 +119,7 @@ def attest(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
             "certify_signature": _b64(signature),
             "csr": csr.decode("ascii"),
         },
+        source=args.source_address,
     )
     state = Path(args.state)
     writePrivate(state / KEY, tpm.tss2PEM(keys.ldevidPublic, keys.ldevidPrivate))
@@ -150,7 +153,7 @@ def tpmTLS(args: argparse.Namespace, cert: Path, key: Path) -> Send:
     """
     if not key.is_file():
         raise tpm.TPMError(f"no LDevID key in {key.parent}: run attest first")
-    return tpmSender(args.tcti, args.ca, cert, key)
+    return tpmSender(args.tcti, args.ca, cert, key, args.source_address)
 
 
 def plan(args: argparse.Namespace, out: IO[str], err: IO[str]) -> dict[str, Any]:
@@ -162,7 +165,8 @@ def plan(args: argparse.Namespace, out: IO[str], err: IO[str]) -> dict[str, Any]
     path = "/v1/node/plan"
     if args.device:
         path += "?device=" + urllib.parse.quote(args.device, safe="")
-    result = installable(call(args.server, path, ldevidTransport(args)))
+    via = ldevidTransport(args)
+    result = installable(call(args.server, path, via, source=args.source_address))
     if args.target_link is not None:
         device = target.linkTarget(
             result, Path(args.target_link), Path(args.sysfs_root)
@@ -222,7 +226,11 @@ def renew(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
         finally:
             ectx.close()
     issued = call(
-        args.server, "/v1/ldevid/renew", ldevidTransport(args), {"csr": csr.decode()}
+        args.server,
+        "/v1/ldevid/renew",
+        ldevidTransport(args),
+        {"csr": csr.decode()},
+        source=args.source_address,
     )
     writePrivate(state / CHAIN, issued["chain"].encode("ascii"))
     writePrivate(state / CERT, issued["certificate"].encode("ascii"))

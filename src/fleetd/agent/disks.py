@@ -85,11 +85,15 @@ def readSysfs(root: Path) -> list[Disk]:
 
 
 def httpsPost(
-    server: str, ca: str | None, context: ssl.SSLContext | None = None
+    server: str,
+    ca: str | None,
+    context: ssl.SSLContext | None = None,
+    source: str | None = None,
 ) -> Post:
     """
     A L{Post} to C{server} (C{https://HOST:PORT}) verifying it against
-    C{ca}; C{context} may carry the node's LDevID client certificate.
+    C{ca}, from the local address C{source} if given (C{--source});
+    C{context} may carry the node's LDevID client certificate.
     """
     url = urllib.parse.urlsplit(server)
     if url.scheme != "https" or not url.hostname:
@@ -102,7 +106,11 @@ def httpsPost(
 
     def post(path: str, body: bytes) -> tuple[int, bytes]:
         conn = http.client.HTTPSConnection(
-            url.hostname or "", url.port or 8444, context=context, timeout=30
+            url.hostname or "",
+            url.port or 8444,
+            context=context,
+            timeout=30,
+            source_address=None if source is None else (source, 0),
         )
         try:
             conn.request(
@@ -136,7 +144,7 @@ def nodePost(args: argparse.Namespace) -> Post:
     except TPMError as e:
         raise AgentError(f"tpm-error: {e}") from e
     if isinstance(via, ssl.SSLContext):
-        return httpsPost(args.server, args.ca, via)
+        return httpsPost(args.server, args.ca, via, args.source_address)
     url = urllib.parse.urlsplit(args.server)
     if url.scheme != "https" or not url.hostname:
         raise AgentError(

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import IO
 
 from fleetd.agent import disks, meta
+from fleetd.agent.client import sourceAddress
 from fleetd.clitools import Parser, addJSONOption, runMain
 
 COMMANDS = ("attest", "plan", "disks", "renew", "meta")
@@ -34,10 +35,24 @@ def _stateDir(value: str) -> str:
     return value
 
 
+def _source(value: str) -> str:
+    try:
+        return sourceAddress(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def buildParser() -> argparse.ArgumentParser:
     parser = AgentParser(prog="fleetd-agent", description="fleetd node-side client.")
     parser.add_argument("--server", help="https://HOST:8444 (all but meta)")
     parser.add_argument("--ca", help="CA bundle for the device listener")
+    parser.add_argument(
+        "--source",
+        dest="source_address",
+        type=_source,
+        metavar="ADDRESS",
+        help="connect to fleetd from this local address (default: the kernel's)",
+    )
     parser.add_argument("--tcti", default="device:/dev/tpmrm0", help="TPM TCTI")
     parser.add_argument(
         "--state", type=_stateDir, default="/var/lib/fleetd-agent", help="state dir"

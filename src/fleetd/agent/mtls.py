@@ -34,7 +34,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
-from fleetd.agent.client import TIMEOUT, Send, Unreachable
+from fleetd.agent.client import TIMEOUT, Send, Unreachable, openURL
 
 UNSUPPORTED = "tpm-tls-unsupported"
 
@@ -74,9 +74,12 @@ def resourceManaged(tcti: str) -> bool:
     return False
 
 
-def tpmSender(tcti: str, ca: str | None, cert: Path, key: Path) -> Send:
+def tpmSender(
+    tcti: str, ca: str | None, cert: Path, key: Path, source: str | None = None
+) -> Send:
     """
-    A L{Send} presenting C{cert} with the TPM key in C{key} (TSS2 PEM).
+    A L{Send} presenting C{cert} with the TPM key in C{key} (TSS2 PEM),
+    connecting from C{source} if given (the child binds it).
 
     @raise TPMTLSError: C{tcti} has no resource manager.
     """
@@ -94,6 +97,7 @@ def tpmSender(tcti: str, ca: str | None, cert: Path, key: Path) -> Send:
             "ca": ca,
             "cert": str(cert),
             "key": str(key),
+            "source": source,
             "body": None if data is None else base64.b64encode(data).decode(),
         }
         with tempfile.TemporaryDirectory(prefix="fleetd-agent-") as directory:
@@ -151,7 +155,7 @@ def _exchange(request: dict[str, Any]) -> dict[str, Any]:
     if data is not None:
         call.add_header("content-type", "application/json")
     try:
-        with urllib.request.urlopen(call, timeout=TIMEOUT, context=context) as r:  # noqa: S310
+        with openURL(call, context, request.get("source")) as r:
             status, answer = r.status, r.read(1 << 20)
     except urllib.error.HTTPError as e:
         status, answer = e.code, e.read(1024)

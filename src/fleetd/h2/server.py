@@ -119,9 +119,10 @@ class H2ServerProtocol(GuardedProtocol):
             opened(self)
         noDelay(self.transport)
         peer = self.transport.getPeer() if self.transport is not None else None
-        self.guard = ConnectionGuard(
-            self._limits, self._clock, str(getattr(peer, "host", "")), self.sources
-        )
+        source = str(getattr(peer, "host", ""))
+        self.guard = ConnectionGuard(self._limits, self._clock, source, self.sources)
+        # The source the per-source limits count (rate-limited as all lines).
+        self.log.info("tink.connected {source}", source=source)
         self.h2.initiate_connection()
         self.flush()
         self.progress()

@@ -17,9 +17,8 @@ One virtual node's path, end to end (docs/design.md §1's happy path):
               delivered configuration against the Kubernetes fake, until
               fleetd's approver approves it (when the rack has a cluster)
 
-Each phase is a method of L{Node} run in that order by L{Node.run}; a
-fault (not built yet) will replace or follow one of them. A step fleetd
-refuses ends the node's path with its reason code.
+Each phase is a method of L{Node} run in order by L{Node.run}, a fault
+altering the path; a step fleetd refuses ends it with its reason code.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.threads import deferToThread
 from twisted.internet.utils import getProcessOutputAndValue
@@ -51,11 +50,12 @@ from fleetd.sim.deviceflow import (
 from fleetd.sim.kubelet import bootstrapToken, fileAndAwait
 from fleetd.sim.netbox import enterDevice
 from fleetd.sim.pause import Pause
+from fleetd.sim.relay import Relay, relayedChannel, tinkRelay
 from fleetd.sim.talos import fetchConfig
 from fleetd.sim.tpm import SWTPM, ResourceManager, SessionBus, ekDigestOf
 from fleetd.testing.kube import FakeKube
 from fleetd.testing.netbox import FakeNetBox
-from fleetd.testing.tinkagent import channel, getAction, report
+from fleetd.testing.tinkagent import getAction, report
 from fleetd.testing.tinkserver import Workflows
 
 PHASES = (
@@ -158,6 +158,7 @@ class Node:
         self.digest = ""
         self.code = ""
         self.token = ""  # the delivered bootstrap token: used, never shown
+        self.relay: Relay | None = None
 
     def steps(self) -> list[Step]:
         """The clean path."""
@@ -190,6 +191,7 @@ class Node:
             self.error = str(e)
         except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as e:
             self.error = f"{type(e).__name__}: {e}"
+        await (self.relay.stop() if self.relay else succeed(None))
         self.enter("done")
 
     def enter(self, phase: str) -> None:
@@ -208,7 +210,7 @@ class Node:
     async def command(self, argv: list[str], env: dict[str, str] | None = None) -> str:
         """Run a console script; its stdout, or L{Refused}/L{StepFailed}."""
         out, err, code = await getProcessOutputAndValue(
-            argv[0], argv[1:], env=env if env is not None else _env()
+            argv[0], argv[1:], env=env if env is not None else dict(os.environ)
         )
         if code != 0:
             text = (out + err).decode(errors="replace")
@@ -220,6 +222,12 @@ class Node:
         result: str = out.decode()
         return result
 
+    def tinkChannel(self, *extra: tuple[str, Any]) -> Any:
+        """Its tink agent's channel from its address, through its relay."""
+        if self.relay is None:  # stopped when it is done (run)
+            self.relay = tinkRelay(self.rack, self.directory, self.address)
+        return relayedChannel(self.relay, self.rack.fleetd, extra)
+
     def fleetctl(self, *args: str) -> Deferred[str]:
         argv = [str(BIN / "fleetctl"), "--config", str(self.rack.fleetd.config)]
         return Deferred.fromCoroutine(self.command([*argv, *args]))
@@ -227,9 +235,10 @@ class Node:
     def agent(self, *args: str) -> Deferred[str]:
         fleetd = self.rack.fleetd
         argv = [str(BIN / "fleetd-agent"), "--server", fleetd.device,
-                "--ca", str(fleetd.pki.public_ca), "--tcti", self.tcti,
-                "--state", str(self.directory / "agent"), *args]  # fmt: skip
-        env = {**_env(), "DBUS_SESSION_BUS_ADDRESS": self.rack.bus.address}
+                "--source", self.address, "--ca", str(fleetd.pki.public_ca),
+                "--tcti", self.tcti, "--state", str(self.directory / "agent"),
+                *args]  # fmt: skip
+        env = {**dict(os.environ), "DBUS_SESSION_BUS_ADDRESS": self.rack.bus.address}
         return Deferred.fromCoroutine(self.command(argv, env))
 
     # Phases
@@ -273,8 +282,7 @@ class Node:
     async def workflow(self) -> None:
         """HookOS: the tink agent plays the workflow tink-server serves
         through fleetd's proxy, each action being the step of its name."""
-        ca = self.rack.fleetd.pki.public_ca.read_bytes()
-        ch = channel(self.rack.fleetd.tink, ca)
+        ch = self.tinkChannel()
         try:
             while True:
                 action = await deferToThread(getAction, ch, self.mac)
@@ -387,7 +395,3 @@ class Node:
 
 def _pid(process: subprocess.Popen[bytes] | None) -> int | None:
     return None if process is None else process.pid
-
-
-def _env() -> dict[str, str]:
-    return dict(os.environ)

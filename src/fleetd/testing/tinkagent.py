@@ -17,7 +17,7 @@ import grpc
 from fleetd.testing.tinkserver import SERVICE, raw
 from fleetd.tink.proto import tink_agent_pb2 as agent
 
-_OPTIONS = [
+OPTIONS = [
     ("grpc.max_receive_message_length", 8 << 20),
     ("grpc.max_send_message_length", 8 << 20),
 ]
@@ -31,7 +31,7 @@ def channel(port: int, caPEM: bytes, host: str = "localhost") -> grpc.Channel:
     choose its local address, so every agent connects from 127.0.0.1.)
     """
     credentials = grpc.ssl_channel_credentials(root_certificates=caPEM)
-    return grpc.secure_channel(f"{host}:{port}", credentials, options=_OPTIONS)
+    return grpc.secure_channel(f"{host}:{port}", credentials, options=OPTIONS)
 
 
 @dataclass

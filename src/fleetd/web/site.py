@@ -307,7 +307,8 @@ class BoundedSite(server.Site):
 
     def log(self, request: Any) -> None:
         """
-        Access log without the query string: codes travel in query values.
+        Access log without the query string: codes travel in query values;
+        with the client's address, which fleetd's per-source limits count.
         At most C{accessLogPerSecond} lines a second; the rest are counted
         and reported in one line, so a flood cannot drown the log.
         """
@@ -323,10 +324,11 @@ class BoundedSite(server.Site):
             self._suppressed += 1
             return
         self._accessLog.info(
-            "http.access {method} {path} {status}",
+            "http.access {method} {path} {status} {peer}",
             method=request.method.decode("ascii", "replace"),
             path=request.path.split(b"?", 1)[0][:128].decode("ascii", "replace"),
             status=request.code,
+            peer=getattr(request.getClientAddress(), "host", "-"),
         )
 
     _accessLog = Logger(namespace="fleetd.access")

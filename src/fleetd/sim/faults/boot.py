@@ -68,17 +68,9 @@ AGENT_GAP = 0.5  # ...this many seconds apart, until it answers
 
 def agentChannel(node: Node) -> grpc.Channel:
     """A tink agent's own channel, as after a boot: its own subchannel
-    pool, so a new connection (grpcio otherwise shares one per target
-    across the rack's nodes)."""
-    fleetd = node.rack.fleetd
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=fleetd.pki.public_ca.read_bytes()
-    )
-    return grpc.secure_channel(
-        f"localhost:{fleetd.tink}",
-        credentials,
-        options=[("grpc.use_local_subchannel_pool", 1)],
-    )
+    pool, so a new connection (grpcio otherwise shares one per target),
+    through the node's relay (from its own address)."""
+    return node.tinkChannel(("grpc.use_local_subchannel_pool", 1))
 
 
 async def provisionNetboot(node: Node) -> None:
@@ -94,14 +86,13 @@ async def bootHookOS(node: Node) -> None:
         if boot:
             await deferLater(node.rack.clock, 0.5, lambda: None)
 
-        def polls() -> list[Any]:
-            ch = agentChannel(node)
+        def polls(ch: grpc.Channel) -> list[Any]:
             try:
                 return [getAction(ch, node.mac) for _ in range(POLLS)]
             finally:
                 ch.close()
 
-        served = await deferToThread(polls)
+        served = await deferToThread(polls, agentChannel(node))
         if any(action is not None for action in served):
             raise StepFailed("hookos: tink-server served an action after the end")
 
