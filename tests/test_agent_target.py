@@ -89,7 +89,9 @@ class PlanCommandTests(SynchronousTestCase):
 
     def planWith(self, plan: dict[str, Any], *extra: str) -> tuple[int, str, str]:
         self.patch(attest, "ldevidTransport", lambda args: None)
-        self.patch(attest, "call", lambda server, path, via, body=None: dict(plan))
+        self.patch(
+            attest, "call", lambda server, path, via, body=None, source=None: dict(plan)
+        )
         root = stubSysfs(Path(self.mktemp()), {"sda": "S1"})
         self.link = root / "state" / "target-disk"
         out, err = io.StringIO(), io.StringIO()
