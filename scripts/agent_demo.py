@@ -24,32 +24,28 @@ is not running.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import secrets
 import shlex
 import shutil
 import signal
-import socket
-import ssl
 import subprocess
 import sys
 import tempfile
 import time
-import tomllib
-import urllib.parse
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-from fleetd.pki.dev import DevPKIPaths, ensureDevPKI  # noqa: E402
+from fleetd.pki.dev import ensureDevPKI  # noqa: E402
+from fleetd.sim.daemon import Fleetd, freePort, healthy  # noqa: E402
 from fleetd.sim.tpm import SWTPM, ResourceManager, SessionBus, ekDigestOf  # noqa: E402
 from tests.metasupport import TALOS_LAYOUT  # noqa: E402
 from tests.support import TOPOLOGY, writeConfig  # noqa: E402
@@ -130,49 +126,6 @@ def masked(code: str) -> str:
     return code[:SHOWN] + "…"
 
 
-def freePort() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def healthy(url: str, ca: Path) -> bool:
-    """Whether fleetd's C{/healthz} at C{url} (https://HOST:PORT) says 200."""
-    where = urllib.parse.urlsplit(url)
-    if not ca.is_file():  # no dev PKI yet: make run has never started
-        return False
-    context = ssl.create_default_context(cafile=str(ca))
-    conn = http.client.HTTPSConnection(
-        where.hostname or "localhost", where.port or 443, context=context, timeout=5
-    )
-    try:
-        conn.request("GET", "/healthz")
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        conn.close()
-
-
-class Fleetd:
-    """Where fleetd is: its config, device listener, PKI."""
-
-    def __init__(self, config: Path) -> None:
-        self.config = config
-        with config.open("rb") as f:
-            tables: dict[str, Any] = tomllib.load(f)
-        base = config.parent
-
-        def path(value: str) -> Path:
-            return (base / value).resolve()
-
-        self.pki = DevPKIPaths.inside(path(tables["attest"]["ek_roots"]).parent)
-        self.admin = str(tables["owner"].get("server", "https://localhost:8446"))
-        device = str(tables["listen"]["device"])  # tcp:PORT[:interface=...]
-        self.device = f"https://localhost:{device.split(':')[1]}"
-
-
 def startFleetd(work: Path, stack: ExitStack) -> Fleetd:
     """Our own fleetd on a temporary state directory, until the end."""
     admin, device = freePort(), freePort()
@@ -185,7 +138,7 @@ def startFleetd(work: Path, stack: ExitStack) -> Fleetd:
         },
     )
     ensureDevPKI(work / "fleetd" / "pki", str(TOPOLOGY["enrollment_name"]))
-    fleetd = Fleetd(config)
+    fleetd = Fleetd.fromConfig(config)
     argv = [str(BIN / "twistd"), "-n", "--pidfile=", "fleetd", "--config", str(config)]
     echo(argv, " > $W/fleetd.log 2>&1 &")
     log = (work / "fleetd.log").open("wb")
@@ -202,7 +155,7 @@ def startFleetd(work: Path, stack: ExitStack) -> Fleetd:
 
     started(stack, "fleetd", process.pid, stop)
     deadline = time.monotonic() + 60
-    while not healthy(fleetd.admin, fleetd.pki.public_ca):
+    while not healthy(fleetd):
         if process.poll() is not None or time.monotonic() > deadline:
             tail = (work / "fleetd.log").read_text(errors="replace")[-2000:]
             raise StepFailed(f"fleetd did not come up:\n{tail}")
@@ -246,8 +199,8 @@ def demo(args: argparse.Namespace, work: Path, stack: ExitStack) -> None:
         say("== 0. fleetd on a temporary state directory")
         fleetd = startFleetd(work, stack)
     else:
-        fleetd = Fleetd(args.config)
-        if not healthy(fleetd.admin, fleetd.pki.public_ca):
+        fleetd = Fleetd.fromConfig(args.config)
+        if not healthy(fleetd):
             raise NotRunning(fleetd.admin)
     config = str(fleetd.config)
     say(f"== fleetd answers on {fleetd.admin}/healthz; device listener {fleetd.device}")
