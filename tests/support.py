@@ -10,6 +10,7 @@ from typing import Any
 from twisted.trial.unittest import SkipTest
 
 from fleetd.inventory.sqlite import SQLiteInventory
+from fleetd.pki.dev import devConfigTables
 from tests.inventorysupport import CLASSES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,25 +65,7 @@ def writeConfig(
             "dns": f"{port}:interface=127.0.0.1",
         },
         "limits": {"idle_timeout": 30, "max_connections": 64},
-        "dev": {"generate_pki": True},
-        "tls": {
-            "cert": "pki/public.pem",
-            "key": "pki/public.key",
-            "chain": "pki/public-ca.pem",
-        },
-        "pki": {
-            "issuer_cert": "pki/devid-issuer.pem",
-            "issuer_key": "pki/devid-issuer.key",
-            "bundle": "pki/folly-devid-ca.pem",
-        },
-        "attest": {"ek_roots": "pki/ek-roots"},
-        "owner": {
-            "client_ca": "pki/owner-ca.pem",
-            "client_cert": "pki/owner.pem",
-            "client_key": "pki/owner.key",
-            "server": "https://localhost:8446",
-            "server_ca": "pki/public-ca.pem",
-        },
+        **devConfigTables("https://localhost:8446"),
         "tink": {"upstream": "tcp:127.0.0.1:1"},
         "provision": {"classes": list(CLASSES)},
     }

@@ -25,6 +25,7 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from secrets import token_hex
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -102,6 +103,26 @@ class DevPKIPaths:
     def complete(self) -> bool:
         """Whether every file of the set exists."""
         return all(p.is_file() for p in self.files())
+
+
+def devConfigTables(server: str, directory: str = "pki") -> dict[str, dict[str, Any]]:
+    """
+    The tables of a fleetd config that use a dev PKI under C{directory}
+    (relative to the config file) and generate it on first run: C{dev},
+    C{tls}, C{pki}, C{attest}, C{owner} (fleetctl's admin URL C{server}).
+    """
+    d = DevPKIPaths.inside(Path(directory))
+    return {
+        "dev": {"generate_pki": True},
+        "tls": {"cert": str(d.public_cert), "key": str(d.public_key),
+                "chain": str(d.public_ca)},
+        "pki": {"issuer_cert": str(d.devid_issuer),
+                "issuer_key": str(d.devid_issuer_key), "bundle": str(d.bundle)},
+        "attest": {"ek_roots": str(d.ek_roots)},
+        "owner": {"client_ca": str(d.owner_ca), "client_cert": str(d.owner_cert),
+                  "client_key": str(d.owner_key), "server": server,
+                  "server_ca": str(d.public_ca)},
+    }  # fmt: skip
 
 
 def ensureDevPKI(

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
+from fleetd.pki.dev import DevPKIPaths, devConfigTables, ensureDevPKI
 
 BIN = Path(sys.executable).parent  # the venv's console scripts
 ENROLLMENT = "enroll.lolwtf.ca"
@@ -185,25 +185,7 @@ def writeConfig(
             "tink": listen.format(freePort()),
             "dns": f"{freePort()}:interface=127.0.0.1",
         },
-        "dev": {"generate_pki": True},
-        "tls": {
-            "cert": "pki/public.pem",
-            "key": "pki/public.key",
-            "chain": "pki/public-ca.pem",
-        },
-        "pki": {
-            "issuer_cert": "pki/devid-issuer.pem",
-            "issuer_key": "pki/devid-issuer.key",
-            "bundle": "pki/folly-devid-ca.pem",
-        },
-        "attest": {"ek_roots": "pki/ek-roots"},
-        "owner": {
-            "client_ca": "pki/owner-ca.pem",
-            "client_cert": "pki/owner.pem",
-            "client_key": "pki/owner.key",
-            "server": f"https://localhost:{admin}",
-            "server_ca": "pki/public-ca.pem",
-        },
+        **devConfigTables(f"https://localhost:{admin}"),
         "tink": {"upstream": f"tcp:127.0.0.1:{tinkUpstream}", "min_reboot": 0},
         "provision": {"classes": ["worker", "worker-g3", "worker-g2"]},
     }
