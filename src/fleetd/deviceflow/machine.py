@@ -129,31 +129,19 @@ answer(
     ),
 )
 
+# What a decision meets once the request is out of pending; a look answers
+# the same, and DECIDE while pending (where decide moves it to deciding).
+_DECIDED = (
+    (deciding, Outcome.BUSY),
+    (approved, Outcome.DECIDED),
+    (issuing, Outcome.DECIDED),
+    (issued, Outcome.DECIDED),
+    (denied, Outcome.DECIDED),
+    (expired, Outcome.EXPIRED),
+)
 pending.upon(RequestInputs.decide).to(deciding).returns(Outcome.DECIDE)
-answer(
-    RequestInputs.decide,
-    (
-        (deciding, Outcome.BUSY),
-        (approved, Outcome.DECIDED),
-        (issuing, Outcome.DECIDED),
-        (issued, Outcome.DECIDED),
-        (denied, Outcome.DECIDED),
-        (expired, Outcome.EXPIRED),
-    ),
-)
-
-answer(
-    RequestInputs.look,
-    (
-        (pending, Outcome.DECIDE),
-        (deciding, Outcome.BUSY),
-        (approved, Outcome.DECIDED),
-        (issuing, Outcome.DECIDED),
-        (issued, Outcome.DECIDED),
-        (denied, Outcome.DECIDED),
-        (expired, Outcome.EXPIRED),
-    ),
-)
+answer(RequestInputs.decide, _DECIDED)
+answer(RequestInputs.look, ((pending, Outcome.DECIDE), *_DECIDED))
 
 
 @deciding.upon(RequestInputs.approved).to(approved)

@@ -11,19 +11,22 @@ short synchronous step over one page of rows.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlencode
 
-import jinja2
 from twisted.web import http
 from twisted.web.iweb import IRequest
 
 from fleetd.web.refusals import readRefusal, storeRefusal
 from fleetd.web.resources import answerAsync
+
+if TYPE_CHECKING:
+    import jinja2
 
 HERE = Path(__file__).parent
 HTML = b"text/html; charset=utf-8"
@@ -89,15 +92,25 @@ def query(**params: Any) -> str:
     return "?" + urlencode(kept) if kept else ""
 
 
-ENVIRONMENT = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(HERE / "templates"),
-    autoescape=True,
-    undefined=jinja2.StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
-ENVIRONMENT.filters["when"] = when
-ENVIRONMENT.globals["query"] = query
+@functools.cache
+def environment() -> jinja2.Environment:
+    """
+    The templates' environment, made at the first page: Jinja2 is imported
+    then, not while fleetd starts (the console is seldom the first thing
+    a restarted fleetd serves; nodes are).
+    """
+    import jinja2
+
+    made = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    made.filters["when"] = when
+    made.globals["query"] = query
+    return made
 
 
 def renderPage(
@@ -105,7 +118,7 @@ def renderPage(
 ) -> bytes:
     """Set C{status} and render C{template} for the gate's viewer."""
     viewer = getattr(request, VIEWER_ATTRIBUTE, None)
-    body = ENVIRONMENT.get_template(template).render(viewer=viewer, **context)
+    body = environment().get_template(template).render(viewer=viewer, **context)
     request.setResponseCode(status)
     request.setHeader(b"content-type", HTML)
     setSecurityHeaders(request)
@@ -230,20 +243,9 @@ def formValue(request: IRequest, name: str, default: str | None = None) -> str |
     a change never takes a field (the CSRF token above all) from its URL.
     L{Refused} (400) when it is repeated or not UTF-8.
     """
-    if request.method not in (b"GET", b"HEAD"):
-        found = formBody(request).get(name)
-        if not found:
-            return default
-        if len(found) > 1:
-            raise Refused(http.BAD_REQUEST, f"the field {name} is repeated")
-        return found[0]
-    values = (request.args or {}).get(name.encode("ascii"))
+    values = formValues(request, name)
     if not values:
         return default
     if len(values) > 1:
         raise Refused(http.BAD_REQUEST, f"the field {name} is repeated")
-    try:
-        value: str = values[0].decode("utf-8")
-    except UnicodeDecodeError:
-        raise Refused(http.BAD_REQUEST, f"the field {name} is not UTF-8") from None
-    return value
+    return values[0]

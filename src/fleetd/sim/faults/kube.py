@@ -132,6 +132,17 @@ def approvedInFake(fake: FakeKube, csr: str) -> bool:
     return "Approved" in types or bool(status.get("certificate"))
 
 
+async def _fileCSR(node: Node, token: str, name: str) -> str:
+    """A kubelet client CSR for C{name}, filed with C{token} from the
+    node's own address; its name in the Kubernetes fake."""
+    cluster = _cluster(node)
+    filed: str = await deferToThread(
+        fileCSR, port=cluster.port, ca=cluster.ca, token=token, node=name,
+        source=node.address,
+    )  # fmt: skip
+    return filed
+
+
 # wrong-node-csr [K2]
 
 
@@ -139,15 +150,7 @@ def wrongNodeCSR(node: Node, steps: list[Step]) -> list[Step]:
     """Before its own CSR, one for another node's name with its token."""
 
     async def fileWrong() -> None:
-        cluster = _cluster(node)
-        _filed[node.name] = await deferToThread(
-            fileCSR,
-            port=cluster.port,
-            ca=cluster.ca,
-            token=node.token,
-            node=otherNode(node),
-            source=node.address,
-        )
+        _filed[node.name] = await _fileCSR(node, node.token, otherNode(node))
 
     return _before("kubelet", steps, Step(None, fileWrong))
 
@@ -188,15 +191,7 @@ def retire(node: Node, steps: list[Step]) -> list[Step]:
         await node.fleetctl("retire", node.name, "--yes")
 
     async def renew() -> None:
-        cluster = _cluster(node)
-        _filed[node.name] = await deferToThread(
-            fileCSR,
-            port=cluster.port,
-            ca=cluster.ca,
-            token=credential[0],
-            node=node.name,
-            source=node.address,
-        )
+        _filed[node.name] = await _fileCSR(node, credential[0], node.name)
 
     after: list[Callable[[], Any]] = [register, retired, renew]
     return [*steps, *(Step(None, run) for run in after)]
