@@ -29,7 +29,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from fleetd.h2.grpcwire import GRPCStatus
 from fleetd.h2.guard import H2Limits, SourceStreams
 from fleetd.h2.listener import TinkListenerFactory
-from fleetd.h2.server import SLICE
+from fleetd.h2.frames import SLICE_FRAMES
 from fleetd.listen.connections import LimitedFactory
 from fleetd.tink.metrics import TinkMetrics
 from tests.h2support import (
@@ -100,18 +100,41 @@ class RapidResetTests(SynchronousTestCase):
             self.assertEqual(h.clock.getDelayedCalls(), [])
 
     def test_floodInOneRead_parsedOnlyUntilClose(self) -> None:
-        """A read holding 1000 reset streams is parsed a slice at a time:
-        once the budget closed the connection, the rest is never parsed
-        (its cost is the slices up to the close) (issue 17 item 5)."""
-        h = guarded(H2Limits(streamBudget=8))
+        """A read holding 1000 reset streams is parsed a few frames at a
+        time: once the stream budget closed the connection, the rest is
+        never parsed; what was parsed past the budget is at most one slice
+        (issue 17 item 5, issue 26 item 4). The frame budget is lifted
+        here: it would close the connection before any of it is parsed."""
+        h = guarded(H2Limits(streamBudget=8, frameBurst=1e9))
         for _ in range(1000):
             sid = h.call(end=False)
             h.client.reset_stream(sid, ErrorCodes.CANCEL)
         flood = h.client.data_to_send()
-        self.assertGreater(len(flood), 4 * SLICE)
         h.server.dataReceived(flood)
         self.assertTrue(h.transport.disconnecting)
-        self.assertLess(h.server.h2.highest_inbound_stream_id, sid // 4)
+        streams = (h.server.h2.highest_inbound_stream_id + 1) // 2
+        self.assertLessEqual(streams, 8 + SLICE_FRAMES // 2)
+        h.close()
+
+    def test_floodPastFrameBudget_nothingParsed(self) -> None:
+        """A read whose frames pass the connection's frame budget is dropped
+        unparsed: GOAWAY(ENHANCE_YOUR_CALM) names no stream of it, no
+        handler was built, and fleetd stops reading (issue 26 item 4)."""
+        h = guarded(H2Limits(streamBudget=8, frameBurst=100))
+        for _ in range(1000):
+            sid = h.call(end=False)
+            h.client.reset_stream(sid, ErrorCodes.CANCEL)
+        with capturedLogs() as logs:
+            h.server.dataReceived(h.client.data_to_send())
+        self.assertTrue(h.transport.disconnecting)
+        self.assertEqual(h.server.h2.highest_inbound_stream_id, 0)
+        self.assertEqual(h.handlers, [])
+        self.assertEqual(counted(h.metrics, "frame-budget"), 1)  # type: ignore[attr-defined]
+        [line] = [e for e in logs if e.get("log_format") == CALM]
+        self.assertEqual(line["reason"], "frame-budget")
+        h.pump()
+        self.assertEqual(len(calm(h)), 1)
+        self.assertEqual(calm(h)[0].last_stream_id, 0)
         h.close()
 
     def test_answeredCalls_earnBack(self) -> None:

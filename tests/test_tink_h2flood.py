@@ -242,7 +242,9 @@ class RealSocketPauseTests(TestCase):
         listener = TinkListenerFactory(
             reactor,
             idleTimeout=2.0,
-            limits=H2Limits(controlBurst=1e9, controlRate=1e9),
+            limits=H2Limits(
+                controlBurst=1e9, controlRate=1e9, frameBurst=1e9, frameRate=1e9
+            ),
             countAbuse=kinds.append,
         )
         tls = TLSMemoryBIOFactory(options, False, listener)

@@ -8,6 +8,14 @@ data, trailers and resets back. A graceful GOAWAY from tink-server (its
 restart) lets streams at or below C{last_stream_id} finish and refuses the
 others (they were never processed, so clients may retry them); the pool
 then sends new streams to a fresh connection.
+
+Flow control (issue 26): every downstream client shares this connection,
+so one client that never reads must not hold back the others. The
+connection's receive window is large (L{CONNECTION_WINDOW}) and credited
+as soon as bytes arrive; a stream's own window (L{STREAM_WINDOW}) is
+credited only once its bytes were forwarded downstream. A stream stalled
+on its client's window thus holds at most L{STREAM_WINDOW} bytes in
+fleetd, and tink-server stops sending on that stream alone.
 """
 
 from __future__ import annotations
@@ -37,6 +45,12 @@ from fleetd.h2.metrics import IProxyMetrics
 from fleetd.logs import ThrottledLog
 
 Headers = list[tuple[bytes, bytes]]
+
+# The connection's receive window, credited on arrival: it never fills.
+CONNECTION_WINDOW = 16 << 20
+# Each stream's receive window, credited once forwarded: what one stalled
+# downstream stream may hold in fleetd (h2's default, and grpc-go's).
+STREAM_WINDOW = 65535
 
 
 class IUpstreamStream(TypingProtocol):
@@ -79,7 +93,7 @@ class UpstreamConnection(H2Hop[IUpstreamStream]):
         self.closed: Deferred[None] = Deferred()
         self.streams: dict[int, IUpstreamStream] = {}
         self.usable = False  # until connected; never again after GOAWAY or loss
-        self.h2 = DrainingH2Connection(
+        self.h2: DrainingH2Connection = DrainingH2Connection(
             H2Configuration(
                 client_side=True,
                 header_encoding=None,
@@ -94,6 +108,7 @@ class UpstreamConnection(H2Hop[IUpstreamStream]):
         )
         self.h2.local_settings.max_header_list_size = maxHeaderListSize
         self.h2.local_settings.enable_push = 0
+        self.h2.local_settings.initial_window_size = STREAM_WINDOW
         self.h2.decoder.max_header_list_size = maxHeaderListSize
 
     # Used by the pool and proxy streams
@@ -124,9 +139,10 @@ class UpstreamConnection(H2Hop[IUpstreamStream]):
         self.flush()
 
     def ack(self, streamId: int, size: int) -> None:
-        """Give tink-server C{size} bytes of credit back (they were forwarded)."""
+        """Give tink-server C{size} bytes of C{streamId}'s credit back (they
+        were forwarded); the connection's was given back on arrival."""
         if size > 0:
-            self.h2.acknowledge_received_data(size, streamId)
+            self.h2.acknowledgeStream(size, streamId)
             self.flush()
 
     def reset(self, streamId: int, errorCode: int = ErrorCodes.CANCEL) -> None:
@@ -163,6 +179,9 @@ class UpstreamConnection(H2Hop[IUpstreamStream]):
         # HEADERS and DATA would wait for tink-server's delayed ACK.
         noDelay(self.transport)
         self.h2.initiate_connection()
+        self.h2.increment_flow_control_window(
+            CONNECTION_WINDOW - self.h2.inbound_flow_control_window
+        )
         self.flush()
         self.usable = True
 
@@ -212,11 +231,13 @@ class UpstreamConnection(H2Hop[IUpstreamStream]):
                     del self.streams[streamId]
                 stream.responseHeaders(event.headers, ended)
         elif isinstance(event, DataReceived):
-            padding = event.flow_controlled_length - len(event.data)
+            # The connection's credit goes back at once, the stream's once
+            # forwarded (padding and bytes for a stream gone: at once).
+            self.h2.acknowledgeConnection(event.flow_controlled_length)
             if stream is None:
                 self.ack(streamId, event.flow_controlled_length)
             else:
-                self.ack(streamId, padding)
+                self.ack(streamId, event.flow_controlled_length - len(event.data))
                 stream.responseData(event.data)
         elif isinstance(event, TrailersReceived):
             if stream is not None:

@@ -7,7 +7,9 @@ accepted could not finish. HTTP/2 (RFC 9113 section 6.8) says those streams
 go on: a graceful GOAWAY only stops new ones. L{DrainingH2Connection} keeps
 the connection open for the streams in flight when the GOAWAY carries
 NO_ERROR; the protocols built on it stop opening (or accepting) new streams
-themselves. A GOAWAY with an error code still closes at once.
+themselves. A GOAWAY with an error code still closes at once. It can
+also credit a connection's receive window apart from its streams' (the
+upstream hop's, so one stalled stream never holds the others back).
 
 Also here, for both hops: L{H2Hop}, their one flush and window-update
 path; the HPACK memory of L{fleetd.h2.memo}; L{noDelay} (TCP_NODELAY, so a
@@ -30,7 +32,8 @@ from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.events import ConnectionTerminated, Event, RemoteSettingsChanged, WindowUpdated
-from hyperframe.frame import Frame, GoAwayFrame
+from h2.exceptions import StreamClosedError
+from hyperframe.frame import Frame, GoAwayFrame, WindowUpdateFrame
 from twisted.internet.protocol import Protocol
 
 from fleetd.h2.memo import remember
@@ -62,8 +65,8 @@ _quietLibraries()
 
 
 class DrainingH2Connection(H2Connection):
-    """Graceful GOAWAY both ways (see the module docstring), with HPACK
-    work remembered (L{fleetd.h2.memo})."""
+    """Graceful GOAWAY both ways and separate window credit (see the module
+    docstring), with HPACK work remembered (L{fleetd.h2.memo})."""
 
     def __init__(self, config: H2Configuration | None = None) -> None:
         super().__init__(config)
@@ -79,6 +82,25 @@ class DrainingH2Connection(H2Connection):
             additional_data=debug,
         )
         self._prepare_for_sending([frame])
+
+    def acknowledgeConnection(self, size: int) -> None:
+        """Credit C{size} received bytes to the connection's window only
+        (h2's C{acknowledge_received_data} credits the stream too)."""
+        increment = self._inbound_flow_control_window_manager.process_bytes(size)
+        if increment:
+            frame = WindowUpdateFrame(0)
+            frame.window_increment = increment
+            self._prepare_for_sending([frame])
+
+    def acknowledgeStream(self, size: int, streamId: int) -> None:
+        """Credit C{size} received bytes to stream C{streamId}'s window
+        only (nothing if the stream is gone)."""
+        try:
+            stream = self._get_stream_by_id(streamId)
+        except StreamClosedError:
+            return
+        if stream.open:
+            self._prepare_for_sending(stream.acknowledge_received_data(size))
 
     def _receive_goaway_frame(self, frame: Any) -> tuple[list[Frame], list[Event]]:
         if frame.error_code != ErrorCodes.NO_ERROR:

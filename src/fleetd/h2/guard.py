@@ -24,6 +24,18 @@ L{H2ServerProtocol} asks it and acts. Policy only, no I/O:
 - B{Control frames}: PING and SETTINGS frames (each makes fleetd write an
   ACK) draw from a per-connection token bucket; past it, GOAWAY
   (ENHANCE_YOUR_CALM) and close.
+- B{Every frame} (issue 26), whatever its type and whether or not it
+  carries bytes, draws from a second, larger bucket (L{frames}), counted
+  before h2 parses it (L{fleetd.h2.frames.FrameMeter}); past it, GOAWAY
+  (ENHANCE_YOUR_CALM), and the rest of what the client sent is dropped
+  unparsed. A header block left open is bounded in bytes (the listener's
+  C{SETTINGS_MAX_HEADER_LIST_SIZE}) and in time (C{headerTimeout}).
+- B{Answers held for the client's window} (issue 26): response bytes the
+  client's flow-control window (or its unread socket) holds in fleetd are
+  owed to the connection (L{owe}); past C{maxOwedBytes}, or when nothing
+  of them could be sent for C{windowTimeout}, GOAWAY(ENHANCE_YOUR_CALM).
+  The upstream hop credits a stream only once its bytes were forwarded,
+  so what one connection owes never holds back another's answers.
 - B{Unread replies}: while the transport's write buffer is full fleetd
   stops reading (the protocol is the transport's streaming producer), and
   what it would still write is held here; more than C{maxUnreadBytes}
@@ -50,6 +62,18 @@ class H2Limits:
     controlBurst: float = 100.0
     controlRate: float = 10.0
     maxUnreadBytes: int = 64 * 1024
+    # Every frame: a tink agent sends a few per call; a 4 MiB request is
+    # about 300 (DATA of 16 KiB and the WINDOW_UPDATEs it earns).
+    frameBurst: float = 1000.0
+    frameRate: float = 200.0
+    # An open header block (HEADERS without END_HEADERS) must end within
+    # this long; its bytes are bounded by the max header list size.
+    headerTimeout: float = 5.0
+    # Response bytes held for streams stalled on the client's window: at
+    # most this many per connection, for at most windowTimeout seconds
+    # without any of them leaving.
+    maxOwedBytes: int = 256 * 1024
+    windowTimeout: float = 10.0
     # After its GOAWAY fleetd reads nothing more and gives the client this
     # long to read it and close before the connection is cut off.
     closeGrace: float = 1.0
@@ -113,10 +137,14 @@ class ConnectionGuard:
     __slots__ = (
         "_at",
         "_clock",
+        "_frameAt",
+        "_frameTokens",
         "_limits",
         "_sources",
         "_tokens",
         "held",
+        "owed",
+        "owedSince",
         "paused",
         "source",
         "wasted",
@@ -136,8 +164,12 @@ class ConnectionGuard:
         self.wasted = 0
         self._tokens = limits.controlBurst
         self._at = clock.seconds()
+        self._frameTokens = limits.frameBurst
+        self._frameAt = self._at
         self.paused = False
         self.held = bytearray()
+        self.owed = 0
+        self.owedSince = 0.0
 
     def waste(self) -> bool:
         """A stream was wasted; whether the connection is now past its
@@ -164,6 +196,36 @@ class ConnectionGuard:
             self._at = now
         self._tokens -= 1
         return self._tokens < 0
+
+    def frames(self, count: int) -> bool:
+        """C{count} frames arrived; whether the connection is now past its
+        frame budget."""
+        limits = self._limits
+        now = self._clock.seconds()
+        if now > self._frameAt:
+            refill = (now - self._frameAt) * limits.frameRate
+            self._frameTokens = min(limits.frameBurst, self._frameTokens + refill)
+            self._frameAt = now
+        self._frameTokens -= count
+        return self._frameTokens < 0
+
+    def owe(self, delta: int, sent: bool) -> bool:
+        """Response bytes held for the client's window changed by C{delta}
+        (C{sent}: some left); whether more is held than the bound. The
+        window deadline counts from when bytes were first held, or last
+        left while some stayed held."""
+        if delta > 0 and self.owed <= 0 or sent:
+            self.owedSince = self._clock.seconds()
+        self.owed += delta
+        return self.owed > self._limits.maxOwedBytes
+
+    def windowLeft(self) -> float | None:
+        """Seconds left before held bytes pass the window deadline (at most
+        0), or L{None} when nothing is held."""
+        if self.owed <= 0:
+            return None
+        elapsed = self._clock.seconds() - self.owedSince
+        return self._limits.windowTimeout - elapsed
 
     def hold(self, data: bytes) -> bool:
         """Keep C{data} while paused; whether too much is now unread."""

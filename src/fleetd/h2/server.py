@@ -10,6 +10,7 @@ L{fleetd.h2.calm}; the listener factory is in L{fleetd.h2.listener}.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from h2.config import H2Configuration
 from h2.connection import H2Connection
@@ -36,15 +37,11 @@ from twisted.python.failure import Failure
 from fleetd.config import Limits, TinkSettings
 from fleetd.h2.calm import GuardedProtocol
 from fleetd.h2.conn import DrainingH2Connection, noDelay, writes
+from fleetd.h2.frames import FrameMeter
 from fleetd.h2.grpcwire import GRPCStatus, notGrpc
 from fleetd.h2.guard import ConnectionGuard, H2Limits
 from fleetd.h2.stream import Headers, IStreamHandler, StreamResponder
 from fleetd.logs import ThrottledLog
-
-# The most bytes of one read parsed before the connection is asked again
-# whether it is closing (about 40 streams of a rapid-reset flood).
-SLICE = 4096
-
 
 class H2ServerProtocol(GuardedProtocol):
     """
@@ -81,6 +78,9 @@ class H2ServerProtocol(GuardedProtocol):
         self._streamTimeout = streamTimeout
         self._handshakeTimeout = handshakeTimeout
         self._idleCall: IDelayedCall | None = None
+        self._headerCall: IDelayedCall | None = None  # an open header block
+        self._headerBlock = 0  # which block (L{FrameMeter.blocks}) it times
+        self._windowCall: IDelayedCall | None = None  # answers held
         self._progressAt = 0.0  # when a frame last moved either way
         self.streams: dict[int, StreamResponder] = {}
         self._closing = False
@@ -112,6 +112,7 @@ class H2ServerProtocol(GuardedProtocol):
             },
         )
         self.h2.decoder.max_header_list_size = maxHeaderListSize
+        self.meter = FrameMeter(maxHeaderListSize)
 
     def connectionMade(self) -> None:
         opened = getattr(self.factory, "opened", None)
@@ -147,18 +148,33 @@ class H2ServerProtocol(GuardedProtocol):
         if self._closing:
             return
         self._produce()
+        # Every frame is counted before any is parsed (issue 26): past a
+        # budget, the rest of what the client sent is dropped unparsed.
+        cuts, frames, overBlock = self.meter.read(data)
+        if overBlock:
+            self._calm("header-block", size=self.meter.blockBytes)
+            return
+        if self.guard is not None and self.guard.frames(frames):
+            self._calm("frame-budget", frames=frames)
+            return
         # What the events below make any connection send (this one, and
         # upstream ones) leaves in one write per connection, at the end.
-        writes.run(self._received if len(data) <= SLICE else self._sliced, data)
+        if cuts:
+            writes.run(partial(self._sliced, cuts), data)
+        else:
+            writes.run(self._received, data)
+        self._headerDeadline()
 
-    def _sliced(self, data: bytes) -> None:
-        """Parse a large read a slice at a time: a flood closed for abuse
-        costs the slices up to its close, not all it sent in one read."""
-        view = memoryview(data)
-        for start in range(0, len(data), SLICE):
+    def _sliced(self, cuts: list[int], data: bytes) -> None:
+        """Parse a read a few frames at a time (L{FrameMeter}): a flood
+        closed for abuse costs the slices up to its close, not all it sent
+        in one read."""
+        start = 0
+        for end in [*cuts, len(data)]:
             if self._closing:
                 return
-            self._received(bytes(view[start : start + SLICE]))
+            self._received(data[start:end])
+            start = end
 
     def _received(self, data: bytes) -> None:
         try:
@@ -321,14 +337,60 @@ class H2ServerProtocol(GuardedProtocol):
         self.forget(stream)
 
     def forget(self, stream: StreamResponder) -> None:
-        """C{stream} is over: drop it (and close, if draining and it was
-        the last)."""
+        """C{stream} is over: drop it and what it still held for the
+        client (and close, if draining and it was the last). Not progress:
+        a stream the client resets moves no request or response bytes."""
         if self.streams.get(stream.streamId) is stream:
             del self.streams[stream.streamId]
+            stream.release()
             if self._lastAccepted is not None and not self.streams:
                 self._close()  # drained after our GOAWAY
-            else:
-                self.progress()
+
+    # Deadlines past which a client's own stalls close its connection
+
+    def owe(self, delta: int, sent: bool) -> None:
+        """Response bytes held for the client's window (or its unread
+        socket) changed by C{delta}; C{sent}: some of a stalled stream's
+        left. Too many, or none leaving for C{windowTimeout}: calm."""
+        guard = self.guard
+        if guard is None or self._closing:
+            return
+        if guard.owe(delta, sent):
+            self._calm("window-held", owed=guard.owed)
+        elif guard.owed > 0 and self._windowCall is None:
+            self._windowCall = self._clock.callLater(
+                self._limits.windowTimeout, self._windowCheck
+            )
+
+    def _windowCheck(self) -> None:
+        self._windowCall = None
+        left = self.guard.windowLeft() if self.guard is not None else None
+        if left is None or self._closing:
+            return
+        if left > 0:
+            self._windowCall = self._clock.callLater(left, self._windowCheck)
+            return
+        self._calm("window-timeout", owed=self.guard.owed if self.guard else 0)
+
+    def _headerDeadline(self) -> None:
+        """Time an open header block (HEADERS without END_HEADERS yet)."""
+        meter = self.meter
+        if not meter.inBlock or self._closing:
+            if self._headerCall is not None:
+                self._headerCall.cancel()
+                self._headerCall = None
+        elif self._headerCall is None or self._headerBlock != meter.blocks:
+            if self._headerCall is not None:
+                self._headerCall.cancel()
+            self._headerBlock = meter.blocks
+            self._headerCall = self._clock.callLater(
+                self._limits.headerTimeout, self._headerTimedOut
+            )
+
+    def _headerTimedOut(self) -> None:
+        self._headerCall = None
+        if self.meter.inBlock and not self._closing:
+            self._calm("header-timeout", size=self.meter.blockBytes)
 
     def _close(self) -> None:
         self._closing = True
@@ -387,9 +449,13 @@ class H2ServerProtocol(GuardedProtocol):
             self._idleCall = self._clock.callLater(self._shortest(), self._idleCheck)
 
     def _cancelIdleTimer(self) -> None:
-        if self._idleCall is not None:
-            self._idleCall.cancel()
-            self._idleCall = None
+        """Closing: stop the idle timer and the header and window
+        deadlines."""
+        for name in ("_idleCall", "_headerCall", "_windowCall"):
+            call = getattr(self, name)
+            if call is not None:
+                call.cancel()
+                setattr(self, name, None)
 
     def peer(self) -> str:
         return str(self.transport.getPeer()) if self.transport is not None else "?"

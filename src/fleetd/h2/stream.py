@@ -76,6 +76,10 @@ class IStreamConnection(TypingProtocol):
     def forget(self, stream: StreamResponder) -> None:
         """C{stream} is over (reset, or refused by h2): drop it."""
 
+    def owe(self, delta: int, sent: bool) -> None:
+        """Response bytes held for the client's window changed by
+        C{delta}; C{sent}: some of a stream's held bytes left."""
+
 
 class StreamResponder:
     """The sending half of one stream, handed to its L{IStreamHandler}.
@@ -95,6 +99,7 @@ class StreamResponder:
         self.handler: IStreamHandler | None = None
         self._headersSent = False
         self._outbound = bytearray()
+        self._owed = 0  # of _outbound, what the connection was told it holds
         self._trailers: Headers | None = None
         self.sizes = MessageSizeGuard(connection.maxMessageBytes)
         self.requestEnded = False
@@ -148,25 +153,47 @@ class StreamResponder:
         """Send what the windows allow, then the trailers once drained;
         nothing while the client does not read (the protocol resumes)."""
         guard = self._connection.guard
-        if guard is not None and guard.paused:
-            return
-        while self._outbound and self._live():
+        sent = False
+        while self._outbound and self._live() and not (guard and guard.paused):
             try:
                 window = self._conn.local_flow_control_window(self.streamId)
             except ProtocolError:
                 window = 0
             size = min(window, self._conn.max_outbound_frame_size)
             if size <= 0:
-                return
+                break
             chunk = bytes(self._outbound[:size])
             del self._outbound[:size]
+            sent = True
             self._send(self._conn.send_data, chunk)
             handler = self.handler
             if handler is not None and getattr(handler, "ownsFlowControl", False):
                 cast(IFlowControlledHandler, handler).dataSent(len(chunk))
-        if self._trailers is not None and self._live():
+        if self._outbound or self._owed:
+            self._account(sent)
+            if self._outbound:
+                return
+        if self._trailers is not None and self._live() and not (guard and guard.paused):
             self._send(self._conn.send_headers, self._trailers, end_stream=True)
             self._connection.streamEnded(self)
+
+    def _account(self, sent: bool) -> None:
+        """Tell the connection what this stream now holds for the client's
+        window (issue 26: it counts against the connection)."""
+        if not self._live():
+            return
+        delta = len(self._outbound) - self._owed
+        if delta or (sent and self._owed):
+            self._owed = len(self._outbound)
+            self._connection.owe(delta, sent)
+
+    def release(self) -> None:
+        """The stream is over: what it held will never be sent."""
+        self._outbound.clear()
+        self._trailers = None
+        if self._owed:
+            owed, self._owed = self._owed, 0
+            self._connection.owe(-owed, False)
 
     windowOpened = resumeSending  # the connection's windows path (L{H2Hop})
 

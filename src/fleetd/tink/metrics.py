@@ -30,6 +30,11 @@ ABUSE_KINDS = (
     "source",
     "stream-budget",
     "control-frames",
+    "frame-budget",
+    "header-block",
+    "header-timeout",
+    "window-held",
+    "window-timeout",
     "unread",
     "paused",
     "penalty",
@@ -99,7 +104,9 @@ class TinkMetrics:
             "HTTP/2 client abuse on the tink listener: wasted streams (reset,"
             " refused, incomplete), streams over the source's rate (source),"
             " connections closed with ENHANCE_YOUR_CALM (stream-budget,"
-            " control-frames) or for unread replies (unread), sources kept"
+            " control-frames, frame-budget, header-block, header-timeout,"
+            " window-held, window-timeout) or for unread replies (unread),"
+            " sources kept"
             " away after such a close (penalty), and reading paused while"
             " replies were unread (paused).",
             ["kind"],
