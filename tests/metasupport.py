@@ -5,7 +5,8 @@ C{sfdisk} (util-linux), laid out as Talos lays out an installed disk
 C{pkg/machinery/imager/quirks/partitions.go}), and loop devices over them
 when C{losetup} works here. C{sfdisk} is a peer C{make test} installs;
 a machine that cannot attach loop devices (no privilege, no
-C{/dev/loop-control}) skips those tests, saying why.
+C{/dev/loop-control}) skips those tests, saying why, except under
+C{make test} (C{FLEETD_REQUIRE_PEERS}), where that is a failure.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from twisted.trial.unittest import SkipTest, SynchronousTestCase
+from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.agent import main as agent
 from tests.support import missingPeer
@@ -94,12 +95,13 @@ def metaRange(target: Path | str) -> tuple[int, int]:
 
 def loopDevice(case: SynchronousTestCase, image: Path, sectorSize: int = 512) -> str:
     """
-    A loop device over C{image} (detached at cleanup), or a skip when
-    this machine cannot attach one.
+    A loop device over C{image} with C{sectorSize}-byte logical sectors
+    (detached at cleanup). When this machine cannot attach one: a skip on
+    a developer's machine, a failure under C{make test} (L{missingPeer}).
     """
     losetup = shutil.which("losetup")
     if losetup is None:
-        raise SkipTest("losetup is not installed")
+        raise missingPeer("losetup (Debian package mount) is not installed")
     try:
         done = subprocess.run(
             [losetup, "--find", "--show", "--sector-size", str(sectorSize), str(image)],
@@ -108,7 +110,7 @@ def loopDevice(case: SynchronousTestCase, image: Path, sectorSize: int = 512) ->
             text=True,
         )
     except subprocess.CalledProcessError as e:
-        raise SkipTest(f"losetup cannot attach here: {e.stderr.strip()}") from None
+        raise missingPeer(f"losetup cannot attach here: {e.stderr.strip()}") from None
     device = done.stdout.strip()
     case.addCleanup(subprocess.run, [losetup, "--detach", device], check=False)
     return device
