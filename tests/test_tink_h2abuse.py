@@ -26,10 +26,10 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase
 
+from fleetd.h2.frames import SLICE_FRAMES
 from fleetd.h2.grpcwire import GRPCStatus
 from fleetd.h2.guard import H2Limits, SourceStreams
 from fleetd.h2.listener import TinkListenerFactory
-from fleetd.h2.frames import SLICE_FRAMES
 from fleetd.listen.connections import LimitedFactory
 from fleetd.tink.metrics import TinkMetrics
 from tests.h2support import (

@@ -7,6 +7,8 @@ tink listener's reactions, on the server harness.
 
 from __future__ import annotations
 
+import itertools
+
 import hpack
 from h2.errors import ErrorCodes
 from hypothesis import given
@@ -98,7 +100,7 @@ class FrameMeterTests(SynchronousTestCase):
             bounds = [0, *cuts, len(read)]
             for cut in cuts:
                 self.assertIn(offset + cut, starts)
-            for lo, hi in zip(bounds, bounds[1:], strict=False):
+            for lo, hi in itertools.pairwise(bounds):
                 inside = [s for s in starts if offset + lo <= s < offset + hi]
                 self.assertLessEqual(len(inside), SLICE_FRAMES)
             offset += len(read)
@@ -113,7 +115,9 @@ class FrameMeterTests(SynchronousTestCase):
         self.assertEqual(meter.read(PREFACE + block)[1:], (2, False))
         self.assertTrue(meter.inBlock)
         self.assertEqual(meter.blockBytes, 800)
-        self.assertEqual(meter.read(frame(CONTINUATION, END_HEADERS, 1, b"c"))[2], False)
+        self.assertEqual(
+            meter.read(frame(CONTINUATION, END_HEADERS, 1, b"c"))[2], False
+        )
         self.assertFalse(meter.inBlock)
         meter.read(frame(HEADERS, 0, 3, b"a" * 600))
         self.assertEqual(meter.blocks, 2)

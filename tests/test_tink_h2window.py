@@ -35,7 +35,7 @@ from fleetd.h2.client import CONNECTION_WINDOW, STREAM_WINDOW
 from fleetd.h2.guard import H2Limits
 from fleetd.testing.tinkagent import unary
 from fleetd.tink.proto import tink_agent_pb2 as agent
-from tests.h2support import CALM, OK_TRAILERS, Site, counted, grpcHeaders, grpcMessage
+from tests.h2support import CALM, Site, counted, grpcHeaders, grpcMessage
 from tests.test_tink_proxy import Proxy, sharedUpstream
 
 # A realistic GetAction answer: an image-streaming action with its
@@ -136,7 +136,7 @@ class SharedWindowTests(SynchronousTestCase):
         attacker = stalledClient(site, 10)
         with capturedLogs() as logs:
             answerAll(site, 0, 10)
-        proxy, transport, _, events = site.clients[attacker]
+        _proxy, transport, _, events = site.clients[attacker]
         self.assertTrue(transport.disconnecting)
         [goaway] = [e for e in events if isinstance(e, ConnectionTerminated)]
         self.assertEqual(goaway.error_code, ErrorCodes.ENHANCE_YOUR_CALM)
@@ -196,7 +196,7 @@ class SharedWindowTests(SynchronousTestCase):
         site = Site(limits=H2Limits(windowTimeout=3.0))
         attacker = stalledClient(site, 1)
         answerAll(site, 0, 1)
-        proxy, transport, client, _ = site.clients[attacker]
+        proxy, _transport, client, _ = site.clients[attacker]
         assert proxy.guard is not None
         self.assertEqual(proxy.guard.owed, len(grpcMessage(ACTION)))
         client.reset_stream(1, ErrorCodes.CANCEL)

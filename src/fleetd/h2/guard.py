@@ -214,7 +214,7 @@ class ConnectionGuard:
         (C{sent}: some left); whether more is held than the bound. The
         window deadline counts from when bytes were first held, or last
         left while some stayed held."""
-        if delta > 0 and self.owed <= 0 or sent:
+        if (delta > 0 and self.owed <= 0) or sent:
             self.owedSince = self._clock.seconds()
         self.owed += delta
         return self.owed > self._limits.maxOwedBytes

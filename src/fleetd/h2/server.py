@@ -43,6 +43,7 @@ from fleetd.h2.guard import ConnectionGuard, H2Limits
 from fleetd.h2.stream import Headers, IStreamHandler, StreamResponder
 from fleetd.logs import ThrottledLog
 
+
 class H2ServerProtocol(GuardedProtocol):
     """
     An HTTP/2 server connection dispatching streams to handlers, within
