@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 from tpm2_pytss import TSS2_Exception
 
-from fleetd.agent import meta, target, tpm
+from fleetd.agent import meta, smbios, target, tpm
 from fleetd.agent.client import Refusal, Send, Unreachable, call, tlsContext
 from fleetd.agent.mtls import TPMTLSError, tpmSender
 from fleetd.clitools import writeJSON
@@ -45,13 +45,6 @@ SOFT_KEY = "ldevid.key"
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
-
-
-def _dmi(name: str) -> str | None:
-    try:
-        return Path("/sys/class/dmi/id", name).read_text().strip() or None
-    except OSError:
-        return None
 
 
 def writePrivate(path: Path, data: bytes) -> None:
@@ -68,8 +61,8 @@ def writePrivate(path: Path, data: bytes) -> None:
 
 
 def attest(args: argparse.Namespace, out: IO[str]) -> dict[str, Any]:
-    serial = args.serial or _dmi("product_serial")
-    uuid = args.uuid or _dmi("product_uuid")
+    serial = args.serial or smbios.serial()
+    uuid = args.uuid or smbios.uuid()
     if not serial:
         raise tpm.TPMError("no chassis serial (sysfs or --serial)")
     context = tlsContext(args.ca)

@@ -3,7 +3,8 @@ fleetd-agent: the node-side client, run as a Tinkerbell action in HookOS.
 
 The command frame follows design.md, wire contract; each command lives in its own module
 (L{fleetd.agent.attest}: attest, plan, renew; L{fleetd.agent.disks}: disks;
-L{fleetd.agent.meta}: meta, which edits a disk and needs no C{--server}).
+L{fleetd.agent.meta}: meta, which edits a disk and needs no C{--server};
+L{fleetd.agent.ek}: ek, a receiving scan's reading, which talks to no server).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import sys
 from collections.abc import Sequence
 from typing import IO
 
-from fleetd.agent import disks, meta
+from fleetd.agent import disks, ek, meta
 from fleetd.agent.client import sourceAddress
 from fleetd.clitools import Parser, addJSONOption, runMain
 
-COMMANDS = ("attest", "plan", "disks", "renew", "meta")
+COMMANDS = ("attest", "plan", "disks", "renew", "meta", "ek")
 # The commands that talk to fleetd, and so need --server.
 ONLINE = ("attest", "plan", "disks", "renew")
 
@@ -44,7 +45,7 @@ def _source(value: str) -> str:
 
 def buildParser() -> argparse.ArgumentParser:
     parser = AgentParser(prog="fleetd-agent", description="fleetd node-side client.")
-    parser.add_argument("--server", help="https://HOST:8444 (all but meta)")
+    parser.add_argument("--server", help="https://HOST:8444 (all but meta and ek)")
     parser.add_argument("--ca", help="CA bundle for the device listener")
     parser.add_argument(
         "--source",
@@ -71,6 +72,8 @@ def buildParser() -> argparse.ArgumentParser:
             )
         if name == "meta":
             meta.addArguments(command)
+        if name == "ek":
+            ek.addArguments(command)
         if name == "plan":
             command.add_argument("--device", help="ask for this device's plan")
             command.add_argument(
@@ -111,6 +114,8 @@ def main(
             return meta.run(args, output, errors)
         if args.command == "disks":
             return disks.run(args, out=output, err=errors)
+        if args.command == "ek":
+            return ek.run(args, output, errors)
         from fleetd.agent import attest
 
         return attest.run(args, output, errors)
