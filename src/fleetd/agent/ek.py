@@ -189,8 +189,8 @@ def scan(args: argparse.Namespace) -> dict[str, Any]:
 def describe(result: dict[str, Any], choice: str) -> str:
     """The lines for a person."""
     serial = result["serial"] or (
-        f"- (SMBIOS has none: put the label's serial for {NO_SERIAL} in the line,"
-        " and attest with --serial)"
+        f"- (SMBIOS has none: {NO_SERIAL} stands for the label's serial, which"
+        " attest must then be given with --serial)"
     )
     lines = [f"serial: {serial}", f"uuid:   {result['uuid'] or '-'}"]
     for ek in result["eks"]:
