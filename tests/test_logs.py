@@ -37,13 +37,15 @@ class LogTests(SynchronousTestCase):
         return out.getvalue()
 
     def test_json_oneObjectPerLine(self) -> None:
-        """--log-format json writes one JSON object per line with the text."""
+        """
+        --log-format json writes one flat JSON object per line: time, level,
+        the event's name and its own fields (issue 27, item 7).
+        """
         line = self.emit("json", run="r-1", code="SECRETCODE")
         self.assertEqual(line.count("\n"), 1)
         event = json.loads(line)
-        self.assertEqual(event["run"], "r-1")
-        self.assertEqual(event["log_namespace"], "fleetd.test")
-        self.assertIn("r-1", event["message"])
+        self.assertEqual(list(event), ["time", "level", "event", "run", "code"], event)
+        self.assertEqual((event["event"], event["run"]), ("run.served", "r-1"))
 
     def test_secretFields_redacted(self) -> None:
         """Fields named like secrets never reach a log line, in either format."""

@@ -34,6 +34,10 @@ TWISTD = [str(Path(sys.executable).parent / "twistd")]
 LISTEN = re.compile(
     r"listen\.started (\w+) IPv4Address\(type='TCP', host='[\d.]+', port=(\d+)\)"
 )
+# The same line with --log-format json.
+LISTEN_JSON = re.compile(
+    r'"event": "listen\.started", "listener": "(\w+)", "address": "[\d.]+:(\d+)"'
+)
 
 
 class Twistd(ProcessProtocol):
@@ -50,7 +54,8 @@ class Twistd(ProcessProtocol):
 
     def outReceived(self, data: bytes) -> None:
         self.out += data
-        for name, port in LISTEN.findall(self.out.decode("utf-8", "replace")):
+        text = self.out.decode("utf-8", "replace")
+        for name, port in LISTEN.findall(text) + LISTEN_JSON.findall(text):
             self.ports[name] = int(port)
         if b"fleetd.ready" in self.out and self._ready is not None:
             ready, self._ready = self._ready, None

@@ -13,21 +13,27 @@ L{ThrottledLog} keeps per-request warnings from flooding the log.
 
 from __future__ import annotations
 
+import enum
 import json
+import math
 import re
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from string import Formatter
 from typing import IO, Any
 
+from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import (
     FileLogObserver,
     ILogObserver,
     LogEvent,
     Logger,
-    eventAsJSON,
     formatEvent,
     formatEventAsClassicLogText,
 )
+from twisted.python.failure import Failure
 from twisted.web.http import Request
 from zope.interface import implementer
 
@@ -55,10 +61,11 @@ _KEEP = {
 REDACTED = "<redacted>"
 
 # `code=...`, `device_code=...`, `access_token=...` (also URL-encoded `%3D`
-# and quoted, as a dataclass repr shows it) and `Bearer ...` in any text.
+# and quoted, as a dataclass repr shows it, the closing quote optional) and
+# `Bearer ...` in any text.
 SECRET_ASSIGNMENT = re.compile(
     r"(?i)(\b[a-z_]*(?:code|token|secret|password)s?)(=|%3D)(\\?['\"])?"
-    r"[^&\s'\"<>\\,;)\]}]+(?(3)\\?['\"])"
+    r"[^&\s'\"<>\\,;)\]}]+(?(3)(?:\\?['\"])?)"
 )
 BEARER = re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=-]+")
 # A Kubernetes bootstrap token anywhere (a rendered config, an exception):
@@ -145,20 +152,137 @@ class RedactingObserver:
         self._observer(redact(event))
 
 
+# An event name: the first word of a fleetd format string, dotted and in
+# lower case ("tink.h2.enhance-your-calm {reason}"), once any field in it
+# is filled in ("netbox.push.{state}") and a trailing ":" or "," is dropped.
+EVENT_NAME = re.compile(r"[a-z][a-z0-9_-]*(?:\.[a-z0-9_-]+)+")
+# What Twisted's legacy bridge adds to an event: never the event's own.
+_LEGACY = frozenset(
+    {"message", "time", "system", "isError", "format", "why", "failure"}
+)
+_FIELD_KEY = re.compile(r"[.\[(!:]")
+
+
+def eventName(event: LogEvent) -> str | None:
+    """
+    The first word of the event's format when it is a fleetd event name,
+    else L{None} (Twisted's own lines, legacy messages, free text).
+    """
+    fmt = event.get("log_format")
+    if not isinstance(fmt, str) or not fmt.strip():
+        return None
+    first = fmt.split(None, 1)[0]
+    if "{" in first:
+        first = formatEvent({**event, "log_format": first})
+    first = first.rstrip(":,;")
+    return first if EVENT_NAME.fullmatch(first) else None
+
+
+def _formatKeys(fmt: object) -> list[str]:
+    """The event keys a format string names, in order of appearance."""
+    keys: list[str] = []
+    if not isinstance(fmt, str):
+        return keys
+    try:
+        for _, field, _, _ in Formatter().parse(fmt):
+            key = _FIELD_KEY.split(field or "", maxsplit=1)[0]
+            if key and key not in keys:
+                keys.append(key)
+    except ValueError:  # an unbalanced brace: the format names nothing
+        pass
+    return keys
+
+
+def jsonValue(value: Any, nested: bool = False) -> Any:
+    """
+    C{value} as JSON that keeps a line flat: a scalar, or at the top an
+    array of scalars; an address is C{host:port}, a mapping is its JSON
+    text (fields named like secrets redacted), anything else its C{str};
+    every string goes through L{scrub}.
+    """
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, enum.Enum):
+        return jsonValue(value.value, nested)
+    if isinstance(value, bytes | bytearray):
+        return scrub(bytes(value).decode("utf-8", "replace"))
+    if isinstance(value, IPv4Address | IPv6Address):
+        host = f"[{value.host}]" if isinstance(value, IPv6Address) else value.host
+        return f"{host}:{value.port}"
+    if isinstance(value, Mapping):
+        inner = {
+            str(k): REDACTED if SECRET_FIELD.search(str(k)) else jsonValue(v, True)
+            for k, v in value.items()
+        }
+        return scrub(json.dumps(inner, sort_keys=True))
+    if isinstance(value, list | tuple | set | frozenset):
+        items = sorted(value, key=str) if isinstance(value, set | frozenset) else value
+        rendered = [jsonValue(v, True) for v in items]
+        return scrub(json.dumps(rendered)) if nested else rendered
+    return scrub(str(value))
+
+
+def _put(fields: dict[str, Any], key: str, value: Any) -> None:
+    """Add C{key}, with a C{_} added while the name is taken."""
+    while key in fields:
+        key += "_"
+    fields[key] = value
+
+
+def _rfc3339(when: object) -> str:
+    seconds = when if isinstance(when, int | float) else time.time()
+    stamp = datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")
+    return stamp.replace("+00:00", "Z")
+
+
+def jsonFields(event: LogEvent) -> dict[str, Any]:
+    """
+    The one flat object C{--log-format json} writes for C{event}: C{time}
+    (RFC 3339, UTC), C{level}, C{event} (L{eventName}), then the keys the
+    format names and the call supplied, in that order, and for a failure
+    C{failure} and C{traceback}. No Twisted internals (C{log_*}, the
+    legacy bridge's keys). A line that is not a fleetd event (Twisted's
+    own) is named by its namespace (C{legacy} for old-style messages) and
+    carries its text as C{message}. A field whose name is taken gets a
+    trailing C{_}.
+    """
+    level = getattr(event.get("log_level"), "name", "info")
+    name = eventName(event)
+    fields: dict[str, Any] = {"time": _rfc3339(event.get("log_time")), "level": level}
+    if name is None:
+        namespace = event.get("log_namespace")
+        legacy = namespace == "log_legacy" or not isinstance(namespace, str)
+        fields["event"] = "legacy" if legacy else namespace
+        fields["message"] = scrub(formatEvent(event))
+    else:
+        fields["event"] = name
+    named = _formatKeys(event.get("log_format"))
+    for key in dict.fromkeys([*named, *sorted(event)]):
+        if key.startswith("log_") or key not in event:
+            continue
+        if key in _LEGACY and key not in named:
+            continue
+        _put(fields, key, jsonValue(event[key]))
+    failure = event.get("log_failure")
+    if isinstance(failure, Failure):
+        kind = getattr(failure.type, "__name__", "Exception")
+        _put(fields, "failure", scrub(f"{kind}: {failure.getErrorMessage()}"))
+        _put(fields, "traceback", scrub(failure.getTraceback()))
+    return fields
+
+
 def _jsonLine(event: LogEvent) -> str:
-    withText = dict(event)
-    withText["message"] = formatEvent(event)
-    return eventAsJSON(withText) + "\n"
+    # Every string in the object went through scrub(): the finished line is
+    # not scrubbed again, which could cut a JSON string's closing quote.
+    return json.dumps(jsonFields(event)) + "\n"
 
 
 def _textLine(event: LogEvent) -> str | None:
     return formatEventAsClassicLogText(event)
-
-
-FORMATS: dict[str, Callable[[LogEvent], str | None]] = {
-    "json": _jsonLine,
-    "text": _textLine,
-}
 
 
 def _scrubbed(
@@ -173,9 +297,15 @@ def _scrubbed(
     return line
 
 
+FORMATS: dict[str, Callable[[LogEvent], str | None]] = {
+    "json": _jsonLine,
+    "text": _scrubbed(_textLine),
+}
+
+
 def makeObserver(fmt: str, out: IO[Any]) -> ILogObserver:
     """An observer writing C{fmt} ('json' or 'text') lines to C{out}."""
-    return RedactingObserver(FileLogObserver(out, _scrubbed(FORMATS[fmt])))
+    return RedactingObserver(FileLogObserver(out, FORMATS[fmt]))
 
 
 class ThrottledLog:

@@ -68,7 +68,7 @@ class ListenerService(Service):
         self.log.info(
             "listen.started {listener} {address}",
             listener=self.name,
-            address=str(self.port.getHost()),
+            address=self.port.getHost(),
         )
         self.onListening(self.port)
         super().privilegedStartService()
