@@ -44,7 +44,9 @@ realistic 1,668-byte action (L{realisticAction}; with the rapid resets, an
 empty message as before), and the PING flood does not run.
 
 Reported per server: /healthz p50/p99/max and failures, the agent's calls
-(OK, failed by status, p99, max), the attackers' connections (opened,
+(OK, failed by status, p99, max: from the attack's start to about 1 s
+after its end; C{agent_ok_in_attack}: the calls answered while the
+attackers ran), the attackers' connections (opened,
 refused or cut off in the handshake, closed by the server with the median
 and longest time they lived, still open at the end) and streams, the
 counters of the case (frames written; HEADERS, DATA bytes, RST_STREAMs
@@ -652,6 +654,7 @@ class Agent(threading.Thread):
         )
         self.call = self.channel.unary_unary(METHOD, lambda b: b, lambda b: b)
         self.latencies: list[float] = []
+        self.answered: list[float] = []  # when each call that succeeded ended
         self.failed: dict[str, int] = {}
         self.stopping = threading.Event()
 
@@ -660,7 +663,8 @@ class Agent(threading.Thread):
             began = time.perf_counter()
             try:
                 self.call(REQUEST, timeout=5)
-                self.latencies.append(time.perf_counter() - began)
+                self.answered.append(time.perf_counter())
+                self.latencies.append(self.answered[-1] - began)
             except grpc.RpcError as e:
                 name = e.code().name
                 self.failed[name] = self.failed.get(name, 0) + 1
@@ -834,6 +838,7 @@ def attack(
         )
     for worker in workers:
         worker.start()
+    attackBegan = time.perf_counter()
     results = [out.get(timeout=args.seconds + 180) for _ in workers]
     for worker in workers:
         worker.join(30)
@@ -861,6 +866,9 @@ def attack(
         "agent_failed": dict(agent.failed),
         "agent_p99_ms": percentile(agent.latencies[agentCalls:], 0.99),
         "agent_max_ms": percentile(agent.latencies[agentCalls:], 1.0),
+        "agent_ok_in_attack": sum(
+            attackBegan <= t <= attackBegan + args.seconds for t in agent.answered
+        ),
         **figures,
         "upstream_streams": max(0, upstream),
         "upstream_per_connection": max(0, upstream) / max(1, connections),
