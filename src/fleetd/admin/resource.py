@@ -36,7 +36,7 @@ from fleetd.jsonbody import JSONBodyError
 from fleetd.logs import ThrottledLog
 from fleetd.readiness import Readiness
 from fleetd.store.journal import AsyncJournal
-from fleetd.web.owner import NO_CERTIFICATE, checkOwner, ownerOf
+from fleetd.web.owner import NO_CERTIFICATE, checkOwner
 from fleetd.web.resources import (
     Endpoint,
     Refusal,
@@ -258,10 +258,14 @@ class JournalResource(Endpoint):
 
 
 class WhoAmI(Endpoint):
+    """C{GET /v1/admin/whoami}: the operator's name and role [O4]."""
+
     isLeaf = True
 
     def render_GET(self, request: IRequest) -> bytes:
-        return jsonResponse(request, http.OK, {"owner": ownerOf(request)})
+        checked = checkOwner(request)
+        document = {"owner": checked.owner, "role": checked.role}
+        return jsonResponse(request, http.OK, document)
 
 
 def adminRoot(
