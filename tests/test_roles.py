@@ -23,7 +23,7 @@ from fleetd.pki.owners import (
     certificateRole,
     rolePolicies,
 )
-from fleetd.web.owner import checkOwner
+from fleetd.web.owner import checkOwner, isOwner
 from tests.daemonsupport import DaemonTestMixin, httpsJSON
 from tests.ownersupport import CertTransport, PKIMixin, issue
 from tests.test_pki_cli import cert, pki, realConfig, vendorFiles
@@ -67,6 +67,16 @@ class CertificateRoleTests(PKIMixin, SynchronousTestCase):
         leaf, _, _ = issue(self.pki, "jane", extensions=[rolePolicies(READER)])
         checked = checkOwner(_Request(leaf, self.ownerCA))  # type: ignore[arg-type]
         self.assertEqual((checked.actor, checked.mayChange), ("reader:jane", False))
+
+    def test_reader_smallBodiesOnly(self) -> None:
+        """
+        [O2] [O4] A reader changes nothing, so the admin site gives it the
+        small body limit of peers without an owner certificate.
+        """
+        for extensions, large in (((), True), ((rolePolicies(READER),), False)):
+            leaf, _, _ = issue(self.pki, "jane", extensions=extensions)
+            request = _Request(leaf, self.ownerCA)
+            self.assertEqual(isOwner(request), large)  # type: ignore[arg-type]
 
     def test_ownerPolicy_owner(self) -> None:
         """[O4] The owner policy makes an owner, who may change things."""
