@@ -40,6 +40,12 @@ def testOwner(request: IRequest) -> str | None:
     return None if value is None else bytes(value).decode()
 
 
+def testRole(request: IRequest) -> str | None:
+    """The stand-in certificate's role [O4]: the C{x-test-role} header."""
+    value = request.getHeader(b"x-test-role")
+    return None if value is None else bytes(value).decode()
+
+
 class ConsoleMixin(DeliveryMixin):
     """A daemon (L{DeliveryMixin}) and its console through L{StubTreq}."""
 
@@ -54,14 +60,15 @@ class ConsoleMixin(DeliveryMixin):
         """A root of the daemon's console and C{/v1/admin/console} only."""
         service = self.service
         tree = consoleTree(
-            service.console, service.consoleSessions, reactor, owner=testOwner
+            service.console, service.consoleSessions, reactor, testOwner, testRole
         )
         root = Router(tree.index)
         for name, child in tree.children.items():
             root.putChild(name, child)
         v1, admin = Router(), Router()
         admin.putChild(
-            b"console", consoleAPI(service.consoleSessions, service.journal, testOwner)
+            b"console",
+            consoleAPI(service.consoleSessions, service.journal, testOwner, testRole),
         )
         v1.putChild(b"admin", admin)
         root.putChild(b"v1", v1)
@@ -100,9 +107,9 @@ class ConsoleMixin(DeliveryMixin):
             owner=None, stub=stub, headers=sent,
         )  # fmt: skip
 
-    def csrf(self, owner: str = OWNER) -> str:
+    def csrf(self, owner: str = OWNER, role: str = "owner") -> str:
         """The CSRF token of a browser presenting C{owner}'s certificate."""
-        return self.service.consoleSessions.certificateCSRF(owner)
+        return self.service.consoleSessions.certificateCSRF(owner, role)
 
     async def page(
         self,
@@ -114,21 +121,24 @@ class ConsoleMixin(DeliveryMixin):
         csrf: bool = True,
         stub: StubTreq | None = None,
         headers: dict[str, str] | None = None,
+        role: str = "owner",
     ) -> tuple[int, Any, str]:
         """
-        One request as C{owner} (L{None}: no certificate); a form is sent
-        URL-encoded, with the owner's CSRF token unless C{csrf} is false.
-        Returns the status, the response headers and the body as text.
+        One request as C{owner} (L{None}: no certificate) whose certificate
+        has C{role}; a form is sent URL-encoded, with the owner's CSRF token
+        unless C{csrf} is false. Returns the status, the response headers
+        and the body as text.
         """
         client = self.stub if stub is None else stub
         sent: dict[str, str] = dict(headers or {})
         if owner is not None:
             sent["x-test-owner"] = owner
+            sent["x-test-role"] = role
         data = None
         if form is not None:
             fields = dict(form)
             if csrf and owner is not None:
-                fields.setdefault("csrf", self.csrf(owner))
+                fields.setdefault("csrf", self.csrf(owner, role))
             data = urlencode(fields).encode()
             sent.setdefault("content-type", "application/x-www-form-urlencoded")
         pending = cast(Any, client).request(

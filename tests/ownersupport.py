@@ -6,7 +6,7 @@ requests to an admin site from a TLS peer holding an owner certificate.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,18 +56,24 @@ def issue(
     eku: Any = CLIENT_AUTH,
     ca: str = "owner_ca",
     directory: Path | None = None,
+    extensions: Sequence[x509.ExtensionType] = (),
 ) -> tuple[x509.Certificate, Path, Path]:
-    """A leaf for C{cn} signed by the dev PKI's C{ca}; C{NO_EKU}: no EKU."""
+    """
+    A leaf for C{cn} signed by the dev PKI's C{ca}; C{NO_EKU}: no EKU;
+    C{extensions} added (a role's policies, L{fleetd.pki.owners.rolePolicies}).
+    """
     caCert = x509.load_pem_x509_certificate(getattr(pki, ca).read_bytes())
     caKey: Any = serialization.load_pem_private_key(
         getattr(pki, ca + "_key").read_bytes(), None
     )
     key = ec.generate_private_key(ec.SECP256R1())
     cert = makeCertificate(
-        cn, key, NOW, (caCert, caKey), None if eku is NO_EKU else eku
-    )
+        cn, key, NOW, (caCert, caKey), None if eku is NO_EKU else eku,
+        extensions=extensions,
+    )  # fmt: skip
     where = directory or pki.directory
-    certPath = where / f"leaf-{abs(hash((cn, str(eku), ca)))}.pem"
+    marks = (cn, str(eku), ca, repr(extensions))
+    certPath = where / f"leaf-{abs(hash(marks))}.pem"
     keyPath = certPath.with_suffix(".key")
     certPath.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     keyPath.write_bytes(

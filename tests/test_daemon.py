@@ -184,7 +184,9 @@ class DaemonTests(DaemonTestMixin, TestCase):
         status, _, body = await self.get(
             service, "admin", "/v1/admin/whoami", owner=True
         )
-        self.assertEqual((status, json.loads(body)), (200, {"owner": "owner"}))
+        self.assertEqual(
+            (status, json.loads(body)), (200, {"owner": "owner", "role": "owner"})
+        )
         status, _, body = await self.get(
             service, "admin", "/v1/admin/journal", owner=True
         )

@@ -6,8 +6,8 @@ C{fleetd} user in the root's own passwd, C{/etc/fleetd} laid out from
 C{conf/}, the unit and tmpfiles installed (checked by C{systemd-analyze
 verify} and C{systemd-tmpfiles --root} when this machine has them), the
 PKI made by the installed C{fleetd-pki}, and fleetd started with the
-unit's own command line until C{/healthz} answers; then C{fleetctl
-backup} and a clean SIGTERM.
+unit's own command line until C{/healthz} answers; then the backup job's
+C{fleetctl backup} with its reader certificate and a clean SIGTERM.
 
 What a test cannot do, and does instead: it does not install the
 dependencies from the package index (the new venv reads them from the
@@ -241,11 +241,13 @@ class InstallTests(TestCase):
         vendor = vendorFiles(root.parent / "vendor")
         self.step(*pki, "owner-ca")
         self.step(*pki, "operator", "alice")
+        self.step(*pki, "operator", "backup", "--role", "reader")
         self.step(*pki, "issuer")
         self.step(*pki, "ek-roots", "import", vendor["root"], vendor["inter"])
         for key in (
             "owner-ca.key",
             "operators/alice.key",
+            "operators/backup.key",
             "pki/folly-devid-issuer.key",
         ):
             self.assertEqual((fleetd / key).stat().st_mode & 0o777, 0o600, key)
@@ -333,21 +335,35 @@ class InstallTests(TestCase):
         admin = proto.ports["admin"]
         status, _, body = await deferToThread(httpsGet, admin, "/healthz", publicCA)
         self.assertEqual((status, json.loads(body)["status"]), (200, "ok"))
-        # 7. fleetctl with the operator's certificate: a backup.
+        # 7. fleetctl with the operators' certificates: the backup job's
+        # backup.toml names the reader's pair (docs/install.md, step 11).
         settings = tomllib.loads(config.read_text())
         settings["owner"]["server"] = f"https://localhost:{admin}"
         settings["owner"]["server_ca"] = str(publicCA)
         writeTOML(config, settings)
+        pair = config.parent / "backup"
+        pair.mkdir(mode=0o700)
+        for name in ("backup.pem", "backup.key"):
+            (config.parent / "operators" / name).rename(pair / name)
+        settings["owner"]["client_cert"] = str(pair / "backup.pem")
+        settings["owner"]["client_key"] = str(pair / "backup.key")
+        job = config.parent / "backup.toml"
+        writeTOML(job, settings)
         fleetctl = root / "opt" / "fleetd" / "bin" / "fleetctl"
         backup = root / "fleetd-backup.sqlite3"
         out = await deferToThread(
-            self.step, fleetctl, "--config", config, "backup", backup
+            self.step, fleetctl, "--config", job, "backup", backup
         )
         self.assertIn("integrity ok", out)
+        refused = await deferToThread(
+            run, fleetctl, "--config", job, "cluster-token", "rotate"
+        )
+        self.assertEqual(refused.returncode, 1)
+        self.assertIn("403: refused: backup holds a reader certificate", refused.stderr)
         journal = await deferToThread(
             self.step, fleetctl, "--config", config, "journal"
         )
-        self.assertIn("backup.taken  actor=owner:alice", journal)
+        self.assertIn("backup.taken  actor=reader:backup", journal)
         transport.signalProcess(signal.SIGTERM)
         self.assertEqual(await proto.ended, 0, proto.err)
         self.assertNotIn(b"Traceback", proto.out + proto.err)
@@ -356,7 +372,8 @@ class InstallTests(TestCase):
         """
         A wheel install into <root>/opt/fleetd, /etc/fleetd from conf/, the
         unit, tmpfiles and fleetd-pki's PKI: fleetd started with the unit's
-        ExecStart answers /healthz, takes an operator's backup, and stops
+        ExecStart answers /healthz, takes the backup job's backup with its
+        reader certificate (which can change nothing [O4]), and stops
         cleanly on SIGTERM.
         """
         return ensureDeferred(self._install())  # type: ignore[return-value]

@@ -559,7 +559,9 @@ class OwnerDaemonTests(DaemonTestMixin, TestCase):
         _, bareCert, bareKey = issue(self.pki, "node-7", NO_EKU)
         _, janeCert, janeKey = issue(self.pki, "Jane Doe")
         status, body = await self.call("GET", "/v1/admin/whoami", owner)
-        self.assertEqual((status, json.loads(body)), (200, {"owner": "owner"}))
+        self.assertEqual(
+            (status, json.loads(body)), (200, {"owner": "owner", "role": "owner"})
+        )
         status, body = await self.call("GET", "/v1/admin/whoami", (bareCert, bareKey))
         self.assertEqual(status, 403)
         self.assertIn(b"no extended key usage", body)

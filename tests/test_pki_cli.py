@@ -332,7 +332,7 @@ class AcceptedByFleetdTests(DaemonTestMixin, TestCase):
             httpsJSON, self.port(service, "admin"), "GET", "/v1/admin/whoami",
             self.pki.public_ca, alice, None,
         )  # fmt: skip
-        self.assertEqual((status, body), (200, {"owner": "alice"}))
+        self.assertEqual((status, body), (200, {"owner": "alice", "role": "owner"}))
 
     def test_daemon_acceptsWhatTheToolMade(self) -> None:
         """

@@ -2,15 +2,17 @@
 C{GET /v1/admin/backup}: a consistent copy of fleetd's database, for
 C{fleetctl backup FILE} (issue 19 item 3).
 
-Only owners get here (the owner gate): the copy holds the inventory, the
-journal, bindings, evidence and sealed token records (see
-L{fleetd.store.backup}). The copy is made in a worker thread with SQLite's
-online backup API into a temporary file beside the database (mode 0600),
-streamed as C{application/vnd.sqlite3} with its length and the last
-journal seq it holds (C{fleetd-journal-seq}), and removed once sent or
-once the client went away. Who took a copy is journaled (C{backup.taken})
-when the journal takes it; a journal that refuses appends (a broken head)
-does not stop a backup, which is exactly when one is wanted.
+Only operators get here (the owner gate), readers too [O4]: the copy
+holds the inventory, the journal, bindings, evidence and sealed token
+records (see L{fleetd.store.backup}); the backup job runs as a reader.
+The copy is made in a worker thread with SQLite's online backup API into
+a temporary file beside the database (mode 0600), streamed as
+C{application/vnd.sqlite3} with its length and the last journal seq it
+holds (C{fleetd-journal-seq}), and removed once sent or once the client
+went away. Who took a copy is journaled (C{backup.taken}, actor
+C{owner:NAME} or C{reader:NAME}) when the journal takes it; a journal
+that refuses appends (a broken head) does not stop a backup, which is
+exactly when one is wanted.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from twisted.web.iweb import IRequest
 from fleetd.store.backup import PREFIX, BackupCopy, copyDatabase
 from fleetd.store.db import StoreError
 from fleetd.store.journal import AsyncJournal
-from fleetd.web.owner import ownerOf
+from fleetd.web.owner import actorOf
 from fleetd.web.resources import Endpoint, textResponse
 
 CONTENT_TYPE = b"application/vnd.sqlite3"
@@ -53,7 +55,7 @@ class BackupResource(Endpoint):
         self._offload = offload
 
     def render_GET(self, request: IRequest) -> int:
-        actor = "owner:" + (ownerOf(request) or "unknown")
+        actor = actorOf(request) or "owner:unknown"
         Deferred.fromCoroutine(self._send(request, actor)).addErrback(
             self._failed, request
         )

@@ -8,7 +8,8 @@ the owner CA; TLS verified the chain, L{fleetd.web.owner} checks the purpose
 (the clientAuth extended key usage must be there [O1]) and the name (the CN
 must fit the journal's actor names), and this module refuses a change whose
 body is not C{application/json} (C{text/csv} for imports) with 415, or whose JSON has a
-key twice with 400 [O3], before any child sees the request.
+key twice with 400 [O3], and a reader's change with 403 [O4]
+(L{fleetd.admin.readers}), before any child sees the request.
 """
 
 from __future__ import annotations
@@ -31,12 +32,13 @@ from fleetd.admin.journal import (
     deviceKey,
     journalRefusal,
 )
+from fleetd.admin.readers import READER_API_POSTS, ReaderRefusals
 from fleetd.inventory.model import IInventory
 from fleetd.jsonbody import JSONBodyError
 from fleetd.logs import ThrottledLog
 from fleetd.readiness import Readiness
 from fleetd.store.journal import AsyncJournal
-from fleetd.web.owner import NO_CERTIFICATE, checkOwner, ownerOf
+from fleetd.web.owner import NO_CERTIFICATE, checkOwner
 from fleetd.web.resources import (
     Endpoint,
     Refusal,
@@ -114,21 +116,26 @@ READS = frozenset({b"GET", b"HEAD"})
 
 class OwnerGate(resource.Resource):
     """
-    Let only owners past this point; everyone else gets a 403 line [O1].
+    Let only operators past this point; everyone else gets a 403 line [O1].
 
     Changes (any method but GET and HEAD) must then carry the body type
     their path takes, C{application/json} or (imports) C{text/csv} (the
     evidence import takes either), in
     UTF-8: anything else (a browser's C{text/plain} or form encodings) is
     a 415, so a page in the owner's browser cannot forge one. A JSON body
-    that is not JSON, or names a key twice, is a 400 [O3]. All of this is
+    that is not JSON, or names a key twice, is a 400 [O3]. A well-formed
+    change from a reader is then a 403, journaled (L{ReaderRefusals}),
+    unless its path is one of L{READER_API_POSTS} [O4]. All of this is
     decided before any child sees the request, so nothing changes.
     """
 
-    def __init__(self, inner: resource.Resource, clock: IReactorTime) -> None:
+    def __init__(
+        self, inner: resource.Resource, clock: IReactorTime, readers: ReaderRefusals
+    ) -> None:
         super().__init__()
-        self._inner = inner
+        self.inner = inner
         self._log = ThrottledLog(clock)
+        self._readers = readers
 
     def getChildWithDefault(self, path: bytes, request: IRequest) -> resource.Resource:
         checked = checkOwner(request)
@@ -144,7 +151,9 @@ class OwnerGate(resource.Resource):
             refusal = _checkBody(request, csv=csv)
             if refusal is not None:
                 return refusal
-        child: resource.Resource = self._inner.getChildWithDefault(path, request)
+            if not checked.mayChange and below not in READER_API_POSTS:
+                return self._readers.refusal(checked.owner)
+        child: resource.Resource = self.inner.getChildWithDefault(path, request)
         return child
 
     def render(self, request: IRequest) -> bytes:
@@ -258,10 +267,14 @@ class JournalResource(Endpoint):
 
 
 class WhoAmI(Endpoint):
+    """C{GET /v1/admin/whoami}: the operator's name and role [O4]."""
+
     isLeaf = True
 
     def render_GET(self, request: IRequest) -> bytes:
-        return jsonResponse(request, http.OK, {"owner": ownerOf(request)})
+        checked = checkOwner(request)
+        document = {"owner": checked.owner, "role": checked.role}
+        return jsonResponse(request, http.OK, document)
 
 
 def adminRoot(
@@ -281,7 +294,8 @@ def adminRoot(
     The admin listener's resource tree.
 
     @param api: more children of C{/v1/admin/}, from the subsystems that
-        own them (devices, runs, ...); all of them sit behind the owner gate.
+        own them (devices, runs, ...); all of them sit behind the owner
+        gate, which refuses readers' changes [O4].
     @param readiness: what C{/healthz} reports; L{None} for a tree that
         has no run load behind it (always ready).
     @param inventory: where C{journal?device=} looks up a device without
@@ -296,7 +310,8 @@ def adminRoot(
     for name, child in (api or {}).items():
         owner.putChild(name, child)
     v1 = Router()
-    v1.putChild(b"admin", OwnerGate(owner, clock))
+    readers = ReaderRefusals(journal, clock, via="api")
+    v1.putChild(b"admin", OwnerGate(owner, clock, readers))
     root = Router(None if console is None else console.index)
     for name, child in ({} if console is None else console.children).items():
         root.putChild(name, child)

@@ -1,9 +1,10 @@
 """
 C{fleetctl console}: a one-time login link to the owner console.
 
-The link opens one browser session for the owner whose certificate asked
-for it, once, within minutes (docs/design.md, the owner console); a
-browser that presents the owner certificate needs none. C{--json}:
+The link opens one browser session for the operator whose certificate
+asked for it, with that certificate's role (a reader's session reads and
+changes nothing [O4]), once, within minutes (docs/design.md, the owner
+console); a browser that presents the certificate needs none. C{--json}:
 C{{"url": ..., "expires_at": ...}}.
 """
 
@@ -35,4 +36,6 @@ def cmdConsole(settings: Settings, args: argparse.Namespace, out: IO[str]) -> in
     until = datetime.fromtimestamp(link["expires_at"], UTC).strftime("%H:%M:%S UTC")
     out.write(f"{link['url']}\n")
     out.write(f"open it once, before {until}; it signs this browser in as you\n")
+    if link.get("role") == "reader":
+        out.write("as a reader: the console shows everything and changes nothing\n")
     return 0

@@ -3,7 +3,8 @@ C{fleetd-pki}: make the site's real PKI where a fleetd config says it lives
 (docs/install.md, "The PKI").
 
     fleetd-pki [--config FILE] owner-ca [--cn CN] [--days N] [--force]
-    fleetd-pki [--config FILE] operator NAME [--out DIR] [--ca-key FILE] [--days N]
+    fleetd-pki [--config FILE] operator NAME [--role owner|reader] [--out DIR]
+                                        [--ca-key FILE] [--days N]
     fleetd-pki [--config FILE] issuer [--cn CN] [--days N] [--force]
     fleetd-pki [--config FILE] ek-roots import FILE... [--force]
 
@@ -12,8 +13,10 @@ C{/etc/fleetd/fleetd.toml}, and names every path: C{owner.client_ca} (its
 key beside it, C{.key} for C{.pem}, unless C{--ca-key}), C{pki.issuer_cert},
 C{pki.issuer_key}, C{pki.bundle} and C{attest.ek_roots}. Nothing existing is
 overwritten without C{--force}; keys are mode 0600; every file written is
-printed. The owner CA gets a key of its own and is refused where fleetd
-would refuse it [O1]: as the issuer, in the bundle or the public chain.
+printed. An operator's role (C{owner}, the default, or C{reader}) is fixed
+in the certificate [O4] (L{fleetd.pki.owners}). The owner CA gets a key of
+its own and is refused where fleetd would refuse it [O1]: as the issuer,
+in the bundle or the public chain.
 Exit 0, or 2 with one line on stderr.
 """
 
@@ -29,6 +32,7 @@ from typing import Any
 
 from fleetd.config import ConfigError, Settings, loadSettings
 from fleetd.pki import real
+from fleetd.pki.owners import OWNER, READER, ROLES
 from fleetd.pki.real import PKIError
 
 __all__ = ["main"]
@@ -99,18 +103,25 @@ def operator(settings: Settings, options: argparse.Namespace) -> list[str]:
         )
     ca = real.readPair(settings.owner.client_ca, caKey)
     _checkOwnerApart(settings, ca[0])
+    role = options.role
     cert, key = real.makeOperator(
-        options.name, ca, _now(), options.days, options.key_type
+        options.name, ca, _now(), options.days, options.key_type, role
     )
     out = options.out or settings.owner.client_ca.parent / "operators"
     files = [
         real.certFile(cert, out / f"{options.name}.pem"),
         real.keyFile(key, out / f"{options.name}.key"),
     ]
+    if role == READER:
+        what = (
+            "reads status, lists, the journal and backups, and changes nothing; "
+            f"the journal names it {role}:{options.name}"
+        )
+    else:
+        what = f"may do everything; the journal names its changes {role}:{options.name}"
     return [
         *real.writeFiles(files, options.force),
-        f"owner {options.name!r}: clientAuth, valid {options.days} days; the journal "
-        f"names its changes owner:{options.name}",
+        f"{role} {options.name!r}: clientAuth, valid {options.days} days; it {what}",
     ]
 
 
@@ -209,6 +220,12 @@ def _parser() -> _Parser:
     owner.add_argument("--ca-key", type=Path, help="where its key goes")
     op = command("operator", operator, "a clientAuth certificate for one operator")
     op.add_argument("name", help="the operator's name: the CN, and the journal's actor")
+    op.add_argument(
+        "--role",
+        choices=ROLES,
+        default=OWNER,
+        help="owner: everything; reader: status, lists, journal, backups, no change",
+    )
     op.add_argument("--days", type=int, default=365)
     op.add_argument(
         "--out", type=Path, help="directory (default: operators/ beside the CA)"

@@ -32,6 +32,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from fleetd.pki.owners import OWNER, rolePolicies
+
 __all__ = ["DevPKIPaths", "ensureDevPKI", "makeCertificate", "swtpmLocalCA"]
 
 CA_VALIDITY = timedelta(days=3650)
@@ -216,15 +218,16 @@ def _generate(
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.IPAddress(ipaddress.ip_address("::1")),
     )
+    # The owner's certificate states its role [O4], as fleetd-pki's do.
     leaves = (
         (paths.public_cert, paths.public_key, name, ExtendedKeyUsageOID.SERVER_AUTH,
-         sans, cas["public_ca"]),
+         sans, cas["public_ca"], ()),
         (paths.owner_cert, paths.owner_key, "owner", ExtendedKeyUsageOID.CLIENT_AUTH,
-         (), cas["owner_ca"]),
+         (), cas["owner_ca"], (rolePolicies(OWNER),)),
     )  # fmt: skip
-    for certPath, keyPath, cn, eku, names, issuer in leaves:
+    for certPath, keyPath, cn, eku, names, issuer, extensions in leaves:
         key = newKey(keyType)
-        cert = makeCertificate(cn, key, now, issuer, eku, names)
+        cert = makeCertificate(cn, key, now, issuer, eku, names, extensions=extensions)
         out[certPath] = (certPEM(cert), CERT_MODE)
         out[keyPath] = (keyPEM(key), KEY_MODE)
     return out
@@ -291,11 +294,12 @@ def makeCertificate(
     eku: x509.ObjectIdentifier | None = None,
     sans: Sequence[x509.GeneralName] = (),
     validity: timedelta | None = None,
+    extensions: Sequence[x509.ExtensionType] = (),
 ) -> x509.Certificate:
     """
     A self-signed CA for leaves only (no C{issuer}), or a leaf it signs;
     valid from an hour before C{now} for C{validity} (default ten years for
-    a CA, one for a leaf).
+    a CA, one for a leaf), with C{extensions} added (not critical).
     """
     public = key.public_key()
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
@@ -325,6 +329,8 @@ def makeCertificate(
         builder = builder.add_extension(x509.ExtendedKeyUsage([eku]), False)
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), False)
+    for extension in extensions:
+        builder = builder.add_extension(extension, critical=False)
     return builder.sign(signer, hashes.SHA256())
 
 

@@ -6,7 +6,8 @@ Three things fleetd trusts are made here, and one is gathered:
   - the owner CA (C{owner.client_ca}): it signs operators' client
     certificates and nothing else [O1];
   - one clientAuth certificate per operator, whose CN is the operator's
-    name in the journal (L{fleetd.pki.owners});
+    name in the journal and whose role (owner or reader [O4]) is fixed in
+    it (L{fleetd.pki.owners});
   - the LDevID issuer (C{pki.issuer_cert}, C{pki.issuer_key}) and the trust
     bundle (C{pki.bundle}) that must hold it [T4];
   - the TPM vendors' EK roots (C{attest.ek_roots}), imported byte for byte
@@ -46,7 +47,7 @@ from fleetd.pki.dev import (
     writeAtomic,
 )
 from fleetd.pki.ldevid import spkiDER
-from fleetd.pki.owners import OWNER_NAME, OWNER_NAME_RULE
+from fleetd.pki.owners import OWNER, OWNER_NAME, OWNER_NAME_RULE, ROLES, rolePolicies
 
 __all__ = [
     "EKRoot",
@@ -79,19 +80,27 @@ def makeOwnerCA(cn: str, now: datetime, days: int, keyType: str = "ecdsa") -> Pa
 
 
 def makeOperator(
-    name: str, ca: Pair, now: datetime, days: int, keyType: str = "ecdsa"
+    name: str,
+    ca: Pair,
+    now: datetime,
+    days: int,
+    keyType: str = "ecdsa",
+    role: str = OWNER,
 ) -> Pair:
     """
-    One operator's owner certificate: CN C{name}, clientAuth, signed
-    directly by the owner CA C{ca}.
+    One operator's certificate: CN C{name}, clientAuth, C{role} fixed in
+    it as a certificate policy (L{fleetd.pki.owners.rolePolicies}) [O4],
+    signed directly by the owner CA C{ca}.
 
-    @raise PKIError: C{name} is not a usable owner name.
+    @raise PKIError: C{name} is not a usable owner name, or C{role} no role.
     """
     if OWNER_NAME.fullmatch(name) is None:
         raise PKIError(
             f"operator name {name[:70]!r} is not a usable owner name "
             f"({OWNER_NAME_RULE}): it is the CN and the journal's actor"
         )
+    if role not in ROLES:
+        raise PKIError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
     key = newKey(keyType)
     cert = makeCertificate(
         name,
@@ -100,6 +109,7 @@ def makeOperator(
         ca,
         ExtendedKeyUsageOID.CLIENT_AUTH,
         validity=timedelta(days=days),
+        extensions=(rolePolicies(role),),
     )
     return cert, key
 

@@ -1,11 +1,13 @@
 """
-Whether a request's client is an owner: its certificate's purpose and name.
+Whether a request's client is an operator: its certificate's purpose,
+name and role.
 
 TLS verified the chain against the owner CA; this module checks the
-purpose (the clientAuth extended key usage must be there [O1]) and the
-name (the CN must fit the journal's actor names). The admin listener's
-owner gate and its resources ask it; so does the admin site, to decide
-which peers may send large bodies.
+purpose (the clientAuth extended key usage must be there [O1]), the name
+(the CN must fit the journal's actor names) and reads the role fixed in
+the certificate (C{owner} or C{reader} [O4], L{fleetd.pki.owners}). The
+admin listener's owner gate and its resources ask it; so does the admin
+site, to decide which peers may send large bodies (owners only).
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from twisted.web.iweb import IRequest
 
-from fleetd.pki.owners import OWNER_NAME, OWNER_NAME_RULE
+from fleetd.pki.owners import (
+    OWNER,
+    OWNER_NAME,
+    OWNER_NAME_RULE,
+    RoleError,
+    certificateRole,
+)
 from fleetd.web.peer import peerCertificate
 
 # An owner's name is its certificate's CN (the rule: fleetd.pki.owners).
@@ -27,10 +35,24 @@ NO_CERTIFICATE = "owner client certificate required"
 
 @dataclass(frozen=True)
 class OwnerCheck:
-    """An owner's name, or the one line saying why the peer is not one."""
+    """
+    An operator's name and role, or the one line saying why the peer is
+    not one. C{owner} is the name (the CN) whatever the role.
+    """
 
     owner: str | None
     refusal: str = NO_CERTIFICATE
+    role: str = OWNER
+
+    @property
+    def actor(self) -> str | None:
+        """The journal's actor for this operator (C{owner:NAME}, C{reader:NAME})."""
+        return None if self.owner is None else f"{self.role}:{self.owner}"
+
+    @property
+    def mayChange(self) -> bool:
+        """Whether this operator may change anything: an owner [O4]."""
+        return self.owner is not None and self.role == OWNER
 
 
 def checkOwner(request: IRequest) -> OwnerCheck:
@@ -44,7 +66,9 @@ def checkOwner(request: IRequest) -> OwnerCheck:
     certificate must carry the clientAuth extended key usage (a certificate
     without that extension is refused: device and LDevID certificates
     often have none), must not be a CA, and its single CN must fit
-    L{OWNER_NAME}. This relies on the owner CA being the admin listener's
+    L{OWNER_NAME}. Its role is the one its certificate policies fix
+    (L{certificateRole}: none is an owner, two or an unknown one are
+    refused) [O4]. This relies on the owner CA being the admin listener's
     only trust anchor (L{fleetd.prepare.checkOwnerCA}): never add the LDevID
     bundle to that listener's TLS trust.
     """
@@ -92,18 +116,39 @@ def checkOwner(request: IRequest) -> OwnerCheck:
             None, f"owner certificate refused: its CN {shown} is not a usable owner "
             f"name ({OWNER_NAME_RULE})",
         )  # fmt: skip
-    return OwnerCheck(name)
+    try:
+        role = certificateRole(cert)
+    except RoleError as e:
+        return OwnerCheck(None, f"owner certificate refused: {e}")
+    return OwnerCheck(name, role=role)
 
 
 def ownerOf(request: IRequest) -> str | None:
-    """The owner name (certificate CN) of C{request}'s client, or L{None}."""
+    """The operator name (certificate CN) of C{request}'s client, or L{None}."""
     return checkOwner(request).owner
 
 
+def roleOf(request: IRequest) -> str | None:
+    """The role of C{request}'s client (L{OwnerCheck.role}), or L{None}."""
+    checked = checkOwner(request)
+    return None if checked.owner is None else checked.role
+
+
+def actorOf(request: IRequest) -> str | None:
+    """The journal's actor for C{request}'s client (L{OwnerCheck.actor})."""
+    return checkOwner(request).actor
+
+
 def isOwner(request: IRequest) -> bool:
-    """Whether C{request}'s client presented an acceptable owner certificate."""
-    return checkOwner(request).owner is not None
+    """
+    Whether C{request}'s client presented an acceptable operator
+    certificate whose role is C{owner} (a reader changes nothing, so it
+    needs no large body [O2] [O4]).
+    """
+    return checkOwner(request).mayChange
 
 
 # Names the owner behind a request (L{ownerOf}); resources take it injected.
 OwnerOf = Callable[[IRequest], str | None]
+# Names the role behind a request (L{roleOf}); the console takes it injected.
+RoleOf = Callable[[IRequest], str | None]

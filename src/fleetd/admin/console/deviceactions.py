@@ -2,7 +2,8 @@
 The owner actions of a device's console page (issue 20 item 3).
 
 Each action is two steps at C{/devices/NAME/ACTION}: C{GET} shows a
-confirmation page and changes nothing; its form C{POST}s to the same
+confirmation page and changes nothing (a reader gets a 403 page instead:
+the device page offers readers no action [O4]); its form C{POST}s to the same
 path (the console gate has checked the form's CSRF token by then), which
 makes the change through the owner API's own service call, journaled
 with the viewer's actor and C{via="console"}, and shows the outcome. A
@@ -28,6 +29,7 @@ from fleetd.admin.console.page import (
     Page,
     Refused,
     Viewer,
+    errorPage,
     formValue,
     renderPageAsync,
     viewerOf,
@@ -35,6 +37,7 @@ from fleetd.admin.console.page import (
 from fleetd.admin.deviceflow import decisionRefusal
 from fleetd.admin.kube import kubeRefusal
 from fleetd.admin.provision import Provisioner, provisionRefusal
+from fleetd.admin.readers import readerPage
 from fleetd.admin.trust import trustRefusal
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.deviceflow.model import RequestView
@@ -100,7 +103,11 @@ class _Action(Endpoint):
         self._services = services
         self._name = name
 
-    def render_GET(self, request: IRequest) -> int:
+    def render_GET(self, request: IRequest) -> int | bytes:
+        viewer = viewerOf(request)
+        if not viewer.canChange:  # its post would be refused [O4]
+            return errorPage(request, http.FORBIDDEN, readerPage(viewer.owner))
+
         async def work() -> Page:
             report = await deviceReport(self._services, self._name)
             return await self.confirm(request, report)

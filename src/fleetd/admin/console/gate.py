@@ -11,8 +11,10 @@ C{application/x-www-form-urlencoded} form, come from the console's own
 origin when the browser names one (C{Origin}, or C{Sec-Fetch-Site:
 same-origin} where C{Origin} is C{null}), and carry the viewer's CSRF
 token in the form body's field C{csrf} [O3]; otherwise it is refused
-with 403 before any page sees it. Every answer carries the console's
-security headers (L{SECURITY_HEADERS}).
+with 403 before any page sees it. A reader's post that passes these
+checks is refused with 403 too, journaled, unless it is one of
+L{READER_CONSOLE_POSTS} (logging out, verifying the journal) [O4]. Every
+answer carries the console's security headers (L{SECURITY_HEADERS}).
 """
 
 from __future__ import annotations
@@ -36,9 +38,18 @@ from fleetd.admin.console.page import (
     setSecurityHeaders,
 )
 from fleetd.admin.console.sessions import COOKIE, ConsoleSessions
+from fleetd.admin.readers import READER_CONSOLE_POSTS, ReaderRefusals
 from fleetd.logs import ThrottledLog
+from fleetd.pki.owners import OWNER
 from fleetd.store.journal import AsyncJournal
-from fleetd.web.owner import NO_CERTIFICATE, OwnerOf, checkOwner, ownerOf
+from fleetd.web.owner import (
+    NO_CERTIFICATE,
+    OwnerOf,
+    RoleOf,
+    checkOwner,
+    ownerOf,
+    roleOf,
+)
 from fleetd.web.resources import Endpoint, Router, renderAsync, textResponse
 
 log = Logger()
@@ -138,13 +149,20 @@ class ConsoleGate:
         sessions: ConsoleSessions,
         clock: IReactorTime,
         owner: OwnerOf | None = None,
+        *,
+        readers: ReaderRefusals,
+        role: RoleOf | None = None,
     ) -> None:
         """
         @param owner: names the request's certificate owner; tests pass a
             fake (the default, L{checkOwner}, needs a TLS client certificate).
+        @param readers: journals the refusals of readers' changes [O4].
+        @param role: with a fake C{owner}, names its role (default: owner).
         """
         self.sessions = sessions
         self._owner = owner
+        self._role = role
+        self._readers = readers
         self._log = ThrottledLog(clock)
 
     def viewer(self, request: IRequest) -> Viewer | str:
@@ -152,17 +170,19 @@ class ConsoleGate:
         refusal = NO_CERTIFICATE
         if self._owner is not None:
             owner = self._owner(request)
+            role = (None if self._role is None else self._role(request)) or OWNER
         else:
             checked = checkOwner(request)
-            owner, refusal = checked.owner, checked.refusal
+            owner, refusal, role = checked.owner, checked.refusal, checked.role
         if owner is not None:
-            return Viewer(owner, "certificate", self.sessions.certificateCSRF(owner))
+            csrf = self.sessions.certificateCSRF(owner, role)
+            return Viewer(owner, "certificate", csrf, role)
         sessionID = _cookie(request)
         session = None
         if sessionID is not None:
             session = self.sessions.find(sessionID, touch=not isAutomatic(request))
         if session is not None:
-            return Viewer(session.owner, "session", session.csrf)
+            return Viewer(session.owner, "session", session.csrf, session.role)
         return refusal
 
     def admit(self, request: IRequest) -> resource.Resource | None:
@@ -185,6 +205,10 @@ class ConsoleGate:
             if line is not None:
                 self._log.warn("console.form-refused {reason}", reason=line)
                 return _Refused(http.FORBIDDEN, line)
+            # After the form's checks: a post another page forged is not
+            # the reader's attempt, and is not journaled as one.
+            if not viewer.canChange and request.path not in READER_CONSOLE_POSTS:
+                return self._readers.refusal(viewer.owner, setSecurityHeaders)
         setattr(request, VIEWER_ATTRIBUTE, viewer)
         setSecurityHeaders(request)
         return None
@@ -209,25 +233,25 @@ class Guarded(resource.Resource):
 
     def __init__(self, inner: resource.Resource, gate: ConsoleGate) -> None:
         super().__init__()
-        self._inner = inner
+        self.inner = inner
         self._gate = gate
 
     def getChildWithDefault(self, path: bytes, request: IRequest) -> resource.Resource:
         refusal = self._gate.admit(request)
         if refusal is not None:
             return refusal
-        if self._inner.isLeaf:  # it answers its own subpaths (a 404 page)
+        if self.inner.isLeaf:  # it answers its own subpaths (a 404 page)
             request.prepath.pop()
             request.postpath.insert(0, path)
-            return self._inner
-        child: resource.Resource = self._inner.getChildWithDefault(path, request)
+            return self.inner
+        child: resource.Resource = self.inner.getChildWithDefault(path, request)
         return child
 
     def render(self, request: IRequest) -> Any:
         refusal = self._gate.admit(request)
         if refusal is not None:
             return refusal.render(request)
-        return self._inner.render(request)
+        return self.inner.render(request)
 
 
 class Logout(Endpoint):
@@ -290,9 +314,11 @@ class _StaticFile(Endpoint):
 class LoginLinkResource(Endpoint):
     """
     C{POST /v1/admin/console/login-link} (behind the owner gate), as
-    C{fleetctl console} asks: C{{"url": ..., "expires_at": ...}}, a link
-    that opens one console session for the owner who asked. Journaled
-    (without the token) before the link is returned.
+    C{fleetctl console} asks: C{{"url": ..., "expires_at": ..., "role":
+    ...}}, a link that opens one console session for the operator who
+    asked, with the role of their certificate (a reader's link opens a
+    reader's session: it grants nothing the certificate does not [O4]).
+    Journaled (without the token) before the link is returned.
     """
 
     isLeaf = True
@@ -302,26 +328,29 @@ class LoginLinkResource(Endpoint):
         sessions: ConsoleSessions,
         journal: AsyncJournal,
         owner: OwnerOf = ownerOf,
+        role: RoleOf = roleOf,
     ) -> None:
         super().__init__()
         self._sessions = sessions
         self._journal = journal
         self._owner = owner
+        self._role = role
 
     def render_POST(self, request: IRequest) -> int | bytes:
         owner = self._owner(request)
         if owner is None:
             return textResponse(request, http.FORBIDDEN, NO_CERTIFICATE)
+        role = self._role(request) or OWNER
 
         async def work() -> tuple[int, Any]:
             await self._journal.append(
                 "console.link-issued",
-                actor=f"owner:{owner}",
+                actor=f"{role}:{owner}",
                 fields={"expires_in": int(self._sessions.linkLifetime)},
             )
-            token, expires = self._sessions.newLink(owner)
+            token, expires = self._sessions.newLink(owner, role)
             url = f"{self._sessions.base}/login?token={token}"
-            return http.CREATED, {"url": url, "expires_at": expires}
+            return http.CREATED, {"url": url, "expires_at": expires, "role": role}
 
         def refusal(e: Exception) -> tuple[int, str] | None:
             log.error("console.link-not-recorded {reason}", reason=str(e)[:200])
@@ -331,9 +360,12 @@ class LoginLinkResource(Endpoint):
 
 
 def consoleAPI(
-    sessions: ConsoleSessions, journal: AsyncJournal, owner: OwnerOf = ownerOf
+    sessions: ConsoleSessions,
+    journal: AsyncJournal,
+    owner: OwnerOf = ownerOf,
+    role: RoleOf = roleOf,
 ) -> resource.Resource:
     """C{/v1/admin/console}: the login links of C{fleetctl console}."""
     api = Router()
-    api.putChild(b"login-link", LoginLinkResource(sessions, journal, owner))
+    api.putChild(b"login-link", LoginLinkResource(sessions, journal, owner, role))
     return api

@@ -6,8 +6,9 @@ C{GET /login?token=...} only shows a "Sign in" button: a link preview, a
 mail scanner or a proxy that fetches the link (GET or HEAD) spends
 nothing. The button's form C{POST}s the token in its body to C{/login},
 from this page (C{Sec-Fetch-Site: same-origin} where the browser says),
-which redeems the link, journals C{console.session-opened} (the owner as
-actor, never the token), sets the session cookie and goes on to the fleet
+which redeems the link, journals C{console.session-opened} (the operator
+as actor, C{owner:NAME} or C{reader:NAME} as the link's role; never the
+token), sets the session cookie and goes on to the fleet
 view by a meta refresh, not a redirect: a C{SameSite=Strict} cookie is
 not sent along a redirect chain that began on another site.
 """
@@ -79,7 +80,7 @@ class Login(Endpoint):
         async def work() -> Page:
             try:
                 await self._journal.append(
-                    "console.session-opened", actor=f"owner:{session.owner}"
+                    "console.session-opened", actor=f"{session.role}:{session.owner}"
                 )
             except Exception as e:
                 self._sessions.end(sessionID)

@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urlencode
 from twisted.web import http
 from twisted.web.iweb import IRequest
 
+from fleetd.pki.owners import OWNER
 from fleetd.web.refusals import readRefusal, storeRefusal
 from fleetd.web.resources import answerAsync
 
@@ -49,18 +50,25 @@ SECURITY_HEADERS: Mapping[bytes, bytes] = {
 @dataclass(frozen=True)
 class Viewer:
     """
-    Who is looking: the owner, how they entered (C{certificate} or
-    C{session}), and the CSRF token every form on their pages carries.
+    Who is looking: the operator's name (C{owner}, whatever the role), how
+    they entered (C{certificate} or C{session}), the CSRF token every form
+    on their pages carries, and their role (C{owner} or C{reader} [O4]).
     """
 
     owner: str
     how: str
     csrf: str
+    role: str = OWNER
 
     @property
     def actor(self) -> str:
-        """The journal's actor for this owner: the same as fleetctl's."""
-        return f"owner:{self.owner}"
+        """The journal's actor for this operator: the same as fleetctl's."""
+        return f"{self.role}:{self.owner}"
+
+    @property
+    def canChange(self) -> bool:
+        """Whether pages offer this viewer changes: an owner [O4]."""
+        return self.role == OWNER
 
 
 VIEWER_ATTRIBUTE = "fleetdConsoleViewer"

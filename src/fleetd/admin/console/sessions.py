@@ -4,11 +4,13 @@ sessions they open (docs/design.md, the owner console).
 
 C{fleetctl console} asks the owner API for a link; the link names a random
 token that opens one session, once, within L{LINK_LIFETIME} seconds, for
-the owner who asked. A session lives in memory (a restart of fleetd ends
-every session: the owner runs C{fleetctl console} again), ends after
-L{IDLE} seconds unused or L{ABSOLUTE} seconds after it opened, and carries
-its own CSRF token. Tokens are kept as SHA-256 digests only, so a memory
-dump or a log line never holds a usable one.
+the owner who asked, with the role of the certificate that asked (a
+reader's link opens a reader's session [O4]). A session lives in memory
+(a restart of fleetd ends every session: the owner runs C{fleetctl
+console} again), ends after L{IDLE} seconds unused or L{ABSOLUTE} seconds
+after it opened, and carries its own CSRF token. Tokens are kept as
+SHA-256 digests only, so a memory dump or a log line never holds a
+usable one.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from twisted.internet.interfaces import IReactorTime
+
+from fleetd.pki.owners import OWNER
 
 LINK_LIFETIME = 300.0  # seconds a login link may wait to be opened
 IDLE = 30 * 60.0  # seconds a session may sit unused
@@ -63,18 +67,23 @@ def _bound(
 
 @dataclass
 class Session:
-    """An open console session: whose it is, its CSRF token, its times."""
+    """
+    An open console session: whose it is, its CSRF token, its times, and
+    the role of the certificate that asked for its link [O4].
+    """
 
     owner: str
     csrf: str
     opened: float
     seen: float
+    role: str = OWNER
 
 
 @dataclass(frozen=True)
 class _Link:
     owner: str
     expires: float
+    role: str = OWNER
 
 
 class ConsoleSessions:
@@ -103,12 +112,15 @@ class ConsoleSessions:
         """The console's C{https://name[:port]}, for the links it prints."""
         self.base = base
 
-    def newLink(self, owner: str) -> tuple[str, float]:
-        """A login link token for C{owner}, and when it expires."""
+    def newLink(self, owner: str, role: str = OWNER) -> tuple[str, float]:
+        """
+        A login link token for C{owner}, and when it expires; its session
+        has C{role}, the role of the certificate that asked [O4].
+        """
         self._sweep()
         token = secrets.token_urlsafe(32)
         expires = self._clock.seconds() + self.linkLifetime
-        self._links[_digest(token)] = _Link(owner, expires)
+        self._links[_digest(token)] = _Link(owner, expires, role)
         _bound(self._links, owner, MAX_LINKS_PER_OWNER, MAX_LINKS)
         return token, expires
 
@@ -129,7 +141,7 @@ class ConsoleSessions:
             return None
         self._sweep()
         sessionID = secrets.token_urlsafe(32)
-        session = Session(link.owner, secrets.token_urlsafe(32), now, now)
+        session = Session(link.owner, secrets.token_urlsafe(32), now, now, link.role)
         self._sessions[_digest(sessionID)] = session
         _bound(self._sessions, link.owner, MAX_SESSIONS_PER_OWNER, MAX_SESSIONS)
         return sessionID, session
@@ -158,13 +170,14 @@ class ConsoleSessions:
         """Close the session C{sessionID} (logout); unknown ids are ignored."""
         self._sessions.pop(_digest(sessionID), None)
 
-    def certificateCSRF(self, owner: str) -> str:
+    def certificateCSRF(self, owner: str, role: str = OWNER) -> str:
         """
         The CSRF token of a browser that presents C{owner}'s certificate
-        (it has no session): bound to the owner, unguessable without this
-        process's secret, new after every restart.
+        (it has no session): bound to the owner and its role, unguessable
+        without this process's secret, new after every restart.
         """
-        mac = hmac.new(self._secret, b"certificate:" + owner.encode(), "sha256")
+        bound = owner if role == OWNER else f"{role}:{owner}"  # no ":" in names
+        mac = hmac.new(self._secret, b"certificate:" + bound.encode(), "sha256")
         return mac.hexdigest()
 
     def _sweep(self) -> None:

@@ -21,6 +21,7 @@ from fleetd.admin.console.sessions import ConsoleSessions
 from fleetd.admin.console.verify import verifyPage
 from fleetd.admin.journal import Verify
 from fleetd.admin.provision import Provisioner
+from fleetd.admin.readers import ReaderRefusals
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.fleetview import FleetView
 from fleetd.inventory.model import IInventory
@@ -31,7 +32,7 @@ from fleetd.status import StatusService
 from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal
 from fleetd.trust.service import TrustService
-from fleetd.web.owner import OwnerOf
+from fleetd.web.owner import OwnerOf, RoleOf
 
 
 @dataclass(frozen=True)
@@ -79,12 +80,15 @@ def consoleTree(
     sessions: ConsoleSessions,
     clock: IReactorTime,
     owner: OwnerOf | None = None,
+    role: RoleOf | None = None,
 ) -> ConsoleTree:
     """
     The console over C{services}; C{owner} names a request's certificate
-    owner (tests pass a fake; by default the TLS client certificate).
+    owner and C{role} its role (tests pass fakes; by default the TLS
+    client certificate's).
     """
-    gate = ConsoleGate(sessions, clock, owner)
+    readers = ReaderRefusals(services.journal, clock, via="console")
+    gate = ConsoleGate(sessions, clock, owner, readers=readers, role=role)
     return ConsoleTree(
         index=Guarded(Fleet(fleetView(services, clock)), gate),
         children={

@@ -24,6 +24,11 @@ C{verification_uri_complete} (this page with C{?user_code=...}).
     are the approval's C{acceptMismatch}, which the flow compares again
     (a record that changed since the 409 is refused) and journals as forced.
 
+A reader [O4] sees the pending requests only: a lookup spends from the
+same failed-attempt budget as the owners' decisions (overall as well as
+per name), so it is refused (403) before it spends, and the gate refuses
+a reader's decision.
+
 What the node reported and what the inventory holds are rendered as text
 (autoescape). The node's one-time C{code} is never rendered.
 """
@@ -47,6 +52,7 @@ from fleetd.admin.console.page import (
     viewerOf,
 )
 from fleetd.admin.deviceflow import STATUS_OF_KIND
+from fleetd.admin.readers import readerLookup
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.deviceflow.model import DeviceFlowError, RequestView, differences
 from fleetd.inventory.model import Device, IInventory, InventoryError, validateMAC
@@ -173,6 +179,9 @@ class VerifyPage(Endpoint):
         userCode = formValue(request, "user_code", "") or ""
         if not userCode.strip():
             return Page("verify.html", self._landing())
+        viewer = viewerOf(request)
+        if not viewer.canChange:  # a lookup spends the owners' attempt budget
+            raise Refused(http.FORBIDDEN, readerLookup(viewer.owner))
         site = request.getHeader(b"sec-fetch-site")
         if (b"" if site is None else bytes(site)).decode("latin-1") not in LOOKUP_SITES:
             raise Refused(
