@@ -30,6 +30,7 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.error import ProcessExitedAlready
+from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
@@ -330,3 +331,48 @@ class HardenedDaemonTests(TestCase):
         http/1.1 on boot, device and admin, h2 on tink.
         """
         return ensureDeferred(self._everyListener())  # type: ignore[return-value]
+
+    async def _underMDWE(self) -> None:
+        directory = Path(self.mktemp()).resolve()
+        config = writeConfig(directory)
+        ownedByNobody(directory)
+        name = f"fleetd-hardening-{os.getpid()}-{id(self)}"
+        systemd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.addCleanup(systemd.close)
+        systemd.bind("\0" + name)
+        systemd.settimeout(60)
+        env = daemonEnvironment(NOTIFY_SOCKET="@" + name)
+        proto = spawnHardened(
+            self, config, directory, "--set", "MemoryDenyWriteExecute=yes", env=env
+        )
+        heard: list[bytes] = []
+        listeners = [f"listener {n}: ".encode() for n in ("boot", "device", "tink")]
+        while not heard or not all(n in heard[-1] for n in listeners):
+            heard.append(await deferToThread(systemd.recv, 4096))
+            self.assertNotIn(b"READY=1", heard[-1])
+        self.assertTrue(heard[-1].startswith(b"STATUS=starting: listener admin: "))
+        for _ in range(300):  # the runs load, and still no READY=1
+            if b"runs.loaded" in proto.out:
+                break
+            await deferLater(reactor, 0.1, lambda: None)
+        await deferLater(reactor, 1, lambda: None)
+        systemd.setblocking(False)
+        while True:
+            try:
+                heard.append(systemd.recv(4096))
+            except BlockingIOError:
+                break
+        self.assertIn(b"runs.loaded", proto.out)
+        self.assertNotIn(b"READY=1", b"\n".join(heard).split(b"\n"))
+        self.assertNotIn(b"fleetd.ready", proto.out)
+        self.assertIn(b"selfcheck.failed", proto.out)
+        os.kill(proto_pid(proto), signal.SIGTERM)
+        self.assertEqual(await proto.ended, 0, proto.err)
+
+    def test_underMDWE_neverReady(self) -> None:
+        """
+        Issue 27, item 2: under the unit with MemoryDenyWriteExecute=yes
+        put back (every handshake fails), fleetd never says ready: systemd
+        hears STATUS lines naming the listeners and no READY=1.
+        """
+        return ensureDeferred(self._underMDWE())  # type: ignore[return-value]
