@@ -22,7 +22,7 @@ class LoadServiceTests(SynchronousTestCase):
         self.held: Deferred[None] = Deferred()
         self.sent: list[bytes] = []
         self.stops: list[str] = []
-        self.readiness = Readiness()
+        self.readiness = Readiness(notify=self.sent.append)
 
         async def load() -> None:
             await self.held
@@ -31,9 +31,7 @@ class LoadServiceTests(SynchronousTestCase):
             self.stops.append("stopped")
             return succeed(None)
 
-        self.service = LoadService(
-            load, self.readiness, notify=self.sent.append, stop=stop
-        )
+        self.service = LoadService(load, self.readiness, stop=stop)
 
     def test_whenReady_firesOnceLoaded(self) -> None:
         """whenReady() waits for the load, then readiness is ready and

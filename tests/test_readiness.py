@@ -132,3 +132,109 @@ class UnitTests(SynchronousTestCase):
         lines = (Path(REPO) / "conf" / "fleetd.service").read_text().splitlines()
         self.assertIn("Type=notify", lines)
         self.assertNotIn("Type=exec", lines)
+
+
+class SelfCheckReadinessTests(SynchronousTestCase):
+    """
+    Ready means loaded and every TLS listener passed its self-check
+    (issue 27, item 2): until then /healthz says why, a later failure
+    drops readiness with the listener named, and a pass restores it.
+    """
+
+    def setUp(self) -> None:
+        self.registry = CollectorRegistry()
+        self.sent: list[bytes] = []
+        self.readiness = Readiness(self.registry, self.sent.append)
+        self.readiness.expect(["boot", "tink"])
+
+    def gauge(self, listener: str | None = None) -> float | None:
+        if listener is None:
+            return self.registry.get_sample_value("fleetd_ready")
+        return self.registry.get_sample_value(
+            "fleetd_listener_selfcheck_ok", {"listener": listener}
+        )
+
+    def test_loadedButUnchecked_starting(self) -> None:
+        """Loaded, no self-check yet: 503 "starting" with the reason,
+        fleetd_ready 0, each listener's gauge 0, nothing sent to systemd."""
+        self.readiness.loaded()
+        code, body, _ = healthz(self.readiness)
+        self.assertEqual(
+            (code, body["status"], body["reason"]),
+            (503, "starting", "waiting for the first TLS self-check of each listener"),
+        )
+        self.assertEqual((self.gauge(), self.gauge("boot")), (0.0, 0.0))
+        self.assertEqual(self.sent, [])
+
+    def test_brokenListener_neverReady(self) -> None:
+        """A listener whose handshake fails keeps fleetd "starting", the
+        reason naming it (systemd's STATUS too); never READY=1."""
+        self.readiness.loaded()
+        self.readiness.checked("boot", None)
+        self.readiness.checked("tink", "the connection closed during the TLS handshake")
+        code, body, _ = healthz(self.readiness)
+        self.assertEqual((code, body["status"]), (503, "starting"))
+        self.assertEqual(
+            body["reason"],
+            "listener tink: the connection closed during the TLS handshake",
+        )
+        self.assertEqual((self.gauge("boot"), self.gauge("tink")), (1.0, 0.0))
+        self.assertEqual(
+            self.sent,
+            [
+                b"STATUS=starting: listener tink: the connection closed"
+                b" during the TLS handshake"
+            ],
+        )
+
+    def test_allPassed_readyOnce(self) -> None:
+        """Loaded and every listener passed: 200, fleetd_ready 1, READY=1
+        sent once and fleetd.ready logged, in either order of the facts."""
+        self.readiness.checked("boot", None)
+        self.readiness.checked("tink", None)
+        self.assertEqual(self.sent, [])
+        with capturedLogs() as events:
+            self.readiness.loaded()
+        self.assertEqual(healthz(self.readiness)[0], 200)
+        self.assertEqual((self.gauge(), self.gauge("tink")), (1.0, 1.0))
+        self.assertEqual(self.sent, [b"READY=1\nSTATUS=serving"])
+        self.assertEqual([e["log_format"] for e in events], ["fleetd.ready"])
+        self.readiness.checked("tink", None)
+        self.assertEqual(self.sent, [b"READY=1\nSTATUS=serving"])
+
+    def test_laterFailure_degradedThenBack(self) -> None:
+        """After ready, a failed self-check: 503 "degraded" naming the
+        listener, fleetd_ready 0 and its gauge 0, systemd told; a pass
+        brings "ok" back (STATUS=serving, no second READY=1)."""
+        self.readiness.loaded()
+        self.readiness.checked("boot", None)
+        self.readiness.checked("tink", None)
+        self.readiness.checked("tink", "TLS error: tlsv1 alert internal error")
+        code, body, _ = healthz(self.readiness)
+        self.assertEqual(
+            (code, body["status"], body["reason"]),
+            (503, "degraded", "listener tink: TLS error: tlsv1 alert internal error"),
+        )
+        self.assertEqual((self.gauge(), self.gauge("tink")), (0.0, 0.0))
+        self.readiness.checked("tink", None)
+        self.assertEqual(healthz(self.readiness)[1]["status"], "ok")
+        self.assertEqual(self.gauge(), 1.0)
+        self.assertEqual(
+            self.sent,
+            [
+                b"READY=1\nSTATUS=serving",
+                b"STATUS=degraded: listener tink: TLS error: tlsv1 alert"
+                b" internal error",
+                b"STATUS=serving",
+            ],
+        )
+
+    def test_failedLoad_winsOverChecks(self) -> None:
+        """A failed load is "failed" with its reason whatever the listeners say."""
+        self.readiness.checked("boot", None)
+        self.readiness.checked("tink", None)
+        self.readiness.failed("loading the runs failed: StoreError: gone")
+        self.assertEqual(healthz(self.readiness)[1]["status"], "failed")
+        self.assertEqual(
+            self.sent, [b"STATUS=loading the runs failed: StoreError: gone"]
+        )

@@ -3,12 +3,13 @@ The start-up load as a service: read the runs (and the boot states that
 need them) once, then tell everyone fleetd can serve.
 
 L{LoadService} starts the load when it starts and drives
-L{fleetd.readiness.Readiness}: C{ready} once the load finished, C{failed}
-with a one-line reason when it raised (the boot listener keeps answering
-503 "starting"; a human must look). On success the service manager hears
-C{READY=1} and the start-up heap is frozen; on failure it hears the reason
-and the collector runs again. L{LoadService.whenReady} fires once the load
-settled either way (txacme's C{AcmeIssuingService.when_certs_valid}).
+L{fleetd.readiness.Readiness}: loaded once the load finished (ready once
+every listener passed its TLS self-check too), C{failed} with a one-line
+reason when it raised (the boot listener keeps answering 503 "starting";
+a human must look); L{Readiness} tells the service manager. On success the
+start-up heap is frozen; on failure the collector runs again.
+L{LoadService.whenReady} fires once the load settled either way (txacme's
+C{AcmeIssuingService.when_certs_valid}).
 """
 
 from __future__ import annotations
@@ -35,14 +36,12 @@ class LoadService(Service):
         load: Callable[[], Coroutine[Any, Any, None]],
         readiness: Readiness,
         *,
-        notify: Callable[[bytes], object],
         collector: ICollector | None = None,
         started: Callable[[], object] = lambda: None,
         stop: Callable[[], Deferred[None]] | None = None,
     ) -> None:
         """
         @param load: the load, called once when the service starts.
-        @param notify: sends a state line to the service manager.
         @param collector: paused for start-up by the daemon; frozen once
             loaded, resumed if the load failed (L{fleetd.heap}).
         @param started: called as the service starts, before the load
@@ -52,7 +51,6 @@ class LoadService(Service):
         """
         self._load = load
         self.readiness = readiness
-        self._notify = notify
         self._collector = collector
         self._started = started
         self._stop = stop
@@ -81,10 +79,8 @@ class LoadService(Service):
     def _loaded(self, _: None) -> None:
         if self._collector is not None:
             freezeStartup(self._collector)
-        # /healthz 200, fleetd_ready 1, and systemctl start returns.
+        # /healthz 200, fleetd_ready 1 and READY=1 once the listeners pass.
         self.readiness.loaded()
-        self.log.info("fleetd.ready")
-        self._notify(b"READY=1\nSTATUS=serving")
 
     def _failed(self, f: Failure) -> None:
         self.log.failure("runs.load.failed", failure=f)
@@ -93,7 +89,6 @@ class LoadService(Service):
         error = " ".join(f"{type(f.value).__name__}: {f.getErrorMessage()}".split())
         reason = f"loading the runs failed: {error}"[:200]  # one line
         self.readiness.failed(reason)
-        self._notify(b"STATUS=" + reason.encode("utf-8", "replace"))
 
     def _settle(self, _: object) -> None:
         self._settled = True

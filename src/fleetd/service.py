@@ -49,6 +49,7 @@ from fleetd.kube.service import KubeService, retireService
 from fleetd.kube.status import KubeStatus
 from fleetd.listen.policy import ListenerName, listenerPolicy
 from fleetd.listen.reload import reloadCertificates
+from fleetd.listen.selfcheck import SelfCheck
 from fleetd.listen.service import Listeners, ListenerService, StartupError
 from fleetd.loading import LoadService
 from fleetd.logs import makeObserver
@@ -100,7 +101,8 @@ class FleetdService(MultiService):
             daemon (L{fleetd.heap}); L{None} leaves the collector alone
             (tests share their process).
         @param notify: sends a state line to the service manager
-            (C{READY=1} once loaded; L{fleetd.readiness}).
+            (C{READY=1} once loaded and every listener passed its TLS
+            self-check; L{fleetd.readiness}).
         """
         super().__init__()
         s = self.settings = prepared.settings
@@ -114,7 +116,7 @@ class FleetdService(MultiService):
         self.onStartupError = onStartupError
         self.notify = notify
         self.registry: CollectorRegistry = makeRegistry(__version__, s.site_name)
-        self.readiness = Readiness(self.registry)  # /healthz, fleetd_ready
+        self.readiness = Readiness(self.registry, notify)  # /healthz, fleetd_ready
         self.runner = DatabaseRunner(reactor, prepared.database)
         # Started first, stopped last: every other service is its child.
         self.database = RunnerService(self.runner)
@@ -197,12 +199,18 @@ class FleetdService(MultiService):
         )
         self.listeners: dict[str, ListenerService] = self._listeners.services
         self._buildListeners(prepared)
+        # Ready once fleetd completed a TLS handshake with each listener;
+        # stops before them (listen/selfcheck).
+        self.readiness.expect(self.listeners)
+        self.selfCheck = SelfCheck(
+            reactor, self._listeners.targets, self.readiness.checked
+        )
+        self.selfCheck.setServiceParent(self.database)
         # Last to start, first to stop: the runs, then the boot states that
         # need them [B1]; the worker stops only once the load settled.
         self.loading = LoadService(
             self._load,
             self.readiness,
-            notify=notify,
             collector=collector,
             started=self._started,
             stop=self.runs.stop,
@@ -240,7 +248,9 @@ class FleetdService(MultiService):
         policy = listenerPolicy(s, name)  # body limits, client CA
         site = listenerSite(root, policy, s.limits, self.reactor)
         description, options = getattr(s.listen, name), policy.tlsOptions(s.tls)
-        listener = self._listeners.add(name, description, options, site, **hooks)
+        listener = self._listeners.add(
+            name, description, options, site, protocol=policy.clientProtocol, **hooks
+        )
         listener.setServiceParent(self.database)
 
     def _buildListeners(self, prepared: Prepared) -> None:
@@ -345,11 +355,13 @@ class FleetdService(MultiService):
             listingFloor=REFRESH_FLOOR if s.netbox is None else NETBOX_LISTING_AGE,
         )
         self.tink.setServiceParent(self.database)
+        policy = listenerPolicy(s, "tink")
         tink = self._listeners.add(
             "tink",
             s.listen.tink,
-            listenerPolicy(s, "tink").tlsOptions(s.tls),
+            policy.tlsOptions(s.tls),
             self.tink.factory,
+            protocol=policy.clientProtocol,
             # tink-server may take a minute to answer (it retries conflicts):
             # a call in flight is timed by tink.stream_timeout, an idle
             # connection still by limits.idle_timeout (the HTTP/2 layer).
@@ -421,6 +433,7 @@ class FleetdService(MultiService):
             self.log.error("tls.reload.failed {error}", error=str(e))
             return
         self.log.info("tls.reloaded {listeners} {sha256} {not_after}", **fields)
+        self.selfCheck.checkNow()  # clients get the new certificate
         self.journal.append("tls.reloaded", actor="fleetd", fields=fields).addErrback(
             self._journalFailed
         )

@@ -52,8 +52,10 @@ from fleetd.web.resources import (
 class Health(Endpoint):
     """
     C{/healthz}, a readiness signal: 200 C{"ok"} once fleetd can serve
-    nodes, 503 C{"starting"} while its runs load and 503 C{"failed"} with
-    the reason when the load failed (design.md, Listeners).
+    nodes, 503 C{"starting"} while its runs load or a listener has not
+    passed its TLS self-check, C{"degraded"} when a later self-check
+    failed, and C{"failed"} when the load failed, each with the reason
+    (design.md, Listeners; L{fleetd.readiness}).
     """
 
     isLeaf = True

@@ -57,6 +57,12 @@ class ListenerPolicy:
     alpn: tuple[bytes, ...] | None = None
     largeBodiesForOwnersOnly: bool = False
 
+    @property
+    def clientProtocol(self) -> bytes:
+        """What a client offers by ALPN and is given: the first of C{alpn},
+        or HTTP/1.1 (what the HTTP listeners' sites choose)."""
+        return b"http/1.1" if self.alpn is None else self.alpn[0]
+
     def tlsOptions(self, tls: TLSFiles) -> ssl.CertificateOptions:
         """The listener's server TLS options, from the public certificate."""
         return loadTLSOptions(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from OpenSSL import crypto
 from prometheus_client import CollectorRegistry
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
@@ -19,6 +20,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from fleetd.listen.connections import LimitedFactory
+from fleetd.listen.selfcheck import Target
 from fleetd.listen.tls import ServerConnections, tlsFactory
 from fleetd.metrics import listenerGauges
 from fleetd.reactors import IListenerReactor
@@ -108,6 +110,7 @@ class Listeners:
         self.openGauge, self.maxGauge = listenerGauges(registry)
         self.services: dict[str, ListenerService] = {}
         self.tls: dict[str, ServerConnections] = {}
+        self.protocols: dict[str, bytes] = {}
 
     def add(
         self,
@@ -117,12 +120,15 @@ class Listeners:
         factory: IProtocolFactory,
         *,
         idleTimeout: float | None = None,
+        protocol: bytes = b"http/1.1",
         onStop: Callable[[], object] = lambda: None,
         onListening: Callable[[IListeningPort], object] = lambda port: None,
     ) -> ListenerService:
         """The listener C{name} on C{description}, serving C{factory}
-        behind TLS C{options}; the caller gives it its parent."""
+        behind TLS C{options} (C{protocol} chosen by ALPN); the caller
+        gives it its parent."""
         connections = self.tls[name] = ServerConnections(options)
+        self.protocols[name] = protocol
         limited = tlsFactory(
             connections,
             factory,
@@ -152,7 +158,27 @@ class Listeners:
             self.tls[name].replace(options)
         return list(fresh)
 
+    def targets(self) -> dict[str, Target]:
+        """Each listener as its self-check sees it now: where it is bound,
+        what ALPN chooses there and the certificate it presents."""
+        return {
+            name: Target(
+                None if listener.port is None else listener.port.getHost(),
+                self.protocols[name],
+                _der(self.tls[name].options.certificate),
+            )
+            for name, listener in self.services.items()
+        }
+
     def unbind(self) -> None:
         """Start-up failed: close the listeners bound so far, last first."""
         for listener in reversed(self.services.values()):
             listener.stopService()
+
+
+def _der(certificate: crypto.X509 | None) -> bytes:
+    return (
+        b""
+        if certificate is None
+        else crypto.dump_certificate(crypto.FILETYPE_ASN1, certificate)
+    )
