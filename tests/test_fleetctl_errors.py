@@ -1,7 +1,7 @@
 """
 fleetctl's failures (issue 27, item 11): with C{--json} a failure is one
 JSON object on stdout as well as its line on stderr, with the exit status
-unchanged.
+unchanged; an unknown device name gets the inventory's closest names.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.cli.client import AdminError
 from fleetd.cli.fleetctl import asksForJSON
+from fleetd.cli.names import closeNames, hint, suggest
 from fleetd.clitools import CLIError, errorDocument
 from tests.daemonsupport import DaemonTestMixin
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig, runFleetctl
@@ -104,6 +105,88 @@ class JSONErrorFrameTests(SynchronousTestCase):
         )
 
 
+NAMES = ["w1", "w2", "w10", "cp1", "storage-07"]
+
+
+def listed() -> list[str]:
+    return list(NAMES)
+
+
+def failing() -> list[str]:
+    raise CLIError("cannot reach fleetd")
+
+
+class DidYouMeanTests(SynchronousTestCase):
+    """The closest names for a device name fleetd does not know."""
+
+    def test_closeNames(self) -> None:
+        """difflib's closest names, best first, case aside; none when far."""
+        self.assertEqual(closeNames("storage-7", NAMES), ["storage-07"])
+        self.assertEqual(closeNames("CP11", NAMES), ["cp1"])
+        self.assertEqual(closeNames("w100", NAMES)[0], "w10")
+        self.assertEqual(closeNames("gateway", NAMES), [])
+
+    def test_hint(self) -> None:
+        self.assertEqual(hint([]), "")
+        self.assertEqual(hint(["w1"]), " (did you mean w1?)")
+        self.assertEqual(hint(["w1", "w10"]), " (did you mean w1 or w10?)")
+        self.assertEqual(hint(["w1", "w10", "w2"]), " (did you mean w1, w10 or w2?)")
+
+    def test_suggest_unknownName(self) -> None:
+        """A 404 naming a name the inventory lacks: the line gets the hint."""
+        error = AdminError(404, "no device named storage-7")
+        better = suggest(error, ["storage-7"], listed)
+        self.assertEqual(
+            str(better),
+            "fleetd answered 404: no device named storage-7 (did you mean storage-07?)",
+        )
+        self.assertEqual(
+            errorDocument(better),
+            {
+                "error": str(better),
+                "status": 1,
+                "http_status": 404,
+                "did_you_mean": ["storage-07"],
+            },
+        )
+
+    def test_suggest_firstUnknownOfSeveral(self) -> None:
+        """C{provision w1 cp11}: the name fleetd refused, not the others."""
+        error = AdminError(404, "unknown device cp11")
+        better = suggest(error, ["w1", "cp11"], listed)
+        self.assertTrue(str(better).endswith("(did you mean cp1?)"), str(better))
+
+    def test_suggest_leavesOtherErrorsAlone(self) -> None:
+        """
+        No hint unless a 404 names a given name the inventory lacks and a
+        name is close; a listing that fails leaves the refusal as it was.
+        """
+        cases = [
+            (AdminError(409, "no device named storage-7"), ["storage-7"], listed),
+            (AdminError(404, "no run named r-1 in the journal"), ["w1"], listed),
+            (AdminError(404, "no disk report from w1"), ["w1"], listed),
+            (AdminError(404, "no device named gateway"), ["gateway"], listed),
+            (AdminError(404, "no device named storage-7"), ["storage-7"], failing),
+            (AdminError(404, "no device named storage-77"), ["storage-7"], listed),
+            (AdminError(404, "no device named storage-7"), [], listed),
+        ]
+        for error, given, names in cases:
+            self.assertIs(suggest(error, given, names), error, (str(error), given))
+
+
+# Each command naming w1x where the inventory holds w1, as an operator
+# would mistype it.
+MISTYPED = [
+    ("status", "w1x"),
+    ("device", "show", "w1x"),
+    ("device", "forget-identity", "w1x", "--reason", "r"),
+    ("provision", "w1x"),
+    ("retire", "w1x", "--yes"),
+    ("disks", "forget", "w1x", "--reason", "moved"),
+    ("journal", "--device", "w1x"),
+]
+
+
 class RefusalTests(DaemonTestMixin, TestCase):
     """fleetctl against a daemon whose inventory holds w1."""
 
@@ -118,6 +201,31 @@ class RefusalTests(DaemonTestMixin, TestCase):
         )  # fmt: skip
         self.assertEqual(code, 0, err)
         return config
+
+    async def test_everyDeviceCommand_didYouMean(self) -> None:
+        """
+        Every command that takes a device name answers a mistyped one with
+        fleetd's line and the closest name: one line, exit 1, nothing on
+        stdout; with C{--json}, the same line as C{error}, C{status} 1,
+        C{http_status} 404 and C{did_you_mean} on stdout.
+        """
+        config = await self.daemon()
+        for words in MISTYPED:
+            code, out, err = await fleetctlAgainst(config, *words)
+            self.assertEqual((code, out, err.count("\n")), (1, "", 1), (words, err))
+            self.assertTrue(err.startswith("fleetctl: fleetd answered 404: "), err)
+            self.assertTrue(err.endswith(" (did you mean w1?)\n"), (words, err))
+            code, out, err2 = await fleetctlAgainst(config, *words, "--json")
+            self.assertEqual((code, err2), (1, err), words)
+            self.assertEqual(
+                json.loads(out),
+                {
+                    "error": err[len("fleetctl: ") : -1],
+                    "status": 1,
+                    "http_status": 404,
+                    "did_you_mean": ["w1"],
+                },
+            )
 
     async def test_refusal_json(self) -> None:
         """

@@ -51,7 +51,7 @@ def addCommands(commands: Any) -> None:
         action="store_true",
         help="do not ask: retiring cannot be undone (without --yes, type NAME)",
     )
-    retire.set_defaults(handler=cmdRetire)
+    retire.set_defaults(handler=cmdRetire, deviceArgs=("name",))
 
 
 def _post(settings: Settings, path: str, body: dict[str, Any]) -> Any:

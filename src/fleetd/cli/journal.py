@@ -27,7 +27,7 @@ def addCommands(commands: Any) -> None:
     journal.add_argument("--device", help="only entries about this device")
     journal.add_argument("--run", help="only entries about this run")
     journal.add_argument("--since", type=int, default=0, help="entries after this seq")
-    journal.set_defaults(handler=cmdJournal)
+    journal.set_defaults(handler=cmdJournal, deviceArgs=("device",))
 
 
 def cmdJournal(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:

@@ -27,7 +27,7 @@ def addCommands(commands: Any) -> None:
         choices=["netboot"],
         help="the run expects a network boot after install [B3]",
     )
-    provision.set_defaults(handler=cmdProvision)
+    provision.set_defaults(handler=cmdProvision, deviceArgs=("names",))
 
 
 def cmdProvision(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:

@@ -227,4 +227,4 @@ def addCommands(commands: Any) -> None:
     )
     forget.add_argument("name", metavar="NAME")
     forget.add_argument("--reason", required=True)
-    forget.set_defaults(handler=cmdDisksForget)
+    forget.set_defaults(handler=cmdDisksForget, deviceArgs=("name",))
