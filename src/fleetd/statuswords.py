@@ -50,7 +50,8 @@ def when(at: float | None) -> str:
 def entryParts(entry: dict[str, Any]) -> list[str]:
     """
     One journal entry's words: seq (padded to 6), time, event, actor,
-    subject, then its fields sorted by name.
+    subject, then its fields sorted by name; a field without a value
+    (null) is left out, as an empty subject is.
     """
     parts = [f"{entry['seq']:>6}", when(entry["at"]), entry["event"]]
     parts.append(f"actor={entry['actor']}")
@@ -58,6 +59,8 @@ def entryParts(entry: dict[str, Any]) -> list[str]:
         if entry.get(key):
             parts.append(f"{key}={entry[key]}")
     for key, value in sorted((entry.get("fields") or {}).items()):
+        if value is None:
+            continue
         parts.append(
             f"{key}={json.dumps(value) if not isinstance(value, str) else value}"
         )
