@@ -27,6 +27,12 @@ if TYPE_CHECKING:
 
 RECENT_ENTRIES = 10
 
+STAGED_IS_THE_END = (
+    "configuration delivered; staged is where the path ends on this fleetd:"
+    " without [kubernetes] it approves no kubelet certificate, so the device"
+    " never becomes active here"
+)
+
 
 @dataclass(frozen=True)
 class DeviceReport:
@@ -62,11 +68,15 @@ class DeviceReport:
 
 
 def assess(
-    device: Device, run: RunView | None, alerts: list[str]
+    device: Device, run: RunView | None, alerts: list[str], kubernetes: bool = True
 ) -> tuple[str, str | None]:
     """
     A one-line description of where C{device} stands, and the recovery
     step an owner should take (L{None} when nothing is needed).
+
+    @param kubernetes: whether this fleetd has a cluster to approve
+        kubelet certificates for (C{[kubernetes]}); without one, C{staged}
+        is where a device's path through fleetd ends.
     """
     name = device.name
     provision = f"fleetctl provision {name}"
@@ -94,6 +104,8 @@ def assess(
     if run.state == "consumed":
         if device.status is DeviceStatus.ACTIVE:
             return "installed and joined the cluster", None
+        if device.status is DeviceStatus.STAGED and not kubernetes:
+            return STAGED_IS_THE_END, None
         return (
             "configuration delivered; waiting for the node's kubelet certificate",
             None,
@@ -129,11 +141,14 @@ class StatusService:
         disks: DiskService | None = None,
         credentials: kubestatus.KubeStatus | None = None,
         ldevid: Callable[[str], dict[str, Any] | None] | None = None,
+        kubernetes: bool = True,
     ) -> None:
         """
         @param ldevid: the current LDevID record of a chassis serial [T4]
             (issuer, notAfter; L{None} when spore issued it none).
+        @param kubernetes: whether fleetd has C{[kubernetes]} (L{assess}).
         """
+        self._kubernetes = kubernetes
         self._credentials = credentials
         self._ldevid = ldevid
         self._inventory = inventory
@@ -151,7 +166,7 @@ class StatusService:
         run = await self._registry.view(device.name)
         alerts = self._alerts.openFor(device.name)
         entries = await self._journal.latest(device=device.name, limit=RECENT_ENTRIES)
-        state, recovery = assess(device, run, alerts)
+        state, recovery = assess(device, run, alerts, self._kubernetes)
         trust = (
             None if self._trust is None else await self._trust.stateFor(device.serial)
         )
