@@ -82,7 +82,7 @@ def assess(
     provision = f"fleetctl provision {name}"
     if device.device_class in REFUSED_CLASSES:
         return (
-            f"class {device.device_class} cannot attest or install through fleetd [T2]",
+            f"class {device.device_class} cannot attest or install through fleetd",
             "none through fleetd: install this machine another way or retire it",
         )
     if device.status is DeviceStatus.DECOMMISSIONING:
@@ -91,14 +91,14 @@ def assess(
         return "never provisioned", f"{provision}, then write the code to META 0x0b"
     if run.state == "lost":
         return (
-            "its configuration is lost (spore rebooted before the node fetched it);"
-            " fleetd will not provision again on its own [V4]",
+            "its configuration is lost (fleetd's host rebooted before the node"
+            " fetched it); fleetd will not provision again on its own",
             f"{provision}, then give the node the new code",
         )
     if run.state == "consumed" and "FleetInstallConfigRefetched" in alerts:
         return (
             "its configuration was delivered, and the node keeps asking for it"
-            " again (it probably lost power before Talos wrote STATE) [C2]",
+            " again (it probably lost power before Talos wrote STATE)",
             f"{provision}; the disk holds no STATE to preserve",
         )
     if run.state == "consumed":
@@ -115,7 +115,7 @@ def assess(
     if run.state == "ready" and "FleetNodeBootedHookOSAfterInstall" in alerts:
         return (
             "its workflow succeeded, but the node booted back into HookOS"
-            " instead of its disk; its configuration is unread [B2]",
+            " instead of its disk; its configuration is unread",
             "make the disk boot first (or turn off PXE for it; see"
             " docs/operations.md, Boot completion) and power-cycle it",
         )

@@ -111,8 +111,8 @@ def statusLines(doc: dict[str, Any]) -> list[str]:
 def _ldevid(ldevid: dict[str, Any] | None) -> str:
     if ldevid is None:
         return (
-            "none from spore (a capsule/forge LDevID is accepted"
-            " until the node attests through spore)"
+            "none from this fleetd (an LDevID from an older CA of the trust"
+            " bundle is accepted until the node attests here)"
         )
     until = datetime.fromtimestamp(ldevid["not_after"], UTC).strftime("%Y-%m-%d")
     return (
