@@ -470,11 +470,10 @@ class DeviceCommandTests(DaemonTestMixin, TestCase):
         self.assertEqual(out, f"imported 2 devices from {good}\n")
 
         code, out, err = await self.fleetctl("--json", "device", "import", str(good))
-        self.assertEqual((code, out), (1, ""))
+        line = "fleetd answered 409: device w2: name w2 is already in the inventory"
+        self.assertEqual((code, err), (1, f"fleetctl: {line}\n"))
         self.assertEqual(
-            err,
-            "fleetctl: fleetd answered 409: device w2: name w2 is already in the"
-            " inventory\n",
+            json.loads(out), {"error": line, "status": 1, "http_status": 409}
         )
 
         code, _, err = await self.fleetctl(

@@ -89,7 +89,9 @@ class FrameTests(SynchronousTestCase):
 # One way to call each fleetctl command, by its words: --json must be taken
 # before or after each (issue 19 item 4).
 EVERY_COMMAND = {
-    ("journal",): ["journal"],
+    ("journal", "list"): ["journal", "list"],
+    ("journal", "verify"): ["journal", "verify"],
+    ("journal", "reanchor"): ["journal", "reanchor", "--reason", "r"],
     ("device", "add"): ["device", "add", "w1", "--serial", "S", "--uuid", "U",
                         "--class", "worker"],
     ("device", "list"): ["device", "list"],

@@ -5,6 +5,7 @@ break has a way back (issue 19 item 5) [J2].
 
 from __future__ import annotations
 
+import argparse
 import json
 import sqlite3
 from pathlib import Path
@@ -15,6 +16,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from fleetd.cli import fleetctl
 from fleetd.service import FleetdService
 from tests.daemonsupport import DaemonTestMixin, httpsRequest
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig, runFleetctl
@@ -189,3 +191,83 @@ class ReanchorUsageTests(SynchronousTestCase):
         ):
             code, out, err = runFleetctl(["--config", config, *argv])
             self.assertEqual((code, out, err.count("\n")), (2, "", 1), argv)
+
+
+class JournalSubcommandTests(SynchronousTestCase):
+    """
+    C{journal list}, C{journal verify}, C{journal reanchor}: sub-commands as
+    the other verbs take them; C{journal [--device NAME]} still lists
+    (issue 27, item 11).
+    """
+
+    def parse(self, *argv: str) -> argparse.Namespace:
+        return fleetctl.buildParser().parse_args(argv)
+
+    def test_subcommands_pickTheirHandler(self) -> None:
+        """Each sub-command is its own handler; no sub-command is C{list}."""
+        cases = [
+            (("journal",), "cmdJournal"),
+            (("journal", "--device", "w1"), "cmdJournal"),
+            (("journal", "list"), "cmdJournal"),
+            (("journal", "verify"), "cmdVerify"),
+            (("journal", "reanchor", "--reason", "r"), "cmdReanchor"),
+        ]
+        for argv, handler in cases:
+            self.assertEqual(self.parse(*argv).handler.__name__, handler, argv)
+
+    def test_list_filtersBeforeOrAfter(self) -> None:
+        """
+        C{journal list --device w1} and C{journal --device w1 list} filter
+        alike, as C{journal --device w1} does; the last one given counts.
+        """
+        for argv in [
+            ("journal", "--device", "w1"),
+            ("journal", "list", "--device", "w1"),
+            ("journal", "--device", "w1", "list"),
+            ("journal", "--device", "w9", "list", "--device", "w1"),
+        ]:
+            args = self.parse(*argv, "--run", "r-1", "--since", "3")
+            self.assertEqual((args.device, args.run, args.since), ("w1", "r-1", 3))
+        args = self.parse("journal", "list")
+        self.assertEqual((args.device, args.run, args.since), (None, None, 0))
+
+    def test_filtersWithVerifyOrReanchor_usageError(self) -> None:
+        """A filter with verify or reanchor is one usage line, exit 2."""
+        config = str(writeConfig(Path(self.mktemp()).resolve()))
+        for argv in (
+            ["journal", "--device", "w1", "verify"],
+            ["journal", "--since", "4", "reanchor", "--reason", "r"],
+            ["journal", "verify", "--device", "w1"],
+        ):
+            code, out, err = runFleetctl(["--config", config, *argv])
+            self.assertEqual((code, out, err.count("\n")), (2, "", 1), argv)
+            self.assertIn("--", err, argv)
+
+
+class JournalListCommandTests(DaemonTestMixin, TestCase):
+    """C{journal list} against a running daemon."""
+
+    async def test_list_asJournalWithout(self) -> None:
+        """
+        C{journal list [--device NAME]} prints what C{journal [--device
+        NAME]} prints, lines and C{--json}.
+        """
+        self.makeSettings()
+        service = self.startDaemon()
+        await service.journal.append(
+            "device.added", actor="owner:alice", device="w1", fields={"serial": "S1"}
+        )
+        await service.journal.append("device.added", actor="owner:alice", device="w2")
+        config = ownerConfig(self.directory, self.port(service, "admin"))
+        for filters in ([], ["--device", "w1"], ["--json"]):
+            old = await fleetctlAgainst(config, "journal", *filters)
+            new = await fleetctlAgainst(config, "journal", "list", *filters)
+            self.assertEqual(old[0], 0, old)
+            self.assertEqual(new, old, filters)
+        code, out, err = await fleetctlAgainst(
+            config, "journal", "list", "--device", "w1"
+        )
+        self.assertEqual(code, 0, err)
+        self.assertEqual(
+            [line.split()[2] for line in out.splitlines()], ["device.added"]
+        )

@@ -312,7 +312,7 @@ class StatusTests(SynchronousTestCase):
         self.fleet.clock.advance(86400)
         self.fleet.fake.flush()
         report = self.report()
-        self.assertIn("[K7]", report.state)
+        self.assertIn("the node cannot join with this configuration", report.state)
         self.assertIn("expired", report.state)
         self.assertEqual(
             report.recovery, "fleetctl provision w1 (the new run carries a new token)"

@@ -13,9 +13,11 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from fleetd.inventory.model import DeviceStatus
 from fleetd.runs.alerts import DEFAULT_HOLD
 from fleetd.status import DeviceReport, StatusService
-from tests.daemonsupport import DaemonTestMixin
+from tests.daemonsupport import DaemonTestMixin, DeliveryMixin, configPath
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.fleetsupport import Fleet, device
+
+UUID = "4c4c4544-0042-3510-8050-b4c04f4d3232"
 
 
 class StatusServiceTests(SynchronousTestCase):
@@ -27,12 +29,13 @@ class StatusServiceTests(SynchronousTestCase):
         self.fleet.restart()
         self.fleet.add(device("w1", "SER1"), device("g2", "SER2", cls="worker-g2"))
 
-    def report(self, name: str = "w1") -> DeviceReport:
+    def report(self, name: str = "w1", kubernetes: bool = True) -> DeviceReport:
         service = StatusService(
             self.fleet.inventory,
             self.fleet.registry,
             self.fleet.alerts,
             self.fleet.journal,
+            kubernetes=kubernetes,
         )
         result = self.successResultOf(Deferred.fromCoroutine(service.report(name)))
         assert result is not None
@@ -73,6 +76,31 @@ class StatusServiceTests(SynchronousTestCase):
             ["run.provisioned", "run.delivered"],
         )
 
+    def test_staged_withoutKubernetes_pathEnds(self) -> None:
+        """
+        A staged device on a fleetd without C{[kubernetes]}: the state says
+        that staged is where the path ends there, and nothing is to do;
+        with a cluster it waits for the kubelet certificate (issue 27,
+        item 11).
+        """
+        (run,) = self.fleet.provision(device("w1", "SER1"))
+        self.fleet.fetch(run.code)
+        report = self.report(kubernetes=False)
+        self.assertEqual(report.device.status, DeviceStatus.STAGED)
+        self.assertEqual(
+            (report.state, report.recovery),
+            (
+                "configuration delivered; staged is where the path ends on this"
+                " fleetd: without [kubernetes] it approves no kubelet"
+                " certificate, so the device never becomes active here",
+                None,
+            ),
+        )
+        self.assertEqual(
+            self.report().state,
+            "configuration delivered; waiting for the node's kubelet certificate",
+        )
+
     def test_refetched_saysProvisionAgain(self) -> None:
         """[C2] [C3] A refetch raises the alert and names the recovery."""
         (run,) = self.fleet.provision(device("w1", "SER1"))
@@ -100,7 +128,7 @@ class StatusServiceTests(SynchronousTestCase):
     def test_workerG2_cannotInstall(self) -> None:
         """[T2] A worker-g2 is told it cannot install through fleetd."""
         report = self.report("g2")
-        self.assertIn("[T2]", report.state)
+        self.assertIn("cannot attest or install through fleetd", report.state)
         self.assertNotIn("fleetctl provision", report.recovery or "")
 
     def test_report_neverShowsTheCode(self) -> None:
@@ -154,3 +182,30 @@ class StatusCommandTests(DaemonTestMixin, TestCase):
         code, out, err = await fleetctl("status", "w9")
         self.assertEqual(code, 1)
         self.assertIn("404", err)
+
+
+class StagedCommandTests(DeliveryMixin, TestCase):
+    """C{fleetctl status} of a staged device, on a fleetd without a cluster."""
+
+    async def test_staged_withoutKubernetes(self) -> None:
+        """
+        Delivered on a fleetd without C{[kubernetes]} (the tests' config):
+        C{fleetctl status} says staged is where the path ends there.
+        """
+        await self.startLoaded()
+        self.assertIsNone(self.settings.kubernetes)
+        await self.addDevice("w1", "SN-1", UUID)
+        runCode = (await self.provision("w1"))["w1"]
+        status, _, _ = await self.fetch(configPath(runCode, UUID, "SN-1"))
+        self.assertEqual(status, 200)
+        await self.events("run.delivered")
+        config = ownerConfig(self.directory, self.port(self.service, "admin"))
+        code, out, err = await fleetctlAgainst(config, "status", "w1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("w1  staged  class worker", out)
+        self.assertIn(
+            "state:    configuration delivered; staged is where the path ends"
+            " on this fleetd",
+            out,
+        )
+        self.assertIn("recovery: nothing to do", out)

@@ -16,6 +16,7 @@ from fleetd.cli import status
 from fleetd.statuswords import (
     Row,
     approvalLine,
+    formatEntry,
     headline,
     retirementLines,
     statusLines,
@@ -181,8 +182,7 @@ RICH_TEXT = (
     "note:     lost certificate note\n"
     "journal:\n"
     "       7  2023-11-14T22:13:20Z  run.provisioned  actor=owner"
-    ":alice  device=w1  run=r-abc  desired_action=null  via=conso"
-    "le\n"
+    ":alice  device=w1  run=r-abc  via=console\n"
     "       8  2023-11-14T22:13:21Z  delivery.refused  actor=flee"
     "td  device=w1  count=2  reason=x y\n"
 )
@@ -191,8 +191,8 @@ SPARSE_TEXT = (
     "w2  staged  class worker-g2  serial SN-2  uuid u2\n"
     "run:      none\n"
     "state:    never provisioned\n"
-    "ldevid:   none from spore (a capsule/forge LDevID is accepte"
-    "d until the node attests through spore)\n"
+    "ldevid:   none from this fleetd (an LDevID from an older CA of"
+    " the trust bundle is accepted until the node attests here)\n"
     "alerts:   none\n"
     "recovery: nothing to do\n"
     "binding:  none approved\n"
@@ -243,6 +243,32 @@ class StatusWordsTests(SynchronousTestCase):
         self.assertEqual(Row("state", "").lines(), ["state:    "])
         self.assertEqual(
             Row("journal", "", ("a", "b")).lines(), ["journal:", "  a", "  b"]
+        )
+
+    def test_formatEntry_noNullFields(self) -> None:
+        """
+        A journal line leaves out fields without a value: no C{key=null}
+        (issue 27, item 11); false, zero, empty and nested values stay.
+        """
+        entry = {
+            "seq": 9,
+            "at": 1700000000.0,
+            "event": "run.provisioned",
+            "actor": "owner:alice",
+            "device": "w1",
+            "run": None,
+            "fields": {
+                "desired_action": None,
+                "forced": False,
+                "count": 0,
+                "reason": "",
+                "differ": {"serial": None},
+            },
+        }
+        self.assertEqual(
+            formatEntry(entry),
+            "     9  2023-11-14T22:13:20Z  run.provisioned  actor=owner:alice"
+            '  device=w1  count=0  differ={"serial": null}  forced=false  reason=',
         )
 
     def test_retirementLines_asFleetctlPrintedThem(self) -> None:

@@ -228,8 +228,8 @@ class LegacyCutOverTests(SporeDaemonCase):
         self.assertIsNone(json.loads(out)["ldevid"])
         text = await self.fleetctl("status", "w1")
         self.assertIn(
-            "ldevid:   none from spore (a capsule/forge LDevID is accepted until"
-            " the node attests through spore)",
+            "ldevid:   none from this fleetd (an LDevID from an older CA of the"
+            " trust bundle is accepted until the node attests here)",
             text,
         )
         # A legacy software key is never renewed into a spore LDevID.

@@ -4,7 +4,8 @@ L{fleetd.cli}) and C{fleetd-agent} (the node's, in L{fleetd.agent}).
 
 A usage mistake or a failure is one line on stderr naming the tool, and a
 non-zero exit status, never a traceback; C{--json} prints one JSON
-document on one line instead of the lines meant for people. Both tools
+document on one line instead of the lines meant for people (and, where a
+tool asks for it, a failure as one too: L{errorDocument}). Both tools
 import this module; it imports neither.
 """
 
@@ -19,11 +20,19 @@ from typing import IO, Any, ClassVar, NoReturn
 
 
 class CLIError(Exception):
-    """A failure to report as one line on stderr, exiting with C{status}."""
+    """
+    A failure to report as one line on stderr, exiting with C{status}.
 
-    def __init__(self, message: str, status: int = 1) -> None:
+    @ivar fields: more members of the failure's JSON document
+        (L{errorDocument}), e.g. the HTTP status fleetd answered with.
+    """
+
+    def __init__(
+        self, message: str, status: int = 1, *, fields: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
+        self.fields = {} if fields is None else fields
 
 
 class Parser(argparse.ArgumentParser):
@@ -78,22 +87,37 @@ def writeJSON(out: IO[str], document: Any, *, sortKeys: bool = False) -> None:
     out.write(json.dumps(document, sort_keys=sortKeys) + "\n")
 
 
-def runMain(tool: str, body: Callable[[], int], out: IO[str], err: IO[str]) -> int:
+def errorDocument(error: CLIError) -> dict[str, Any]:
+    """
+    A failure as C{--json} prints it: C{{"error": LINE, "status": EXIT}}
+    and the error's own L{fields <CLIError.fields>}; C{status} is the exit
+    status, as C{$?} has it.
+    """
+    return {"error": str(error), "status": error.status, **error.fields}
+
+
+def runMain(
+    tool: str,
+    body: Callable[[], int],
+    out: IO[str],
+    err: IO[str],
+    *,
+    jsonErrors: Callable[[], bool] | None = None,
+) -> int:
     """
     Run a tool's C{body} and return its exit status. A L{CLIError} is one
     line on C{err} (prefixed with C{tool} unless it names it already) and
     its status; an interrupt is one line and 130; a reader that went away
-    (C{fleetctl journal | head}) is not an error.
+    (C{fleetctl journal | head}) is not an error. When C{jsonErrors()} says
+    so (C{--json} was given), the failure is also its L{errorDocument} on
+    C{out}, so that C{out} always holds one JSON document.
     """
     try:
         return body()
     except CLIError as e:
-        line = str(e)
-        err.write(f"{line}\n" if line.startswith(tool) else f"{tool}: {line}\n")
-        return e.status
+        return _fail(tool, e, out, err, jsonErrors)
     except KeyboardInterrupt:
-        err.write(f"{tool}: interrupted\n")
-        return 130
+        return _fail(tool, CLIError("interrupted", 130), out, err, jsonErrors)
     except BrokenPipeError:
         if out is sys.stdout:  # keep the interpreter's final flush quiet
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -104,3 +128,20 @@ def runMain(tool: str, body: Callable[[], int], out: IO[str], err: IO[str]) -> i
             finally:
                 os.close(devnull)
         return 0
+
+
+def _fail(
+    tool: str,
+    error: CLIError,
+    out: IO[str],
+    err: IO[str],
+    jsonErrors: Callable[[], bool] | None,
+) -> int:
+    line = str(error)
+    err.write(f"{line}\n" if line.startswith(tool) else f"{tool}: {line}\n")
+    if jsonErrors is not None and jsonErrors():
+        try:
+            writeJSON(out, errorDocument(error))
+        except BrokenPipeError:
+            pass  # the reader went away: the line on err stands
+    return error.status

@@ -189,6 +189,7 @@ class FleetdService(MultiService):
             disks=self.disks,
             credentials=KubeStatus(self.runner, reactor),
             ldevid=self.ldevids.status,
+            kubernetes=self.kube is not None,
         )
         self._listeners = Listeners(
             reactor,

@@ -27,6 +27,12 @@ if TYPE_CHECKING:
 
 RECENT_ENTRIES = 10
 
+STAGED_IS_THE_END = (
+    "configuration delivered; staged is where the path ends on this fleetd:"
+    " without [kubernetes] it approves no kubelet certificate, so the device"
+    " never becomes active here"
+)
+
 
 @dataclass(frozen=True)
 class DeviceReport:
@@ -62,17 +68,21 @@ class DeviceReport:
 
 
 def assess(
-    device: Device, run: RunView | None, alerts: list[str]
+    device: Device, run: RunView | None, alerts: list[str], kubernetes: bool = True
 ) -> tuple[str, str | None]:
     """
     A one-line description of where C{device} stands, and the recovery
     step an owner should take (L{None} when nothing is needed).
+
+    @param kubernetes: whether this fleetd has a cluster to approve
+        kubelet certificates for (C{[kubernetes]}); without one, C{staged}
+        is where a device's path through fleetd ends.
     """
     name = device.name
     provision = f"fleetctl provision {name}"
     if device.device_class in REFUSED_CLASSES:
         return (
-            f"class {device.device_class} cannot attest or install through fleetd [T2]",
+            f"class {device.device_class} cannot attest or install through fleetd",
             "none through fleetd: install this machine another way or retire it",
         )
     if device.status is DeviceStatus.DECOMMISSIONING:
@@ -81,19 +91,21 @@ def assess(
         return "never provisioned", f"{provision}, then write the code to META 0x0b"
     if run.state == "lost":
         return (
-            "its configuration is lost (spore rebooted before the node fetched it);"
-            " fleetd will not provision again on its own [V4]",
+            "its configuration is lost (fleetd's host rebooted before the node"
+            " fetched it); fleetd will not provision again on its own",
             f"{provision}, then give the node the new code",
         )
     if run.state == "consumed" and "FleetInstallConfigRefetched" in alerts:
         return (
             "its configuration was delivered, and the node keeps asking for it"
-            " again (it probably lost power before Talos wrote STATE) [C2]",
+            " again (it probably lost power before Talos wrote STATE)",
             f"{provision}; the disk holds no STATE to preserve",
         )
     if run.state == "consumed":
         if device.status is DeviceStatus.ACTIVE:
             return "installed and joined the cluster", None
+        if device.status is DeviceStatus.STAGED and not kubernetes:
+            return STAGED_IS_THE_END, None
         return (
             "configuration delivered; waiting for the node's kubelet certificate",
             None,
@@ -103,7 +115,7 @@ def assess(
     if run.state == "ready" and "FleetNodeBootedHookOSAfterInstall" in alerts:
         return (
             "its workflow succeeded, but the node booted back into HookOS"
-            " instead of its disk; its configuration is unread [B2]",
+            " instead of its disk; its configuration is unread",
             "make the disk boot first (or turn off PXE for it; see"
             " docs/operations.md, Boot completion) and power-cycle it",
         )
@@ -129,11 +141,14 @@ class StatusService:
         disks: DiskService | None = None,
         credentials: kubestatus.KubeStatus | None = None,
         ldevid: Callable[[str], dict[str, Any] | None] | None = None,
+        kubernetes: bool = True,
     ) -> None:
         """
         @param ldevid: the current LDevID record of a chassis serial [T4]
             (issuer, notAfter; L{None} when spore issued it none).
+        @param kubernetes: whether fleetd has C{[kubernetes]} (L{assess}).
         """
+        self._kubernetes = kubernetes
         self._credentials = credentials
         self._ldevid = ldevid
         self._inventory = inventory
@@ -151,7 +166,7 @@ class StatusService:
         run = await self._registry.view(device.name)
         alerts = self._alerts.openFor(device.name)
         entries = await self._journal.latest(device=device.name, limit=RECENT_ENTRIES)
-        state, recovery = assess(device, run, alerts)
+        state, recovery = assess(device, run, alerts, self._kubernetes)
         trust = (
             None if self._trust is None else await self._trust.stateFor(device.serial)
         )

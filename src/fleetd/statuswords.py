@@ -50,7 +50,8 @@ def when(at: float | None) -> str:
 def entryParts(entry: dict[str, Any]) -> list[str]:
     """
     One journal entry's words: seq (padded to 6), time, event, actor,
-    subject, then its fields sorted by name.
+    subject, then its fields sorted by name; a field without a value
+    (null) is left out, as an empty subject is.
     """
     parts = [f"{entry['seq']:>6}", when(entry["at"]), entry["event"]]
     parts.append(f"actor={entry['actor']}")
@@ -58,6 +59,8 @@ def entryParts(entry: dict[str, Any]) -> list[str]:
         if entry.get(key):
             parts.append(f"{key}={entry[key]}")
     for key, value in sorted((entry.get("fields") or {}).items()):
+        if value is None:
+            continue
         parts.append(
             f"{key}={json.dumps(value) if not isinstance(value, str) else value}"
         )
@@ -108,8 +111,8 @@ def statusLines(doc: dict[str, Any]) -> list[str]:
 def _ldevid(ldevid: dict[str, Any] | None) -> str:
     if ldevid is None:
         return (
-            "none from spore (a capsule/forge LDevID is accepted"
-            " until the node attests through spore)"
+            "none from this fleetd (an LDevID from an older CA of the trust"
+            " bundle is accepted until the node attests here)"
         )
     until = datetime.fromtimestamp(ldevid["not_after"], UTC).strftime("%Y-%m-%d")
     return (

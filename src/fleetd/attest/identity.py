@@ -107,8 +107,8 @@ class LDevIDIdentifier:
         elif record is not None:
             raise Refused(
                 LDEVID_NOT_OURS,
-                "this node renewed through spore; only its LDevID from the current"
-                " issuer is accepted",
+                "this node renewed through this fleetd; only its LDevID from the"
+                " current issuer is accepted",
             )
         identity = NodeIdentity(device=subject.device, serial=subject.serial)
         return Peer(identity, cert, ca.subject.rfc4514_string(), legacy=not current)

@@ -44,7 +44,7 @@ def addCommands(commands: Any) -> None:
         action="store_true",
         help="approve despite the uuid/serial MISMATCH shown (journaled as forced)",
     )
-    approve.set_defaults(handler=cmdApprove)
+    approve.set_defaults(handler=cmdApprove, deviceArgs=("device",))
 
 
 def _find(client: AdminClient, userCode: str) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any
 
-from fleetd.cli.client import AdminClient, errorLine, unreachable
+from fleetd.cli.client import AdminClient, refused, unreachable
 from fleetd.clitools import CLIError, writeJSON
 from fleetd.config import Settings
 
@@ -79,8 +79,7 @@ def _receive(client: AdminClient, f: IO[bytes]) -> tuple[int, int]:
         conn.request("GET", "/v1/admin/backup", headers={"accept": "*/*"})
         response = conn.getresponse()
         if response.status != 200:
-            line = errorLine(response.read(1 << 16))
-            raise CLIError(f"fleetd answered {response.status}: {line}")
+            raise refused(response.status, response.read(1 << 16))
         expected = int(response.getheader("content-length") or "-1")
         seq = int(response.getheader("fleetd-journal-seq") or "0")
         size = 0

@@ -5,7 +5,8 @@ fleetctl connects to the host and port of C{owner.server} but verifies the
 certificate for the site's enrollment name (from the topology file): the
 admin listener presents the public certificate, which covers that name and
 nothing else, so C{https://localhost:8446} works on spore as shipped.
-Every failure is a L{CLIError} carrying fleetd's one line.
+Every failure is a L{CLIError} carrying fleetd's one line; a refusal by
+fleetd is an L{AdminError}, which also carries the HTTP status.
 """
 
 from __future__ import annotations
@@ -32,6 +33,36 @@ def errorLine(data: bytes) -> str:
         text = doc["error"]
     lines = text.splitlines()
     return lines[0] if lines else ""
+
+
+class AdminError(CLIError):
+    """
+    fleetd answered, and refused: C{fleetd answered STATUS: LINE}, exit 1.
+    With C{--json} the HTTP status is the document's C{http_status}.
+
+    @ivar httpStatus: the HTTP status of fleetd's answer.
+    @ivar line: fleetd's one line (L{errorLine}).
+    """
+
+    def __init__(
+        self,
+        httpStatus: int,
+        line: str,
+        *,
+        hint: str = "",
+        fields: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            f"fleetd answered {httpStatus}: {line}{hint}",
+            fields={"http_status": httpStatus, **(fields or {})},
+        )
+        self.httpStatus = httpStatus
+        self.line = line
+
+
+def refused(status: int, data: bytes) -> AdminError:
+    """The L{AdminError} for a non-2xx answer with body C{data}."""
+    return AdminError(status, errorLine(data))
 
 
 def unreachable(client: AdminClient, e: Exception, what: str = "") -> CLIError:
@@ -139,7 +170,7 @@ class AdminClient:
         finally:
             conn.close()
         if not 200 <= response.status < 300:
-            raise CLIError(f"fleetd answered {response.status}: {errorLine(data)}")
+            raise refused(response.status, data)
         try:
             return json.loads(data)
         except ValueError as e:
@@ -163,8 +194,7 @@ def postText(client: AdminClient, path: str, text: str, contentType: str) -> Any
     finally:
         conn.close()
     if not 200 <= response.status < 300:
-        line = data.decode("utf-8", "replace").strip().splitlines()
-        raise CLIError(f"fleetd answered {response.status}: {line[0] if line else ''}")
+        raise refused(response.status, data)
     try:
         return json.loads(data)
     except ValueError as e:

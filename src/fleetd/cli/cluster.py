@@ -30,20 +30,20 @@ def addCommands(commands: Any) -> None:
     actions = token.add_subparsers(
         dest="action", required=True, parser_class=token.__class__
     )
-    request = actions.add_parser("request", help="ask to join a node with it [K5]")
+    request = actions.add_parser("request", help="ask to join a node with it")
     request.add_argument("--node", required=True, metavar="NAME")
     request.add_argument("--reason", required=True, metavar="TEXT")
     request.set_defaults(handler=cmdRequest)
     approve = actions.add_parser("approve", help="approve a request; prints the token")
     approve.add_argument("request", metavar="REQ")
     approve.set_defaults(handler=cmdApprove)
-    rotate = actions.add_parser("rotate", help="replace the cluster-wide token [K6]")
+    rotate = actions.add_parser("rotate", help="replace the cluster-wide token")
     rotate.set_defaults(handler=cmdRotate)
     pending = actions.add_parser("list", help="pending requests")
     pending.set_defaults(handler=cmdList)
 
     retire = commands.add_parser(
-        "retire", help="delete the Node and tokens, mark decommissioning [R1]"
+        "retire", help="delete the Node and tokens, mark decommissioning"
     )
     retire.add_argument("name", metavar="NAME")
     retire.add_argument(
@@ -51,7 +51,7 @@ def addCommands(commands: Any) -> None:
         action="store_true",
         help="do not ask: retiring cannot be undone (without --yes, type NAME)",
     )
-    retire.set_defaults(handler=cmdRetire)
+    retire.set_defaults(handler=cmdRetire, deviceArgs=("name",))
 
 
 def _post(settings: Settings, path: str, body: dict[str, Any]) -> Any:

@@ -135,7 +135,7 @@ def addCommands(commands: Any) -> None:
 
     show = actions.add_parser("show", help="show one device")
     show.add_argument("name")
-    show.set_defaults(handler=cmdShow)
+    show.set_defaults(handler=cmdShow, deviceArgs=("name",))
 
     load = actions.add_parser("import", help="import devices from a CSV file")
     load.add_argument(
@@ -149,4 +149,4 @@ def addCommands(commands: Any) -> None:
     )
     forget.add_argument("name")
     forget.add_argument("--reason", required=True, help="why (journaled)")
-    forget.set_defaults(handler=cmdForgetIdentity)
+    forget.set_defaults(handler=cmdForgetIdentity, deviceArgs=("name",))

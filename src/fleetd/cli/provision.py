@@ -25,9 +25,9 @@ def addCommands(commands: Any) -> None:
     provision.add_argument(
         "--desired-action",
         choices=["netboot"],
-        help="the run expects a network boot after install [B3]",
+        help="the run expects a network boot after install",
     )
-    provision.set_defaults(handler=cmdProvision)
+    provision.set_defaults(handler=cmdProvision, deviceArgs=("names",))
 
 
 def cmdProvision(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:

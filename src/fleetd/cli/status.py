@@ -22,7 +22,7 @@ def addCommands(commands: Any) -> None:
         "status", help="what state a device is in, and what to do about it"
     )
     status.add_argument("name", metavar="NAME")
-    status.set_defaults(handler=cmdStatus)
+    status.set_defaults(handler=cmdStatus, deviceArgs=("name",))
 
 
 def cmdStatus(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:

@@ -5,13 +5,15 @@ C{fleetctl evidence ...} and C{fleetctl binding ...}: machine trust [T1].
   - C{evidence import FILE [--kind KIND] [--ref R]}: a supplier's CSV or
     JSON manifest (L{fleetd.trust.manifest}); rows without a kind are
     C{supplier-record}, rows without a ref get the file's name
-  - C{evidence list [--serial S]}
+  - C{evidence list [--serial S] [--wide]}
   - C{evidence withdraw ID --reason TEXT}
-  - C{binding approve SERIAL [--ek-sha256 H]}, C{binding list}
+  - C{binding approve SERIAL [--ek-sha256 H]}, C{binding list [--wide]}
   - C{disks forget NAME --reason TEXT}: drop a device's disk report [D1]
 
 Input is checked locally first, so a bad digest or manifest line is
-reported before anything is sent; fleetd checks it again.
+reported before anything is sent; fleetd checks it again. Lists show the
+first L{EK_PREFIX} hex digits of an EK digest, all 64 with C{--wide} (and
+always with C{--json}).
 """
 
 from __future__ import annotations
@@ -33,9 +35,15 @@ EVIDENCE = "/v1/admin/evidence"
 BINDINGS = "/v1/admin/bindings"
 MAX_MANIFEST_BYTES = 16 << 20
 KINDS = [k.value for k in EvidenceKind]
+EK_PREFIX = 16
 
 
-def evidenceLines(records: list[dict[str, Any]]) -> list[str]:
+def ekCell(digest: str, wide: bool) -> str:
+    """An EK digest in a list: its first L{EK_PREFIX} hex digits, or all."""
+    return digest if wide else digest[:EK_PREFIX]
+
+
+def evidenceLines(records: list[dict[str, Any]], wide: bool = False) -> list[str]:
     """Evidence as a table: withdrawn rows say so in the NOTE column."""
     rows = []
     for r in records:
@@ -47,7 +55,7 @@ def evidenceLines(records: list[dict[str, Any]]) -> list[str]:
             [
                 str(r["id"]),
                 r["serial"],
-                r["ek_sha256"],
+                ekCell(r["ek_sha256"], wide),
                 r["kind"],
                 r["ref"] or "-",
                 when(r["recorded_at"]),
@@ -59,12 +67,13 @@ def evidenceLines(records: list[dict[str, Any]]) -> list[str]:
     return alignedTable(header, rows)
 
 
-def bindingLines(views: list[dict[str, Any]]) -> list[str]:
+def bindingLines(views: list[dict[str, Any]], wide: bool = False) -> list[str]:
+    """Bindings as a table: a suspended one says why in the STATE column."""
     rows = [
         [
             v["serial"],
             v["device"],
-            v["ek_sha256"],
+            ekCell(v["ek_sha256"], wide),
             str(v["evidence"]),
             when(v["approved_at"]),
             v["approved_by"],
@@ -138,7 +147,8 @@ def cmdEvidenceImport(
 def cmdEvidenceList(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
     query = {} if args.serial is None else {"serial": args.serial}
     result = AdminClient(settings).request("GET", EVIDENCE, query)
-    emit(out, args, result["evidence"], evidenceLines(result["evidence"]))
+    lines = evidenceLines(result["evidence"], args.wide)
+    emit(out, args, result["evidence"], lines)
     return 0
 
 
@@ -165,7 +175,8 @@ def cmdBindingApprove(
 
 def cmdBindingList(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
     result = AdminClient(settings).request("GET", BINDINGS)
-    emit(out, args, result["bindings"], bindingLines(result["bindings"]))
+    lines = bindingLines(result["bindings"], args.wide)
+    emit(out, args, result["bindings"], lines)
     return 0
 
 
@@ -175,6 +186,15 @@ def cmdDisksForget(settings: Settings, args: argparse.Namespace, out: IO[str]) -
     result = AdminClient(settings).request("POST", path, body={"reason": args.reason})
     emit(out, args, result, [f"forgot the disk report of {result['device']}"])
     return 0
+
+
+def addWideOption(parser: argparse.ArgumentParser) -> None:
+    """C{--wide}: whole EK digests in a list."""
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help=f"whole EK digests (by default their first {EK_PREFIX} hex digits)",
+    )
 
 
 def addCommands(commands: Any) -> None:
@@ -202,6 +222,7 @@ def addCommands(commands: Any) -> None:
     load.set_defaults(handler=cmdEvidenceImport)
     listing = actions.add_parser("list", help="list evidence")
     listing.add_argument("--serial", help="only evidence naming this serial")
+    addWideOption(listing)
     listing.set_defaults(handler=cmdEvidenceList)
     withdraw = actions.add_parser("withdraw", help="withdraw wrong evidence")
     withdraw.add_argument("id", type=int)
@@ -217,6 +238,7 @@ def addCommands(commands: Any) -> None:
     approve.add_argument("--ek-sha256", help="approve only this EK digest")
     approve.set_defaults(handler=cmdBindingApprove)
     blist = bactions.add_parser("list", help="list bindings and their state")
+    addWideOption(blist)
     blist.set_defaults(handler=cmdBindingList)
     disks = commands.add_parser("disks", help="disk reports of nodes")
     dactions = disks.add_subparsers(
@@ -227,4 +249,4 @@ def addCommands(commands: Any) -> None:
     )
     forget.add_argument("name", metavar="NAME")
     forget.add_argument("--reason", required=True)
-    forget.set_defaults(handler=cmdDisksForget)
+    forget.set_defaults(handler=cmdDisksForget, deviceArgs=("name",))

@@ -78,7 +78,7 @@ def assess(
     if cert is not None and cert.not_after is not None and creds.now >= cert.not_after:
         return (
             f"its kubelet client certificate expired at {rfc3339(cert.not_after)}:"
-            " the node can no longer reach the cluster [K7]",
+            " the node can no longer reach the cluster",
             provision,
         )
     token = creds.token
@@ -93,7 +93,7 @@ def assess(
         return (
             f"its per-node bootstrap token {token.id} expired at"
             f" {rfc3339(token.expires_at)} before its kubelet certificate was"
-            " approved: the node cannot join with this configuration [K7]",
+            " approved: the node cannot join with this configuration",
             provision,
         )
     return None

@@ -60,8 +60,8 @@ ALERT_NAMES = {
 # summaries of conf/alerts.yml, with the step that resolves it.
 ALERT_WORDS = {
     "FleetInstallConfigMissing": (
-        "the node asks for a configuration fleetd no longer holds (spore"
-        " rebooted before the node fetched it); provision it again and give"
+        "the node asks for a configuration fleetd no longer holds (fleetd's"
+        " host rebooted before the node fetched it); provision it again and give"
         " the node the new code"
     ),
     "FleetInstallConfigRefetched": (
