@@ -57,6 +57,7 @@ from fleetd.prepare import Prepared, prepare
 from fleetd.reactors import IFleetdReactor
 from fleetd.readiness import Readiness, notifySystemd
 from fleetd.runs.alerts import AlertTracker
+from fleetd.runs.placeholders import DevValues
 from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import TemplateRenderer
 from fleetd.runs.vaultnames import configName
@@ -270,7 +271,11 @@ class FleetdService(MultiService):
             runner=self.runner,
             runs=self.runs,
         )
-        renderer = TemplateRenderer(s.provision.templates, s.provision.default_cluster)
+        renderer = TemplateRenderer(
+            s.provision.templates,
+            s.provision.default_cluster,
+            values=DevValues(prepared.masterKey) if s.dev_values else None,
+        )
         defined = None  # NetBox refuses additions: its devices are made there
         if s.netbox is None:
             defined = SiteDefinitions(
