@@ -176,6 +176,7 @@ class FleetdService(MultiService):
             trustBundle=prepared.trustBundle,
             challengeTTL=s.challenge_ttl,
             metrics=self.registry,
+            known=self.runs,
         )
         self.attestation = attestation
         self.ldevids, self.lookups = attestation.ldevids, attestation.lookups
