@@ -69,6 +69,7 @@ from fleetd.store.runner import DatabaseRunner, RunnerService
 from fleetd.tink.service import TinkProxy
 from fleetd.tink.workflows import REFRESH_FLOOR
 from fleetd.trust.disks import DiskService
+from fleetd.trust.refusals import AttestRefusals
 from fleetd.trust.service import TrustService
 from fleetd.web.site import listenerSite
 
@@ -180,6 +181,7 @@ class FleetdService(MultiService):
         )
         self.attestation = attestation
         self.ldevids, self.lookups = attestation.ldevids, attestation.lookups
+        self.refusals = AttestRefusals(self.runner, self.journal)  # issue 27
         self.status = StatusService(
             self.inventory,
             self.runs,
@@ -189,6 +191,7 @@ class FleetdService(MultiService):
             disks=self.disks,
             credentials=KubeStatus(self.runner, reactor),
             ldevid=self.ldevids.status,
+            refusals=self.refusals,
         )
         self._listeners = Listeners(
             reactor,
@@ -317,6 +320,7 @@ class FleetdService(MultiService):
             verify=self.chain.verify,
             chain=self.chain,
             provisioner=provisioner,
+            refusals=self.refusals,
             fleetListingAge=0.0 if s.netbox is None else NETBOX_LISTING_AGE,
         )
         admin = adminRoot(
