@@ -29,7 +29,7 @@ ACTOR = "attest"
 class RefusalRecorder:
     """Counts, logs and journals refusals (see the module docstring)."""
 
-    log = Logger(namespace="fleetd.attest.service")
+    log = Logger()
 
     def __init__(
         self,
