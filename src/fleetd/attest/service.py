@@ -30,7 +30,6 @@ from cryptography import x509
 from prometheus_client import CollectorRegistry
 from tpm2_pytss.types import TPM2B_PUBLIC
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
 
 from fleetd import nodes as E
 from fleetd.attest.bindings import (
@@ -89,8 +88,6 @@ class _Context:
 
 
 class AttestationService:
-    log = Logger()
-
     def __init__(
         self,
         *,
