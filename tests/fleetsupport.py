@@ -24,6 +24,7 @@ from fleetd.inventory.model import (
 from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.machine import Outcome
+from fleetd.runs.placeholders import DevValues
 from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import NodeFacts, TemplateRenderer
 from fleetd.store.db import Database
@@ -33,7 +34,9 @@ from fleetd.vault import DirectoryVault, IVault
 from tests.support import REPO
 
 KEY = b"k" * 32
-RENDERER = TemplateRenderer(REPO / "conf" / "templates")
+# The example template, its placeholders filled with dev values (issue 27).
+DEV_VALUES = DevValues(KEY)
+RENDERER = TemplateRenderer(REPO / "conf" / "templates", values=DEV_VALUES)
 
 
 def device(name: str = "w1", serial: str = "SER1", cls: str = "worker") -> Device:

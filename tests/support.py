@@ -86,6 +86,19 @@ def writeConfig(
     return path
 
 
+def filledTemplate() -> str:
+    """
+    The example template (C{conf/templates/default.yaml}) with every
+    placeholder filled, as a site's generated template is: stand-in
+    values of the right form (issue 27: fleetd refuses the example itself).
+    """
+    from fleetd.runs.placeholders import PLACEHOLDER, DevValues
+
+    values = DevValues(b"t" * 32)
+    example = (REPO / "conf" / "templates" / "default.yaml").read_text()
+    return PLACEHOLDER.sub(lambda m: values.value(m.group()), example)
+
+
 def inventoryOver(runner: Any) -> SQLiteInventory:
     """The SQLite inventory over C{runner}, journaling with a test key."""
     from twisted.internet.task import Clock

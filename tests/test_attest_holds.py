@@ -193,7 +193,7 @@ class AttestTests(HoldsTestCase):
         """A flood of refusals from anyone is a handful of log lines."""
         events: list[Any] = []
         observer: Any = events.append
-        self.server.service._log = ThrottledLog(
+        self.server.service.refusals._log = ThrottledLog(
             self.server.clock, Logger(observer=observer)
         )
         for _ in range(50):

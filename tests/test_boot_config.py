@@ -26,10 +26,11 @@ from fleetd.boot.query import unquote as _unquote
 from fleetd.boot.resource import bootRoot
 from fleetd.listen.connections import LimitedFactory
 from fleetd.runs.machine import Outcome
+from fleetd.runs.placeholders import DevValues
 from fleetd.runs.render import TemplateRenderer
 from fleetd.web.site import BoundedSite
 from tests.daemonsupport import configPath
-from tests.fleetsupport import Fleet, device
+from tests.fleetsupport import KEY, Fleet, device
 from tests.support import REPO
 
 PEER = IPv4Address("TCP", "10.20.0.42", 40000)
@@ -122,7 +123,9 @@ class ConfigResourceTests(SynchronousTestCase):
             )
             import tests.fleetsupport as runs
 
-            self.patch(runs, "RENDERER", TemplateRenderer(directory))
+            self.patch(
+                runs, "RENDERER", TemplateRenderer(directory, values=DevValues(KEY))
+            )
         (run,) = self.fleet.provision(device("w1", "SER1"))
         return run
 

@@ -20,7 +20,12 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.fleetview import PAGE_SIZE, FleetQueryError, Search, fleetQuery
 from fleetd.inventory.model import DeviceStatus, InventoryError, validateDevice
-from fleetd.runs.alerts import ALERT_NAMES, ALERT_WORDS, alertWords
+from fleetd.runs.alerts import (
+    ALERT_NAMES,
+    ALERT_WORDS,
+    ATTESTATION_REFUSED,
+    alertWords,
+)
 from fleetd.store.entries import Entry
 from tests.consolesupport import ConsoleMixin, text
 from tests.daemonsupport import UUID1, UUID2, configPath, httpsRequest
@@ -54,13 +59,19 @@ class AlertWordsTests(SynchronousTestCase):
     """Every alert fleetd raises for a device has words for people."""
 
     def test_everyRaisedAlert_hasWords(self) -> None:
-        for name in ALERT_NAMES.values():
+        for name in [*ALERT_NAMES.values(), ATTESTATION_REFUSED]:
             self.assertIn(name, ALERT_WORDS)
             self.assertNotEqual(alertWords(name), name)
-        self.assertEqual(set(ALERT_WORDS), set(ALERT_NAMES.values()))
+        self.assertEqual(
+            set(ALERT_WORDS), set(ALERT_NAMES.values()) | {ATTESTATION_REFUSED}
+        )
 
     def test_everyDeviceRule_hasWords(self) -> None:
-        """The rules of conf/alerts.yml that name a device are fleetd's."""
+        """
+        The rules of conf/alerts.yml that name a device are fleetd's, and
+        so is FleetAttestationRefused (issue 27): fleet-wide in Prometheus,
+        shown on the devices whose refusal stands.
+        """
         rules = yaml.safe_load((REPO / "conf" / "alerts.yml").read_text())
         perDevice = {
             rule["alert"]
@@ -68,7 +79,9 @@ class AlertWordsTests(SynchronousTestCase):
             for rule in group["rules"]
             if "device" in rule["expr"]
         }
-        self.assertEqual(perDevice, set(ALERT_WORDS))
+        names = {r["alert"] for g in rules["groups"] for r in g["rules"]}
+        self.assertIn(ATTESTATION_REFUSED, names)
+        self.assertEqual(perDevice | {ATTESTATION_REFUSED}, set(ALERT_WORDS))
 
 
 class FleetQueryTests(SynchronousTestCase):

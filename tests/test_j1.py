@@ -22,7 +22,7 @@ from fleetd.store.db import StoreError
 from fleetd.store.entries import Entry
 from fleetd.vault import VaultError
 from tests.faultsupport import FAULTS, Faults, FullVault
-from tests.fleetsupport import Fleet, device
+from tests.fleetsupport import DEV_VALUES, Fleet, device
 
 
 class ProvisionFaultTests(SynchronousTestCase):
@@ -224,7 +224,7 @@ class ProvisionHTTPFaultTests(SynchronousTestCase):
         resource = ProvisionResource(
             fleet.registry,
             fleet.inventory,
-            TemplateRenderer(REPO / "conf" / "templates"),
+            TemplateRenderer(REPO / "conf" / "templates", values=DEV_VALUES),
             fleet.journal,
             ownerName=lambda request: "jane",
         )
@@ -368,7 +368,7 @@ class ReviewFaultTests(SynchronousTestCase):
         resource = ProvisionResource(
             self.fleet.registry,
             self.fleet.inventory,
-            TemplateRenderer(REPO / "conf" / "templates"),
+            TemplateRenderer(REPO / "conf" / "templates", values=DEV_VALUES),
             self.fleet.journal,
             ownerName=lambda request: "jane",
         )

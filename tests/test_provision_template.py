@@ -17,6 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.test.requesthelper import DummyRequest
 
 from fleetd.admin.provision import ProvisionResource
+from fleetd.runs.placeholders import DevValues
 from fleetd.runs.render import TemplateRenderer
 from fleetd.store.entries import JournalEntry
 from tests.daemonsupport import DaemonTestMixin
@@ -39,7 +40,7 @@ class ResourceTests(SynchronousTestCase):
         resource = ProvisionResource(
             self.fleet.registry,
             self.fleet.inventory,
-            TemplateRenderer(self.templates),
+            TemplateRenderer(self.templates, values=DevValues(b"k" * 32)),
             self.fleet.journal,
             ownerName=lambda request: "jane",
         )

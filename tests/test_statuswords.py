@@ -14,6 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.cli import status
 from fleetd.statuswords import (
+    CLONE_STEP,
     Row,
     approvalLine,
     formatEntry,
@@ -223,6 +224,38 @@ class StatusWordsTests(SynchronousTestCase):
     def test_fleetctlStatus_unchanged(self) -> None:
         self.assertEqual(self.fleetctlStatus(RICH), RICH_TEXT)
         self.assertEqual(self.fleetctlStatus(SPARSE), SPARSE_TEXT)
+
+    def test_fleetctlStatus_refusedAttestation_newLinesOnly(self) -> None:
+        """
+        Issue 27: a standing refused attestation adds its line after the
+        LDevID's, and its step back beneath it when the recovery is another
+        step; every other line is as before, byte for byte.
+        """
+        refusal = {
+            "reason": "serial-mismatch",
+            "detail": "this EK is bound to another chassis than the one reported",
+            "at": 1700000000.0,
+            "seq": 9,
+            "named_by": "reported-serial",
+            "step": CLONE_STEP,
+        }
+        lines = RICH_TEXT.splitlines(keepends=True)
+        added = [
+            "attest:   refused 2023-11-14T22:13:20Z: serial-mismatch (its TPM's EK"
+            " is bound to another chassis; named by the serial it reported)\n",
+            "  step back: the TPM is a clone, or its evidence names two machines:"
+            ' see docs/operations.md, "A refused attestation", before approving'
+            " anything\n",
+        ]
+        expected = "".join(lines[:4] + added + lines[4:])
+        self.assertEqual(
+            self.fleetctlStatus({**RICH, "attest_refusal": refusal}), expected
+        )
+        # The step is the recovery already: not said twice.
+        taken = {**SPARSE, "attest_refusal": refusal, "recovery": CLONE_STEP}
+        printed = self.fleetctlStatus(taken).splitlines()
+        self.assertEqual(printed[4], added[0].rstrip("\n"))
+        self.assertEqual(printed[5:7], ["alerts:   none", f"recovery: {CLONE_STEP}"])
 
     def test_lines_areTheRows(self) -> None:
         """The headline, then each row's lines: what the page shows."""

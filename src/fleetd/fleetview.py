@@ -10,7 +10,10 @@ the inventory (on the database thread, or from NetBox), one pass over it
 in the reactor thread to filter (under 2 ms at 10,000 devices on an idle
 core: C{bench/console_render.py}), and, for the rows of that page only, runs
 and alerts from memory and one database read for devices whose runs all
-ended (L{fleetd.runs.index.BootIndex.views}).
+ended (L{fleetd.runs.index.BootIndex.views}), and one for the page's
+standing refused attestations (issue 27: L{AttestRefusals}, shown first
+among a row's alerts as L{ATTESTATION_REFUSED}, with when, why and the
+step back), plus one more when one of them awaits the owner's evidence.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -34,9 +38,11 @@ from fleetd.inventory.model import (
     validateStatus,
     validateToken,
 )
-from fleetd.runs.alerts import AlertTracker, alertWords
+from fleetd.runs.alerts import ATTESTATION_REFUSED, AlertTracker, alertWords
 from fleetd.runs.index import RunView
 from fleetd.runs.registry import RunRegistry
+from fleetd.statuswords import refusalWords, when
+from fleetd.trust.refusals import AttestRefusals
 
 PAGE_SIZE = 100
 MAX_SEARCH = 64  # a serial's longest; a MAC or a name is shorter
@@ -198,6 +204,17 @@ def select(
     return list(found), tuple(sorted(clusters))
 
 
+def refusalAlerts(refusal: dict[str, Any] | None) -> tuple[FleetAlert, ...]:
+    """A standing refused attestation as the fleet view shows it (issue 27)."""
+    if refusal is None:
+        return ()
+    words = (
+        f"{alertWords(ATTESTATION_REFUSED)} at {when(refusal['at'])}:"
+        f" {refusalWords(refusal)}; step back: {refusal['step']}"
+    )
+    return (FleetAlert(ATTESTATION_REFUSED, words),)
+
+
 def pendingRequest(view: RequestView, now: float) -> PendingRequest:
     """What the fleet view shows of a request: never a code of it."""
     reported = view.reported
@@ -224,6 +241,7 @@ class FleetView:
         clock: IReactorTime,
         pageSize: int = PAGE_SIZE,
         listingAge: float = 0.0,
+        refusals: AttestRefusals | None = None,
     ) -> None:
         """
         @param listingAge: seconds a listing of the inventory may serve
@@ -231,7 +249,9 @@ class FleetView:
             kept until it changes; more for NetBox, where a listing is a
             walk of NetBox's pages (then the page says when it was read).
             Pages asked for while a listing is read share that one read.
+        @param refusals: the standing refused attestations (L{None}: none).
         """
+        self._refusals = refusals
         self._listingAge = listingAge
         self._listed: tuple[float, list[Device]] | None = None
         self._reading: list[Deferred[tuple[float, list[Device]]]] | None = None
@@ -288,11 +308,13 @@ class FleetView:
         start = (query.page - 1) * self.pageSize
         shown = found[start : start + self.pageSize]
         runs = await self._runs.views([d.name for d in shown])
+        refused = {} if self._refusals is None else await self._refusals.standing(shown)
         rows = tuple(
             FleetRow(
                 d,
                 runs.get(d.name),
-                tuple(
+                refusalAlerts(refused.get(d.name))
+                + tuple(
                     FleetAlert(name, alertWords(name))
                     for name in self._alerts.openFor(d.name)
                 ),

@@ -19,6 +19,7 @@ from fleetd.config import ConfigError, Settings
 from fleetd.listen.tls import loadCertificates, loadTLSOptions
 from fleetd.pki.dev import ensureDevPKI
 from fleetd.pki.ldevid import Issuer, TrustBundle
+from fleetd.runs.render import RenderError, TemplateRenderer
 from fleetd.store.db import Database
 from fleetd.store.keys import loadOrCreateKey
 from fleetd.vault import DirectoryVault, IClosableVault, VaultError
@@ -47,6 +48,8 @@ def prepare(settings: Settings) -> Prepared:
     problem.
 
     With C{[dev] generate_pki}, the dev PKI is created first when missing.
+    Every cluster's template is read and checked: one holding an unfilled
+    placeholder is refused, unless C{[dev] generate_values} fills them.
     """
     if settings.dev_pki:
         ensureDevPKI(settings.tls.cert.parent, settings.topology.enrollment_name)
@@ -55,6 +58,7 @@ def prepare(settings: Settings) -> Prepared:
             "provision.templates",
             f"{settings.provision.templates} is not a directory of cluster templates",
         )
+    checkTemplates(settings)
     # Parse the TLS material now so its errors name their keys.
     loadTLSOptions(settings.tls)
     loadTLSOptions(settings.tls, clientCA=settings.owner.client_ca)
@@ -100,6 +104,22 @@ def prepare(settings: Settings) -> Prepared:
         upstreamCA=upstreamCA,
         uncheckedVault=vault,
     )
+
+
+def checkTemplates(settings: Settings) -> None:
+    """
+    Every cluster's template can be rendered; without C{[dev]
+    generate_values}, none holds an unfilled placeholder (issue 27).
+
+    @raise ConfigError: naming C{provision.templates}, the file, the line
+        and the placeholder.
+    """
+    if settings.dev_values:
+        return  # filled from generated values when rendered
+    try:
+        TemplateRenderer(settings.provision.templates).checkAll()
+    except RenderError as e:
+        raise ConfigError("provision.templates", str(e)) from None
 
 
 def checkUpstreamCA(settings: Settings) -> bytes | None:

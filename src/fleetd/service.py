@@ -58,6 +58,7 @@ from fleetd.prepare import Prepared, prepare
 from fleetd.reactors import IFleetdReactor
 from fleetd.readiness import Readiness, notifySystemd
 from fleetd.runs.alerts import AlertTracker
+from fleetd.runs.placeholders import DevValues
 from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import TemplateRenderer
 from fleetd.runs.vaultnames import configName
@@ -69,6 +70,7 @@ from fleetd.store.runner import DatabaseRunner, RunnerService
 from fleetd.tink.service import TinkProxy
 from fleetd.tink.workflows import REFRESH_FLOOR
 from fleetd.trust.disks import DiskService
+from fleetd.trust.refusals import AttestRefusals
 from fleetd.trust.service import TrustService
 from fleetd.web.site import listenerSite
 
@@ -177,9 +179,11 @@ class FleetdService(MultiService):
             trustBundle=prepared.trustBundle,
             challengeTTL=s.challenge_ttl,
             metrics=self.registry,
+            known=self.runs,
         )
         self.attestation = attestation
         self.ldevids, self.lookups = attestation.ldevids, attestation.lookups
+        self.refusals = AttestRefusals(self.runner, self.journal)  # issue 27
         self.status = StatusService(
             self.inventory,
             self.runs,
@@ -190,6 +194,7 @@ class FleetdService(MultiService):
             credentials=KubeStatus(self.runner, reactor),
             ldevid=self.ldevids.status,
             kubernetes=self.kube is not None,
+            refusals=self.refusals,
         )
         self._listeners = Listeners(
             reactor,
@@ -281,7 +286,11 @@ class FleetdService(MultiService):
             runner=self.runner,
             runs=self.runs,
         )
-        renderer = TemplateRenderer(s.provision.templates, s.provision.default_cluster)
+        renderer = TemplateRenderer(
+            s.provision.templates,
+            s.provision.default_cluster,
+            values=DevValues(prepared.masterKey) if s.dev_values else None,
+        )
         defined = None  # NetBox refuses additions: its devices are made there
         if s.netbox is None:
             defined = SiteDefinitions(
@@ -322,6 +331,7 @@ class FleetdService(MultiService):
             verify=self.chain.verify,
             chain=self.chain,
             provisioner=provisioner,
+            refusals=self.refusals,
             fleetListingAge=0.0 if s.netbox is None else NETBOX_LISTING_AGE,
         )
         admin = adminRoot(

@@ -2,8 +2,9 @@
 What state is this machine in, and what do I do? (C{fleetctl status NAME})
 
 L{StatusService} gathers a device's record, its latest run and that run's
-state, the alerts that concern it and its last journal entries, and
-derives the recovery step, if one is needed. It knows nothing of HTTP, so
+state, the alerts that concern it, its standing refused attestation (issue
+27) and its last journal entries, and derives the recovery step, if one is
+needed. It knows nothing of HTTP, so
 the admin API, the owner console and the rack simulator share it.
 """
 
@@ -18,11 +19,13 @@ from fleetd.kube import status as kubestatus
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.index import RunView
 from fleetd.runs.registry import RunRegistry
+from fleetd.statuswords import refusalWords
 from fleetd.store.entries import JournalEntry
 from fleetd.store.journal import AsyncJournal
 
 if TYPE_CHECKING:
     from fleetd.trust.disks import DiskReportView, DiskService
+    from fleetd.trust.refusals import AttestRefusals
     from fleetd.trust.service import TrustService, TrustState
 
 RECENT_ENTRIES = 10
@@ -48,6 +51,7 @@ class DeviceReport:
     disks: DiskReportView | None = None
     kubernetes: kubestatus.Credentials | None = None
     ldevid: dict[str, Any] | None = None
+    refusal: dict[str, Any] | None = None  # AttestRefusals.standing's
 
     def toJSON(self) -> dict[str, Any]:
         run = None
@@ -64,15 +68,22 @@ class DeviceReport:
             "recovery": self.recovery,
             "kubernetes": None if self.kubernetes is None else self.kubernetes.toJSON(),
             "ldevid": self.ldevid,
+            "attest_refusal": self.refusal,
         }
 
 
 def assess(
-    device: Device, run: RunView | None, alerts: list[str], kubernetes: bool = True
+    device: Device,
+    run: RunView | None,
+    alerts: list[str],
+    kubernetes: bool = True,
+    refusal: dict[str, Any] | None = None,
 ) -> tuple[str, str | None]:
     """
     A one-line description of where C{device} stands, and the recovery
-    step an owner should take (L{None} when nothing is needed).
+    step an owner should take (L{None} when nothing is needed). A standing
+    refused attestation (C{refusal}) is where a device stands that was
+    never provisioned or waits for its node: its step back is the recovery.
 
     @param kubernetes: whether this fleetd has a cluster to approve
         kubelet certificates for (C{[kubernetes]}); without one, C{staged}
@@ -87,6 +98,15 @@ def assess(
         )
     if device.status is DeviceStatus.DECOMMISSIONING:
         return "retired (decommissioning): it cannot be provisioned", None
+    waiting = run is None or (
+        run.state == "ready" and "FleetNodeBootedHookOSAfterInstall" not in alerts
+    )
+    if refusal is not None and waiting:
+        where = "never provisioned" if run is None else "provisioned"
+        return (
+            f"{where}; its attestation was refused: {refusalWords(refusal)}",
+            refusal["step"],
+        )
     if run is None:
         return "never provisioned", f"{provision}, then write the code to META 0x0b"
     if run.state == "lost":
@@ -142,13 +162,16 @@ class StatusService:
         credentials: kubestatus.KubeStatus | None = None,
         ldevid: Callable[[str], dict[str, Any] | None] | None = None,
         kubernetes: bool = True,
+        refusals: AttestRefusals | None = None,
     ) -> None:
         """
         @param ldevid: the current LDevID record of a chassis serial [T4]
             (issuer, notAfter; L{None} when spore issued it none).
         @param kubernetes: whether fleetd has C{[kubernetes]} (L{assess}).
+        @param refusals: devices' standing refused attestations (issue 27).
         """
         self._kubernetes = kubernetes
+        self._refusals = refusals
         self._credentials = credentials
         self._ldevid = ldevid
         self._inventory = inventory
@@ -166,7 +189,10 @@ class StatusService:
         run = await self._registry.view(device.name)
         alerts = self._alerts.openFor(device.name)
         entries = await self._journal.latest(device=device.name, limit=RECENT_ENTRIES)
-        state, recovery = assess(device, run, alerts, self._kubernetes)
+        refusal = None
+        if self._refusals is not None:
+            refusal = (await self._refusals.standing([device])).get(device.name)
+        state, recovery = assess(device, run, alerts, self._kubernetes, refusal)
         trust = (
             None if self._trust is None else await self._trust.stateFor(device.serial)
         )
@@ -193,4 +219,5 @@ class StatusService:
             disks=disks,
             kubernetes=creds,
             ldevid=None if self._ldevid is None else self._ldevid(device.serial),
+            refusal=refusal,
         )

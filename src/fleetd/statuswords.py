@@ -83,8 +83,9 @@ def headline(doc: dict[str, Any]) -> str:
 
 def statusRows(doc: dict[str, Any], journal: bool = True) -> list[Row]:
     """
-    Everything after the headline: run, state, LDevID, alerts, recovery,
-    binding and evidence, disks, token and kubelet certificate, and (with
+    Everything after the headline: run, state, LDevID, the standing
+    refused attestation (when there is one), alerts, recovery, binding and
+    evidence, disks, token and kubelet certificate, and (with
     C{journal}) the last journal entries.
     """
     run = doc["run"]
@@ -92,6 +93,7 @@ def statusRows(doc: dict[str, Any], journal: bool = True) -> list[Row]:
         Row("run", "none" if run is None else f"{run['run']}  {run['state']}"),
         Row("state", doc["state"]),
         Row("ldevid", _ldevid(doc.get("ldevid"))),
+        *refusalRows(doc.get("attest_refusal"), doc["recovery"]),
         Row("alerts", ", ".join(doc["alerts"]) or "none"),
         Row("recovery", doc["recovery"] or "nothing to do"),
         *trustRows(doc.get("trust")),
@@ -119,6 +121,87 @@ def _ldevid(ldevid: dict[str, Any] | None) -> str:
         f"{ldevid['issuer']}  until {until}  ({ldevid['how']},"
         " current issuer; legacy LDevIDs refused)"
     )
+
+
+# A refused attestation (issue 27, item 4): each reason code in words.
+REFUSAL_WORDS = {
+    "ek-binding-not-approved": "its TPM's EK has no approved binding",
+    "serial-mismatch": "its TPM's EK is bound to another chassis",
+    "tpm12-unsupported": "it has a TPM 1.2, which cannot attest",
+    "class-refused": "its class cannot attest or install",
+    "ek-cert-untrusted": "its EK certificate does not chain to a TPM vendor root",
+    "device-retired": "it is being decommissioned",
+    "device-unknown": "no inventory device has its bound serial",
+    "inventory-ambiguous": "the inventory holds its serial more than once",
+    "busy": "the inventory could not be asked",
+}
+NAMED_BY = {
+    "ek-evidence": "by the serial its EK's evidence names",
+    "reported-serial": "by the serial it reported",
+    "reported-uuid": "by the uuid it reported",
+}
+CLONE_STEP = (
+    "the TPM is a clone, or its evidence names two machines: see"
+    ' docs/operations.md, "A refused attestation", before approving anything'
+)
+_STEPS = {
+    "tpm12-unsupported": "none through fleetd: a TPM 1.2 cannot attest [T2]",
+    "class-refused": "none through fleetd: install this machine another way",
+    "ek-cert-untrusted": (
+        "add its TPM vendor's root and intermediates to attest.ek_roots"
+        " (fleetd-pki ek-roots import), then run its workflow again"
+    ),
+    "device-retired": "none: it is retired [R1]",
+    "busy": "none: the node retries once the inventory answers",
+}
+
+
+def refusalWords(refusal: dict[str, Any]) -> str:
+    """A refused attestation in words: the reason, its meaning, how named."""
+    reason = refusal["reason"]
+    words = REFUSAL_WORDS.get(reason) or refusal.get("detail") or ""
+    named = NAMED_BY.get(refusal.get("named_by") or "")
+    how = f"; named {named}" if named else ""
+    return f"{reason} ({words}{how})" if words else reason
+
+
+def refusalStep(reason: str, name: str, serial: str, approval: str | None) -> str:
+    """
+    The step back from a refused attestation of device C{name}: by the
+    reason and, for C{ek-binding-not-approved}, by what an approval of
+    C{serial} would do now (C{approval}: the refused approval's code, or
+    C{approvable}, or C{approved} when the binding holds since).
+    """
+    if reason == "serial-mismatch" or approval == "conflicting-evidence":
+        return CLONE_STEP
+    if reason == "ek-binding-not-approved":
+        if approval in ("evidence-missing", "evidence-insufficient"):
+            return (
+                f"fleetctl evidence add --serial {serial} --ek-sha256 DIGEST"
+                " --kind receiving-scan (DIGEST read off the machine itself,"
+                f" never from this refusal), then fleetctl binding approve {serial}"
+            )
+        if approval == "approved":
+            return f"its binding is approved now: run {name}'s workflow again"
+        return f"fleetctl binding approve {serial}, then run its workflow again"
+    return _STEPS.get(
+        reason,
+        f'see docs/operations.md, "Trust in the machine: attestation and'
+        f' LDevIDs", for {reason}; then run its workflow again',
+    )
+
+
+def refusalRows(refusal: dict[str, Any] | None, recovery: str | None) -> list[Row]:
+    """
+    The standing refused attestation, when there is one, with its step
+    back beneath it unless the report's recovery is that step already.
+    """
+    if refusal is None:
+        return []
+    text = f"refused {when(refusal['at'])}: {refusalWords(refusal)}"
+    step = refusal.get("step")
+    items = (f"step back: {step}",) if step and step != recovery else ()
+    return [Row("attest", text, items)]
 
 
 def trustRows(trust: dict[str, Any] | None) -> list[Row]:

@@ -7,8 +7,10 @@ appear in this response and nowhere else. All devices are checked before
 any run starts: unknown devices, refused classes [T2], a serial NetBox
 holds more than once (design.md, State), a broken template or a full vault
 refuse the whole request, and nothing changes [J1]. A template that cannot
-be rendered is a 409 naming the device and its cluster, journaled as
-C{provision.refused} (reason C{template}) like the other refusals. While the inventory
+be rendered (an unfilled placeholder included, issue 27) is a 409 naming
+the device and its cluster, journaled as C{provision.refused} (reason
+C{template}) like the other refusals; it is checked before any bootstrap
+token, vault file or run is made. While the inventory
 cannot be asked (NetBox down, or refusing fleetd's token) the answer is
 503 C{busy: ...} with Retry-After: a device is never provisioned from a
 cache (issue 17 items 11 and 12).
@@ -189,6 +191,13 @@ class Provisioner:
                     " which cannot install through fleetd",
                 )
             devices.append(device)
+        for device in devices:  # before any token, file or run is made
+            try:
+                self._renderer.check(device.cluster)
+            except RenderError as e:
+                cluster = device.cluster or self._renderer.defaultCluster
+                failed = _TemplateFailed(device, cluster, e)
+                raise await self._templateFailed(failed, actor) from e
         try:
             return await self._provisionRuns(
                 devices, desiredAction, actor, via, supersedes

@@ -10,10 +10,11 @@ the AK over the nonce, and a CSR; fleetd checks them and issues an LDevID
 whose subject comes from the inventory. Renewal (C{renew}) takes a CSR for
 the same key over mTLS with the current LDevID.
 
-Every refusal is journaled with its reason code; an issuance and its
-record commit in one transaction with their journal entries [J1], and the
-in-memory book follows only after that commit. HTTP lives in
-L{fleetd.device.attest}.
+Every refusal is journaled with its reason code (L{RefusalRecorder}),
+naming the device the node's claim maps to where no binding names one
+(L{fleetd.attest.naming}); an issuance and its record commit in one
+transaction with their journal entries [J1], and the in-memory book
+follows only after that commit. HTTP lives in L{fleetd.device.attest}.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from cryptography import x509
 from prometheus_client import CollectorRegistry
 from tpm2_pytss.types import TPM2B_PUBLIC
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
 
 from fleetd import nodes as E
 from fleetd.attest.bindings import (
@@ -50,8 +50,9 @@ from fleetd.attest.fields import (
 )
 from fleetd.attest.identity import LDevIDBook, Peer
 from fleetd.attest.inventory import busyWhileUnavailable, refuseRetired
+from fleetd.attest.naming import Claim, KnownDevices, SerialsForEK, noSerials
+from fleetd.attest.recorder import ACTOR, RefusalRecorder
 from fleetd.attest.results import AttestResults
-from fleetd.attest.throttle import JournalThrottle
 from fleetd.attest.tpm import (
     checkAK,
     checkEK,
@@ -64,16 +65,12 @@ from fleetd.attest.tpm import (
 )
 from fleetd.config import Settings
 from fleetd.inventory.model import REFUSED_CLASSES, Device
-from fleetd.logs import ThrottledLog
 from fleetd.nodes import Refused
 from fleetd.pki.ldevid import Issuer, Subject, serialHex, spkiDER
 from fleetd.pki.records import LDevIDRecord, storeIssued
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
-
-ACTOR = "attest"
-
 
 DeviceBySerial = Callable[[str], Awaitable[Device | None]]
 # A reported serial is the caller's text: journaled, but never at any length.
@@ -91,8 +88,6 @@ class _Context:
 
 
 class AttestationService:
-    log = Logger()
-
     def __init__(
         self,
         *,
@@ -107,7 +102,13 @@ class AttestationService:
         challengeTTL: float = Settings.challenge_ttl,
         bindingRefusal: BindingRefusal = noBindingReason,
         metrics: CollectorRegistry | None = None,
+        known: KnownDevices | None = None,
+        serialsForEK: SerialsForEK = noSerials,
     ) -> None:
+        """
+        @param known: the devices a refusal's claim may name (issue 27).
+        @param serialsForEK: the serials an EK's evidence names, for that.
+        """
         self.clock = clock
         self.runner = runner
         self.journal = journal
@@ -117,11 +118,10 @@ class AttestationService:
         self._approvedSerialFor = approvedSerialFor
         self._deviceBySerial = busyWhileUnavailable(deviceBySerial, bySerial=True)
         self._bindingRefusal = bindingRefusal
+        self._serialsForEK = serialsForEK
         self.challenges = ChallengeBook(clock, challengeTTL)
-        self._journaled = JournalThrottle(clock)
         self.results = AttestResults(metrics)
-        # Anyone can reach 8444: refusal lines in the log are throttled too.
-        self._log = ThrottledLog(clock, self.log)
+        self.refusals = RefusalRecorder(clock, journal, self.results, known)
 
     def stop(self) -> None:
         self.challenges.stop()
@@ -129,61 +129,32 @@ class AttestationService:
     async def refuse(
         self, refusal: Refused, *, device: str | None = None, **fields: str | None
     ) -> Refused:
-        """
-        Journal C{refusal} (a refusal changes nothing else) and return it,
-        throttled per device (or none) and reason (L{JournalThrottle});
-        counted whether journaled or not (L{AttestResults}).
-        """
-        self.results.refused(refusal.reason)
-        self._log.warn(
-            "attest.refused {reason} {device}", reason=refusal.reason, device=device
-        )
-        skipped = self._journaled.admit(device, refusal.reason)
-        if skipped is None:
-            return refusal
-        extra: dict[str, str | int | None] = {}
-        if skipped:
-            extra["not_journaled"] = skipped
-        try:
-            await self.journal.append(
-                "attest.refused",
-                actor=ACTOR,
-                device=device,
-                fields={
-                    "reason": refusal.reason,
-                    "detail": refusal.detail[:200],
-                    **fields,
-                    **extra,
-                },
-            )
-        except Exception as e:
-            # The refusal stands; the operator learns the journal is failing.
-            self.log.error(
-                "attest.journal-failed {reason} {error}",
-                reason=refusal.reason,
-                error=str(e)[:200],
-            )
-        return refusal
+        """Record C{refusal} about C{device} (L{RefusalRecorder}); return it."""
+        return await self.refusals.refuse(refusal, device=device, fields=fields)
 
     # Step 1
 
     async def begin(self, doc: Mapping[str, Any]) -> dict[str, Any]:
         """Check the claim and answer with a challenge. @raise Refused."""
         context: dict[str, str | None] = {}
+        claim = Claim()
         try:
-            return await self._begin(doc, context)
+            return await self._begin(doc, context, claim)
         except Refused as refusal:
             device = context.pop("device", None)
-            raise await self.refuse(refusal, device=device, **context) from None
+            raise await self.refusals.refuse(
+                refusal, device=device, claim=claim, fields=context
+            ) from None
 
     async def _begin(
-        self, doc: Mapping[str, Any], context: dict[str, str | None]
+        self, doc: Mapping[str, Any], context: dict[str, str | None], claim: Claim
     ) -> dict[str, Any]:
         version = textField(doc, "tpm_version", 16)
         reported = doc.get("serial")
         context["reported_serial"] = (
             reported[:REPORTED_SERIAL_MAX] if isinstance(reported, str) else None
         )
+        claim.reported(reported, doc.get("uuid"))
         if version != "2.0":
             # [T2] by the version the node reports, not by certificate presence
             if version.startswith("1."):
@@ -200,8 +171,9 @@ class AttestationService:
             lambda db: self._approvedSerialFor(db.connection, digest)
         )
         if serial is None:
-            raise await self._unbound(digest)
+            raise await self._unbound(digest, claim)
         context["serial"] = serial
+        claim.ekSerials = [serial]  # a refusal below concerns the bound machine
         if serial.lower() != reportedSerial.lower():
             raise Refused(
                 E.SERIAL_MISMATCH,
@@ -333,12 +305,17 @@ class AttestationService:
         self.results.renewed()
         return {"certificate": pemText(cert), "chain": pemText(self.issuer.cert)}
 
-    async def _unbound(self, ekSha256: str) -> Refused:
-        """[T1] The refusal for an EK without a usable binding, saying why."""
-        line = await self.runner.run(
-            lambda db: self._bindingRefusal(db.connection, ekSha256)
-        )
-        return lineRefusal(line)
+    async def _unbound(self, ekSha256: str, claim: Claim) -> Refused:
+        """
+        [T1] The refusal for an EK without a usable binding, saying why;
+        C{claim} learns the serials the EK's evidence names (one read).
+        """
+
+        def read(db: Database) -> str:
+            claim.ekSerials = self._serialsForEK(db.connection, ekSha256)
+            return self._bindingRefusal(db.connection, ekSha256)
+
+        return lineRefusal(await self.runner.run(read))
 
     def bindingHolds(self, db: sqlite3.Connection, ekSha256: str, serial: str) -> None:
         """

@@ -8,6 +8,15 @@ at most once per reason every L{ANONYMOUS_EVERY} seconds when it names no
 device, and once per device and reason every L{NAMED_EVERY} seconds when
 it does; the next entry of that key carries how many were not
 (C{not_journaled}).
+
+A refusal named only by what the caller claims (the serial or uuid it
+reports, the serials the evidence of an EK it presents names; issue 27,
+L{fleetd.attest.naming}) costs a token of one budget shared by all such
+refusals too (L{CLAIMED_BURST} at once, one more every L{ANONYMOUS_EVERY}
+seconds): anyone can claim every serial of the inventory, so naming must
+not multiply what a stranger can make fleetd journal. With the budget
+spent, such a refusal is throttled, and journaled, as one naming no device,
+exactly as before.
 """
 
 from __future__ import annotations
@@ -16,6 +25,9 @@ from twisted.internet.interfaces import IReactorTime
 
 ANONYMOUS_EVERY = 10.0
 NAMED_EVERY = 10.0
+# Refusals named by a claim journaled at once (a rack refused together),
+# then one more every ANONYMOUS_EVERY seconds.
+CLAIMED_BURST = 64.0
 # Past this many keys, the ones with nothing left to tell are pruned.
 KEYS = 4096
 
@@ -27,6 +39,7 @@ class JournalThrottle:
         self._clock = clock
         # (device or None, reason) -> (last journaled at, skipped since)
         self._keys: dict[tuple[str | None, str], tuple[float, int]] = {}
+        self._claims = (CLAIMED_BURST, clock.seconds())  # (tokens, as of)
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -50,3 +63,25 @@ class JournalThrottle:
                 if at <= horizon and not count:
                     del self._keys[old]
         return skipped
+
+    def admitClaimed(self, device: str, reason: str) -> tuple[str | None, int] | None:
+        """
+        L{admit} for a refusal that names C{device} only by a claim: the
+        device to journal it under (L{None} once the shared budget is
+        spent) and its skipped count, or L{None} when it is only counted.
+        """
+        now = self._clock.seconds()
+        last, skipped = self._keys.get((device, reason), (None, 0))
+        if last is not None and now - last < NAMED_EVERY:
+            self._keys[(device, reason)] = (last, skipped + 1)
+            return None  # its own key is throttled: no token spent
+        tokens, at = self._claims
+        tokens = min(CLAIMED_BURST, tokens + max(0.0, now - at) / ANONYMOUS_EVERY)
+        if tokens < 1:
+            self._claims = (tokens, now)
+            named = None
+        else:
+            self._claims = (tokens - 1, now)
+            named = device
+        admitted = self.admit(named, reason)
+        return None if admitted is None else (named, admitted)

@@ -2,7 +2,8 @@
 The attestation side of the device listener, assembled [T1] [T4] [D1].
 
 C{approvedSerialFor} and C{bindingRefusal} (approved EK bindings and why
-one is missing) come from L{fleetd.trust.bindings}; C{targetDiskFor} and
+one is missing) and C{serialsForEK} (the serials an EK's evidence names,
+to name a refusal's device) come from L{fleetd.trust.bindings}; C{targetDiskFor} and
 C{diskRefusal} (the disk check's target and why there is none) from
 L{fleetd.trust.disks}. Imported directly: a missing function is an
 import error at start, never a silent "nothing approved".
@@ -18,13 +19,14 @@ from twisted.internet.interfaces import IReactorTime
 from fleetd.attest.ekroots import EKRoots
 from fleetd.attest.identity import LDevIDBook, LDevIDIdentifier
 from fleetd.attest.lookup import LookupService, ReadyRuns
+from fleetd.attest.naming import KnownDevices
 from fleetd.attest.service import AttestationService
 from fleetd.inventory.model import IInventory
 from fleetd.pki.ldevid import Issuer, TrustBundle
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.runner import IRunner
-from fleetd.trust.bindings import approvedSerialFor, bindingRefusal
+from fleetd.trust.bindings import approvedSerialFor, bindingRefusal, serialsForEK
 from fleetd.trust.disks import diskRefusal, targetDiskFor
 from fleetd.vault import IVault
 
@@ -53,10 +55,12 @@ def buildAttestation(
     trustBundle: TrustBundle,
     challengeTTL: float,
     metrics: CollectorRegistry | None = None,
+    known: KnownDevices | None = None,
 ) -> Attestation:
     """Attestation, LDevID issuance and the node lookups, from what
     L{fleetd.prepare.prepare} read; the LDevID book is loaded from
-    C{database} here, before any listener answers."""
+    C{database} here, before any listener answers. C{known}: the devices
+    a refusal may be named after by the node's claim (the run registry)."""
     ldevids = LDevIDBook()
     ldevids.load(database)
     service = AttestationService(
@@ -71,6 +75,8 @@ def buildAttestation(
         challengeTTL=challengeTTL,
         bindingRefusal=bindingRefusal,
         metrics=metrics,
+        known=known,
+        serialsForEK=serialsForEK,
     )
     lookups = LookupService(
         runner=runner,
@@ -92,5 +98,6 @@ __all__ = [
     "bindingRefusal",
     "buildAttestation",
     "diskRefusal",
+    "serialsForEK",
     "targetDiskFor",
 ]

@@ -349,6 +349,9 @@ class Settings:
     owner: OwnerFiles
     tink: TinkSettings = field(metadata=toml(read=_tink))
     dev_pki: bool = setting(False, key="dev.generate_pki")
+    # Fill templates' REPLACE-WITH-... placeholders with generated values
+    # instead of refusing them (fleetd.runs.placeholders): development only.
+    dev_values: bool = setting(False, key="dev.generate_values")
     dns_ttl: int = setting(60, 0, 86400, key="dns.ttl")
     dns_rate_limit: DNSRateLimit = field(
         default_factory=DNSRateLimit, metadata=toml(key="dns.rate_limit")

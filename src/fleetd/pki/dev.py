@@ -110,12 +110,13 @@ class DevPKIPaths:
 def devConfigTables(server: str, directory: str = "pki") -> dict[str, dict[str, Any]]:
     """
     The tables of a fleetd config that use a dev PKI under C{directory}
-    (relative to the config file) and generate it on first run: C{dev},
-    C{tls}, C{pki}, C{attest}, C{owner} (fleetctl's admin URL C{server}).
+    (relative to the config file) and generate it on first run: C{dev}
+    (which also fills templates' placeholders with dev values), C{tls},
+    C{pki}, C{attest}, C{owner} (fleetctl's admin URL C{server}).
     """
     d = DevPKIPaths.inside(Path(directory))
     return {
-        "dev": {"generate_pki": True},
+        "dev": {"generate_pki": True, "generate_values": True},
         "tls": {"cert": str(d.public_cert), "key": str(d.public_key),
                 "chain": str(d.public_ca)},
         "pki": {"issuer_cert": str(d.devid_issuer),

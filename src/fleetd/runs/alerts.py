@@ -56,6 +56,8 @@ ALERT_NAMES = {
     HOOKOS: "FleetNodeBootedHookOSAfterInstall",
 }
 
+ATTESTATION_REFUSED = "FleetAttestationRefused"
+
 # What each alert means, in words, for people (the owner console): the
 # summaries of conf/alerts.yml, with the step that resolves it.
 ALERT_WORDS = {
@@ -73,6 +75,9 @@ ALERT_WORDS = {
         "the node booted back into HookOS after its install instead of its"
         " disk; fix the boot order and power-cycle it"
     ),
+    # Raised fleet-wide from fleetd_attest_results_total; the console shows
+    # it on the devices whose refusal stands (issue 27, fleetd.fleetview).
+    "FleetAttestationRefused": "its attestation was refused",
 }
 
 

@@ -265,6 +265,14 @@ class BootIndex:
         """The device with this uuid and serial, if any (IRunLookup)."""
         return self.identities.deviceByIdentity(uuid, serial)
 
+    def deviceBySerial(self, serial: str) -> str | None:
+        """The device with this serial, if any (attest's L{KnownDevices})."""
+        return self.identities.deviceBySerial(serial)
+
+    def deviceByUUID(self, uuid: str) -> str | None:
+        """The device with this uuid, if any (attest's L{KnownDevices})."""
+        return self.identities.deviceByUUID(uuid)
+
     def readyRun(self, device: str) -> str | None:
         """The device's run that a request now would get (IRunLookup)."""
         run = self.currentRuns.get(device)

@@ -3,7 +3,9 @@ Render a node's Talos machine configuration from its cluster's template.
 
 Templates are YAML documents (C{<templates>/<cluster>.yaml}); the first
 document of C{version: v1alpha1} is patched per node, other documents
-(HostnameConfig, network documents, ...) pass through unchanged.
+(HostnameConfig, network documents, ...) pass through unchanged. A
+template holding an unfilled placeholder (L{fleetd.runs.placeholders}) is
+refused, unless the renderer was given development values to fill them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from fleetd.runs.placeholders import DevValues, findPlaceholder
 
 # libyaml when PyYAML was built with it: ~10x faster on large documents.
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -38,7 +42,7 @@ class NodeFacts:
     bootstrap_token: str | None = None
 
 
-def _documents(path: Path) -> list[Any]:
+def _documents(path: Path, values: DevValues | None) -> list[Any]:
     try:
         text = path.read_text("utf-8")
     except FileNotFoundError as e:
@@ -51,6 +55,11 @@ def _documents(path: Path) -> list[Any]:
         raise RenderError(f"template {path.name} is not valid YAML") from e
     if not docs:
         raise RenderError(f"template {path.name} is empty")
+    if values is not None:
+        return [values.fill(d) for d in docs]
+    placeholder = findPlaceholder(text, path, _Loader)
+    if placeholder is not None:
+        raise RenderError(str(placeholder))
     return docs
 
 
@@ -73,15 +82,26 @@ def _table(doc: dict[str, Any], *keys: str) -> dict[str, Any]:
 
 
 class TemplateRenderer:
-    """Render configurations from the templates in C{directory}."""
+    """
+    Render configurations from the templates in C{directory}; with
+    C{values} (development only), placeholders are filled from them
+    instead of refused.
+    """
 
-    def __init__(self, directory: Path, defaultCluster: str = "default") -> None:
+    def __init__(
+        self,
+        directory: Path,
+        defaultCluster: str = "default",
+        values: DevValues | None = None,
+    ) -> None:
         self.directory = directory
         self.defaultCluster = defaultCluster
+        self._values = values
         # Parsed templates by path, kept while the file's mtime and size hold.
         self._cache: dict[Path, tuple[tuple[int, int], list[Any]]] = {}
 
-    def _template(self, path: Path) -> list[Any]:
+    def _parsed(self, path: Path) -> list[Any]:
+        """C{path}'s documents, parsed and checked once per change of the file."""
         try:
             st = path.stat()
         except OSError as e:
@@ -89,9 +109,12 @@ class TemplateRenderer:
         stamp = (st.st_mtime_ns, st.st_size)
         cached = self._cache.get(path)
         if cached is None or cached[0] != stamp:
-            cached = (stamp, _documents(path))
+            cached = (stamp, _documents(path, self._values))
             self._cache[path] = cached
-        return copy.deepcopy(cached[1])
+        return cached[1]
+
+    def _template(self, path: Path) -> list[Any]:
+        return copy.deepcopy(self._parsed(path))
 
     def templatePath(self, cluster: str | None) -> Path:
         name = cluster or self.defaultCluster
@@ -109,6 +132,21 @@ class TemplateRenderer:
         except OSError:
             return []
         return sorted(p.stem for p in paths if _CLUSTER.match(p.stem) and p.is_file())
+
+    def check(self, cluster: str | None) -> None:
+        """
+        Whether C{cluster}'s template can be rendered: read, YAML, not
+        empty, no unfilled placeholder (a provision asks before it starts
+        anything).
+
+        @raise RenderError: the one line saying why not.
+        """
+        self._parsed(self.templatePath(cluster))
+
+    def checkAll(self) -> None:
+        """L{check} every cluster's template (at start). @raise RenderError."""
+        for cluster in self.clusters():
+            self.check(cluster)
 
     def render(self, cluster: str | None, node: NodeFacts) -> bytes:
         """The node's configuration as multi-document YAML bytes."""

@@ -164,6 +164,33 @@ def latest(db: Database, *, device: str, limit: int) -> list[JournalEntry]:
         raise StoreError("a journal entry is malformed") from e
 
 
+def lastAmong(
+    db: Database, *, devices: Sequence[str], events: Collection[str]
+) -> dict[str, JournalEntry]:
+    """
+    Each of C{devices}' last entry whose event is one of C{events} (a
+    device without one is left out): one walk back through the device's
+    own entries each (index C{journal_by_device}).
+    """
+    if not events:
+        return {}
+    marks = ", ".join("?" * len(events))  # placeholders only
+    sql = (
+        f"{SELECT_ENTRIES} WHERE device = ? AND event IN ({marks})"
+        " ORDER BY seq DESC LIMIT 1"
+    )
+    found = {}
+    for device in dict.fromkeys(devices):
+        row = db.execute(sql, (device, *events)).fetchone()
+        if row is None:
+            continue
+        try:
+            found[device] = entryFromRow(row)
+        except (TypeError, ValueError) as e:
+            raise StoreError(f"journal entry {row[0]} is malformed") from e
+    return found
+
+
 def countAfter(db: Database, seq: int) -> int:
     """How many entries come after C{seq}."""
     (count,) = db.execute(

@@ -23,7 +23,7 @@ from fleetd.store.anchor import reanchor as reanchorChain
 from fleetd.store.append import Appender, ChainKey, PreparedEntry
 from fleetd.store.append import prepare as prepareEntry
 from fleetd.store.db import Database
-from fleetd.store.entries import Entry, JournalEntry
+from fleetd.store.entries import Entry, JournalEntry, lastAmong
 from fleetd.store.entries import latest as latestEntries
 from fleetd.store.entries import query as queryEntries
 from fleetd.store.fields import FieldValue
@@ -286,6 +286,13 @@ class AsyncJournal:
         return self._runner.run(
             lambda db: self._journal.latest(db, device=device, limit=limit)
         )
+
+    def lastAmong(
+        self, *, devices: Sequence[str], events: Sequence[str]
+    ) -> Deferred[dict[str, JournalEntry]]:
+        """See L{fleetd.store.entries.lastAmong}: one trip to the database."""
+        wanted, among = list(devices), tuple(events)
+        return self._runner.run(lambda db: lastAmong(db, devices=wanted, events=among))
 
     def query(
         self,

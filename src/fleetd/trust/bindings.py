@@ -21,6 +21,8 @@ transaction, reading only):
     reason code, a colon and a space, then a sentence naming the serial
     or a short EK prefix and what an owner can do. Split on the first
     C{": "} to get the code (L{REFUSAL_CODE}).
+  - L{serialsForEK}C{(conn, ek)}: the serials the EK's binding or
+    evidence names, to say which device a refusal concerns (never trust).
 """
 
 from __future__ import annotations
@@ -222,6 +224,22 @@ def approvedSerialFor(db: sqlite3.Connection, ekSha256: str) -> str | None:
     if view is None or view.state != "approved":
         return None
     return view.serial
+
+
+def serialsForEK(db: sqlite3.Connection, ekSha256: str) -> list[str]:
+    """
+    Every serial that C{ekSha256}'s binding (whatever its state) or its
+    live evidence names, for naming the device a refusal concerns (issue
+    27): never for trust. Reads only.
+    """
+    ek = _digest(ekSha256)
+    if ek is None:
+        return []
+    serials = {c.serial for c in evidenceFor(db, ek=ek)}
+    view = _bindingForEK(db, ek)
+    if view is not None:
+        serials.add(view.serial)
+    return sorted(serials, key=str.lower)
 
 
 def bindingRefusal(db: sqlite3.Connection, ekSha256: str) -> str:

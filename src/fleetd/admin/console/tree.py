@@ -31,6 +31,7 @@ from fleetd.runs.registry import RunRegistry
 from fleetd.status import StatusService
 from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal
+from fleetd.trust.refusals import AttestRefusals
 from fleetd.trust.service import TrustService
 from fleetd.web.owner import OwnerOf, RoleOf
 
@@ -53,6 +54,8 @@ class ConsoleServices:
     # Seconds one inventory listing serves the fleet view (FleetView):
     # 0 for SQLite, more for NetBox, where a listing walks NetBox's pages.
     fleetListingAge: float = 0.0
+    # Devices' standing refused attestations, for the fleet view (issue 27).
+    refusals: AttestRefusals | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ def fleetView(services: ConsoleServices, clock: IReactorTime) -> FleetView:
         services.deviceFlow,
         clock,
         listingAge=services.fleetListingAge,
+        refusals=services.refusals,
     )
 
 

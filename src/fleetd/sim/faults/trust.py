@@ -24,12 +24,14 @@ API, the metrics on the admin listener):
     no-disk-serial   its disk report has a non-removable disk without a
                      serial: disk-serial-missing
 
-fleetd ties an attestation refusal to a device only through an approved
-binding; refusals of an unbound EK or a TPM 1.2 name no device and are
-journaled at most once per reason every 10 s (docs/operations.md). So
-they are found in the whole journal by the serial the node reported, and
-the sim spaces such refusals of one reason by that much, so that each
-node's own refusal is journaled, not only counted.
+fleetd names the device an attestation refusal concerns by an approved
+binding, or else by the node's claim (the serial it reports, the serials
+its EK's evidence names; issue 27): the refusals of an unbound EK or a TPM
+1.2 name the node's device too (C{named_by}), and are found by it. The
+sim still spaces such refusals of one reason by 10 s, which fleetd once
+needed to journal each (it journaled refusals naming no device at most
+once per reason every 10 s) and which keeps a large rack under the budget
+of refusals a claim may name at once.
 """
 
 from __future__ import annotations
@@ -270,7 +272,7 @@ async def clonedRecorded(node: Node) -> str | None:
     states = {b["serial"]: b["state"] for b in json.loads(shown)}
     if states.get(serial) != "suspended":
         return f"bindings: {name}'s is {states.get(serial)}, not suspended"
-    return await attestRefused(node, NOT_APPROVED, None)
+    return await attestRefused(node, NOT_APPROVED, node.name)
 
 
 async def enrollUnscanned(node: Node) -> None:
@@ -291,7 +293,7 @@ async def unscannedRecorded(node: Node) -> str | None:
         return "journal: evidence recorded for a node without any"
     if entry(mine, "binding.refused", reason="evidence-missing") is None:
         return "journal: no binding.refused evidence-missing"
-    return await attestRefused(node, NOT_APPROVED, None)
+    return await attestRefused(node, NOT_APPROVED, node.name)
 
 
 def tpm12(node: Node) -> tuple[SWTPM, str]:
@@ -308,7 +310,7 @@ def tpm12Path(node: Node, steps: list[Step]) -> list[Step]:
 
 
 async def tpm12Recorded(node: Node) -> str | None:
-    return await attestRefused(node, TPM12, None)
+    return await attestRefused(node, TPM12, node.name)
 
 
 async def enrollG2(node: Node) -> None:
