@@ -145,13 +145,13 @@ CLONE_STEP = (
     ' docs/operations.md, "A refused attestation", before approving anything'
 )
 _STEPS = {
-    "tpm12-unsupported": "none through fleetd: a TPM 1.2 cannot attest [T2]",
+    "tpm12-unsupported": "none through fleetd: a TPM 1.2 cannot attest",
     "class-refused": "none through fleetd: install this machine another way",
     "ek-cert-untrusted": (
         "add its TPM vendor's root and intermediates to attest.ek_roots"
         " (fleetd-pki ek-roots import), then run its workflow again"
     ),
-    "device-retired": "none: it is retired [R1]",
+    "device-retired": "none: it is retired",
     "busy": "none: the node retries once the inventory answers",
 }
 
