@@ -163,6 +163,22 @@ class FrameBudgetTests(SynchronousTestCase):
         self.assertEqual(calm(h), [])
         h.close()
 
+    def test_busyHonestConnection_neverCut(self) -> None:
+        """Calls answered after whole requests pay for their frames: 2,000
+        calls on one connection in the same instant (far past the burst
+        of frames) are all answered, and none of them is refused."""
+        h = guarded(H2Limits(), RecordingHandler)
+        for n in range(2000):
+            sid = h.call(body=grpcMessage(b"poll"))
+            h.pump()
+            h.handlers[-1].responder.trailersOnly(GRPCStatus.NOT_FOUND)
+            h.pump()
+            if h.transport.disconnecting:
+                self.fail(f"cut off after {n} calls")
+        self.assertEqual(h.response(sid)[b"grpc-status"], b"5")
+        self.assertEqual(calm(h), [])
+        h.close()
+
     def test_largeRequest_withinDefaultBudget(self) -> None:
         """A 4 MiB request (256 DATA frames and the WINDOW_UPDATEs they earn)
         passes the default budget at once."""

@@ -26,7 +26,9 @@ L{H2ServerProtocol} asks it and acts. Policy only, no I/O:
   (ENHANCE_YOUR_CALM) and close.
 - B{Every frame} (issue 26), whatever its type and whether or not it
   carries bytes, draws from a second, larger bucket (L{frames}), counted
-  before h2 parses it (L{fleetd.h2.frames.FrameMeter}); past it, GOAWAY
+  before h2 parses it (L{fleetd.h2.frames.FrameMeter}); a call answered
+  after a whole request gives a few back, so a busy honest connection is
+  never cut, while frames that ask for nothing only spend; past it, GOAWAY
   (ENHANCE_YOUR_CALM), and the rest of what the client sent is dropped
   unparsed. A header block left open is bounded in bytes (the listener's
   C{SETTINGS_MAX_HEADER_LIST_SIZE}) and in time (C{headerTimeout}).
@@ -66,6 +68,9 @@ class H2Limits:
     # about 300 (DATA of 16 KiB and the WINDOW_UPDATEs it earns).
     frameBurst: float = 1000.0
     frameRate: float = 200.0
+    # A call answered after a whole request gives this many back: a busy
+    # honest connection pays for its frames with calls (one costs 2 to 5).
+    frameRefund: float = 8.0
     # An open header block (HEADERS without END_HEADERS) must end within
     # this long; its bytes are bounded by the max header list size.
     headerTimeout: float = 5.0
@@ -178,9 +183,14 @@ class ConnectionGuard:
         return self.wasted >= self._limits.streamBudget
 
     def completed(self) -> None:
-        """A call was answered after a whole request: one unit back."""
+        """A call was answered after a whole request: one unit of the
+        stream budget back, and L{H2Limits.frameRefund} frames."""
         if self.wasted:
             self.wasted -= 1
+        limits = self._limits
+        self._frameTokens = min(
+            limits.frameBurst, self._frameTokens + limits.frameRefund
+        )
 
     def allowStream(self) -> bool:
         """Whether this connection's source may open a stream now."""
