@@ -41,6 +41,7 @@ from fleetd.device.resource import deviceFace
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.dns.service import DNSService
 from fleetd.heap import ICollector, pauseForStartup, tune
+from fleetd.inventory.census import LOCAL_INTERVAL, REMOTE_INTERVAL, Census
 from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import IInventory
 from fleetd.inventory.sqlite import SQLiteInventory
@@ -188,6 +189,13 @@ class FleetdService(MultiService):
             credentials=KubeStatus(self.runner, reactor),
             ldevid=self.ldevids.status,
         )
+        # fleetd_devices and the longest-staged node, counted in the background
+        self.census = Census(
+            reactor, self.inventory, self.registry,
+            interval=LOCAL_INTERVAL if s.netbox is None else REMOTE_INTERVAL,
+            staged=s.kubernetes is not None, after=self.readiness.whenSettled,
+        )  # fmt: skip
+        self.census.setServiceParent(self.database)
         self._listeners = Listeners(
             reactor,
             self.registry,
