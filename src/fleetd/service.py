@@ -48,6 +48,7 @@ from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.kube.connect import clientFromSettings
 from fleetd.kube.service import KubeService, retireService
 from fleetd.kube.status import KubeStatus
+from fleetd.listen.expiry import watchCertificates
 from fleetd.listen.policy import ListenerName, listenerPolicy
 from fleetd.listen.reload import reloadCertificates
 from fleetd.listen.service import Listeners, ListenerService, StartupError
@@ -204,6 +205,7 @@ class FleetdService(MultiService):
             idleTimeout=s.limits.idle_timeout,
         )
         self.listeners: dict[str, ListenerService] = self._listeners.services
+        watchCertificates(self.registry, self._listeners, s, prepared.certificates)
         self._buildListeners(prepared)
         # Last to start, first to stop: the runs, then the boot states that
         # need them [B1]; the worker stops only once the load settled.
