@@ -7,24 +7,31 @@ no scrape lists the inventory.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from twisted.internet import reactor
 from twisted.internet.defer import Deferred
+from twisted.internet.ssl import PrivateCertificate
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.web.server import Site
 
 from fleetd.inventory import Device, DeviceStatus, IInventory, ServedRecord
 from fleetd.inventory.census import LOCAL_INTERVAL, Census
 from fleetd.store import Database, InlineRunner, StoreError
+from fleetd.testing.kube import FakeKube
 from tests.daemonsupport import DeliveryMixin, configPath
 from tests.inventorysupport import UUID1, UUID2, UUID3, FailingRunner, device
 from tests.netbox_support import NetBoxRig, seedFake
-from tests.support import inventoryOver
+from tests.support import REPO, inventoryOver
+from tests.test_kube_tls import selfSigned
 
 HOUR = 3600.0
 W1 = device("w1", "SN-0001", UUID1, ("52:54:00:00:00:01",))
@@ -296,3 +303,58 @@ class DaemonCensusTests(DeliveryMixin, TestCase):
         self.assertEqual(samples["inventory"], 1.0)
         self.assertEqual(sum(samples.values()), 2.0)
         self.assertNotIn(b"fleetd_staged_longest_seconds", body)
+
+    async def test_daemon_withKubernetes_stagedTime_andEveryRuleMetric(self) -> None:
+        """
+        [K2] With [kubernetes] fleetd exports the staged time: a delivered
+        node waits from its delivery. Every fleetd metric an alert rule
+        names is then exported (NetBox's aside: tests/test_netbox_daemon).
+        """
+        files = Path(self.mktemp()).resolve()
+        files.mkdir()
+        cert, key = selfSigned(files, "server")
+        kube = FakeKube(reactor)
+        options = PrivateCertificate.loadPEM(cert.read_bytes() + key.read_bytes())
+        kubePort = reactor.listenSSL(  # type: ignore[attr-defined]
+            0, Site(kube.resource()), options.options(), interface="127.0.0.1"
+        )
+        self.addCleanup(kubePort.stopListening)
+        self.addCleanup(kube.closeWatches)
+        (files / "kube-token").write_text(kube.adminToken + "\n")
+        api = f"https://127.0.0.1:{kubePort.getHost().port}"
+        await self.startLoaded(
+            {
+                "kubernetes": {
+                    "api": api,
+                    "ca": str(cert),
+                    "token_file": str(files / "kube-token"),
+                }
+            }
+        )
+        await self.addDevice("w1", "SN-0001", UUID1)
+        code = (await self.provision("w1"))["w1"]
+        status, _, _ = await self.fetch(configPath(code, UUID1, "SN-0001"))
+        self.assertEqual(status, 200)
+        await self.events("run.delivered")
+        await self.service.census.count()
+        _, _, body = await self.get(self.service, "admin", "/metrics")
+        text = body.decode()
+        (waited,) = [
+            sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "fleetd_staged_longest_seconds"
+            for sample in family.samples
+        ]
+        self.assertGreaterEqual(waited, 0.0)
+        self.assertLess(waited, 60.0)
+        exposed = set(re.findall(r"^# HELP (\w+)", text, re.MULTILINE))
+        rules = yaml.safe_load((REPO / "conf" / "alerts.yml").read_text())
+        used = {
+            name
+            for group in rules["groups"]
+            for rule in group["rules"]
+            for name in re.findall(r"\bfleetd_\w+", rule["expr"])
+            if not name.startswith("fleetd_netbox_")
+        }
+        self.assertIn("fleetd_staged_longest_seconds", used)
+        self.assertEqual(used - exposed, set())
