@@ -219,6 +219,22 @@ class DashboardTests(DaemonTestMixin, TestCase):
                 metrics, _ = parseExpr(target["expr"])
                 self.assertTrue(metrics, target["expr"])
 
+    def test_issue27Series_shown(self) -> None:
+        """
+        Certificate expiry, devices by status and the longest-staged node
+        (issue 27, item 8) each have a panel.
+        """
+        shown: set[str] = set()
+        for panel in queryPanels(loadDashboard()):
+            for target in panel["targets"]:
+                shown |= parseExpr(target["expr"])[0]
+        wanted = {
+            "fleetd_certificate_not_after_seconds",
+            "fleetd_devices",
+            "fleetd_staged_longest_seconds",
+        }
+        self.assertEqual(wanted - shown, set())
+
     async def test_queriesNameExportedMetrics(self) -> None:
         """Every metric and label a panel's query names, a real fleetd exports."""
         service = await self.startWithEverything()

@@ -219,6 +219,24 @@ class InventoryContractMixin(_Base):
         )
         self.assertEqual(self.ok(self.inventory.releasedRuns()), set())
 
+    def test_servedAt_newestReleasedDelivery(self) -> None:
+        """
+        servedAt gives, by name, when each device's newest released
+        delivery was served; devices with none, unknown and malformed
+        names are left out; it survives a reopen.
+        """
+        self.seed(W1, W2, W3)
+        released = (("r1", "w1", 10.0), ("r2", "w1", 30.0), ("r3", "w2", 5.0))
+        for run, name, at in released:
+            record = ServedRecord(run, name, at, "10.0.0.7")
+            self.ok(self.inventory.release(record, journal=()))
+        wanted = ["w1", "w2", "w3", "w9", "w1", "not a name!"]
+        served = self.ok(self.inventory.servedAt(wanted))
+        self.assertEqual(served, {"w1": 30.0, "w2": 5.0})
+        self.assertEqual(self.ok(self.inventory.servedAt([])), {})
+        reopened = self.openInventory()
+        self.assertEqual(self.ok(reopened.servedAt(["w2"])), {"w2": 5.0})
+
     def test_releasedRuns_surviveReopen(self) -> None:
         """Released runs and devices are still there after a reopen."""
         self.seed(W1, W2)

@@ -116,3 +116,40 @@ class NetBoxInventoryContractTests(InventoryContractMixin, SynchronousTestCase):
         found = self.ok(self.rig.inventory.bySerial("SN-0001"))
         assert found is not None
         self.assertEqual(found.status, DeviceStatus.PLANNED)
+
+
+class ServedAtManyTests(SynchronousTestCase):
+    """servedAt over more names than one SQL parameter list holds."""
+
+    def test_servedAt_manyNames(self) -> None:
+        """
+        Both backends answer servedAt for 1,200 names (lists of 500 host
+        parameters each): every device with a release, none without.
+        """
+        from fleetd.netbox import outbox
+        from fleetd.store import Database, InlineRunner
+        from tests.support import inventoryOver
+
+        db = Database.open(Path(self.mktemp()) / "fleetd.sqlite3")
+        self.addCleanup(db.close)
+        names = [f"w{i}" for i in range(1200)]
+        with db.transaction() as conn:
+            conn.executemany(
+                "INSERT INTO netbox_outbox (device, status, run, served_at,"
+                " created_at) VALUES (?, 'staged', ?, ?, 0)",
+                [(n, f"run-{n}", float(i)) for i, n in enumerate(names) if i % 3],
+            )
+            conn.executemany(
+                "INSERT INTO devices (name, serial, uuid, class, status)"
+                " VALUES (?, ?, ?, 'worker', 'staged')",
+                [(n, f"S{n}", f"u{n}") for n in names],
+            )
+            conn.executemany(
+                "INSERT INTO served_records (run, device, served_at, peer)"
+                " VALUES (?, ?, ?, 'p')",
+                [(f"run-{n}", n, float(i)) for i, n in enumerate(names) if i % 3],
+            )
+        expected = {n: float(i) for i, n in enumerate(names) if i % 3}
+        self.assertEqual(outbox.servedAt(db, names), expected)
+        local = inventoryOver(InlineRunner(db)).servedAt(names)
+        self.assertEqual(self.successResultOf(local), expected)

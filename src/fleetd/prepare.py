@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from OpenSSL import crypto
 
 from fleetd.attest.ekroots import EKRoots
+from fleetd.certexpiry import Watched, readCertificates
 from fleetd.config import ConfigError, Settings
 from fleetd.listen.tls import loadCertificates, loadTLSOptions
 from fleetd.pki.dev import ensureDevPKI
@@ -40,6 +41,9 @@ class Prepared:
     # The vault as opened, its entries listed but not yet looked at: the
     # daemon's load checks them (in a thread, beside its database reads).
     uncheckedVault: DirectoryVault | None = None
+    # Certificates read once, for fleetd_certificate_not_after_seconds (the
+    # listeners' own are read from them at each scrape).
+    certificates: tuple[Watched, ...] = ()
 
 
 def prepare(settings: Settings) -> Prepared:
@@ -103,6 +107,7 @@ def prepare(settings: Settings) -> Prepared:
         trustBundle=trustBundle,
         upstreamCA=upstreamCA,
         uncheckedVault=vault,
+        certificates=readAtStart(settings, issuer),
     )
 
 
@@ -120,6 +125,34 @@ def checkTemplates(settings: Settings) -> None:
         TemplateRenderer(settings.provision.templates).checkAll()
     except RenderError as e:
         raise ConfigError("provision.templates", str(e)) from None
+
+
+def readAtStart(settings: Settings, issuer: Issuer) -> tuple[Watched, ...]:
+    """
+    The certificates fleetd reads once and uses until it restarts, as it
+    uses them: the LDevID issuer it signs with, the client certificate it
+    presents to the Kubernetes API, and the CAs it verifies its peers with
+    (the Kubernetes API, NetBox, tink-server). The TPM manufacturers' roots
+    are left out: not the site's to renew, and an expired one refuses
+    attestation with that reason (docs/operations.md, FleetCertificateExpiring).
+    """
+    watched = [Watched("pki.issuer_cert", "", (issuer.cert,))]
+    files: list[tuple[str, Path | None, bool]] = []
+    kube = settings.kubernetes
+    if kube is not None:
+        client = kube.client_cert if kube.token_file is None else None
+        # Certificate.loadPEM, as fleetd's client reads them: the first only.
+        files += [
+            ("kubernetes.ca", kube.ca, True),
+            ("kubernetes.client_cert", client, True),
+        ]
+    if settings.netbox is not None:
+        files.append(("netbox.ca", settings.netbox.ca, False))
+    files.append(("tink.upstream_ca", settings.tink.upstream_ca, True))
+    for key, path, first in files:
+        if path is not None:
+            watched.append(Watched(key, "", readCertificates(path, first=first)))
+    return tuple(watched)
 
 
 def checkUpstreamCA(settings: Settings) -> bytes | None:

@@ -41,12 +41,14 @@ from fleetd.device.resource import deviceFace
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.dns.service import DNSService
 from fleetd.heap import ICollector, pauseForStartup, tune
+from fleetd.inventory.census import LOCAL_INTERVAL, REMOTE_INTERVAL, Census
 from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import IInventory
 from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.kube.connect import clientFromSettings
 from fleetd.kube.service import KubeService, retireService
 from fleetd.kube.status import KubeStatus
+from fleetd.listen.expiry import watchCertificates
 from fleetd.listen.policy import ListenerName, listenerPolicy
 from fleetd.listen.reload import reloadCertificates
 from fleetd.listen.selfcheck import SelfCheck
@@ -196,6 +198,13 @@ class FleetdService(MultiService):
             kubernetes=self.kube is not None,
             refusals=self.refusals,
         )
+        # fleetd_devices and the longest-staged node, counted in the background
+        self.census = Census(
+            reactor, self.inventory, self.registry,
+            interval=LOCAL_INTERVAL if s.netbox is None else REMOTE_INTERVAL,
+            staged=s.kubernetes is not None, after=self.readiness.whenSettled,
+        )  # fmt: skip
+        self.census.setServiceParent(self.database)
         self._listeners = Listeners(
             reactor,
             self.registry,
@@ -204,6 +213,7 @@ class FleetdService(MultiService):
             idleTimeout=s.limits.idle_timeout,
         )
         self.listeners: dict[str, ListenerService] = self._listeners.services
+        watchCertificates(self.registry, self._listeners, s, prepared.certificates)
         self._buildListeners(prepared)
         # Ready once fleetd completed a TLS handshake with each listener;
         # stops before them (listen/selfcheck).

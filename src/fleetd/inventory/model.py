@@ -351,6 +351,13 @@ class IInventory(Protocol):
     def releasedRuns(self) -> Deferred[set[str]]:
         """The ids of every run whose served-config record was released."""
 
+    def servedAt(self, names: Sequence[str]) -> Deferred[dict[str, float]]:
+        """
+        The C{served_at} of each of C{names}' newest released delivery, by
+        name (none released: left out), from fleetd's own database with
+        either backend (L{fleetd.inventory.census}).
+        """
+
     def forgetIdentity(
         self, name: str, *, journal: Sequence[Entry]
     ) -> Deferred[Device]:

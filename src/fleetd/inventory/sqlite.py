@@ -72,6 +72,10 @@ def _release(conn: sqlite3.Connection, record: ServedRecord) -> bool:
 
 
 _CHUNK = 500  # host parameters per IN (...) list
+_NEWEST_SERVED = (
+    "SELECT device, max(served_at) FROM served_records WHERE device IN ({})"
+    " GROUP BY device"
+)
 
 
 def _pairs(conn: sqlite3.Connection, sql: str, keys: list[str]) -> dict[str, str]:
@@ -301,6 +305,16 @@ class SQLiteInventory:
             return {run for (run,) in rows}
 
         return self._run(released)
+
+    def servedAt(self, names: Sequence[str]) -> Deferred[dict[str, float]]:
+        keys = sorted(set(names))
+
+        def read(db: Database) -> dict[str, float]:
+            with db.transaction(write=False) as conn:
+                newest = _pairs(conn, _NEWEST_SERVED, keys)
+            return {name: float(at) for name, at in newest.items()}
+
+        return self._run(read)
 
     # Parts of larger changes, on the database thread
 

@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
-from twisted.internet.defer import Deferred, fail
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -172,7 +172,7 @@ class NetBoxInventory:
         try:
             key = validateName(name)
         except InventoryError:
-            return Deferred.fromCoroutine(_none())
+            return succeed(None)
         return self._asked(Deferred.fromCoroutine(self._get(key)))
 
     async def _bySerial(self, serial: str) -> Device | None:
@@ -193,7 +193,7 @@ class NetBoxInventory:
         try:
             key = validateSerial(serial)
         except InventoryError:
-            return Deferred.fromCoroutine(_none())
+            return succeed(None)
         return self._asked(Deferred.fromCoroutine(self._bySerial(key)))
 
     async def _list(self) -> list[Device]:
@@ -274,6 +274,9 @@ class NetBoxInventory:
 
     def releasedRuns(self) -> Deferred[set[str]]:
         return self._wrap(self._runner.run(outbox.releasedRuns))
+
+    def servedAt(self, names: Sequence[str]) -> Deferred[dict[str, float]]:
+        return self._wrap(self._runner.run(lambda db: outbox.servedAt(db, names)))
 
     # Changes: local first [J1], NetBox from the outbox
 
@@ -390,10 +393,6 @@ class NetBoxInventory:
             return False
         self.setStatusIn(db, key, target)
         return True
-
-
-async def _none() -> None:
-    return None
 
 
 def void(_: object) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -239,6 +240,24 @@ def releasedRuns(db: Database) -> set[str]:
     """Every run released, pushed to NetBox or not yet."""
     rows = db.execute("SELECT run FROM netbox_outbox WHERE run IS NOT NULL")
     return {run for (run,) in rows.fetchall()}
+
+
+_NEWEST_SERVED = (
+    "SELECT device, max(served_at) FROM netbox_outbox WHERE run IS NOT NULL"
+    " AND device IN ({}) GROUP BY device"
+)
+
+
+def servedAt(db: Database, names: Sequence[str]) -> dict[str, float]:
+    """The newest C{served_at} released for each of C{names} that has one."""
+    found: dict[str, float] = {}
+    keys = sorted(set(names))
+    for i in range(0, len(keys), 500):  # host parameters per IN (...) list
+        chunk = keys[i : i + 500]
+        marks = ", ".join("?" * len(chunk))
+        rows = db.execute(_NEWEST_SERVED.format(marks), tuple(chunk)).fetchall()
+        found.update((device, float(at)) for device, at in rows)
+    return found
 
 
 def desiredActions(db: Database) -> dict[str, str]:
