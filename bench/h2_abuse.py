@@ -64,7 +64,6 @@ started is stopped.
 from __future__ import annotations
 
 import argparse
-import base64
 import http.client
 import multiprocessing
 import os
@@ -91,8 +90,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._fleet import Daemon, makeFleet, procStatus
 from bench.boot_storm import freePort
 from bench.tink_proxy import Nginx
-from fleetd.testing.tinkserver import Script, ScriptHandler
-from fleetd.tink.proto import tink_agent_pb2
+from fleetd.testing.tinkserver import Script, ScriptHandler, realisticAction
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
@@ -124,49 +122,6 @@ def frame(kind: int, flags: int, sid: int, payload: bytes) -> bytes:
         + sid.to_bytes(4, "big")
         + payload
     )
-
-
-def realisticAction(size: int = 1668) -> bytes:
-    """
-    What tink-server answers C{GetAction} with for the image2disk action of
-    a Talos install (tink-agent's C{ActionResponse}), padded to exactly
-    C{size} bytes by a machine-config patch in its environment: answers of
-    this size are what a reader that never opens its window leaves queued
-    in the proxy.
-    """
-    filler = base64.b64encode(random.Random(26).randbytes(size)).decode()
-
-    def build(pad: int) -> bytes:
-        data: bytes = tink_agent_pb2.ActionResponse(
-            workflow_id="tink-system/talos-worker-g1-00042",
-            task_id="os-installation",
-            agent_id="52:54:00:12:34:56",
-            action_id="tink-system/talos-worker-g1-00042/os-installation/0",
-            name="stream-talos-image",
-            image="ghcr.io/tinkerbell/actions/image2disk:v1.0.0",
-            timeout=900,
-            volumes=[
-                "/dev:/dev",
-                "/dev/console:/dev/console",
-                "/lib/firmware:/lib/firmware:ro",
-            ],
-            environment=[
-                "DEST_DISK=/dev/nvme0n1",
-                "IMG_URL=https://boot.lolwtf.ca:8080/images/talos/v1.9.5/"
-                "metal-amd64.raw.zst",
-                "COMPRESSED=true",
-                "TALOS_CONFIG_PATCH=" + filler[:pad],
-            ],
-            pid="host",
-        ).SerializeToString()
-        return data
-
-    pad = size - len(build(0))
-    while len(build(pad)) > size:  # the patch's length took a second byte
-        pad -= 1
-    action = build(pad)
-    assert len(action) == size, len(action)
-    return action
 
 
 ACTION = realisticAction()

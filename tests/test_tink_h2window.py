@@ -34,23 +34,14 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from fleetd.h2.client import CONNECTION_WINDOW, STREAM_WINDOW
 from fleetd.h2.guard import H2Limits
 from fleetd.testing.tinkagent import unary
+from fleetd.testing.tinkserver import realisticAction
 from fleetd.tink.proto import tink_agent_pb2 as agent
 from tests.h2support import CALM, Site, counted, grpcHeaders, grpcMessage
 from tests.test_tink_proxy import Proxy, sharedUpstream
 
-# A realistic GetAction answer: an image-streaming action with its
-# environment, as tink-server sends it (about 1.6 KiB).
-ACTION = agent.ActionResponse(
-    workflow_id="tink-system/w1-run-0001",
-    task_id="install",
-    agent_id="52:54:00:12:34:56",
-    action_id="a1",
-    name="stream-talos",
-    image="quay.io/tinkerbell/actions/image2disk:v1.0.0",
-    environment=[f"VAR_{i:02d}={'x' * 40}" for i in range(30)],
-    command=["/bin/sh", "-c", "y" * 66],
-).SerializeToString()
-assert len(ACTION) == 1668, len(ACTION)
+# A realistic GetAction answer: the image2disk action of a Talos install,
+# 1,668 bytes, as tink-server sends it.
+ACTION = realisticAction()
 
 
 def stalledClient(site: Site, streams: int, window: int = 0) -> int:

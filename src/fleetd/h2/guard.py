@@ -136,17 +136,42 @@ class SourceStreams:
         return penalty is None or self._clock.seconds() >= penalty[0]
 
 
+class Bucket:
+    """A token bucket of one connection: C{burst} tokens, C{rate} a second."""
+
+    __slots__ = ("_at", "_clock", "_rate", "burst", "tokens")
+
+    def __init__(self, clock: IReactorTime, rate: float, burst: float) -> None:
+        self._clock = clock
+        self._rate = rate
+        self.burst = burst
+        self.tokens = burst
+        self._at = clock.seconds()
+
+    def spend(self, count: float) -> bool:
+        """Take C{count} tokens; whether the bucket is now overdrawn."""
+        now = self._clock.seconds()
+        if now > self._at:
+            refill = (now - self._at) * self._rate
+            self.tokens = min(self.burst, self.tokens + refill)
+            self._at = now
+        self.tokens -= count
+        return self.tokens < 0
+
+    def give(self, count: float) -> None:
+        """Put C{count} tokens back (up to the burst)."""
+        self.tokens = min(self.burst, self.tokens + count)
+
+
 class ConnectionGuard:
     """One connection's budgets (see the module docstring)."""
 
     __slots__ = (
-        "_at",
         "_clock",
-        "_frameAt",
-        "_frameTokens",
+        "_control",
+        "_frames",
         "_limits",
         "_sources",
-        "_tokens",
         "held",
         "owed",
         "owedSince",
@@ -167,10 +192,8 @@ class ConnectionGuard:
         self._sources = sources
         self.source = sourceKey(host)
         self.wasted = 0
-        self._tokens = limits.controlBurst
-        self._at = clock.seconds()
-        self._frameTokens = limits.frameBurst
-        self._frameAt = self._at
+        self._control = Bucket(clock, limits.controlRate, limits.controlBurst)
+        self._frames = Bucket(clock, limits.frameRate, limits.frameBurst)
         self.paused = False
         self.held = bytearray()
         self.owed = 0
@@ -187,10 +210,7 @@ class ConnectionGuard:
         stream budget back, and L{H2Limits.frameRefund} frames."""
         if self.wasted:
             self.wasted -= 1
-        limits = self._limits
-        self._frameTokens = min(
-            limits.frameBurst, self._frameTokens + limits.frameRefund
-        )
+        self._frames.give(self._limits.frameRefund)
 
     def allowStream(self) -> bool:
         """Whether this connection's source may open a stream now."""
@@ -198,26 +218,12 @@ class ConnectionGuard:
 
     def controlFrame(self) -> bool:
         """A PING or SETTINGS arrived; whether the rate is exceeded."""
-        limits = self._limits
-        now = self._clock.seconds()
-        if now > self._at:
-            refill = (now - self._at) * limits.controlRate
-            self._tokens = min(limits.controlBurst, self._tokens + refill)
-            self._at = now
-        self._tokens -= 1
-        return self._tokens < 0
+        return self._control.spend(1)
 
     def frames(self, count: int) -> bool:
         """C{count} frames arrived; whether the connection is now past its
         frame budget."""
-        limits = self._limits
-        now = self._clock.seconds()
-        if now > self._frameAt:
-            refill = (now - self._frameAt) * limits.frameRate
-            self._frameTokens = min(limits.frameBurst, self._frameTokens + refill)
-            self._frameAt = now
-        self._frameTokens -= count
-        return self._frameTokens < 0
+        return self._frames.spend(count)
 
     def owe(self, delta: int, sent: bool) -> bool:
         """Response bytes held for the client's window changed by C{delta}

@@ -17,6 +17,7 @@ lock. Shared by the tests and by C{fleetd-sim}.
 
 from __future__ import annotations
 
+import base64
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
@@ -186,3 +187,45 @@ class Workflows:
                 played.done += 1
         data: bytes = agent.ActionStatusResponse().SerializeToString()
         return data
+
+
+def realisticAction(size: int = 1668) -> bytes:
+    """
+    What tink-server answers C{GetAction} with for the image2disk action of
+    a Talos install (tink-agent's C{ActionResponse}), padded to exactly
+    C{size} bytes by a machine-config patch in its environment: answers of
+    this size are what a reader that never opens its window leaves queued
+    in the proxy.
+    """
+    filler = base64.b64encode(bytes(range(256)) * (size // 256 + 1)).decode()
+
+    def build(pad: int) -> bytes:
+        data: bytes = agent.ActionResponse(
+            workflow_id="tink-system/talos-worker-g1-00042",
+            task_id="os-installation",
+            agent_id="52:54:00:12:34:56",
+            action_id="tink-system/talos-worker-g1-00042/os-installation/0",
+            name="stream-talos-image",
+            image="ghcr.io/tinkerbell/actions/image2disk:v1.0.0",
+            timeout=900,
+            volumes=[
+                "/dev:/dev",
+                "/dev/console:/dev/console",
+                "/lib/firmware:/lib/firmware:ro",
+            ],
+            environment=[
+                "DEST_DISK=/dev/nvme0n1",
+                "IMG_URL=https://images.example:8080/talos/v1.9.5/metal-amd64.raw.zst",
+                "COMPRESSED=true",
+                "TALOS_CONFIG_PATCH=" + filler[:pad],
+            ],
+            pid="host",
+        ).SerializeToString()
+        return data
+
+    pad = size - len(build(0))
+    while len(build(pad)) > size:  # the patch's length took a second byte
+        pad -= 1
+    action = build(pad)
+    assert len(action) == size, len(action)
+    return action
