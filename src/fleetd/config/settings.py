@@ -338,7 +338,7 @@ class Settings:
     topology: Topology
     site_name: str = field(metadata=toml(key="site.name"))
     state: Path = field(metadata=toml(key="paths.state"))
-    vault: Path = field(metadata=toml(key="paths.vault"))
+    vault: Path = field(metadata=toml(key="paths.vault", read=Table.placedPath))
     vault_allow_any_fs: bool = setting(False, key="paths.vault_allow_any_fs")
     listen: Listen = field(metadata=toml(read=_listen))
     limits: Limits = field(default_factory=Limits)
