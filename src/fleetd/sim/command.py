@@ -49,6 +49,7 @@ from fleetd.sim.daemon import (
     startFleetd,
 )
 from fleetd.sim.faults import FAULTS, FaultSpecError, parseFaults
+from fleetd.sim.faults.boot import REBOOTING
 from fleetd.sim.kubelet import serveFake
 from fleetd.sim.netbox import serveNetBox
 from fleetd.sim.node import Cluster, Node, Rack, Refused, StepFailed
@@ -258,6 +259,13 @@ async def setUp(
     started.add("tink-server", lambda: None, stopTink)
     console.say(f"tink-server stand-in on 127.0.0.1:{tink.port}")
     if args.config is not None:
+        rebooting = sorted(REBOOTING & set(args.faultNames))
+        if rebooting and fleetd.minReboot > 0:
+            console.say(
+                f"{', '.join(rebooting)}: back in HookOS {fleetd.minReboot:g} s"
+                " after the workflow (fleetd's tink.min_reboot: sooner is a"
+                " reconnect, not a boot)"
+            )
         return fleetd, tink, None, None
     pki = await deferToThread(devPKI, work)
     fake, listening = serveFake(reactor, pki)
