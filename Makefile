@@ -25,7 +25,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test demo lint imports types unit rules system-build system-test system-demo devpki clean bench agent-demo dist
 
+# The daemon in the foreground as twistd -n has it (exec: this shell's pid,
+# $$, becomes fleetd's); in the background, scripts/next_steps.py waits for
+# it to be ready and prints what to try next (a fleetctl line, the console
+# link, make demo), then exits.
 run: system-build $(STAMP) devpki
+	$(BIN)/python scripts/next_steps.py --config $(DEV_CONFIG) --pid $$$$ & \
 	exec $(BIN)/twistd -n --pidfile= fleetd --config $(DEV_CONFIG)
 
 devpki: $(STAMP)

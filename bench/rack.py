@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fleetd.sim.command import Console, parseArgs, simulate
 from fleetd.sim.daemon import Fleetd, Started
-from fleetd.sim.main import Console, parseArgs, simulate
 
 TICKS = 100  # /proc's clock ticks per second (os.sysconf("SC_CLK_TCK") here)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.sim import faults
+from fleetd.sim.command import parseArgs
 from fleetd.sim.faults import FaultSpecError, parseFaults
 from fleetd.sim.faults.model import Fault
-from fleetd.sim.main import parseArgs
 
 
 def _same(node: object, steps: list[object]) -> list[object]:
@@ -24,9 +24,9 @@ class ParseTests(SynchronousTestCase):
             "own": Fault("own", "planned", _same, ownFleetd=True),  # type: ignore[arg-type]
         }
         self.patch(faults, "FAULTS", known)
-        from fleetd.sim import main
+        from fleetd.sim import command
 
-        self.patch(main, "FAULTS", known)
+        self.patch(command, "FAULTS", known)
 
     def test_namesAndCounts_onePerNode(self) -> None:
         self.assertEqual(parseFaults("a, own:2"), ["a", "own", "own"])

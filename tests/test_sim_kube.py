@@ -14,13 +14,13 @@ from typing import Any, cast
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from fleetd.sim.command import parseArgs
 from fleetd.sim.deviceflow import (
     BootEndpoint,
     DeviceFlowFailed,
     Grant,
     awaitToken,
 )
-from fleetd.sim.main import parseArgs
 from fleetd.sim.node import PHASES
 from fleetd.sim.tpm import RM_AVAILABLE
 from tests.support import missingPeer

@@ -357,7 +357,10 @@ class FleetdService(MultiService):
             console=consoleTree(console, sessions, self.reactor),
         )
         follow = followAdminPort(
-            self.deviceFlow, s.topology.enrollment_name, sessions.setBase
+            self.deviceFlow,
+            s.topology.enrollment_name,
+            sessions.setBase,
+            consoleHost=s.owner.console_host,
         )
         self._web("admin", admin, onListening=follow)
         self.tink = TinkProxy(

@@ -61,17 +61,20 @@ STATUS_OF_KIND = {
 }
 
 
-def adminBase(enrollmentName: str, port: int | None) -> str:
+def adminBase(host: str, port: int | None) -> str:
     """
-    C{https://<enrollment name>[:port]}, the admin listener bound to
-    C{port} as a browser reaches it: the public certificate covers the
-    enrollment name, and the port is the listener's own (left out when
-    443). A listener without a port (C{unix:}) sits behind a proxy fleetd
-    cannot see; it is assumed at port 443.
+    C{https://<host>[:port]}, the admin listener bound to C{port} as a
+    browser reaches it by C{host}: the enrollment name, which the public
+    certificate covers, unless the site names another (C{owner.console_host},
+    e.g. C{localhost} on the dev config). The port is the listener's own
+    (left out when 443). A listener without a port (C{unix:}) sits behind a
+    proxy fleetd cannot see; it is assumed at port 443.
     """
+    if ":" in host:  # an IPv6 literal
+        host = f"[{host}]"
     if port is None or port == 443:
-        return f"https://{enrollmentName}"
-    return f"https://{enrollmentName}:{port}"
+        return f"https://{host}"
+    return f"https://{host}:{port}"
 
 
 def verificationURI(enrollmentName: str, port: int | None) -> str:
@@ -83,18 +86,20 @@ def followAdminPort(
     flow: DeviceFlow,
     enrollmentName: str,
     alsoBase: Callable[[str], None] | None = None,
+    consoleHost: str | None = None,
 ) -> Callable[[IListeningPort], None]:
     """
     [F3] Once the admin listener is bound, point the device flow's
     C{verification_uri} at its /device page (the port is known only then),
-    and tell C{alsoBase} the listener's L{adminBase} (the console's links).
+    and tell C{alsoBase} the listener's L{adminBase} under C{consoleHost}
+    (the console's links; the enrollment name when L{None}).
     """
 
     def bound(port: IListeningPort) -> None:
         number = getattr(port.getHost(), "port", None)
         flow.verificationURI = verificationURI(enrollmentName, number)
         if alsoBase is not None:
-            alsoBase(adminBase(enrollmentName, number))
+            alsoBase(adminBase(consoleHost or enrollmentName, number))
 
     return bound
 

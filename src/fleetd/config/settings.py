@@ -9,6 +9,7 @@ parsing name a C{read} function below.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,15 +127,40 @@ class PKIFiles:
     ldevid_days: int = setting(365, 1, 3650)
 
 
+_HOST_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
+
+
+def _consoleHost(table: Table, name: str) -> str | None:
+    """C{owner.console_host}: a DNS name (C{localhost} too) or an IP
+    address, no scheme, port or path (the port is the admin listener's)."""
+    value = table.optstr(name)
+    if value is None:
+        return None
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        pass
+    host = value.rstrip(".").lower()
+    if len(host) > 253 or not all(_HOST_LABEL.fullmatch(x) for x in host.split(".")):
+        raise ConfigError(
+            table.key(name), f"must be a host name or an IP address, not {value!r}"
+        )
+    return host
+
+
 @dataclass(frozen=True)
 class OwnerFiles:
-    """The owner CA, and the client credentials fleetctl presents."""
+    """The owner CA, the client credentials fleetctl presents, and the
+    name a browser reaches the admin listener by (C{fleetctl console}'s
+    links; L{None}: the enrollment name)."""
 
     client_ca: Path
     client_cert: Path | None = None
     client_key: Path | None = None
     server: str = setting("https://localhost:8446")
     server_ca: Path | None = None
+    # No declared default (the enrollment name is not a constant).
+    console_host: str | None = field(default=None, metadata={"read": _consoleHost})
 
 
 def _kubeAPI(table: Table, name: str) -> str:
@@ -338,7 +364,7 @@ class Settings:
     topology: Topology
     site_name: str = field(metadata=toml(key="site.name"))
     state: Path = field(metadata=toml(key="paths.state"))
-    vault: Path = field(metadata=toml(key="paths.vault"))
+    vault: Path = field(metadata=toml(key="paths.vault", read=Table.placedPath))
     vault_allow_any_fs: bool = setting(False, key="paths.vault_allow_any_fs")
     listen: Listen = field(metadata=toml(read=_listen))
     limits: Limits = field(default_factory=Limits)

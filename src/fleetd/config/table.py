@@ -10,6 +10,7 @@ is therefore known without a list to keep in step.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +24,16 @@ from twisted.internet.endpoints import (
 )
 
 from fleetd.topology import ConfigError
+
+# In C{paths.vault}: the config file's directory as L{configDirId} names it,
+# so that two checkouts' dev configs keep two vaults on one machine.
+CONFIG_DIR_ID = "{config_dir_id}"
+
+
+def configDirId(directory: Path) -> str:
+    """Twelve hex digits of the SHA-256 of C{directory}'s absolute path."""
+    absolute = os.path.abspath(directory)
+    return hashlib.sha256(os.fsencode(absolute)).hexdigest()[:12]
 
 
 class Table:
@@ -134,6 +145,19 @@ class Table:
 
     def path(self, name: str, default: str | None = None) -> Path:
         return self._resolve(self.text(name, default))
+
+    def placedPath(self, name: str) -> Path:
+        """
+        L{path}, where C{{config_dir_id}} stands for L{configDirId} of the
+        config file's directory; any other brace is refused (a misspelt
+        placeholder must not become a directory name).
+        """
+        value = self.text(name).replace(CONFIG_DIR_ID, configDirId(self._base))
+        if "{" in value or "}" in value:
+            raise ConfigError(
+                self.key(name), f"no placeholder but {CONFIG_DIR_ID} may stand in it"
+            )
+        return self._resolve(value)
 
     def optpath(self, name: str) -> Path | None:
         value = self.optstr(name)

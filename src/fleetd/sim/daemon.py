@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleetd.config import TinkSettings
 from fleetd.pki.dev import DevPKIPaths, devConfigTables, ensureDevPKI
 
 BIN = Path(sys.executable).parent  # the venv's console scripts
@@ -123,6 +124,9 @@ class Fleetd:
     boot: int
     tink: int
     upstream: int
+    # tink.min_reboot: how long after a workflow's end a node's return to
+    # HookOS counts as a boot [B2]; the pxe-first faults wait that long.
+    minReboot: float = TinkSettings.min_reboot
 
     @classmethod
     def fromConfig(cls, config: Path) -> Fleetd:
@@ -144,6 +148,7 @@ class Fleetd:
             tink=port("tink"),
             # tcp:HOST:PORT, the tink-server the proxy forwards to
             upstream=int(str(tables["tink"]["upstream"]).rsplit(":", 1)[1]),
+            minReboot=float(tables["tink"].get("min_reboot", TinkSettings.min_reboot)),
         )
 
 

@@ -116,7 +116,7 @@ class Rack:
     started: Started
     cluster: Cluster | None
     changed: Callable[[], None]
-    # Held by each node on its way (fleetd.sim.main); a spore reboot waits
+    # Held by each node on its way (fleetd.sim.command); a spore reboot waits
     # until it is alone (fleetd.sim.faults.boot).
     pause: Pause = field(default_factory=Pause)
     fetch: str = "code"  # how Talos fetches its configuration: or "device-flow"

@@ -64,6 +64,7 @@ BOOTS = 2  # HookOS boots after the workflow's end (each a fresh agent)...
 POLLS = 2  # ...each polling this many times
 AGENT_TRIES = 20  # a restarted fleetd's Tink proxy is polled this often...
 AGENT_GAP = 0.5  # ...this many seconds apart, until it answers
+REBOOT_MARGIN = 0.5  # seconds past fleetd's tink.min_reboot before HookOS polls
 
 
 def agentChannel(node: Node) -> grpc.Channel:
@@ -81,7 +82,13 @@ async def provisionNetboot(node: Node) -> None:
 
 async def bootHookOS(node: Node) -> None:
     """The node network-boots HookOS again after its workflow ended: each
-    boot a fresh agent whose polls tink-server answers "not running"."""
+    boot a fresh agent whose polls tink-server answers "not running". The
+    first comes no sooner than fleetd counts a return as a boot (its
+    C{tink.min_reboot} after the workflow's end, on fleetd's own clock: a
+    reconnect comes sooner than a reboot)."""
+    minReboot = node.rack.fleetd.minReboot
+    if minReboot > 0:
+        await deferLater(node.rack.clock, minReboot + REBOOT_MARGIN, lambda: None)
     for boot in range(BOOTS):
         if boot:
             await deferLater(node.rack.clock, 0.5, lambda: None)
@@ -294,6 +301,9 @@ async def missingOnce(node: Node) -> str | None:
     wrong = counted(seen, expected)
     return wrong or await alertFor(node, "FleetInstallConfigMissing")
 
+
+# The faults whose node returns to HookOS after its workflow (bootHookOS).
+REBOOTING = frozenset({"pxe-first", "pxe-first-netboot"})
 
 FAULTS: tuple[Fault, ...] = (
     Fault("pxe-first", "planned", pxeFirst, returnedOnce),
