@@ -32,7 +32,11 @@ class UnderMDWE:
     """TLS options whose context cannot be built (cffi under PR_SET_MDWE)."""
 
     def __init__(self, options: Any) -> None:
-        self.certificate = options.certificate
+        self._options = options
+
+    def __getattr__(self, name: str) -> Any:
+        # What the listener serves stays readable (the certificate gauge).
+        return getattr(self._options, name)
 
     def getContext(self) -> SSL.Context:
         raise MemoryError("Cannot allocate write+execute memory for ffi.callback()")
