@@ -9,6 +9,7 @@ Relative paths are resolved against the directory of the config file.
 
 from __future__ import annotations
 
+import socket
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 from fleetd.config.reader import readSection
 from fleetd.config.settings import KubernetesSettings, Settings
 from fleetd.config.table import Table, checkUnknownKeys
+from fleetd.config.tinkloop import checkTinkLoop
 from fleetd.topology import ConfigError, loadTopology
 
 
@@ -52,6 +54,12 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
     )
     checkUnknownKeys(root)
     _checkKubeCredentials(settings.kubernetes)
+    checkTinkLoop(
+        settings.listen.tink,
+        str(data["tink"]["upstream"]),
+        settings.topology,
+        socket.gethostname(),
+    )
     if settings.tink.workflow_state == "kubernetes" and settings.kubernetes is None:
         raise ConfigError(
             "tink.workflow_state",
