@@ -8,7 +8,7 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.config import ConfigError, loadSettings, parseTopology
+from fleetd.config import ConfigError, loadSettings, parseSettings, parseTopology
 from fleetd.config.table import Table, checkUnknownKeys
 from tests.support import TOPOLOGY, writeConfig
 
@@ -150,6 +150,31 @@ class SettingsTests(SynchronousTestCase):
         for bad in ("ftp://netbox.example", "netbox.example", "https://x/?a=1"):
             error = self.configError({"netbox": {"url": bad, "token_file": "n"}})
             self.assertEqual(error.key, "netbox.url")
+
+
+class PlaceholderTests(SynchronousTestCase):
+    def test_placeholder_refusedNamingKey(self) -> None:
+        """
+        A REPLACE-WITH-... value left in the configuration (the shipped
+        conf/fleetd.toml's, docs/install.md) stops start-up with one line
+        naming its key, in a table, a nested table or an array.
+        """
+        for overrides, key in (
+            ({"site": {"name": "REPLACE-WITH-SITE-NAME"}}, "site.name"),
+            ({"provision": {"classes": ["worker", "REPLACE-WITH-CLASS"]}},
+             "provision.classes"),
+            ({"tink": {"upstream": "tcp:REPLACE-WITH-TINK-SERVER:42113"}},
+             "tink.upstream"),
+        ):  # fmt: skip
+            path = writeConfig(Path(self.mktemp()), overrides)
+            e = self.assertRaises(ConfigError, loadSettings, path)
+            self.assertEqual(e.key, key)
+            self.assertIn("is a placeholder: put the site's value here", str(e))
+        nested = {"dns": {"rate_limit": {"rate": 5, "x": "REPLACE-WITH-X"}}}
+        e = self.assertRaises(
+            ConfigError, parseSettings, nested, Path("/etc/fleetd/fleetd.toml")
+        )
+        self.assertEqual(e.key, "dns.rate_limit.x")
 
 
 class UnknownKeyTests(SynchronousTestCase):

@@ -41,8 +41,35 @@ def _checkKubeCredentials(kube: KubernetesSettings | None) -> None:
         )
 
 
+PLACEHOLDER = "REPLACE-WITH-"
+
+
+def _checkPlaceholders(data: Mapping[str, Any], prefix: str = "") -> None:
+    """
+    A value the shipped C{conf/fleetd.toml} leaves for the site to fill in
+    (C{REPLACE-WITH-...}, docs/install.md) stops start-up, naming its key:
+    a placeholder never becomes a site's value by default.
+    """
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, Mapping):
+            _checkPlaceholders(value, f"{key}.")
+            continue
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if isinstance(item, Mapping):
+                _checkPlaceholders(item, f"{key}.")
+            elif isinstance(item, str) and PLACEHOLDER in item:
+                raise ConfigError(
+                    key,
+                    f"{item!r} is a placeholder: put the site's value here"
+                    " (docs/install.md)",
+                )
+
+
 def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
     """Turn a parsed TOML document into L{Settings}."""
+    _checkPlaceholders(data)
     root = Table(data, "", source.parent)
     topologyFile = root.section("site").path("topology")
     settings = readSection(
