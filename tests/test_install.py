@@ -61,6 +61,7 @@ def wheel(tmp: Path) -> Path:
             shutil.copy(REPO / name, source / name)
         ignore = shutil.ignore_patterns("__pycache__", "dropin.cache", "*.pyc")
         shutil.copytree(REPO / "src", source / "src", ignore=ignore)
+        shutil.copytree(REPO / "docs", source / "docs")
         subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
              "--no-build-isolation", "-w", str(tmp / "dist"), str(source)],
@@ -78,6 +79,13 @@ def unit() -> configparser.ConfigParser:
     return parser
 
 
+def documentation() -> list[str]:
+    """Every C{Documentation=} of the unit (the directive repeats)."""
+    lines = (REPO / "conf" / "fleetd.service").read_text().splitlines()
+    return [u for line in lines if line.startswith("Documentation=")
+            for u in line.split("=", 1)[1].split()]  # fmt: skip
+
+
 def _env() -> dict[str, str]:
     """The environment without this checkout on the path, as under systemd."""
     drop = ("PYTHONPATH", "FLEETD_CONFIG", "NOTIFY_SOCKET", "VIRTUAL_ENV")
@@ -91,10 +99,12 @@ def run(*argv: str | Path) -> subprocess.CompletedProcess[str]:
 
 
 class WheelTests(SynchronousTestCase):
-    def test_wheel_carriesThePluginAndScripts(self) -> None:
+    def test_wheel_carriesThePluginScriptsAndGuides(self) -> None:
         """
         The wheel holds twisted/plugins/fleetd_plugin.py (so twistd finds
-        fleetd in a plain install) and the console scripts, fleetd-pki too.
+        fleetd in a plain install), the console scripts, fleetd-pki too,
+        and every document the unit's Documentation= names, where a venv
+        at /opt/fleetd puts it.
         """
         built = wheel(Path(self.mktemp()).resolve())
         archive = zipfile.ZipFile(built)
@@ -106,6 +116,12 @@ class WheelTests(SynchronousTestCase):
         scripts = archive.read(entry).decode()
         for script in ("fleetctl", "fleetd-agent", "fleetd-pki"):
             self.assertIn(f"\n{script} = ", scripts)
+        docs = documentation()
+        self.assertTrue(docs)
+        data = {n.split(".data/data/", 1)[1] for n in names if ".data/data/" in n}
+        for url in docs:
+            self.assertTrue(url.startswith("file:///opt/fleetd/"), url)
+            self.assertIn(url.removeprefix("file:///opt/fleetd/"), data)
 
 
 class UnitFileTests(SynchronousTestCase):
