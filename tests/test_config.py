@@ -32,14 +32,6 @@ class SettingsTests(SynchronousTestCase):
         self.assertEqual(s.topology.enrollment_name, "enroll.lolwtf.ca")
         self.assertEqual(s.state.resolve(), REPO / ".dev" / "state")
 
-    def test_loadSettings_referenceConfig(self) -> None:
-        """
-        The reference config names the folly ports and paths; it fails only on
-        its topology file, which lives on spore, and says so by key.
-        """
-        e = self.assertRaises(ConfigError, loadSettings, REPO / "conf" / "fleetd.toml")
-        self.assertEqual(e.key, "site.topology")
-
     def test_relativePaths_resolvedAgainstConfigDirectory(self) -> None:
         """Relative paths are relative to the config file's directory."""
         directory = Path(self.mktemp()).resolve()
@@ -282,28 +274,6 @@ class UnknownKeyTests(SynchronousTestCase):
             self.configError({"paths": {"vault": None, "vualt": "v"}}),
             "paths.vault: missing (found paths.vualt: a typo?)",
         )
-
-    def test_shippedConfigs_everyKeyKnown(self) -> None:
-        """
-        §3: the dev config, and the reference config with its optional
-        [kubernetes] and [netbox] blocks switched on, load with no unknown key.
-        """
-        loadSettings(REPO / "conf" / "fleetd.dev.toml")
-        text = (REPO / "conf" / "fleetd.toml").read_text()
-        text = text.replace(
-            "/etc/fleetd/clusters/folly/config/anchor-topology.json",
-            str(REPO / "conf" / "anchor-topology.example.json"),
-        )
-        lines = [
-            line[2:] if line.startswith(("# [", "# api", "# ca", "# token", "# url"))
-            else line
-            for line in text.splitlines()
-        ]  # fmt: skip
-        path = Path(self.mktemp())
-        path.write_text("\n".join(lines))
-        s = loadSettings(path)
-        assert s.kubernetes is not None and s.netbox is not None
-        self.assertEqual(s.netbox.url, "https://netbox.example")
 
 
 class TopologyTests(SynchronousTestCase):
