@@ -79,7 +79,6 @@ def purelib(venv: str) -> str:
 # (None: nothing), and what it runs after one (docs/install.md, "How this
 # page is tested"). A command the guide changes is run as written again,
 # and fails here until this table follows it.
-SKIP = "skip"
 START, RELOAD, RESTART = "start", "reload", "restart"
 INSTEAD: dict[str, str | None] = {
     "apt-get install python3 python3-venv libtss2-dev pkg-config gcc openssl"
