@@ -18,8 +18,10 @@ ends with the namespaces; another process joins them with C{nsenter
 
 from __future__ import annotations
 
+import fcntl
 import os
-import subprocess
+import socket
+import struct
 import sys
 from pathlib import Path
 
@@ -55,8 +57,17 @@ def enter(scratch: Path) -> Path:
     tmpfs(str(root / "run"), "0755")
     inside = root / str(scratch).lstrip("/")
     mount(str(scratch), str(inside), None, MS_BIND)
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    loopbackUp()
     return root
+
+
+def loopbackUp() -> None:
+    """C{ip link set lo up}, with the two ioctls it makes (no iproute2 needed)."""
+    siocgifflags, siocsifflags, iffUp = 0x8913, 0x8914, 1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sH22x", b"lo", 0)
+        _, flags = struct.unpack("16sH22x", fcntl.ioctl(s, siocgifflags, request))
+        fcntl.ioctl(s, siocsifflags, struct.pack("16sH22x", b"lo", flags | iffUp))
 
 
 def main(argv: list[str]) -> None:
