@@ -7,6 +7,7 @@ import io
 import json
 import re
 import sqlite3
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -266,14 +267,37 @@ class ServerNameTests(DaemonTestMixin, TestCase):
         )  # fmt: skip
         code, _, err = await deferToThread(run, ["--config", str(other), "journal"])
         self.assertEqual(code, 1)
-        self.assertIn("CERTIFICATE_VERIFY_FAILED", err)
+        # The one line names the key holding the CA it verified with.
+        where = f"fleetctl: cannot reach fleetd at https://localhost:{port}"
+        self.assertEqual(
+            err,
+            f"{where}: its certificate did not verify with owner.server_ca"
+            f" ({self.directory.resolve() / 'pki' / 'owner-ca.pem'}):"
+            " unable to get local issuer certificate\n",
+        )
+        roots = writeConfig(
+            self.directory,
+            {"owner": {"server": f"https://localhost:{port}", "server_ca": None}},
+        )
+        code, _, err = await deferToThread(run, ["--config", str(roots), "journal"])
+        self.assertEqual(
+            (code, err),
+            (
+                1,
+                f"{where}: its certificate did not verify with the system roots"
+                " (owner.server_ca is not set): unable to get local issuer"
+                " certificate\n",
+            ),
+        )
 
     def test_adminOnLocalhost_certificateForEnrollmentName(self) -> None:
         """
         With owner.server = https://localhost:8446 (as conf/fleetd.toml ships)
         and a public certificate for the enrollment name alone, fleetctl
         connects to localhost and verifies the certificate for the
-        enrollment name; a certificate from another CA is still refused.
+        enrollment name; a certificate from another CA is still refused,
+        in one line naming owner.server_ca, the CA it verified with
+        (issue 27, item 6), or the system roots when it is not set.
         """
         return ensureDeferred(self._localhost())  # type: ignore[return-value]
 
@@ -331,3 +355,27 @@ class ConsoleCommandTests(DaemonTestMixin, TestCase):
         self.assertEqual(set(doc), {"url", "expires_at"})
         self.assertLink(doc["url"], port)
         self.assertLess(abs(doc["expires_at"] - asked - LINK_LIFETIME), 5)
+
+
+class VerifyFailureTests(SynchronousTestCase):
+    def test_hostnameMismatch_namesEnrollmentName(self) -> None:
+        """
+        A chain that verifies for another name: the line names the
+        enrollment name it was verified for, and owner.server_ca.
+        """
+        directory = Path(self.mktemp()).resolve()
+        config = writeConfig(directory)
+        from fleetd.cli.client import AdminClient
+        from fleetd.config import loadSettings
+        from fleetd.pki.dev import ensureDevPKI
+
+        ensureDevPKI(directory / "pki", "enroll.lolwtf.ca")
+        client = AdminClient(loadSettings(config))
+        e = ssl.SSLCertVerificationError(1, "certificate verify failed")
+        e.verify_code, e.verify_message = 62, "Hostname mismatch"
+        self.assertEqual(
+            client.failure(e),
+            f"its certificate did not verify with owner.server_ca"
+            f" ({directory / 'pki' / 'public-ca.pem'}): it is not for"
+            " enroll.lolwtf.ca (the topology's enrollment_name)",
+        )

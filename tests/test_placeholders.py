@@ -15,7 +15,6 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import tomllib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from tests.daemonsupport import DaemonTestMixin
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.fleetsupport import Fleet, device
 from tests.support import REPO, filledTemplate, writeConfig
-from tests.test_install import reroot, writeTOML
+from tests.test_config_shipped import installed, writeTOML
 from tests.test_twistd import spawn
 
 EXAMPLE = REPO / "conf" / "templates" / "default.yaml"
@@ -171,21 +170,26 @@ class RenderTests(SynchronousTestCase):
 
 def productionConfig(root: Path, template: str) -> Path:
     """
-    conf/fleetd.toml moved under C{root} (as tests/test_install.py does),
-    with its topology and C{template} as cluster folly's template; nothing
-    else of /etc/fleetd exists.
+    conf/fleetd.toml as docs/install.md fills it, moved under C{root},
+    with a topology and C{template} as its default cluster's template
+    (L{clusterTemplate}); nothing else of /etc/fleetd exists.
     """
     conf = REPO / "conf"
-    config = reroot(tomllib.loads((conf / "fleetd.toml").read_text()), root)
+    config = installed(root)
     topology = Path(config["site"]["topology"])
     topology.parent.mkdir(parents=True)
     shutil.copy(conf / "anchor-topology.example.json", topology)
-    templates = Path(config["provision"]["templates"])
-    templates.mkdir(parents=True)
-    (templates / "folly.yaml").write_text(template)
+    clusterTemplate(root).parent.mkdir(parents=True)
+    clusterTemplate(root).write_text(template)
     path = root / "etc" / "fleetd" / "fleetd.toml"
     writeTOML(path, config)
     return path
+
+
+def clusterTemplate(root: Path) -> Path:
+    """The default cluster's template in L{productionConfig}'s C{root}."""
+    provision = installed(root)["provision"]
+    return Path(provision["templates"]) / f"{provision['default_cluster']}.yaml"
 
 
 class StartTests(TestCase):
@@ -202,7 +206,7 @@ class StartTests(TestCase):
         root = Path(self.mktemp()).resolve()
         config = productionConfig(root, EXAMPLE.read_text())
         error = self.assertRaises(ConfigError, prepare, loadSettings(config))
-        folly = root / "etc/fleetd/templates/folly.yaml"
+        folly = clusterTemplate(root)
         self.assertEqual(error.key, "provision.templates")
         self.assertTrue(str(error).startswith(f"provision.templates: {folly} {FIRST};"))
         self.assertEqual(str(error).count("\n"), 0)
@@ -219,7 +223,7 @@ class StartTests(TestCase):
         proto = spawn(self, productionConfig(root, EXAMPLE.read_text()))
         self.assertEqual(await proto.ended, 2)
         lines = proto.err.decode().strip().splitlines()
-        folly = root / "etc/fleetd/templates/folly.yaml"
+        folly = clusterTemplate(root)
         self.assertEqual(lines, [
             f"fleetd: configuration error: provision.templates: {folly} {FIRST};"
             ' fill the template as docs/install.md, "The Talos template", says'

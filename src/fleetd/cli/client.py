@@ -21,6 +21,9 @@ from typing import Any
 from fleetd.clitools import CLIError
 from fleetd.config import Settings
 
+# OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH: the chain verified, the name did not.
+HOSTNAME_MISMATCH = 62
+
 
 def errorLine(data: bytes) -> str:
     """The first line of an error body, or its JSON C{error} member."""
@@ -67,7 +70,7 @@ def refused(status: int, data: bytes) -> AdminError:
 
 def unreachable(client: AdminClient, e: Exception, what: str = "") -> CLIError:
     """One line for a request that did not reach fleetd or broke off."""
-    reason = getattr(e, "reason", None) or str(e) or e.__class__.__name__
+    reason = client.failure(e)
     where = f"https://{client.host}:{client.port}"
     if what:
         return CLIError(f"{what}: cannot fetch from {where}: {reason}")
@@ -115,6 +118,7 @@ class AdminClient:
         self.host = url.hostname
         self.port = url.port or 443
         self.serverName = settings.topology.enrollment_name
+        self.serverCA = owner.server_ca
         self.timeout = timeout
         context = ssl.create_default_context(
             cafile=None if owner.server_ca is None else str(owner.server_ca)
@@ -131,6 +135,30 @@ class AdminClient:
                 f"owner.client_cert: cannot load {owner.client_cert}: {e}"
             ) from e
         self.context = context
+
+    def failure(self, e: Exception) -> str:
+        """
+        Why a request did not reach fleetd, in a few words. A certificate
+        that did not verify names the CA it was verified with and the key
+        that holds it (C{owner.server_ca}, or the system roots when that
+        is not set), and the name it was verified for when it is not the
+        certificate's.
+        """
+        if isinstance(e, ssl.SSLCertVerificationError):
+            ca = (
+                "the system roots (owner.server_ca is not set)"
+                if self.serverCA is None
+                else f"owner.server_ca ({self.serverCA})"
+            )
+            why = e.verify_message or "certificate verify failed"
+            if e.verify_code == HOSTNAME_MISMATCH:
+                why = (
+                    f"it is not for {self.serverName} (the topology's enrollment_name)"
+                )
+            return f"its certificate did not verify with {ca}: {why}"
+        reason = getattr(e, "reason", None) or e.__class__.__name__
+        text = str(e)
+        return f"{reason}: {text}" if text and text != reason else str(reason)
 
     def connection(self) -> http.client.HTTPSConnection:
         """A new connection to the admin listener (not yet connected)."""
@@ -162,11 +190,7 @@ class AdminClient:
             response = conn.getresponse()
             data = response.read(16 << 20)
         except (OSError, http.client.HTTPException) as e:
-            reason = getattr(e, "reason", None) or e.__class__.__name__
-            raise CLIError(
-                f"cannot reach fleetd at https://{self.host}:{self.port}: {reason}"
-                f"{': ' + str(e) if str(e) and not reason == str(e) else ''}"
-            ) from e
+            raise unreachable(self, e) from e
         finally:
             conn.close()
         if not 200 <= response.status < 300:

@@ -9,6 +9,7 @@ Relative paths are resolved against the directory of the config file.
 
 from __future__ import annotations
 
+import socket
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 from fleetd.config.reader import readSection
 from fleetd.config.settings import KubernetesSettings, Settings
 from fleetd.config.table import Table, checkUnknownKeys
+from fleetd.config.tinkloop import checkTinkLoop
 from fleetd.topology import ConfigError, loadTopology
 
 
@@ -39,8 +41,35 @@ def _checkKubeCredentials(kube: KubernetesSettings | None) -> None:
         )
 
 
+PLACEHOLDER = "REPLACE-WITH-"
+
+
+def _checkPlaceholders(data: Mapping[str, Any], prefix: str = "") -> None:
+    """
+    A value the shipped C{conf/fleetd.toml} leaves for the site to fill in
+    (C{REPLACE-WITH-...}, docs/install.md) stops start-up, naming its key:
+    a placeholder never becomes a site's value by default.
+    """
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, Mapping):
+            _checkPlaceholders(value, f"{key}.")
+            continue
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if isinstance(item, Mapping):
+                _checkPlaceholders(item, f"{key}.")
+            elif isinstance(item, str) and PLACEHOLDER in item:
+                raise ConfigError(
+                    key,
+                    f"{item!r} is a placeholder: put the site's value here"
+                    " (docs/install.md)",
+                )
+
+
 def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
     """Turn a parsed TOML document into L{Settings}."""
+    _checkPlaceholders(data)
     root = Table(data, "", source.parent)
     topologyFile = root.section("site").path("topology")
     settings = readSection(
@@ -52,6 +81,12 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
     )
     checkUnknownKeys(root)
     _checkKubeCredentials(settings.kubernetes)
+    checkTinkLoop(
+        settings.listen.tink,
+        str(data["tink"]["upstream"]),
+        settings.topology,
+        socket.gethostname(),
+    )
     if settings.tink.workflow_state == "kubernetes" and settings.kubernetes is None:
         raise ConfigError(
             "tink.workflow_state",
