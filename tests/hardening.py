@@ -128,6 +128,26 @@ LINKS = (
 )
 
 
+# This checkout: a test's daemon runs from it (its venv and src/).
+CHECKOUT = str(Path(__file__).resolve().parent.parent)
+
+
+def privateTmp(tmp: str, keep: list[str]) -> None:
+    """A new, empty C{tmp}, into which the paths of C{keep} that lay under
+    it are bound again: a test's checkout (and so its venv, src/ and trial
+    temp) may be a clone under /tmp, where a real unit's never is."""
+    held = os.open(tmp, os.O_PATH | os.O_DIRECTORY)
+    try:
+        tmpfs(tmp, "1777")
+        for path in sorted(set(keep)):
+            if not (path + "/").startswith(tmp + "/") or os.path.exists(path):
+                continue  # elsewhere, or already inside one kept before
+            os.makedirs(path)
+            bind(f"/proc/self/fd/{held}/{os.path.relpath(path, tmp)}", path)
+    finally:
+        os.close(held)
+
+
 def imposeMounts(
     d: dict[str, list[str]], writable: list[str], keep: str | None
 ) -> None:
@@ -141,8 +161,8 @@ def imposeMounts(
     if yes(d, "ProtectControlGroups"):
         readOnly("/sys/fs/cgroup", recursive=True)
     if yes(d, "PrivateTmp"):
-        tmpfs("/tmp", "1777")
-        tmpfs("/var/tmp", "1777")
+        for tmp in ("/tmp", "/var/tmp"):
+            privateTmp(tmp, [CHECKOUT, *writable])
     if not yes(d, "PrivateTmp"):
         raise SystemExit("hardening: teach me a scratch space without PrivateTmp")
     scratch = "/tmp/.hardening"  # in the private /tmp
