@@ -27,8 +27,9 @@ class ReportTests(SynchronousTestCase):
         (self.first,) = self.fleet.provisioned(self.w1)
         self.name = f"w1-{self.first.run}"
 
-    def lost(self) -> float | None:
-        return self.fleet.metric("fleetd_tinkerbell_workflows_missing")
+    def lost(self) -> float:
+        found = self.fleet.metric("fleetd_tinkerbell_workflows_missing", device="w1")
+        return 0.0 if found is None else found
 
     def test_deletedBySomeoneElse_reportedNotMadeAgain(self) -> None:
         """[V3] Deleted by someone else before it ran: journaled, counted,

@@ -262,6 +262,9 @@ class StatusService:
             waits = assessObjects(device.name, run, objects)
             if waits is not None:
                 state, recovery = waits
+                made = ((objects or {}).get("workflow") or {}).get("made")
+                if made in LOST_HOW:  # as fleetd_tinkerbell_workflows_missing
+                    alerts = [*alerts, "FleetTinkerbellWorkflowLost"]
         return DeviceReport(
             device,
             run,

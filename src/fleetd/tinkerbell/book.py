@@ -124,11 +124,11 @@ class Book:
             1 for h in self.hardware.values() if h.state in HARDWARE_PENDING
         )
 
-    def lost(self, readyRun: Callable[[str], str | None]) -> int:
-        """Current Workflows deleted or changed by someone else before
-        their end, whose run still waits for its node."""
-        return sum(
-            1
+    def lost(self, readyRun: Callable[[str], str | None]) -> list[str]:
+        """The devices whose current Workflow someone else deleted or
+        changed before its end, and whose run still waits for its node."""
+        return sorted(
+            r.device
             for r in self.workflows.values()
             if r.current
             and r.state in LOST_STATES

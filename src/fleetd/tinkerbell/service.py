@@ -27,10 +27,11 @@ is cancelled.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -112,12 +113,8 @@ class TinkerbellService(Service):
         )
         for how in HOWS:
             lost.labels(how)
-        Gauge(
-            "fleetd_tinkerbell_workflows_missing",
-            "Current runs still waiting for their node whose Workflow someone"
-            " else deleted or changed before its end (FleetTinkerbellWorkflowLost).",
-            registry=metrics,
-        ).set_function(lambda: self.book.lost(readyRun))
+        if metrics is not None:
+            metrics.register(_Missing(self.book, readyRun))
         Gauge(
             "fleetd_tinkerbell_calls_pending",
             "Hardware and Workflow calls fleetd owes (recorded, not yet done).",
@@ -265,6 +262,26 @@ class TinkerbellService(Service):
         if found is not None and problem is not None:
             found["waiting"] = problem
         return found
+
+
+class _Missing:
+    """C{fleetd_tinkerbell_workflows_missing{device}}, counted at each scrape."""
+
+    def __init__(self, book: Book, readyRun: Callable[[str], str | None]) -> None:
+        self.book = book
+        self.readyRun = readyRun
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "fleetd_tinkerbell_workflows_missing",
+            "1 for each device whose run waits for its node and whose Workflow"
+            " someone else deleted or changed before its end: fleetd does not"
+            " make it again (FleetTinkerbellWorkflowLost).",
+            labels=["device"],
+        )
+        for device in self.book.lost(self.readyRun):
+            family.add_metric([device], 1.0)
+        yield family
 
 
 def _over(obj: dict[str, Any]) -> bool:
