@@ -120,6 +120,9 @@ class FakeKube(FakeRBAC, FakeTinkerbell):
         self.namespacedRoles: dict[str, dict[str, Any]] = {}  # "namespace/name"
         self.workflows: dict[str, dict[str, Any]] = {}  # "namespace/name"
         self.hardware: dict[str, dict[str, Any]] = {}  # "namespace/name"
+        # Templates applied by the operator, read (not served) by the test
+        # or the sim playing tink-controller: "namespace/name".
+        self.templates: dict[str, dict[str, Any]] = {}
         self.workflowsInstalled = True  # the Tinkerbell CRDs
         # Asked on each create and update of Hardware and Workflows:
         # C{validator(kind, obj)} returns why it is invalid (422), or None.
