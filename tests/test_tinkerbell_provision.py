@@ -266,6 +266,31 @@ class KubernetesDownTests(SynchronousTestCase):
         self.assertIsNotNone(self.fleet.workflow(run.run))
         self.assertEqual(self.fleet.metric("fleetd_tinkerbell_calls_pending"), 0.0)
 
+    def test_stop_leavesNoDelayedCall(self) -> None:
+        """A retry waiting, a watch open: stopping fleetd leaves nothing
+        armed on the clock."""
+        self.fleet.startWatch()
+        self.fleet.fake.failNext("POST", "/workflows", 503)
+        self.fleet.provisioned(self.w1)
+        self.assertTrue(self.fleet.clock.getDelayedCalls())
+        self.fleet.stopKube()
+        self.fleet.registry.stop()
+        self.assertEqual(self.fleet.clock.getDelayedCalls(), [])
+        self.addCleanup(self.fleet.start)  # setUp's cleanup stops it again
+
+    def test_hungAPI_answeredWithinThirtySeconds(self) -> None:
+        """An API that hangs holds the owner's answer 30 s at most: the run
+        stands and the answer says its Workflow is still to be made."""
+        self.fleet.client.timeout = 600.0
+        self.fleet.fake.hangNext("POST", "/workflows")
+        d = self.fleet.provisionAsOwner(self.w1)
+        self.fleet.advance(29)
+        self.assertNoResult(d)
+        self.fleet.advance(1)
+        (run,) = self.successResultOf(d)
+        self.assertEqual(run.toJSON()["tinkerbell"]["workflow"]["made"], CREATE)
+        self.assertEqual(self.fleet.registry.readyRun("w1"), run.run)
+
 
 class StoreFaultTests(SynchronousTestCase):
     """[J1] The journal or database failing (injected faults)."""

@@ -249,8 +249,8 @@ class TinkerbellService(Service):
         self.book.apply(recorded)
         self.workers.kick(recorded.devices)
 
-    def settled(self, devices: Sequence[str]) -> Deferred[Any]:
-        """Fires once each of C{devices} had its first try."""
+    def settled(self, devices: Sequence[str]) -> Deferred[None]:
+        """Fires once each of C{devices} had its first try (30 s at most)."""
         return self.workers.settled(devices)
 
     # Status

@@ -53,6 +53,7 @@ from fleetd.tinkerbell.work import (
 FIRST_RETRY = 1.0
 MAX_RETRY = 60.0
 PARALLEL = 8
+SETTLE = 30.0  # seconds an owner's answer waits for the first try at most
 _log = Logger()
 
 
@@ -95,16 +96,30 @@ class Workers:
             self._running[device] = d
             d.addBoth(self._ended, device)
 
-    def settled(self, devices: Iterable[str]) -> Deferred[Any]:
+    def settled(self, devices: Iterable[str]) -> Deferred[None]:
         """Fires once each of C{devices} has had its first try (done, or
-        waiting for a retry)."""
+        waiting for a retry), or after L{SETTLE} seconds (an API that
+        hangs: the answer then says the calls wait)."""
         waits: list[Deferred[Any]] = []
         for device in devices:
             if device in self._running:
                 d: Deferred[None] = Deferred()
                 self._waiting.setdefault(device, []).append(d)
                 waits.append(d)
-        return DeferredList(waits, consumeErrors=True)
+        done: Deferred[None] = Deferred()
+        if not waits:
+            done.callback(None)
+            return done
+
+        def ended(_: object = None) -> None:
+            if timer.active():
+                timer.cancel()
+            if not done.called:
+                done.callback(None)
+
+        timer = self.clock.callLater(SETTLE, ended)
+        DeferredList(waits, consumeErrors=True).addCallback(ended)
+        return done
 
     def stop(self) -> Deferred[Any]:
         """Cancel every wait and call in flight; nothing is left armed."""
