@@ -4,8 +4,8 @@ The objects fleetd writes for Tinkerbell, as plain values (no I/O):
     Hardware  <namespace>/<device>
       metadata.labels: app.kubernetes.io/managed-by=fleetd, fleetd.io/device
       spec.interfaces[]: one per inventory MAC, in inventory order:
-        dhcp.mac, dhcp.hostname (the device), dhcp.ip.address where the
-        inventory knows one; netboot.allowPXE and allowWorkflow
+        dhcp.mac, dhcp.hostname (the device), dhcp.ip.address on the first
+        where the inventory knows one; netboot.allowPXE and allowWorkflow
 
     Workflow  <namespace>/<device>-<run>
       metadata.labels: the two above, and fleetd.io/run
@@ -76,7 +76,10 @@ def hardware(
         "kind": "Hardware",
         "metadata": {"name": device, "namespace": namespace, "labels": labels(device)},
         "spec": {
-            "interfaces": [_interface(m, device, address, True) for m in macs],
+            "interfaces": [
+                _interface(m, device, address if i == 0 else None, True)
+                for i, m in enumerate(macs)
+            ],
         },
     }
 
@@ -100,8 +103,8 @@ def updatedHardware(
         if isinstance(i, dict)
     }
     interfaces = []
-    for mac in macs:
-        fresh = _interface(mac, device, address, True)
+    for i, mac in enumerate(macs):
+        fresh = _interface(mac, device, address if i == 0 else None, True)
         found = byMac.get(mac)
         if found is None:
             interfaces.append(fresh)
