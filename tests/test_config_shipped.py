@@ -122,9 +122,9 @@ class GenericTests(SynchronousTestCase):
     def test_filledIn_loadsWithOptionalBlocksOn(self) -> None:
         """
         §3: filled in with step 0's values, its topology written as the
-        guide writes it, and the [kubernetes] and [netbox] blocks switched
-        on, conf/fleetd.toml loads with no unknown key; so does the dev
-        config.
+        guide writes it, and the [kubernetes], [tinkerbell] and [netbox]
+        blocks switched on, conf/fleetd.toml loads with no unknown key; so
+        does the dev config.
         """
         loadSettings(REPO / "conf" / "fleetd.dev.toml")
         zero = stepZero()
@@ -138,7 +138,9 @@ class GenericTests(SynchronousTestCase):
             "/etc/fleetd/topology.json", str(topology)
         )
         lines = [
-            line[2:] if line.startswith(("# [", "# api", "# ca", "# token", "# url"))
+            line[2:] if line.startswith(("# [", "# api", "# ca", "# token", "# url",
+                                         "# namespace", "# template", "# image",
+                                         "# toggle_allow_netboot"))
             else line
             for line in text.splitlines()
         ]  # fmt: skip
@@ -146,6 +148,8 @@ class GenericTests(SynchronousTestCase):
         path.write_text("\n".join(lines))
         s = loadSettings(path)
         assert s.kubernetes is not None and s.netbox is not None
+        assert s.tinkerbell is not None
+        self.assertEqual(list(s.tinkerbell.classes), ["worker"])
         self.assertEqual(s.kubernetes.api, zero["KUBE_API"])
         self.assertEqual(s.netbox.url, "https://netbox.example")
         self.assertEqual(

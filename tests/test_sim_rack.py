@@ -32,6 +32,7 @@ TABLE: dict[str, tuple[str, str | None, str | None]] = {
     "no-disk-serial": ("refused", "disk-serial-missing", None),
     "wrong-node-csr": ("active", None, None),
     "retire": ("decommissioning", None, None),
+    "workflow-deleted": ("planned", None, "FleetTinkerbellWorkflowLost"),
 }
 
 

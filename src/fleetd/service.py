@@ -34,6 +34,7 @@ from fleetd.admin.console.tree import ConsoleServices, consoleTree
 from fleetd.admin.deviceflow import followAdminPort, verificationURI
 from fleetd.admin.provision import Provisioner
 from fleetd.admin.resource import adminRoot
+from fleetd.assembly import NETBOX_LISTING_AGE, netboxInventory, tinkerbellObjects
 from fleetd.attest.wiring import buildAttestation
 from fleetd.boot.face import bootFace
 from fleetd.config import ConfigError, NetBoxSettings
@@ -63,7 +64,6 @@ from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.placeholders import DevValues
 from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import TemplateRenderer
-from fleetd.runs.vaultnames import configName
 from fleetd.status import StatusService
 from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal, Journal
@@ -75,12 +75,6 @@ from fleetd.trust.disks import DiskService
 from fleetd.trust.refusals import AttestRefusals
 from fleetd.trust.service import TrustService
 from fleetd.web.site import listenerSite
-
-# Seconds one listing of a NetBox inventory serves the console's fleet view,
-# and the least between two listings the Tink proxy asks for unknown ids
-# (each listing walks NetBox's device pages: an owner refreshing, or
-# strangers naming MACs on the tink listener, must not walk them each time).
-NETBOX_LISTING_AGE = 10.0
 
 
 class FleetdService(MultiService):
@@ -166,6 +160,11 @@ class FleetdService(MultiService):
                 metrics=self.registry,
             )
             self.kube.setServiceParent(self.database)
+        self.objects = tinkerbellObjects(  # [tinkerbell]: Hardware and Workflows
+            s, clock=reactor, kube=self.kube, journal=self.journal,
+            runner=self.runner, runs=self.runs, registry=self.registry,
+            parent=self.database,
+        )  # fmt: skip
         self.trust = TrustService(self.runner, self.journal, self.inventory, reactor)
         self.disks = DiskService(self.runner, self.journal, reactor)
         attestation = buildAttestation(
@@ -197,6 +196,7 @@ class FleetdService(MultiService):
             ldevid=self.ldevids.status,
             kubernetes=self.kube is not None,
             refusals=self.refusals,
+            objects=None if self.objects is None else self.objects.view,
         )
         # fleetd_devices and the longest-staged node, counted in the background
         self.census = Census(
@@ -234,15 +234,11 @@ class FleetdService(MultiService):
         self.loading.setServiceParent(self.database)
 
     def _netbox(self, netbox: NetBoxSettings) -> IInventory:
-        from fleetd.netbox.wiring import netboxService  # only when configured
-
-        service = netboxService(
-            self.reactor, netbox, self.runner, self.journal,
-            configOf=lambda run: self.vault.get(configName(run)),
-            onRefused=self._refused, metrics=self.registry,
+        return netboxInventory(
+            netbox, reactor=self.reactor, runner=self.runner, journal=self.journal,
+            vault=self.vault, onRefused=self._refused, registry=self.registry,
+            parent=self.database,
         )  # fmt: skip
-        service.setServiceParent(self.database)
-        return service.inventory
 
     def _refused(self, message: str) -> None:
         """A peer refuses fleetd's start (NetBox lacks its fields): stop."""
@@ -295,6 +291,7 @@ class FleetdService(MultiService):
             journal=self.journal,
             runner=self.runner,
             runs=self.runs,
+            objects=None if self.objects is None else self.objects.service,
         )
         renderer = TemplateRenderer(
             s.provision.templates,
@@ -313,6 +310,7 @@ class FleetdService(MultiService):
             renderer,
             self.journal,
             credentials=None if self.kube is None else self.kube.book,
+            objects=None if self.objects is None else self.objects.service,
         )
         api = ownerAPI(
             inventory=self.inventory,
@@ -377,6 +375,7 @@ class FleetdService(MultiService):
             upstreamCA=prepared.upstreamCA,
             # a stranger naming unknown MACs must not walk NetBox every second
             listingFloor=REFRESH_FLOOR if s.netbox is None else NETBOX_LISTING_AGE,
+            objects=None if self.objects is None else self.objects.watched,
         )
         self.tink.setServiceParent(self.database)
         policy = listenerPolicy(s, "tink")

@@ -52,6 +52,7 @@ class DeviceReport:
     kubernetes: kubestatus.Credentials | None = None
     ldevid: dict[str, Any] | None = None
     refusal: dict[str, Any] | None = None  # AttestRefusals.standing's
+    tinkerbell: dict[str, Any] | None = None  # its Hardware and Workflow
 
     def toJSON(self) -> dict[str, Any]:
         run = None
@@ -69,6 +70,7 @@ class DeviceReport:
             "kubernetes": None if self.kubernetes is None else self.kubernetes.toJSON(),
             "ldevid": self.ldevid,
             "attest_refusal": self.refusal,
+            "tinkerbell": self.tinkerbell,
         }
 
 
@@ -147,6 +149,50 @@ def assess(
     return f"latest run is {run.state}", f"{provision} to start a new run"
 
 
+LOST_HOW = {
+    "lost": "deleted",
+    "changed": "changed",
+    "disowned": "stripped of fleetd's labels",
+}
+
+
+def assessObjects(
+    name: str, run: RunView | None, objects: dict[str, Any] | None
+) -> tuple[str, str | None] | None:
+    """
+    Where a device provisioned with C{[tinkerbell]} stands when its
+    Workflow is the reason its node waits (issue 28); L{None}: it is not.
+    """
+    workflow = None if objects is None else objects.get("workflow")
+    if run is None or run.state != "ready" or workflow is None:
+        return None
+    if workflow["run"] != run.record.id:
+        return None
+    made, path = workflow["made"], workflow["name"]
+    provision = f"fleetctl provision {name}"
+    if made in LOST_HOW and str(workflow.get("state") or "").upper().removeprefix(
+        "STATE_"
+    ) not in ("POST", "SUCCESS"):
+        return (
+            f"provisioned; its Workflow {path} was {LOST_HOW[made]} by someone"
+            " else before it ran, and fleetd does not make it again",
+            f"{provision}: a new run, and a new Workflow",
+        )
+    if made in ("refused", "failed"):
+        return (
+            f"provisioned, but fleetd could not make its Workflow {path}:"
+            f" {workflow.get('problem')}",
+            f"put that right, then {provision}",
+        )
+    if made == "create" and objects is not None and objects.get("waiting"):
+        return (
+            f"provisioned; its Workflow {path} is not made yet, retrying:"
+            f" {objects['waiting']}",
+            None,
+        )
+    return None
+
+
 class StatusService:
     """Reports on devices for people; reads only, changes nothing."""
 
@@ -163,13 +209,16 @@ class StatusService:
         ldevid: Callable[[str], dict[str, Any] | None] | None = None,
         kubernetes: bool = True,
         refusals: AttestRefusals | None = None,
+        objects: Callable[[str], dict[str, Any] | None] | None = None,
     ) -> None:
         """
         @param ldevid: the current LDevID record of a chassis serial [T4]
             (issuer, notAfter; L{None} when spore issued it none).
         @param kubernetes: whether fleetd has C{[kubernetes]} (L{assess}).
         @param refusals: devices' standing refused attestations (issue 27).
+        @param objects: a device's Tinkerbell objects (C{[tinkerbell]}).
         """
+        self._objects = objects
         self._kubernetes = kubernetes
         self._refusals = refusals
         self._credentials = credentials
@@ -208,6 +257,14 @@ class StatusService:
                 )
                 if found is not None:
                     state, recovery = found
+        objects = None if self._objects is None else self._objects(device.name)
+        if device.status is not DeviceStatus.DECOMMISSIONING:
+            waits = assessObjects(device.name, run, objects)
+            if waits is not None:
+                state, recovery = waits
+                made = ((objects or {}).get("workflow") or {}).get("made")
+                if made in LOST_HOW:  # as fleetd_tinkerbell_workflows_missing
+                    alerts = [*alerts, "FleetTinkerbellWorkflowLost"]
         return DeviceReport(
             device,
             run,
@@ -220,4 +277,5 @@ class StatusService:
             kubernetes=creds,
             ldevid=None if self._ldevid is None else self._ldevid(device.serial),
             refusal=refusal,
+            tinkerbell=objects,
         )

@@ -99,6 +99,7 @@ def statusRows(doc: dict[str, Any], journal: bool = True) -> list[Row]:
         *trustRows(doc.get("trust")),
         diskRow(doc.get("disks")),
         *credentialRows(doc.get("kubernetes")),
+        *objectRows(doc.get("tinkerbell")),
     ]
     if journal and doc["journal"]:
         rows.append(Row("journal", "", tuple(formatEntry(e) for e in doc["journal"])))
@@ -289,6 +290,55 @@ def credentialRows(kube: dict[str, Any] | None) -> list[Row]:
     return rows
 
 
+def objectRows(objects: dict[str, Any] | None) -> list[Row]:
+    """
+    Its Tinkerbell objects ([tinkerbell], issue 28): the current run's
+    Workflow with the state Tinkerbell gives it and what fleetd did with
+    it, and the Hardware.
+    """
+    if objects is None:
+        return []
+    rows = []
+    workflow = objects.get("workflow")
+    if workflow is not None:
+        state = workflow.get("state") or "no state from Tinkerbell yet"
+        made = OBJECT_WORDS.get(workflow["made"], workflow["made"])
+        text = f"{workflow['name']}  {state}  (fleetd: {made})"
+        if workflow.get("problem"):
+            text += f": {workflow['problem']}"
+        rows.append(Row("workflow", text))
+    hardware = objects.get("hardware")
+    if hardware is not None:
+        made = OBJECT_WORDS.get(hardware["made"], hardware["made"])
+        text = f"{hardware['name']}  (fleetd: {made})"
+        if hardware.get("problem"):
+            text += f": {hardware['problem']}"
+        rows.append(Row("hardware", text))
+    if objects.get("waiting"):
+        rows.append(Row("waiting", f"retrying: {objects['waiting']}"))
+    return rows
+
+
+# What fleetd did with a Tinkerbell object, in words (fleetd.tinkerbell.store).
+OBJECT_WORDS = {
+    "create": "to be made",
+    "created": "made",
+    "delete": "to be deleted",
+    "deleted": "deleted",
+    "absent": "not there",
+    "lost": "deleted by someone else; not made again",
+    "changed": "changed by someone else",
+    "disowned": "its labels taken off; left alone",
+    "removed": "deleted by someone else after its end",
+    "refused": "refused",
+    "failed": "refused by the API",
+    "apply": "to be applied",
+    "applied": "applied, network boot allowed",
+    "off": "network boot to be turned off",
+    "netboot-off": "network boot off",
+}
+
+
 def trustLines(trust: dict[str, Any] | None) -> list[str]:
     """The binding and evidence as C{fleetctl status} prints them."""
     return [line for row in trustRows(trust) for line in row.lines()]
@@ -322,6 +372,7 @@ def retirementRows(doc: dict[str, Any]) -> list[Row]:
     return [
         Row("node", NODE_OUTCOME[doc["node_deleted"]]),
         Row("tokens", f"{tokens} (deleted now, retried until done)"),
+        *objectRows(doc.get("tinkerbell")),
         Row("cannot be revoked", "", tuple(f"- {i}" for i in doc["unrevocable"])),
     ]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from twisted.web import http
@@ -45,6 +46,7 @@ from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import NodeFacts, RenderError, TemplateRenderer
 from fleetd.store.fields import MAX_STRING
 from fleetd.store.journal import AsyncJournal
+from fleetd.tinkerbell.service import Refusal, TinkerbellService
 from fleetd.vault import VaultError
 from fleetd.web.owner import ownerOf
 from fleetd.web.refusals import storeRefusal
@@ -137,8 +139,16 @@ class Provisioner:
         renderer: TemplateRenderer,
         journal: AsyncJournal,
         credentials: ICredentials | None = None,
+        objects: TinkerbellService | None = None,
     ) -> None:
+        """
+        @param objects: with C{[tinkerbell]}, each device's Hardware and
+            its run's Workflow (checked before any run is made, recorded
+            with the runs, made after; the answer waits for their first
+            try and tells it).
+        """
         self._credentials = credentials
+        self._objects = objects
         self._registry = registry
         self._inventory = inventory
         self._renderer = renderer
@@ -198,8 +208,10 @@ class Provisioner:
                 cluster = device.cluster or self._renderer.defaultCluster
                 failed = _TemplateFailed(device, cluster, e)
                 raise await self._templateFailed(failed, actor) from e
+        if self._objects is not None:
+            await self._preflight(self._objects, devices, actor)
         try:
-            return await self._provisionRuns(
+            started = await self._provisionRuns(
                 devices, desiredAction, actor, via, supersedes
             )
         except RunMoved as e:
@@ -221,6 +233,34 @@ class Provisioner:
                 http.SERVICE_UNAVAILABLE,
                 f"kubernetes: {e}; nothing was provisioned",
             ) from e
+        if self._objects is None:
+            return started
+        # The runs stand; their objects' calls are retried until made.
+        await self._objects.settled([p.device for p in started])
+        return [replace(p, objects=self._objects.view(p.device)) for p in started]
+
+    async def _preflight(
+        self, objects: TinkerbellService, devices: list[Device], actor: str
+    ) -> None:
+        """
+        Tinkerbell's objects can be fleetd's (issue 28): no Hardware or
+        live Workflow fleetd did not make stands in the way; else the
+        refusal names it, journaled, and nothing is provisioned.
+        """
+        try:
+            await objects.preflight(devices)
+        except Refusal as e:
+            if e.busy:
+                raise Refused(
+                    http.SERVICE_UNAVAILABLE, f"{e}; nothing was provisioned"
+                ) from e
+            await self._journal.append(
+                "provision.refused",
+                actor=actor,
+                device=e.device,
+                fields={"reason": e.reason, "problem": str(e)[:MAX_STRING]},
+            )
+            raise Refused(http.CONFLICT, f"{e}; nothing was provisioned") from e
 
     async def _serialIsOne(self, device: Device, actor: str) -> None:
         """
@@ -307,6 +347,7 @@ class Provisioner:
             credentials=self._credentials,
             via=via,
             supersedes=supersedes,
+            objects=self._objects,
         )
 
 

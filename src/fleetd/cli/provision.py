@@ -5,6 +5,8 @@ One run per device, all in one request (a rack at once). Prints each run
 id and its one-time code; the codes are shown here and nowhere else, so
 this output is what the owner writes to META 0x0b (or hands to the
 installer). C{--json}: an object for one name, an array for several.
+With C{[tinkerbell]} each run's Workflow and the device's Hardware follow
+(issue 28): made, or waiting for a retry and why.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import IO, Any
 from fleetd.cli.client import AdminClient
 from fleetd.clitools import writeJSON
 from fleetd.config import Settings
+from fleetd.statuswords import objectRows
 
 
 def addCommands(commands: Any) -> None:
@@ -42,4 +45,6 @@ def cmdProvision(settings: Settings, args: argparse.Namespace, out: IO[str]) -> 
     else:
         for run in runs:
             out.write(f"{run['device']}  run {run['run']}  code {run['code']}\n")
+            for row in objectRows(run.get("tinkerbell")):
+                out.writelines(f"  {line}\n" for line in row.lines())
     return 0

@@ -24,6 +24,7 @@ from fleetd.config.settings import (
     TLSFiles,
     UpstreamAddress,
 )
+from fleetd.config.tinkerbell import TinkerbellClass, TinkerbellSettings
 from fleetd.topology import (
     Anchor,
     ConfigError,
@@ -47,6 +48,8 @@ __all__ = [
     "Settings",
     "TLSFiles",
     "TinkSettings",
+    "TinkerbellClass",
+    "TinkerbellSettings",
     "Topology",
     "UpstreamAddress",
     "loadSettings",

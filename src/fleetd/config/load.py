@@ -18,6 +18,7 @@ from typing import Any
 from fleetd.config.reader import readSection
 from fleetd.config.settings import KubernetesSettings, Settings
 from fleetd.config.table import Table, checkUnknownKeys
+from fleetd.config.tinkerbell import checkClasses
 from fleetd.config.tinkloop import checkTinkLoop
 from fleetd.topology import ConfigError, loadTopology
 
@@ -92,7 +93,36 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
             "tink.workflow_state",
             '"kubernetes" reads Workflows through [kubernetes], which is absent',
         )
+    _checkTinkerbell(settings)
     return settings
+
+
+def _checkTinkerbell(settings: Settings) -> None:
+    """
+    C{[tinkerbell]} writes through C{[kubernetes]}, for classes the site
+    defines; its Workflows are watched by the one Workflow watch, so a
+    C{tink.workflow_namespace} must include its namespace.
+    """
+    tinkerbell = settings.tinkerbell
+    if tinkerbell is None:
+        return
+    if settings.kubernetes is None:
+        raise ConfigError(
+            "tinkerbell",
+            "fleetd writes Hardware and Workflows through [kubernetes], which is"
+            " absent",
+        )
+    checkClasses(tinkerbell, settings.provision.classes)
+    watched = settings.tink.workflow_namespace
+    if settings.tink.workflow_state == "kubernetes" and watched not in (
+        None,
+        tinkerbell.namespace,
+    ):
+        raise ConfigError(
+            "tink.workflow_namespace",
+            f"{watched!r} is not tinkerbell.namespace ({tinkerbell.namespace!r})"
+            ' nor "*": one watch reads the Workflows of both',
+        )
 
 
 def loadSettings(path: Path) -> Settings:

@@ -21,6 +21,7 @@ from twisted.internet.ssl import Certificate, optionsForClientTLS
 
 from fleetd.config.reader import readSection, setting, toml
 from fleetd.config.table import Table
+from fleetd.config.tinkerbell import TinkerbellSettings, readTinkerbell
 from fleetd.topology import ConfigError, Topology, parseAddress
 
 
@@ -387,4 +388,7 @@ class Settings:
         default_factory=BootLimits, metadata=toml(key="boot")
     )
     kubernetes: KubernetesSettings | None = None
+    tinkerbell: TinkerbellSettings | None = field(
+        default=None, metadata=toml(read=readTinkerbell)
+    )
     netbox: NetBoxSettings | None = None

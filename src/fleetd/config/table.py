@@ -70,6 +70,15 @@ class Table:
             self._tables[name] = Table(value, self.key(name), self._base)
         return self._tables[name]
 
+    def names(self) -> list[str]:
+        """The keys present here, in document order (each now known)."""
+        self._known.update(self._data)
+        return list(self._data)
+
+    def has(self, name: str) -> bool:
+        """Whether C{name} is present (it is known from now on)."""
+        return self._get(name) is not None
+
     def section(self, name: str, required: bool = True) -> Table:
         """L{table}, or an empty stand-in when an optional one is absent."""
         return self.table(name, required) or Table({}, self.key(name), self._base)

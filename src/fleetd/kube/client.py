@@ -167,6 +167,19 @@ class KubeClient:
         except ValueError as e:
             raise KubeUnavailable(f"{what}: the answer is not JSON") from e
 
+    async def call(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+    ) -> Any:
+        """One call to C{path} (under the API's base URL); its decoded JSON
+        answer. For callers with collections of their own
+        (L{fleetd.tinkerbell.api}); the errors are L{KubeError}s."""
+        return await self._call(method, path, what, body, query)
+
     def close(self) -> Deferred[None] | None:
         """
         Cancel the calls in flight (a connection one holds would otherwise

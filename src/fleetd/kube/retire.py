@@ -19,7 +19,11 @@ In this order:
      Talos configuration carries and nothing rotates;
   3. after the commit, the run's files leave the vault and the tokens are
      deleted (retried while the API is down; their persisted deadline
-     re-arms after a restart).
+     re-arms after a restart); with C{[tinkerbell]}, the deletion of the
+     device's Workflows and network boot off on its Hardware, recorded in
+     the transaction of step 2 (L{IRetiringObjects}), are asked of the
+     API, and the answer waits for that first try (retried from the
+     record, after a restart too, when it fails).
 
 One device at a time [R1]: before step 1 the device's tokens are
 revoked in memory and its renewals refused (L{IApprovals.hold}), and the
@@ -36,7 +40,7 @@ restarts: wipe or power off the machine (docs/operations.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -77,6 +81,24 @@ class IApprovals(Protocol):
         "Fires once the approvals in flight for C{device} have ended."
 
 
+class IRetiringObjects(Protocol):
+    """Tinkerbell's objects of a retired device (L{fleetd.tinkerbell.service})."""
+
+    def recordRetirement(
+        self, db: Database, journal: Recorder, device: str, actor: str, at: float
+    ) -> Any:
+        "Record the retirement's intents in its transaction [J1]."
+
+    def committed(self, recorded: Any) -> None:
+        "The retirement committed: memory follows, the calls start."
+
+    def settled(self, devices: Sequence[str]) -> Deferred[Any]:
+        "Fires once the calls for C{devices} had their first try."
+
+    def view(self, device: str) -> dict[str, Any] | None:
+        "C{device}'s objects now."
+
+
 UNROTATED_TRUSTD = (
     "machine.token (the cluster's trustd token) is in every Talos configuration;"
     " nothing rotates it, and a copy on disk can still obtain Talos API certificates"
@@ -90,9 +112,11 @@ class Retirement:
     tokens: list[str]
     not_after: float | None
     unrevocable: list[str] = field(default_factory=list)
+    objects: dict[str, Any] | None = None  # [tinkerbell]: after the first try
 
     def toJSON(self) -> dict[str, Any]:
-        return {
+        found = {} if self.objects is None else {"tinkerbell": self.objects}
+        return found | {
             "device": self.device,
             "status": DeviceStatus.DECOMMISSIONING.value,
             "node_deleted": self.node_deleted,
@@ -118,8 +142,10 @@ class RetireService:
         book: TokenBook | None,
         runs: IRetiringRuns | None,
         approvals: IApprovals | None = None,
+        objects: IRetiringObjects | None = None,
     ) -> None:
         self.clock = clock
+        self.objects = objects
         self.approvals = approvals
         self.runs = runs
         self.inventory = inventory
@@ -233,6 +259,10 @@ class RetireService:
                 device=name,
                 fields={"credential": "machine.token", "note": UNROTATED_TRUSTD},
             )
+            if self.objects is not None:
+                holder["objects"] = self.objects.recordRetirement(
+                    db, journal, name, actor, now
+                )
 
         try:
             if self.runs is not None:
@@ -245,6 +275,11 @@ class RetireService:
             raise
         if self.book is not None:
             self.book.revokeDevice(name)
+        objects = None
+        if self.objects is not None:
+            self.objects.committed(holder["objects"])
+            await self.objects.settled([name])
+            objects = self.objects.view(name)
         notAfter = holder["not_after"]
         return Retirement(
             device=name,
@@ -260,4 +295,5 @@ class RetireService:
                 ),
                 UNROTATED_TRUSTD,
             ],
+            objects=objects,
         )

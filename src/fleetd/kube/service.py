@@ -28,7 +28,7 @@ from fleetd.kube.book import TokenBook
 from fleetd.kube.client import KubeClient
 from fleetd.kube.cluster import ClusterTokens
 from fleetd.kube.rbac import RBACCheck
-from fleetd.kube.retire import IRetiringRuns, RetireService
+from fleetd.kube.retire import IRetiringObjects, IRetiringRuns, RetireService
 from fleetd.kube.tokens import Sealer
 from fleetd.kube.watcher import CSRWatcher
 from fleetd.store.journal import AsyncJournal
@@ -153,6 +153,7 @@ def retireService(
     journal: AsyncJournal,
     runner: IRunner,
     runs: IRetiringRuns | None,
+    objects: IRetiringObjects | None = None,
 ) -> RetireService:
     """
     The retirement over C{kube}'s client, token book and approvals; with no
@@ -167,4 +168,5 @@ def retireService(
         book=None if kube is None else kube.book,
         runs=runs,
         approvals=None if kube is None else kube.approver.flights,
+        objects=objects,
     )

@@ -9,7 +9,7 @@ removed only after the commit that retires them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -41,9 +41,18 @@ class Provisioned:
     run: str
     code: str = field(repr=False)
     device: str
+    # Its Tinkerbell objects after their first try ([tinkerbell]), if any.
+    objects: Mapping[str, Any] | None = None
 
-    def toJSON(self) -> dict[str, str]:
-        return {"run": self.run, "code": self.code, "device": self.device}
+    def toJSON(self) -> dict[str, Any]:
+        found: dict[str, Any] = {
+            "run": self.run,
+            "code": self.code,
+            "device": self.device,
+        }
+        if self.objects is not None:
+            found["tinkerbell"] = dict(self.objects)
+        return found
 
 
 class ICredentials(Protocol):
@@ -66,6 +75,27 @@ class ICredentials(Protocol):
 
     def committed(self, issued: list[Any]) -> None:
         "The provision committed."
+
+
+class IRunObjects(Protocol):
+    """
+    Objects outside fleetd made for each new run (Tinkerbell's Hardware
+    and Workflow, L{fleetd.tinkerbell.service}): their intents recorded in
+    the provision's transaction [J1], the calls made after its commit.
+    """
+
+    def recordProvision(
+        self,
+        db: Database,
+        journal: Recorder,
+        started: Sequence[tuple[Device, str]],
+        actor: str,
+        at: float,
+    ) -> Any:
+        "Record the intents for C{started} (device, run id); what was written."
+
+    def committed(self, recorded: Any) -> None:
+        "The provision committed: memory follows, the calls start."
 
 
 class NotReady(Exception):
@@ -132,6 +162,7 @@ class Provisioner:
         credentials: ICredentials | None = None,
         via: str | None = None,
         supersedes: Mapping[str, str | None] | None = None,
+        objects: IRunObjects | None = None,
     ) -> list[Provisioned]:
         """
         Start one run per device: render its configuration into the vault,
@@ -152,6 +183,8 @@ class Provisioner:
         @param supersedes: per device, the run its latest run must still be
             (L{None}: it has none) when the transaction runs, else nothing
             is provisioned (L{RunMoved}): a confirmation the owner saw.
+        @param objects: records the intents of objects made for the new
+            runs in their transaction (L{IRunObjects}).
         @raise NotReady: the registry is still loading after a start.
         """
         if not self._index.loaded:
@@ -161,7 +194,14 @@ class Provisioner:
             raise ValueError("a device appears twice in one provision")
         async with self._lock:
             return await self._provision(
-                devices, actor, render, desiredAction, credentials, via, supersedes
+                devices,
+                actor,
+                render,
+                desiredAction,
+                credentials,
+                via,
+                supersedes,
+                objects,
             )
 
     async def _provision(
@@ -173,6 +213,7 @@ class Provisioner:
         credentials: ICredentials | None = None,
         via: str | None = None,
         supersedes: Mapping[str, str | None] | None = None,
+        objects: IRunObjects | None = None,
     ) -> list[Provisioned]:
         core, index = self._core, self._index
         now = core.clock.seconds()
@@ -211,7 +252,7 @@ class Provisioner:
             raise
         records = [record for _, record, _ in batch]
 
-        def change(db: Database, journal: Recorder) -> list[RunRecord]:
+        def change(db: Database, journal: Recorder) -> tuple[list[RunRecord], Any]:
             for name, expected in (supersedes or {}).items():
                 latest = latestRun(db, name)
                 current = None if latest is None else latest.id
@@ -244,10 +285,14 @@ class Provisioner:
                 )
             if credentials is not None:
                 credentials.recordIn(db, journal, issued, actor)
-            return superseded
+            recorded = None
+            if objects is not None:
+                started = [(device, record.id) for device, record, _ in batch]
+                recorded = objects.recordProvision(db, journal, started, actor, now)
+            return superseded, recorded
 
         try:
-            superseded = await self._journal.change(change)
+            superseded, recorded = await self._journal.change(change)
         except Exception:
             self._forget(batch)
             if credentials is not None:
@@ -255,6 +300,8 @@ class Provisioner:
             raise
         if credentials is not None:
             credentials.committed(issued)
+        if objects is not None:
+            objects.committed(recorded)
         # Committed: now memory follows, and the old runs' files go.
         index.supersededCommitted(superseded)
         results = []

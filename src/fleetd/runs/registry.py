@@ -20,7 +20,12 @@ from fleetd.inventory.model import Device, IInventory
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.index import BootIndex
 from fleetd.runs.notes import RunNotes
-from fleetd.runs.provision import ICredentials, Provisioned, Provisioner
+from fleetd.runs.provision import (
+    ICredentials,
+    IRunObjects,
+    Provisioned,
+    Provisioner,
+)
 from fleetd.runs.recovery import recover
 from fleetd.runs.releaser import Releaser
 from fleetd.runs.run import RunCore
@@ -108,6 +113,7 @@ class RunRegistry(BootIndex):
         credentials: ICredentials | None = None,
         via: str | None = None,
         supersedes: Mapping[str, str | None] | None = None,
+        objects: IRunObjects | None = None,
     ) -> list[Provisioned]:
         """L{Provisioner.provision}."""
         return await self._provisioner.provision(
@@ -118,6 +124,7 @@ class RunRegistry(BootIndex):
             credentials=credentials,
             via=via,
             supersedes=supersedes,
+            objects=objects,
         )
 
     async def retire(

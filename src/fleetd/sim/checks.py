@@ -15,6 +15,7 @@ from typing import Any
 
 from twisted.internet.task import deferLater
 
+from fleetd.sim import hookos
 from fleetd.sim.node import Node
 
 DELETION_POLLS = 20  # a deletion is looked for this many times...
@@ -39,6 +40,9 @@ async def unrecorded(node: Node) -> str | None:
                 return f"journal: {seen[event]} {event}, not 1"
     if node.rack.cluster is None:
         return None
+    problem = await played(node)
+    if problem is not None:
+        return problem
     if seen["kube.csr-approved"] != 1:
         return f"journal: {seen['kube.csr-approved']} kubelet approvals, not 1"
     for _ in range(DELETION_POLLS):
@@ -47,6 +51,42 @@ async def unrecorded(node: Node) -> str | None:
         await deferLater(node.rack.clock, POLL_GAP, lambda: None)
         seen = await events(node)
     return f"journal: {seen['kube.token-deleted']} token deletions, not 1"
+
+
+STATE_POLLS = 20  # the Workflow's end reaches fleetd's watch: looked for
+STATE_GAP = 0.25  # this many times, this many seconds apart
+
+
+async def played(node: Node) -> str | None:
+    """
+    With C{[tinkerbell]}: the workflow HookOS ran is the Workflow fleetd
+    made for the node's run (journaled), and fleetd shows its end (read by
+    its Workflow watch) beside the run, as long as that run is current.
+    """
+    if not node.rack.workflows or node.run_ is None:
+        return None
+    name = f"{hookos.NAMESPACE}/{node.name}-{node.run_}"
+    if node.served != name:
+        return f"hookos ran {node.served or 'nothing'}, not fleetd's Workflow {name}"
+    shown = await node.fleetctl("--json", "journal", "--device", node.name)
+    made = [
+        e
+        for e in json.loads(shown)
+        if e["event"] == "tinkerbell.workflow-created" and e["run"] == node.run_
+    ]
+    if len(made) != 1:
+        return f"journal: {len(made)} tinkerbell.workflow-created for {name}"
+    state = None
+    for _ in range(STATE_POLLS):
+        doc = json.loads(await node.fleetctl("--json", "status", node.name))
+        workflow = (doc.get("tinkerbell") or {}).get("workflow") or {}
+        if workflow.get("run") != node.run_:
+            return None  # provisioned again since (a fault's recovery)
+        state = workflow.get("state")
+        if state == "SUCCESS":
+            return None
+        await deferLater(node.rack.clock, STATE_GAP, lambda: None)
+    return f"status: Workflow {name} is {state}, not SUCCESS"
 
 
 MIRROR_POLLS = 40  # fleetd's NetBox outbox pushes asynchronously: looked

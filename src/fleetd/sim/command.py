@@ -39,6 +39,7 @@ from twisted.internet.interfaces import IReactorThreads
 from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
 
+from fleetd.sim import hookos
 from fleetd.sim.checks import mirrored, unrecorded
 from fleetd.sim.daemon import (
     DaemonFailed,
@@ -285,8 +286,9 @@ async def setUp(
         # In this process, on its reactor: gone with it.
         netbox, _, table = serveNetBox(reactor, work)
         console.say(f"NetBox fake on {table['url']}")
+    hookos.applyTemplate(fake)  # [tinkerbell]: fleetd makes the Workflows
     fleetd = await deferToThread(
-        startFleetd, work, tink.port, started, kubernetes, table
+        startFleetd, work, tink.port, started, kubernetes, table, hookos.tables()
     )
     console.say(f"fleetd on {fleetd.admin} (state in {work})")
     return fleetd, tink, Cluster(port, pki.public_ca, fake), netbox
@@ -304,11 +306,13 @@ async def rackOf(
     bus = SessionBus(work / "bus")
     started.add("dbus-daemon", lambda: bus.pid, bus.stop)
     await deferToThread(bus.start)
+    fake = None if cluster is None else cluster.fake
+    moved = None if fake is None else hookos.stateMover(reactor, fake)
     rack = Rack(
         fleetd=fleetd,
         work=work,
         bus=bus,
-        tink=Workflows(tink),
+        tink=Workflows(tink, onState=moved),
         clock=reactor,
         timeScale=args.time_scale,
         started=started,
@@ -316,6 +320,7 @@ async def rackOf(
         changed=lambda: None,
         fetch=args.fetch,
         netbox=netbox,
+        workflows=fake is not None,
     )
     return await runRack(reactor, args, rack, console)
 

@@ -170,11 +170,13 @@ def writeConfig(
     tinkUpstream: int,
     kubernetes: dict[str, Any] | None = None,
     netbox: dict[str, Any] | None = None,
+    extra: dict[str, dict[str, Any]] | None = None,
 ) -> Path:
     """A dev config in C{directory}: every listener on a free loopback
     port, the dev PKI under C{pki/}, the vault on any filesystem; with
     C{kubernetes}, that C{[kubernetes]} table; with C{netbox}, that
-    C{[netbox]} table (NetBox is then the inventory)."""
+    C{[netbox]} table (NetBox is then the inventory); C{extra} tables
+    (C{[tinkerbell]}'s) as given."""
     (directory / "templates").mkdir(parents=True)
     (directory / "templates" / "default.yaml").write_text(TEMPLATE)
     (directory / "topology.json").write_text(json.dumps(TOPOLOGY))
@@ -198,6 +200,7 @@ def writeConfig(
         tables["kubernetes"] = kubernetes
     if netbox is not None:
         tables["netbox"] = netbox
+    tables.update(extra or {})
     lines = []
     for table, keys in tables.items():
         lines.append(f"[{table}]")
@@ -237,10 +240,11 @@ def startFleetd(
     started: Started,
     kubernetes: dict[str, Any] | None = None,
     netbox: dict[str, Any] | None = None,
+    extra: dict[str, dict[str, Any]] | None = None,
 ) -> Fleetd:
     """Our own fleetd (C{twistd -n fleetd}) on C{work}, in C{started}."""
     devPKI(work)
-    config = writeConfig(work / "fleetd", tinkUpstream, kubernetes, netbox)
+    config = writeConfig(work / "fleetd", tinkUpstream, kubernetes, netbox, extra)
     return launchFleetd(work, config, started)
 
 

@@ -36,91 +36,33 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IReactorTime
 from twisted.internet.threads import deferToThread
 from twisted.internet.utils import getProcessOutputAndValue
 
-from fleetd.sim.daemon import BIN, Fleetd, Started
+from fleetd.sim.daemon import BIN
 from fleetd.sim.deviceflow import (
     BootEndpoint,
     DeviceFlowFailed,
     awaitToken,
     requestCode,
 )
+from fleetd.sim.hookos import ACTIONS, serveWorkflow
 from fleetd.sim.kubelet import bootstrapToken, fileAndAwait
 from fleetd.sim.netbox import enterDevice
-from fleetd.sim.pause import Pause
+from fleetd.sim.rack import Cluster, Rack, Refused, Step, StepFailed
 from fleetd.sim.relay import Relay, relayedChannel, tinkRelay
 from fleetd.sim.talos import fetchConfig
-from fleetd.sim.tpm import SWTPM, ResourceManager, SessionBus, ekDigestOf
-from fleetd.testing.kube import FakeKube
-from fleetd.testing.netbox import FakeNetBox
+from fleetd.sim.tpm import SWTPM, ResourceManager, ekDigestOf
 from fleetd.testing.tinkagent import getAction, report
-from fleetd.testing.tinkserver import Workflows
 
 PHASES = (
     "tpm", "enroll", "provision", "attest", "disks", "plan", "install", "config",
     "kubelet",
 )  # fmt: skip
-ACTIONS = ("attest", "disks", "plan", "install")  # the workflow served by tink
 DISK_BYTES = 16 * 1024**3
 # fleetd-agent's refusal lines: "refused: CODE: ..." (attest, plan),
 # "fleetd refused (409): CODE: ..." (disks).
 REFUSED = re.compile(r"refused(?: \(\d{3}\))?: ([a-z0-9-]+)")
-
-
-@dataclass(frozen=True)
-class Step:
-    """
-    One step of a node's path: C{run} timed as C{phase} (L{None}: not
-    timed as a whole, as the workflow, which times its own actions).
-    """
-
-    phase: str | None
-    run: Callable[[], Awaitable[None]]
-
-
-class Refused(Exception):
-    """fleetd refused a step; C{reason} is its code."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class StepFailed(Exception):
-    """A step failed for another reason than a refusal (one line)."""
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """The Kubernetes fake's TLS port and the CA its certificate is from;
-    the fake itself, for what a kubelet holds without asking fleetd (its
-    client certificate's identity) and for faults' checks of the fake."""
-
-    port: int
-    ca: Path
-    fake: FakeKube | None = None
-
-
-@dataclass
-class Rack:
-    """What every node of a rack shares."""
-
-    fleetd: Fleetd
-    work: Path
-    bus: SessionBus
-    tink: Workflows
-    clock: IReactorTime
-    timeScale: float
-    started: Started
-    cluster: Cluster | None
-    changed: Callable[[], None]
-    # Held by each node on its way (fleetd.sim.command); a spore reboot waits
-    # until it is alone (fleetd.sim.faults.boot).
-    pause: Pause = field(default_factory=Pause)
-    fetch: str = "code"  # how Talos fetches its configuration: or "device-flow"
-    netbox: FakeNetBox | None = None  # NetBox is the inventory (--inventory)
 
 
 @dataclass
@@ -159,6 +101,8 @@ class Node:
         self.code = ""
         self.token = ""  # the delivered bootstrap token: used, never shown
         self.relay: Relay | None = None
+        self.run_: str | None = None  # its latest run, as provisioned
+        self.served = ""  # the workflow id tink-server served it
 
     def steps(self) -> list[Step]:
         """The clean path."""
@@ -275,9 +219,20 @@ class Node:
                             "--ref", "fleetd-sim")  # fmt: skip
         await self.fleetctl("binding", "approve", self.serial)
 
-    async def provision(self) -> None:
-        json.loads(await self.fleetctl("--json", "provision", self.name))
-        self.rack.tink.add(self.mac, f"sim/{self.name}", ACTIONS)
+    async def provision(self, *extra: str) -> None:
+        answer = json.loads(
+            await self.fleetctl("--json", "provision", self.name, *extra)
+        )
+        self.run_ = str(answer["run"])
+        await self.serve()
+
+    async def serve(self) -> None:
+        """The stand-in serves the run's workflow (L{fleetd.sim.hookos})."""
+        cluster = self.rack.cluster
+        fake = cluster.fake if cluster is not None and self.rack.workflows else None
+        self.served = await serveWorkflow(
+            self.rack.clock, self.rack.tink, fake, self.name, self.mac, self.run_
+        )
 
     async def workflow(self) -> None:
         """HookOS: the tink agent plays the workflow tink-server serves
@@ -289,7 +244,10 @@ class Node:
                 if action is None:
                     return
 
-                await self.timed(action.action_id, self.reported(ch, action))
+                if action.action_id in PHASES:
+                    await self.timed(action.action_id, self.reported(ch, action))
+                else:  # META and the reboot: no phase of their own
+                    await self.reported(ch, action)()
         finally:
             ch.close()
 
@@ -317,7 +275,7 @@ class Node:
             if plan.get("target_disk_serial") != self.disk:
                 raise StepFailed(f"plan: target disk {plan.get('target_disk_serial')}")
             self.code = str(plan["meta_0x0b"])
-        elif name != "install":  # install: the image is written (nothing to do)
+        elif name not in ("install", "meta", "reboot"):  # the image written...
             raise StepFailed(f"unknown workflow action {name!r}")
 
     def ownDisk(self) -> dict[str, Any]:
@@ -395,3 +353,15 @@ class Node:
 
 def _pid(process: subprocess.Popen[bytes] | None) -> int | None:
     return None if process is None else process.pid
+
+
+__all__ = [
+    "ACTIONS",
+    "PHASES",
+    "Cluster",
+    "Node",
+    "Rack",
+    "Refused",
+    "Step",
+    "StepFailed",
+]

@@ -279,6 +279,42 @@ CREATE TABLE cluster_token_requests (
         WHERE verdict LIKE 'duplicate-disk-serial:%also reported by%';
         """,
     ),
+    (
+        13,
+        # Tinkerbell's objects (fleetd.tinkerbell.store, issue 28): per run
+        # its Workflow, per device its Hardware; each row's state is the
+        # intent recorded before the API call ([J1], [K2]) and then what
+        # the API did, so a restart resumes and never creates twice.
+        """
+        CREATE TABLE tinkerbell_workflows (
+            namespace TEXT NOT NULL,
+            name TEXT NOT NULL,
+            device TEXT NOT NULL,
+            run TEXT NOT NULL UNIQUE,
+            state TEXT NOT NULL,
+            current INTEGER NOT NULL,
+            body TEXT NOT NULL,
+            uid TEXT,
+            digest TEXT,
+            seen TEXT,
+            problem TEXT,
+            created_at REAL NOT NULL,
+            changed_at REAL NOT NULL,
+            PRIMARY KEY (namespace, name)
+        ) STRICT;
+        CREATE INDEX tinkerbell_workflows_by_device
+            ON tinkerbell_workflows (device, created_at);
+        CREATE TABLE tinkerbell_hardware (
+            device TEXT PRIMARY KEY,
+            namespace TEXT NOT NULL,
+            state TEXT NOT NULL,
+            macs TEXT NOT NULL,
+            address TEXT,
+            problem TEXT,
+            changed_at REAL NOT NULL
+        ) STRICT;
+        """,
+    ),
     # New migrations go here as (N, "..."), with a number reserved for
     # the subsystem, in ascending order: never edit or renumber one that
     # has shipped.

@@ -40,13 +40,16 @@ the documentation or source named in C{notes/kube-netbox.md}:
   - RBAC: ClusterRoles and ClusterRoleBindings (list, create), Roles and
     RoleBindings (list in all namespaces or one, create in one), checked
     as the API server checks them (L{fleetd.testing.kube_rbac});
-  - Tinkerbell Workflows (C{tinkerbell.org/v1alpha1}, namespaced; notes
-    tinkerbell.md section 3): list, watch and get, in one namespace or all;
-    404 for the whole group while the CRD is not installed
-    (C{workflowsInstalled = False}). fleetd only reads them; the test
-    plays tink-controller with L{addWorkflow} and L{setWorkflowState}, in
-    the monorepo's shape (C{status.agentID}, C{tasks[].agentID}, states
-    without prefix) or tink v0.12's (C{STATE_} prefix, C{tasks[].worker});
+  - Tinkerbell Hardware and Workflows (C{tinkerbell.org/v1alpha1},
+    namespaced; notes tinkerbell.md section 3): create, get, list (label
+    selectors), update (resourceVersion, 409), delete (preconditions), and
+    a watch of Workflows, in one namespace or all; 404 for the whole group
+    while the CRDs are not installed (C{workflowsInstalled = False}); an
+    optional C{validator} refuses objects with 422
+    (L{fleetd.testing.kube_tink}). The test plays tink-controller with
+    C{addWorkflow} and C{setWorkflowState}, in the monorepo's shape
+    (C{status.agentID}, C{tasks[].agentID}, states without prefix) or tink
+    v0.12's (C{STATE_} prefix, C{tasks[].worker});
   - a bearer token: the admin token (fleetd's service account), a
     bootstrap token, or a kubelet credential from L{nodeCredential}.
 
@@ -86,21 +89,13 @@ from fleetd.testing.kube_rules import (
     rfc3339,
     secretFromBody,
 )
+from fleetd.testing.kube_tink import MONOREPO_STATES, FakeTinkerbell, Validator
 
 _TOKEN = re.compile(r"([a-z0-9]{6})\.([a-z0-9]{16})")
 _GROUP = re.compile(r"\Asystem:bootstrappers:[a-z0-9:-]{0,255}[a-z0-9]\Z")
-_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-MONOREPO_STATES = (
-    "PREPARING",
-    "PENDING",
-    "RUNNING",
-    "POST",
-    "SUCCESS",
-    "FAILED",
-    "TIMEOUT",
-)
 
 __all__ = [
+    "MONOREPO_STATES",
     "ApiError",
     "FakeKube",
     "Identity",
@@ -109,7 +104,7 @@ __all__ = [
 ]
 
 
-class FakeKube(FakeRBAC):
+class FakeKube(FakeRBAC, FakeTinkerbell):
     """The fake cluster's state and its HTTP face."""
 
     def __init__(self, clock: IReactorTime, adminToken: str = "fleetd-sa-token"):
@@ -124,7 +119,14 @@ class FakeKube(FakeRBAC):
         self.roleBindings: dict[str, dict[str, Any]] = {}  # "namespace/name"
         self.namespacedRoles: dict[str, dict[str, Any]] = {}  # "namespace/name"
         self.workflows: dict[str, dict[str, Any]] = {}  # "namespace/name"
-        self.workflowsInstalled = True
+        self.hardware: dict[str, dict[str, Any]] = {}  # "namespace/name"
+        # Templates applied by the operator, read (not served) by the test
+        # or the sim playing tink-controller: "namespace/name".
+        self.templates: dict[str, dict[str, Any]] = {}
+        self.workflowsInstalled = True  # the Tinkerbell CRDs
+        # Asked on each create and update of Hardware and Workflows:
+        # C{validator(kind, obj)} returns why it is invalid (422), or None.
+        self.validator: Validator | None = None
         self.history: list[tuple[int, str, dict[str, Any], str]] = []
         self.oldest = self.rv  # watches from before this get 410
         self.watchers: list[Watcher] = []
@@ -333,84 +335,6 @@ class FakeKube(FakeRBAC):
         self.createIn(
             self.nodes, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
         )
-
-    # tink-controller (Workflows; fleetd only reads them)
-
-    def addWorkflow(
-        self,
-        namespace: str,
-        name: str,
-        agentID: str,
-        *,
-        state: str = "PENDING",
-        hardwareRef: str = "",
-        v012: bool = False,
-    ) -> dict[str, Any]:
-        """
-        A Workflow for the agent C{agentID} (a MAC, usually), as
-        tink-controller leaves it once its template is rendered. C{v012}:
-        tink v0.12's shape (states prefixed C{STATE_}, the worker id in
-        C{status.tasks[].worker}, no C{status.agentID}).
-        """
-        if _LABEL.fullmatch(namespace) is None:
-            raise invalid(f"metadata.namespace: Invalid value: {namespace!r}")
-        if len(name) > 253 or SUBDOMAIN.fullmatch(name) is None:
-            raise invalid(f"metadata.name: Invalid value: {name!r}")
-        key = f"{namespace}/{name}"
-        if key in self.workflows:
-            raise ApiError(409, "AlreadyExists", f'"{name}" already exists')
-        task: dict[str, Any] = {"name": "install", "actions": [{"name": "image"}]}
-        status: dict[str, Any] = {}
-        if v012:
-            task["worker"] = agentID
-        else:
-            task["id"] = "t0"
-            task["agentID"] = agentID
-            status["agentID"] = agentID
-        status["tasks"] = [task]
-        obj: dict[str, Any] = {
-            "apiVersion": "tinkerbell.org/v1alpha1",
-            "kind": "Workflow",
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "uid": str(uuidlib.uuid4()),
-                "creationTimestamp": rfc3339(self.clock.seconds()),
-                "generation": 1,
-            },
-            "spec": {
-                "templateRef": "talos",
-                "hardwareRef": hardwareRef,
-                "hardwareMap": {"device_1": agentID},
-            },
-            "status": status,
-        }
-        self._setState(obj, state, v012)
-        self._store(self.workflows, key, obj, "ADDED")
-        self.flush()
-        return obj
-
-    def setWorkflowState(self, namespace: str, name: str, state: str) -> None:
-        """tink-controller (or tink-server) moves the Workflow to C{state}."""
-        key = f"{namespace}/{name}"
-        current = self.workflows.get(key)
-        if current is None:
-            raise ApiError(404, "NotFound", f'"{name}" not found')
-        updated: dict[str, Any] = json.loads(json.dumps(current))
-        self._setState(updated, state, "agentID" not in updated["status"])
-        self._store(self.workflows, key, updated, "MODIFIED")
-        self.flush()
-
-    def deleteWorkflow(self, namespace: str, name: str) -> None:
-        self.deleteFrom(self.workflows, f"{namespace}/{name}")
-        self.flush()
-
-    @staticmethod
-    def _setState(obj: dict[str, Any], state: str, v012: bool) -> None:
-        bare = state.removeprefix("STATE_")
-        if bare not in MONOREPO_STATES:
-            raise invalid(f"status.state: Unsupported value: {state!r}")
-        obj["status"]["state"] = f"STATE_{bare}" if v012 else bare
 
     # Storage
 

@@ -104,6 +104,17 @@ class KubeState(Protocol):
     def sendEvent(self, watcher: Watcher, kind: str, obj: dict[str, Any]) -> None:
         """Write one watch event to C{watcher}'s stream."""
 
+    def tinkerbellCall(
+        self,
+        method: str,
+        plural: str,
+        namespace: str | None,
+        name: str | None,
+        selector: str | None,
+        body: dict[str, Any],
+    ) -> Any:
+        """A Hardware or Workflow call but a watch (L{fleetd.testing.kube_tink})."""
+
     def forgetWatch(self, watcher: Watcher) -> None:
         """C{watcher}'s stream ended (either side)."""
 
@@ -208,11 +219,10 @@ class KubeHTTP(Resource):
             if identity is None:
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             body: dict[str, Any] = {}
-            if method in ("POST", "PUT"):
+            if method in ("POST", "PUT", "DELETE"):
+                raw = request.content.read() if request.content else b""
                 try:
-                    body = json.loads(
-                        request.content.read() if request.content else b""
-                    )
+                    body = json.loads(raw) if raw or method != "DELETE" else {}
                 except ValueError as e:
                     raise ApiError(400, "BadRequest", "the body is not JSON") from e
             result = self._route(request, method, path, args, body, identity)
@@ -247,7 +257,8 @@ class KubeHTTP(Resource):
                 raise ApiError(400, "BadRequest", f"field label not supported: {key}")
             signer = value
         if path[: len(TINKERBELL)] == TINKERBELL:
-            return self._workflows(request, method, path[len(TINKERBELL) :], args)
+            rest = path[len(TINKERBELL) :]
+            return self._tinkerbell(request, method, rest, args, body)
         if path[: len(RBAC)] == RBAC and path[len(RBAC) : len(RBAC) + 1] in (
             ("rolebindings",),
             ("roles",),
@@ -334,49 +345,43 @@ class KubeHTTP(Resource):
             ],
         }
 
-    def _workflows(
+    def _tinkerbell(
         self,
         request: Any,
         method: str,
         rest: tuple[str, ...],
         args: dict[str, list[str]],
+        body: dict[str, Any],
     ) -> Any:
-        """Workflows (tinkerbell.org/v1alpha1, namespaced): list, watch and
-        get, in one namespace or all of them; 404 when the CRD is absent."""
+        """Hardware and Workflows (tinkerbell.org/v1alpha1, namespaced), in
+        one namespace or all (L{fleetd.testing.kube_tink}); Workflows may be
+        watched; 404 when the CRDs are absent."""
         if not self.fake.workflowsInstalled:
             raise ApiError(
                 404, "NotFound", "the server could not find the requested resource"
             )
-        namespace: str | None
-        if rest == ("workflows",):
-            namespace, name = None, None
-        elif len(rest) in (3, 4) and rest[0] == "namespaces" and rest[2] == "workflows":
-            namespace, name = rest[1], (rest[3] if len(rest) == 4 else None)
+        namespace: str | None = None
+        name: str | None = None
+        if len(rest) == 1:
+            plural = rest[0]
+        elif len(rest) in (3, 4) and rest[0] == "namespaces":
+            namespace, plural = rest[1], rest[2]
+            name = rest[3] if len(rest) == 4 else None
         else:
+            plural = ""
+        if plural not in ("hardware", "workflows"):
             raise ApiError(
                 404, "NotFound", "the server could not find the requested resource"
             )
-        if method != "GET":
-            raise ApiError(405, "MethodNotAllowed", f"{method} is not modelled here")
-        if name is not None:
-            found = self.fake.workflows.get(f"{namespace}/{name}")
-            if found is None:
+        watch = (args.get("watch") or [""])[0] in ("1", "true")
+        if watch and method == "GET" and name is None:
+            if plural != "workflows":
                 raise ApiError(
-                    404, "NotFound", f'workflows.tinkerbell.org "{name}" not found'
+                    405, "MethodNotAllowed", "watch is modelled for Workflows only"
                 )
-            return self._shown(self.fake.workflows, found)
-        if (args.get("watch") or [""])[0] in ("1", "true"):
             raise _Streaming(self._watch(request, args, None, WORKFLOW, namespace))
-        return {
-            "kind": "WorkflowList",
-            "apiVersion": "tinkerbell.org/v1alpha1",
-            "metadata": {"resourceVersion": str(self.fake.rv)},
-            "items": [
-                o
-                for _, o in sorted(self.fake.workflows.items())
-                if namespace in (None, o["metadata"]["namespace"])
-            ],
-        }
+        selector = next(iter(args.get("labelSelector") or []), None)
+        return self.fake.tinkerbellCall(method, plural, namespace, name, selector, body)
 
     def _shown(
         self, store: dict[str, dict[str, Any]], obj: dict[str, Any]

@@ -24,6 +24,8 @@ SUBDOMAIN = re.compile(
     r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 )
 _KEY = re.compile(r"[-._a-zA-Z0-9]+")
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?")
 
 
 def rfc3339(at: float) -> str:
@@ -304,3 +306,41 @@ def malformedBasicConstraintsPEM(commonName: str) -> bytes:
         + b"\n".join(lines)
         + b"\n-----END CERTIFICATE REQUEST-----\n"
     )
+
+
+def checkLabels(labels: object) -> None:
+    """metav1 validation of C{metadata.labels}: 422 on a bad key or value."""
+    if labels is None:
+        return
+    if not isinstance(labels, dict):
+        raise invalid("metadata.labels: Invalid value: must be a map")
+    for key, value in labels.items():
+        prefix, _, name = key.rpartition("/")
+        if prefix and (len(prefix) > 253 or SUBDOMAIN.fullmatch(prefix) is None):
+            raise invalid(f"metadata.labels: Invalid value: {key!r}: bad prefix")
+        if _LABEL_NAME.fullmatch(name) is None:
+            raise invalid(f"metadata.labels: Invalid value: {key!r}: bad name")
+        if not isinstance(value, str) or _LABEL_VALUE.fullmatch(value) is None:
+            raise invalid(f"metadata.labels: Invalid value: {value!r}: bad value")
+
+
+def selects(selector: str | None, labels: dict[str, str]) -> bool:
+    """Whether an equality-based C{labelSelector} selects C{labels}."""
+    if not selector:
+        return True
+    for term in selector.split(","):
+        term = term.strip()
+        if "!=" in term:
+            key, _, value = term.partition("!=")
+            if labels.get(key.strip()) == value.strip():
+                return False
+        elif "=" in term:
+            key, _, value = term.replace("==", "=").partition("=")
+            if labels.get(key.strip()) != value.strip():
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True

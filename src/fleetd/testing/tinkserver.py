@@ -129,6 +129,7 @@ class _Played:
     actions: list[str]
     done: int = 0
     states: list[tuple[str, int]] = field(default_factory=list)
+    started: bool = False
 
 
 class Workflows:
@@ -137,7 +138,17 @@ class Workflows:
     installed on a L{FakeTinkServer}'s script.
     """
 
-    def __init__(self, server: FakeTinkServer) -> None:
+    def __init__(
+        self,
+        server: FakeTinkServer,
+        onState: Callable[[str, str], None] | None = None,
+    ) -> None:
+        """
+        @param onState: told (on grpcio's thread) each state the workflow
+            reaches as tink-server moves its Workflow: RUNNING at the first
+            action, POST then SUCCESS once the last one succeeded.
+        """
+        self._onState = onState
         self._lock = threading.Lock()
         self._played: dict[str, _Played] = {}
         server.script.unary["GetAction"] = self._getAction
@@ -183,8 +194,16 @@ class Workflows:
                 )
                 raise AssertionError("abort raises")
             played.states.append((report.action_id, int(report.action_state)))
+            moves = [] if played.started else ["RUNNING"]
+            played.started = True
             if report.action_state == SUCCESS:
                 played.done += 1
+                if played.done == len(played.actions):
+                    moves += ["POST", "SUCCESS"]
+            workflow = played.workflow
+        if self._onState is not None:
+            for state in moves:
+                self._onState(workflow, state)
         data: bytes = agent.ActionStatusResponse().SerializeToString()
         return data
 

@@ -12,7 +12,9 @@ port.
 With C{tink.workflow_state = "kubernetes"} the Workflows' state is read
 from the cluster as boot completion's second "done" signal
 (L{fleetd.tink.wfstate}): watched from L{TinkProxy.load} on, stopped
-first by L{TinkProxy.stop}.
+first by L{TinkProxy.stop}. With C{[tinkerbell]} the same watch (in its
+namespace, when C{workflow_state} is "off") tells the Tinkerbell objects'
+observer what happens to the Workflows fleetd made.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from fleetd.store.runner import IRunner
 from fleetd.tink.completion import BootTracker, IRuns
 from fleetd.tink.metrics import TinkMetrics
 from fleetd.tink.observe import WireObserver
-from fleetd.tink.wfstate import WorkflowStateWatch
+from fleetd.tink.wfstate import IWorkflowObserver, WorkflowStateWatch
 from fleetd.tink.workflows import REFRESH_FLOOR, DeviceIndex, WorkflowWatcher
 
 
@@ -59,6 +61,7 @@ class TinkProxy(MultiService):
         kube: KubeClient | None = None,
         upstreamCA: bytes | None = None,
         listingFloor: float = REFRESH_FLOOR,
+        objects: tuple[str, IWorkflowObserver] | None = None,
     ) -> None:
         """
         @param listingFloor: the least seconds between two inventory
@@ -70,6 +73,8 @@ class TinkProxy(MultiService):
             connects with it (TCP, TLS).
         @param upstreamCA: the PEM of C{tink.upstream_ca}, read by
             L{fleetd.prepare.prepare}.
+        @param objects: with C{[tinkerbell]}, its namespace and the observer
+            the Workflow watch tells (through C{kube}).
         """
         super().__init__()  # type: ignore[no-untyped-call]
         clock = reactor
@@ -99,16 +104,21 @@ class TinkProxy(MultiService):
         self.observer = WireObserver(self.watcher, self.metrics, ThrottledLog(clock))
         self.workflowState: WorkflowStateWatch | None = None
         self._stopped = False
-        if settings.workflow_state == "kubernetes":
+        reading = settings.workflow_state == "kubernetes"
+        if reading or objects is not None:
             if kube is None:
-                raise ValueError("tink.workflow_state = kubernetes needs [kubernetes]")
+                raise ValueError("reading Workflows needs [kubernetes]")
+            namespace = settings.workflow_namespace
+            if not reading and objects is not None:
+                namespace = objects[0]
             self.workflowState = WorkflowStateWatch(
                 clock,
                 kube,
-                settings.workflow_namespace,
+                namespace,
                 self.devices,
-                self.watcher,
+                self.watcher if reading else None,
                 registry=registry,
+                observer=None if objects is None else objects[1],
             )
         self.factory: TinkListenerFactory = proxyFactory(
             clock,

@@ -27,6 +27,13 @@ an id is missing, at most every 30 s: a device added since shows up
 there), for up to L{UNMAPPED_FOR} seconds, at most L{MAX_UNMAPPED} ends
 at a time; then it is dropped with a log line.
 
+With C{[tinkerbell]} the same watch also tells an observer
+(L{IWorkflowObserver}: L{fleetd.tinkerbell.watching.Reports}) of every
+Workflow it sees, each deletion and each list, so fleetd follows the
+state of the Workflows it made and reports what someone else did to one
+(issue 28); the ends then reach boot completion only with
+C{tink.workflow_state = "kubernetes"}.
+
 Nothing here can stop or slow the proxy: failures (API down, 403, a CRD
 that is not installed, 410) are counted in
 C{fleetd_tink_workflow_watch_errors_total{reason}}, logged at most a few
@@ -66,6 +73,19 @@ class IWorkflowEnds(Protocol):
     def workflowFinished(
         self, device: str, workflow: str, createdAt: float | None
     ) -> None: ...
+
+
+class IWorkflowObserver(Protocol):
+    """Told of every Workflow the watch sees (L{fleetd.tinkerbell})."""
+
+    def workflowSeen(self, workflow: dict[str, Any]) -> None:
+        "An event's (ADDED, MODIFIED) or a list's Workflow, as it is now."
+
+    def workflowDeleted(self, workflow: dict[str, Any]) -> None:
+        "A DELETED event's Workflow."
+
+    def workflowsListed(self, workflows: list[dict[str, Any]]) -> None:
+        "A list's every Workflow (after a start or a gap), once seen each."
 
 
 def hasEnded(state: object) -> bool:
@@ -154,11 +174,17 @@ class WorkflowStateWatch:
         client: KubeClient,
         namespace: str | None,
         devices: IDeviceLookup,
-        ends: IWorkflowEnds,
+        ends: IWorkflowEnds | None,
         *,
         registry: CollectorRegistry | None = None,
         timeoutSeconds: int = 300,
+        observer: IWorkflowObserver | None = None,
     ) -> None:
+        """
+        @param ends: boot completion (L{None}: the watch serves only the
+            C{observer}).
+        """
+        self.observer = observer
         self.namespace = namespace
         self.devices = devices
         self.ends = ends
@@ -205,15 +231,27 @@ class WorkflowStateWatch:
         present = set()
         for item in items:
             present.add(self._key(item))
-            self._guarded(item)
+            self._guarded(item, listed=True)
         for gone in set(self._ended) - present:
             del self._ended[gone]  # deleted during a gap
             self._unmapped.pop(gone, None)
+        if self.observer is not None:
+            self._tell(self.observer.workflowsListed, items)
 
     def _deleted(self, workflow: dict[str, Any]) -> None:
         key = self._key(workflow)
         self._ended.pop(key, None)
         self._unmapped.pop(key, None)
+        if self.observer is not None:
+            self._tell(self.observer.workflowDeleted, workflow)
+
+    @staticmethod
+    def _tell(what: Any, value: Any) -> None:
+        """The observer's bug is logged, never the watch's end."""
+        try:
+            what(value)
+        except Exception:
+            _log.failure("tink.workflow-state.observer-bug")
 
     def _watching(self, watching: bool) -> None:
         self.metrics.up.set(1 if watching else 0)
@@ -248,12 +286,15 @@ class WorkflowStateWatch:
             return uid
         return f"{meta.get('namespace')}/{meta.get('name')}"
 
-    def _guarded(self, workflow: dict[str, Any]) -> None:
+    def _guarded(self, workflow: dict[str, Any], listed: bool = False) -> None:
         """L{_seen}, with a bug logged instead of stopping the watch."""
-        try:
-            self._seen(workflow)
-        except Exception:
-            _log.failure("tink.workflow-state.bug")
+        if self.ends is not None:
+            try:
+                self._seen(workflow)
+            except Exception:
+                _log.failure("tink.workflow-state.bug")
+        if self.observer is not None and not listed:
+            self._tell(self.observer.workflowSeen, workflow)
 
     def _seen(self, workflow: dict[str, Any]) -> None:
         key = self._key(workflow)
@@ -281,7 +322,8 @@ class WorkflowStateWatch:
             self._keep(key, workflow, name)
             return
         self.metrics.ends.inc()
-        self.ends.workflowFinished(device, name, createdAt)
+        if self.ends is not None:
+            self.ends.workflowFinished(device, name, createdAt)
 
     def _device(self, workflow: dict[str, Any]) -> str | None:
         found = {self.devices.lookup(i) for i in agentIds(workflow)} - {None}
@@ -333,7 +375,8 @@ class WorkflowStateWatch:
                 del self._unmapped[key]
                 self.metrics.ends.inc()
                 try:
-                    self.ends.workflowFinished(device, end.name, end.createdAt)
+                    if self.ends is not None:
+                        self.ends.workflowFinished(device, end.name, end.createdAt)
                 except Exception:
                     _log.failure("tink.workflow-state.bug")
             elif now - end.since >= UNMAPPED_FOR:

@@ -7,11 +7,12 @@ the order given, the rest run clean.
 
 from __future__ import annotations
 
-from fleetd.sim.faults import boot, kube, trust
+from fleetd.sim.faults import boot, kube, tinkerbell, trust
 from fleetd.sim.faults.model import Fault
 
 FAULTS: dict[str, Fault] = {
-    fault.name: fault for fault in (*trust.FAULTS, *boot.FAULTS, *kube.FAULTS)
+    fault.name: fault
+    for fault in (*trust.FAULTS, *boot.FAULTS, *kube.FAULTS, *tinkerbell.FAULTS)
 }
 
 

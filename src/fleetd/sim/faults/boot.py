@@ -56,7 +56,7 @@ from fleetd.sim.alerts import alertsOf
 from fleetd.sim.checks import events, unrecorded
 from fleetd.sim.daemon import launchFleetd
 from fleetd.sim.faults.model import Fault
-from fleetd.sim.node import ACTIONS, Node, Step, StepFailed
+from fleetd.sim.node import Node, Step, StepFailed
 from fleetd.sim.talos import fetchConfig
 from fleetd.testing.tinkagent import getAction
 
@@ -76,8 +76,7 @@ def agentChannel(node: Node) -> grpc.Channel:
 
 async def provisionNetboot(node: Node) -> None:
     """The owner's C{fleetctl provision NAME --desired-action netboot}."""
-    await node.fleetctl("--json", "provision", node.name, "--desired-action", "netboot")
-    node.rack.tink.add(node.mac, f"sim/{node.name}", ACTIONS)
+    await node.provision("--desired-action", "netboot")
 
 
 async def bootHookOS(node: Node) -> None:

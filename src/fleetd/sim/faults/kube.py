@@ -34,6 +34,7 @@ from twisted.internet.threads import deferToThread
 
 from fleetd.sim.checks import unrecorded
 from fleetd.sim.faults.model import Fault
+from fleetd.sim.hookos import NAMESPACE
 from fleetd.sim.kubelet import fileCSR, registerNode
 from fleetd.sim.node import Cluster, Node, Step
 from fleetd.testing.kube import FakeKube
@@ -229,7 +230,22 @@ async def checkRetire(node: Node) -> str | None:
         return f"journal: renewal after retirement left pending as {reasons}"
     if approvedInFake(fake, csr):
         return "kubernetes: the renewal after retirement was approved"
-    return await counted(node, "renewal-device-retired")
+    return await counted(node, "renewal-device-retired") or objectsRetired(node)
+
+
+def objectsRetired(node: Node) -> str | None:
+    """With [tinkerbell]: the run's Workflow gone, network boot off [R1]."""
+    if not node.rack.workflows:
+        return None
+    fake = _fake(node)
+    workflow = f"{NAMESPACE}/{node.name}-{node.run_}"
+    if workflow in fake.workflows:
+        return f"kubernetes: {workflow} is still there"
+    hardware = fake.hardware.get(f"{NAMESPACE}/{node.name}") or {}
+    interfaces = (hardware.get("spec") or {}).get("interfaces") or [{}]
+    if any((i.get("netboot") or {}).get("allowPXE") is not False for i in interfaces):
+        return f"kubernetes: Hardware {NAMESPACE}/{node.name} still allows PXE"
+    return None
 
 
 FAULTS: tuple[Fault, ...] = (
