@@ -551,12 +551,12 @@ class CheckObjectTests(SynchronousTestCase):
         """validating(fake) gives the fake checkObject, or the checker given."""
 
         class Fake:
-            checkObject: Checker | None = None
+            validator: Checker | None = None
 
         fake = validating(Fake())
-        self.assertIs(fake.checkObject, checkObject)
+        self.assertIs(fake.validator, checkObject)
         monorepo = checkerFor("tinkerbell")
-        self.assertIs(validating(Fake(), monorepo).checkObject, monorepo)
+        self.assertIs(validating(Fake(), monorepo).validator, monorepo)
 
     def test_problems_listsEveryPath(self) -> None:
         """problems() lists every failing path, metadata first, then sorted."""
@@ -571,3 +571,27 @@ class CheckObjectTests(SynchronousTestCase):
                 "spec.interfaces[0].netboot.allowWorkflow",
             ],
         )
+
+
+class ValidatingFakeTests(SynchronousTestCase):
+    """The strict Kubernetes fake, given the hook, stores only what
+    Tinkerbell's schemas accept (issue 28 item 6)."""
+
+    def test_brokenObject_refused422_validStored(self) -> None:
+        """A Workflow with a misspelt boot option is refused 422 naming the
+        path, and nothing is stored; the same Workflow spelt right is."""
+        from twisted.internet.task import Clock
+
+        from fleetd.testing.kube import FakeKube
+        from fleetd.testing.kube_rules import ApiError
+
+        fake = validating(FakeKube(Clock()))
+        broken = sampleWorkflow()
+        broken["spec"]["bootOptions"] = {"toggleAllowNetbot": True}
+        with self.assertRaises(ApiError) as caught:
+            fake.createObject("workflows", NAMESPACE, broken)
+        self.assertEqual(caught.exception.code, 422)
+        self.assertIn("toggleAllowNetbot", str(caught.exception))
+        self.assertEqual(fake.workflows, {})
+        stored = fake.createObject("workflows", NAMESPACE, sampleWorkflow())
+        self.assertEqual(stored["spec"], sampleWorkflow()["spec"])

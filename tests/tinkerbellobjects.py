@@ -21,6 +21,7 @@ from fleetd.tinkerbell.service import TinkerbellService
 from fleetd.tinkerbell.store import WorkflowRecord, workflowsOf
 from tests.fleetsupport import RENDERER
 from tests.kubesupport import KubeFleet
+from tests.tinkerbellschemas import validating
 
 NS = "tink-system"
 IMAGE = "https://images.test/talos/v1.9.0/metal-amd64.raw.zst"
@@ -57,6 +58,9 @@ class ObjectsFleet(KubeFleet):
 
     def start(self, vault: Any = None, inventory: Any = None) -> None:
         super().start(vault, inventory)
+        # Every Hardware and Workflow fleetd writes must suit Tinkerbell's
+        # own CRD schemas, both generations (issue 28 item 6): 422 if not.
+        validating(self.fake)
         self.objects = TinkerbellService(
             clock=self.clock,
             client=self.client,

@@ -26,7 +26,8 @@ answer is L{None}, or one line the fake returns as the message of a 422
 C{Invalid} Status. L{checkObject} checks both generations (an object
 fleetd writes must suit a site on either); L{checkerFor} makes one for the
 generations given; any other kind is not its business (L{None}).
-L{validating} sets the hook on a fake whose attribute is C{checkObject}.
+L{validating} sets the hook on a fake whose attribute is C{validator}
+(L{fleetd.testing.kube.FakeKube}).
 
 L{sampleHardware} and L{sampleWorkflow} build objects in the shape issue 28
 describes, for tests to start from.
@@ -179,9 +180,9 @@ def checkObject(kind: str, obj: dict[str, Any]) -> str | None:
 
 
 class Checkable(Protocol):
-    """A Kubernetes fake that calls C{checkObject} before storing, when set."""
+    """A Kubernetes fake that calls C{validator} before storing, when set."""
 
-    checkObject: Checker | None
+    validator: Checker | None
 
 
 F = TypeVar("F", bound=Checkable)
@@ -189,7 +190,7 @@ F = TypeVar("F", bound=Checkable)
 
 def validating(fake: F, checker: Checker = checkObject) -> F:
     """C{fake}, refusing (422) every Tinkerbell object C{checker} refuses."""
-    fake.checkObject = checker
+    fake.validator = checker
     return fake
 
 

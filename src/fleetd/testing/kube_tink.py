@@ -175,6 +175,7 @@ class FakeTinkerbell:
             raise invalid("metadata.name: Required value: name is required")
         if len(name) > 253 or SUBDOMAIN.fullmatch(name) is None:
             raise invalid(f"metadata.name: Invalid value: {name!r}")
+        meta["namespace"] = namespace  # from the path, as the server stores it
         self._check(plural, obj)
         store = self._tinkStore(plural)
         key = f"{namespace}/{name}"
@@ -223,6 +224,7 @@ class FakeTinkerbell:
                 " the object has been modified; please apply your changes to the"
                 " latest version and try again",
             )
+        meta["namespace"] = namespace
         self._check(plural, obj)
         for server in ("uid", "creationTimestamp", "namespace"):
             meta[server] = was[server]
