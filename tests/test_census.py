@@ -354,7 +354,8 @@ class DaemonCensusTests(DeliveryMixin, TestCase):
             for group in rules["groups"]
             for rule in group["rules"]
             for name in re.findall(r"\bfleetd_\w+", rule["expr"])
-            if not name.startswith("fleetd_netbox_")
+            # Tinkerbell's only with [tinkerbell]: test_tinkerbell_wiring.
+            if not name.startswith(("fleetd_netbox_", "fleetd_tinkerbell_"))
         }
         self.assertIn("fleetd_staged_longest_seconds", used)
         self.assertEqual(used - exposed, set())

@@ -64,13 +64,20 @@ class DevicePageBrowserTests(ConsoleBrowserTestCase):
 
         def provisionAgain(browser: WebDriver) -> tuple[str, str, str]:
             from selenium.webdriver.common.by import By
+            from selenium.webdriver.support.ui import WebDriverWait
 
             browser.find_element(By.LINK_TEXT, "Provision again…").click()
             confirm = pageText(browser)
             browser.find_element(
                 By.CSS_SELECTOR, "main form button[type=submit]"
             ).click()
-            code = browser.find_element(By.CSS_SELECTOR, "code.code").text
+            # The answer to the POST is a new page: wait for it (a loaded
+            # machine may still be on the confirmation when the click returns).
+            code = (
+                WebDriverWait(browser, 20)
+                .until(lambda b: b.find_element(By.CSS_SELECTOR, "code.code"))
+                .text
+            )
             return confirm, pageText(browser), code
 
         confirm, shown, new = await self.inBrowser(provisionAgain)

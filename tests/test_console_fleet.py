@@ -24,6 +24,7 @@ from fleetd.runs.alerts import (
     ALERT_NAMES,
     ALERT_WORDS,
     ATTESTATION_REFUSED,
+    WORKFLOW_LOST,
     alertWords,
 )
 from fleetd.store.entries import Entry
@@ -59,11 +60,12 @@ class AlertWordsTests(SynchronousTestCase):
     """Every alert fleetd raises for a device has words for people."""
 
     def test_everyRaisedAlert_hasWords(self) -> None:
-        for name in [*ALERT_NAMES.values(), ATTESTATION_REFUSED]:
+        for name in [*ALERT_NAMES.values(), ATTESTATION_REFUSED, WORKFLOW_LOST]:
             self.assertIn(name, ALERT_WORDS)
             self.assertNotEqual(alertWords(name), name)
         self.assertEqual(
-            set(ALERT_WORDS), set(ALERT_NAMES.values()) | {ATTESTATION_REFUSED}
+            set(ALERT_WORDS),
+            set(ALERT_NAMES.values()) | {ATTESTATION_REFUSED, WORKFLOW_LOST},
         )
 
     def test_everyDeviceRule_hasWords(self) -> None:

@@ -150,7 +150,8 @@ class DaemonTests(DaemonTestMixin, TestCase):
             # NetBox's exist only with [netbox]: test_netbox_daemon checks them.
             # The staged time only with [kubernetes]: tests/test_grafana.py's
             # daemon has it (and its dashboard shows it).
-            if not name.startswith("fleetd_netbox_")
+            # Tinkerbell's only with [tinkerbell]: test_tinkerbell_wiring.
+            if not name.startswith(("fleetd_netbox_", "fleetd_tinkerbell_"))
             and name != "fleetd_staged_longest_seconds"
         }
         self.assertTrue(used)

@@ -122,3 +122,42 @@ class AssemblyTests(SynchronousTestCase):
             kinds.append(None if found is None else type(found.service))
         self.assertEqual(kinds, [None, TinkerbellService])
         self.assertEqual(len(list(parent)), 1)
+
+    def test_everyRuleMetric_exposed(self) -> None:
+        """Every C{fleetd_tinkerbell_} metric an alert rule names is on the
+        registry once [tinkerbell] is set (the daemons of test_daemon and
+        test_census run without it, and leave these out)."""
+        import re
+
+        import yaml
+        from prometheus_client import generate_latest
+
+        from tests.support import REPO
+
+        fleet = KubeFleet(self)
+        self.addCleanup(fleet.stopKube)
+        registry = CollectorRegistry()
+        settings = loadSettings(
+            writeConfig(Path(self.mktemp()), tables({"worker-g3": CLASS}))
+        )
+        tinkerbellObjects(
+            settings,
+            clock=fleet.clock,
+            kube=fleet.kube,
+            journal=fleet.journal,
+            runner=fleet.runner,
+            runs=fleet.registry,
+            registry=registry,
+            parent=MultiService(),
+        )
+        text = generate_latest(registry).decode()
+        exposed = set(re.findall(r"^# HELP (\w+)", text, re.MULTILINE))
+        rules = yaml.safe_load((REPO / "conf" / "alerts.yml").read_text())
+        used = {
+            name
+            for group in rules["groups"]
+            for rule in group["rules"]
+            for name in re.findall(r"\bfleetd_tinkerbell_\w+", rule["expr"])
+        }
+        self.assertTrue(used)
+        self.assertEqual(used - exposed, set())

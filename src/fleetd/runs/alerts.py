@@ -57,6 +57,8 @@ ALERT_NAMES = {
 }
 
 ATTESTATION_REFUSED = "FleetAttestationRefused"
+# Raised per device from fleetd_tinkerbell_workflows_missing (issue 28).
+WORKFLOW_LOST = "FleetTinkerbellWorkflowLost"
 
 # What each alert means, in words, for people (the owner console): the
 # summaries of conf/alerts.yml, with the step that resolves it.
@@ -78,6 +80,11 @@ ALERT_WORDS = {
     # Raised fleet-wide from fleetd_attest_results_total; the console shows
     # it on the devices whose refusal stands (issue 27, fleetd.fleetview).
     "FleetAttestationRefused": "its attestation was refused",
+    WORKFLOW_LOST: (
+        "its Workflow was deleted or changed by someone else before it ran,"
+        " and fleetd does not make it again; provision it again once whoever"
+        " removed it agrees"
+    ),
 }
 
 
