@@ -67,10 +67,13 @@ class DevicePageBrowserTests(ConsoleBrowserTestCase):
             from selenium.webdriver.support.ui import WebDriverWait
 
             browser.find_element(By.LINK_TEXT, "Provision again…").click()
+            submit = WebDriverWait(browser, 20).until(
+                lambda b: b.find_element(
+                    By.CSS_SELECTOR, "main form button[type=submit]"
+                )
+            )
             confirm = pageText(browser)
-            browser.find_element(
-                By.CSS_SELECTOR, "main form button[type=submit]"
-            ).click()
+            submit.click()
             # The answer to the POST is a new page: wait for it (a loaded
             # machine may still be on the confirmation when the click returns).
             code = (
