@@ -15,7 +15,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.kube.client import (
+from fleetd.k8s.client import (
     Conflict,
     Gone,
     Invalid,

@@ -15,7 +15,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.config.tinkerbell import TinkerbellClass
-from fleetd.kube.client import Conflict, Invalid, KubeClient, KubeError, NotFound
+from fleetd.k8s.client import Conflict, Invalid, KubeClient, KubeError, NotFound
 from fleetd.testing.kube import FakeKube
 from fleetd.tinkerbell import objects
 from fleetd.tinkerbell.api import TinkerbellAPI

@@ -11,8 +11,8 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from fleetd.kube.csrwatcher import CSRWatcher
 from fleetd.kube.machine import TokenEffects, TokenMachine
-from fleetd.kube.watcher import CSRWatcher
 from fleetd.testing.kube import FakeKube, csrPEM
 from tests.kubesupport import KubeFleet, bootstrapSecret, device
 

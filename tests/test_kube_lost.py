@@ -15,7 +15,7 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.inventory.model import DeviceStatus, InventoryError
-from fleetd.kube.client import CSRS
+from fleetd.k8s.client import CSRS
 from fleetd.testing.kube import csrPEM
 from tests.kubesupport import KubeFleet, TwoNodesMixin, device
 

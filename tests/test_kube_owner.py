@@ -14,7 +14,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.inventory.model import DeviceStatus
-from fleetd.kube.client import KubeUnavailable
+from fleetd.k8s.client import KubeUnavailable
 from fleetd.kube.cluster import ClusterTokenError
 from fleetd.kube.rbac import NODECLIENT_ROLE, RBACCheck
 from fleetd.status import DeviceReport

@@ -16,9 +16,9 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.inventory.model import DeviceStatus
-from fleetd.kube.client import KubeError, KubeUnavailable
+from fleetd.k8s.client import KubeError, KubeUnavailable
 from fleetd.kube.csr import Unreadable, readCSR
-from fleetd.kube.watcher import CSRWatcher
+from fleetd.kube.csrwatcher import CSRWatcher
 from fleetd.store.db import StoreError
 from fleetd.testing.kube import csrPEM, malformedBasicConstraintsPEM
 from tests.kubesupport import KubeFleet, TwoNodesMixin, device

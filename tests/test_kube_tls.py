@@ -1,5 +1,5 @@
 """
-The client built from [kubernetes] (fleetd.kube.connect) against the fake
+The client built from [kubernetes] (fleetd.k8s.connect) against the fake
 API served over real TLS on loopback: CA verification of an IP address,
 the bearer token file, a watch stream through a real HTTP/1.1 connection.
 """
@@ -23,8 +23,8 @@ from twisted.trial.unittest import TestCase
 from twisted.web.server import Site
 
 from fleetd.config import ConfigError, KubernetesSettings
-from fleetd.kube.client import KubeClient, KubeUnavailable
-from fleetd.kube.connect import clientFromSettings
+from fleetd.k8s.client import KubeClient, KubeUnavailable
+from fleetd.k8s.connect import clientFromSettings
 from fleetd.reactors import fleetdReactor
 from fleetd.testing.kube import FakeKube, csrPEM
 from tests.daemonsupport import DaemonTestMixin

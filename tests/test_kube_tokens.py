@@ -12,7 +12,7 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.inventory.model import DeviceStatus
-from fleetd.kube.client import KubeUnavailable
+from fleetd.k8s.client import KubeUnavailable
 from fleetd.kube.tokens import (
     NODE_GROUP,
     TALOS_GROUP,

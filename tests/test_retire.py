@@ -11,7 +11,7 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.inventory.model import DeviceStatus
-from fleetd.kube.errors import KubeUnavailable
+from fleetd.k8s.errors import KubeUnavailable
 from fleetd.kube.retire import RetireService
 from fleetd.kube.service import retireService
 from fleetd.runs.machine import Outcome

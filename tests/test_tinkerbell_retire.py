@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.kube.client import KubeUnavailable
+from fleetd.k8s.client import KubeUnavailable
 from fleetd.statuswords import retirementLines
 from tests.tinkerbellobjects import NS, ObjectsFleet, machine
 

@@ -46,7 +46,7 @@ from fleetd.inventory.census import LOCAL_INTERVAL, REMOTE_INTERVAL, Census
 from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import IInventory
 from fleetd.inventory.sqlite import SQLiteInventory
-from fleetd.kube.connect import clientFromSettings
+from fleetd.k8s.connect import clientFromSettings
 from fleetd.kube.service import KubeService, retireService
 from fleetd.kube.status import KubeStatus
 from fleetd.listen.expiry import watchCertificates

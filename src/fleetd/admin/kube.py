@@ -28,7 +28,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import Resource
 
 from fleetd.inventory.model import InventoryError, validateName
-from fleetd.kube.client import KubeError
+from fleetd.k8s.client import KubeError
 from fleetd.kube.cluster import ClusterTokenError, ClusterTokens
 from fleetd.kube.retire import RetireService
 from fleetd.runs.provision import NotReady

@@ -34,7 +34,7 @@ from fleetd.inventory.model import (
     InventoryError,
     validateName,
 )
-from fleetd.kube.client import KubeError
+from fleetd.k8s.client import KubeError
 from fleetd.runs.provision import (
     Decommissioning,
     ICredentials,

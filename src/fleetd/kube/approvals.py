@@ -23,8 +23,8 @@ from typing import Any, Protocol
 from twisted.internet.interfaces import IReactorTime
 
 from fleetd.inventory.model import IInventory
+from fleetd.k8s.client import KubeClient, KubeUnavailable
 from fleetd.kube.book import LiveToken, TokenBook
-from fleetd.kube.client import KubeClient, KubeUnavailable
 from fleetd.kube.csr import BOOTSTRAP_PREFIX, CSRFacts, notAfter, stillPending
 from fleetd.kube.decisions import GRANTED, CSRDecisions
 from fleetd.kube.records import firstApprovedIn, intentIn, renewalApprovedIn

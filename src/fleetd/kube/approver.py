@@ -33,9 +33,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from fleetd.inventory.model import IInventory, InventoryError
+from fleetd.k8s.client import KubeClient, KubeError, KubeUnavailable
 from fleetd.kube.approvals import ApprovalCore, Approvals, IClusterGrants
 from fleetd.kube.book import LiveToken, TokenBook
-from fleetd.kube.client import KubeClient, KubeError, KubeUnavailable
 from fleetd.kube.csr import (
     BOOTSTRAP_PREFIX,
     NODE_PREFIX,

@@ -31,7 +31,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from fleetd.kube.client import KubeClient, KubeError
+from fleetd.k8s.client import KubeClient, KubeError
 from fleetd.kube.machine import TokenEffects, TokenInputs, TokenMachine
 from fleetd.kube.store import (
     TokenRecord,

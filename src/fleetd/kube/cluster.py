@@ -34,8 +34,8 @@ from twisted.internet.defer import DeferredLock
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
+from fleetd.k8s.client import KubeClient
 from fleetd.kube.book import TokenBook
-from fleetd.kube.client import KubeClient
 from fleetd.kube.store import TokenRecord, insertToken, sealedToken, setDeleteAt
 from fleetd.kube.tokens import CLUSTER_GROUP, Sealer, Token, mintToken, tokenSecret
 from fleetd.store.db import Database

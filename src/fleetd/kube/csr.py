@@ -21,7 +21,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
-from fleetd.kube.client import KUBELET_CLIENT_SIGNER
+from fleetd.k8s.client import KUBELET_CLIENT_SIGNER
 
 NODE_PREFIX = "system:node:"
 BOOTSTRAP_PREFIX = "system:bootstrap:"

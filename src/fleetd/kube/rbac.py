@@ -43,7 +43,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from fleetd.kube.client import KubeClient, KubeError
+from fleetd.k8s.client import KubeClient, KubeError
 
 NODECLIENT_ROLE = "system:certificates.k8s.io:certificatesigningrequests:nodeclient"
 SELFNODECLIENT_ROLE = (

@@ -49,8 +49,8 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from fleetd.inventory.model import DeviceStatus, IInventory, InventoryError
+from fleetd.k8s.client import KubeClient
 from fleetd.kube.book import TokenBook
-from fleetd.kube.client import KubeClient
 from fleetd.kube.store import kubelet, liveTokens, noteRetired, setDeleteAt
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder

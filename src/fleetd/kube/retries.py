@@ -21,7 +21,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from fleetd.kube.errors import KubeError, KubeUnavailable
+from fleetd.k8s.errors import KubeError, KubeUnavailable
 
 RETRY_FIRST = 1.0
 RETRY_CAP = 30.0

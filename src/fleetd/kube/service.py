@@ -23,14 +23,14 @@ from twisted.python.failure import Failure
 
 from fleetd.config import KubernetesSettings
 from fleetd.inventory.model import IInventory
+from fleetd.k8s.client import KubeClient
 from fleetd.kube.approver import Approver
 from fleetd.kube.book import TokenBook
-from fleetd.kube.client import KubeClient
 from fleetd.kube.cluster import ClusterTokens
+from fleetd.kube.csrwatcher import CSRWatcher
 from fleetd.kube.rbac import RBACCheck
 from fleetd.kube.retire import IRetiringObjects, IRetiringRuns, RetireService
 from fleetd.kube.tokens import Sealer
-from fleetd.kube.watcher import CSRWatcher
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.runner import IRunner
 

@@ -72,7 +72,7 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.resource import Resource
 
-from fleetd.kube.client import KubeClient
+from fleetd.k8s.client import KubeClient
 from fleetd.testing.kube_http import CSR, WORKFLOW, KubeHTTP, Watcher
 from fleetd.testing.kube_rbac import FakeRBAC
 from fleetd.testing.kube_rules import (

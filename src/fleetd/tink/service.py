@@ -31,7 +31,7 @@ from fleetd.h2.guard import H2Limits
 from fleetd.h2.listener import TinkListenerFactory, proxyFactory
 from fleetd.h2.upstream import UpstreamPool
 from fleetd.inventory.model import IInventory
-from fleetd.kube.client import KubeClient
+from fleetd.k8s.client import KubeClient
 from fleetd.logs import ThrottledLog
 from fleetd.runs.alerts import AlertTracker
 from fleetd.store.journal import AsyncJournal

@@ -52,8 +52,8 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from fleetd.kube.client import Gone, KubeClient, KubeError, KubeUnavailable
-from fleetd.kube.watcher import ListWatcher
+from fleetd.k8s.client import Gone, KubeClient, KubeError, KubeUnavailable
+from fleetd.k8s.watcher import ListWatcher
 from fleetd.logs import ThrottledLog
 
 ENDED = frozenset({"POST", "SUCCESS"})

@@ -1,7 +1,7 @@
 """
 The calls fleetd makes on Tinkerbell's objects (C{tinkerbell.org/v1alpha1}
 C{hardware} and C{workflows}, in one namespace), through the C{[kubernetes]}
-client: its deadline and its errors (L{fleetd.kube.errors}).
+client: its deadline and its errors (L{fleetd.k8s.errors}).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from fleetd.kube.client import KubeClient, NotFound
+from fleetd.k8s.client import KubeClient, NotFound
 
 GROUP = "/apis/tinkerbell.org/v1alpha1"
 PLURALS = ("hardware", "workflows")

@@ -40,7 +40,7 @@ from twisted.python.failure import Failure
 
 from fleetd.config.tinkerbell import TinkerbellSettings
 from fleetd.inventory.model import Device
-from fleetd.kube.client import KubeClient, KubeError
+from fleetd.k8s.client import KubeClient, KubeError
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner

@@ -29,7 +29,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from fleetd.kube.errors import KubeError
+from fleetd.k8s.errors import KubeError
 from fleetd.logs import ThrottledLog
 from fleetd.store.entries import Entry
 from fleetd.tinkerbell import objects

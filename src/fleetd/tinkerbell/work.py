@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from fleetd.kube.errors import Conflict, Invalid, KubeUnavailable
+from fleetd.k8s.errors import Conflict, Invalid, KubeUnavailable
 from fleetd.store.entries import Entry
 from fleetd.store.fields import MAX_STRING
 from fleetd.tinkerbell import objects

@@ -27,7 +27,7 @@ from twisted.internet.defer import (
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from fleetd.kube.errors import KubeError
+from fleetd.k8s.errors import KubeError
 from fleetd.logs import ThrottledLog
 from fleetd.store.fields import MAX_STRING
 from fleetd.tinkerbell.api import TinkerbellAPI

@@ -14,9 +14,9 @@ object (a listed item, an event's object, a whole C{onList} snapshot) is
 contained there: logged as a failure, counted (C{onObjectFailed}), and
 skipped; the loop goes on with the next object.
 
-L{ListWatcher} is the loop for any collection; L{CSRWatcher} watches
-kubelet client CSRs (the approver [K2]); the Workflow watch of boot
-completion (L{fleetd.tink.wfstate}) is another.
+L{ListWatcher} is the loop for any collection: the watch of kubelet
+client CSRs (L{fleetd.kube.csrwatcher}, the approver [K2]) and the
+Workflow watch of boot completion (L{fleetd.tink.wfstate}) are two.
 """
 
 from __future__ import annotations
@@ -24,15 +24,13 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from fleetd.kube.client import Gone, KubeClient, KubeError, KubeUnavailable, Watch
-from fleetd.kube.csr import approvedFirst
+from fleetd.k8s.client import Gone, KubeError, KubeUnavailable, Watch
 
 FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 60.0
@@ -223,44 +221,3 @@ def _objectName(what: Any) -> str:
     meta = what.get("metadata") if isinstance(what, dict) else None
     name = meta.get("name") if isinstance(meta, dict) else None
     return name[:253] if isinstance(name, str) else "?"
-
-
-class CSRWatcher(ListWatcher):
-    """
-    Keep C{onCSR} told of every kubelet client CSR, across failures. A
-    CSR C{onCSR} raised on is counted in
-    C{fleetd_kube_csr_handler_errors_total} and skipped. A LIST hands
-    over its approved CSRs before its pending ones (L{approvedFirst}).
-    """
-
-    def __init__(
-        self,
-        clock: IReactorTime,
-        client: KubeClient,
-        onCSR: Callable[[dict[str, Any]], None],
-        *,
-        timeoutSeconds: int = 300,
-        registry: CollectorRegistry | None = None,
-    ) -> None:
-        self.handlerErrors = Counter(
-            "fleetd_kube_csr_handler_errors_total",
-            "Kubelet client CSRs (listed or watched) whose handling raised:"
-            " logged and skipped; the watch goes on.",
-            registry=registry,
-        )
-
-        async def lister() -> tuple[list[dict[str, Any]], str]:
-            items, version = await client.listCSRs()
-            return approvedFirst(items), version
-
-        super().__init__(
-            clock,
-            lister,
-            client.watchCSRs,
-            onCSR,
-            timeoutSeconds=timeoutSeconds,
-            name="kube.watch",
-            onObjectFailed=self.handlerErrors.inc,
-        )
-        self.client = client
-        self.onCSR = onCSR

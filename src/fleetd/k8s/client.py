@@ -28,7 +28,7 @@ from twisted.web.client import ResponseFailed
 from twisted.web.iweb import IResponse
 
 from fleetd.config import KubernetesSettings
-from fleetd.kube.errors import (
+from fleetd.k8s.errors import (
     Conflict,
     Gone,
     Invalid,
@@ -37,7 +37,7 @@ from fleetd.kube.errors import (
     NotFound,
     errorFor,
 )
-from fleetd.kube.stream import BodyCollector, Watch
+from fleetd.k8s.stream import BodyCollector, Watch
 
 __all__ = [
     "Conflict",

@@ -1,4 +1,4 @@
-"""The errors of L{fleetd.kube.client}: what a caller may do next."""
+"""The errors of L{fleetd.k8s.client}: what a caller may do next."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """
-Response bodies for L{fleetd.kube.client}: bounded collection, and a
+Response bodies for L{fleetd.k8s.client}: bounded collection, and a
 watch stream split into newline-delimited JSON events.
 """
 
@@ -17,7 +17,7 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import IResponse
 
-from fleetd.kube.errors import KubeError, KubeUnavailable, errorFor
+from fleetd.k8s.errors import KubeError, KubeUnavailable, errorFor
 
 MAX_BODY = 16 << 20
 MAX_LINE = 4 << 20

@@ -22,7 +22,7 @@ from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
 
 from fleetd.config import ConfigError, KubernetesSettings
-from fleetd.kube.client import KubeClient
+from fleetd.k8s.client import KubeClient
 from fleetd.reactors import IHTTPClientReactor
 
 
