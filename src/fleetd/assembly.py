@@ -1,7 +1,9 @@
 """
 Parts of the daemon's assembly that L{fleetd.service} hands out, so that
 it stays a list of children: the optional subsystems built from their
-settings (C{[tinkerbell]}), each returning what the others are given.
+settings (C{[tinkerbell]}, NetBox as the inventory), each returning what
+the others are given, the admin listener's site (L{adminSite}) and the
+Tink proxy the tink listener serves (L{tinkProxy}).
 """
 
 from __future__ import annotations
@@ -12,17 +14,43 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from twisted.application.service import IServiceCollection
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IListeningPort, IReactorTime
+from twisted.internet.threads import deferToThreadPool
+from twisted.web.resource import Resource
 
+from fleetd import __version__
+from fleetd.admin.api import ownerAPI
+from fleetd.admin.console.gate import consoleAPI
+from fleetd.admin.console.sessions import ConsoleSessions
+from fleetd.admin.console.tree import ConsoleServices, consoleTree
+from fleetd.admin.deviceflow import followAdminPort
+from fleetd.admin.provision import Provisioner
+from fleetd.admin.resource import adminRoot
 from fleetd.config import NetBoxSettings, Settings
+from fleetd.deviceflow.flow import DeviceFlow
+from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import IInventory
-from fleetd.kube.service import KubeService
+from fleetd.kube.service import KubeService, retireService
+from fleetd.prepare import Prepared
+from fleetd.reactors import IFleetdReactor
+from fleetd.readiness import Readiness
+from fleetd.runs.alerts import AlertTracker
+from fleetd.runs.placeholders import DevValues
 from fleetd.runs.registry import RunRegistry
+from fleetd.runs.render import TemplateRenderer
 from fleetd.runs.vaultnames import configName
+from fleetd.status import StatusService
+from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.runner import IRunner
+from fleetd.tink.service import TinkProxy
 from fleetd.tink.wfstate import IWorkflowObserver
+from fleetd.tink.workflows import REFRESH_FLOOR
 from fleetd.tinkerbell.service import TinkerbellService
+from fleetd.trust.disks import DiskService
+from fleetd.trust.refusals import AttestRefusals
+from fleetd.trust.service import TrustService
 from fleetd.vault import IVault
 
 # Seconds one listing of a NetBox inventory serves the console's fleet view,
@@ -100,3 +128,158 @@ def tinkerbellObjects(
     )
     service.setServiceParent(parent)
     return Objects(service, settings.tinkerbell.namespace)
+
+
+@dataclass(frozen=True)
+class AdminSite:
+    """The admin listener's site, and what the daemon keeps of it."""
+
+    root: Resource
+    console: ConsoleServices
+    sessions: ConsoleSessions
+    # Once the listener is bound: the device flow's and the console's links.
+    follow: Callable[[IListeningPort], None]
+
+
+def adminSite(
+    prepared: Prepared,
+    *,
+    reactor: IFleetdReactor,
+    registry: CollectorRegistry,
+    readiness: Readiness,
+    journal: AsyncJournal,
+    chain: ChainMonitor,
+    runner: IRunner,
+    inventory: IInventory,
+    runs: RunRegistry,
+    alerts: AlertTracker,
+    status: StatusService,
+    trust: TrustService,
+    disks: DiskService,
+    refusals: AttestRefusals,
+    deviceFlow: DeviceFlow,
+    kube: KubeService | None,
+    objects: Objects | None,
+) -> AdminSite:
+    """
+    The admin listener's tree (owner API, console, C{/healthz},
+    C{/metrics}) over the subsystems, with what only it uses: the
+    provisioner, the retirement and the site's definitions.
+    """
+    s = prepared.settings
+
+    def offload(work: Callable[[bytes], Any], data: bytes) -> Deferred[Any]:
+        """Run blocking C{work(data)} in the reactor's thread pool."""
+        pool = reactor.getThreadPool()
+        return deferToThreadPool(reactor, pool, work, data)
+
+    retire = retireService(
+        kube,
+        clock=reactor,
+        inventory=inventory,
+        journal=journal,
+        runner=runner,
+        runs=runs,
+        objects=None if objects is None else objects.service,
+    )
+    renderer = TemplateRenderer(
+        s.provision.templates,
+        s.provision.default_cluster,
+        values=DevValues(prepared.masterKey) if s.dev_values else None,
+    )
+    defined = None  # NetBox refuses additions: its devices are made there
+    if s.netbox is None:
+        defined = SiteDefinitions(
+            s.provision.classes, renderer.clusters, str(s.provision.templates)
+        )
+    sessions = ConsoleSessions(reactor)
+    provisioner = Provisioner(  # the owner API's and the console's
+        runs,
+        inventory,
+        renderer,
+        journal,
+        credentials=None if kube is None else kube.book,
+        objects=None if objects is None else objects.service,
+    )
+    api = ownerAPI(
+        inventory=inventory,
+        journal=journal,
+        offload=offload,
+        defined=defined,
+        provisioner=provisioner,
+        trust=trust,
+        disks=disks,
+        status=status,
+        deviceFlow=deviceFlow,
+        retire=retire,
+        kube=kube,
+        database=prepared.database.path,
+    )
+    api[b"console"] = consoleAPI(sessions, journal)
+    console = ConsoleServices(
+        journal=journal,
+        inventory=inventory,
+        runs=runs,
+        alerts=alerts,
+        status=status,
+        deviceFlow=deviceFlow,
+        trust=trust,
+        retire=retire,
+        verify=chain.verify,
+        chain=chain,
+        provisioner=provisioner,
+        refusals=refusals,
+        fleetListingAge=0.0 if s.netbox is None else NETBOX_LISTING_AGE,
+    )
+    root = adminRoot(
+        clock=reactor,
+        registry=registry,
+        journal=journal,
+        site=s.site_name,
+        version=__version__,
+        api=api,
+        readiness=readiness,
+        inventory=inventory,
+        verify=chain.verify,  # the chain gauge follows at once
+        console=consoleTree(console, sessions, reactor),
+    )
+    follow = followAdminPort(
+        deviceFlow,
+        s.topology.enrollment_name,
+        sessions.setBase,
+        consoleHost=s.owner.console_host,
+    )
+    return AdminSite(root, console, sessions, follow)
+
+
+def tinkProxy(
+    prepared: Prepared,
+    *,
+    reactor: IFleetdReactor,
+    registry: CollectorRegistry,
+    inventory: IInventory,
+    runs: RunRegistry,
+    runner: IRunner,
+    journal: AsyncJournal,
+    alerts: AlertTracker,
+    kube: KubeService | None,
+    objects: Objects | None,
+) -> TinkProxy:
+    """The Tink proxy (its listener is the caller's to add)."""
+    s = prepared.settings
+    return TinkProxy(
+        reactor,
+        s.tink,
+        idleTimeout=s.limits.idle_timeout,
+        registry=registry,
+        inventory=inventory,
+        runs=runs,
+        runner=runner,
+        journal=journal,
+        alerts=alerts,
+        kube=None if kube is None else kube.client,
+        upstreamCA=prepared.upstreamCA,
+        # a stranger naming unknown MACs must not walk NetBox every second
+        listingFloor=REFRESH_FLOOR if s.netbox is None else NETBOX_LISTING_AGE,
+        objects=None if objects is None else objects.watched,
+    )

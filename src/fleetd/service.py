@@ -20,21 +20,14 @@ from typing import IO, Any
 from prometheus_client import CollectorRegistry
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred
-from twisted.internet.threads import deferToThreadPool
 from twisted.logger import ILogObserver, Logger
 from twisted.python.components import Componentized
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 
 from fleetd import __version__
-from fleetd.admin.api import ownerAPI
-from fleetd.admin.console.gate import consoleAPI
-from fleetd.admin.console.sessions import ConsoleSessions
-from fleetd.admin.console.tree import ConsoleServices, consoleTree
-from fleetd.admin.deviceflow import followAdminPort, verificationURI
-from fleetd.admin.provision import Provisioner
-from fleetd.admin.resource import adminRoot
-from fleetd.assembly import NETBOX_LISTING_AGE, netboxInventory, tinkerbellObjects
+from fleetd.admin.deviceflow import verificationURI
+from fleetd.assembly import adminSite, netboxInventory, tinkerbellObjects, tinkProxy
 from fleetd.attest.wiring import buildAttestation
 from fleetd.boot.face import bootFace
 from fleetd.config import ConfigError, NetBoxSettings
@@ -43,11 +36,10 @@ from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.dns.service import DNSService
 from fleetd.heap import ICollector, pauseForStartup, tune
 from fleetd.inventory.census import LOCAL_INTERVAL, REMOTE_INTERVAL, Census
-from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import IInventory
 from fleetd.inventory.sqlite import SQLiteInventory
 from fleetd.k8s.connect import clientFromSettings
-from fleetd.kube.service import KubeService, retireService
+from fleetd.kube.service import KubeService
 from fleetd.kube.status import KubeStatus
 from fleetd.listen.expiry import watchCertificates
 from fleetd.listen.policy import ListenerName, listenerPolicy
@@ -61,16 +53,12 @@ from fleetd.prepare import Prepared, prepare
 from fleetd.reactors import IFleetdReactor
 from fleetd.readiness import Readiness, notifySystemd
 from fleetd.runs.alerts import AlertTracker
-from fleetd.runs.placeholders import DevValues
 from fleetd.runs.registry import RunRegistry
-from fleetd.runs.render import TemplateRenderer
 from fleetd.status import StatusService
 from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.store.keys import deriveKey
 from fleetd.store.runner import DatabaseRunner, RunnerService
-from fleetd.tink.service import TinkProxy
-from fleetd.tink.workflows import REFRESH_FLOOR
 from fleetd.trust.disks import DiskService
 from fleetd.trust.refusals import AttestRefusals
 from fleetd.trust.service import TrustService
@@ -249,11 +237,6 @@ class FleetdService(MultiService):
                 pass
         self.reactor.stop()
 
-    def _inThread(self, work: Callable[[bytes], Any], data: bytes) -> Deferred[Any]:
-        """Run blocking C{work(data)} in the reactor's thread pool."""
-        pool = self.reactor.getThreadPool()
-        return deferToThreadPool(self.reactor, pool, work, data)
-
     def _web(self, name: ListenerName, root: Resource, **hooks: Any) -> None:
         """Listener C{name} serving C{root} under its policy [O1] [O2] [T4]."""
         s = self.settings
@@ -284,99 +267,22 @@ class FleetdService(MultiService):
         self._web("boot", boot.root, onStop=boot.config.stop)
         face = deviceFace(self.attestation, self.disks)
         self._web("device", face, onStop=self.attestation.service.stop)
-        retire = retireService(
-            self.kube,
-            clock=self.reactor,
-            inventory=self.inventory,
-            journal=self.journal,
-            runner=self.runner,
-            runs=self.runs,
-            objects=None if self.objects is None else self.objects.service,
-        )
-        renderer = TemplateRenderer(
-            s.provision.templates,
-            s.provision.default_cluster,
-            values=DevValues(prepared.masterKey) if s.dev_values else None,
-        )
-        defined = None  # NetBox refuses additions: its devices are made there
-        if s.netbox is None:
-            defined = SiteDefinitions(
-                s.provision.classes, renderer.clusters, str(s.provision.templates)
-            )
-        self.consoleSessions = sessions = ConsoleSessions(self.reactor)
-        provisioner = Provisioner(  # the owner API's and the console's
-            self.runs,
-            self.inventory,
-            renderer,
-            self.journal,
-            credentials=None if self.kube is None else self.kube.book,
-            objects=None if self.objects is None else self.objects.service,
-        )
-        api = ownerAPI(
-            inventory=self.inventory,
-            journal=self.journal,
-            offload=self._inThread,
-            defined=defined,
-            provisioner=provisioner,
-            trust=self.trust,
-            disks=self.disks,
-            status=self.status,
-            deviceFlow=self.deviceFlow,
-            retire=retire,
-            kube=self.kube,
-            database=prepared.database.path,
-        )
-        api[b"console"] = consoleAPI(sessions, self.journal)
-        self.console = console = ConsoleServices(
-            journal=self.journal,
-            inventory=self.inventory,
-            runs=self.runs,
-            alerts=self.alerts,
-            status=self.status,
-            deviceFlow=self.deviceFlow,
-            trust=self.trust,
-            retire=retire,
-            verify=self.chain.verify,
-            chain=self.chain,
-            provisioner=provisioner,
-            refusals=self.refusals,
-            fleetListingAge=0.0 if s.netbox is None else NETBOX_LISTING_AGE,
-        )
-        admin = adminRoot(
-            clock=self.reactor,
-            registry=self.registry,
-            journal=self.journal,
-            site=s.site_name,
-            version=__version__,
-            api=api,
-            readiness=self.readiness,
-            inventory=self.inventory,
-            verify=self.chain.verify,  # the chain gauge follows at once
-            console=consoleTree(console, sessions, self.reactor),
-        )
-        follow = followAdminPort(
-            self.deviceFlow,
-            s.topology.enrollment_name,
-            sessions.setBase,
-            consoleHost=s.owner.console_host,
-        )
-        self._web("admin", admin, onListening=follow)
-        self.tink = TinkProxy(
-            self.reactor,
-            s.tink,
-            idleTimeout=s.limits.idle_timeout,
-            registry=self.registry,
-            inventory=self.inventory,
-            runs=self.runs,
-            runner=self.runner,
-            journal=self.journal,
-            alerts=self.alerts,
-            kube=None if self.kube is None else self.kube.client,
-            upstreamCA=prepared.upstreamCA,
-            # a stranger naming unknown MACs must not walk NetBox every second
-            listingFloor=REFRESH_FLOOR if s.netbox is None else NETBOX_LISTING_AGE,
-            objects=None if self.objects is None else self.objects.watched,
-        )
+        admin = adminSite(
+            prepared, reactor=self.reactor, registry=self.registry,
+            readiness=self.readiness, journal=self.journal, chain=self.chain,
+            runner=self.runner, inventory=self.inventory, runs=self.runs,
+            alerts=self.alerts, status=self.status, trust=self.trust,
+            disks=self.disks, refusals=self.refusals, deviceFlow=self.deviceFlow,
+            kube=self.kube, objects=self.objects,
+        )  # fmt: skip
+        self.console, self.consoleSessions = admin.console, admin.sessions
+        self._web("admin", admin.root, onListening=admin.follow)
+        self.tink = tinkProxy(
+            prepared, reactor=self.reactor, registry=self.registry,
+            inventory=self.inventory, runs=self.runs, runner=self.runner,
+            journal=self.journal, alerts=self.alerts, kube=self.kube,
+            objects=self.objects,
+        )  # fmt: skip
         self.tink.setServiceParent(self.database)
         policy = listenerPolicy(s, "tink")
         tink = self._listeners.add(
