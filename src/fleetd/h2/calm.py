@@ -2,12 +2,13 @@
 How the tink listener's HTTP/2 connections act on their abuse limits
 (issue 17; the limits themselves are L{fleetd.h2.guard}).
 
-L{GuardedProtocol} is the base of L{fleetd.h2.server.H2ServerProtocol}:
-it counts wasted streams and control frames against the connection's
-L{ConnectionGuard} and answers GOAWAY(ENHANCE_YOUR_CALM) past them; it is
-the transport's streaming producer, so while the transport's write buffer
-is full it stops reading and holds what it would write, and it aborts a
-connection whose held replies pass the bound.
+L{GuardedProtocol} is the base of L{fleetd.h2.server.H2ServerProtocol}
+(through L{fleetd.h2.deadlines.TimedProtocol}): it counts wasted streams
+and control frames against the connection's L{ConnectionGuard} and
+answers GOAWAY(ENHANCE_YOUR_CALM) past them; it is the transport's
+streaming producer, so while the transport's write buffer is full it
+stops reading and holds what it would write, and it aborts a connection
+whose held replies pass the bound.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ L{H2ServerProtocol} owns one server-side L{H2Connection}, turns its events
 into calls on one L{IStreamHandler} per stream and gives each handler a
 L{StreamResponder} that sends headers, flow-controlled data and trailers.
 gRPC wire details are in L{fleetd.h2.grpcwire}, the abuse reactions in
-L{fleetd.h2.calm}; the listener factory is in L{fleetd.h2.listener}.
+L{fleetd.h2.calm}, the stall deadlines in L{fleetd.h2.deadlines}; the
+listener factory is in L{fleetd.h2.listener}.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from fleetd.config import Limits, TinkSettings
-from fleetd.h2.calm import GuardedProtocol
 from fleetd.h2.conn import DrainingH2Connection, noDelay, writes
+from fleetd.h2.deadlines import TimedProtocol
 from fleetd.h2.frames import FrameMeter
 from fleetd.h2.grpcwire import GRPCStatus, notGrpc
 from fleetd.h2.guard import ConnectionGuard, H2Limits
@@ -44,10 +45,11 @@ from fleetd.h2.stream import Headers, IStreamHandler, StreamResponder
 from fleetd.logs import ThrottledLog
 
 
-class H2ServerProtocol(GuardedProtocol):
+class H2ServerProtocol(TimedProtocol):
     """
     An HTTP/2 server connection dispatching streams to handlers, within
-    the abuse limits of L{GuardedProtocol}.
+    the abuse limits of L{fleetd.h2.calm.GuardedProtocol} and the stall
+    deadlines of L{TimedProtocol}.
 
     @ivar log: where its lines go; the listener's factory gives every
         connection one shared L{ThrottledLog}, so a flood of connections or
@@ -347,116 +349,12 @@ class H2ServerProtocol(GuardedProtocol):
             if self._lastAccepted is not None and not self.streams:
                 self._close()  # drained after our GOAWAY
 
-    # Deadlines past which a client's own stalls close its connection
-
-    def owe(self, delta: int, sent: bool) -> None:
-        """Response bytes held for the client's window (or its unread
-        socket) changed by C{delta}; C{sent}: some of a stalled stream's
-        left. Too many, or none leaving for C{windowTimeout}: calm."""
-        guard = self.guard
-        if guard is None or self._closing:
-            return
-        if guard.owe(delta, sent):
-            self._calm("window-held", owed=guard.owed)
-        elif guard.owed > 0 and self._windowCall is None:
-            self._windowCall = self._clock.callLater(
-                self._limits.windowTimeout, self._windowCheck
-            )
-
-    def _windowCheck(self) -> None:
-        self._windowCall = None
-        left = self.guard.windowLeft() if self.guard is not None else None
-        if left is None or self._closing:
-            return
-        if left > 0:
-            self._windowCall = self._clock.callLater(left, self._windowCheck)
-            return
-        self._calm("window-timeout", owed=self.guard.owed if self.guard else 0)
-
-    def _headerDeadline(self) -> None:
-        """Time an open header block (HEADERS without END_HEADERS yet)."""
-        meter = self.meter
-        if not meter.inBlock or self._closing:
-            if self._headerCall is not None:
-                self._headerCall.cancel()
-                self._headerCall = None
-        elif self._headerCall is None or self._headerBlock != meter.blocks:
-            if self._headerCall is not None:
-                self._headerCall.cancel()
-            self._headerBlock = meter.blocks
-            self._headerCall = self._clock.callLater(
-                self._limits.headerTimeout, self._headerTimedOut
-            )
-
-    def _headerTimedOut(self) -> None:
-        self._headerCall = None
-        if self.meter.inBlock and not self._closing:
-            self._calm("header-timeout", size=self.meter.blockBytes)
-
     def _close(self) -> None:
         self._closing = True
         self._cancelIdleTimer()
         self.flushNow()  # before the close, batch or not
         if self._release():
             self._closeSoon()
-
-    def _idleCheck(self) -> None:
-        """The timer fired: time out if nothing moved for the timeout that
-        applies now, else look again when it could (see L{progress})."""
-        self._idleCall = None
-        left = self._progressAt + self._timeout() - self._clock.seconds()
-        if left > 0:
-            self._idleCall = self._clock.callLater(
-                min(left, self._shortest()), self._idleCheck
-            )
-            return
-        self._idleTimedOut()
-
-    def _idleTimedOut(self) -> None:
-        timeout = self._timeout()
-        if not self._greeted:
-            event = "tink.h2.handshake-timeout {timeout}"
-        elif self.streams:
-            event = "tink.h2.stream-timeout {timeout}"
-        else:
-            event = "tink.h2.idle-timeout {timeout}"
-        self.log.info(event, timeout=timeout, peer=self.peer())
-        # Streams that made no progress for this long are abandoned: tell
-        # the client nothing past the last one was (or will be) processed.
-        code = ErrorCodes.NO_ERROR if not self.streams else ErrorCodes.CANCEL
-        self._abandon(code)
-        self._close()
-
-    def _timeout(self) -> float:
-        if not self._greeted:
-            return min(self._handshakeTimeout, self._idleTimeout)
-        return self._streamTimeout if self.streams else self._idleTimeout
-
-    def _shortest(self) -> float:
-        """The shortest timeout that could apply before the timer fires."""
-        return min(self._timeout(), self._idleTimeout)
-
-    def progress(self) -> None:
-        """Progress: the handshake, idle (no streams) or stream (streams
-        open, no frame either way) timeout, whichever applies, counts from
-        now. Only the time is noted (this runs several times a call); the
-        one timer, armed for the shortest timeout that could apply, checks
-        it when it fires."""
-        if self._closing:
-            self._cancelIdleTimer()
-            return
-        self._progressAt = self._clock.seconds()
-        if self._idleCall is None:
-            self._idleCall = self._clock.callLater(self._shortest(), self._idleCheck)
-
-    def _cancelIdleTimer(self) -> None:
-        """Closing: stop the idle timer and the header and window
-        deadlines."""
-        for name in ("_idleCall", "_headerCall", "_windowCall"):
-            call = getattr(self, name)
-            if call is not None:
-                call.cancel()
-                setattr(self, name, None)
 
     def peer(self) -> str:
         return str(self.transport.getPeer()) if self.transport is not None else "?"
