@@ -46,7 +46,7 @@ class ProofTests(SWTPMTestCase):
 
         return ensureDeferred(check())
 
-    def test_proof_subjectFromInventory(self) -> Deferred[None]:
+    async def test_proof_subjectFromInventory(self) -> None:
         """[T3] the LDevID names the inventory device and serial, not the CSR's CN."""
 
         def run(node: Node) -> dict[str, Any]:
@@ -55,18 +55,15 @@ class ProofTests(SWTPMTestCase):
                 "/v1/attest/proof", node.proof(keys, challenge, subject="evil")
             )
 
-        async def check() -> None:
-            issued = await self.inThread(run)
-            cert = x509.load_pem_x509_certificate(issued["certificate"].encode())
-            names = {a.oid: a.value for a in cert.subject}
-            self.assertEqual(
-                names, {NameOID.COMMON_NAME: "w1", NameOID.SERIAL_NUMBER: "SER1"}
-            )
-            cert.verify_directly_issued_by(self.server.issuer.cert)
+        issued = await self.inThread(run)
+        cert = x509.load_pem_x509_certificate(issued["certificate"].encode())
+        names = {a.oid: a.value for a in cert.subject}
+        self.assertEqual(
+            names, {NameOID.COMMON_NAME: "w1", NameOID.SERIAL_NUMBER: "SER1"}
+        )
+        cert.verify_directly_issued_by(self.server.issuer.cert)
 
-        return ensureDeferred(check())
-
-    def test_proof_replay_refused(self) -> Deferred[None]:
+    async def test_proof_replay_refused(self) -> None:
         """[T3] a challenge answers once: the same proof again is challenge-used."""
 
         def run(node: Node) -> None:
@@ -75,12 +72,9 @@ class ProofTests(SWTPMTestCase):
             node.post("/v1/attest/proof", proof)
             node.post("/v1/attest/proof", proof)
 
-        async def check() -> None:
-            failure = await self.assertFailure(self.inThread(run), Refusal)
-            self.assertEqual((failure.reason, failure.status), ("challenge-used", 410))
-            self.assertEqual(len(self.server.entries("ldevid.issued")), 1)
-
-        return ensureDeferred(check())
+        failure = await self.assertFailure(self.inThread(run), Refusal)
+        self.assertEqual((failure.reason, failure.status), ("challenge-used", 410))
+        self.assertEqual(len(self.server.entries("ldevid.issued")), 1)
 
     def test_proof_expired_refused(self) -> Deferred[None]:
         """[T3] a challenge older than its TTL (injected clock) is challenge-expired."""
