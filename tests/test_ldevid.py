@@ -128,11 +128,8 @@ class LDevIDTestCase(TestCase):
         doc: dict[str, Any] = json.loads(out)
         return doc
 
-    def refusal(self, state: Path, command: str, reason: str) -> Deferred[None]:
-        async def check() -> None:
-            await self.refused(state, command, reason)
-
-        return ensureDeferred(check())
+    async def refusal(self, state: Path, command: str, reason: str) -> None:
+        await self.refused(state, command, reason)
 
     async def refused(self, state: Path, command: str, reason: str, *extra: str) -> str:
         code, _, err = await self.agent(state, command, *extra)
@@ -264,10 +261,10 @@ class LegacyCutOverTests(LDevIDTestCase):
 
 
 class TLSRefusalTests(LDevIDTestCase):
-    def test_unknownIssuer_refusedAtTLS(self) -> Deferred[None]:
+    async def test_unknownIssuer_refusedAtTLS(self) -> None:
         """[T4] a certificate from a CA outside the bundle fails the TLS handshake."""
         pair = issueWith(self.pki.owner_ca, self.pki.owner_ca_key, "w1", "SER1")
-        return self.refusal(self.node("w1", *pair), "plan", "unreachable")
+        await self.refusal(self.node("w1", *pair), "plan", "unreachable")
 
     async def test_expired_refusedAtTLS(self) -> None:
         """[T4] an expired LDevID fails the TLS handshake (certificate expired)."""
@@ -291,11 +288,11 @@ class TLSRefusalTests(LDevIDTestCase):
 
         self.assertEqual(await deferToThread(run), (401, "ldevid-required"))
 
-    def test_currentIssuerUnrecorded_refused(self) -> Deferred[None]:
+    async def test_currentIssuerUnrecorded_refused(self) -> None:
         """[T4] an LDevID from the issuer with no record in fleetd: ldevid-unknown."""
         issuer = self.pki.devid_issuer, self.pki.devid_issuer_key
         pair = issueWith(*issuer, "w1", "SER1")
-        return self.refusal(self.node("w1", *pair), "plan", "ldevid-unknown")
+        await self.refusal(self.node("w1", *pair), "plan", "ldevid-unknown")
 
 
 class PlanTests(LDevIDTestCase):
@@ -491,10 +488,10 @@ class RenewSubjectTests(LDevIDTestCase):
         cn = new.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
         self.assertEqual(cn, "w1")
 
-    def test_renew_unknownSerial_refused(self) -> Deferred[None]:
+    async def test_renew_unknownSerial_refused(self) -> None:
         """[T4] an attested LDevID for a serial no longer in the inventory
         cannot renew."""
-        return self.refusal(self.attested("w9", "SER9"), "renew", "device-unknown")
+        await self.refusal(self.attested("w9", "SER9"), "renew", "device-unknown")
 
 
 SERVER = "https://127.0.0.1:9"  # never reached: the state is looked at first
