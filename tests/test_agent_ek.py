@@ -14,8 +14,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from twisted.internet.defer import ensureDeferred
-
 from fleetd.agent import main as agent
 from fleetd.agent import tpm
 from fleetd.attest.tpm import checkEK, ekDigest
@@ -157,22 +155,20 @@ class EKScanTests(SWTPMTestCase):
         self.assertEqual((code, err), (0, ""))
         self.assertEqual(len(self.server.entries("ldevid.issued")), 1)
 
-    def test_ek_usedLine_attests(self) -> None:
+    async def test_ek_usedLine_attests(self) -> None:
         """
         [T1] [T3] With a binding approved on the digest of the line marked as
         the one attest presents, C{attest} (default C{--ek auto}) gets its
         LDevID: the evidence names the EK fleetd sees at attestation.
         """
-        return ensureDeferred(self._attestWith("rsa"))  # type: ignore[return-value]
+        await self._attestWith("rsa")
 
-    def test_ek_eccChoice_attestsWithECC(self) -> None:
+    async def test_ek_eccChoice_attestsWithECC(self) -> None:
         """
         [T1] [T3] C{ek --ek ecc} marks the ECC EK as the one attest presents,
         and C{attest --ek ecc} attests on a binding to that digest.
         """
-        return ensureDeferred(  # type: ignore[return-value]
-            self._attestWith("ecc", "--ek", "ecc")
-        )
+        await self._attestWith("ecc", "--ek", "ecc")
 
     def test_ek_text_linesAndNote(self) -> None:
         """

@@ -12,7 +12,6 @@ import shutil
 from pathlib import Path
 
 from cryptography import x509
-from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.agent import attest as agent_attest
@@ -136,7 +135,13 @@ class HelperTests(SynchronousTestCase):
 
 
 class TPMKeyDaemonTests(TPMKeyDaemonCase):
-    async def _endToEnd(self) -> None:
+    async def test_tpmKey_attestDisksPlanRenew(self) -> None:
+        """
+        [T4][D1] with the TPM-resident LDevID over mTLS: disks reports (the
+        target named), plan gives the target's serial and the META code
+        after a provision, renew gets a new certificate for the same key,
+        and the old certificate is refused afterwards.
+        """
         await self._start()
         code, _, err = await self.agent("attest", "--serial", "SER1", "--ek", "rsa")
         self.assertEqual((code, err), (0, ""))
@@ -173,15 +178,6 @@ class TPMKeyDaemonTests(TPMKeyDaemonCase):
             err.startswith("fleetd-agent: plan: refused: ldevid-superseded: "), err
         )
         self.assertEqual(err.count("\n"), 1, err)
-
-    def test_tpmKey_attestDisksPlanRenew(self) -> Deferred[None]:
-        """
-        [T4][D1] with the TPM-resident LDevID over mTLS: disks reports (the
-        target named), plan gives the target's serial and the META code
-        after a provision, renew gets a new certificate for the same key,
-        and the old certificate is refused afterwards.
-        """
-        return ensureDeferred(self._endToEnd())
 
 
 class InstallableTests(SynchronousTestCase):

@@ -11,7 +11,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
@@ -35,7 +34,9 @@ class DeviceListenerTests(DaemonTestMixin, TestCase):
         except Refusal as e:
             return e.status, e.line
 
-    async def _tpm12(self) -> None:
+    async def test_deviceListener_attestationWired(self) -> None:
+        """[T2][A3] the daemon's 8444 refuses a TPM 1.2 claim (journaled) and
+        asks lookups for an LDevID."""
         service = self.startDaemon()
         port = self.port(service, "device")
         claim = {"tpm_version": "1.2", "serial": "SER1"}
@@ -51,12 +52,8 @@ class DeviceListenerTests(DaemonTestMixin, TestCase):
         self.assertEqual(lookup, (401, "ldevid-required: this resource needs an "
                                   "LDevID client certificate"))  # fmt: skip
 
-    def test_deviceListener_attestationWired(self) -> Deferred[None]:
-        """[T2][A3] the daemon's 8444 refuses a TPM 1.2 claim (journaled) and
-        asks lookups for an LDevID."""
-        return ensureDeferred(self._tpm12())
-
-    async def _status(self) -> None:
+    async def test_status_showsLDevID(self) -> None:
+        """[T4] the status report carries the node's LDevID (issuer, notAfter)."""
         from fleetd.inventory.model import Device
         from fleetd.pki.records import LDevIDRecord
 
@@ -77,10 +74,6 @@ class DeviceListenerTests(DaemonTestMixin, TestCase):
             (shown["issuer"], shown["not_after"], shown["legacy"]),
             ("CN=issuer", 2e9, False),
         )
-
-    def test_status_showsLDevID(self) -> Deferred[None]:
-        """[T4] the status report carries the node's LDevID (issuer, notAfter)."""
-        return ensureDeferred(self._status())
 
 
 class TPM12DaemonTests(DaemonTestMixin, TestCase):
@@ -107,7 +100,12 @@ class TPM12DaemonTests(DaemonTestMixin, TestCase):
         self.makeSettings()
         shutil.copytree(self.classPKI.ek_roots.parent, self.directory / "pki")
 
-    async def _tpm12(self) -> None:
+    async def test_tpm12_refusedByTheDaemon(self) -> None:
+        """
+        [T2] Real daemon, real agent, a real TPM 1.2 swtpm (with an EK
+        certificate: refused by its version): tpm12-unsupported, one line,
+        journaled with the reported serial, no LDevID.
+        """
         service = self.startDaemon()
         await service.loading.whenReady()
         admin = self.port(service, "admin")
@@ -134,11 +132,3 @@ class TPM12DaemonTests(DaemonTestMixin, TestCase):
         self.assertEqual([e.fields["reason"] for e in refused], ["tpm12-unsupported"])
         self.assertEqual(refused[0].fields["reported_serial"], "SER1")
         self.assertFalse((state / "ldevid.pem").exists())
-
-    def test_tpm12_refusedByTheDaemon(self) -> Deferred[None]:
-        """
-        [T2] Real daemon, real agent, a real TPM 1.2 swtpm (with an EK
-        certificate: refused by its version): tpm12-unsupported, one line,
-        journaled with the reported serial, no LDevID.
-        """
-        return ensureDeferred(self._tpm12())

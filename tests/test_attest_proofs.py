@@ -14,7 +14,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred
 from twisted.internet.threads import blockingCallFromThread, deferToThread
 
 from fleetd.agent import tpm
@@ -34,19 +34,14 @@ class ProofTests(SWTPMTestCase):
     def inThread(self, f: Callable[[Node], Any]) -> Deferred[Any]:
         return deferToThread(f, Node(self))
 
-    def refusedWith(self, reason: str, f: Callable[[Node], Any]) -> Deferred[None]:
-        async def check() -> None:
-            failure = await self.assertFailure(self.inThread(f), Refusal)
-            self.assertEqual(failure.reason, reason, failure.line)
-            reasons = [
-                e.fields["reason"] for e in self.server.entries("attest.refused")
-            ]
-            self.assertEqual(reasons[-1], reason)
-            self.assertEqual(self.server.entries("ldevid.issued"), [])
+    async def refusedWith(self, reason: str, f: Callable[[Node], Any]) -> None:
+        failure = await self.assertFailure(self.inThread(f), Refusal)
+        self.assertEqual(failure.reason, reason, failure.line)
+        reasons = [e.fields["reason"] for e in self.server.entries("attest.refused")]
+        self.assertEqual(reasons[-1], reason)
+        self.assertEqual(self.server.entries("ldevid.issued"), [])
 
-        return ensureDeferred(check())
-
-    def test_proof_subjectFromInventory(self) -> Deferred[None]:
+    async def test_proof_subjectFromInventory(self) -> None:
         """[T3] the LDevID names the inventory device and serial, not the CSR's CN."""
 
         def run(node: Node) -> dict[str, Any]:
@@ -55,18 +50,15 @@ class ProofTests(SWTPMTestCase):
                 "/v1/attest/proof", node.proof(keys, challenge, subject="evil")
             )
 
-        async def check() -> None:
-            issued = await self.inThread(run)
-            cert = x509.load_pem_x509_certificate(issued["certificate"].encode())
-            names = {a.oid: a.value for a in cert.subject}
-            self.assertEqual(
-                names, {NameOID.COMMON_NAME: "w1", NameOID.SERIAL_NUMBER: "SER1"}
-            )
-            cert.verify_directly_issued_by(self.server.issuer.cert)
+        issued = await self.inThread(run)
+        cert = x509.load_pem_x509_certificate(issued["certificate"].encode())
+        names = {a.oid: a.value for a in cert.subject}
+        self.assertEqual(
+            names, {NameOID.COMMON_NAME: "w1", NameOID.SERIAL_NUMBER: "SER1"}
+        )
+        cert.verify_directly_issued_by(self.server.issuer.cert)
 
-        return ensureDeferred(check())
-
-    def test_proof_replay_refused(self) -> Deferred[None]:
+    async def test_proof_replay_refused(self) -> None:
         """[T3] a challenge answers once: the same proof again is challenge-used."""
 
         def run(node: Node) -> None:
@@ -75,14 +67,11 @@ class ProofTests(SWTPMTestCase):
             node.post("/v1/attest/proof", proof)
             node.post("/v1/attest/proof", proof)
 
-        async def check() -> None:
-            failure = await self.assertFailure(self.inThread(run), Refusal)
-            self.assertEqual((failure.reason, failure.status), ("challenge-used", 410))
-            self.assertEqual(len(self.server.entries("ldevid.issued")), 1)
+        failure = await self.assertFailure(self.inThread(run), Refusal)
+        self.assertEqual((failure.reason, failure.status), ("challenge-used", 410))
+        self.assertEqual(len(self.server.entries("ldevid.issued")), 1)
 
-        return ensureDeferred(check())
-
-    def test_proof_expired_refused(self) -> Deferred[None]:
+    async def test_proof_expired_refused(self) -> None:
         """[T3] a challenge older than its TTL (injected clock) is challenge-expired."""
 
         def run(node: Node) -> None:
@@ -91,9 +80,9 @@ class ProofTests(SWTPMTestCase):
             blockingCallFromThread(REACTOR, advance, challenge["ttl"] + 1)
             node.post("/v1/attest/proof", node.proof(keys, challenge))
 
-        return self.refusedWith("challenge-expired", run)
+        await self.refusedWith("challenge-expired", run)
 
-    def test_proof_otherNonce_refused(self) -> Deferred[None]:
+    async def test_proof_otherNonce_refused(self) -> None:
         """[T3] a certify over another nonce than the server's is certify-invalid."""
 
         def run(node: Node) -> None:
@@ -101,9 +90,9 @@ class ProofTests(SWTPMTestCase):
             proof = node.proof(keys, challenge, nonce=b"\x00\xff\x55\xaa")
             node.post("/v1/attest/proof", proof)
 
-        return self.refusedWith("certify-invalid", run)
+        await self.refusedWith("certify-invalid", run)
 
-    def test_proof_tamperedCertify_refused(self) -> Deferred[None]:
+    async def test_proof_tamperedCertify_refused(self) -> None:
         """[T3] one flipped byte in the certify structure: certify-invalid."""
 
         def run(node: Node) -> None:
@@ -114,9 +103,9 @@ class ProofTests(SWTPMTestCase):
             proof["certify_info"] = b64(bytes(info))
             node.post("/v1/attest/proof", proof)
 
-        return self.refusedWith("certify-invalid", run)
+        await self.refusedWith("certify-invalid", run)
 
-    def test_proof_uncertifiedLDevIDKey_refused(self) -> Deferred[None]:
+    async def test_proof_uncertifiedLDevIDKey_refused(self) -> None:
         """[T3] an LDevID public area that is not the certified key: certify-invalid."""
 
         def run(node: Node) -> None:
@@ -126,9 +115,9 @@ class ProofTests(SWTPMTestCase):
             proof["ldevid_public"] = b64(other.ldevidPublic.marshal())
             node.post("/v1/attest/proof", proof)
 
-        return self.refusedWith("certify-invalid", run)
+        await self.refusedWith("certify-invalid", run)
 
-    def test_proof_csrForOtherKey_refused(self) -> Deferred[None]:
+    async def test_proof_csrForOtherKey_refused(self) -> None:
         """[T3] a CSR signed by another key than the certified LDevID: csr-invalid."""
 
         def run(node: Node) -> None:
@@ -143,9 +132,9 @@ class ProofTests(SWTPMTestCase):
             proof["csr"] = csr.decode("ascii")
             node.post("/v1/attest/proof", proof)
 
-        return self.refusedWith("csr-invalid", run)
+        await self.refusedWith("csr-invalid", run)
 
-    def test_proof_wrongActivation_refused(self) -> Deferred[None]:
+    async def test_proof_wrongActivation_refused(self) -> None:
         """[T3] a secret that is not the activated credential: activation-failed."""
 
         def run(node: Node) -> None:
@@ -154,4 +143,4 @@ class ProofTests(SWTPMTestCase):
             proof["secret"] = b64(bytes(32))
             node.post("/v1/attest/proof", proof)
 
-        return self.refusedWith("activation-failed", run)
+        await self.refusedWith("activation-failed", run)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
 
 from fleetd.agent import tpm
@@ -28,18 +27,14 @@ class AttestRSATests(SWTPMTestCase):
         )
         self.assertEqual(len(self.server.entries("ldevid.issued")), 1)
 
-    def test_attest_rsaEK_issuesLDevID(self) -> Deferred[None]:
+    async def test_attest_rsaEK_issuesLDevID(self) -> None:
         """[T3] an approved RSA-2048 EK attests and gets an LDevID naming its device."""
-        return ensureDeferred(self._attest())
+        await self._attest()
 
-    def test_attest_flushesEverything(self) -> Deferred[None]:
+    async def test_attest_flushesEverything(self) -> None:
         """The agent leaves no transient object or session loaded (3 slots)."""
-
-        async def check() -> None:
-            await self._attest()
-            self.assertEqual(await deferToThread(self.loadedHandles), [])
-
-        return ensureDeferred(check())
+        await self._attest()
+        self.assertEqual(await deferToThread(self.loadedHandles), [])
 
     def loadedHandles(self) -> list[int]:
         from tpm2_pytss.constants import TPM2_CAP, TPM2_HC
@@ -58,15 +53,12 @@ class AttestRSATests(SWTPMTestCase):
 
 
 class AttestECCTests(SWTPMTestCase):
-    async def _attest(self) -> None:
+    async def test_attest_eccP384EK_issuesLDevID(self) -> None:
+        """[T3] an approved ECC P-384 EK (high range, PolicyB) attests."""
         self.approve("w2", "SER2", kind="ecc")
         code, _out, err = await self.agent("attest", "--serial", "SER2", "--ek", "ecc")
         self.assertEqual((code, err), (0, ""))
         self.assertEqual(len(self.server.entries("ldevid.issued")), 1)
-
-    def test_attest_eccP384EK_issuesLDevID(self) -> Deferred[None]:
-        """[T3] an approved ECC P-384 EK (high range, PolicyB) attests."""
-        return ensureDeferred(self._attest())
 
 
 class RefusalTests(SWTPMTestCase):
@@ -80,61 +72,48 @@ class RefusalTests(SWTPMTestCase):
         self.assertFalse((self.state / "ldevid.pem").exists())
         self.assertEqual(self.server.entries("ldevid.issued"), [])
 
-    def test_attest_unboundEK_refused(self) -> Deferred[None]:
+    async def test_attest_unboundEK_refused(self) -> None:
         """[T1] an EK without an approved binding gets ek-binding-not-approved."""
         self.server.addDevice("w1", "SER1")
-        return ensureDeferred(
-            self.refused("ek-binding-not-approved", "--serial", "SER1", "--ek", "rsa")
-        )
+        await self.refused("ek-binding-not-approved", "--serial", "SER1", "--ek", "rsa")
 
-    def test_attest_classWorkerG2_refused(self) -> Deferred[None]:
+    async def test_attest_classWorkerG2_refused(self) -> None:
         """[T2] a worker-g2 device cannot attest: class-refused, journaled."""
         self.approve("old1", "SER9", cls="worker-g2")
 
-        async def check() -> None:
-            await self.refused("class-refused", "--serial", "SER9", "--ek", "rsa")
-            (entry,) = self.server.entries("attest.refused")
-            self.assertEqual(entry.device, "old1")
+        await self.refused("class-refused", "--serial", "SER9", "--ek", "rsa")
+        (entry,) = self.server.entries("attest.refused")
+        self.assertEqual(entry.device, "old1")
 
-        return ensureDeferred(check())
-
-    def test_attest_clonedTPMOtherSerial_refused(self) -> Deferred[None]:
+    async def test_attest_clonedTPMOtherSerial_refused(self) -> None:
         """[T3] a copy of an approved TPM's state, claiming another serial: refused."""
         self.approve("w1", "SER1")
         self.server.addDevice("w2", "SER2")
         twin = self.swtpm.clone(Path(self.mktemp()).resolve())
         twin.start()
         self.addCleanup(twin.stop)
-        return ensureDeferred(
-            self.refused(
-                "serial-mismatch", "--serial", "SER2", "--ek", "rsa", tcti=twin.tcti
-            )
+        await self.refused(
+            "serial-mismatch", "--serial", "SER2", "--ek", "rsa", tcti=twin.tcti
         )
 
-    def test_attest_untrustedManufacturer_refused(self) -> Deferred[None]:
+    async def test_attest_untrustedManufacturer_refused(self) -> None:
         """[T3] an EK certificate from outside attest.ek_roots: ek-cert-untrusted."""
         self.approve("w1", "SER1")
         other = ensureDevPKI(Path(self.mktemp()), "localhost")
         from fleetd.attest.ekroots import EKRoots
 
         self.server.service.ekRoots = EKRoots.load(other.ek_roots)
-        return ensureDeferred(
-            self.refused("ek-cert-untrusted", "--serial", "SER1", "--ek", "rsa")
-        )
+        await self.refused("ek-cert-untrusted", "--serial", "SER1", "--ek", "rsa")
 
 
 class TPM12Tests(SWTPMTestCase):
     tpm2 = False
 
-    def test_attest_tpm12_refused(self) -> Deferred[None]:
+    async def test_attest_tpm12_refused(self) -> None:
         """[T2] a TPM 1.2 (by version: it has an EK certificate too) cannot attest."""
-
-        async def check() -> None:
-            code, _, err = await self.agent("attest", "--serial", "SER1")
-            self.assertEqual(code, 1)
-            self.assertIn("refused: tpm12-unsupported: ", err)
-            (entry,) = self.server.entries("attest.refused")
-            self.assertEqual(entry.fields["reason"], "tpm12-unsupported")
-            self.assertEqual(entry.fields["reported_serial"], "SER1")
-
-        return ensureDeferred(check())
+        code, _, err = await self.agent("attest", "--serial", "SER1")
+        self.assertEqual(code, 1)
+        self.assertIn("refused: tpm12-unsupported: ", err)
+        (entry,) = self.server.entries("attest.refused")
+        self.assertEqual(entry.fields["reason"], "tpm12-unsupported")
+        self.assertEqual(entry.fields["reported_serial"], "SER1")

@@ -10,7 +10,7 @@ import sqlite3
 import stat
 from pathlib import Path
 
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
@@ -45,7 +45,13 @@ class BackupCommandTests(DaemonTestMixin, TestCase):
 
         await service.journal.change(work)
 
-    async def _underWrites(self) -> None:
+    async def test_backup_consistentWhileWriting(self) -> None:
+        """
+        [J1] A backup taken while changes go on is a sound SQLite file
+        (integrity_check ok, mode 0600) holding each change with its journal
+        entry, its journal chain verifies with the site's key, and it is
+        the live journal up to the backup's moment.
+        """
         service = await self.started()
         for n in range(200):
             await self.write(service, n)
@@ -105,16 +111,11 @@ class BackupCommandTests(DaemonTestMixin, TestCase):
         self.assertEqual(dict(taken.fields)["journal_seq"], report["journal_seq"])
         self.assertEqual(list(self.settings.state.glob(".backup-*")), [])
 
-    def test_backup_consistentWhileWriting(self) -> None:
+    async def test_backup_ownersOnly_keepsExistingFile(self) -> None:
         """
-        [J1] A backup taken while changes go on is a sound SQLite file
-        (integrity_check ok, mode 0600) holding each change with its journal
-        entry, its journal chain verifies with the site's key, and it is
-        the live journal up to the backup's moment.
+        Without an owner certificate the backup is refused (403); an
+        existing FILE is kept unless --force.
         """
-        return ensureDeferred(self._underWrites())  # type: ignore[return-value]
-
-    async def _refusals(self) -> None:
         service = await self.started()
         status, _, _ = await deferToThread(
             httpsGet,
@@ -135,10 +136,3 @@ class BackupCommandTests(DaemonTestMixin, TestCase):
         self.assertEqual((code, err), (0, ""))
         self.assertIn("integrity ok", out)
         self.assertTrue(existing.read_bytes().startswith(b"SQLite format 3\x00"))
-
-    def test_backup_ownersOnly_keepsExistingFile(self) -> None:
-        """
-        Without an owner certificate the backup is refused (403); an
-        existing FILE is kept unless --force.
-        """
-        return ensureDeferred(self._refusals())  # type: ignore[return-value]

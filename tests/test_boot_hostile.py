@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 import ssl
 
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
@@ -90,7 +90,11 @@ class HostileInputTests(DeliveryMixin, TestCase):
             }
         )
 
-    async def _hostile(self) -> None:
+    async def test_hostileInput_4xxOrClosed(self) -> None:
+        """
+        Oversized URLs, headers and bodies, invalid UTF-8 and percent-encoding,
+        repeated parameters, malformed forms, slow clients: 4xx or a close.
+        """
         await self.addDevice("w1", "SER1", UUID1)
         codes = await self.provision("w1")
         port = self.port(self.service, "boot")
@@ -111,10 +115,3 @@ class HostileInputTests(DeliveryMixin, TestCase):
         self.assertEqual(code, 200)
         self.assertIn(b"hostname: w1", config)
         self.assertEqual(self.flushLoggedErrors(), [])
-
-    def test_hostileInput_4xxOrClosed(self) -> None:
-        """
-        Oversized URLs, headers and bodies, invalid UTF-8 and percent-encoding,
-        repeated parameters, malformed forms, slow clients: 4xx or a close.
-        """
-        return ensureDeferred(self._hostile())  # type: ignore[return-value]

@@ -23,7 +23,7 @@ import dns.message
 import dns.query
 import dns.rdatatype
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThread
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import TestCase
@@ -83,7 +83,12 @@ class DaemonTests(DaemonTestMixin, TestCase):
     def setUp(self) -> None:
         self.makeSettings()
 
-    async def _collector(self) -> None:
+    async def test_collector_tunedAtStart_frozenOnceLoaded(self) -> None:
+        """
+        The youngest generation is collected less often from the start, no
+        cycles are collected while the runs load, and what start-up loaded
+        is frozen once they are, with the collector back on.
+        """
         collector = FakeCollector()
         service = self.startDaemon(collector)
         start = [("set_threshold", 7000, 10, 10), ("disable",)]
@@ -93,43 +98,16 @@ class DaemonTests(DaemonTestMixin, TestCase):
             collector.calls, [*start, ("collect",), ("freeze",), ("enable",)]
         )
 
-    def test_collector_tunedAtStart_frozenOnceLoaded(self) -> None:
-        """
-        The youngest generation is collected less often from the start, no
-        cycles are collected while the runs load, and what start-up loaded
-        is frozen once they are, with the collector back on.
-        """
-        return ensureDeferred(self._collector())  # type: ignore[return-value]
-
-    async def _healthz(self) -> None:
+    async def test_healthz_onAdmin(self) -> None:
+        """[A3] /healthz answers on the admin listener over TLS, dev CA verified."""
         service = self.startDaemon()
         await service.loading.whenReady()
         status, ctype, body = await self.get(service, "admin", "/healthz")
         self.assertEqual((status, ctype), (200, b"application/json"))
         self.assertEqual(json.loads(body)["status"], "ok")
 
-    def test_healthz_onAdmin(self) -> None:
-        """[A3] /healthz answers on the admin listener over TLS, dev CA verified."""
-        return ensureDeferred(self._healthz())  # type: ignore[return-value]
-
-    async def _metrics(self) -> None:
-        service = self.startDaemon()
-        status, ctype, body = await self.get(service, "admin", "/metrics")
-        self.assertEqual(status, 200)
-        self.assertTrue(ctype.startswith(b"text/plain"))
-        text = body.decode()
-        self.assertIn('fleetd_listener_max_connections{listener="boot"} 64.0', text)
-        self.assertIn("process_resident_memory_bytes", text)
-        result = await deferToThread(
-            subprocess.run,
-            ["promtool", "check", "metrics"],
-            input=body,
-            capture_output=True,
-            timeout=60,
-        )
-        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
-
-    async def _rulesMatch(self) -> None:
+    async def test_alertRules_useExposedMetrics(self) -> None:
+        """Every fleetd metric an alert rule uses is one fleetd exposes."""
         import re
 
         import yaml
@@ -157,15 +135,26 @@ class DaemonTests(DaemonTestMixin, TestCase):
         self.assertTrue(used)
         self.assertEqual(used - exposed, set())
 
-    def test_alertRules_useExposedMetrics(self) -> None:
-        """Every fleetd metric an alert rule uses is one fleetd exposes."""
-        return ensureDeferred(self._rulesMatch())  # type: ignore[return-value]
-
-    def test_metrics_onAdmin_promtoolClean(self) -> None:
+    async def test_metrics_onAdmin_promtoolClean(self) -> None:
         """[A3] /metrics is on the admin listener and passes promtool check metrics."""
-        return ensureDeferred(self._metrics())  # type: ignore[return-value]
+        service = self.startDaemon()
+        status, ctype, body = await self.get(service, "admin", "/metrics")
+        self.assertEqual(status, 200)
+        self.assertTrue(ctype.startswith(b"text/plain"))
+        text = body.decode()
+        self.assertIn('fleetd_listener_max_connections{listener="boot"} 64.0', text)
+        self.assertIn("process_resident_memory_bytes", text)
+        result = await deferToThread(
+            subprocess.run,
+            ["promtool", "check", "metrics"],
+            input=body,
+            capture_output=True,
+            timeout=60,
+        )
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
 
-    async def _bootRefuses(self) -> None:
+    async def test_bootAndDevice_404ForMetrics(self) -> None:
+        """[A2][A3] The boot and device listeners answer 404 for /metrics and admin."""
         service = self.startDaemon()
         for listener in ("boot", "device"):
             for path in ("/metrics", "/healthz", "/v1/admin/journal"):
@@ -177,11 +166,8 @@ class DaemonTests(DaemonTestMixin, TestCase):
                     (status, body), (404, b"not found\n"), (listener, path)
                 )
 
-    def test_bootAndDevice_404ForMetrics(self) -> None:
-        """[A2][A3] The boot and device listeners answer 404 for /metrics and admin."""
-        return ensureDeferred(self._bootRefuses())  # type: ignore[return-value]
-
-    async def _ownerGate(self) -> None:
+    async def test_adminAPI_needsOwnerCertificate(self) -> None:
+        """/v1/admin/* without an owner client certificate is refused with 403."""
         service = self.startDaemon()
         status, _, body = await self.get(service, "admin", "/v1/admin/journal")
         self.assertEqual((status, body), (403, b"owner client certificate required\n"))
@@ -198,11 +184,8 @@ class DaemonTests(DaemonTestMixin, TestCase):
         events = [e["event"] for e in json.loads(body)["entries"]]
         self.assertIn("fleetd.started", events)
 
-    def test_adminAPI_needsOwnerCertificate(self) -> None:
-        """/v1/admin/* without an owner client certificate is refused with 403."""
-        return ensureDeferred(self._ownerGate())  # type: ignore[return-value]
-
-    async def _foreignOwner(self) -> None:
+    async def test_adminAPI_foreignCertificateRefused(self) -> None:
+        """A client certificate from another CA does not get through the handshake."""
         service = self.startDaemon()
         other = ensureDevPKI(Path(self.mktemp()), "enroll.lolwtf.ca")
         port = self.port(service, "admin")
@@ -214,32 +197,6 @@ class DaemonTests(DaemonTestMixin, TestCase):
                 self.pki.public_ca,
                 (other.owner_cert, other.owner_key),
             )
-
-    def test_adminAPI_foreignCertificateRefused(self) -> None:
-        """A client certificate from another CA does not get through the handshake."""
-        return ensureDeferred(self._foreignOwner())  # type: ignore[return-value]
-
-    async def _sameCertificate(self) -> None:
-        service = self.startDaemon()
-        boot, _ = await deferToThread(peerCertificate, self.port(service, "boot"))
-        tink, alpn = await deferToThread(
-            peerCertificate, self.port(service, "tink"), ["h2", "http/1.1"]
-        )
-        self.assertEqual(boot, tink)
-        self.assertEqual(
-            boot, ssl.PEM_cert_to_DER_cert(self.pki.public_cert.read_text())
-        )
-        self.assertEqual(alpn, "h2")
-
-    async def _alpn(self) -> None:
-        service = self.startDaemon()
-        for name in ("boot", "device", "admin"):
-            _, alpn = await deferToThread(
-                peerCertificate, self.port(service, name), ["h2", "http/1.1"]
-            )
-            self.assertEqual(alpn, "http/1.1", name)
-        status, _, _ = await self.get(service, "boot", "/metrics")
-        self.assertEqual(status, 404)
 
     def test_webListeners_timersAreSweeps(self) -> None:
         """
@@ -262,15 +219,35 @@ class DaemonTests(DaemonTestMixin, TestCase):
             self.assertIsNone(site.timeOut, name)
             self.assertEqual(site.requestTimeout, limits.request_timeout, name)
 
-    def test_webListeners_negotiateHTTP11(self) -> None:
+    async def test_webListeners_negotiateHTTP11(self) -> None:
         """A client offering h2 (curl, Go) gets HTTP/1.1 on the web listeners."""
-        return ensureDeferred(self._alpn())  # type: ignore[return-value]
+        service = self.startDaemon()
+        for name in ("boot", "device", "admin"):
+            _, alpn = await deferToThread(
+                peerCertificate, self.port(service, name), ["h2", "http/1.1"]
+            )
+            self.assertEqual(alpn, "http/1.1", name)
+        status, _, _ = await self.get(service, "boot", "/metrics")
+        self.assertEqual(status, 404)
 
-    def test_tink_sameCertificateAndALPN(self) -> None:
+    async def test_tink_sameCertificateAndALPN(self) -> None:
         """[A4] The tink listener presents the boot listener's certificate, ALPN h2."""
-        return ensureDeferred(self._sameCertificate())  # type: ignore[return-value]
+        service = self.startDaemon()
+        boot, _ = await deferToThread(peerCertificate, self.port(service, "boot"))
+        tink, alpn = await deferToThread(
+            peerCertificate, self.port(service, "tink"), ["h2", "http/1.1"]
+        )
+        self.assertEqual(boot, tink)
+        self.assertEqual(
+            boot, ssl.PEM_cert_to_DER_cert(self.pki.public_cert.read_text())
+        )
+        self.assertEqual(alpn, "h2")
 
-    async def _dns(self) -> None:
+    async def test_dns_answersEnrollmentName(self) -> None:
+        """
+        [A5] The running daemon's DNS listener answers the enrollment name
+        (dnspython, and dig over UDP and TCP), authoritatively.
+        """
         service = self.startDaemon()
         assert service.dns.udpPort is not None and service.dns.tcpPort is not None
         address: Any = service.dns.udpPort.getHost()
@@ -293,14 +270,8 @@ class DaemonTests(DaemonTestMixin, TestCase):
                 out, rb"enroll\.lolwtf\.ca\.\s+\d+\s+IN\s+A\s+10\.20\.0\.6"
             )
 
-    def test_dns_answersEnrollmentName(self) -> None:
-        """
-        [A5] The running daemon's DNS listener answers the enrollment name
-        (dnspython, and dig over UDP and TCP), authoritatively.
-        """
-        return ensureDeferred(self._dns())  # type: ignore[return-value]
-
-    async def _stopCloses(self) -> None:
+    async def test_stop_closesPorts(self) -> None:
+        """Stopping the service closes every listening port."""
         service = self.startDaemon()
         ports = {name: self.port(service, name) for name in service.listeners}
         await service.stopService()
@@ -308,11 +279,8 @@ class DaemonTests(DaemonTestMixin, TestCase):
             with self.assertRaises(ConnectionRefusedError, msg=name):
                 socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
-    def test_stop_closesPorts(self) -> None:
-        """Stopping the service closes every listening port."""
-        return ensureDeferred(self._stopCloses())  # type: ignore[return-value]
-
-    async def _restart(self) -> None:
+    async def test_restart_rebuildsVault(self) -> None:
+        """[V2] A restart over the same directories rebuilds the vault unchanged."""
         first = self.startDaemon()
         first.vault.put("run-1.yaml", b"machine: {}\n")
         first.vault.put("run-2.yaml", b"cluster: {}\n")
@@ -330,10 +298,6 @@ class DaemonTests(DaemonTestMixin, TestCase):
             second, "admin", "/v1/admin/journal/verify", owner=True
         )
         self.assertTrue(json.loads(body)["ok"])
-
-    def test_restart_rebuildsVault(self) -> None:
-        """[V2] A restart over the same directories rebuilds the vault unchanged."""
-        return ensureDeferred(self._restart())  # type: ignore[return-value]
 
 
 class ReadinessTests(DaemonTestMixin, TestCase):
@@ -391,7 +355,12 @@ class ReadinessTests(DaemonTestMixin, TestCase):
             line for line in body.splitlines() if line.startswith(b"fleetd_ready ")
         )
 
-    async def _startingThenReady(self) -> None:
+    async def test_healthz_startingUntilLoaded_thenReadyNotified(self) -> None:
+        """
+        While the runs load, /healthz is 503 "starting" and fleetd_ready 0;
+        once loaded it is 200, fleetd_ready 1, and READY=1 reaches the
+        NOTIFY_SOCKET (a real datagram socket) exactly then.
+        """
         service, held = self.startHeld()
         status, body = await self.healthz(service)
         self.assertEqual((status, body["status"]), (503, "starting"))
@@ -406,37 +375,34 @@ class ReadinessTests(DaemonTestMixin, TestCase):
         await service.stopService()
         self.assertEqual(self.received(), [b"STOPPING=1"])
 
-    def test_healthz_startingUntilLoaded_thenReadyNotified(self) -> None:
+    async def test_databaseReadFailed_loadFailsWithItsReason(self) -> None:
         """
-        While the runs load, /healthz is 503 "starting" and fleetd_ready 0;
-        once loaded it is 200, fleetd_ready 1, and READY=1 reaches the
-        NOTIFY_SOCKET (a real datagram socket) exactly then.
+        The run load asks for its reads at once (issue 17 item 17); the one
+        that fails is the reason /healthz gives, not the gathering's
+        wrapper (FirstError).
         """
-        return ensureDeferred(self._startingThenReady())  # type: ignore[return-value]
-
-    async def _failed(self) -> None:
-        collector = FakeCollector()
-        service, held = self.startHeld(collector)
-        held.errback(RuntimeError("the database is gone"))
+        prepared = prepare(self.settings)
+        with prepared.database.transaction() as conn:
+            conn.execute("ALTER TABLE runs RENAME TO runs_elsewhere")
+        service = FleetdService(prepared, fleetdReactor(reactor))
+        service.privilegedStartService()
+        service.startService()
+        self.addCleanup(self.stopDaemon, service)
         await service.loading.whenReady()
-        self.flushLoggedErrors(RuntimeError)
+        self.flushLoggedErrors()
         status, body = await self.healthz(service)
         self.assertEqual((status, body["status"]), (503, "failed"))
         self.assertEqual(
             body["reason"],
-            "loading the runs failed: RuntimeError: the database is gone",
+            "loading the runs failed: OperationalError: no such table: runs",
         )
-        self.assertEqual(await self.metric(service), b"fleetd_ready 0.0")
-        messages = self.received()
-        self.assertNotIn(b"READY=1", b"\n".join(messages).split(b"\n"))
-        self.assertEqual(
-            messages,
-            [b"STATUS=loading the runs failed: RuntimeError: the database is gone"],
-        )
-        # Nothing to freeze, but cycles are collected again.
-        self.assertEqual(collector.calls[-2:], [("disable",), ("enable",)])
 
-    async def _vaultCheckFailed(self) -> None:
+    async def test_vaultCheckFailed_loadFailsWithItsReason(self) -> None:
+        """
+        Issue 17 item 17: the vault's entries are checked while the runs
+        are read; when that check fails the load fails with its reason
+        (not a wrapper's), no run is restored, and fleetd never says ready.
+        """
         service = FleetdService(
             prepare(self.settings),
             fleetdReactor(reactor),
@@ -466,54 +432,41 @@ class ReadinessTests(DaemonTestMixin, TestCase):
         self.assertFalse(service.runs.loaded)
         self.assertNotIn(b"READY=1", b"\n".join(self.received()).split(b"\n"))
 
-    async def _readFailed(self) -> None:
-        prepared = prepare(self.settings)
-        with prepared.database.transaction() as conn:
-            conn.execute("ALTER TABLE runs RENAME TO runs_elsewhere")
-        service = FleetdService(prepared, fleetdReactor(reactor))
-        service.privilegedStartService()
-        service.startService()
-        self.addCleanup(self.stopDaemon, service)
-        await service.loading.whenReady()
-        self.flushLoggedErrors()
-        status, body = await self.healthz(service)
-        self.assertEqual((status, body["status"]), (503, "failed"))
-        self.assertEqual(
-            body["reason"],
-            "loading the runs failed: OperationalError: no such table: runs",
-        )
-
-    def test_databaseReadFailed_loadFailsWithItsReason(self) -> None:
-        """
-        The run load asks for its reads at once (issue 17 item 17); the one
-        that fails is the reason /healthz gives, not the gathering's
-        wrapper (FirstError).
-        """
-        return ensureDeferred(self._readFailed())  # type: ignore[return-value]
-
-    def test_vaultCheckFailed_loadFailsWithItsReason(self) -> None:
-        """
-        Issue 17 item 17: the vault's entries are checked while the runs
-        are read; when that check fails the load fails with its reason
-        (not a wrapper's), no run is restored, and fleetd never says ready.
-        """
-        return ensureDeferred(self._vaultCheckFailed())  # type: ignore[return-value]
-
-    def test_healthz_loadFailed_503WithReason_neverReady(self) -> None:
+    async def test_healthz_loadFailed_503WithReason_neverReady(self) -> None:
         """
         A run load that failed leaves /healthz at 503 "failed" with the
         reason (not "ok" while every node is refused), fleetd_ready at 0,
         systemd never hears READY=1, and the garbage collector paused for
         the load is on again.
         """
-        return ensureDeferred(self._failed())  # type: ignore[return-value]
+        collector = FakeCollector()
+        service, held = self.startHeld(collector)
+        held.errback(RuntimeError("the database is gone"))
+        await service.loading.whenReady()
+        self.flushLoggedErrors(RuntimeError)
+        status, body = await self.healthz(service)
+        self.assertEqual((status, body["status"]), (503, "failed"))
+        self.assertEqual(
+            body["reason"],
+            "loading the runs failed: RuntimeError: the database is gone",
+        )
+        self.assertEqual(await self.metric(service), b"fleetd_ready 0.0")
+        messages = self.received()
+        self.assertNotIn(b"READY=1", b"\n".join(messages).split(b"\n"))
+        self.assertEqual(
+            messages,
+            [b"STATUS=loading the runs failed: RuntimeError: the database is gone"],
+        )
+        # Nothing to freeze, but cycles are collected again.
+        self.assertEqual(collector.calls[-2:], [("disable",), ("enable",)])
 
 
 class ConnectionLimitTests(DaemonTestMixin, TestCase):
     def setUp(self) -> None:
         self.makeSettings({"limits": {"max_connections": 2}})
 
-    async def _limit(self) -> None:
+    async def test_maxConnections_closesExtra(self) -> None:
+        """A connection beyond limits.max_connections is closed at once."""
         service = self.startDaemon()
         port = self.port(service, "boot")
 
@@ -528,10 +481,6 @@ class ConnectionLimitTests(DaemonTestMixin, TestCase):
                     s.close()
 
         self.assertEqual(await deferToThread(third), b"")
-
-    def test_maxConnections_closesExtra(self) -> None:
-        """A connection beyond limits.max_connections is closed at once."""
-        return ensureDeferred(self._limit())  # type: ignore[return-value]
 
 
 class StartupFailureTests(DaemonTestMixin, TestCase):

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from twisted.internet.defer import ensureDeferred
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.config import ConfigError, loadSettings
@@ -168,14 +167,11 @@ class ResourceTests(SynchronousTestCase):
 class CommandTests(DaemonTestMixin, TestCase):
     """fleetctl device add against the daemon: the server's one line."""
 
-    def test_deviceAdd_typos_oneLineExit1(self) -> None:
+    async def test_deviceAdd_typos_oneLineExit1(self) -> None:
         """
         fleetctl device add with a misspelt class or cluster exits 1 with
         one line naming which and the likely one; the right names work.
         """
-        return ensureDeferred(self._typos())  # type: ignore[return-value]
-
-    async def _typos(self) -> None:
         self.makeSettings()
         service = self.startDaemon()
         config = ownerConfig(self.directory, self.port(service, "admin"))

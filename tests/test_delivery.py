@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
@@ -55,7 +55,24 @@ class DeliveryTests(DeliveryMixin, TestCase):
     def setUp(self) -> Deferred[None]:  # type: ignore[override]
         return self.startLoaded()
 
-    async def _once(self) -> None:
+    async def test_provision_workerG2Refused(self) -> None:
+        """[T2] Devices of class worker-g2 cannot be provisioned; journaled."""
+        await self.addDevice("g2", "SERG2", UUID2, **{"class": "worker-g2"})
+        await self.addDevice("w1", "SER1", UUID1)
+        status, doc = await self.admin(
+            "POST", "/v1/admin/provision", {"devices": ["w1", "g2"]}
+        )
+        self.assertEqual(status, 409)
+        self.assertTrue(doc.startswith("class-refused: g2 is of class worker-g2"), doc)
+        events = await self.events("provision.refused")
+        self.assertIn("provision.refused", events)
+        # Nothing was provisioned, not even the acceptable device.
+        self.assertNotIn("run.provisioned", events)
+        status, doc = await self.admin("GET", "/v1/admin/devices/w1", None)
+        self.assertEqual(doc["status"], "inventory")
+
+    async def test_config_deliveredOnceThen410(self) -> None:
+        """[C1][C2] GET /config answers 200 YAML once, then 410 consumed, journaled."""
         await self.addDevice("w1", "SER1", UUID1)
         codes = await self.provision("w1")
         path = configPath(codes["w1"], UUID1, "SER1")
@@ -77,30 +94,11 @@ class DeliveryTests(DeliveryMixin, TestCase):
         self.assertIn(b'fleetd_install_config_refetched{device="w1"} 1.0', metrics)
         self.assertIn(b'fleetd_config_requests_total{outcome="delivered"} 1.0', metrics)
 
-    async def _g2(self) -> None:
-        await self.addDevice("g2", "SERG2", UUID2, **{"class": "worker-g2"})
-        await self.addDevice("w1", "SER1", UUID1)
-        status, doc = await self.admin(
-            "POST", "/v1/admin/provision", {"devices": ["w1", "g2"]}
-        )
-        self.assertEqual(status, 409)
-        self.assertTrue(doc.startswith("class-refused: g2 is of class worker-g2"), doc)
-        events = await self.events("provision.refused")
-        self.assertIn("provision.refused", events)
-        # Nothing was provisioned, not even the acceptable device.
-        self.assertNotIn("run.provisioned", events)
-        status, doc = await self.admin("GET", "/v1/admin/devices/w1", None)
-        self.assertEqual(doc["status"], "inventory")
-
-    def test_provision_workerG2Refused(self) -> None:
-        """[T2] Devices of class worker-g2 cannot be provisioned; journaled."""
-        return ensureDeferred(self._g2())  # type: ignore[return-value]
-
-    def test_config_deliveredOnceThen410(self) -> None:
-        """[C1][C2] GET /config answers 200 YAML once, then 410 consumed, journaled."""
-        return ensureDeferred(self._once())  # type: ignore[return-value]
-
-    async def _refusals(self) -> None:
+    async def test_config_refusals(self) -> None:
+        """
+        Malformed requests are 400 (also a literal ${code}), another machine's
+        code 403, unknown 404, HEAD/POST 405: one line each, nothing consumed.
+        """
         await self.addDevice("w1", "SER1", UUID1)
         await self.addDevice("w2", "SER2", UUID2)
         codes = await self.provision("w1", "w2")
@@ -131,13 +129,6 @@ class DeliveryTests(DeliveryMixin, TestCase):
         status, _, _ = await self.fetch(configPath(code, UUID1, "SER1"))
         self.assertEqual(status, 200)
 
-    def test_config_refusals(self) -> None:
-        """
-        Malformed requests are 400 (also a literal ${code}), another machine's
-        code 403, unknown 404, HEAD/POST 405: one line each, nothing consumed.
-        """
-        return ensureDeferred(self._refusals())  # type: ignore[return-value]
-
     def bigTemplate(self, size: int) -> None:
         """A cluster C{big} whose configurations carry C{size} bytes of padding."""
         big = self.directory / "templates" / "big.yaml"
@@ -146,7 +137,11 @@ class DeliveryTests(DeliveryMixin, TestCase):
             template.replace("persist: true", f"persist: true\nnote: {'x' * size}")
         )
 
-    async def _concurrent(self) -> None:
+    async def test_config_concurrent50_exactlyOne(self) -> None:
+        """
+        [C1] 50 concurrent TLS clients on one code, while a 4 MiB body is in
+        flight: exactly one 200.
+        """
         # A 4 MiB body takes many reactor turns to send over TLS, so the
         # other 49 requests really arrive while the first is in flight.
         self.bigTemplate(4 << 20)
@@ -183,44 +178,11 @@ class DeliveryTests(DeliveryMixin, TestCase):
         self.assertIn(503, statuses)  # the overlap really happened
         self.assertEqual((await self.fetch(path))[0], 410)
 
-    def test_config_concurrent50_exactlyOne(self) -> None:
+    async def test_config_clientStopsReadingThenResets_notConsumed(self) -> None:
         """
-        [C1] 50 concurrent TLS clients on one code, while a 4 MiB body is in
-        flight: exactly one 200.
+        [C1] A node that stops reading and then resets the connection never
+        had the whole body: the mark is withdrawn, the run deliverable again.
         """
-        return ensureDeferred(self._concurrent())  # type: ignore[return-value]
-
-    async def _aborted(self) -> None:
-        big = self.directory / "templates" / "big.yaml"
-        template = (self.directory / "templates" / "default.yaml").read_text()
-        padding = "x" * (24 << 20)  # larger than any socket buffer on loopback
-        big.write_text(
-            template.replace("persist: true", f"persist: true\nnote: {padding}")
-        )
-        await self.addDevice("w1", "SER1", UUID1, cluster="big")
-        codes = await self.provision("w1")
-        path = configPath(codes["w1"], UUID1, "SER1")
-        port = self.port(self.service, "boot")
-
-        def readALittleThenReset() -> bytes:
-            context = ssl.create_default_context(cafile=str(self.pki.public_ca))
-            raw = socket.create_connection(("127.0.0.1", port), timeout=30)
-            tls = context.wrap_socket(raw, server_hostname="localhost")
-            tls.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
-            head = tls.recv(64)
-            tls.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            tls.close()
-            return head
-
-        head = await deferToThread(readALittleThenReset)
-        self.assertTrue(head.startswith(b"HTTP/1.1 200"), head)
-        events = await self.events("run.delivery-aborted")  # the server saw the reset
-        self.assertIn("run.delivery-aborted", events)
-        status, _, body = await self.fetch(path)
-        self.assertEqual(status, 200)
-        self.assertEqual(len(body) > (24 << 20), True)
-
-    async def _stopsReading(self) -> None:
         # More than the kernel's socket buffers hold (tcp_wmem tops out at
         # 4 MiB), so part of the body stays with fleetd when the node stops.
         self.bigTemplate(24 << 20)
@@ -256,16 +218,36 @@ class DeliveryTests(DeliveryMixin, TestCase):
         self.assertEqual(status, 200)
         self.assertGreater(len(body), 24 << 20)
 
-    def test_config_clientStopsReadingThenResets_notConsumed(self) -> None:
-        """
-        [C1] A node that stops reading and then resets the connection never
-        had the whole body: the mark is withdrawn, the run deliverable again.
-        """
-        return ensureDeferred(self._stopsReading())  # type: ignore[return-value]
-
-    def test_config_connectionDiesMidBody_notConsumed(self) -> None:
+    async def test_config_connectionDiesMidBody_notConsumed(self) -> None:
         """[C1] A response whose connection dies before completing consumes nothing."""
-        return ensureDeferred(self._aborted())  # type: ignore[return-value]
+        big = self.directory / "templates" / "big.yaml"
+        template = (self.directory / "templates" / "default.yaml").read_text()
+        padding = "x" * (24 << 20)  # larger than any socket buffer on loopback
+        big.write_text(
+            template.replace("persist: true", f"persist: true\nnote: {padding}")
+        )
+        await self.addDevice("w1", "SER1", UUID1, cluster="big")
+        codes = await self.provision("w1")
+        path = configPath(codes["w1"], UUID1, "SER1")
+        port = self.port(self.service, "boot")
+
+        def readALittleThenReset() -> bytes:
+            context = ssl.create_default_context(cafile=str(self.pki.public_ca))
+            raw = socket.create_connection(("127.0.0.1", port), timeout=30)
+            tls = context.wrap_socket(raw, server_hostname="localhost")
+            tls.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+            head = tls.recv(64)
+            tls.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            tls.close()
+            return head
+
+        head = await deferToThread(readALittleThenReset)
+        self.assertTrue(head.startswith(b"HTTP/1.1 200"), head)
+        events = await self.events("run.delivery-aborted")  # the server saw the reset
+        self.assertIn("run.delivery-aborted", events)
+        status, _, body = await self.fetch(path)
+        self.assertEqual(status, 200)
+        self.assertEqual(len(body) > (24 << 20), True)
 
 
 class RestartDeliveryTests(DeliveryMixin, TestCase):
@@ -281,25 +263,13 @@ class RestartDeliveryTests(DeliveryMixin, TestCase):
         self.service = self.startDaemon()
         await self.service.loading.whenReady()
 
-    async def _restart(self) -> None:
-        await self.addDevice("w1", "SER1", UUID1)
-        await self.addDevice("w2", "SER2", UUID2)
-        codes = await self.provision("w1", "w2")
-        self.assertEqual(
-            (await self.fetch(configPath(codes["w1"], UUID1, "SER1")))[0], 200
-        )
-        await self.restart()
-        self.assertEqual(
-            (await self.fetch(configPath(codes["w1"], UUID1, "SER1")))[0], 410
-        )
-        self.assertEqual(
-            (await self.fetch(configPath(codes["w2"], UUID2, "SER2")))[0], 200
-        )
-        self.assertEqual(
-            (await self.fetch(configPath(codes["w2"], UUID2, "SER2")))[0], 410
-        )
-
-    async def _foreignConfig(self) -> None:
+    async def test_restart_foreignConfigFile_refusedBeforeRunsLoad(self) -> None:
+        """
+        [V2] Issue 17 item 17: the daemon checks the vault's entries while
+        it reads the runs, and a run's configuration file that
+        is not fleetd's is refused and removed before any run is restored
+        from it: the run is lost, never ready. As root.
+        """
         await self.addDevice("w1", "SER1", UUID1)
         codes = await self.provision("w1")
         await self.service.stopService()
@@ -321,20 +291,31 @@ class RestartDeliveryTests(DeliveryMixin, TestCase):
         status, _, body = await self.fetch(configPath(codes["w1"], UUID1, "SER1"))
         self.assertEqual((status, body.split(b":")[0]), (410, b"lost"))
 
-    def test_restart_foreignConfigFile_refusedBeforeRunsLoad(self) -> None:
-        """
-        [V2] Issue 17 item 17: the daemon checks the vault's entries while
-        it reads the runs, and a run's configuration file that
-        is not fleetd's is refused and removed before any run is restored
-        from it: the run is lost, never ready. As root.
-        """
-        return ensureDeferred(self._foreignConfig())  # type: ignore[return-value]
-
-    def test_restart_readyOnceConsumedRefused(self) -> None:
+    async def test_restart_readyOnceConsumedRefused(self) -> None:
         """[V2][C1] Across a restart: ready delivered once, consumed refused."""
-        return ensureDeferred(self._restart())  # type: ignore[return-value]
+        await self.addDevice("w1", "SER1", UUID1)
+        await self.addDevice("w2", "SER2", UUID2)
+        codes = await self.provision("w1", "w2")
+        self.assertEqual(
+            (await self.fetch(configPath(codes["w1"], UUID1, "SER1")))[0], 200
+        )
+        await self.restart()
+        self.assertEqual(
+            (await self.fetch(configPath(codes["w1"], UUID1, "SER1")))[0], 410
+        )
+        self.assertEqual(
+            (await self.fetch(configPath(codes["w2"], UUID2, "SER2")))[0], 200
+        )
+        self.assertEqual(
+            (await self.fetch(configPath(codes["w2"], UUID2, "SER2")))[0], 410
+        )
 
-    async def _reboot(self) -> None:
+    async def test_reboot_missingVersusRefetched(self) -> None:
+        """
+        [V4][C2][V5] After a reboot (vault emptied): the released run is
+        consumed, the undelivered one lost (device planned, alert up); a new
+        provision recovers and clears the alert.
+        """
         await self.addDevice("w1", "SER1", UUID1)
         await self.addDevice("w2", "SER2", UUID2)
         codes = await self.provision("w1", "w2")
@@ -362,14 +343,6 @@ class RestartDeliveryTests(DeliveryMixin, TestCase):
         _, _, metrics = await self.get(self.service, "admin", "/metrics")
         self.assertNotIn(b'fleetd_install_config_missing{device="w2"}', metrics)
 
-    def test_reboot_missingVersusRefetched(self) -> None:
-        """
-        [V4][C2][V5] After a reboot (vault emptied): the released run is
-        consumed, the undelivered one lost (device planned, alert up); a new
-        provision recovers and clears the alert.
-        """
-        return ensureDeferred(self._reboot())  # type: ignore[return-value]
-
 
 class SecretsTests(DeliveryMixin, TestCase):
     timeout = 120
@@ -378,7 +351,8 @@ class SecretsTests(DeliveryMixin, TestCase):
         self.logged = self.captureLogs()
         return self.startLoaded()
 
-    async def _scenario(self) -> None:
+    async def test_fullScenario_noSecretInLogsOrJournal(self) -> None:
+        """No code or config body reaches a log line or the journal."""
         await self.addDevice("w1", "SER1", UUID1)
         codes = await self.provision("w1")
         path = configPath(codes["w1"], UUID1, "SER1")
@@ -402,11 +376,13 @@ class SecretsTests(DeliveryMixin, TestCase):
         for secret in secretish:
             self.assertNotIn(secret, journal)
 
-    def test_fullScenario_noSecretInLogsOrJournal(self) -> None:
-        """No code or config body reaches a log line or the journal."""
-        return ensureDeferred(self._scenario())  # type: ignore[return-value]
-
-    async def _methods(self) -> None:
+    async def test_anyMethod_noCodeInLogs(self) -> None:
+        """
+        [A2] [C1] HEAD, OPTIONS, TRACE and made-up methods on /config with a
+        live code, one by one and 200 pipelined HEADs, are 405s (HEAD with
+        headers only) that consume nothing, and the code appears in no log
+        event and no formatted log line, text or JSON.
+        """
         await self.addDevice("w1", "SER1", UUID1)
         codes = await self.provision("w1")
         path = configPath(codes["w1"], UUID1, "SER1")
@@ -438,15 +414,6 @@ class SecretsTests(DeliveryMixin, TestCase):
             self.assertIn("/config", out.getvalue())
             self.assertFalse(codes["w1"] in out.getvalue(), f"the code is in {fmt}")
 
-    def test_anyMethod_noCodeInLogs(self) -> None:
-        """
-        [A2] [C1] HEAD, OPTIONS, TRACE and made-up methods on /config with a
-        live code, one by one and 200 pipelined HEADs, are 405s (HEAD with
-        headers only) that consume nothing, and the code appears in no log
-        event and no formatted log line, text or JSON.
-        """
-        return ensureDeferred(self._methods())  # type: ignore[return-value]
-
 
 class BruteForceTests(DeliveryMixin, TestCase):
     timeout = 120
@@ -454,7 +421,8 @@ class BruteForceTests(DeliveryMixin, TestCase):
     def setUp(self) -> Deferred[None]:  # type: ignore[override]
         return self.startLoaded({"boot": {"failure_burst": 5, "failure_rate": 0.001}})
 
-    async def _limit(self) -> None:
+    async def test_codeGuessing_limitedPerSource(self) -> None:
+        """Guessing codes costs tokens per source; an empty bucket gets cheap 429s."""
         await self.addDevice("w1", "SER1", UUID1)
         codes = await self.provision("w1")
         statuses = []
@@ -469,10 +437,6 @@ class BruteForceTests(DeliveryMixin, TestCase):
         self.assertIn(
             b'fleetd_config_requests_total{outcome="rate_limited"} 4.0', metrics
         )
-
-    def test_codeGuessing_limitedPerSource(self) -> None:
-        """Guessing codes costs tokens per source; an empty bucket gets cheap 429s."""
-        return ensureDeferred(self._limit())  # type: ignore[return-value]
 
 
 def fetchFrom(source: str, port: int, path: str, ca: Path) -> int:
@@ -505,7 +469,11 @@ class GlobalLimitTests(DeliveryMixin, TestCase):
             }
         )
 
-    async def _global(self) -> None:
+    async def test_globalLimit_guessersRefusedNodesServed(self) -> None:
+        """
+        The global failure budget stops guessing spread over many sources,
+        without refusing a node that never failed.
+        """
         await self.addDevice("w1", "SER1", UUID1)
         codes = await self.provision("w1")
         port = self.port(self.service, "boot")
@@ -529,10 +497,3 @@ class GlobalLimitTests(DeliveryMixin, TestCase):
         self.assertEqual(
             await deferToThread(fetchFrom, "127.0.0.9", port, path, ca), 200
         )
-
-    def test_globalLimit_guessersRefusedNodesServed(self) -> None:
-        """
-        The global failure budget stops guessing spread over many sources,
-        without refusing a node that never failed.
-        """
-        return ensureDeferred(self._global())  # type: ignore[return-value]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from twisted.internet.defer import Deferred, ensureDeferred, fail
+from twisted.internet.defer import Deferred, fail
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
@@ -90,7 +90,13 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
         run: str = doc["runs"][0]["run"]
         return run
 
-    async def _flow(self) -> None:
+    async def test_deviceFlow_endToEnd(self) -> None:
+        """
+        POST /device/code, fleetctl approve, POST /token, then GET /config
+        with the bearer token: 200 once, then 410 consumed; no device code,
+        access token, user code or one-time code in any log line or journal
+        entry (user codes are secrets too).
+        """
         await self.addDevice("w1", "SER1", UUID1)
         codes = await self.provision("w1")
         grant = await self.requestCode(hostname="t")
@@ -131,16 +137,12 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
             self.assertNotIn(secret, logged)
             self.assertNotIn(secret, journal)
 
-    def test_deviceFlow_endToEnd(self) -> None:
+    async def test_token_reprovisionAfterApproval_deliversCurrentRun(self) -> None:
         """
-        POST /device/code, fleetctl approve, POST /token, then GET /config
-        with the bearer token: 200 once, then 410 consumed; no device code,
-        access token, user code or one-time code in any log line or journal
-        entry (user codes are secrets too).
+        [F2] The token is bound to the device, not to a run: after the owner
+        provisions again, the token delivers the device's run that is ready
+        at the GET, and only once.
         """
-        return ensureDeferred(self._flow())  # type: ignore[return-value]
-
-    async def _reprovision(self) -> None:
         await self.addDevice("w1", "SER1", UUID1)
         first = await self.provisionRun("w1")
         grant = await self.requestCode()
@@ -163,15 +165,12 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
         self.assertEqual(status, 410)
         self.assertTrue(third)
 
-    def test_token_reprovisionAfterApproval_deliversCurrentRun(self) -> None:
+    async def test_token_hammered_slowDownNever429(self) -> None:
         """
-        [F2] The token is bound to the device, not to a run: after the owner
-        provisions again, the token delivers the device's run that is ready
-        at the GET, and only once.
+        [F1] Polling /token far too fast gets slow_down (RFC 8628), never a
+        429 (which ends golang.org/x/oauth2's flow), and the token still
+        comes after approval.
         """
-        return ensureDeferred(self._reprovision())  # type: ignore[return-value]
-
-    async def _hammer(self) -> None:
         await self.addDevice("w1", "SER1", UUID1)
         await self.provision("w1")
         grant = await self.requestCode()
@@ -189,15 +188,13 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
         status, token = await self.poll(grant)
         self.assertEqual(status, 200, token)
 
-    def test_token_hammered_slowDownNever429(self) -> None:
+    async def test_verificationURI_adminDevicePage(self) -> None:
         """
-        [F1] Polling /token far too fast gets slow_down (RFC 8628), never a
-        429 (which ends golang.org/x/oauth2's flow), and the token still
-        comes after approval.
+        [F3] verification_uri is the admin listener's /device under the
+        enrollment name (verification_uri_complete adds the user code);
+        that page is the console's verification page, for owners only; the
+        boot listener has no /device [A2].
         """
-        return ensureDeferred(self._hammer())  # type: ignore[return-value]
-
-    async def _page(self) -> None:
         grant = await self.requestCode()
         admin = self.port(self.service, "admin")
         self.assertEqual(
@@ -222,16 +219,12 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
         status, _, _ = await self.get(self.service, "boot", "/device")
         self.assertEqual(status, 404)
 
-    def test_verificationURI_adminDevicePage(self) -> None:
+    async def test_flood_manySources_knownNodeStillGetsCode(self) -> None:
         """
-        [F3] verification_uri is the admin listener's /device under the
-        enrollment name (verification_uri_complete adds the user code);
-        that page is the console's verification page, for owners only; the
-        boot listener has no /device [A2].
+        [F4] 300 requests from 150 loopback addresses fill the strangers'
+        pool (refusals are 429/503), yet a node that reports an inventory
+        device's uuid and serial still gets its code.
         """
-        return ensureDeferred(self._page())  # type: ignore[return-value]
-
-    async def _flood(self) -> None:
         await self.addDevice("w1", "SER1", UUID1)
         await self.provision("w1")
         port, ca = self.port(self.service, "boot"), str(self.pki.public_ca)
@@ -262,15 +255,12 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
         )
         self.assertEqual(status, 503)
 
-    def test_flood_manySources_knownNodeStillGetsCode(self) -> None:
+    async def test_fleetctlApprove_serialCaseInsensitive(self) -> None:
         """
-        [F4] 300 requests from 150 loopback addresses fill the strangers'
-        pool (refusals are 429/503), yet a node that reports an inventory
-        device's uuid and serial still gets its code.
+        fleetctl approve compares serials without regard to case, as the
+        server does: a node reporting ser1 for SER1 is approved without
+        --force.
         """
-        return ensureDeferred(self._flood())  # type: ignore[return-value]
-
-    async def _caseInsensitive(self) -> None:
         await self.addDevice("w1", "SER1", UUID1)
         await self.provision("w1")
         grant = await self.requestCode(serial="ser1")
@@ -280,15 +270,12 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
         self.assertEqual((code, err), (0, ""))
         self.assertNotIn("MISMATCH", out)
 
-    def test_fleetctlApprove_serialCaseInsensitive(self) -> None:
+    async def test_fleetctlApprove_forceJournaledAsForced(self) -> None:
         """
-        fleetctl approve compares serials without regard to case, as the
-        server does: a node reporting ser1 for SER1 is approved without
-        --force.
+        A mismatch is refused without --force; with it the approval is
+        journaled forced=true with what differed (reported and inventory
+        serial).
         """
-        return ensureDeferred(self._caseInsensitive())  # type: ignore[return-value]
-
-    async def _forced(self) -> None:
         await self.addDevice("w1", "SER1", UUID1)
         await self.provision("w1")
         grant = await self.requestCode(serial="OTHER")
@@ -308,14 +295,6 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
         self.assertEqual(entry["fields"]["mismatch"], "serial")
         self.assertEqual(entry["fields"]["serial"], "OTHER")
         self.assertEqual(entry["fields"]["inventory_serial"], "SER1")
-
-    def test_fleetctlApprove_forceJournaledAsForced(self) -> None:
-        """
-        A mismatch is refused without --force; with it the approval is
-        journaled forced=true with what differed (reported and inventory
-        serial).
-        """
-        return ensureDeferred(self._forced())  # type: ignore[return-value]
 
     async def _journalFails(self, argv: Callable[[str], list[str]]) -> None:
         await self.addDevice("w1", "SER1", UUID1)
@@ -341,21 +320,17 @@ class DeviceFlowDaemonTests(DeliveryMixin, TestCase):
         code, _, err = await self.fleetctl(*argv(grant["user_code"]))
         self.assertEqual(code, 0, err)
 
-    def test_approve_journalFails_noToken(self) -> None:
+    async def test_approve_journalFails_noToken(self) -> None:
         """
         [J1] An approval whose journal entry fails changes nothing: the
         owner gets one line, the node keeps hearing authorization_pending
         and gets no token, and the request can be approved later.
         """
-        return ensureDeferred(  # type: ignore[return-value]
-            self._journalFails(lambda user: ["approve", user, "--device", "w1"])
-        )
+        await self._journalFails(lambda user: ["approve", user, "--device", "w1"])
 
-    def test_deny_journalFails_nothingChanges(self) -> None:
+    async def test_deny_journalFails_nothingChanges(self) -> None:
         """
         [J1] A denial whose journal entry fails changes nothing: the node
         keeps hearing authorization_pending, not access_denied.
         """
-        return ensureDeferred(  # type: ignore[return-value]
-            self._journalFails(lambda user: ["approve", user, "--deny"])
-        )
+        await self._journalFails(lambda user: ["approve", user, "--deny"])

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from treq.testing import StubTreq
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
@@ -296,7 +296,12 @@ class DevicesDaemonTests(DaemonTestMixin, TestCase):
     def setUp(self) -> None:
         self.makeSettings()
 
-    async def _api(self) -> None:
+    async def test_devicesAPI_overTLS(self) -> None:
+        """
+        Add, import, list and show through the admin listener; an unknown
+        device is a 404 line, no owner certificate a 403; additions are
+        journaled with the owner as actor.
+        """
         service = self.startDaemon()
         port = self.port(service, "admin")
         owner = (self.pki.owner_cert, self.pki.owner_key)
@@ -341,24 +346,13 @@ class DevicesDaemonTests(DaemonTestMixin, TestCase):
         )
         self.assertEqual(entries[1][3]["via"], "import")
 
-    def test_devicesAPI_overTLS(self) -> None:
-        """
-        Add, import, list and show through the admin listener; an unknown
-        device is a 404 line, no owner certificate a 403; additions are
-        journaled with the owner as actor.
-        """
-        return ensureDeferred(self._api())  # type: ignore[return-value]
-
-    async def _persist(self) -> None:
+    async def test_inventory_survivesRestart(self) -> None:
+        """The embedded inventory lives in the state database across restarts."""
         first = self.startDaemon()
         await first.inventory.add(DEVICE_W1, journal=())
         await first.stopService()
         second = self.startDaemon()
         self.assertEqual([d.name for d in await second.inventory.list()], ["w1"])
-
-    def test_inventory_survivesRestart(self) -> None:
-        """The embedded inventory lives in the state database across restarts."""
-        return ensureDeferred(self._persist())  # type: ignore[return-value]
 
 
 class DeviceCommandTests(DaemonTestMixin, TestCase):
@@ -377,7 +371,12 @@ class DeviceCommandTests(DaemonTestMixin, TestCase):
         port = self.port(service, "admin")
         self.config = str(ownerConfig(self.directory, port))
 
-    async def _addListShow(self) -> None:
+    async def test_device_addListShow(self) -> None:
+        """
+        fleetctl device add (text and --json), list (columns, --json before
+        or after the action), show (key: value, --json); refusals are one
+        line on stderr with a non-zero exit.
+        """
         self.start()
         code, out, err = await self.fleetctl(
             f"device add W1 --serial SN-1 --uuid {UUID1.upper()}"
@@ -445,15 +444,12 @@ class DeviceCommandTests(DaemonTestMixin, TestCase):
         code, out, _ = await self.fleetctl("--json journal --device w1")
         self.assertEqual([e["event"] for e in json.loads(out)], ["device.added"])
 
-    def test_device_addListShow(self) -> None:
+    async def test_device_import(self) -> None:
         """
-        fleetctl device add (text and --json), list (columns, --json before
-        or after the action), show (key: value, --json); refusals are one
-        line on stderr with a non-zero exit.
+        fleetctl device import: a bad file is refused locally with its line
+        number (exit 1, one line, nothing imported); a good file imports
+        every row; a clash with the inventory is fleetd's one-line 409.
         """
-        return ensureDeferred(self._addListShow())  # type: ignore[return-value]
-
-    async def _import(self) -> None:
         self.start()
         good = self.directory / "good.csv"
         good.write_text(CSV)
@@ -492,11 +488,3 @@ class DeviceCommandTests(DaemonTestMixin, TestCase):
             if e["event"] == "device.added" and e["fields"].get("via") == "import"
         ]
         self.assertEqual(imported, ["w2", "w3"])
-
-    def test_device_import(self) -> None:
-        """
-        fleetctl device import: a bad file is refused locally with its line
-        number (exit 1, one line, nothing imported); a good file imports
-        every row; a clash with the inventory is fleetd's one-line 409.
-        """
-        return ensureDeferred(self._import())  # type: ignore[return-value]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from treq.testing import StubTreq
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.agent import main as agent
@@ -382,7 +382,11 @@ class DaemonDisksTests(DaemonTestMixin, TestCase):
     def setUp(self) -> None:
         self.makeSettings()
 
-    async def _mounted(self) -> None:
+    async def test_nodeDisks_onDeviceListenerOnly(self) -> None:
+        """
+        [A3] [D1] The device listener serves /v1/node/disks (refusing a node
+        without an LDevID); the boot listener does not.
+        """
         from twisted.internet.threads import deferToThread
 
         from fleetd.agent import disks as agent_disks
@@ -397,10 +401,3 @@ class DaemonDisksTests(DaemonTestMixin, TestCase):
         self.assertIn(b"LDevID", answer)
         status, _, _ = await self.get(service, "boot", "/v1/node/disks")
         self.assertEqual(status, 404)
-
-    def test_nodeDisks_onDeviceListenerOnly(self) -> None:
-        """
-        [A3] [D1] The device listener serves /v1/node/disks (refusing a node
-        without an LDevID); the boot listener does not.
-        """
-        return ensureDeferred(self._mounted())  # type: ignore[return-value]

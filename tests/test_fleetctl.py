@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
@@ -162,7 +161,11 @@ class JournalCommandTests(DaemonTestMixin, TestCase):
     def configFor(self, port: int) -> Path:
         return ownerConfig(self.directory, port)
 
-    async def _journal(self) -> None:
+    async def test_journal_listFilterVerify(self) -> None:
+        """
+        fleetctl journal lists, filters by device (--json) and verifies the
+        chain; an edited entry makes verify fail with its seq and exit 1.
+        """
         service = self.startDaemon()
         await service.journal.append(
             "device.added", actor="owner:alice", device="w1", fields={"serial": "S1"}
@@ -204,13 +207,6 @@ class JournalCommandTests(DaemonTestMixin, TestCase):
         result = json.loads(out)
         self.assertEqual((result["ok"], result["seq"]), (False, 2))
 
-    def test_journal_listFilterVerify(self) -> None:
-        """
-        fleetctl journal lists, filters by device (--json) and verifies the
-        chain; an edited entry makes verify fail with its seq and exit 1.
-        """
-        return ensureDeferred(self._journal())  # type: ignore[return-value]
-
 
 class ServerNameTests(DaemonTestMixin, TestCase):
     """fleetctl on the reference site as shipped (owner.server on localhost)."""
@@ -247,7 +243,15 @@ class ServerNameTests(DaemonTestMixin, TestCase):
             )
         )
 
-    async def _localhost(self) -> None:
+    async def test_adminOnLocalhost_certificateForEnrollmentName(self) -> None:
+        """
+        With owner.server = https://localhost:8446 (as conf/fleetd.toml ships)
+        and a public certificate for the enrollment name alone, fleetctl
+        connects to localhost and verifies the certificate for the
+        enrollment name; a certificate from another CA is still refused,
+        in one line naming owner.server_ca, the CA it verified with
+        (issue 27, item 6), or the system roots when it is not set.
+        """
         service = self.startDaemon()
         port = self.port(service, "admin")
         for host in ("localhost", "127.0.0.1"):
@@ -289,17 +293,6 @@ class ServerNameTests(DaemonTestMixin, TestCase):
                 " certificate\n",
             ),
         )
-
-    def test_adminOnLocalhost_certificateForEnrollmentName(self) -> None:
-        """
-        With owner.server = https://localhost:8446 (as conf/fleetd.toml ships)
-        and a public certificate for the enrollment name alone, fleetctl
-        connects to localhost and verifies the certificate for the
-        enrollment name; a certificate from another CA is still refused,
-        in one line naming owner.server_ca, the CA it verified with
-        (issue 27, item 6), or the system roots when it is not set.
-        """
-        return ensureDeferred(self._localhost())  # type: ignore[return-value]
 
 
 class ConsoleCommandTests(DaemonTestMixin, TestCase):

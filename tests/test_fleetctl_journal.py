@@ -11,7 +11,6 @@ import sqlite3
 from pathlib import Path
 
 from twisted.internet import reactor
-from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
@@ -60,7 +59,11 @@ class ReanchorCommandTests(DaemonTestMixin, TestCase):
         result: tuple[int, str, str] = await fleetctlAgainst(self.config, *argv)
         return result
 
-    async def _verifyGauge(self) -> None:
+    async def test_verify_updatesGaugeAtOnce(self) -> None:
+        """
+        [J2] C{fleetctl journal verify} finding a break sets
+        C{fleetd_journal_chain_ok} to 0 at once, not at the next period.
+        """
         service = await self.started()
         self.tamper("UPDATE journal SET device = 'w9' WHERE seq = 2")
         # The monitor's next period is an hour away: only verify moves the gauge.
@@ -72,14 +75,15 @@ class ReanchorCommandTests(DaemonTestMixin, TestCase):
         _, _, body = await self.get(service, "admin", "/metrics")
         self.assertIn(b"fleetd_journal_chain_ok 0.0", body)
 
-    def test_verify_updatesGaugeAtOnce(self) -> None:
+    async def test_reanchor_acknowledgesBreak_alertClears(self) -> None:
         """
-        [J2] C{fleetctl journal verify} finding a break sets
-        C{fleetd_journal_chain_ok} to 0 at once, not at the next period.
+        [J2] An owner's C{fleetctl journal reanchor --reason} is refused on
+        an intact chain and without a reason; after a break it appends an
+        entry naming the break's seq and the digest found, the gauge goes
+        back to 1, verify says "intact since re-anchor at seq N; break at
+        seq M acknowledged", the edited entry is left as found, and a later
+        break drops the gauge again.
         """
-        return ensureDeferred(self._verifyGauge())  # type: ignore[return-value]
-
-    async def _reanchor(self) -> None:
         service = await self.started()
         code, _, err = await self.fleetctl("journal", "reanchor", "--reason", REASON)
         self.assertEqual(code, 1)
@@ -130,18 +134,8 @@ class ReanchorCommandTests(DaemonTestMixin, TestCase):
         self.assertEqual(result["acknowledged"], [{"seq": 5, "break_seq": 2}])
         self.assertEqual(self.gauge(service, "fleetd_journal_chain_ok"), 0.0)
 
-    def test_reanchor_acknowledgesBreak_alertClears(self) -> None:
-        """
-        [J2] An owner's C{fleetctl journal reanchor --reason} is refused on
-        an intact chain and without a reason; after a break it appends an
-        entry naming the break's seq and the digest found, the gauge goes
-        back to 1, verify says "intact since re-anchor at seq N; break at
-        seq M acknowledged", the edited entry is left as found, and a later
-        break drops the gauge again.
-        """
-        return ensureDeferred(self._reanchor())  # type: ignore[return-value]
-
-    async def _notOwner(self) -> None:
+    async def test_reanchor_onlyOwnersWithReason(self) -> None:
+        """[J2] Without an owner certificate, or with an empty reason: refused."""
         service = await self.started()
         self.tamper("UPDATE journal SET device = 'w9' WHERE seq = 2")
         status, _ = await deferToThread(
@@ -168,10 +162,6 @@ class ReanchorCommandTests(DaemonTestMixin, TestCase):
         self.assertEqual(status, 400, body)
         events = [e.event for e in await service.journal.query()]
         self.assertNotIn("journal.reanchored", events)
-
-    def test_reanchor_onlyOwnersWithReason(self) -> None:
-        """[J2] Without an owner certificate, or with an empty reason: refused."""
-        return ensureDeferred(self._notOwner())  # type: ignore[return-value]
 
 
 class ReanchorUsageTests(SynchronousTestCase):

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from twisted.internet import reactor
-from twisted.internet.defer import DeferredList, ensureDeferred
+from twisted.internet.defer import DeferredList
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.trial.unittest import TestCase
 
@@ -33,7 +33,11 @@ class GroupCommitTests(TestCase):
 
         return f
 
-    async def _batch(self) -> None:
+    async def test_queuedCalls_shareOneCommit_failuresAlone(self) -> None:
+        """
+        Calls queued while the database thread is busy run in one group
+        commit, in order; a failing call's writes alone are rolled back.
+        """
         gate = threading.Event()
         first = self.runner.run(lambda db: gate.wait(10))
         queued = [self.runner.run(self.insert(n)) for n in range(1, 31)]
@@ -51,22 +55,13 @@ class GroupCommitTests(TestCase):
         )
         self.assertEqual(rows, [n for n in range(1, 31) if n != 13])
 
-    def test_queuedCalls_shareOneCommit_failuresAlone(self) -> None:
-        """
-        Calls queued while the database thread is busy run in one group
-        commit, in order; a failing call's writes alone are rolled back.
-        """
-        return ensureDeferred(self._batch())  # type: ignore[return-value]
-
-    async def _alone(self) -> None:
+    async def test_idle_callRunsAlone(self) -> None:
+        """When the thread is idle a call runs at once in its own transaction."""
         n, batched = await self.runner.run(self.insert(1))
         self.assertEqual((n, batched), (1, False))
 
-    def test_idle_callRunsAlone(self) -> None:
-        """When the thread is idle a call runs at once in its own transaction."""
-        return ensureDeferred(self._alone())  # type: ignore[return-value]
-
-    async def _stop(self) -> None:
+    async def test_stop_runsWhatWasQueued(self) -> None:
+        """Stopping lets queued calls finish, in order, before closing."""
         gate = threading.Event()
         first = self.runner.run(lambda db: gate.wait(10))
         later = [self.runner.run(self.insert(n)) for n in (1, 2)]
@@ -75,13 +70,10 @@ class GroupCommitTests(TestCase):
         await first
         self.assertEqual([await d for d in later], [(1, True), (2, True)])
 
-    def test_stop_runsWhatWasQueued(self) -> None:
-        """Stopping lets queued calls finish, in order, before closing."""
-        return ensureDeferred(self._stop())  # type: ignore[return-value]
-
 
 class StopOrderTests(TestCase):
-    async def _order(self) -> None:
+    async def test_stop_reportsInFlightBeforeQueued(self) -> None:
+        """On stop, the batch in flight reports first, then the queued calls."""
         db = Database.open(Path(self.mktemp()) / "db.sqlite3")
         runner = DatabaseRunner(cast(IReactorFromThreads, reactor), db)
         runner.start()
@@ -94,10 +86,6 @@ class StopOrderTests(TestCase):
         threading.Timer(0.05, gate.set).start()
         runner.stop()
         self.assertEqual(order, ["in flight", "queued"])
-
-    def test_stop_reportsInFlightBeforeQueued(self) -> None:
-        """On stop, the batch in flight reports first, then the queued calls."""
-        return ensureDeferred(self._order())  # type: ignore[return-value]
 
 
 class AutoRollbackTests(TestCase):
@@ -133,7 +121,11 @@ class AutoRollbackTests(TestCase):
 
 
 class DedicatedThreadTests(TestCase):
-    async def _early(self) -> None:
+    async def test_callsBeforeStart_runOnceStarted_oneThread_joinedOnStop(self) -> None:
+        """
+        A call made before the runner starts waits for it and then runs on
+        the one dedicated C{fleetd-db} thread; stopping joins that thread.
+        """
         db = Database.open(Path(self.mktemp()) / "db.sqlite3")
         runner = DatabaseRunner(cast(IReactorFromThreads, reactor), db)
         self.addCleanup(runner.stop)
@@ -146,10 +138,3 @@ class DedicatedThreadTests(TestCase):
         self.assertEqual(names.count("fleetd-db"), 1)
         runner.stop()
         self.assertNotIn("fleetd-db", [t.name for t in threading.enumerate()])
-
-    def test_callsBeforeStart_runOnceStarted_oneThread_joinedOnStop(self) -> None:
-        """
-        A call made before the runner starts waits for it and then runs on
-        the one dedicated C{fleetd-db} thread; stopping joins that thread.
-        """
-        return ensureDeferred(self._early())  # type: ignore[return-value]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
@@ -291,7 +291,13 @@ class HardenedDaemonTests(TestCase):
     def setUp(self) -> None:
         requireHardening()
 
-    async def _everyListener(self) -> None:
+    async def test_shippedUnit_tlsHandshakeOnEveryListener(self) -> None:
+        """
+        Under every directive conf/fleetd.service sets (as an
+        unprivileged user, the boot listener below 1024), fleetd says
+        ready and each TLS listener completes a handshake with ALPN:
+        http/1.1 on boot, device and admin, h2 on tink.
+        """
         directory = Path(self.mktemp()).resolve()
         low = privilegedPort()
         config = writeConfig(
@@ -326,16 +332,12 @@ class HardenedDaemonTests(TestCase):
         self.assertEqual(await proto.ended, 0, proto.err)
         self.assertNotIn(b"Traceback", proto.out + proto.err)
 
-    def test_shippedUnit_tlsHandshakeOnEveryListener(self) -> None:
+    async def test_underMDWE_neverReady(self) -> None:
         """
-        Under every directive conf/fleetd.service sets (as an
-        unprivileged user, the boot listener below 1024), fleetd says
-        ready and each TLS listener completes a handshake with ALPN:
-        http/1.1 on boot, device and admin, h2 on tink.
+        Issue 27, item 2: under the unit with MemoryDenyWriteExecute=yes
+        put back (every handshake fails), fleetd never says ready: systemd
+        hears STATUS lines naming the listeners and no READY=1.
         """
-        return ensureDeferred(self._everyListener())  # type: ignore[return-value]
-
-    async def _underMDWE(self) -> None:
         directory = Path(self.mktemp()).resolve()
         config = writeConfig(directory)
         ownedByNobody(directory)
@@ -371,11 +373,3 @@ class HardenedDaemonTests(TestCase):
         self.assertIn(b"selfcheck.failed", proto.out)
         os.kill(proto_pid(proto), signal.SIGTERM)
         self.assertEqual(await proto.ended, 0, proto.err)
-
-    def test_underMDWE_neverReady(self) -> None:
-        """
-        Issue 27, item 2: under the unit with MemoryDenyWriteExecute=yes
-        put back (every handshake fails), fleetd never says ready: systemd
-        hears STATUS lines naming the listeners and no READY=1.
-        """
-        return ensureDeferred(self._underMDWE())  # type: ignore[return-value]

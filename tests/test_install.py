@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
@@ -262,46 +262,6 @@ class InstallTests(TestCase):
             " > /usr/local/bin/sudo && chmod 0755 /usr/local/bin/sudo; }",
         )
 
-    async def _guide(self) -> None:
-        scratch = Path(self.mktemp()).resolve()
-        scratch.mkdir(parents=True)
-        self.built = wheel(scratch.parent / "dist")
-        built = scratch / "inputs" / self.built.name
-        shell = GuideShell(scratch)
-        self.addCleanup(shell.close)
-        self.addCleanup(self.cleanupDaemon)
-        deps = site.getsitepackages()[0]
-        said: dict[str, str] = {}
-        commands = guideCommands(GUIDE.read_text())
-        prepared = False
-        for command in commands:
-            if not command.section.startswith("0.") and not prepared:
-                await self.siteInputs(shell, scratch)
-                prepared = True
-            what = instead(command.text)
-            if what is None:
-                continue
-            if what in (START, RESTART, RELOAD):
-                if what == RESTART:
-                    await self.stop()
-                if what == RELOAD:
-                    await self.reload()
-                else:
-                    await self.start(shell)
-                continue
-            if what != command.text:
-                template = scratch / "inputs" / "template.yaml"
-                what = what.format(wheel=built, deps=deps, template=template)
-            said[command.text] = await self.shellRun(shell, what)
-            if command.text in AFTER:
-                await self.shellRun(shell, AFTER[command.text].format(deps=deps))
-        # What each command printed, for whoever reads a failure.
-        (scratch / "said.json").write_text(json.dumps(said, indent=1))
-        self.checkSaid(said)
-        await self.checkRunning(shell)
-        assert self.daemon is not None
-        (scratch / "daemon.log").write_bytes(self.daemon.out + self.daemon.err)
-
     def checkSaid(self, said: dict[str, str]) -> None:
         """What the guide's commands printed, where it says what they print."""
 
@@ -345,7 +305,7 @@ class InstallTests(TestCase):
             await self.shellRun(shell, f"test -f {url.removeprefix('file://')}")
         await self.stop()
 
-    def test_guide_runsAsWritten(self) -> None:
+    async def test_guide_runsAsWritten(self) -> None:
         """
         Every sh block of docs/install.md runs as written in a scratch
         root: the wheel into /opt/fleetd, the fleetd user, /etc/fleetd
@@ -356,7 +316,44 @@ class InstallTests(TestCase):
         the backup, reloads its certificate, restarts for the upgrade; the
         readers change nothing [O4]; the unit's Documentation= is there.
         """
-        return ensureDeferred(self._guide())  # type: ignore[return-value]
+        scratch = Path(self.mktemp()).resolve()
+        scratch.mkdir(parents=True)
+        self.built = wheel(scratch.parent / "dist")
+        built = scratch / "inputs" / self.built.name
+        shell = GuideShell(scratch)
+        self.addCleanup(shell.close)
+        self.addCleanup(self.cleanupDaemon)
+        deps = site.getsitepackages()[0]
+        said: dict[str, str] = {}
+        commands = guideCommands(GUIDE.read_text())
+        prepared = False
+        for command in commands:
+            if not command.section.startswith("0.") and not prepared:
+                await self.siteInputs(shell, scratch)
+                prepared = True
+            what = instead(command.text)
+            if what is None:
+                continue
+            if what in (START, RESTART, RELOAD):
+                if what == RESTART:
+                    await self.stop()
+                if what == RELOAD:
+                    await self.reload()
+                else:
+                    await self.start(shell)
+                continue
+            if what != command.text:
+                template = scratch / "inputs" / "template.yaml"
+                what = what.format(wheel=built, deps=deps, template=template)
+            said[command.text] = await self.shellRun(shell, what)
+            if command.text in AFTER:
+                await self.shellRun(shell, AFTER[command.text].format(deps=deps))
+        # What each command printed, for whoever reads a failure.
+        (scratch / "said.json").write_text(json.dumps(said, indent=1))
+        self.checkSaid(said)
+        await self.checkRunning(shell)
+        assert self.daemon is not None
+        (scratch / "daemon.log").write_bytes(self.daemon.out + self.daemon.err)
 
 
 class PrometheusTests(SynchronousTestCase):

@@ -10,7 +10,6 @@ import json
 from typing import Any
 
 from treq.testing import StubTreq
-from twisted.internet.defer import ensureDeferred
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.admin.kube import clusterTokenResource, retireResource
@@ -91,15 +90,12 @@ class ResourceTests(SynchronousTestCase):
 class CommandTests(DaemonTestMixin, TestCase):
     """fleetctl against a running daemon with no [kubernetes] table."""
 
-    def test_retire_withoutCluster_thenProvisionRefused(self) -> None:
+    async def test_retire_withoutCluster_thenProvisionRefused(self) -> None:
         """
         [R1] Without a cluster, retire still marks the device decommissioning
         and lists what cannot be revoked; a decommissioning device cannot be
         provisioned; cluster-token commands refuse in one line.
         """
-        return ensureDeferred(self._retire())  # type: ignore[return-value]
-
-    async def _retire(self) -> None:
         self.makeSettings()
         service = self.startDaemon()
         await service.loading.whenReady()

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred
 from twisted.internet.ssl import PrivateCertificate
 from twisted.trial.unittest import TestCase
 from twisted.web.server import Site
@@ -98,11 +98,8 @@ class TLSClientTests(FakeOverTLS):
         self.addCleanup(client.close)
         return client
 
-    def test_secretsAndWatch_overTLS(self) -> None:
+    async def test_secretsAndWatch_overTLS(self) -> None:
         """The configured client creates a Secret and watches a CSR arrive."""
-        return ensureDeferred(self._overTLS())  # type: ignore[return-value]
-
-    async def _overTLS(self) -> None:
         client = self.client(self.cert)
         await client.createSecret(bootstrapSecret())
         got = await client.getSecret("bootstrap-token-abcdef")
@@ -124,11 +121,8 @@ class TLSClientTests(FakeOverTLS):
         await watch.done.addErrback(lambda _: None)
         self.fake.closeWatches()
 
-    def test_wrongCA_unavailable(self) -> None:
+    async def test_wrongCA_unavailable(self) -> None:
         """A server certificate the configured CA did not issue is refused."""
-        return ensureDeferred(self._wrongCA())  # type: ignore[return-value]
-
-    async def _wrongCA(self) -> None:
         other, _ = selfSigned(self.directory, "other")
         client = self.client(other)
         with self.assertRaises(KubeUnavailable):
@@ -161,15 +155,12 @@ class TLSClientTests(FakeOverTLS):
 class DaemonWithClusterTests(FakeOverTLS, DaemonTestMixin):
     """The daemon with [kubernetes] set, against the fake over TLS."""
 
-    def test_provision_issuesToken_K1(self) -> None:
+    async def test_provision_issuesToken_K1(self) -> None:
         """
         [K1] The daemon's provision creates the node's Secret in the cluster
         and writes the token into the configuration; the daemon starts the
         watch and the [K3] check, and stops leaving nothing behind.
         """
-        return ensureDeferred(self._provision())  # type: ignore[return-value]
-
-    async def _provision(self) -> None:
         kube = {
             "api": f"https://127.0.0.1:{self.port.getHost().port}",
             "ca": str(self.cert),
@@ -227,16 +218,13 @@ class DaemonWithClusterTests(FakeOverTLS, DaemonTestMixin):
         await service.stopService()
         self.fake.closeWatches()
 
-    def test_workflowState_secondSignal(self) -> None:
+    async def test_workflowState_secondSignal(self) -> None:
         """
         [B1] With tink.workflow_state = "kubernetes" the daemon watches the
         namespace's Workflows through its [kubernetes] client once the runs
         are loaded; a Workflow's SUCCESS puts the device's run in rebooting
         (journaled with the signal named), and stopping ends the watch.
         """
-        return ensureDeferred(self._workflowState())  # type: ignore[return-value]
-
-    async def _workflowState(self) -> None:
         from twisted.internet.task import deferLater
 
         kube = {

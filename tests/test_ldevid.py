@@ -128,11 +128,8 @@ class LDevIDTestCase(TestCase):
         doc: dict[str, Any] = json.loads(out)
         return doc
 
-    def refusal(self, state: Path, command: str, reason: str) -> Deferred[None]:
-        async def check() -> None:
-            await self.refused(state, command, reason)
-
-        return ensureDeferred(check())
+    async def refusal(self, state: Path, command: str, reason: str) -> None:
+        await self.refused(state, command, reason)
 
     async def refused(self, state: Path, command: str, reason: str, *extra: str) -> str:
         code, _, err = await self.agent(state, command, *extra)
@@ -143,131 +140,104 @@ class LDevIDTestCase(TestCase):
 
 
 class LegacyCutOverTests(LDevIDTestCase):
-    def test_legacy_acceptedUntilAttested_neverRenewed(self) -> Deferred[None]:
+    async def test_legacy_acceptedUntilAttested_neverRenewed(self) -> None:
         """
         [T4] [T3] A capsule LDevID works for lookups, but its software key is
         never renewed into an LDevID from the current issuer (attest-required,
         journaled, nothing issued); once the node attested through spore only
         the new one is accepted (ldevid-not-current-issuer).
         """
+        state = self.legacy()
+        plan = await self.ok(state, "plan")
+        self.assertEqual(plan["device"], "w1")
+        err = await self.refused(state, "renew", "attest-required")
+        self.assertIn("fleetd-agent attest", err)
+        self.assertEqual(self.server.entries("ldevid.issued"), [])
+        self.assertEqual(self.server.entries("ldevid.cutover"), [])
+        refusals = self.server.entries("attest.refused")
+        self.assertEqual(refusals[-1].fields["reason"], "attest-required")
+        # The node attests (its record as attestation leaves it).
+        new = self.attested()
+        self.assertEqual((await self.ok(new, "plan"))["device"], "w1")
+        await self.refused(state, "plan", "ldevid-not-current-issuer")
+        refusals = self.server.entries("attest.refused")
+        self.assertEqual(refusals[-1].fields["reason"], "ldevid-not-current-issuer")
 
-        async def check() -> None:
-            state = self.legacy()
-            plan = await self.ok(state, "plan")
-            self.assertEqual(plan["device"], "w1")
-            err = await self.refused(state, "renew", "attest-required")
-            self.assertIn("fleetd-agent attest", err)
-            self.assertEqual(self.server.entries("ldevid.issued"), [])
-            self.assertEqual(self.server.entries("ldevid.cutover"), [])
-            refusals = self.server.entries("attest.refused")
-            self.assertEqual(refusals[-1].fields["reason"], "attest-required")
-            # The node attests (its record as attestation leaves it).
-            new = self.attested()
-            self.assertEqual((await self.ok(new, "plan"))["device"], "w1")
-            await self.refused(state, "plan", "ldevid-not-current-issuer")
-            refusals = self.server.entries("attest.refused")
-            self.assertEqual(refusals[-1].fields["reason"], "ldevid-not-current-issuer")
-
-        return ensureDeferred(check())
-
-    def test_forge_acceptedBeforeRenewal(self) -> Deferred[None]:
+    async def test_forge_acceptedBeforeRenewal(self) -> None:
         """[T4] a forge-issued LDevID is accepted too (it is in the bundle)."""
+        state = self.legacy(ca="forge")
+        self.assertEqual((await self.ok(state, "plan"))["device"], "w1")
 
-        async def check() -> None:
-            state = self.legacy(ca="forge")
-            self.assertEqual((await self.ok(state, "plan"))["device"], "w1")
-
-        return ensureDeferred(check())
-
-    def test_otherNodeLegacy_unaffected(self) -> Deferred[None]:
+    async def test_otherNodeLegacy_unaffected(self) -> None:
         """[T4] one node's cut-over does not refuse another node's legacy LDevID."""
+        await self.ok(self.attested(), "renew")
+        other = self.legacy("w2", "SER2")
+        self.assertEqual((await self.ok(other, "plan"))["device"], "w2")
 
-        async def check() -> None:
-            await self.ok(self.attested(), "renew")
-            other = self.legacy("w2", "SER2")
-            self.assertEqual((await self.ok(other, "plan"))["device"], "w2")
-
-        return ensureDeferred(check())
-
-    def test_renewedTwice_olderRefused(self) -> Deferred[None]:
+    async def test_renewedTwice_olderRefused(self) -> None:
         """[T4] after a second renewal the first new LDevID is superseded."""
+        state = self.attested()
+        await self.ok(state, "renew")
+        first = (state / "ldevid.pem").read_bytes()
+        await self.ok(state, "renew")
+        (state / "ldevid.pem").write_bytes(first)
+        await self.refused(state, "plan", "ldevid-superseded")
 
-        async def check() -> None:
-            state = self.attested()
-            await self.ok(state, "renew")
-            first = (state / "ldevid.pem").read_bytes()
-            await self.ok(state, "renew")
-            (state / "ldevid.pem").write_bytes(first)
-            await self.refused(state, "plan", "ldevid-superseded")
-
-        return ensureDeferred(check())
-
-    def test_renew_journalRefuses_nothingChanges(self) -> Deferred[None]:
+    async def test_renew_journalRefuses_nothingChanges(self) -> None:
         """[J1] the journal refuses the renewal: no new record, one line."""
+        state = self.attested()
+        before = self.server.book.current("SER1")
+        rows = self.server.db.execute("SELECT * FROM ldevids").fetchall()
+        self.server.journalCore.failing = JournalRefused("journal full")
+        self.server.journalCore.onlyEvents = frozenset({"ldevid.issued"})
+        err = await self.refused(state, "renew", "journal refused")
+        self.assertIn("nothing changed", err)
+        self.server.journalCore.failing = None
+        self.assertEqual(
+            self.server.db.execute("SELECT * FROM ldevids").fetchall(), rows
+        )
+        self.assertEqual(self.server.book.current("SER1"), before)
+        # Still the LDevID it had: accepted.
+        self.assertEqual((await self.ok(state, "plan"))["device"], "w1")
 
-        async def check() -> None:
-            state = self.attested()
-            before = self.server.book.current("SER1")
-            rows = self.server.db.execute("SELECT * FROM ldevids").fetchall()
-            self.server.journalCore.failing = JournalRefused("journal full")
-            self.server.journalCore.onlyEvents = frozenset({"ldevid.issued"})
-            err = await self.refused(state, "renew", "journal refused")
-            self.assertIn("nothing changed", err)
-            self.server.journalCore.failing = None
-            self.assertEqual(
-                self.server.db.execute("SELECT * FROM ldevids").fetchall(), rows
-            )
-            self.assertEqual(self.server.book.current("SER1"), before)
-            # Still the LDevID it had: accepted.
-            self.assertEqual((await self.ok(state, "plan"))["device"], "w1")
-
-        return ensureDeferred(check())
-
-    def test_renew_databaseFails_nothingChanges(self) -> Deferred[None]:
+    async def test_renew_databaseFails_nothingChanges(self) -> None:
         """[J1] the database fails in the issuance's transaction: nothing
         changes, one line (503)."""
         import sqlite3
 
-        async def check() -> None:
-            state = self.attested()
-            before = self.server.book.current("SER1")
-            rows = self.server.db.execute("SELECT * FROM ldevids").fetchall()
-            # The write transaction fails as a full or broken disk makes it.
-            self.server.journalCore.failing = sqlite3.OperationalError("disk I/O error")
-            self.server.journalCore.onlyEvents = frozenset({"ldevid.issued"})
-            err = await self.refused(state, "renew", "cannot record the change")
-            self.server.journalCore.failing = None
-            self.assertIn("nothing changed", err)
-            self.assertEqual(self.server.book.current("SER1"), before)
-            self.assertEqual(
-                self.server.db.execute("SELECT * FROM ldevids").fetchall(), rows
-            )
+        state = self.attested()
+        before = self.server.book.current("SER1")
+        rows = self.server.db.execute("SELECT * FROM ldevids").fetchall()
+        # The write transaction fails as a full or broken disk makes it.
+        self.server.journalCore.failing = sqlite3.OperationalError("disk I/O error")
+        self.server.journalCore.onlyEvents = frozenset({"ldevid.issued"})
+        err = await self.refused(state, "renew", "cannot record the change")
+        self.server.journalCore.failing = None
+        self.assertIn("nothing changed", err)
+        self.assertEqual(self.server.book.current("SER1"), before)
+        self.assertEqual(
+            self.server.db.execute("SELECT * FROM ldevids").fetchall(), rows
+        )
 
-        return ensureDeferred(check())
-
-    def test_renew_otherKey_refused(self) -> Deferred[None]:
+    async def test_renew_otherKey_refused(self) -> None:
         """[T4] renewal keeps the key: a CSR for another key is csr-invalid."""
+        state = self.legacy()
+        other = ec.generate_private_key(ec.SECP256R1())
+        # The TLS key stays; only the CSR's key changes.
+        from fleetd.agent import attest as agent_attest
 
-        async def check() -> None:
-            state = self.legacy()
-            other = ec.generate_private_key(ec.SECP256R1())
-            # The TLS key stays; only the CSR's key changes.
-            from fleetd.agent import attest as agent_attest
-
-            real = agent_attest.SOFT_KEY
-            (state / "other.key").write_bytes(
-                other.private_bytes(
-                    serialization.Encoding.PEM,
-                    serialization.PrivateFormat.PKCS8,
-                    serialization.NoEncryption(),
-                )
+        real = agent_attest.SOFT_KEY
+        (state / "other.key").write_bytes(
+            other.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
             )
-            doc = await deferToThread(
-                self._renewWithCSRKey, state, state / "other.key", real
-            )
-            self.assertEqual(doc, "csr-invalid")
-
-        return ensureDeferred(check())
+        )
+        doc = await deferToThread(
+            self._renewWithCSRKey, state, state / "other.key", real
+        )
+        self.assertEqual(doc, "csr-invalid")
 
     def _renewWithCSRKey(self, state: Path, keyPath: Path, real: str) -> str:
         from fleetd.agent.client import Refusal, call, tlsContext
@@ -291,24 +261,21 @@ class LegacyCutOverTests(LDevIDTestCase):
 
 
 class TLSRefusalTests(LDevIDTestCase):
-    def test_unknownIssuer_refusedAtTLS(self) -> Deferred[None]:
+    async def test_unknownIssuer_refusedAtTLS(self) -> None:
         """[T4] a certificate from a CA outside the bundle fails the TLS handshake."""
         pair = issueWith(self.pki.owner_ca, self.pki.owner_ca_key, "w1", "SER1")
-        return self.refusal(self.node("w1", *pair), "plan", "unreachable")
+        await self.refusal(self.node("w1", *pair), "plan", "unreachable")
 
-    def test_expired_refusedAtTLS(self) -> Deferred[None]:
+    async def test_expired_refusedAtTLS(self) -> None:
         """[T4] an expired LDevID fails the TLS handshake (certificate expired)."""
         pair = issueWith(
             self.pki.capsule_ca, self.pki.capsule_ca_key, "w1", "SER1", expired=True
         )
 
-        async def check() -> None:
-            err = await self.refused(self.node("w1", *pair), "plan", "unreachable")
-            self.assertIn("expired", err.lower())
+        err = await self.refused(self.node("w1", *pair), "plan", "unreachable")
+        self.assertIn("expired", err.lower())
 
-        return ensureDeferred(check())
-
-    def test_noCertificate_401(self) -> Deferred[None]:
+    async def test_noCertificate_401(self) -> None:
         """[T4] a lookup without a client certificate: 401 ldevid-required."""
         from fleetd.agent.client import Refusal, call, tlsContext
 
@@ -319,20 +286,17 @@ class TLSRefusalTests(LDevIDTestCase):
                 return e.status, e.reason
             return None
 
-        async def check() -> None:
-            self.assertEqual(await deferToThread(run), (401, "ldevid-required"))
+        self.assertEqual(await deferToThread(run), (401, "ldevid-required"))
 
-        return ensureDeferred(check())
-
-    def test_currentIssuerUnrecorded_refused(self) -> Deferred[None]:
+    async def test_currentIssuerUnrecorded_refused(self) -> None:
         """[T4] an LDevID from the issuer with no record in fleetd: ldevid-unknown."""
         issuer = self.pki.devid_issuer, self.pki.devid_issuer_key
         pair = issueWith(*issuer, "w1", "SER1")
-        return self.refusal(self.node("w1", *pair), "plan", "ldevid-unknown")
+        await self.refusal(self.node("w1", *pair), "plan", "ldevid-unknown")
 
 
 class PlanTests(LDevIDTestCase):
-    def test_plan_targetDiskImageAndCode(self) -> Deferred[None]:
+    async def test_plan_targetDiskImageAndCode(self) -> None:
         """The plan names the target disk serial, image and the ready run's code."""
         self.server.disks.targets["w1"] = "DISK-SN-1"
         self.server.runs.ready["w1"] = "r-0123456789abcdef"
@@ -340,58 +304,42 @@ class PlanTests(LDevIDTestCase):
         config = b"machine:\n  install:\n    image: ghcr.io/x/installer:v1\n"
         self.server.vault.put("r-0123456789abcdef.yaml", config)
 
-        async def check() -> None:
-            plan = await self.ok(self.legacy(), "plan")
-            self.assertEqual(
-                plan,
-                {
-                    "device": "w1",
-                    "serial": "SER1",
-                    "target_disk_serial": "DISK-SN-1",
-                    "image": "ghcr.io/x/installer:v1",
-                    "run": "r-0123456789abcdef",
-                    "meta_0x0b": "ABCD-1234-code",
-                    "meta_0x0b_withheld": None,
-                },
-            )
+        plan = await self.ok(self.legacy(), "plan")
+        self.assertEqual(
+            plan,
+            {
+                "device": "w1",
+                "serial": "SER1",
+                "target_disk_serial": "DISK-SN-1",
+                "image": "ghcr.io/x/installer:v1",
+                "run": "r-0123456789abcdef",
+                "meta_0x0b": "ABCD-1234-code",
+                "meta_0x0b_withheld": None,
+            },
+        )
 
-        return ensureDeferred(check())
-
-    def test_plan_noReadyRun_noCode(self) -> Deferred[None]:
+    async def test_plan_noReadyRun_noCode(self) -> None:
         """Without a ready run the plan carries no code."""
+        plan = await self.ok(self.legacy(), "plan")
+        self.assertIsNone(plan["meta_0x0b"])
+        self.assertIsNone(plan["run"])
 
-        async def check() -> None:
-            plan = await self.ok(self.legacy(), "plan")
-            self.assertIsNone(plan["meta_0x0b"])
-            self.assertIsNone(plan["run"])
-
-        return ensureDeferred(check())
-
-    def test_plan_otherNode_refused(self) -> Deferred[None]:
+    async def test_plan_otherNode_refused(self) -> None:
         """A node cannot read another node's plan: not-your-record, journaled."""
+        await self.refused(self.legacy(), "plan", "not-your-record", "--device", "w2")
+        (entry,) = self.server.entries("attest.refused")
+        self.assertEqual(entry.fields["reason"], "not-your-record")
+        self.assertEqual(entry.fields["asked"], "w2")
 
-        async def check() -> None:
-            await self.refused(
-                self.legacy(), "plan", "not-your-record", "--device", "w2"
-            )
-            (entry,) = self.server.entries("attest.refused")
-            self.assertEqual(entry.fields["reason"], "not-your-record")
-            self.assertEqual(entry.fields["asked"], "w2")
-
-        return ensureDeferred(check())
-
-    def test_plan_workerG2_refused(self) -> Deferred[None]:
+    async def test_plan_workerG2_refused(self) -> None:
         """[T2] a worker-g2 device's plan lookup: class-refused, journaled."""
         self.server.addDevice("old1", "SER9", "worker-g2")
 
-        async def check() -> None:
-            await self.refused(self.legacy("old1", "SER9"), "plan", "class-refused")
-            (entry,) = self.server.entries("attest.refused")
-            self.assertEqual(
-                (entry.device, entry.fields["reason"]), ("old1", "class-refused")
-            )
-
-        return ensureDeferred(check())
+        await self.refused(self.legacy("old1", "SER9"), "plan", "class-refused")
+        (entry,) = self.server.entries("attest.refused")
+        self.assertEqual(
+            (entry.device, entry.fields["reason"]), ("old1", "class-refused")
+        )
 
 
 class PlanWriteMetaTests(LDevIDTestCase):
@@ -429,7 +377,7 @@ class PlanWriteMetaTests(LDevIDTestCase):
         )
         return root
 
-    def test_imageFile_codeWrittenAndReadBack(self) -> Deferred[None]:
+    async def test_imageFile_codeWrittenAndReadBack(self) -> None:
         """With --image-file the code lands as 0x0b (other keys kept) and a
         warning line says the target disk was not checked."""
         self.ready()
@@ -438,139 +386,112 @@ class PlanWriteMetaTests(LDevIDTestCase):
             runAgent("meta", "write", "--disk", str(image), "0x0a", "n")[0], 0
         )
 
-        async def check() -> None:
-            code, out, err = await self.agent(
-                self.legacy(), "plan", "--write-meta", str(image), "--image-file"
-            )
-            self.assertEqual(code, 0, err)
-            plan = json.loads(out)
-            self.assertEqual(
-                (plan["meta_0x0b"], plan["meta_written"]), (self.CODE, str(image))
-            )
-            self.assertEqual(
-                err,
-                f"fleetd-agent: warning: {image} is an image file; it was not"
-                " checked against the plan's target disk serial DISK-SN-1\n",
-            )
-            self.assertEqual(self.metaKeys(image), {"0x0a": "n", "0x0b": self.CODE})
+        code, out, err = await self.agent(
+            self.legacy(), "plan", "--write-meta", str(image), "--image-file"
+        )
+        self.assertEqual(code, 0, err)
+        plan = json.loads(out)
+        self.assertEqual(
+            (plan["meta_0x0b"], plan["meta_written"]), (self.CODE, str(image))
+        )
+        self.assertEqual(
+            err,
+            f"fleetd-agent: warning: {image} is an image file; it was not"
+            " checked against the plan's target disk serial DISK-SN-1\n",
+        )
+        self.assertEqual(self.metaKeys(image), {"0x0a": "n", "0x0b": self.CODE})
 
-        return ensureDeferred(check())
-
-    def test_noCode_refused(self) -> Deferred[None]:
+    async def test_noCode_refused(self) -> None:
         """No ready run, no code: one line, the disk untouched."""
         image = makeImage(self)
         before = image.read_bytes()
 
-        async def check() -> None:
-            err = await self.refused(
-                self.legacy(), "plan", "meta-code-missing",
-                "--write-meta", str(image), "--image-file",
-            )  # fmt: skip
-            self.assertIn("the plan carries no META 0x0b code", err)
-            self.assertEqual(image.read_bytes(), before)
+        err = await self.refused(
+            self.legacy(), "plan", "meta-code-missing",
+            "--write-meta", str(image), "--image-file",
+        )  # fmt: skip
+        self.assertIn("the plan carries no META 0x0b code", err)
+        self.assertEqual(image.read_bytes(), before)
 
-        return ensureDeferred(check())
-
-    def test_fileWithoutImageFlag_refused(self) -> Deferred[None]:
+    async def test_fileWithoutImageFlag_refused(self) -> None:
         """A file is not the target disk unless --image-file says it is one."""
         self.ready()
         image = makeImage(self)
         before = image.read_bytes()
 
-        async def check() -> None:
-            err = await self.refused(
-                self.legacy(), "plan", "not-target-disk", "--write-meta", str(image)
-            )
-            self.assertIn("not the plan's target disk DISK-SN-1", err)
-            self.assertEqual(image.read_bytes(), before)
+        err = await self.refused(
+            self.legacy(), "plan", "not-target-disk", "--write-meta", str(image)
+        )
+        self.assertIn("not the plan's target disk DISK-SN-1", err)
+        self.assertEqual(image.read_bytes(), before)
 
-        return ensureDeferred(check())
-
-    def test_targetDisk_bySerial(self) -> Deferred[None]:
+    async def test_targetDisk_bySerial(self) -> None:
         """A block device whose serial is the plan's target (case aside)
         gets the code; no warning."""
         self.ready()
         device = loopDevice(self, makeImage(self))
         sysfs = self.fakeSysfs(device, "disk-sn-1")
 
-        async def check() -> None:
-            code, out, err = await self.agent(
-                self.legacy(), "plan", "--write-meta", device,
-                "--sysfs-root", str(sysfs),
-            )  # fmt: skip
-            self.assertEqual((code, err), (0, ""))
-            self.assertEqual(json.loads(out)["meta_written"], device)
-            self.assertEqual(self.metaKeys(device), {"0x0b": self.CODE})
+        code, out, err = await self.agent(
+            self.legacy(), "plan", "--write-meta", device,
+            "--sysfs-root", str(sysfs),
+        )  # fmt: skip
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual(json.loads(out)["meta_written"], device)
+        self.assertEqual(self.metaKeys(device), {"0x0b": self.CODE})
 
-        return ensureDeferred(check())
-
-    def test_otherDisk_refused(self) -> Deferred[None]:
+    async def test_otherDisk_refused(self) -> None:
         """A block device with another serial: not-target-disk, untouched."""
         self.ready()
         device = loopDevice(self, makeImage(self))
         sysfs = self.fakeSysfs(device, "DISK-SN-2")
 
-        async def check() -> None:
-            err = await self.refused(
-                self.legacy(), "plan", "not-target-disk",
-                "--write-meta", device, "--sysfs-root", str(sysfs),
-            )  # fmt: skip
-            self.assertIn(
-                "is disk DISK-SN-2, not the plan's target disk DISK-SN-1", err
-            )
-            self.assertEqual(self.metaKeys(device), {})
+        err = await self.refused(
+            self.legacy(), "plan", "not-target-disk",
+            "--write-meta", device, "--sysfs-root", str(sysfs),
+        )  # fmt: skip
+        self.assertIn("is disk DISK-SN-2, not the plan's target disk DISK-SN-1", err)
+        self.assertEqual(self.metaKeys(device), {})
 
-        return ensureDeferred(check())
-
-    def test_diskWithoutSerial_refused(self) -> Deferred[None]:
+    async def test_diskWithoutSerial_refused(self) -> None:
         """A disk that reports no serial (a loop device in the real sysfs)
         cannot be shown to be the target: refused."""
         self.ready()
         device = loopDevice(self, makeImage(self))
 
-        async def check() -> None:
-            err = await self.refused(
-                self.legacy(), "plan", "not-target-disk", "--write-meta", device
-            )
-            self.assertIn("reports no serial", err)
-            self.assertEqual(self.metaKeys(device), {})
+        err = await self.refused(
+            self.legacy(), "plan", "not-target-disk", "--write-meta", device
+        )
+        self.assertIn("reports no serial", err)
+        self.assertEqual(self.metaKeys(device), {})
 
-        return ensureDeferred(check())
-
-    def test_imageFlagOnDisk_refused(self) -> Deferred[None]:
+    async def test_imageFlagOnDisk_refused(self) -> None:
         """--image-file cannot waive the serial check for a block device."""
         self.ready()
         device = loopDevice(self, makeImage(self))
 
-        async def check() -> None:
-            err = await self.refused(
-                self.legacy(), "plan", "not-target-disk",
-                "--write-meta", device, "--image-file",
-            )  # fmt: skip
-            self.assertIn("--image-file, but", err)
-            self.assertEqual(self.metaKeys(device), {})
-
-        return ensureDeferred(check())
+        err = await self.refused(
+            self.legacy(), "plan", "not-target-disk",
+            "--write-meta", device, "--image-file",
+        )  # fmt: skip
+        self.assertIn("--image-file, but", err)
+        self.assertEqual(self.metaKeys(device), {})
 
 
 class RenewSubjectTests(LDevIDTestCase):
-    def test_renew_subjectFromInventory(self) -> Deferred[None]:
+    async def test_renew_subjectFromInventory(self) -> None:
         """[T4] an attested LDevID naming an old device name renews under
         the inventory's name for its serial."""
+        state = self.attested("old-name", "SER1")
+        await self.ok(state, "renew")
+        new = x509.load_pem_x509_certificate((state / "ldevid.pem").read_bytes())
+        cn = new.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+        self.assertEqual(cn, "w1")
 
-        async def check() -> None:
-            state = self.attested("old-name", "SER1")
-            await self.ok(state, "renew")
-            new = x509.load_pem_x509_certificate((state / "ldevid.pem").read_bytes())
-            cn = new.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
-            self.assertEqual(cn, "w1")
-
-        return ensureDeferred(check())
-
-    def test_renew_unknownSerial_refused(self) -> Deferred[None]:
+    async def test_renew_unknownSerial_refused(self) -> None:
         """[T4] an attested LDevID for a serial no longer in the inventory
         cannot renew."""
-        return self.refusal(self.attested("w9", "SER9"), "renew", "device-unknown")
+        await self.refusal(self.attested("w9", "SER9"), "renew", "device-unknown")
 
 
 SERVER = "https://127.0.0.1:9"  # never reached: the state is looked at first

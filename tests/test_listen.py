@@ -9,7 +9,6 @@ from typing import Any, cast
 
 from twisted.internet import reactor
 from twisted.internet.address import IPv4Address, IPv6Address
-from twisted.internet.defer import ensureDeferred
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -418,7 +417,12 @@ class TLSSuiteTests(TestCase):
         with self.assertRaises(ssl.SSLError):
             await deferToThread(handshake, port, pki.public_ca, ciphers, self.TLS12)
 
-    async def _rsa(self) -> None:
+    async def test_rsaCertificate_onlyForwardSecretAEAD(self) -> None:
+        """
+        With an RSA certificate: static-RSA, CBC-SHA1, CBC-SHA256 and DHE
+        suites are refused, ECDHE with AES-GCM or ChaCha20-Poly1305 works,
+        TLS 1.3 works, TLS 1.1 is refused.
+        """
         port, pki = self.listen("rsa")
         for weak in [
             "AES128-SHA",  # static RSA, CBC, SHA-1
@@ -445,15 +449,9 @@ class TLSSuiteTests(TestCase):
                 ssl.TLSVersion.TLSv1_1, ssl.TLSVersion.TLSv1,
             )  # fmt: skip
 
-    def test_rsaCertificate_onlyForwardSecretAEAD(self) -> None:
-        """
-        With an RSA certificate: static-RSA, CBC-SHA1, CBC-SHA256 and DHE
-        suites are refused, ECDHE with AES-GCM or ChaCha20-Poly1305 works,
-        TLS 1.3 works, TLS 1.1 is refused.
-        """
-        return ensureDeferred(self._rsa())  # type: ignore[return-value]
-
-    async def _ecdsa(self) -> None:
+    async def test_ecdsaCertificate_onlyForwardSecretAEAD(self) -> None:
+        """With an ECDSA certificate: ECDHE-ECDSA CBC suites are refused,
+        AES-GCM and ChaCha20-Poly1305 work."""
         port, pki = self.listen("ecdsa")
         for weak in ["ECDHE-ECDSA-AES128-SHA", "ECDHE-ECDSA-AES256-SHA384"]:
             await self.refused(port, pki, weak)
@@ -462,8 +460,3 @@ class TLSSuiteTests(TestCase):
                 handshake, port, pki.public_ca, good, self.TLS12
             )
             self.assertEqual(result, ("TLSv1.2", good))
-
-    def test_ecdsaCertificate_onlyForwardSecretAEAD(self) -> None:
-        """With an ECDSA certificate: ECDHE-ECDSA CBC suites are refused,
-        AES-GCM and ChaCha20-Poly1305 work."""
-        return ensureDeferred(self._ecdsa())  # type: ignore[return-value]

@@ -213,7 +213,15 @@ class DaemonJSONTests(TestCase):
 
     timeout = 120
 
-    async def _scenario(self) -> None:
+    async def test_daemon_startDeliveryRefusal_flatJSON(self) -> None:
+        """
+        C{twistd -n fleetd --log-format json}: every line it writes at
+        start, at refusals (an unknown code, a code from another machine, a
+        TPM 1.2's attestation), at a delivery (C{GET /config} 200, then 410)
+        and at stop is one flat JSON object of time, level, event and the
+        event's own fields: no Twisted internals, listener addresses as
+        host:port, the code nowhere, 95 % of lines under 300 characters.
+        """
         directory = Path(self.mktemp()).resolve()
         proto = spawn(self, writeConfig(directory), "--log-format", "json")
         await proto.ready()
@@ -297,16 +305,3 @@ class DaemonJSONTests(TestCase):
         p95 = sizes[int(0.95 * (len(sizes) - 1))]
         self.assertLess(p95, 300, f"p95 {p95}: {sizes}")
         self.assertTrue(len(lines) >= 20, lines)
-
-    def test_daemon_startDeliveryRefusal_flatJSON(self) -> None:
-        """
-        C{twistd -n fleetd --log-format json}: every line it writes at
-        start, at refusals (an unknown code, a code from another machine, a
-        TPM 1.2's attestation), at a delivery (C{GET /config} 200, then 410)
-        and at stop is one flat JSON object of time, level, event and the
-        event's own fields: no Twisted internals, listener addresses as
-        host:port, the code nowhere, 95 % of lines under 300 characters.
-        """
-        from twisted.internet.defer import ensureDeferred
-
-        return ensureDeferred(self._scenario())  # type: ignore[return-value]

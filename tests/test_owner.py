@@ -20,7 +20,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from prometheus_client import CollectorRegistry
-from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import Clock
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
@@ -481,7 +480,12 @@ class _Who(Endpoint):
 class OwnerChainOverTLSTests(PKIMixin, TestCase):
     """[O1] checkOwner behind a real TLS listener trusting the owner CA."""
 
-    async def _chain(self) -> None:
+    async def test_ldevidUnderOwnerCA_notOwner_overTLS(self) -> None:
+        """
+        [O1] Over real TLS (the review's probe): a node that sends its
+        LDevID with an issuer signed by the owner CA verifies at the TLS
+        layer but is not an owner; the owner's own certificate still is.
+        """
         from twisted.internet import reactor
         from twisted.web.server import Site
 
@@ -525,14 +529,6 @@ class OwnerChainOverTLSTests(PKIMixin, TestCase):
         owner = await who((where / "o.pem", where / "o.key"))
         self.assertEqual(owner[0], "owner")
 
-    def test_ldevidUnderOwnerCA_notOwner_overTLS(self) -> None:
-        """
-        [O1] Over real TLS (the review's probe): a node that sends its
-        LDevID with an issuer signed by the owner CA verifies at the TLS
-        layer but is not an owner; the owner's own certificate still is.
-        """
-        return ensureDeferred(self._chain())  # type: ignore[return-value]
-
 
 class OwnerDaemonTests(DaemonTestMixin, TestCase):
     """The owner gate through the real daemon over TLS [O1] [O2] [O3]."""
@@ -553,7 +549,12 @@ class OwnerDaemonTests(DaemonTestMixin, TestCase):
             self.pki.public_ca, cert, body, contentType,
         )  # fmt: skip
 
-    async def _identity(self) -> None:
+    async def test_ownerIdentity_overTLS(self) -> None:
+        """
+        [O1] [O3] Over real TLS: the owner is named; a no-EKU certificate
+        from the owner CA is a 403; 'Jane Doe' is a 403 and adds nothing;
+        a text/plain change is a 415.
+        """
         self.service = self.startDaemon()
         owner = (self.pki.owner_cert, self.pki.owner_key)
         _, bareCert, bareKey = issue(self.pki, "node-7", NO_EKU)
@@ -578,15 +579,11 @@ class OwnerDaemonTests(DaemonTestMixin, TestCase):
         status, body = await self.call("GET", "/v1/admin/devices", owner)
         self.assertEqual((status, json.loads(body)), (200, {"devices": []}))
 
-    def test_ownerIdentity_overTLS(self) -> None:
+    async def test_notOwner_bodyCappedAt64KiB_overTLS(self) -> None:
         """
-        [O1] [O3] Over real TLS: the owner is named; a no-EKU certificate
-        from the owner CA is a 403; 'Jane Doe' is a 403 and adds nothing;
-        a text/plain change is a 415.
+        [O2] Over real TLS, a 1 MiB body without an owner certificate is a
+        413 at the headers and no temp file appears; an owner's is read.
         """
-        return ensureDeferred(self._identity())  # type: ignore[return-value]
-
-    async def _bodies(self) -> None:
         self.service = self.startDaemon()
         owner = (self.pki.owner_cert, self.pki.owner_key)
         tmp = Path(self.mktemp())
@@ -607,13 +604,6 @@ class OwnerDaemonTests(DaemonTestMixin, TestCase):
         )
         self.assertEqual(status, 400)  # an owner's megabyte is read, and parsed
         self.assertIn(b"line ", body)
-
-    def test_notOwner_bodyCappedAt64KiB_overTLS(self) -> None:
-        """
-        [O2] Over real TLS, a 1 MiB body without an owner certificate is a
-        413 at the headers and no temp file appears; an owner's is read.
-        """
-        return ensureDeferred(self._bodies())  # type: ignore[return-value]
 
 
 def _tempFiles() -> set[str]:

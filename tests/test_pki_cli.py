@@ -16,7 +16,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
@@ -312,7 +311,12 @@ class EKRootsTests(SynchronousTestCase):
 class AcceptedByFleetdTests(DaemonTestMixin, TestCase):
     timeout = 60
 
-    async def _serve(self) -> None:
+    async def test_daemon_acceptsWhatTheToolMade(self) -> None:
+        """
+        [O1] [T4] A daemon starts on the owner CA, issuer, bundle and EK roots
+        fleetd-pki made (prepare() checks them as at every start), and the
+        operator's certificate is an owner named by its CN.
+        """
         config, real = realConfig(self)
         vendor = vendorFiles(Path(self.mktemp()))
         for argv in (
@@ -333,14 +337,6 @@ class AcceptedByFleetdTests(DaemonTestMixin, TestCase):
             self.pki.public_ca, alice, None,
         )  # fmt: skip
         self.assertEqual((status, body), (200, {"owner": "alice", "role": "owner"}))
-
-    def test_daemon_acceptsWhatTheToolMade(self) -> None:
-        """
-        [O1] [T4] A daemon starts on the owner CA, issuer, bundle and EK roots
-        fleetd-pki made (prepare() checks them as at every start), and the
-        operator's certificate is an owner named by its CN.
-        """
-        return ensureDeferred(self._serve())  # type: ignore[return-value]
 
     def test_prepare_refusesTheOwnerCAAsIssuer(self) -> None:
         """[O1] The mistake the tool refuses is one fleetd refuses too."""

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from twisted.internet.defer import ensureDeferred
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.test.requesthelper import DummyRequest
 
@@ -211,14 +210,11 @@ class StartTests(TestCase):
         self.assertTrue(str(error).startswith(f"provision.templates: {folly} {FIRST};"))
         self.assertEqual(str(error).count("\n"), 0)
 
-    def test_twistd_productionConfig_exampleRefused(self) -> None:
+    async def test_twistd_productionConfig_exampleRefused(self) -> None:
         """
         twistd -n fleetd with the production config and the example
         template exits 2 with that one line on stderr; nothing listens.
         """
-        return ensureDeferred(self._twistd())  # type: ignore[return-value]
-
-    async def _twistd(self) -> None:
         root = Path(self.mktemp()).resolve()
         proto = spawn(self, productionConfig(root, EXAMPLE.read_text()))
         self.assertEqual(await proto.ended, 2)
@@ -326,16 +322,13 @@ class ProvisionTests(SynchronousTestCase):
 class CommandTests(DaemonTestMixin, TestCase):
     """fleetctl provision against a production-mode daemon."""
 
-    def test_templateGainsPlaceholder_refusedNoRun(self) -> None:
+    async def test_templateGainsPlaceholder_refusedNoRun(self) -> None:
         """
         Started with a filled template (no dev values), the template then
         replaced on disk by the example: fleetctl provision exits 1 with
         one line naming the file, the line and the placeholder; the
         journal holds the refusal and no run; the vault stays empty.
         """
-        return ensureDeferred(self._changed())  # type: ignore[return-value]
-
-    async def _changed(self) -> None:
         self.makeSettings({"dev": {"generate_values": False}})
         folly = self.directory / "templates" / "folly.yaml"
         for name in ("default.yaml", "folly.yaml"):

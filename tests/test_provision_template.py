@@ -12,7 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from twisted.internet.defer import ensureDeferred
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.test.requesthelper import DummyRequest
 
@@ -92,14 +91,11 @@ class ResourceTests(SynchronousTestCase):
 class CommandTests(DaemonTestMixin, TestCase):
     """fleetctl provision against the daemon when a template is gone."""
 
-    def test_provision_templateGone_oneLineJournaled(self) -> None:
+    async def test_provision_templateGone_oneLineJournaled(self) -> None:
         """
         fleetctl provision exits 1 with one line naming the device and its
         cluster; fleetctl journal --device shows the refusal.
         """
-        return ensureDeferred(self._gone())  # type: ignore[return-value]
-
-    async def _gone(self) -> None:
         self.makeSettings()
         service = self.startDaemon()
         await service.loading.whenReady()

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
@@ -168,7 +167,12 @@ class FleetctlTests(DeliveryMixin, TestCase):
 
     timeout = 60
 
-    async def _fleetctl(self) -> None:
+    async def test_reader_printsTheRefusal_readsAndBacksUp(self) -> None:
+        """
+        [O4] fleetctl as a reader: a change prints fleetd's 403 line and
+        exits non-zero; status, a console link (saying it reads only) and a
+        backup work.
+        """
         await self.startLoaded()
         await self.addDevice("w1", "SN-1", UUID1)
         cert, key = reader(self.pki, "backup")
@@ -193,11 +197,3 @@ class FleetctlTests(DeliveryMixin, TestCase):
         code, out, err = await fleetctlAgainst(config, "backup", str(backup))
         self.assertEqual((code, err), (0, ""))
         self.assertIn("integrity ok", out)
-
-    def test_reader_printsTheRefusal_readsAndBacksUp(self) -> None:
-        """
-        [O4] fleetctl as a reader: a change prints fleetd's 403 line and
-        exits non-zero; status, a console link (saying it reads only) and a
-        backup work.
-        """
-        return ensureDeferred(self._fleetctl())  # type: ignore[return-value]

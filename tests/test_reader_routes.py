@@ -12,7 +12,6 @@ import re
 from typing import Any
 from urllib.parse import urlencode
 
-from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
@@ -106,7 +105,13 @@ class RouteTableTests(DeliveryMixin, TestCase):
 
     timeout = 60
 
-    async def _tables(self) -> None:
+    async def test_everyChangeRoute_classified(self) -> None:
+        """
+        [O4] Each resource class of fleetd.admin that takes a change, and
+        each fixed path of the daemon's admin tree that leads to one, has a
+        row in this module's tables, and each row's path reaches its class:
+        a change endpoint added later fails here until it is tested.
+        """
         await self.startLoaded()
         root = adminRoot(self.service)
         rows = [(p, cls) for p, _, _, cls in API_CHANGES]
@@ -124,15 +129,6 @@ class RouteTableTests(DeliveryMixin, TestCase):
         paths = {p for p, _ in rows}
         missing = sorted(p for p in staticChanges(root) if p not in paths)
         self.assertEqual(missing, [], "change paths no reader test covers")
-
-    def test_everyChangeRoute_classified(self) -> None:
-        """
-        [O4] Each resource class of fleetd.admin that takes a change, and
-        each fixed path of the daemon's admin tree that leads to one, has a
-        row in this module's tables, and each row's path reaches its class:
-        a change endpoint added later fails here until it is tested.
-        """
-        return ensureDeferred(self._tables())  # type: ignore[return-value]
 
 
 class ReaderRoutesTests(DeliveryMixin, TestCase):
@@ -180,7 +176,13 @@ class ReaderRoutesTests(DeliveryMixin, TestCase):
             if e["event"] != "admin.reader-refused"
         ]
 
-    async def _apiChanges(self) -> None:
+    async def test_api_everyChangeRefused(self) -> None:
+        """
+        [O4] Each change route of the owner API refuses a reader with 403
+        and one line naming the reader and the action; each refusal is
+        journaled (actor reader:NAME, action, via api) and nothing else is:
+        no device, run, binding, token or decision came of it.
+        """
         await self.setUpDaemon()
         before, devicesBefore = (
             await self.others(),
@@ -211,16 +213,12 @@ class ReaderRoutesTests(DeliveryMixin, TestCase):
         devicesAfter = await self.admin("GET", "/v1/admin/devices", None)
         self.assertEqual(devicesAfter, devicesBefore)
 
-    def test_api_everyChangeRefused(self) -> None:
+    async def test_console_everyChangeRefused(self) -> None:
         """
-        [O4] Each change route of the owner API refuses a reader with 403
-        and one line naming the reader and the action; each refusal is
-        journaled (actor reader:NAME, action, via api) and nothing else is:
-        no device, run, binding, token or decision came of it.
+        [O4] Each change of the console, posted by a reader's browser with
+        its own valid CSRF token, is refused with 403 and the reader's line,
+        journaled (via console), and changes nothing.
         """
-        return ensureDeferred(self._apiChanges())  # type: ignore[return-value]
-
-    async def _consoleChanges(self) -> None:
         await self.setUpDaemon()
         sessions = self.service.consoleSessions
         before = await self.others()
@@ -245,15 +243,13 @@ class ReaderRoutesTests(DeliveryMixin, TestCase):
             )
         self.assertEqual(await self.others(), before)
 
-    def test_console_everyChangeRefused(self) -> None:
+    async def test_reads_answerAReader(self) -> None:
         """
-        [O4] Each change of the console, posted by a reader's browser with
-        its own valid CSRF token, is refused with 403 and the reader's line,
-        journaled (via console), and changes nothing.
+        [O4] A reader reads what an owner reads: status, lists, the journal
+        and its verification, the device flow's pending list and a backup
+        (journaled with the reader as actor); /healthz and /metrics stay
+        open without a certificate.
         """
-        return ensureDeferred(self._consoleChanges())  # type: ignore[return-value]
-
-    async def _reads(self) -> None:
         await self.setUpDaemon()
         pair = reader(self.pki, "auditor")
         for path in API_READS:
@@ -272,16 +268,15 @@ class ReaderRoutesTests(DeliveryMixin, TestCase):
         events = [(e["event"], e["actor"]) for e in await self.journal()]
         self.assertIn(("backup.taken", "reader:auditor"), events)
 
-    def test_reads_answerAReader(self) -> None:
+    async def test_console_pagesOfferAReaderNoChange(self) -> None:
         """
-        [O4] A reader reads what an owner reads: status, lists, the journal
-        and its verification, the device flow's pending list and a backup
-        (journaled with the reader as actor); /healthz and /metrics stay
-        open without a certificate.
+        [O4] A reader's console pages (the fleet, a device, the verification
+        page, the journal) show what an owner's show, without an action, a
+        lookup form or a decision; the address of an action's confirmation
+        page is a 403 page without its form, and a user code cannot be
+        looked up (a lookup spends the owners' budget). The reader may walk
+        the chain ("Verify now") and log out, which change nothing.
         """
-        return ensureDeferred(self._reads())  # type: ignore[return-value]
-
-    async def _pages(self) -> None:
         await self.setUpDaemon()
         pair = reader(self.pki, "auditor")
         before = await self.others()
@@ -316,14 +311,3 @@ class ReaderRoutesTests(DeliveryMixin, TestCase):
         self.assertEqual(code, 200)
         self.assertEqual(await self.others(), before)
         self.assertEqual(await self.refusals(), {})
-
-    def test_console_pagesOfferAReaderNoChange(self) -> None:
-        """
-        [O4] A reader's console pages (the fleet, a device, the verification
-        page, the journal) show what an owner's show, without an action, a
-        lookup form or a decision; the address of an action's confirmation
-        page is a 403 page without its form, and a user code cannot be
-        looked up (a lookup spends the owners' budget). The reader may walk
-        the chain ("Verify now") and log out, which change nothing.
-        """
-        return ensureDeferred(self._pages())  # type: ignore[return-value]

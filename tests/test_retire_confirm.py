@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 
-from twisted.internet.defer import ensureDeferred
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.cli.cluster import confirmRetire
@@ -56,15 +55,12 @@ class ConfirmTests(SynchronousTestCase):
 class CommandTests(DaemonTestMixin, TestCase):
     """fleetctl retire against the daemon."""
 
-    def test_retire_confirmation(self) -> None:
+    async def test_retire_confirmation(self) -> None:
         """
         Without --yes and no terminal: exit 2, one line, still not retired;
         at a terminal, a wrong name: exit 1, not retired; the right name
         retires; --yes retires without asking (--json after the command).
         """
-        return ensureDeferred(self._retire())  # type: ignore[return-value]
-
-    async def _retire(self) -> None:
         self.makeSettings()
         service = self.startDaemon()
         await service.loading.whenReady()

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
-from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
@@ -163,7 +162,11 @@ class OperatorRoleTests(SynchronousTestCase):
 class ReaderAcceptedTests(DaemonTestMixin, TestCase):
     timeout = 60
 
-    async def _whoami(self) -> None:
+    async def test_daemon_readsTheRoleTheToolWrote(self) -> None:
+        """
+        [O4] Over TLS, fleetd names the operators fleetd-pki made and the
+        roles it fixed in their certificates.
+        """
         config, real = realConfig(self)
         vendor = vendorFiles(Path(self.mktemp()))
         for argv in (
@@ -190,10 +193,3 @@ class ReaderAcceptedTests(DaemonTestMixin, TestCase):
                 pair, None,
             )  # fmt: skip
             self.assertEqual((status, body), (200, {"owner": name, "role": role}))
-
-    def test_daemon_readsTheRoleTheToolWrote(self) -> None:
-        """
-        [O4] Over TLS, fleetd names the operators fleetd-pki made and the
-        roles it fixed in their certificates.
-        """
-        return ensureDeferred(self._whoami())  # type: ignore[return-value]

@@ -14,7 +14,7 @@ from typing import Any
 from OpenSSL import SSL, crypto
 from twisted.internet import reactor
 from twisted.internet.address import IPv4Address, IPv6Address
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
@@ -101,63 +101,41 @@ class CheckListenerTests(TestCase):
         """An HTTP listener (ALPN from its site: http/1.1) passes."""
         return self.check(self.listen([b"http/1.1"]), b"http/1.1")
 
-    def test_brokenTLS_failsNamingTheHandshake(self) -> None:
+    async def test_brokenTLS_failsNamingTheHandshake(self) -> None:
         """
         A listener whose TLS cannot start (the PR_SET_MDWE failure: the
         server drops the connection) fails with a one-line reason.
         """
+        reason = await self.failure(self.check(self.listen(None, True), b"h2"))
+        self.assertEqual(reason, "the connection closed during the TLS handshake")
+        # The listener's own errors: its TLS never started.
+        self.flushLoggedErrors(MemoryError, AttributeError)
 
-        async def run() -> None:
-            reason = await self.failure(self.check(self.listen(None, True), b"h2"))
-            self.assertEqual(reason, "the connection closed during the TLS handshake")
-            # The listener's own errors: its TLS never started.
-            self.flushLoggedErrors(MemoryError, AttributeError)
-
-        return ensureDeferred(run())  # type: ignore[return-value]
-
-    def test_alpnNotChosen_fails(self) -> None:
+    async def test_alpnNotChosen_fails(self) -> None:
         """A listener that does not speak the offered protocol fails."""
+        reason = await self.failure(self.check(self.listen([b"http/1.1"]), b"h2"))
+        self.assertTrue(reason.startswith("TLS error: "), reason)
 
-        async def run() -> None:
-            reason = await self.failure(self.check(self.listen([b"http/1.1"]), b"h2"))
-            self.assertTrue(reason.startswith("TLS error: "), reason)
-
-        return ensureDeferred(run())  # type: ignore[return-value]
-
-    def test_otherCertificate_fails(self) -> None:
+    async def test_otherCertificate_fails(self) -> None:
         """A listener presenting another certificate than its own fails."""
+        check = self.check(self.listen([b"h2"]), b"h2", certificate=b"other")
+        reason = await self.failure(check)
+        self.assertEqual(
+            reason, "presented a certificate that is not its configured one"
+        )
 
-        async def run() -> None:
-            check = self.check(self.listen([b"h2"]), b"h2", certificate=b"other")
-            reason = await self.failure(check)
-            self.assertEqual(
-                reason, "presented a certificate that is not its configured one"
-            )
-
-        return ensureDeferred(run())  # type: ignore[return-value]
-
-    def test_silentListener_timesOut(self) -> None:
+    async def test_silentListener_timesOut(self) -> None:
         """A listener that accepts and never answers fails once the time is up."""
+        silent = Factory.forProtocol(Silent)
+        port = REACTOR.listenTCP(0, silent, interface="127.0.0.1")  # type: ignore[arg-type]
+        self.addCleanup(port.stopListening)
+        target = Target(port.getHost(), b"h2", self.der)
+        check = Deferred.fromCoroutine(checkListener(REACTOR, target, timeout=0.2))
+        self.assertEqual(await self.failure(check), "no TLS handshake in time")
 
-        async def run() -> None:
-            silent = Factory.forProtocol(Silent)
-            port = REACTOR.listenTCP(0, silent, interface="127.0.0.1")  # type: ignore[arg-type]
-            self.addCleanup(port.stopListening)
-            target = Target(port.getHost(), b"h2", self.der)
-            check = Deferred.fromCoroutine(checkListener(REACTOR, target, timeout=0.2))
-            self.assertEqual(await self.failure(check), "no TLS handshake in time")
-
-        return ensureDeferred(run())  # type: ignore[return-value]
-
-    def test_notListening_fails(self) -> None:
+    async def test_notListening_fails(self) -> None:
         """A listener not bound (yet) fails without a connection."""
-
-        async def run() -> None:
-            self.assertEqual(
-                await self.failure(self.check(None, b"h2")), "not listening"
-            )
-
-        return ensureDeferred(run())  # type: ignore[return-value]
+        self.assertEqual(await self.failure(self.check(None, b"h2")), "not listening")
 
 
 class LoopbackTests(SynchronousTestCase):

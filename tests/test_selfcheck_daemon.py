@@ -18,7 +18,6 @@ from typing import Any
 
 from OpenSSL import SSL
 from twisted.internet import reactor
-from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
@@ -93,7 +92,13 @@ class SelfCheckDaemonTests(DaemonTestMixin, TestCase):
             if name.startswith(wanted[1]) or name + b" " == wanted[0]
         }
 
-    async def _neverReady(self) -> None:
+    async def test_brokenListener_neverReady(self) -> None:
+        """
+        With the tink listener's TLS broken, the runs load but fleetd never
+        says ready: /healthz 503 "starting" naming the listener,
+        fleetd_ready 0 with that listener's self-check gauge at 0, and
+        systemd hears the reason, never READY=1.
+        """
         service = self.start(broken="tink")
         await service.loading.whenReady()  # the runs are loaded
         await self.until(service, State.STARTING, "listener tink: ")
@@ -123,16 +128,12 @@ class SelfCheckDaemonTests(DaemonTestMixin, TestCase):
         )
         self.flushLoggedErrors(MemoryError, AttributeError)
 
-    def test_brokenListener_neverReady(self) -> None:
+    async def test_laterFailure_dropsReadinessUntilItPasses(self) -> None:
         """
-        With the tink listener's TLS broken, the runs load but fleetd never
-        says ready: /healthz 503 "starting" naming the listener,
-        fleetd_ready 0 with that listener's self-check gauge at 0, and
-        systemd hears the reason, never READY=1.
+        After READY=1, a self-check that fails on the boot listener drops
+        /healthz to 503 "degraded" naming it, fleetd_ready and its gauge
+        to 0, and tells systemd; once it passes again all are back.
         """
-        return ensureDeferred(self._neverReady())  # type: ignore[return-value]
-
-    async def _laterFailure(self) -> None:
         service = self.start()
         await service.readiness.whenReady()
         self.assertEqual(self.sent, [b"READY=1\nSTATUS=serving"])
@@ -165,11 +166,3 @@ class SelfCheckDaemonTests(DaemonTestMixin, TestCase):
             ],
         )
         self.flushLoggedErrors(MemoryError, AttributeError)
-
-    def test_laterFailure_dropsReadinessUntilItPasses(self) -> None:
-        """
-        After READY=1, a self-check that fails on the boot listener drops
-        /healthz to 503 "degraded" naming it, fleetd_ready and its gauge
-        to 0, and tells systemd; once it passes again all are back.
-        """
-        return ensureDeferred(self._laterFailure())  # type: ignore[return-value]

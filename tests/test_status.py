@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.inventory.model import DeviceStatus
@@ -140,11 +140,8 @@ class StatusServiceTests(SynchronousTestCase):
 class StatusCommandTests(DaemonTestMixin, TestCase):
     """fleetctl status against a running daemon."""
 
-    def test_status_byHand(self) -> None:
+    async def test_status_byHand(self) -> None:
         """fleetctl status prints the record, run, state, alerts and step."""
-        return ensureDeferred(self._status())  # type: ignore[return-value]
-
-    async def _status(self) -> None:
         self.makeSettings()
         service = self.startDaemon()
         await service.loading.whenReady()

@@ -16,7 +16,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
@@ -76,7 +76,9 @@ class ReloadTests(DeliveryMixin, TestCase):
             found[name] = await deferToThread(presented, self.port(self.service, name))
         return found
 
-    async def _renewed(self) -> None:
+    async def test_reload_newCertificateOnEveryListener(self) -> None:
+        """After a reload every TLS listener presents the renewed certificate
+        to new connections, and the reload is logged and journaled."""
         before = await self.fingerprints()
         self.assertEqual(len(set(before.values())), 1)
         tls = self.service.settings.tls
@@ -93,12 +95,9 @@ class ReloadTests(DeliveryMixin, TestCase):
         self.assertEqual(reloaded[0]["fields"]["sha256"], renewed)
         self.assertEqual(reloaded[0]["fields"]["listeners"], ",".join(TLS_LISTENERS))
 
-    def test_reload_newCertificateOnEveryListener(self) -> None:
-        """After a reload every TLS listener presents the renewed certificate
-        to new connections, and the reload is logged and journaled."""
-        return ensureDeferred(self._renewed())  # type: ignore[return-value]
-
-    async def _mismatch(self) -> None:
+    async def test_reload_keyDoesNotMatch_nothingChanges(self) -> None:
+        """A certificate whose key does not match leaves every listener on
+        the certificate it had, with one line saying why."""
         before = await self.fingerprints()
         tls = self.service.settings.tls
         keep = tls.key.read_bytes()
@@ -113,8 +112,3 @@ class ReloadTests(DeliveryMixin, TestCase):
         self.assertEqual(len(failed), 1)
         self.assertIn("tls.key", failed[0]["error"])
         self.assertIn("does not match", failed[0]["error"])
-
-    def test_reload_keyDoesNotMatch_nothingChanges(self) -> None:
-        """A certificate whose key does not match leaves every listener on
-        the certificate it had, with one line saying why."""
-        return ensureDeferred(self._mismatch())  # type: ignore[return-value]

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
@@ -231,7 +230,12 @@ class TrustCommandTests(DaemonTestMixin, TestCase):
     async def fleetctl(self, *words: str) -> tuple[int, str, str]:
         return await fleetctlAgainst(self.config, *words)
 
-    async def _flow(self) -> None:
+    async def test_evidenceBindingStatus_overTLS(self) -> None:
+        """
+        [T1] fleetctl records evidence, imports CSV and JSON manifests,
+        refuses and approves bindings, and status shows the binding, its
+        evidence and a conflict that suspends it.
+        """
         service = self.startDaemon()
         port = self.port(service, "admin")
         self.config = str(ownerConfig(self.directory, port))
@@ -284,11 +288,3 @@ class TrustCommandTests(DaemonTestMixin, TestCase):
         code, out, err = await self.fleetctl("disks", "forget", "w1", "--reason", "x")
         self.assertEqual((code, err), (1, "fleetctl: fleetd answered 404: no disk"
                          " report from w1\n"))  # fmt: skip
-
-    def test_evidenceBindingStatus_overTLS(self) -> None:
-        """
-        [T1] fleetctl records evidence, imports CSV and JSON manifests,
-        refuses and approves bindings, and status shows the binding, its
-        evidence and a conflict that suspends it.
-        """
-        return ensureDeferred(self._flow())  # type: ignore[return-value]

@@ -19,7 +19,6 @@ from types import SimpleNamespace
 from typing import Any
 
 from cryptography import x509
-from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.threads import deferToThread
 
 from fleetd.agent.client import Refusal
@@ -81,7 +80,15 @@ class SporeDaemonCase(TPMKeyDaemonCase):
 
 
 class WeakEvidenceTests(SporeDaemonCase):
-    async def _weak(self) -> None:
+    async def test_weakEvidenceOnly_bindingAndAttestRefused(self) -> None:
+        """
+        [T1] Real daemon, real agent, real swtpm: with no evidence
+        (evidence-missing), then with reported-serial, pending-claim and
+        console evidence naming the TPM's own EK, `binding approve` refuses
+        (evidence-insufficient, names what is missing) and `fleetd-agent
+        attest` is refused (ek-binding-not-approved, journaled); no LDevID
+        anywhere.
+        """
         await self._start(approve=False)
         digest = ekDigestOf(self.swtpm.ekCertificates()["ek-rsa2048.crt"])
         # No evidence at all: approval refused, attestation refused.
@@ -114,20 +121,14 @@ class WeakEvidenceTests(SporeDaemonCase):
         self.assertIn("binding:  none approved", out)
         self.assertEqual(out.count("(cannot approve)"), 3, out)
 
-    def test_weakEvidenceOnly_bindingAndAttestRefused(self) -> Deferred[None]:
-        """
-        [T1] Real daemon, real agent, real swtpm: with no evidence
-        (evidence-missing), then with reported-serial, pending-claim and
-        console evidence naming the TPM's own EK, `binding approve` refuses
-        (evidence-insufficient, names what is missing) and `fleetd-agent
-        attest` is refused (ek-binding-not-approved, journaled); no LDevID
-        anywhere.
-        """
-        return ensureDeferred(self._weak())
-
 
 class ClonedTPMTests(SporeDaemonCase):
-    async def _clone(self) -> None:
+    async def test_clonedTPM_otherSerial_refused(self) -> None:
+        """
+        [T3] [T1] Real daemon, real agent: a copy of w1's swtpm state (its
+        approved EK) in a machine reporting w2's serial is refused
+        (serial-mismatch, journaled); nothing is issued to w2.
+        """
         await self._start()
         await self.fleetctl("device", "add", "w2", "--serial", "SER2", "--uuid",
                             "4c4c4544-0042-3510-8050-b4c04f4d3233",
@@ -148,14 +149,6 @@ class ClonedTPMTests(SporeDaemonCase):
         self.assertFalse((self.state / "ldevid.pem").exists())
         code, out, err = await self.fleetctlRaw("--json", "status", "w2")
         self.assertIsNone(json.loads(out)["ldevid"])
-
-    def test_clonedTPM_otherSerial_refused(self) -> Deferred[None]:
-        """
-        [T3] [T1] Real daemon, real agent: a copy of w1's swtpm state (its
-        approved EK) in a machine reporting w2's serial is refused
-        (serial-mismatch, journaled); nothing is issued to w2.
-        """
-        return ensureDeferred(self._clone())
 
 
 class BentProofTests(SporeDaemonCase):
@@ -185,7 +178,14 @@ class BentProofTests(SporeDaemonCase):
         refusal(proof)
         return answers
 
-    async def _bent(self) -> None:
+    async def test_wrongNonce_tamperedCertify_replay_refused(self) -> None:
+        """
+        [T3] Real daemon, real swtpm (the agent's TPM steps, the proof bent
+        on purpose): a certify over another nonce and a certify with one
+        flipped byte are certify-invalid; a good proof is issued once and
+        its replay is challenge-used (410); each kind of refusal journaled
+        (a second of one kind within 10 s is counted, not journaled [J1]).
+        """
         await self._start()
         case: Any = SimpleNamespace(
             url=self.url, pki=self.pki, swtpm=SimpleNamespace(tcti=self.rm.tcti)
@@ -204,19 +204,19 @@ class BentProofTests(SporeDaemonCase):
         )  # fmt: skip
         self.assertEqual(len(await self.journal("ldevid.issued")), 1)
 
-    def test_wrongNonce_tamperedCertify_replay_refused(self) -> Deferred[None]:
-        """
-        [T3] Real daemon, real swtpm (the agent's TPM steps, the proof bent
-        on purpose): a certify over another nonce and a certify with one
-        flipped byte are certify-invalid; a good proof is issued once and
-        its replay is challenge-used (410); each kind of refusal journaled
-        (a second of one kind within 10 s is counted, not journaled [J1]).
-        """
-        return ensureDeferred(self._bent())
-
 
 class LegacyCutOverTests(SporeDaemonCase):
-    async def _cutOver(self) -> None:
+    async def test_legacyAcceptedUntilAttested_thenRefused_statusShowsIt(
+        self,
+    ) -> None:
+        """
+        [T4] Real daemon, real agent, real swtpm: capsule- and forge-issued
+        LDevIDs serve lookups and are never renewed (attest-required); once
+        the node attests through spore with its TPM both are refused
+        (ldevid-not-current-issuer) and the new TPM-held one is accepted;
+        `fleetctl status` shows the binding, the evidence behind it and the
+        LDevID (issuer, notAfter, not legacy).
+        """
         await self._start()
         capsule = self.legacy("w1", "SER1", "capsule")
         forge = self.legacy("w1", "SER1", "forge")
@@ -265,22 +265,23 @@ class LegacyCutOverTests(SporeDaemonCase):
         self.assertIn(f"binding:  approved: EK {digest}", text)
         self.assertIn("receiving-scan", text)
 
-    def test_legacyAcceptedUntilAttested_thenRefused_statusShowsIt(
-        self,
-    ) -> Deferred[None]:
-        """
-        [T4] Real daemon, real agent, real swtpm: capsule- and forge-issued
-        LDevIDs serve lookups and are never renewed (attest-required); once
-        the node attests through spore with its TPM both are refused
-        (ldevid-not-current-issuer) and the new TPM-held one is accepted;
-        `fleetctl status` shows the binding, the evidence behind it and the
-        LDevID (issuer, notAfter, not legacy).
-        """
-        return ensureDeferred(self._cutOver())
-
 
 class DiskSerialTests(SporeDaemonCase):
-    async def _disks(self) -> None:
+    def write(self, *disks: dict[str, Any]) -> Path:
+        report = Path(self.mktemp())
+        report.write_text(json.dumps({"disks": list(disks)}))
+        return report
+
+    async def test_duplicateAndMissingSerials_refused(self) -> None:
+        """
+        [D1] Real daemon, real agent presenting its TPM-held LDevID (swtpm
+        behind tpm2-abrmd): `fleetd-agent disks` is refused for a fixed
+        disk without a serial, a serial twice in the machine and a serial
+        another node reported first (each journaled, one line naming no
+        other device, exit 1; the journal names it); the plan
+        of a ready run then stops on that reason; a clean report names the
+        target by serial.
+        """
         await self._start()
         await self.fleetctl("device", "add", "w2", "--serial", "SER2", "--uuid",
                             "4c4c4544-0042-3510-8050-b4c04f4d3233",
@@ -317,20 +318,3 @@ class DiskSerialTests(SporeDaemonCase):
         code, out, err = await self.agent("plan")
         self.assertEqual((code, err), (0, ""))
         self.assertEqual(json.loads(out)["target_disk_serial"], "S-C")
-
-    def write(self, *disks: dict[str, Any]) -> Path:
-        report = Path(self.mktemp())
-        report.write_text(json.dumps({"disks": list(disks)}))
-        return report
-
-    def test_duplicateAndMissingSerials_refused(self) -> Deferred[None]:
-        """
-        [D1] Real daemon, real agent presenting its TPM-held LDevID (swtpm
-        behind tpm2-abrmd): `fleetd-agent disks` is refused for a fixed
-        disk without a serial, a serial twice in the machine and a serial
-        another node reported first (each journaled, one line naming no
-        other device, exit 1; the journal names it); the plan
-        of a ready run then stops on that reason; a clean report names the
-        target by serial.
-        """
-        return ensureDeferred(self._disks())

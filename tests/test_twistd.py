@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import deferLater
@@ -116,7 +116,11 @@ def spawn(
 class TwistdTests(TestCase):
     timeout = 120
 
-    async def _runAndStop(self) -> None:
+    async def test_sigterm_stopsCleanly(self) -> None:
+        """
+        twistd -n fleetd serves, logs JSON lines with --log-format json, and
+        stops on SIGTERM with status 0, ports closed and no traceback.
+        """
         directory = Path(self.mktemp()).resolve()
         config = writeConfig(directory)
         proto = spawn(self, config, "--log-format", "json")
@@ -140,14 +144,13 @@ class TwistdTests(TestCase):
             with self.assertRaises(ConnectionRefusedError):
                 socket.create_connection(("127.0.0.1", proto.ports[name]), 5).close()
 
-    def test_sigterm_stopsCleanly(self) -> None:
+    async def test_notifySocket_readyOnceServing(self) -> None:
         """
-        twistd -n fleetd serves, logs JSON lines with --log-format json, and
-        stops on SIGTERM with status 0, ports closed and no traceback.
+        Under systemd (Type=notify), twistd -n fleetd sends READY=1 to
+        NOTIFY_SOCKET (here an abstract '@' address, a real AF_UNIX
+        datagram socket) once the runs are loaded: /healthz is 200 by
+        then. SIGTERM sends STOPPING=1.
         """
-        return ensureDeferred(self._runAndStop())  # type: ignore[return-value]
-
-    async def _notify(self) -> None:
         directory = Path(self.mktemp()).resolve()
         config = writeConfig(directory)
         name = f"fleetd-twistd-test-{os.getpid()}-{id(self)}"
@@ -168,15 +171,6 @@ class TwistdTests(TestCase):
         self.assertEqual(await proto.ended, 0, proto.err)
         self.assertEqual(await deferToThread(systemd.recv, 4096), b"STOPPING=1")
 
-    def test_notifySocket_readyOnceServing(self) -> None:
-        """
-        Under systemd (Type=notify), twistd -n fleetd sends READY=1 to
-        NOTIFY_SOCKET (here an abstract '@' address, a real AF_UNIX
-        datagram socket) once the runs are loaded: /healthz is 200 by
-        then. SIGTERM sends STOPPING=1.
-        """
-        return ensureDeferred(self._notify())  # type: ignore[return-value]
-
     async def _badConfig(self, config: Path, expect: str, binds: bool = False) -> None:
         proto = spawn(self, config)
         code = await proto.ended
@@ -191,21 +185,17 @@ class TwistdTests(TestCase):
             with self.assertRaises(ConnectionRefusedError):
                 socket.create_connection(("127.0.0.1", port), 5).close()
 
-    def test_badConfig_oneLine(self) -> None:
+    async def test_badConfig_oneLine(self) -> None:
         """A bad config value: one line naming the key, exit 2, nothing started."""
         config = writeConfig(Path(self.mktemp()), {"limits": {"max_connections": -1}})
-        return ensureDeferred(  # type: ignore[return-value]
-            self._badConfig(config, "limits.max_connections")
-        )
+        await self._badConfig(config, "limits.max_connections")
 
-    def test_badTopology_oneLine(self) -> None:
+    async def test_badTopology_oneLine(self) -> None:
         """[A1] A bad topology file: one line naming the key, exit 2."""
         config = writeConfig(Path(self.mktemp()), topology={"SPORE_IP": "10.20.0.5"})
-        return ensureDeferred(  # type: ignore[return-value]
-            self._badConfig(config, "site.topology.SPORE_BOOTSTRAP_IP")
-        )
+        await self._badConfig(config, "site.topology.SPORE_BOOTSTRAP_IP")
 
-    def test_portInUse_oneLine(self) -> None:
+    async def test_portInUse_oneLine(self) -> None:
         """A listener that cannot bind: one line naming it, exit 2."""
         busy = socket.socket()
         busy.bind(("127.0.0.1", 0))
@@ -216,11 +206,10 @@ class TwistdTests(TestCase):
             Path(self.mktemp()),
             {"listen": {"device": f"tcp:{port}:interface=127.0.0.1"}},
         )
-        return ensureDeferred(  # type: ignore[return-value]
-            self._badConfig(config, "listen.device", binds=True)
-        )
+        await self._badConfig(config, "listen.device", binds=True)
 
-    async def _restart(self) -> None:
+    async def test_restart_twice(self) -> None:
+        """[V2] twistd -n fleetd restarts over its state and rebuilds the vault."""
         directory = Path(self.mktemp()).resolve()
         config = writeConfig(directory)
         first = spawn(self, config)
@@ -238,10 +227,6 @@ class TwistdTests(TestCase):
         os.kill(proto_pid(second), signal.SIGTERM)
         self.assertEqual(await second.ended, 0)
         await deferLater(reactor, 0, lambda: None)
-
-    def test_restart_twice(self) -> None:
-        """[V2] twistd -n fleetd restarts over its state and rebuilds the vault."""
-        return ensureDeferred(self._restart())  # type: ignore[return-value]
 
 
 def proto_pid(proto: Twistd) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 
-from twisted.internet.defer import ensureDeferred
 from twisted.trial.unittest import TestCase
 
 from tests.daemonsupport import DaemonTestMixin
@@ -33,15 +32,12 @@ COMMANDS = [
 class UnknownNameTests(DaemonTestMixin, TestCase):
     """fleetctl against the daemon, with names it does and does not know."""
 
-    def test_everyDeviceCommand_unknownName_oneLineExit1(self) -> None:
+    async def test_everyDeviceCommand_unknownName_oneLineExit1(self) -> None:
         """
         journal --device, status, device show, provision, retire and disks
         forget: an unknown name is one line naming it and exit 1; nothing
         is printed on stdout. So is journal --run with an unknown run.
         """
-        return ensureDeferred(self._unknown())  # type: ignore[return-value]
-
-    async def _unknown(self) -> None:
         config = await self._daemon()
         for words in COMMANDS:
             code, out, err = await fleetctlAgainst(config, *words)
@@ -52,15 +48,12 @@ class UnknownNameTests(DaemonTestMixin, TestCase):
         self.assertEqual((code, out, err.count("\n")), (1, "", 1), err)
         self.assertIn("no run named r-0000 in the journal", err)
 
-    def test_journalDevice_knownByInventoryOrHistory(self) -> None:
+    async def test_journalDevice_knownByInventoryOrHistory(self) -> None:
         """
         journal --device shows a device the inventory holds (in any case),
         and one known only by its journal history (a retired machine that
         left the inventory), with exit 0.
         """
-        return ensureDeferred(self._known())  # type: ignore[return-value]
-
-    async def _known(self) -> None:
         config = await self._daemon()
         await self.service.journal.append(
             "device.added", actor="owner:alice", device="old7"
