@@ -11,6 +11,7 @@ import http.client
 import json
 import ssl
 import urllib.parse
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -24,7 +25,11 @@ from fleetd.config import Settings, loadSettings
 from fleetd.pki.dev import DevPKIPaths
 from fleetd.reactors import fleetdReactor
 from fleetd.service import FleetdService, prepare
+from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.support import writeConfig
+
+Fleetctl = Callable[..., Awaitable[tuple[int, str, str]]]
+"""fleetctl's words against one daemon: (exit status, stdout, stderr)."""
 
 
 def httpsGet(
@@ -90,6 +95,40 @@ class DaemonTestMixin:
         return deferToThread(
             httpsGet, self.port(service, listener), path, self.pki.public_ca, cert
         )
+
+    async def daemonWithDevice(
+        self, overrides: dict[str, dict[str, Any]] | None = None
+    ) -> tuple[FleetdService, Fleetctl]:
+        """
+        Start a daemon over the dev config plus C{overrides}, wait until its
+        runs are loaded, and add the worker C{w1} (serial C{SN-1}, L{UUID1})
+        with C{fleetctl device add}, as the owner would. Return the service
+        and fleetctl against its admin listener (its config has the same
+        C{overrides}).
+        """
+        self.makeSettings(overrides)
+        service = self.startDaemon()
+        await service.loading.whenReady()
+        # DaemonTestMixin's own, for a test case whose port is an attribute
+        admin = DaemonTestMixin.port(self, service, "admin")
+        config = ownerConfig(self.directory, admin, overrides)
+
+        async def fleetctl(*words: str) -> tuple[int, str, str]:
+            return await fleetctlAgainst(config, *words)
+
+        code, _, err = await fleetctl(
+            "device",
+            "add",
+            "w1",
+            "--serial",
+            "SN-1",
+            "--uuid",
+            UUID1,
+            "--class",
+            "worker",
+        )
+        self.assertEqual(code, 0, err)  # type: ignore[attr-defined]
+        return service, fleetctl
 
 
 UUID1 = "4c4c4544-0042-3510-8050-b4c04f4d3232"

@@ -14,7 +14,6 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from fleetd.admin.kube import clusterTokenResource, retireResource
 from tests.daemonsupport import DaemonTestMixin
-from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.kubesupport import KubeFleet, device
 
 
@@ -96,28 +95,7 @@ class CommandTests(DaemonTestMixin, TestCase):
         and lists what cannot be revoked; a decommissioning device cannot be
         provisioned; cluster-token commands refuse in one line.
         """
-        self.makeSettings()
-        service = self.startDaemon()
-        await service.loading.whenReady()
-        port = self.port(service, "admin")
-        config = ownerConfig(self.directory, port)
-
-        async def fleetctl(*words: str) -> tuple[int, str, str]:
-            return await fleetctlAgainst(config, *words)
-
-        uuid = "4c4c4544-0042-3510-8050-b4c04f4d3232"
-        code, _, err = await fleetctl(
-            "device",
-            "add",
-            "w1",
-            "--serial",
-            "SN-1",
-            "--uuid",
-            uuid,
-            "--class",
-            "worker",
-        )
-        self.assertEqual(code, 0, err)
+        _, fleetctl = await self.daemonWithDevice()
         code, out, err = await fleetctl("retire", "w1", "--yes")
         self.assertEqual(code, 0, err)
         self.assertIn("decommissioning", out)

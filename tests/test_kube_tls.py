@@ -28,7 +28,6 @@ from fleetd.k8s.connect import clientFromSettings
 from fleetd.reactors import fleetdReactor
 from fleetd.testing.kube import FakeKube, csrPEM
 from tests.daemonsupport import DaemonTestMixin
-from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.kubesupport import bootstrapSecret
 from tests.tinkpeers import provisionedDevice
 
@@ -166,28 +165,7 @@ class DaemonWithClusterTests(FakeOverTLS, DaemonTestMixin):
             "ca": str(self.cert),
             "token_file": str(self.tokenFile),
         }
-        self.makeSettings({"kubernetes": kube})
-        service = self.startDaemon()
-        await service.loading.whenReady()
-        admin = DaemonTestMixin.port(self, service, "admin")
-        config = ownerConfig(self.directory, admin, {"kubernetes": kube})
-
-        async def fleetctl(*words: str) -> tuple[int, str, str]:
-            return await fleetctlAgainst(config, *words)
-
-        uuid = "4c4c4544-0042-3510-8050-b4c04f4d3232"
-        code, _, err = await fleetctl(
-            "device",
-            "add",
-            "w1",
-            "--serial",
-            "SN-1",
-            "--uuid",
-            uuid,
-            "--class",
-            "worker",
-        )
-        self.assertEqual(code, 0, err)
+        service, fleetctl = await self.daemonWithDevice({"kubernetes": kube})
         code, out, err = await fleetctl("--json", "provision", "w1")
         self.assertEqual(code, 0, err)
         self.assertEqual(len(self.fake.secrets), 1)

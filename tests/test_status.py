@@ -142,28 +142,7 @@ class StatusCommandTests(DaemonTestMixin, TestCase):
 
     async def test_status_byHand(self) -> None:
         """fleetctl status prints the record, run, state, alerts and step."""
-        self.makeSettings()
-        service = self.startDaemon()
-        await service.loading.whenReady()
-        port = self.port(service, "admin")
-        config = ownerConfig(self.directory, port)
-
-        async def fleetctl(*words: str) -> tuple[int, str, str]:
-            return await fleetctlAgainst(config, *words)
-
-        uuid = "4c4c4544-0042-3510-8050-b4c04f4d3232"
-        code, _, err = await fleetctl(
-            "device",
-            "add",
-            "w1",
-            "--serial",
-            "SN-1",
-            "--uuid",
-            uuid,
-            "--class",
-            "worker",
-        )
-        self.assertEqual(code, 0, err)
+        _, fleetctl = await self.daemonWithDevice()
         code, out, err = await fleetctl("status", "w1")
         self.assertEqual(code, 0, err)
         self.assertIn("run:      none", out)
