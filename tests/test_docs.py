@@ -38,6 +38,21 @@ def documents() -> list[Path]:
     return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
+def packagesAndModules() -> list[str]:
+    """
+    Every package of C{src/fleetd} as C{name/} (a subpackage as
+    C{parent/name/}) and every top-level module as C{name}.
+    """
+    root = REPO / "src" / "fleetd"
+    names = [
+        f"{init.parent.relative_to(root).as_posix()}/"
+        for init in root.rglob("__init__.py")
+        if init.parent != root
+    ]
+    names += [m.stem for m in root.glob("*.py") if m.name != "__init__.py"]
+    return sorted(names)
+
+
 def inClone(path: str) -> bool:
     """
     C{path} (a file, a folder, a module without C{.py} or a glob) names
@@ -136,3 +151,15 @@ class StandAloneTests(SynchronousTestCase):
             ["fleetd/listen.py", "src/fleetd/nowhere.py"],
         )
         self.assertEqual(stalePaths("`tests/test_sim*.py`, fleetd/automata"), [])
+
+    def test_architecture_namesEveryPackage(self) -> None:
+        """
+        docs/architecture.md names every package and top-level module of
+        C{src/fleetd} (as C{`name/`} or C{`name`}): one added without its
+        place on the map fails here.
+        """
+        architecture = (REPO / "docs" / "architecture.md").read_text()
+        names = packagesAndModules()
+        self.assertIn("admin/console/", names)
+        self.assertIn("statuswords", names)
+        self.assertEqual([n for n in names if f"`{n}`" not in architecture], [])
