@@ -17,6 +17,7 @@ from pathlib import Path
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.support import REPO
+from tests.test_runbooks import sections
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 TAG = re.compile(r"\[([ABCDFJKORTV][0-9])\]")
@@ -32,6 +33,9 @@ NOT_OURS = {
     # "fleetd/nginx/minimal twisted.web": three servers compared.
     "fleetd/nginx/minimal",
 }
+
+
+DECISIONS = REPO / "docs" / "decisions.md"
 
 
 def documents() -> list[Path]:
@@ -163,3 +167,49 @@ class StandAloneTests(SynchronousTestCase):
         self.assertIn("admin/console/", names)
         self.assertIn("statuswords", names)
         self.assertEqual([n for n in names if f"`{n}`" not in architecture], [])
+
+    def test_anchors_nameHeadings(self) -> None:
+        """
+        A link to a heading (C{#anchor}, in the same page or in another
+        document of the clone) names a heading of that page, as GitHub
+        makes its anchor.
+        """
+        broken = []
+        for doc in documents():
+            for target in LINK.findall(doc.read_text()):
+                if re.match(r"[a-z]+:", target) or "#" not in target:
+                    continue
+                name, anchor = target.split("#", 1)
+                page = (doc.parent / name).resolve() if name else doc
+                if page.suffix != ".md" or not page.is_file():
+                    continue  # a link to a missing file fails above
+                if anchor not in sections(page.read_text()):
+                    broken.append(f"{doc.relative_to(REPO)}: {target}")
+        self.assertEqual(broken, [])
+
+    def test_decisions_subjectIndex(self) -> None:
+        """
+        docs/decisions.md opens with its subject index, before the first
+        issue's section; every link of it is a heading of decisions.md (or
+        of the document it names), and "why the vault is tmpfs" is there.
+        """
+        found = sections(DECISIONS.read_text())
+        anchors = list(found)
+        self.assertEqual(
+            anchors[:2],
+            ["decisions-where-the-issues-and-the-design-are-silent", "subject-index"],
+        )
+        index = found["subject-index"].text
+        links = LINK.findall(index)
+        self.assertGreater(len(links), 50)
+        missing = []
+        for target in links:
+            name, _, anchor = target.partition("#")
+            page = DECISIONS.parent / name if name else DECISIONS
+            if not page.is_file():
+                missing.append(target)
+            elif anchor and anchor not in sections(page.read_text()):
+                missing.append(target)
+        self.assertEqual(missing, [])
+        vault = next(line for line in index.splitlines() if "The vault" in line)
+        self.assertIn("why tmpfs", vault)
