@@ -22,7 +22,11 @@ uuid/serial check inside it); the decision and the consumed mark happen
 in that one call, in one reactor turn [C1]; the
 body is written through a producer and the run counts as delivered only
 once the operating system has all of it (L{fleetd.boot.handover});
-when the connection fails before that, the mark is withdrawn. A full
+when the connection fails before that, the mark is withdrawn. The
+handovers in flight are this resource's own: when the answer is that a
+run is still being delivered (busy, or superseded in flight), it checks
+that run's handover out of turn, and asks once more if that settled it;
+the registry never sees them. A full
 vault (the mark cannot be written) is a 503 that says so.
 """
 
@@ -61,6 +65,8 @@ from fleetd.web.resources import textResponse
 
 LITERAL_CODE = "${code}"
 YAML = b"application/yaml"
+
+BUSY, SUPERSEDED = Outcome.BUSY, Outcome.SUPERSEDED  # may still be in flight
 
 REFUSALS = {
     Outcome.CONSUMED: "consumed: this configuration was already delivered; "
@@ -170,9 +176,14 @@ class ConfigResource(resource.Resource):
             raise BadQuery("code missing: META 0x0b is not set on this node yet")
         if ident.uuid is None or ident.serial is None:
             raise BadQuery("uuid and serial are required")
-        verdict, run, body = self._registry.decide(
-            code, ident.uuid, ident.serial, peer, self._handovers
-        )
+        verdict, run, body = self._registry.decide(code, ident.uuid, ident.serial, peer)
+        # Inline, not a call: this runs on every request of the boot storm.
+        if (verdict is BUSY or verdict is SUPERSEDED) and self._settledNow(
+            verdict, run
+        ):
+            verdict, run, body = self._registry.decide(
+                code, ident.uuid, ident.serial, peer
+            )
         if body is not None and run is not None:  # delivering: marked served
             return self._deliver(request, run, body)
         if verdict is Miss.HISTORY:
@@ -244,8 +255,15 @@ class ConfigResource(resource.Resource):
         decision: Decision = (Miss.WRONG_MACHINE, None, None)
         if _sameMachine(ident, grant):
             decision = self._registry.decideGrant(
-                grant.device, grant.delivered, grant.inventory, peer, self._handovers
+                grant.device, grant.delivered, grant.inventory, peer
             )
+            verdict = decision[0]
+            if (verdict is BUSY or verdict is SUPERSEDED) and self._settledNow(
+                verdict, decision[1]
+            ):
+                decision = self._registry.decideGrant(
+                    grant.device, grant.delivered, grant.inventory, peer
+                )
         verdict, run, body = decision
         if verdict is Miss.WRONG_MACHINE:
             return self._refuse(
@@ -261,6 +279,22 @@ class ConfigResource(resource.Resource):
             request, run, body,
             onDelivered=lambda: grants.delivered(grant, delivered),
         )  # fmt: skip
+
+    def _settledNow(self, verdict: Outcome | Miss, run: Run | None) -> bool:
+        """
+        Another request for a run whose delivery this resource still hands
+        over: that client may have read it all by now, so the handover is
+        checked out of turn. Whether it settled a delivery the answer said
+        was in flight (L{Outcome.BUSY}): then the question is asked again.
+        A superseded run's delivery settles here too; its answer stands.
+        """
+        if run is None:
+            return False
+        held = self._handovers.get(run.record.id)
+        if held is None:
+            return False
+        held.poll()
+        return verdict is Outcome.BUSY and run.record.id not in self._handovers
 
     def _refuseOutcome(self, request: IRequest, outcome: Outcome) -> bytes:
         """A run's machine said no (busy, unavailable, consumed, lost...)."""

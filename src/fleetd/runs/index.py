@@ -15,10 +15,9 @@ marked served in the vault before it returns [C1].
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
 
 from prometheus_client import Counter
 from twisted.internet.defer import Deferred, succeed
@@ -46,13 +45,6 @@ class Miss(Enum):
 # What the boot path gets: the verdict, the run it concerns, the body when
 # delivering. A plain tuple: one per request on the delivery path.
 Decision = tuple[Outcome | Miss, Run | None, bytes | None]
-
-
-class IPending(Protocol):
-    """A delivery of the run still being handed to the operating system."""
-
-    def poll(self) -> None:
-        "Settle now if it can: the client may already have read it all."
 
 
 @dataclass(frozen=True)
@@ -113,13 +105,11 @@ class BootIndex:
         uuid: str | None,
         serial: str | None,
         peer: str,
-        pending: Mapping[str, IPending],
     ) -> Decision:
         """
         A node at C{peer} with C{uuid} and C{serial} asks for the
         configuration of C{code}: the run must be that machine's (the
-        inventory's uuid, and its serial case-insensitively). A delivery
-        of the run still in C{pending} is settled first, if it can be.
+        inventory's uuid, and its serial case-insensitively).
         """
         if not wellFormedCode(code):
             return Miss.UNKNOWN, None, None
@@ -134,9 +124,6 @@ class BootIndex:
             or (serial or "").strip().casefold() != known[1].casefold()
         ):
             return Miss.WRONG_MACHINE, run, None
-        held = pending.get(run.record.id)
-        if held is not None:
-            held.poll()
         outcome, body = self.request(run, peer)
         return outcome, run, body
 
@@ -146,7 +133,6 @@ class BootIndex:
         delivered: str | None,
         inventory: tuple[str, str] | None,
         peer: str,
-        pending: Mapping[str, IPending],
     ) -> Decision:
         """
         [F2] A device-flow grant for C{device}, approved while the inventory
@@ -163,9 +149,6 @@ class BootIndex:
         run = None if runId is None else self.runs.get(runId)
         if run is None:
             return Miss.UNKNOWN, None, None
-        held = pending.get(run.record.id)
-        if held is not None:
-            held.poll()
         outcome, body = self.request(run, peer)
         return outcome, run, body
 
