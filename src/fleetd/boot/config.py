@@ -68,6 +68,8 @@ YAML = b"application/yaml"
 
 BUSY, SUPERSEDED = Outcome.BUSY, Outcome.SUPERSEDED  # may still be in flight
 
+ELSEWHERE = Decision(Miss.WRONG_MACHINE)  # a token for another machine
+
 REFUSALS = {
     Outcome.CONSUMED: "consumed: this configuration was already delivered; "
     "the owner must provision again",
@@ -252,14 +254,14 @@ class ConfigResource(resource.Resource):
             return self._refuse(
                 request, peer, "unknown", NOT_FOUND, "unknown or expired token"
             )
-        decision: Decision = (Miss.WRONG_MACHINE, None, None)
+        decision = ELSEWHERE
         if _sameMachine(ident, grant):
             decision = self._registry.decideGrant(
                 grant.device, grant.delivered, grant.inventory, peer
             )
-            verdict = decision[0]
+            verdict = decision.verdict
             if (verdict is BUSY or verdict is SUPERSEDED) and self._settledNow(
-                verdict, decision[1]
+                verdict, decision.run
             ):
                 decision = self._registry.decideGrant(
                     grant.device, grant.delivered, grant.inventory, peer
