@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -35,8 +37,24 @@ class KubeFleet(Fleet):
     fake: FakeKube
     kube: KubeService
 
+    def __init__(
+        self,
+        test: SynchronousTestCase,
+        directory: Path | None = None,
+        *,
+        approverInventory: Callable[[Any], Any] | None = None,
+    ) -> None:
+        # Wraps the inventory the approver is built with (a fault); the
+        # wrapper is C{kubeInventory}.
+        self.approverInventory = approverInventory
+        super().__init__(test, directory)
+
     def start(self, vault: Any = None, inventory: Any = None) -> None:
         super().start(vault, inventory)
+        wrap = self.approverInventory
+        self.kubeInventory: Any = (
+            self.inventory if wrap is None else wrap(self.inventory)
+        )
         if not hasattr(self, "fake"):
             self.fake = FakeKube(self.clock)
         self.client = self.fake.client()
@@ -48,7 +66,7 @@ class KubeFleet(Fleet):
             client=self.client,
             runner=self.runner,
             journal=self.journal,
-            inventory=self.inventory,
+            inventory=self.kubeInventory,
             sealKey=b"s" * 32,
             metrics=self.metrics,
         )
@@ -153,9 +171,10 @@ class TwoNodesMixin(SynchronousTestCase):
     """
 
     fleet: KubeFleet
+    approverInventory: Callable[[Any], Any] | None = None  # L{KubeFleet}'s
 
     def setUp(self) -> None:
-        self.fleet = KubeFleet(self)
+        self.fleet = KubeFleet(self, approverInventory=self.approverInventory)
         self.addCleanup(self.fleet.stopKube)
         self.fleet.add(device("w1", "SER1"), device("w2", "SER2"))
         self.run1, self.run2 = self.fleet.provision(

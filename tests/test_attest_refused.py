@@ -223,7 +223,7 @@ class StandingTests(SynchronousTestCase):
         (self.provisioned,) = fleet.provision(device("w1", "SER1"))
         registry: RunRegistry = fleet.registry
         self.recorder = RefusalRecorder(
-            fleet.clock, fleet.journal, AttestResults(None), registry
+            fleet.clock, fleet.journal, AttestResults(None), registry.index
         )
         self.status = StatusService(
             fleet.inventory, registry, fleet.alerts, fleet.journal,

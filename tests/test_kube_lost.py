@@ -246,11 +246,11 @@ class LostRenewalAnswerTests(SynchronousTestCase):
 
 
 class _InventoryDownOnce:
-    """The inventory, whose next C{get} fails as NetBox down does."""
+    """The inventory, whose next C{get} fails as NetBox down does, once C{down}."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.down = True
+        self.down = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -264,6 +264,8 @@ class _InventoryDownOnce:
 
 class BusyRetryTests(TwoNodesMixin):
     """[K2] A CSR that met a busy store is looked at again, backed off."""
+
+    approverInventory = _InventoryDownOnce
 
     def setUp(self) -> None:
         super().setUp()
@@ -322,8 +324,7 @@ class BusyRetryTests(TwoNodesMixin):
         """
         fleet = self.fleet
         fleet.fileCSR(self.bearer1, "w1")
-        approver = fleet.kube.approver
-        approver.inventory = _InventoryDownOnce(approver.inventory)  # type: ignore[assignment]
+        fleet.kubeInventory.down = True
         renewal = fleet.fileCSR(fleet.fake.nodeCredential("w1"), "w1")
         name = renewal["metadata"]["name"]
         self.assertFalse(fleet.approved(name))

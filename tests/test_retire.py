@@ -224,7 +224,7 @@ class RetireHTTPTests(SynchronousTestCase):
 
         fleet = Fleet(self)
         fleet.add(device("w1", "SER1"))
-        fleet.registry.loaded = False
+        fleet.registry.index.loaded = False
         resource = retireResource(_retirer(fleet), owner=lambda request: "jane")
         request: Any = DummyRequest([])
         request.method = b"POST"

@@ -496,7 +496,7 @@ class RaceTests(SynchronousTestCase):
         """A provision before the runs are loaded is refused, not raced."""
         from fleetd.runs.provision import NotReady
 
-        self.fleet.registry.loaded = False
+        self.fleet.registry.index.loaded = False
         d = self.provisionLater(DeferringRunner(self.fleet.registry.runner))  # type: ignore[arg-type]
         self.failureResultOf(d, NotReady)
 
@@ -616,7 +616,7 @@ class IssuedDigestsTests(SynchronousTestCase):
     def test_neverIssued_noDatabase(self) -> None:
         """A well-formed code no run ever had: no run, and no database read."""
         self.fleet.provision(device("w1", "SER1"))
-        self.fleet.registry.runner = _NoDatabase(self)
+        self.fleet.registry.index.runner = _NoDatabase(self)
         code = mintCode()
         self.assertIsNone(self.fleet.registry.byCode(code))
         self.assertIsNone(self.successResultOf(self.fleet.registry.retired(code)))

@@ -259,18 +259,11 @@ class ApprovalRaceTests(SynchronousTestCase):
         """
         from tests.kubesupport import KubeFleet
 
-        fleet = KubeFleet(self)
-        self.addCleanup(fleet.stopKube)
-        fleet.add(device("w1", "SER1"))
-        (run,) = fleet.provision(device("w1", "SER1"))
-        bearer = fleet.bearer(run.run)
-        fleet.fetch(run.code)
-        inner = fleet.kube.approver.inventory
-
         class RetiredInBetween:
             """Reads answer from before the retirement; it lands right after."""
 
-            def __init__(self) -> None:
+            def __init__(self, inner: Any) -> None:
+                self.inner = inner
                 self.retired = False
 
             def retire(self, db: Any) -> None:
@@ -282,18 +275,25 @@ class ApprovalRaceTests(SynchronousTestCase):
                     )
 
             def get(self, name: str) -> Deferred[Any]:
-                d = inner.get(name)
+                d: Deferred[Any] = self.inner.get(name)
                 fleet.runner.run(self.retire)
                 return d
 
             def transitionIn(self, db: Any, *args: Any) -> bool:
                 self.retire(db)
-                return inner.transitionIn(db, *args)
+                moved: bool = self.inner.transitionIn(db, *args)
+                return moved
 
             def __getattr__(self, name: str) -> Any:
-                return getattr(inner, name)
+                return getattr(self.inner, name)
 
-        fleet.kube.approver.inventory = RetiredInBetween()
+        # The approver is built with it; it is first asked about the CSR.
+        fleet = KubeFleet(self, approverInventory=RetiredInBetween)
+        self.addCleanup(fleet.stopKube)
+        fleet.add(device("w1", "SER1"))
+        (run,) = fleet.provision(device("w1", "SER1"))
+        bearer = fleet.bearer(run.run)
+        fleet.fetch(run.code)
         csr = fleet.fileCSR(bearer, "w1")
         self.assertTrue(fleet.approved(csr["metadata"]["name"]))
         self.assertEqual(len(fleet.entries("kube.csr-approved")), 1)

@@ -168,7 +168,7 @@ class FleetdService(MultiService):
             trustBundle=prepared.trustBundle,
             challengeTTL=s.challenge_ttl,
             metrics=self.registry,
-            known=self.runs,
+            known=self.runs.index,
         )
         self.attestation = attestation
         self.ldevids, self.lookups = attestation.ldevids, attestation.lookups

@@ -16,13 +16,17 @@ GET can consume a run, and a HEAD gets the headers of that answer without
 a body (L{fleetd.web.site.BoundedRequest}), so it neither consumes, delivers nor
 tells anything about the code.
 
-The query is read by L{fleetd.boot.query}. Each request asks the run
-registry one question (L{fleetd.runs.index.BootIndex.decide}, the
+The query is read by L{fleetd.boot.query}. Each request asks the index
+of runs one question (L{fleetd.runs.index.BootIndex.decide}, the
 uuid/serial check inside it); the decision and the consumed mark happen
 in that one call, in one reactor turn [C1]; the
 body is written through a producer and the run counts as delivered only
 once the operating system has all of it (L{fleetd.boot.handover});
-when the connection fails before that, the mark is withdrawn. A full
+when the connection fails before that, the mark is withdrawn. The
+handovers in flight are this resource's own: when the answer is that a
+run is still being delivered (busy, or superseded in flight), it checks
+that run's handover out of turn, and asks once more if that settled it;
+the registry never sees them. A full
 vault (the mark cannot be written) is a 503 that says so.
 """
 
@@ -61,6 +65,10 @@ from fleetd.web.resources import textResponse
 
 LITERAL_CODE = "${code}"
 YAML = b"application/yaml"
+
+BUSY, SUPERSEDED = Outcome.BUSY, Outcome.SUPERSEDED  # may still be in flight
+
+ELSEWHERE = Decision(Miss.WRONG_MACHINE)  # a token for another machine
 
 REFUSALS = {
     Outcome.CONSUMED: "consumed: this configuration was already delivered; "
@@ -111,9 +119,10 @@ class ConfigResource(resource.Resource):
         super().__init__()
         self._clock = clock
         self._handovers: dict[str, Handover] = {}
-        self._registry = registry
+        # The index of current runs, asked directly on every request.
+        self._runs = registry.index
         # Per-request warnings are rate-limited: a flood is not a log flood.
-        self.log = ThrottledLog(registry.clock)
+        self.log = ThrottledLog(clock)
         self._limiter = limiter
         self._grants = grants
         self._outcomes = Counter(
@@ -138,7 +147,7 @@ class ConfigResource(resource.Resource):
             request.setHeader(b"allow", b"GET")
             return textResponse(request, NOT_ALLOWED, "method not allowed")
         peer = request.getClientAddress().host
-        if not self._registry.loaded:
+        if not self._runs.loaded:
             request.setHeader(b"retry-after", b"5")
             return textResponse(request, SERVICE_UNAVAILABLE, "starting")
         limiter = self._limiter
@@ -170,14 +179,17 @@ class ConfigResource(resource.Resource):
             raise BadQuery("code missing: META 0x0b is not set on this node yet")
         if ident.uuid is None or ident.serial is None:
             raise BadQuery("uuid and serial are required")
-        verdict, run, body = self._registry.decide(
-            code, ident.uuid, ident.serial, peer, self._handovers
-        )
+        verdict, run, body = self._runs.decide(code, ident.uuid, ident.serial, peer)
+        # Inline, not a call: this runs on every request of the boot storm.
+        if (verdict is BUSY or verdict is SUPERSEDED) and self._settledNow(
+            verdict, run
+        ):
+            verdict, run, body = self._runs.decide(code, ident.uuid, ident.serial, peer)
         if body is not None and run is not None:  # delivering: marked served
             return self._deliver(request, run, body)
         if verdict is Miss.HISTORY:
             # Superseded history is in the database, not in memory.
-            d = self._registry.retired(code)
+            d = self._runs.retired(code)
             d.addCallbacks(
                 self._retired,
                 self._retiredFailed,
@@ -241,11 +253,18 @@ class ConfigResource(resource.Resource):
             return self._refuse(
                 request, peer, "unknown", NOT_FOUND, "unknown or expired token"
             )
-        decision: Decision = (Miss.WRONG_MACHINE, None, None)
+        decision = ELSEWHERE
         if _sameMachine(ident, grant):
-            decision = self._registry.decideGrant(
-                grant.device, grant.delivered, grant.inventory, peer, self._handovers
+            decision = self._runs.decideGrant(
+                grant.device, grant.delivered, grant.inventory, peer
             )
+            verdict = decision.verdict
+            if (verdict is BUSY or verdict is SUPERSEDED) and self._settledNow(
+                verdict, decision.run
+            ):
+                decision = self._runs.decideGrant(
+                    grant.device, grant.delivered, grant.inventory, peer
+                )
         verdict, run, body = decision
         if verdict is Miss.WRONG_MACHINE:
             return self._refuse(
@@ -261,6 +280,22 @@ class ConfigResource(resource.Resource):
             request, run, body,
             onDelivered=lambda: grants.delivered(grant, delivered),
         )  # fmt: skip
+
+    def _settledNow(self, verdict: Outcome | Miss, run: Run | None) -> bool:
+        """
+        Another request for a run whose delivery this resource still hands
+        over: that client may have read it all by now, so the handover is
+        checked out of turn. Whether it settled a delivery the answer said
+        was in flight (L{Outcome.BUSY}): then the question is asked again.
+        A superseded run's delivery settles here too; its answer stands.
+        """
+        if run is None:
+            return False
+        held = self._handovers.get(run.record.id)
+        if held is None:
+            return False
+        held.poll()
+        return verdict is Outcome.BUSY and run.record.id not in self._handovers
 
     def _refuseOutcome(self, request: IRequest, outcome: Outcome) -> bytes:
         """A run's machine said no (busy, unavailable, consumed, lost...)."""
@@ -296,7 +331,7 @@ class ConfigResource(resource.Resource):
 
         def settle(complete: bool) -> None:
             self._count["delivered" if complete else "aborted"].inc()
-            self._registry.finished(run, complete=complete)
+            self._runs.finished(run, complete=complete)
             if complete and onDelivered is not None:
                 onDelivered()
 

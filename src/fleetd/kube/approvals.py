@@ -146,23 +146,29 @@ class Approvals:
     async def recordFirst(
         self, record: TokenRecord, facts: CSRFacts, late: bool
     ) -> None:
-        """Record a first certificate's approval (L{firstApprovedIn})."""
-        approved, deadline, reason = await self.core.journal.change(
+        """
+        Record a first certificate's approval (L{firstApprovedIn}); the
+        token book learns of it once that committed.
+        """
+        book, inventory = self.core.book, self.core.inventory
+        now = self.core.clock.seconds()
+        deadline = book.deletionDeadline(now)
+        approved, reason = await self.core.journal.change(
             lambda db, journal: firstApprovedIn(
                 db,
                 journal,
-                book=self.core.book,
-                inventory=self.core.inventory,
+                inventory=inventory,
                 record=record,
                 facts=facts,
                 late=late,
-                now=self.core.clock.seconds(),
+                now=now,
+                deadline=deadline,
             )
         )
         self.core.decisions.approved(reason)  # recorded with its entry [J1]
-        token = self.core.book.get(record.id)
+        token = book.get(record.id)
         if token is not None:
-            self.core.book.approvedCommitted(token, approved, deadline)
+            book.approvedCommitted(token, approved, deadline)
 
     async def recordGrant(self, request: str, csr: str, node: str, late: bool) -> None:
         """

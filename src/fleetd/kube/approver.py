@@ -98,15 +98,6 @@ class Approver:
         # Busy CSRs are read and decided again, backed off [K2].
         self.retries = BusyRetries(clock, client.getCSR, self.seen)
 
-    @property
-    def inventory(self) -> IInventory:
-        """The inventory the approvals read and move devices in."""
-        return self.core.inventory
-
-    @inventory.setter
-    def inventory(self, inventory: IInventory) -> None:
-        self.core.inventory = inventory
-
     def seen(self, obj: dict[str, Any]) -> None:
         """A CSR as listed or watched (ADDED or MODIFIED)."""
         try:
@@ -286,7 +277,7 @@ class Approver:
             self.flights.exit(node, flight)
 
     async def _renew(self, facts: CSRFacts, node: str) -> None:
-        device = await self.inventory.get(node)
+        device = await self.core.inventory.get(node)
         record = await self.core.runner.run(lambda db: kubelet(db, node))
         renewing = RenewingDevice(
             status=None if device is None else device.status,

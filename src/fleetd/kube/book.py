@@ -301,15 +301,9 @@ class TokenBook:
 
     # Approval bookkeeping (the approver)
 
-    def approvedIn(
-        self, db: Database, record: TokenRecord, csr: str
-    ) -> tuple[TokenRecord, float]:
-        """Persist the approval and the deletion deadline [K4]."""
-        from fleetd.kube.store import markApproved
-
-        now = self.clock.seconds()
-        deadline = now + self.deleteAfter
-        return markApproved(db, record, now, csr, deadline), deadline
+    def deletionDeadline(self, approvedAt: float) -> float:
+        """When a token approved at C{approvedAt} is deleted [K4]."""
+        return approvedAt + self.deleteAfter
 
     def approvedCommitted(
         self, token: LiveToken, record: TokenRecord, deadline: float

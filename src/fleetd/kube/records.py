@@ -12,7 +12,6 @@ entry, keeps C{retired_at} and keeps its status.
 from __future__ import annotations
 
 from fleetd.inventory.model import DeviceStatus, IInventory, InventoryError
-from fleetd.kube.book import TokenBook
 from fleetd.kube.csr import CSRFacts, notAfter
 from fleetd.kube.decisions import (
     FIRST,
@@ -23,6 +22,7 @@ from fleetd.kube.decisions import (
 from fleetd.kube.store import (
     TokenRecord,
     kubelet,
+    markApproved,
     markIntent,
     noteKubeletApproved,
     noteKubeletFirst,
@@ -60,28 +60,29 @@ def firstApprovedIn(
     db: Database,
     journal: Recorder,
     *,
-    book: TokenBook,
     inventory: IInventory,
     record: TokenRecord,
     facts: CSRFacts,
     late: bool,
     now: float,
-) -> tuple[TokenRecord, float, str]:
+    deadline: float,
+) -> tuple[TokenRecord, str]:
     """
     A first certificate approved with the token C{record}: the token's
-    approval and deletion deadline [K4], the kubelet record and the move
-    to C{active}, unless the device was retired after the token was
-    issued. Returns the token's new record, its deletion deadline and
-    the approval's reason (L{fleetd.kube.decisions}).
+    approval and deletion C{deadline} [K4], the kubelet record and the
+    move to C{active}, unless the device was retired after the token was
+    issued. Returns the token's new record and the approval's reason
+    (L{fleetd.kube.decisions}); the in-memory token book is the caller's
+    to change, after the commit.
     """
     device = record.device
     assert device is not None
-    approved, deadline = book.approvedIn(db, record, facts.name)
+    approved = markApproved(db, record, now, facts.name, deadline)
     retired = retiredAt(db, device)
     if retired is not None and record.created_at <= retired:
         noteKubeletApproved(db, device, facts.name, now)
         afterRetirement(journal, facts, device, late, record.id)
-        return approved, deadline, FIRST_AFTER_RETIREMENT
+        return approved, FIRST_AFTER_RETIREMENT
     noteKubeletFirst(db, device, facts.name, now)
     # Compare and set in this transaction: a retirement (or an operator's
     # status) committed since is never overwritten.
@@ -102,7 +103,7 @@ def firstApprovedIn(
             "late": late,
         },
     )
-    return approved, deadline, FIRST
+    return approved, FIRST
 
 
 def renewalApprovedIn(

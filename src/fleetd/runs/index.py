@@ -15,10 +15,10 @@ marked served in the vault before it returns [C1].
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import NamedTuple
 
 from prometheus_client import Counter
 from twisted.internet.defer import Deferred, succeed
@@ -43,16 +43,23 @@ class Miss(Enum):
     HISTORY = "history"  # not a current run: ask L{BootIndex.retired}
 
 
-# What the boot path gets: the verdict, the run it concerns, the body when
-# delivering. A plain tuple: one per request on the delivery path.
-Decision = tuple[Outcome | Miss, Run | None, bytes | None]
+class Decision(NamedTuple):
+    """
+    What the boot path gets for one request: the verdict, the run it
+    concerns (if any), and the body when delivering (the run is marked
+    served then). Immutable; a named tuple because one is made per request
+    of the boot storm, and that is the cheapest immutable record there is.
+    """
+
+    verdict: Outcome | Miss
+    run: Run | None = None
+    body: bytes | None = None
 
 
-class IPending(Protocol):
-    """A delivery of the run still being handed to the operating system."""
-
-    def poll(self) -> None:
-        "Settle now if it can: the client may already have read it all."
+# The answers that concern no run are the same every time.
+_UNKNOWN = Decision(Miss.UNKNOWN)
+_HISTORY = Decision(Miss.HISTORY)  # superseded history is not in memory
+_ELSEWHERE = Decision(Miss.WRONG_MACHINE)
 
 
 @dataclass(frozen=True)
@@ -113,19 +120,17 @@ class BootIndex:
         uuid: str | None,
         serial: str | None,
         peer: str,
-        pending: Mapping[str, IPending],
     ) -> Decision:
         """
         A node at C{peer} with C{uuid} and C{serial} asks for the
         configuration of C{code}: the run must be that machine's (the
-        inventory's uuid, and its serial case-insensitively). A delivery
-        of the run still in C{pending} is settled first, if it can be.
+        inventory's uuid, and its serial case-insensitively).
         """
         if not wellFormedCode(code):
-            return Miss.UNKNOWN, None, None
+            return _UNKNOWN
         run = self.byDigest.get(codeDigest(self.codeKey, code))
         if run is None:
-            return Miss.HISTORY, None, None  # superseded history is not in memory
+            return _HISTORY
         known = self.identities.get(run.record.device)
         if (
             known is None
@@ -133,12 +138,8 @@ class BootIndex:
             # Serials are unique case-insensitively, as in the inventory.
             or (serial or "").strip().casefold() != known[1].casefold()
         ):
-            return Miss.WRONG_MACHINE, run, None
-        held = pending.get(run.record.id)
-        if held is not None:
-            held.poll()
-        outcome, body = self.request(run, peer)
-        return outcome, run, body
+            return Decision(Miss.WRONG_MACHINE, run)
+        return self._answer(run, peer)
 
     def decideGrant(
         self,
@@ -146,7 +147,6 @@ class BootIndex:
         delivered: str | None,
         inventory: tuple[str, str] | None,
         peer: str,
-        pending: Mapping[str, IPending],
     ) -> Decision:
         """
         [F2] A device-flow grant for C{device}, approved while the inventory
@@ -155,25 +155,27 @@ class BootIndex:
         latest run as it stands.
         """
         if self.identities.get(device) != inventory:
-            return Miss.WRONG_MACHINE, None, None
+            return _ELSEWHERE
         runId = delivered or self.readyRun(device)
         if runId is None:  # no ready run: answer as the latest one stands
             current = self.currentRuns.get(device)
             runId = None if current is None else current.record.id
         run = None if runId is None else self.runs.get(runId)
         if run is None:
-            return Miss.UNKNOWN, None, None
-        held = pending.get(run.record.id)
-        if held is not None:
-            held.poll()
-        outcome, body = self.request(run, peer)
-        return outcome, run, body
+            return _UNKNOWN
+        return self._answer(run, peer)
 
     def request(self, run: Run, peer: str) -> tuple[Outcome, bytes | None]:
         """
         A node at C{peer} asks for C{run}'s configuration: decide, and when
         delivering, mark the vault before returning the body.
         """
+        verdict, _, body = self._answer(run, peer)
+        assert isinstance(verdict, Outcome)  # a run's machine answered
+        return verdict, body
+
+    def _answer(self, run: Run, peer: str) -> Decision:
+        """L{request}, as the boot path's decision."""
         try:
             outcome = run.machine.request(peer)
         except VaultError:
@@ -185,14 +187,14 @@ class BootIndex:
                 run=run.record.id,
             )
             run.machine.markFailed()
-            return Outcome.UNAVAILABLE, None
+            return Decision(Outcome.UNAVAILABLE, run)
         if outcome is not Outcome.DELIVER:
-            return outcome, None
+            return Decision(outcome, run)
         body = self.vault.get(configName(run.record.id))
         if body is None:  # the vault lost it under us
             run.machine.configVanished(peer)
-            return Outcome.LOST, None
-        return outcome, body
+            return Decision(Outcome.LOST, run)
+        return Decision(outcome, run, body)
 
     def finished(self, run: Run, complete: bool) -> None:
         """

@@ -1,14 +1,15 @@
 """
-The run registry: every current run of this fleetd, indexed for the boot
-path (L{fleetd.runs.index}), with the changes that start and end runs
-(L{fleetd.runs.provision}) and their rebuilding after a restart
-(L{fleetd.runs.recovery}). Each run's effects share one L{RunCore}
-(L{fleetd.runs.run}).
+The run registry: every current run of this fleetd, with the changes that
+start and end runs (L{fleetd.runs.provision}) and their rebuilding after
+a restart (L{fleetd.runs.recovery}). It holds the index of current runs
+(L{fleetd.runs.index.BootIndex}, C{index}), which the boot path asks
+directly, and offers its lookups to the rest of fleetd. Each run's
+effects share one L{RunCore} (L{fleetd.runs.run}).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter
@@ -18,7 +19,8 @@ from twisted.logger import Logger
 
 from fleetd.inventory.model import Device, IInventory
 from fleetd.runs.alerts import AlertTracker
-from fleetd.runs.index import BootIndex
+from fleetd.runs.index import BootIndex, RunView
+from fleetd.runs.machine import Outcome
 from fleetd.runs.notes import RunNotes
 from fleetd.runs.provision import (
     ICredentials,
@@ -28,7 +30,7 @@ from fleetd.runs.provision import (
 )
 from fleetd.runs.recovery import recover
 from fleetd.runs.releaser import Releaser
-from fleetd.runs.run import RunCore
+from fleetd.runs.run import Run, RunCore
 from fleetd.runs.store import RunRecord
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder
@@ -38,8 +40,8 @@ from fleetd.vault import IVault
 _T = TypeVar("_T")
 
 
-class RunRegistry(BootIndex):
-    """All current runs of this fleetd, and the decisions of the boot path."""
+class RunRegistry:
+    """All current runs of this fleetd: their index, provisions and recovery."""
 
     log = Logger()
 
@@ -63,9 +65,11 @@ class RunRegistry(BootIndex):
         )
         for purpose in ("served-mark", "config"):
             vaultFailures.labels(purpose)  # exposed at 0 from the start
-        super().__init__(
+        self.index = BootIndex(
             vault=vault, runner=runner, codeKey=codeKey, vaultFailures=vaultFailures
         )
+        self.vaultFailures = vaultFailures
+        self.runner = runner
         self.clock = clock
         self.inventory = inventory
         self.journal = journal
@@ -78,12 +82,12 @@ class RunRegistry(BootIndex):
             clock=clock,
             vault=vault,
             releaser=self.releaser,
-            notes=RunNotes(clock, journal, alerts, self.currentRuns),
+            notes=RunNotes(clock, journal, alerts, self.index.currentRuns),
             observers=self.deliveryObservers,
             log=self.log,
         )
         self._provisioner = Provisioner(
-            self.core, self, journal, inventory, alerts, self.log
+            self.core, self.index, journal, inventory, alerts, self.log
         )
 
     async def load(self, checkVault: Callable[[], None] | None = None) -> None:
@@ -92,12 +96,19 @@ class RunRegistry(BootIndex):
         inventory (L{recover}, which says what C{checkVault} is).
         """
         ready = await recover(
-            self.core, self, self.runner, self.inventory, self.alerts, checkVault
+            self.core, self.index, self.runner, self.inventory, self.alerts, checkVault
         )
-        self.loaded = True
+        self.index.loaded = True
         self.log.info(
-            "runs.loaded {runs} runs, {ready} ready", runs=len(self.runs), ready=ready
+            "runs.loaded {runs} runs, {ready} ready",
+            runs=len(self.index.runs),
+            ready=ready,
         )
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the runs are loaded (L{load}): boot answers from then on."""
+        return self.index.loaded
 
     def stop(self) -> Deferred[None]:
         """Stop retrying records; fire when the ones in flight settled."""
@@ -132,3 +143,41 @@ class RunRegistry(BootIndex):
     ) -> _T:
         """L{Provisioner.retire}."""
         return await self._provisioner.retire(device, actor, work)
+
+    # The index's lookups, for the rest of fleetd (L{BootIndex})
+
+    def byCode(self, code: str) -> Run | None:
+        return self.index.byCode(code)
+
+    def current(self, device: str) -> RunRecord | None:
+        return self.index.current(device)
+
+    def readyRun(self, device: str) -> str | None:
+        """The device's run that a request now would get (IRunLookup)."""
+        return self.index.readyRun(device)
+
+    def configDelivered(self, run: str) -> bool:
+        return self.index.configDelivered(run)
+
+    def identity(self, device: str) -> tuple[str, str] | None:
+        return self.index.identity(device)
+
+    def deviceByIdentity(self, uuid: str, serial: str) -> str | None:
+        return self.index.deviceByIdentity(uuid, serial)
+
+    async def view(self, device: str) -> RunView | None:
+        return await self.index.view(device)
+
+    async def views(self, devices: Sequence[str]) -> dict[str, RunView]:
+        return await self.index.views(devices)
+
+    # A run's delivery, as the boot path has it (L{fleetd.boot.config})
+
+    def request(self, run: Run, peer: str) -> tuple[Outcome, bytes | None]:
+        return self.index.request(run, peer)
+
+    def finished(self, run: Run, complete: bool) -> None:
+        self.index.finished(run, complete)
+
+    def retired(self, code: str) -> Deferred[RunRecord | None]:
+        return self.index.retired(code)
