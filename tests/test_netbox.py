@@ -16,7 +16,8 @@ from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.admin.provision import ProvisionResource, Refused
+from fleetd.admin.provision import ProvisionResource
+from fleetd.admin.refusals import OwnerRefused as Refused
 from fleetd.inventory.model import DeviceStatus, InventoryError, ServedRecord
 from fleetd.netbox.client import NetBoxClient, NetBoxError
 from fleetd.netbox.devices import CUSTOM_FIELD_TYPES, findBySerial

@@ -16,7 +16,7 @@ from unittest import mock
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.admin.provision import Refused
+from fleetd.admin.refusals import OwnerRefused as Refused
 from fleetd.store.db import StoreError
 from fleetd.tinkerbell.service import Refusal, TinkerbellService
 from fleetd.tinkerbell.store import CREATE

@@ -1,6 +1,7 @@
 """
 Who a node is, and why fleetd refuses one: a stable reason code and one
-line for people.
+line for people. The refusal is L{fleetd.refused.Refused}, the one the
+owner's side raises too.
 
 The codes are part of the wire contract (design.md, wire contract): C{fleetd-agent}
 prints them, operators grep for them, and the journal records them. The
@@ -11,6 +12,12 @@ HTTP status each code is answered with belongs to the device listener
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# The class and the codes both sides use, named here too (explicit re-exports)
+from fleetd.refused import BUSY as BUSY
+from fleetd.refused import CLASS_REFUSED as CLASS_REFUSED
+from fleetd.refused import MALFORMED as MALFORMED
+from fleetd.refused import Refused as Refused
 
 
 @dataclass(frozen=True)
@@ -28,7 +35,6 @@ class NodeIdentity:
 
 # [T2]
 TPM12 = "tpm12-unsupported"
-CLASS_REFUSED = "class-refused"
 # [T3]
 EK_UNTRUSTED = "ek-cert-untrusted"
 EK_MISMATCH = "ek-public-mismatch"
@@ -45,8 +51,6 @@ CHALLENGES_PENDING = "challenges-pending"  # [T1] the EK's challenges are pendin
 ACTIVATION_FAILED = "activation-failed"
 CERTIFY_INVALID = "certify-invalid"
 CSR_INVALID = "csr-invalid"
-MALFORMED = "malformed"
-BUSY = "busy"
 # The inventory holds several devices for the serial or name a node names
 INVENTORY_AMBIGUOUS = "inventory-ambiguous"
 # [T4]
@@ -73,17 +77,3 @@ REASONS = frozenset(
         NOT_YOURS, ATTEST_REQUIRED, RETIRED, NO_PLAN, NO_TARGET_DISK,
     }
 )  # fmt: skip
-
-
-class Refused(Exception):
-    """A refusal with its reason code; never carries a secret."""
-
-    def __init__(self, reason: str, detail: str, retryAfter: int | None = None) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
-        self.retryAfter = retryAfter  # seconds, for a Retry-After header
-
-    def line(self) -> str:
-        """One line for the node: the code first, so agents can parse it."""
-        return f"{self.reason}: {self.detail}"[:300]

@@ -18,7 +18,7 @@ mismatch, 410 expired, 429 too many failed attempts, 503 not recorded
 C{/device} is the C{verification_uri} Talos shows [F3], the owner
 console's verification page (L{fleetd.admin.console.verify}), which
 decides through the same L{DeviceFlow} calls as this API and answers its
-refusals with the statuses of L{STATUS_OF_KIND}. L{verificationURI}
+refusals with the statuses of L{STATUS_OF_REASON}. L{verificationURI}
 derives its address from the admin listener's bound port.
 """
 
@@ -33,6 +33,7 @@ from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
 from fleetd import jsonbody
+from fleetd.admin.refusals import STATUS_OF_REASON, decisionRefusal
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.deviceflow.model import COMPARED, DeviceFlowError, RequestView
 from fleetd.jsonbody import JSONBodyError
@@ -46,19 +47,6 @@ from fleetd.web.resources import (
 )
 
 log = Logger()
-
-STATUS_OF_KIND = {
-    "invalid": http.BAD_REQUEST,
-    "unknown-user-code": http.NOT_FOUND,
-    "unknown-device": http.NOT_FOUND,
-    "already-decided": http.CONFLICT,
-    "being-decided": http.CONFLICT,
-    "no-ready-run": http.CONFLICT,
-    "mismatch": http.CONFLICT,
-    "expired": http.GONE,
-    "too-many-attempts": 429,
-    "not-recorded": http.SERVICE_UNAVAILABLE,
-}
 
 
 def adminBase(host: str, port: int | None) -> str:
@@ -148,13 +136,6 @@ def _jsonBody(
     return document
 
 
-def decisionRefusal(e: Exception) -> tuple[int, str] | None:
-    """The status and line of a refused decision; the console shows the same."""
-    if isinstance(e, DeviceFlowError):
-        return STATUS_OF_KIND[e.kind], f"{e.kind}: {e}"
-    return None
-
-
 class _Decision(Endpoint):
     """C{POST .../approve} or C{.../deny}."""
 
@@ -180,7 +161,7 @@ class _Decision(Endpoint):
             else:
                 body = _jsonBody(request, ("user_code",))
         except DeviceFlowError as e:
-            return textResponse(request, STATUS_OF_KIND[e.kind], f"{e.kind}: {e}")
+            return textResponse(request, STATUS_OF_REASON[e.kind], f"{e.kind}: {e}")
 
         async def work() -> tuple[int, Any]:
             if self._approve:

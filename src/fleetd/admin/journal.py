@@ -24,12 +24,14 @@ from typing import Any
 from twisted.web import http
 from twisted.web.iweb import IRequest
 
-from fleetd.inventory.model import IInventory, InventoryError
+from fleetd.admin.refusals import OwnerRefused
+from fleetd.inventory.model import IInventory
+from fleetd.refused import NOT_FOUND
 from fleetd.store.anchor import Reanchored, ReanchorRefused, checkReason
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.verify import JournalVerification
 from fleetd.web.owner import ownerOf
-from fleetd.web.refusals import inventoryRefusal, storeRefusal
+from fleetd.web.refusals import storeRefusal
 from fleetd.web.resources import Endpoint, renderAsync, textResponse
 
 Verify = Callable[[], Awaitable[JournalVerification | None]]
@@ -38,15 +40,11 @@ Verify = Callable[[], Awaitable[JournalVerification | None]]
 UNREADABLE = "the journal could not be read; see fleetd's log"
 
 
-class UnknownName(Exception):
-    """A device or run a journal query names that fleetd never knew: 404."""
-
-
 async def deviceKey(
     journal: AsyncJournal, inventory: IInventory | None, device: str
 ) -> str:
     """
-    The name C{device}'s entries carry; L{UnknownName} when neither the
+    The name C{device}'s entries carry; L{OwnerRefused} (C{not-found}) when neither the
     journal nor C{inventory} knows it (a typo must not look like a quiet
     device; a retired device is known by its history).
     """
@@ -55,23 +53,16 @@ async def deviceKey(
         return key
     found = None if inventory is None else await inventory.get(device)
     if found is None:
-        raise UnknownName(f"no device named {device} in the inventory or the journal")
+        raise OwnerRefused(
+            NOT_FOUND, f"no device named {device} in the inventory or the journal"
+        )
     return found.name
 
 
 async def checkRun(journal: AsyncJournal, run: str) -> None:
-    """L{UnknownName} unless the journal names C{run}."""
+    """L{OwnerRefused} (C{not-found}) unless the journal names C{run}."""
     if not await journal.query(run=run, limit=1):
-        raise UnknownName(f"no run named {run} in the journal")
-
-
-def journalRefusal(error: Exception) -> tuple[int, str] | None:
-    """The status and line of a journal query's refusal (L{None}: a bug)."""
-    if isinstance(error, UnknownName):
-        return http.NOT_FOUND, str(error)
-    if isinstance(error, InventoryError):
-        return inventoryRefusal(error)
-    return None
+        raise OwnerRefused(NOT_FOUND, f"no run named {run} in the journal")
 
 
 class JournalVerifyResource(Endpoint):

@@ -27,22 +27,15 @@ from twisted.web import http
 from twisted.web.iweb import IRequest
 from twisted.web.resource import Resource
 
+from fleetd.admin.refusals import kubeRefusal
 from fleetd.inventory.model import InventoryError, validateName
-from fleetd.k8s.client import KubeError
 from fleetd.kube.cluster import ClusterTokenError, ClusterTokens
 from fleetd.kube.retire import RetireService
-from fleetd.runs.provision import NotReady
 from fleetd.web.owner import OwnerOf, ownerOf
-from fleetd.web.refusals import storeRefusal
 from fleetd.web.resources import Endpoint, notFound, renderAsync, textResponse
 
 MAX_REASON = 200
 NO_CLUSTER = "no-cluster: [kubernetes] is not configured; fleetd makes no cluster calls"
-STATUS = {
-    "not-found": http.NOT_FOUND,
-    "conflict": http.CONFLICT,
-    "no-cluster": http.CONFLICT,
-}
 
 
 class _Bad(Exception):
@@ -60,19 +53,6 @@ def _body(request: IRequest, keys: tuple[str, ...]) -> dict[str, str]:
     if not all(isinstance(doc[k], str) and doc[k] for k in keys):
         raise _Bad("body: values must be non-empty strings")
     return doc
-
-
-def kubeRefusal(error: Exception) -> tuple[int, str] | None:
-    """The status and line of a refused command; the console shows the same."""
-    if isinstance(error, ClusterTokenError):
-        return STATUS.get(error.kind, http.BAD_REQUEST), f"{error.kind}: {error}"
-    if isinstance(error, KubeError):
-        return http.SERVICE_UNAVAILABLE, f"kubernetes: {error}; nothing changed"
-    if isinstance(error, NotReady):  # a retirement right after a start
-        return http.SERVICE_UNAVAILABLE, f"{error}; nothing changed"
-    if isinstance(error, InventoryError) and error.kind == "not-found":
-        return http.NOT_FOUND, f"not-found: {error}"
-    return storeRefusal(error)
 
 
 TALOS_STEPS = [

@@ -26,6 +26,7 @@ from typing import Any
 from twisted.web import http
 from twisted.web.iweb import IRequest
 
+from fleetd.admin.refusals import OwnerRefused, lineOf, ownerRefusal
 from fleetd.inventory.model import (
     REFUSED_CLASSES,
     Device,
@@ -35,6 +36,18 @@ from fleetd.inventory.model import (
     validateName,
 )
 from fleetd.k8s.client import KubeError
+from fleetd.refused import (
+    BUSY,
+    CLASS_REFUSED,
+    CONFLICT,
+    DECOMMISSIONING,
+    MALFORMED,
+    NOT_FOUND,
+    SERIAL_AMBIGUOUS,
+    STALE,
+    TEMPLATE,
+    UNAVAILABLE,
+)
 from fleetd.runs.provision import (
     Decommissioning,
     ICredentials,
@@ -49,18 +62,11 @@ from fleetd.store.journal import AsyncJournal
 from fleetd.tinkerbell.service import Refusal, TinkerbellService
 from fleetd.vault import VaultError
 from fleetd.web.owner import ownerOf
-from fleetd.web.refusals import storeRefusal
+from fleetd.web.refusals import Answer, withRetryAfter
 from fleetd.web.resources import Endpoint, renderAsync, textResponse
 
 DESIRED_ACTIONS = frozenset({"netboot"})
 MAX_DEVICES = 1000
-RETRY_AFTER = 30  # seconds, on a busy answer
-
-
-class Refused(Exception):
-    def __init__(self, code: int, line: str) -> None:
-        super().__init__(line)
-        self.code = code
 
 
 class _TemplateFailed(Exception):
@@ -72,37 +78,23 @@ class _TemplateFailed(Exception):
         self.cluster = cluster
 
 
-def provisionRefusal(error: Exception) -> tuple[int, str] | None:
-    """The status and line of a failed provision (L{None}: a bug)."""
-    if isinstance(error, Refused):
-        return error.code, str(error)
-    return storeRefusal(error)
+def _answer(request: IRequest) -> Answer:
+    """L{ownerRefusal}, with C{Retry-After} on a 503 (busy: retry later)."""
+    return withRetryAfter(request, ownerRefusal)
 
 
-def _answer(request: IRequest) -> Callable[[Exception], tuple[int, str] | None]:
-    """L{provisionRefusal}, with C{Retry-After} on a 503 (busy: retry later)."""
-
-    def refusal(error: Exception) -> tuple[int, str] | None:
-        answer = provisionRefusal(error)
-        if answer is not None and answer[0] == http.SERVICE_UNAVAILABLE:
-            request.setHeader(b"retry-after", b"%d" % (RETRY_AFTER,))
-        return answer
-
-    return refusal
-
-
-def _busy(error: InventoryError) -> Refused:
+def _busy(error: InventoryError) -> OwnerRefused:
     """NetBox cannot be asked: busy, with why (the token, when it is refused)."""
-    return Refused(http.SERVICE_UNAVAILABLE, f"busy: {error}; nothing was provisioned")
+    return OwnerRefused(BUSY, f"{error}; nothing was provisioned")
 
 
 def parseProvision(body: bytes) -> tuple[list[str], str | None]:
     try:
         doc = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
-        raise Refused(http.BAD_REQUEST, "body is not JSON") from e
+        raise OwnerRefused(MALFORMED, "body is not JSON") from e
     if not isinstance(doc, dict) or set(doc) - {"devices", "desired_action"}:
-        raise Refused(http.BAD_REQUEST, "expected {devices, desired_action}")
+        raise OwnerRefused(MALFORMED, "expected {devices, desired_action}")
     names = doc.get("devices")
     if (
         not isinstance(names, list)
@@ -110,17 +102,17 @@ def parseProvision(body: bytes) -> tuple[list[str], str | None]:
         or len(names) > MAX_DEVICES
         or not all(isinstance(n, str) and n for n in names)
     ):
-        raise Refused(http.BAD_REQUEST, f"devices: 1 to {MAX_DEVICES} device names")
+        raise OwnerRefused(MALFORMED, f"devices: 1 to {MAX_DEVICES} device names")
     try:
         names = [validateName(n) for n in names]  # as the inventory keys them
     except InventoryError as e:
-        raise Refused(http.BAD_REQUEST, f"devices: {e}") from e
+        raise OwnerRefused(MALFORMED, f"devices: {e}") from e
     if len(set(names)) != len(names):
-        raise Refused(http.BAD_REQUEST, "devices: a device is named twice")
+        raise OwnerRefused(MALFORMED, "devices: a device is named twice")
     action = doc.get("desired_action")
     if action is not None and action not in DESIRED_ACTIONS:
-        raise Refused(
-            http.BAD_REQUEST, f"desired_action: one of {sorted(DESIRED_ACTIONS)}"
+        raise OwnerRefused(
+            MALFORMED, f"desired_action: one of {sorted(DESIRED_ACTIONS)}"
         )
     return names, action
 
@@ -171,8 +163,8 @@ class Provisioner:
             (L{None}: it has none), compared in the transaction that starts
             the runs: a confirmation submitted twice starts one run, and
             the second is refused (409) with nothing changed.
-        @raise Refused: the one line saying why nothing was provisioned
-            (store failures raise the store's own errors: L{provisionRefusal}).
+        @raise OwnerRefused: the one line saying why nothing was provisioned
+            (store failures raise the store's own errors: L{ownerRefusal}).
         """
         devices: list[Device] = []
         for name in names:
@@ -185,7 +177,7 @@ class Provisioner:
                     raise
                 raise _busy(e) from e
             if device is None:
-                raise Refused(http.NOT_FOUND, f"unknown device {name}")
+                raise OwnerRefused(NOT_FOUND, f"unknown device {name}")
             if device.status is DeviceStatus.DECOMMISSIONING:
                 raise await self._decommissioning(name, actor)
             if device.device_class in REFUSED_CLASSES:
@@ -195,9 +187,9 @@ class Provisioner:
                     device=name,
                     fields={"reason": "class-refused", "class": device.device_class},
                 )
-                raise Refused(
-                    http.CONFLICT,
-                    f"class-refused: {name} is of class {device.device_class},"
+                raise OwnerRefused(
+                    CLASS_REFUSED,
+                    f"{name} is of class {device.device_class},"
                     " which cannot install through fleetd",
                 )
             devices.append(device)
@@ -215,22 +207,22 @@ class Provisioner:
                 devices, desiredAction, actor, via, supersedes
             )
         except RunMoved as e:
-            raise Refused(
-                http.CONFLICT, f"{e}: confirm again; nothing was provisioned"
+            raise OwnerRefused(
+                STALE, f"{e}: confirm again; nothing was provisioned"
             ) from e
         except NotReady as e:
-            raise Refused(http.SERVICE_UNAVAILABLE, str(e)) from e
+            raise OwnerRefused(UNAVAILABLE, str(e)) from e
         except Decommissioning as e:  # retired while this request ran [R1]
             raise await self._decommissioning(e.device, actor) from e
         except _TemplateFailed as e:  # rendered once each, before any run is stored
             raise await self._templateFailed(e, actor) from e
         except VaultError as e:
-            raise Refused(
-                http.SERVICE_UNAVAILABLE, f"vault: {e}; nothing was provisioned"
+            raise OwnerRefused(
+                UNAVAILABLE, f"vault: {e}; nothing was provisioned"
             ) from e
         except KubeError as e:  # the bootstrap token's Secret [K1]
-            raise Refused(
-                http.SERVICE_UNAVAILABLE,
+            raise OwnerRefused(
+                UNAVAILABLE,
                 f"kubernetes: {e}; nothing was provisioned",
             ) from e
         if self._objects is None:
@@ -251,16 +243,14 @@ class Provisioner:
             await objects.preflight(devices)
         except Refusal as e:
             if e.busy:
-                raise Refused(
-                    http.SERVICE_UNAVAILABLE, f"{e}; nothing was provisioned"
-                ) from e
+                raise OwnerRefused(UNAVAILABLE, f"{e}; nothing was provisioned") from e
             await self._journal.append(
                 "provision.refused",
                 actor=actor,
                 device=e.device,
                 fields={"reason": e.reason, "problem": str(e)[:MAX_STRING]},
             )
-            raise Refused(http.CONFLICT, f"{e}; nothing was provisioned") from e
+            raise OwnerRefused(CONFLICT, f"{e}; nothing was provisioned") from e
 
     async def _serialIsOne(self, device: Device, actor: str) -> None:
         """
@@ -273,22 +263,24 @@ class Provisioner:
             if found is not None and found.name == device.name:
                 return
             line = (
-                f"serial-ambiguous: serial {device.serial} of {device.name}"
+                f"serial {device.serial} of {device.name}"
                 " now finds another device; nothing was provisioned"
             )
         except InventoryError as e:
             if e.kind != "duplicate":
                 raise
-            line = f"serial-ambiguous: {e}; nothing was provisioned"
+            line = f"{e}; nothing was provisioned"
         await self._journal.append(
             "provision.refused",
             actor=actor,
             device=device.name,
             fields={"reason": "serial-ambiguous", "serial": device.serial},
         )
-        raise Refused(http.CONFLICT, line)
+        raise OwnerRefused(SERIAL_AMBIGUOUS, line)
 
-    async def _templateFailed(self, failed: _TemplateFailed, actor: str) -> Refused:
+    async def _templateFailed(
+        self, failed: _TemplateFailed, actor: str
+    ) -> OwnerRefused:
         """The refusal of a provision whose template failed, journaled."""
         name = failed.device.name
         await self._journal.append(
@@ -301,22 +293,21 @@ class Provisioner:
                 "problem": str(failed)[:MAX_STRING],
             },
         )
-        return Refused(
-            http.CONFLICT,
-            f"template: {name} (cluster {failed.cluster}): {failed};"
-            " nothing was provisioned",
+        return OwnerRefused(
+            TEMPLATE,
+            f"{name} (cluster {failed.cluster}): {failed}; nothing was provisioned",
         )
 
-    async def _decommissioning(self, name: str, actor: str) -> Refused:
+    async def _decommissioning(self, name: str, actor: str) -> OwnerRefused:
         await self._journal.append(
             "provision.refused",
             actor=actor,
             device=name,
             fields={"reason": "decommissioning"},
         )
-        return Refused(
-            http.CONFLICT,
-            f"decommissioning: {name} is retired and cannot be provisioned",
+        return OwnerRefused(
+            DECOMMISSIONING,
+            f"{name} is retired and cannot be provisioned",
         )
 
     async def _provisionRuns(
@@ -370,8 +361,8 @@ class ProvisionEndpoint(Endpoint):
         actor = f"owner:{self._ownerName(request)}"
         try:
             names, action = parseProvision(body)
-        except Refused as e:
-            return textResponse(request, e.code, str(e))
+        except OwnerRefused as e:
+            return textResponse(request, e.code, lineOf(e))
 
         async def work() -> tuple[int, Any]:
             runs = await self.provisioner.provision(names, actor, action)

@@ -30,9 +30,9 @@ from fleetd.admin.journal import (
     Verify,
     checkRun,
     deviceKey,
-    journalRefusal,
 )
 from fleetd.admin.readers import READER_API_POSTS, ReaderRefusals
+from fleetd.admin.refusals import journalRefusal
 from fleetd.inventory.model import IInventory
 from fleetd.jsonbody import JSONBodyError
 from fleetd.logs import ThrottledLog

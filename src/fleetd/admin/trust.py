@@ -27,13 +27,12 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from twisted.logger import Logger
 from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
 from fleetd import jsonbody
 from fleetd.admin.devices import Offload
-from fleetd.inventory.model import InventoryError
+from fleetd.admin.refusals import trustRefusal
 from fleetd.jsonbody import JSONBodyError
 from fleetd.trust.disks import DiskService
 from fleetd.trust.manifest import parseManifest
@@ -47,17 +46,8 @@ from fleetd.trust.model import (
 )
 from fleetd.trust.service import TrustService
 from fleetd.web.owner import ownerOf
-from fleetd.web.refusals import storeRefusal
 from fleetd.web.resources import Endpoint, notFound, renderAsync
 
-log = Logger()
-
-STATUS_OF_KIND = {
-    "invalid": http.BAD_REQUEST,
-    "not-found": http.NOT_FOUND,
-    "refused": http.CONFLICT,
-    "unavailable": http.SERVICE_UNAVAILABLE,
-}
 Outcome = tuple[int, Any]
 
 
@@ -88,16 +78,6 @@ def jsonObject(raw: bytes, keys: dict[str, bool]) -> dict[str, Any]:
         elif not isinstance(document[key], str):
             raise TrustError(f"{key}: must be a JSON string")
     return document
-
-
-def trustRefusal(error: Exception) -> tuple[int, str] | None:
-    """The status and line of a refused trust change; the console shows the same."""
-    if isinstance(error, TrustError):
-        log.warn("trust.refused {kind} {reason}", kind=error.kind, reason=str(error))
-        return STATUS_OF_KIND[error.kind], str(error)
-    if isinstance(error, InventoryError) and error.kind == "invalid":
-        return http.BAD_REQUEST, str(error)
-    return storeRefusal(error)
 
 
 def render(request: Any, work: Callable[[], Awaitable[Outcome]]) -> int:

@@ -5,8 +5,6 @@ each reason code (L{fleetd.nodes}), and C{Retry-After} on a busy answer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from twisted.web import http
 from twisted.web.iweb import IRequest
 
@@ -23,10 +21,7 @@ from fleetd.nodes import (
     NO_TARGET_DISK,
     Refused,
 )
-from fleetd.web.refusals import storeRefusal
-
-# Seconds a node is told to wait (Retry-After) when fleetd answers busy.
-RETRY_AFTER = 30
+from fleetd.web.refusals import Answer, storeRefusal, withRetryAfter
 
 STATUS_OF_REASON = {
     MALFORMED: http.BAD_REQUEST,
@@ -54,19 +49,6 @@ def nodeRefusal(error: Exception) -> tuple[int, str] | None:
     return storeRefusal(error)
 
 
-def answerFor(request: IRequest) -> Callable[[Exception], tuple[int, str] | None]:
-    """
-    L{nodeRefusal}, with C{Retry-After}: the refusal's own
-    (C{challenges-pending}, 429), or L{RETRY_AFTER} on a 503 (busy: retry
-    later).
-    """
-
-    def refusal(error: Exception) -> tuple[int, str] | None:
-        answer = nodeRefusal(error)
-        if isinstance(error, Refused) and error.retryAfter is not None:
-            request.setHeader(b"retry-after", b"%d" % (error.retryAfter,))
-        elif answer is not None and answer[0] == http.SERVICE_UNAVAILABLE:
-            request.setHeader(b"retry-after", b"%d" % (RETRY_AFTER,))
-        return answer
-
-    return refusal
+def answerFor(request: IRequest) -> Answer:
+    """L{nodeRefusal}, with C{Retry-After} (L{withRetryAfter})."""
+    return withRetryAfter(request, nodeRefusal)

@@ -6,20 +6,29 @@ HTTP resource meets one.
 When the database or the journal refuses a change, nothing changed; the
 owner is told so in one line instead of a bare 500. An L{InventoryError}
 is answered by its kind (L{inventoryRefusal}): 400 invalid, 404
-not-found, 409 duplicate, 503 unavailable; never a 500.
+not-found, 409 duplicate, 503 unavailable; never a 500. A busy answer
+carries C{Retry-After} (L{withRetryAfter}), on every listener alike.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 
 from twisted.web import http
+from twisted.web.iweb import IRequest
 
 from fleetd.inventory.model import ErrorKind, InventoryError
+from fleetd.refused import Refused
 from fleetd.store.db import StoreError
 from fleetd.store.entries import JournalRefused
 
 NOTHING_CHANGED = "nothing changed"
+
+# Seconds a client is told to wait (Retry-After) when fleetd answers busy.
+RETRY_AFTER = 30
+
+Answer = Callable[[Exception], tuple[int, str] | None]
 
 STATUS_OF_INVENTORY_KIND: dict[ErrorKind, int] = {
     "invalid": http.BAD_REQUEST,
@@ -72,3 +81,22 @@ def storeRefusal(error: Exception) -> tuple[int, str] | None:
             f"cannot record the change ({reason}); {NOTHING_CHANGED}",
         )
     return None
+
+
+def withRetryAfter(request: IRequest, answer: Answer) -> Answer:
+    """
+    C{answer}, with C{Retry-After} on C{request}: a L{Refused}'s own
+    (C{challenges-pending}, 429), or L{RETRY_AFTER} on a 503 (busy: retry
+    later).
+    """
+
+    def refusal(error: Exception) -> tuple[int, str] | None:
+        answered = answer(error)
+        wait = error.retryAfter if isinstance(error, Refused) else None
+        if wait is None and answered is not None:
+            wait = RETRY_AFTER if answered[0] == http.SERVICE_UNAVAILABLE else None
+        if wait is not None:
+            request.setHeader(b"retry-after", b"%d" % (wait,))
+        return answered
+
+    return refusal

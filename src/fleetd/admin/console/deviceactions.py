@@ -27,22 +27,26 @@ from twisted.web.iweb import IRequest
 
 from fleetd.admin.console.page import (
     Page,
-    Refused,
     Viewer,
     errorPage,
     formValue,
     renderPageAsync,
     viewerOf,
 )
-from fleetd.admin.deviceflow import decisionRefusal
-from fleetd.admin.kube import kubeRefusal
-from fleetd.admin.provision import Provisioner, provisionRefusal
+from fleetd.admin.provision import Provisioner
 from fleetd.admin.readers import readerPage
-from fleetd.admin.trust import trustRefusal
+from fleetd.admin.refusals import (
+    OwnerRefused,
+    decisionRefusal,
+    kubeRefusal,
+    ownerRefusal,
+    trustRefusal,
+)
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.deviceflow.model import RequestView
 from fleetd.inventory.model import InventoryError, validateName
 from fleetd.kube.retire import RetireService
+from fleetd.refused import CONFLICT, NOT_FOUND, STALE, UNCONFIRMED
 from fleetd.status import DeviceReport, StatusService
 from fleetd.statuswords import (
     RETIRE_ADVICE,
@@ -77,14 +81,14 @@ class DeviceServices(Protocol):
 
 
 async def deviceReport(services: DeviceServices, name: str) -> DeviceReport:
-    """C{name}'s status report; L{Refused} (404) when there is no such device."""
+    """C{name}'s status report; L{OwnerRefused} (404) when there is no such device."""
     try:
         wanted = validateName(name)
     except InventoryError:
-        raise Refused(http.NOT_FOUND, f"no device named {name[:MAX_ECHO]}") from None
+        raise OwnerRefused(NOT_FOUND, f"no device named {name[:MAX_ECHO]}") from None
     report = await services.status.report(wanted)
     if report is None:
-        raise Refused(http.NOT_FOUND, f"no device named {wanted}")
+        raise OwnerRefused(NOT_FOUND, f"no device named {wanted}")
     return report
 
 
@@ -152,7 +156,7 @@ class Provision(_Action):
     supersedes a run its owner has not seen.
     """
 
-    refusal = staticmethod(provisionRefusal)
+    refusal = staticmethod(ownerRefusal)
 
     async def confirm(self, request: IRequest, report: DeviceReport) -> Page:
         run = report.run
@@ -172,8 +176,8 @@ class Provision(_Action):
         seen = formValue(request, "run", "") or ""
         current = "" if report.run is None else report.run.record.id
         if seen != current:
-            raise Refused(
-                http.CONFLICT,
+            raise OwnerRefused(
+                STALE,
                 f"{name}'s latest run is {current or 'none'} now, not"
                 f" {seen[:MAX_ECHO] or 'none'}: confirm again; nothing was provisioned",
             )
@@ -197,7 +201,7 @@ class ApproveBinding(_Action):
         serial = report.device.serial
         decision = await self._services.trust.decision(serial)
         if decision.code is not None:
-            raise Refused(http.CONFLICT, decision.reason)
+            raise OwnerRefused(CONFLICT, decision.reason)
         trust = None if report.trust is None else report.trust.toJSON()
         return Page(
             "device-binding.html",
@@ -233,8 +237,8 @@ class DenyRequest(_Action):
         for view in pendingFor(self._services, name):
             if view.id == wanted:
                 return view
-        raise Refused(
-            http.NOT_FOUND,
+        raise OwnerRefused(
+            NOT_FOUND,
             f"no pending device-flow request {wanted[:MAX_ECHO] or '(none named)'}"
             f" for {name}: it was decided or has expired",
         )
@@ -288,8 +292,8 @@ class Retire(_Action):
         name = report.device.name
         typed = (formValue(request, "confirm_name") or "").strip()
         if typed.lower() != name:  # as fleetctl retire asks at a terminal
-            raise Refused(
-                http.BAD_REQUEST,
+            raise OwnerRefused(
+                UNCONFIRMED,
                 f"retire: not confirmed ({typed[:MAX_ECHO] or 'nothing'} typed,"
                 f" not {name}); nothing changed",
             )

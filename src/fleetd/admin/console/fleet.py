@@ -16,9 +16,11 @@ from typing import Any
 from twisted.web import http
 from twisted.web.iweb import IRequest
 
-from fleetd.admin.console.page import Page, Refused, formValue, renderPageAsync
+from fleetd.admin.console.page import Page, formValue, renderPageAsync
+from fleetd.admin.refusals import OwnerRefused
 from fleetd.fleetview import FleetQueryError, FleetView, fleetQuery
 from fleetd.inventory.model import DeviceStatus, InventoryError
+from fleetd.refused import MALFORMED
 from fleetd.web.resources import Endpoint
 
 # The page reloads itself this often while a device-flow request waits
@@ -53,7 +55,7 @@ class Fleet(Endpoint):
                     formValue(request, "page"),
                 )
             except FleetQueryError as e:
-                raise Refused(http.BAD_REQUEST, str(e)) from None
+                raise OwnerRefused(MALFORMED, str(e)) from None
             fleet = await self._view.page(query)
             return Page(
                 "fleet.html",

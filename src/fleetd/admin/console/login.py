@@ -22,13 +22,14 @@ from twisted.web.iweb import IRequest
 from fleetd.admin.console.gate import ConsoleGate, crossOrigin, isForm, setCookie
 from fleetd.admin.console.page import (
     Page,
-    Refused,
     errorPage,
     formValue,
     renderPage,
     renderPageAsync,
     setSecurityHeaders,
 )
+from fleetd.admin.refusals import OwnerRefused
+from fleetd.refused import UNAVAILABLE
 from fleetd.store.journal import AsyncJournal
 from fleetd.web.resources import Endpoint
 
@@ -54,7 +55,7 @@ class Login(Endpoint):
     def _token(request: IRequest) -> str:
         try:
             return formValue(request, "token") or ""
-        except Refused:
+        except OwnerRefused:
             return ""
 
     def render_GET(self, request: IRequest) -> bytes:
@@ -85,8 +86,8 @@ class Login(Endpoint):
             except Exception as e:
                 self._sessions.end(sessionID)
                 log.error("console.session-not-recorded {reason}", reason=str(e)[:200])
-                raise Refused(
-                    http.SERVICE_UNAVAILABLE,
+                raise OwnerRefused(
+                    UNAVAILABLE,
                     "the journal did not record the sign-in, so no session was"
                     " opened: run fleetctl console for a new link",
                 ) from None
