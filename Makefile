@@ -43,9 +43,9 @@ agent-demo: system-demo $(STAMP) devpki
 
 test: system-test $(STAMP) lint imports types rules unit
 
-# A rack of 8 virtual nodes enrolled end to end (fleetd-sim, docs/design.md
-# section 9) on its own fleetd and tink-server stand-in in a temporary
-# directory, stopped at the end: progress on stderr, then the table.
+# A rack of 8 virtual nodes enrolled end to end (fleetd-sim, docs/design.md,
+# "The rack simulator's faults") on its own fleetd and tink-server stand-in
+# in a temporary directory, stopped at the end: progress on stderr, then the table.
 DEMO_NODES ?= 8
 demo: system-demo $(STAMP)
 	$(BIN)/fleetd-sim --nodes $(DEMO_NODES)

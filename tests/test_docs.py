@@ -27,6 +27,12 @@ PATH = re.compile(r"(?<![\w./-])((?:src|fleetd|tests|bench|conf|docs)/[\w.*/-]*[
 # A path that moved, kept where the text is history: `old` (now `new`
 NOW = re.compile(r"`?\s+\(now `(?P<path>[^`]+)`")
 # Path-shaped words that are not paths of this clone.
+# A numbered section of the design (docs/design.md §9, DESIGN 4): the
+# numbers were the contract's, which the clone lacks; docs/design.md has
+# headings only. Kept where the text is history: `... §9, now [...]`.
+NUMBERED = re.compile(
+    r"(?:design\.md|DESIGN)[\s,#]*(?:§|section\s+)?\d+(?![\s,]*\(?now\b)"
+)
 NOT_OURS = {
     # Tinkerbell's repository, cited in decisions.md and install.md.
     "docs/technical/TLS_TERMINATION.md",
@@ -67,6 +73,18 @@ def inClone(path: str) -> bool:
     if "*" in path:
         return any(REPO.glob(path))
     return (REPO / path).exists() or (REPO / f"{path}.py").exists()
+
+
+def citingTexts() -> list[Path]:
+    """Every text of the clone that may cite the design: code, tests,
+    benches, the build files and the documents."""
+    sources = [
+        source
+        for tree in ("src/fleetd", "tests", "bench")
+        for source in sorted((REPO / tree).rglob("*.py"))
+        if source.name != "test_docs.py"
+    ]
+    return [*sources, REPO / "pyproject.toml", REPO / "Makefile", *documents()]
 
 
 def stalePaths(text: str) -> list[str]:
@@ -117,6 +135,36 @@ class StandAloneTests(SynchronousTestCase):
             if source.name != "test_docs.py" and "DESIGN" in source.read_text()
         ]
         self.assertEqual(citing, [])
+
+    def test_noNumberedSectionOfTheDesign(self) -> None:
+        """
+        Code, tests, benches, pyproject.toml, the Makefile and the
+        documents cite docs/design.md by its headings ("The rack
+        simulator's faults"), never by a section number it does not have.
+        """
+        citing = [
+            f"{source.relative_to(REPO)}: {match.group(0)!r}"
+            for source in citingTexts()
+            for match in NUMBERED.finditer(source.read_text())
+        ]
+        self.assertEqual(citing, [])
+
+    def test_numbered_seen(self) -> None:
+        """The check finds a section number, across a line break too, and
+        accepts a heading or history that says where it is now."""
+        found = [
+            m.group(0)
+            for m in NUMBERED.finditer(
+                "docs/design.md §9 | (DESIGN 4: ...) | docs/design.md\n# section 9"
+            )
+        ]
+        self.assertEqual(found, ["design.md §9", "DESIGN 4", "design.md\n# section 9"])
+        self.assertIsNone(
+            NUMBERED.search(
+                "docs/design.md, the rack simulator's faults; design.md [F1];"
+                " docs/design.md §9, now\n  [the rack simulator's faults]"
+            )
+        )
 
     def test_everyCitedRuleIsDefined(self) -> None:
         """Each rule tag in fleetd/ and tests/ has its sentence in docs/design.md."""

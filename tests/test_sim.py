@@ -1,8 +1,9 @@
 """
-C{fleetd-sim} (issue 21; docs/design.md §9) run whole as a subprocess: a
-small rack against a fleetd the test started (C{--config}), checked from
-fleetd's journal through the owner API, and a rack on the sim's own
-fleetd; the JSON object's shape, and no process left behind.
+C{fleetd-sim} (issue 21; docs/design.md, the rack simulator's faults) run
+whole as a subprocess: a small rack against a fleetd the test started
+(C{--config}), checked from fleetd's journal through the owner API, and a
+rack on the sim's own fleetd; the JSON object's shape, and no process left
+behind.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ class SimTests(SynchronousTestCase):
     def assertRack(
         self, document: dict[str, Any], nodes: int, state: str, phases: list[str]
     ) -> None:
-        """The object of docs/design.md §9, every node clean, in C{state},
-        timed in C{phases}."""
+        """The object of docs/design.md ("The rack simulator's faults"),
+        every node clean, in C{state}, timed in C{phases}."""
         self.assertEqual(set(document), {"nodes", "summary"}, document)
         self.assertEqual(len(document["nodes"]), nodes)
         for node in document["nodes"]:

@@ -1,10 +1,10 @@
 """
-C{fleetd-sim}'s boot faults (L{fleetd.sim.faults.boot}; docs/design.md §9,
-the fault table) in one rack on the sim's own fleetd, beside a clean
-node: each node ends as its row says, with the alerts fleetd's status
-shows; exit 0 also says each fault's check found in fleetd's journal and
-in the alerts its rules raise on a scrape (promtool) what the operations
-page names, and nothing delivered twice.
+C{fleetd-sim}'s boot faults (L{fleetd.sim.faults.boot}; docs/design.md,
+the rack simulator's faults) in one rack on the sim's own fleetd, beside a
+clean node: each node ends as its row says, with the alerts fleetd's
+status shows; exit 0 also says each fault's check found in fleetd's
+journal and in the alerts its rules raise on a scrape (promtool) what the
+operations page names, and nothing delivered twice.
 """
 
 from __future__ import annotations

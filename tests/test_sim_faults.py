@@ -1,6 +1,7 @@
 """
-C{fleetd-sim --faults} (docs/design.md §9): the spec's parsing, and a
-fault's change to one node's path (L{fleetd.sim.faults}).
+C{fleetd-sim --faults} (docs/design.md, the rack simulator's faults): the
+spec's parsing, and a fault's change to one node's path
+(L{fleetd.sim.faults}).
 """
 
 from __future__ import annotations

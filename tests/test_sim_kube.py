@@ -1,10 +1,10 @@
 """
-C{fleetd-sim}'s kube faults (L{fleetd.sim.faults.kube}; docs/design.md
-§9, [K2] [R1]) and the device-flow fetch (C{--fetch device-flow}, [F1]
-[F2]): one rack on the sim's own fleetd, every node fetching through
-RFC 8628, with C{wrong-node-csr}, C{retire} and a clean node; a second
-small rack against the NetBox fake (C{--inventory netbox}); and the
-Talos-side polling schedule on its own.
+C{fleetd-sim}'s kube faults (L{fleetd.sim.faults.kube}; docs/design.md,
+the rack simulator's faults; [K2] [R1]) and the device-flow fetch
+(C{--fetch device-flow}, [F1] [F2]): one rack on the sim's own fleetd,
+every node fetching through RFC 8628, with C{wrong-node-csr}, C{retire}
+and a clean node; a second small rack against the NetBox fake
+(C{--inventory netbox}); and the Talos-side polling schedule on its own.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """
-Parts of C{fleetd-sim} on their own: the Talos-like fetch's retry
-schedule (docs/design.md §1: only 200 is success, everything else is
-retried with growing gaps) against a loopback TLS server, and the
+Parts of C{fleetd-sim} on their own: the Talos-like fetch's retry schedule
+(docs/design.md, who talks to fleetd: only 200 is success, everything else
+is retried with growing gaps) against a loopback TLS server, and the
 tink-server stand-in's workflows (L{fleetd.testing.tinkserver.Workflows})
 played by the grpcio agent (L{fleetd.testing.tinkagent}).
 """

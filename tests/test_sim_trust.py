@@ -1,9 +1,9 @@
 """
-The trust faults of C{fleetd-sim} (docs/design.md §9's table; [T1] [T2]
-[T3] [D1]) in one rack against a fleetd the test started: each fault node
-ends C{refused} with its reason code, the clean node is staged, the rack
-exits 0 (the sim's own checks held), and fleetd's journal and metrics,
-read here too, hold each refusal.
+The trust faults of C{fleetd-sim} (docs/design.md, the rack simulator's
+faults; [T1] [T2] [T3] [D1]) in one rack against a fleetd the test
+started: each fault node ends C{refused} with its reason code, the clean
+node is staged, the rack exits 0 (the sim's own checks held), and fleetd's
+journal and metrics, read here too, hold each refusal.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """
 C{fleetd-sim}: a rack of virtual nodes enrolled end to end against fleetd
-(docs/design.md §9), its own swtpm per node, with the project's stand-ins
-(L{fleetd.testing}) for the peers fleetd talks to.
+(docs/design.md, the rack simulator's faults), its own swtpm per node,
+with the project's stand-ins (L{fleetd.testing}) for the peers fleetd
+talks to.
 """

@@ -1,7 +1,7 @@
 """
-Which alerts fleetd's own rules raise, read from fleetd (docs/design.md
-§9: a fault's outcome is checked from the journal, the metrics and the
-alert rules, never from the sim's beliefs).
+Which alerts fleetd's own rules raise, read from fleetd (docs/design.md,
+the rack simulator's faults: a fault's outcome is checked from the
+journal, the metrics and the alert rules, never from the sim's beliefs).
 
 L{scrape} reads C{GET /metrics} on the admin listener with the owner's
 certificate, as Prometheus would. L{firing} holds every scraped series at

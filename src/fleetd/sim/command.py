@@ -2,8 +2,8 @@
 C{fleetd-sim [--config FILE] --nodes N [--faults NAME[:COUNT],...]
 [--parallel P] [--time-scale X] [--fetch code|device-flow]
 [--inventory sqlite|netbox] [--json]}: a rack of virtual nodes enrolled
-end to end (docs/design.md §9), some with a fault
-(L{fleetd.sim.faults}).
+end to end (docs/design.md, the rack simulator's faults), some with a
+fault (L{fleetd.sim.faults}).
 
 Without C{--config} it starts everything itself on a temporary directory:
 the grpcio tink-server stand-in, a fleetd whose Tink upstream it is, and

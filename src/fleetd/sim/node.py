@@ -1,5 +1,6 @@
 """
-One virtual node's path, end to end (docs/design.md §1's happy path):
+One virtual node's path, end to end (docs/design.md, the path of one
+worker):
 
     tpm       its own swtpm (EK certified by the dev EK CA) behind tpm2-abrmd
     enroll    the owner: device, evidence of the EK, binding approved

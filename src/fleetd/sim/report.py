@@ -1,7 +1,8 @@
 """
 What a person watches: a progress line on stderr whenever a node changes
 phase (counts per phase and a bar), then a table per node and a summary;
-and the one JSON object of docs/design.md §9 for C{--json}.
+and for C{--json} the one JSON object docs/design.md ("The rack
+simulator's faults") gives.
 """
 
 from __future__ import annotations

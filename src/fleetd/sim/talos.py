@@ -1,9 +1,10 @@
 """
 Talos's side of delivery: C{GET /config?code=…&uuid=…&serial=…} on the
-boot listener, as C{talos.config=} makes it (docs/design.md §1), from
-the node's own loopback address. Talos treats only 200 as success and
-retries everything else with exponential backoff, the gaps growing to
-about an hour; here the gaps are divided by the sim's time scale.
+boot listener, as C{talos.config=} makes it (docs/design.md, who talks to
+fleetd), from the node's own loopback address. Talos treats only 200 as
+success and retries everything else with exponential backoff, the gaps
+growing to about an hour; here the gaps are divided by the sim's time
+scale.
 
 Blocking (http.client): the rack runs it in a thread.
 """

@@ -1,6 +1,6 @@
 """
 Tinkerbell's objects kept in step with the inventory (issue 28;
-docs/design.md §4 "Tinkerbell's objects"), started and stopped with the
+docs/design.md, "Tinkerbell's objects"), started and stopped with the
 daemon when C{[tinkerbell]} is set.
 
   - a provision first asks L{TinkerbellService.preflight} (before any

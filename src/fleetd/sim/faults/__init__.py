@@ -1,8 +1,8 @@
 """
 The faults C{fleetd-sim --faults NAME[:COUNT],...} can put into a rack
-(docs/design.md §9): each module gives its faults; L{FAULTS} names them
-all. A node gets at most one fault; the rack's first nodes get them, in
-the order given, the rest run clean.
+(docs/design.md, the rack simulator's faults): each module gives its
+faults; L{FAULTS} names them all. A node gets at most one fault; the
+rack's first nodes get them, in the order given, the rest run clean.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """
-Faults of the boot part of the table (docs/design.md §9), each ending as
-docs/operations.md says ("Boot completion", "Consumed configurations",
-"Lost configurations"), checked from fleetd's journal and from the alerts
-its rules raise on a scrape of its metrics (L{fleetd.sim.alerts}):
+Faults of the boot part of the table (docs/design.md, the rack simulator's
+faults), each ending as docs/operations.md says ("Boot completion",
+"Consumed configurations", "Lost configurations"), checked from fleetd's
+journal and from the alerts its rules raise on a scrape of its metrics
+(L{fleetd.sim.alerts}):
 
     pxe-first              after its workflow's SUCCESS the node
                            network-boots HookOS again (twice: a fresh tink

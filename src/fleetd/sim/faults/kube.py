@@ -1,6 +1,6 @@
 """
-Faults of the kube part of the table (docs/design.md §9), on the sim's
-own fleetd (they need its Kubernetes fake):
+Faults of the kube part of the table (docs/design.md, the rack simulator's
+faults), on the sim's own fleetd (they need its Kubernetes fake):
 
   - C{wrong-node-csr}: before its own CSR, the node files one with its
     bootstrap token for ANOTHER node's name. fleetd's approver leaves it

@@ -1,8 +1,8 @@
 """
-What a fault is (docs/design.md §9, the fault table): a change to one
-node's path, the end fleetd must record of that node, and a check of what
-fleetd recorded, read from fleetd (its journal, its metrics, its alert
-rules), never from the sim's own beliefs.
+What a fault is (docs/design.md, the rack simulator's faults): a change to
+one node's path, the end fleetd must record of that node, and a check of
+what fleetd recorded, read from fleetd (its journal, its metrics, its
+alert rules), never from the sim's own beliefs.
 """
 
 from __future__ import annotations

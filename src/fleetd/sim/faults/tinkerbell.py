@@ -1,6 +1,7 @@
 """
-The Tinkerbell part of the table (docs/design.md §9), on the sim's own
-fleetd (its Kubernetes fake holds the Workflows fleetd makes, issue 28):
+The Tinkerbell part of the table (docs/design.md, the rack simulator's
+faults), on the sim's own fleetd (its Kubernetes fake holds the Workflows
+fleetd makes, issue 28):
 
   - C{workflow-deleted}: the owner provisions the node, fleetd makes its
     Workflow, and someone else deletes it before HookOS runs it (as a

@@ -1,8 +1,8 @@
 """
-Faults of the trust part of the table (docs/design.md §9): machines fleetd
-must refuse [T1] [T2] [T3] [D1], each ending C{refused} with fleetd's
-reason code, checked from what fleetd recorded (the journal, the owner
-API, the metrics on the admin listener):
+Faults of the trust part of the table (docs/design.md, the rack
+simulator's faults): machines fleetd must refuse [T1] [T2] [T3] [D1], each
+ending C{refused} with fleetd's reason code, checked from what fleetd
+recorded (the journal, the owner API, the metrics on the admin listener):
 
     cloned-tpm       the node's swtpm runs on a copy of another machine's
                      TPM state: that machine is enrolled (its binding
