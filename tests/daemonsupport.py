@@ -8,10 +8,11 @@ provisions runs and fetches configurations through it.
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import ssl
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -28,8 +29,18 @@ from fleetd.service import FleetdService, prepare
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.support import writeConfig
 
-Fleetctl = Callable[..., Awaitable[tuple[int, str, str]]]
-"""fleetctl's words against one daemon: (exit status, stdout, stderr)."""
+
+@dataclass(frozen=True)
+class Fleetctl:
+    """fleetctl's words against one daemon: (exit status, stdout, stderr)."""
+
+    config: Path
+    """The owner's config naming the daemon's admin listener."""
+
+    def __call__(
+        self, *words: str, stdin: io.StringIO | None = None
+    ) -> Deferred[tuple[int, str, str]]:
+        return fleetctlAgainst(self.config, *words, stdin=stdin)
 
 
 def httpsGet(
@@ -97,38 +108,52 @@ class DaemonTestMixin:
         )
 
     async def daemonWithDevice(
-        self, overrides: dict[str, dict[str, Any]] | None = None
+        self,
+        overrides: dict[str, dict[str, Any]] | None = None,
+        *,
+        serial: str = "SN-1",
+        cluster: str | None = None,
     ) -> tuple[FleetdService, Fleetctl]:
         """
         Start a daemon over the dev config plus C{overrides}, wait until its
-        runs are loaded, and add the worker C{w1} (serial C{SN-1}, L{UUID1})
-        with C{fleetctl device add}, as the owner would. Return the service
-        and fleetctl against its admin listener (its config has the same
-        C{overrides}).
+        runs are loaded, and add the worker C{w1} (C{serial}, L{UUID1}, in
+        C{cluster} if given) with C{fleetctl device add}, as the owner would.
+        Return the service and fleetctl against its admin listener (its
+        config has the same C{overrides}).
         """
         self.makeSettings(overrides)
+        return await self.startWithDevice(overrides, serial=serial, cluster=cluster)
+
+    async def startWithDevice(
+        self,
+        overrides: dict[str, dict[str, Any]] | None = None,
+        *,
+        serial: str = "SN-1",
+        cluster: str | None = None,
+    ) -> tuple[FleetdService, Fleetctl]:
+        """
+        L{daemonWithDevice} over the settings L{makeSettings} made already
+        (for a test that changes the directory first); fleetctl's config is
+        the dev config plus C{overrides}.
+        """
         service = self.startDaemon()
         await service.loading.whenReady()
         # DaemonTestMixin's own, for a test case whose port is an attribute
         admin = DaemonTestMixin.port(self, service, "admin")
-        config = ownerConfig(self.directory, admin, overrides)
-
-        async def fleetctl(*words: str) -> tuple[int, str, str]:
-            return await fleetctlAgainst(config, *words)
-
-        code, _, err = await fleetctl(
-            "device",
-            "add",
-            "w1",
-            "--serial",
-            "SN-1",
-            "--uuid",
-            UUID1,
-            "--class",
-            "worker",
-        )
-        self.assertEqual(code, 0, err)  # type: ignore[attr-defined]
+        fleetctl = Fleetctl(ownerConfig(self.directory, admin, overrides))
+        where = () if cluster is None else ("--cluster", cluster)
+        await self.deviceAdd(fleetctl, "w1", serial, UUID1, *where)
         return service, fleetctl
+
+    async def deviceAdd(
+        self, fleetctl: Fleetctl, name: str, serial: str, uuid: str, *extra: str
+    ) -> None:
+        """C{fleetctl device add} of a worker (plus C{extra} words): exit 0."""
+        code, _, err = await fleetctl(
+            "device", "add", name, "--serial", serial, "--uuid", uuid,
+            "--class", "worker", *extra,
+        )  # fmt: skip
+        self.assertEqual(code, 0, err)  # type: ignore[attr-defined]
 
 
 UUID1 = "4c4c4544-0042-3510-8050-b4c04f4d3232"

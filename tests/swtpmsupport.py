@@ -31,7 +31,7 @@ from fleetd.attest.tpm import canonicalSPKI, ekDigest
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from tests.attestserver import AttestServer
 from tests.daemonsupport import DaemonTestMixin
-from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
+from tests.fleetctlsupport import fleetctlAgainst
 from tests.softtpm import b64
 from tests.support import TOPOLOGY, missingPeer
 from tests.swtpm import AVAILABLE, RM_AVAILABLE, SWTPM, ResourceManager
@@ -228,9 +228,6 @@ def issueWith(
     return cert.public_bytes(serialization.Encoding.PEM), keyPEM
 
 
-UUID = "4c4c4544-0042-3510-8050-b4c04f4d3232"
-
-
 def runAgent(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     code = agent.main(argv, err, out)
@@ -292,13 +289,9 @@ class TPMKeyDaemonCase(DaemonTestMixin, TestCase):
         return str(out)
 
     async def _start(self, approve: bool = True) -> None:
-        self.service = service = self.startDaemon()
-        await service.loading.whenReady()
-        admin = self.port(service, "admin")
-        self.url = f"https://localhost:{self.port(service, 'device')}"
-        self.config = str(ownerConfig(self.directory, admin))
-        await self.fleetctl("device", "add", "w1", "--serial", "SER1",
-                            "--uuid", UUID, "--class", "worker")  # fmt: skip
+        self.service, fleetctl = await self.startWithDevice(serial="SER1")
+        self.url = f"https://localhost:{self.port(self.service, 'device')}"
+        self.config = str(fleetctl.config)
         if not approve:
             return
         der = self.swtpm.ekCertificates()["ek-rsa2048.crt"]

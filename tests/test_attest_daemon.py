@@ -17,10 +17,9 @@ from twisted.trial.unittest import TestCase
 from fleetd.agent.client import Refusal, call, tlsContext
 from fleetd.pki.dev import DevPKIPaths, ensureDevPKI
 from tests.daemonsupport import DaemonTestMixin
-from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.support import TOPOLOGY, missingPeer
 from tests.swtpm import AVAILABLE, SWTPM
-from tests.swtpmsupport import UUID, runAgent
+from tests.swtpmsupport import runAgent
 
 
 class DeviceListenerTests(DaemonTestMixin, TestCase):
@@ -106,15 +105,7 @@ class TPM12DaemonTests(DaemonTestMixin, TestCase):
         certificate: refused by its version): tpm12-unsupported, one line,
         journaled with the reported serial, no LDevID.
         """
-        service = self.startDaemon()
-        await service.loading.whenReady()
-        admin = self.port(service, "admin")
-        config = ownerConfig(self.directory, admin)
-        code, _, err = await fleetctlAgainst(
-            config, "device", "add", "w1",
-            "--serial", "SER1", "--uuid", UUID, "--class", "worker"
-        )  # fmt: skip
-        self.assertEqual(code, 0, err)
+        service, _ = await self.startWithDevice(serial="SER1")
         state = Path(self.mktemp())
         argv = [
             "--server", f"https://localhost:{self.port(service, 'device')}",

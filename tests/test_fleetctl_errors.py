@@ -17,7 +17,7 @@ from fleetd.cli.fleetctl import asksForJSON
 from fleetd.cli.names import closeNames, hint, suggest
 from fleetd.clitools import CLIError, errorDocument
 from tests.daemonsupport import DaemonTestMixin
-from tests.fleetctlsupport import fleetctlAgainst, ownerConfig, runFleetctl
+from tests.fleetctlsupport import fleetctlAgainst, runFleetctl
 from tests.support import writeConfig
 
 UUID = "4c4c4544-0042-3510-8050-b4c04f4d3232"
@@ -191,16 +191,8 @@ class RefusalTests(DaemonTestMixin, TestCase):
     """fleetctl against a daemon whose inventory holds w1."""
 
     async def daemon(self) -> str:
-        self.makeSettings()
-        service = self.startDaemon()
-        await service.loading.whenReady()
-        config = str(ownerConfig(self.directory, self.port(service, "admin")))
-        code, _, err = await fleetctlAgainst(
-            config, "device", "add", "w1", "--serial", "SN-1", "--uuid", UUID,
-            "--class", "worker",
-        )  # fmt: skip
-        self.assertEqual(code, 0, err)
-        return config
+        _, fleetctl = await self.daemonWithDevice()
+        return str(fleetctl.config)
 
     async def test_everyDeviceCommand_didYouMean(self) -> None:
         """

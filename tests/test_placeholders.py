@@ -29,7 +29,7 @@ from fleetd.prepare import prepare
 from fleetd.runs.placeholders import PLACEHOLDER, DevValues, findPlaceholder
 from fleetd.runs.render import NodeFacts, RenderError, TemplateRenderer
 from tests.daemonsupport import DaemonTestMixin
-from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
+from tests.fleetctlsupport import fleetctlAgainst
 from tests.fleetsupport import Fleet, device
 from tests.support import REPO, filledTemplate, writeConfig
 from tests.test_config_shipped import installed, writeTOML
@@ -333,15 +333,8 @@ class CommandTests(DaemonTestMixin, TestCase):
         folly = self.directory / "templates" / "folly.yaml"
         for name in ("default.yaml", "folly.yaml"):
             (self.directory / "templates" / name).write_text(filledTemplate())
-        service = self.startDaemon()
-        await service.loading.whenReady()
-        config = ownerConfig(self.directory, self.port(service, "admin"))
-        uuid = "4c4c4544-0042-3510-8050-b4c04f4d3232"
-        code, _, err = await fleetctlAgainst(
-            config, "device", "add", "w1", "--serial", "SN-1", "--uuid", uuid,
-            "--class", "worker", "--cluster", "folly",
-        )  # fmt: skip
-        self.assertEqual(code, 0, err)
+        _, fleetctl = await self.startWithDevice(cluster="folly")
+        config = fleetctl.config
         shutil.copy(EXAMPLE, folly)
         code, out, err = await fleetctlAgainst(config, "provision", "w1")
         self.assertEqual((code, out, err.count("\n")), (1, "", 1))

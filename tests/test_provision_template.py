@@ -20,7 +20,7 @@ from fleetd.runs.placeholders import DevValues
 from fleetd.runs.render import TemplateRenderer
 from fleetd.store.entries import JournalEntry
 from tests.daemonsupport import DaemonTestMixin
-from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
+from tests.fleetctlsupport import fleetctlAgainst
 from tests.fleetsupport import Fleet, device
 from tests.support import REPO
 
@@ -96,16 +96,8 @@ class CommandTests(DaemonTestMixin, TestCase):
         fleetctl provision exits 1 with one line naming the device and its
         cluster; fleetctl journal --device shows the refusal.
         """
-        self.makeSettings()
-        service = self.startDaemon()
-        await service.loading.whenReady()
-        config = ownerConfig(self.directory, self.port(service, "admin"))
-        uuid = "4c4c4544-0042-3510-8050-b4c04f4d3232"
-        code, _, err = await fleetctlAgainst(
-            config, "device", "add", "w1", "--serial", "SN-1", "--uuid", uuid,
-            "--class", "worker", "--cluster", "folly",
-        )  # fmt: skip
-        self.assertEqual(code, 0, err)
+        _, fleetctl = await self.daemonWithDevice(cluster="folly")
+        config = fleetctl.config
         (self.directory / "templates" / "folly.yaml").unlink()
         code, out, err = await fleetctlAgainst(config, "provision", "w1")
         self.assertEqual((code, out, err.count("\n")), (1, "", 1))

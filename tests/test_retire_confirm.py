@@ -15,7 +15,7 @@ from fleetd.cli.cluster import confirmRetire
 from fleetd.cli.output import Console
 from fleetd.clitools import CLIError
 from tests.daemonsupport import DaemonTestMixin
-from tests.fleetctlsupport import Terminal, fleetctlAgainst, ownerConfig
+from tests.fleetctlsupport import Terminal, fleetctlAgainst
 
 UUID = "4c4c4544-0042-3510-8050-b4c04f4d3232"
 RECORD = {"name": "w1", "serial": "SN-1", "status": "active"}
@@ -61,19 +61,9 @@ class CommandTests(DaemonTestMixin, TestCase):
         at a terminal, a wrong name: exit 1, not retired; the right name
         retires; --yes retires without asking (--json after the command).
         """
-        self.makeSettings()
-        service = self.startDaemon()
-        await service.loading.whenReady()
-        config = ownerConfig(self.directory, self.port(service, "admin"))
-        for name, serial, uuid in (
-            ("w1", "SN-1", UUID),
-            ("w2", "SN-2", UUID[:-1] + "3"),
-        ):
-            code, _, err = await fleetctlAgainst(
-                config, "device", "add", name, "--serial", serial, "--uuid", uuid,
-                "--class", "worker",
-            )  # fmt: skip
-            self.assertEqual(code, 0, err)
+        _, fleetctl = await self.daemonWithDevice()
+        await self.deviceAdd(fleetctl, "w2", "SN-2", UUID[:-1] + "3")
+        config = fleetctl.config
 
         async def status(name: str) -> str:
             code, out, err = await fleetctlAgainst(config, "device", "show", name)

@@ -12,9 +12,7 @@ import json
 from twisted.trial.unittest import TestCase
 
 from tests.daemonsupport import DaemonTestMixin
-from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
-
-UUID = "4c4c4544-0042-3510-8050-b4c04f4d3232"
+from tests.fleetctlsupport import fleetctlAgainst
 
 # Each command naming the unknown device w9, as an operator would type it.
 # (approve --device is refused by the device flow itself, 404 unknown-device:
@@ -66,13 +64,5 @@ class UnknownNameTests(DaemonTestMixin, TestCase):
             self.assertEqual([e["event"] for e in json.loads(out)], events, name)
 
     async def _daemon(self) -> str:
-        self.makeSettings()
-        self.service = self.startDaemon()
-        await self.service.loading.whenReady()
-        config = str(ownerConfig(self.directory, self.port(self.service, "admin")))
-        code, _, err = await fleetctlAgainst(
-            config, "device", "add", "w1", "--serial", "SN-1", "--uuid", UUID,
-            "--class", "worker",
-        )  # fmt: skip
-        self.assertEqual(code, 0, err)
-        return config
+        self.service, fleetctl = await self.daemonWithDevice()
+        return str(fleetctl.config)
