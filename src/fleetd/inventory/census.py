@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Gauge
 from twisted.application.service import Service
@@ -38,6 +37,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from fleetd.inventory.model import DeviceStatus, IInventory, InventoryError
+from fleetd.periodic import After, PeriodicAfter
 
 # Seconds between counts: the embedded inventory keeps its listing until it
 # changes, so a count is cheap; a NetBox listing walks NetBox's pages (some
@@ -59,7 +59,7 @@ class Census(Service):
         *,
         interval: float = LOCAL_INTERVAL,
         staged: bool = False,
-        after: Callable[[Callable[[], None]], None] | None = None,
+        after: After | None = None,
     ) -> None:
         """
         @param staged: export C{fleetd_staged_longest_seconds} (fleetd
@@ -72,9 +72,8 @@ class Census(Service):
         self._clock = clock
         self._inventory = inventory
         self._staged = staged
-        self._after = after
         self.interval = interval
-        self._loop: LoopingCall | None = None
+        self._periodic = PeriodicAfter(clock, self.count, after=after)
         self._counted = False
         self._oldest: float | None = None  # served_at of the longest staged
         self._devices = Gauge(
@@ -104,25 +103,18 @@ class Census(Service):
             return 0.0
         return max(0.0, self._clock.seconds() - self._oldest)
 
+    @property
+    def _loop(self) -> LoopingCall | None:
+        """The counts' loop, while they go on."""
+        return self._periodic.loop
+
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]
-        if self._after is None:
-            self._begin()
-        else:
-            self._after(self._begin)
-
-    def _begin(self) -> None:
-        if not self.running or self._loop is not None:
-            return  # stopped before the load settled, or already begun
-        self._loop = LoopingCall(self.count)
-        self._loop.clock = self._clock
-        self._loop.start(self.interval, now=True)
+        self._periodic.start(self.interval)
 
     def stopService(self) -> None:
         super().stopService()  # type: ignore[no-untyped-call]
-        if self._loop is not None and self._loop.running:
-            self._loop.stop()
-        self._loop = None
+        self._periodic.stop()
 
     def count(self) -> Deferred[None]:
         """Count once; the gauges follow. Never fails (a failure is logged)."""

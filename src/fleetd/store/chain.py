@@ -18,7 +18,7 @@ so the gauge follows them at once rather than at the next period.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
@@ -26,10 +26,10 @@ from prometheus_client.registry import Collector
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from fleetd.periodic import After, PeriodicAfter
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.verify import JournalVerification
 
@@ -47,7 +47,7 @@ class ChainMonitor(Service):
         journal: AsyncJournal,
         registry: CollectorRegistry | None,
         interval: float = DEFAULT_INTERVAL,
-        after: Callable[[Callable[[], None]], None] | None = None,
+        after: After | None = None,
     ) -> None:
         """
         @param after: called at start with a function that begins the
@@ -58,9 +58,10 @@ class ChainMonitor(Service):
         """
         self._clock = clock
         self._journal = journal
-        self._after = after
         self.interval = interval
-        self._loop: LoopingCall | None = None
+        self._periodic = PeriodicAfter(
+            clock, self.verify, after=after, failed=self._loopFailed
+        )
         self._broken: str | None = None
         self._verdict: JournalVerification | None = None
         self._checkedAt: float | None = None
@@ -79,23 +80,11 @@ class ChainMonitor(Service):
 
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]
-        if self._after is None:
-            self._begin()
-        else:
-            self._after(self._begin)
-
-    def _begin(self) -> None:
-        if not self.running or self._loop is not None:
-            return  # stopped before the load settled, or already begun
-        self._loop = LoopingCall(self.verify)
-        self._loop.clock = self._clock
-        self._loop.start(self.interval, now=True).addErrback(self._loopFailed)
+        self._periodic.start(self.interval)
 
     def stopService(self) -> None:
         super().stopService()  # type: ignore[no-untyped-call]
-        if self._loop is not None and self._loop.running:
-            self._loop.stop()
-        self._loop = None
+        self._periodic.stop()
 
     def verify(self) -> Deferred[JournalVerification | None]:
         """Verify the whole chain once; the gauges follow the result."""
