@@ -77,16 +77,19 @@ async def _again(attempt: Callable[[], Awaitable[_T]], what: str) -> _T:
     raise KubeUnavailable(f"{what}: still conflicting after {ATTEMPTS} attempts")
 
 
-def _failedWorkflow(record: WorkflowRecord, error: Invalid, at: float) -> Step:
-    failed = moved(record, FAILED, at, problem=_problem(error))
+def _failed(record: WorkflowRecord | HardwareRecord, error: Invalid, at: float) -> Step:
+    """The API refused C{record}'s object (422, 400): the row ends C{failed}."""
+    failed = replace(record, state=FAILED, changed_at=at, problem=_problem(error))
+    workflow = failed if isinstance(failed, WorkflowRecord) else None
+    hardware = failed if isinstance(failed, HardwareRecord) else None
     entry = _entry(
         "tinkerbell.object-failed",
-        record.device,
-        record.run,
-        workflow=record.path,
+        failed.device,
+        None if workflow is None else workflow.run,
+        **{"hardware" if workflow is None else "workflow": failed.path},
         problem=failed.problem,
     )
-    return Step(entry, workflow=failed)
+    return Step(entry, workflow=workflow, hardware=hardware)
 
 
 async def createWorkflow(
@@ -137,7 +140,7 @@ async def createWorkflow(
     try:
         return await _again(attempt, f"create workflow {record.path}")
     except Invalid as e:
-        return _failedWorkflow(record, e, clock())
+        return _failed(record, e, clock())
 
 
 async def deleteWorkflow(
@@ -231,15 +234,7 @@ async def applyHardware(
     try:
         return await _again(attempt, f"apply hardware {record.path}")
     except Invalid as e:
-        failed = replace(record, state=FAILED, changed_at=clock(), problem=_problem(e))
-        entry = _entry(
-            "tinkerbell.object-failed",
-            device,
-            None,
-            hardware=record.path,
-            problem=failed.problem,
-        )
-        return Step(entry, hardware=failed)
+        return _failed(record, e, clock())
 
 
 async def turnNetbootOff(
