@@ -154,6 +154,41 @@ class KubeContractMixin(_Base):
         )
         self.assertEqual(error.code, 409)
 
+    def test_refusals_inTheServersWords(self) -> None:
+        """As the API server words them: a Secret in another namespace
+        than kube-system is 400 BadRequest saying so; a stale approval is
+        409 Conflict naming the CSR, "modified"."""
+        bad = bootstrapSecret()
+        bad["metadata"]["namespace"] = "default"
+        error = self.failure(self.client.createSecret(bad), Invalid)
+        self.assertEqual((error.code, error.reason), (400, "BadRequest"))
+        self.assertIn(
+            "the namespace of the provided object does not match the namespace"
+            " sent on the request",
+            str(error),
+        )
+        csr = self.fileCSR()
+        name = csr["metadata"]["name"]
+        stale = self.call(self.client.getCSR(name))
+        self.fake.csrs[name]["metadata"]["resourceVersion"] = "1"
+        stale["status"] = {"conditions": [{"type": "Approved", "status": "True"}]}
+        error = self.failure(
+            self.client._call(
+                "PUT",
+                f"/apis/certificates.k8s.io/v1/certificatesigningrequests/{name}/approval",
+                "x",
+                stale,
+            ),
+            Conflict,
+        )
+        self.assertEqual(error.reason, "Conflict")
+        self.assertIn(
+            "Operation cannot be fulfilled on"
+            f' certificatesigningrequests.certificates.k8s.io "{name}": the object'
+            " has been modified",
+            str(error),
+        )
+
     def test_approval_conflictRetried(self) -> None:
         """A 409 during approveCSR reads the CSR again and succeeds."""
         csr = self.fileCSR()

@@ -98,6 +98,30 @@ class TinkerbellContractMixin(_Base):
         del off["metadata"]["resourceVersion"]
         self.failure(self.api.replace("hardware", off), Invalid)
 
+    def test_refusals_inTheServersWords(self) -> None:
+        """As the API server words them: a stale update is 409 Conflict,
+        the object named and "modified"; a body naming another namespace
+        than the path's is 400 BadRequest, saying so."""
+        made = self.call(self.api.create("hardware", objects.hardware(NS, "w1", [MAC])))
+        off = objects.netbootOff(made)
+        self.call(self.api.replace("hardware", off))
+        error = self.failure(self.api.replace("hardware", off), Conflict)
+        self.assertEqual(error.reason, "Conflict")
+        self.assertIn(
+            'Operation cannot be fulfilled on hardware.tinkerbell.org "w1": the'
+            " object has been modified; please apply your changes to the latest"
+            " version and try again",
+            str(error),
+        )
+        body = objects.hardware("elsewhere", "w2", [MAC])
+        error = self.failure(self.api.create("hardware", body), Invalid)
+        self.assertEqual((error.code, error.reason), (400, "BadRequest"))
+        self.assertIn(
+            "the namespace of the provided object does not match the namespace"
+            " sent on the request",
+            str(error),
+        )
+
     def test_update_keepsStatus(self) -> None:
         """The main resource's update leaves the status subresource's
         status as it was."""

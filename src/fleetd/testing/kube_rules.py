@@ -62,6 +62,25 @@ def invalid(message: str) -> ApiError:
     return ApiError(422, "Invalid", message)
 
 
+def namespaceMismatch() -> ApiError:
+    """400: the body names another namespace than the request's path."""
+    return ApiError(
+        400,
+        "BadRequest",
+        "the namespace of the provided object does not match the namespace sent on the request",  # noqa: E501
+    )
+
+
+def modified(resource: str, name: str) -> ApiError:
+    """409 Conflict: an update from a stale C{resourceVersion} of C{name}
+    (C{resource} as C{plural.group})."""
+    return ApiError(
+        409,
+        "Conflict",
+        f'Operation cannot be fulfilled on {resource} "{name}": the object has been modified; please apply your changes to the latest version and try again',  # noqa: E501
+    )
+
+
 @dataclass
 class Identity:
     """Who a request authenticated as."""
@@ -75,11 +94,7 @@ def secretFromBody(body: dict[str, Any]) -> dict[str, Any]:
     """A Secret as the API server stores it, or the ApiError it answers."""
     meta = body.get("metadata") or {}
     if meta.get("namespace") not in (None, "kube-system"):
-        raise ApiError(
-            400,
-            "BadRequest",
-            "the namespace of the provided object does not match the namespace sent on the request",  # noqa: E501
-        )
+        raise namespaceMismatch()
     secret: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -171,11 +186,7 @@ def approvedCSR(
         )
     rv = (body.get("metadata") or {}).get("resourceVersion")
     if rv and rv != current["metadata"]["resourceVersion"]:
-        raise ApiError(
-            409,
-            "Conflict",
-            f'Operation cannot be fulfilled on certificatesigningrequests.certificates.k8s.io "{name}": the object has been modified; please apply your changes to the latest version and try again',  # noqa: E501
-        )
+        raise modified("certificatesigningrequests.certificates.k8s.io", name)
     conditions = list((body.get("status") or {}).get("conditions") or [])
     seen: set[str] = set()
     for condition in conditions:

@@ -46,6 +46,8 @@ from fleetd.testing.kube_rules import (
     ApiError,
     checkLabels,
     invalid,
+    modified,
+    namespaceMismatch,
     rfc3339,
     selects,
 )
@@ -68,6 +70,18 @@ Validator = Callable[[str, dict[str, Any]], str | None]
 
 def _notFound(plural: str, name: str) -> ApiError:
     return ApiError(404, "NotFound", f'{plural}.tinkerbell.org "{name}" not found')
+
+
+def _checkPlace(namespace: str, name: str | None) -> str:
+    """A namespace and a name (L{None}: none given) the API server takes
+    (422 Invalid); return the name."""
+    if _NAMESPACE.fullmatch(namespace) is None:
+        raise invalid(f"metadata.namespace: Invalid value: {namespace!r}")
+    if name is None:
+        raise invalid("metadata.name: Required value: name is required")
+    if len(name) > 253 or SUBDOMAIN.fullmatch(name) is None:
+        raise invalid(f"metadata.name: Invalid value: {name!r}")
+    return name
 
 
 def _copy(obj: dict[str, Any]) -> dict[str, Any]:
@@ -129,18 +143,28 @@ class FakeTinkerbell:
             return self.createObject(plural, namespace, body)
         if name is None:
             raise ApiError(405, "MethodNotAllowed", f"{method} is not modelled here")
-        key = f"{namespace}/{name}"
         if method == "GET":
-            if key not in store:
-                raise _notFound(plural, name)
-            return _copy(store[key])
+            return _copy(self._existing(plural, namespace, name)[2])
         if method == "PUT":
             return self.updateObject(plural, namespace, name, body)
         if method == "DELETE":
             return self.deleteObject(plural, namespace, name, body)
         raise ApiError(405, "MethodNotAllowed", f"{method} is not modelled here")
 
-    def _check(self, plural: str, obj: dict[str, Any]) -> None:
+    def _existing(
+        self, plural: str, namespace: str, name: str
+    ) -> tuple[Store, str, dict[str, Any]]:
+        """The stored object, its store and key; 404 NotFound when absent."""
+        store = self._tinkStore(plural)
+        key = f"{namespace}/{name}"
+        current = store.get(key)
+        if current is None:
+            raise _notFound(plural, name)
+        return store, key, current
+
+    def _check(self, plural: str, namespace: str, obj: dict[str, Any]) -> None:
+        """The body of a create or an update, its namespace the path's: its
+        kind, metadata, labels and the validator's word."""
         if obj.get("apiVersion") != GROUP_VERSION or obj.get("kind") != KINDS[plural]:
             raise ApiError(
                 400,
@@ -150,6 +174,7 @@ class FakeTinkerbell:
         meta = obj.get("metadata")
         if not isinstance(meta, dict):
             raise invalid("metadata: Required value")
+        meta["namespace"] = namespace  # from the path, as the server stores it
         checkLabels(meta.get("labels"))
         if self.validator is not None:
             problem = self.validator(KINDS[plural], _copy(obj))
@@ -162,21 +187,12 @@ class FakeTinkerbell:
         obj = _copy(body)
         meta = obj.setdefault("metadata", {})
         if meta.get("namespace", namespace) != namespace:
-            raise ApiError(
-                400,
-                "BadRequest",
-                "the namespace of the provided object does not match the"
-                " namespace sent on the request",
-            )
-        if _NAMESPACE.fullmatch(namespace) is None:
-            raise invalid(f"metadata.namespace: Invalid value: {namespace!r}")
-        name = meta.get("name")
-        if not isinstance(name, str) or not name:
-            raise invalid("metadata.name: Required value: name is required")
-        if len(name) > 253 or SUBDOMAIN.fullmatch(name) is None:
-            raise invalid(f"metadata.name: Invalid value: {name!r}")
-        meta["namespace"] = namespace  # from the path, as the server stores it
-        self._check(plural, obj)
+            raise namespaceMismatch()
+        given = meta.get("name")
+        name = _checkPlace(
+            namespace, given if isinstance(given, str) and given else None
+        )
+        self._check(plural, namespace, obj)
         store = self._tinkStore(plural)
         key = f"{namespace}/{name}"
         if key in store:
@@ -198,11 +214,7 @@ class FakeTinkerbell:
     def updateObject(
         self, plural: str, namespace: str, name: str, body: dict[str, Any]
     ) -> dict[str, Any]:
-        store = self._tinkStore(plural)
-        key = f"{namespace}/{name}"
-        current = store.get(key)
-        if current is None:
-            raise _notFound(plural, name)
+        store, key, current = self._existing(plural, namespace, name)
         obj = _copy(body)
         meta = obj.get("metadata") or {}
         if meta.get("name") != name or meta.get("namespace", namespace) != namespace:
@@ -217,15 +229,8 @@ class FakeTinkerbell:
         if meta.get("uid") not in (None, was["uid"]):
             raise ApiError(409, "Conflict", f"Precondition failed: UID of {name}")
         if version != was["resourceVersion"]:
-            raise ApiError(
-                409,
-                "Conflict",
-                f'Operation cannot be fulfilled on {plural}.tinkerbell.org "{name}":'
-                " the object has been modified; please apply your changes to the"
-                " latest version and try again",
-            )
-        meta["namespace"] = namespace
-        self._check(plural, obj)
+            raise modified(f"{plural}.tinkerbell.org", name)
+        self._check(plural, namespace, obj)
         for server in ("uid", "creationTimestamp", "namespace"):
             meta[server] = was[server]
         changed = obj.get("spec") != current.get("spec")
@@ -240,11 +245,7 @@ class FakeTinkerbell:
     def deleteObject(
         self, plural: str, namespace: str, name: str, body: dict[str, Any]
     ) -> dict[str, Any]:
-        store = self._tinkStore(plural)
-        key = f"{namespace}/{name}"
-        current = store.get(key)
-        if current is None:
-            raise _notFound(plural, name)
+        store, key, current = self._existing(plural, namespace, name)
         wanted = body.get("preconditions") or {}
         meta = current["metadata"]
         for field in ("uid", "resourceVersion"):
@@ -277,10 +278,7 @@ class FakeTinkerbell:
         C{v012}: tink v0.12's shape (states prefixed C{STATE_}, the worker
         id in C{status.tasks[].worker}, no C{status.agentID}).
         """
-        if _NAMESPACE.fullmatch(namespace) is None:
-            raise invalid(f"metadata.namespace: Invalid value: {namespace!r}")
-        if len(name) > 253 or SUBDOMAIN.fullmatch(name) is None:
-            raise invalid(f"metadata.name: Invalid value: {name!r}")
+        _checkPlace(namespace, name)
         key = f"{namespace}/{name}"
         if key in self.workflows:
             raise ApiError(409, "AlreadyExists", f'"{name}" already exists')
