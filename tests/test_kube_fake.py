@@ -136,14 +136,15 @@ class KubeContractMixin(_Base):
         )
         self.assertTrue(rv)
 
-    def test_approval_staleVersion_conflict(self) -> None:
-        """[K2] An approval with a stale resourceVersion is a 409."""
+    def staleApproval(self) -> tuple[str, Conflict]:
+        """A CSR's name and the error of its approval from a stale
+        resourceVersion (the CSR changed meanwhile)."""
         csr = self.fileCSR()
         name = csr["metadata"]["name"]
         stale = self.call(self.client.getCSR(name))
         self.fake.csrs[name]["metadata"]["resourceVersion"] = "1"  # changed meanwhile
         stale["status"] = {"conditions": [{"type": "Approved", "status": "True"}]}
-        error = self.failure(
+        error: Conflict = self.failure(
             self.client._call(
                 "PUT",
                 f"/apis/certificates.k8s.io/v1/certificatesigningrequests/{name}/approval",
@@ -152,6 +153,11 @@ class KubeContractMixin(_Base):
             ),
             Conflict,
         )
+        return name, error
+
+    def test_approval_staleVersion_conflict(self) -> None:
+        """[K2] An approval with a stale resourceVersion is a 409."""
+        _, error = self.staleApproval()
         self.assertEqual(error.code, 409)
 
     def test_refusals_inTheServersWords(self) -> None:
@@ -167,26 +173,13 @@ class KubeContractMixin(_Base):
             " sent on the request",
             str(error),
         )
-        csr = self.fileCSR()
-        name = csr["metadata"]["name"]
-        stale = self.call(self.client.getCSR(name))
-        self.fake.csrs[name]["metadata"]["resourceVersion"] = "1"
-        stale["status"] = {"conditions": [{"type": "Approved", "status": "True"}]}
-        error = self.failure(
-            self.client._call(
-                "PUT",
-                f"/apis/certificates.k8s.io/v1/certificatesigningrequests/{name}/approval",
-                "x",
-                stale,
-            ),
-            Conflict,
-        )
-        self.assertEqual(error.reason, "Conflict")
+        name, stale = self.staleApproval()
+        self.assertEqual(stale.reason, "Conflict")
         self.assertIn(
             "Operation cannot be fulfilled on"
             f' certificatesigningrequests.certificates.k8s.io "{name}": the object'
             " has been modified",
-            str(error),
+            str(stale),
         )
 
     def test_approval_conflictRetried(self) -> None:

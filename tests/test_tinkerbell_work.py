@@ -61,6 +61,19 @@ class FailedStepTests(SynchronousTestCase):
         step: Step = self.successResultOf(Deferred.fromCoroutine(made))
         return step
 
+    def assertFailed(
+        self,
+        row: WorkflowRecord | HardwareRecord | None,
+        at: float,
+        entry: Entry,
+        expected: Entry,
+    ) -> None:
+        """C{row} ended C{failed} at C{at} with the server's line, and the
+        step's entry is C{expected}."""
+        assert row is not None
+        self.assertEqual((row.state, row.changed_at, row.problem), (FAILED, at, LINE))
+        self.assertEqual(entry, expected)
+
     def test_workflow_failed(self) -> None:
         """A Workflow the API refuses: its row C{failed} at the clock's
         time with the server's line; the entry names the run and the
@@ -68,12 +81,9 @@ class FailedStepTests(SynchronousTestCase):
         api = cast(TinkerbellAPI, Refusing())
         step = self.step(createWorkflow(api, workflow(), lambda: 7.0))
         self.assertIsNone(step.hardware)
-        assert step.workflow is not None
-        self.assertEqual(
-            (step.workflow.state, step.workflow.changed_at, step.workflow.problem),
-            (FAILED, 7.0, LINE),
-        )
-        self.assertEqual(
+        self.assertFailed(
+            step.workflow,
+            7.0,
             step.entry,
             Entry(
                 "tinkerbell.object-failed",
@@ -105,12 +115,9 @@ class FailedStepTests(SynchronousTestCase):
             api = cast(TinkerbellAPI, Refusing(found))
             step = self.step(applyHardware(api, hardware(), lambda: 9.0))
             self.assertIsNone(step.workflow)
-            assert step.hardware is not None
-            self.assertEqual(
-                (step.hardware.state, step.hardware.changed_at, step.hardware.problem),
-                (FAILED, 9.0, LINE),
-            )
-            self.assertEqual(
+            self.assertFailed(
+                step.hardware,
+                9.0,
                 step.entry,
                 Entry(
                     "tinkerbell.object-failed",
