@@ -13,11 +13,11 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.config import KubernetesSettings
+from fleetd.fleet.status import StatusService
 from fleetd.kube.service import KubeService, retireService
 from fleetd.kube.status import KubeStatus
 from fleetd.kube.store import TokenRecord, getToken, kubelet
 from fleetd.runs.render import NodeFacts
-from fleetd.status import StatusService
 from fleetd.testing.kube import FakeKube, csrPEM
 from tests.faultsupport import Faults
 from tests.fleetsupport import RENDERER, Fleet, device

@@ -25,10 +25,11 @@ from fleetd.admin.console.gate import consoleAPI
 from fleetd.admin.console.sessions import ConsoleSessions
 from fleetd.admin.console.tree import ConsoleServices, consoleTree
 from fleetd.admin.deviceflow import followAdminPort
-from fleetd.admin.provision import Provisioner
 from fleetd.admin.resource import adminRoot
 from fleetd.config import NetBoxSettings, Settings
 from fleetd.deviceflow.flow import DeviceFlow
+from fleetd.fleet.provision import Provisioner
+from fleetd.fleet.status import StatusService
 from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import IInventory
 from fleetd.kube.service import KubeService, retireService
@@ -40,7 +41,6 @@ from fleetd.runs.placeholders import DevValues
 from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import TemplateRenderer
 from fleetd.runs.vaultnames import configName
-from fleetd.status import StatusService
 from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.runner import IRunner

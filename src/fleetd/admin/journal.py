@@ -24,9 +24,8 @@ from typing import Any
 from twisted.web import http
 from twisted.web.iweb import IRequest
 
-from fleetd.admin.refusals import OwnerRefused
 from fleetd.inventory.model import IInventory
-from fleetd.refused import NOT_FOUND
+from fleetd.refused import NOT_FOUND, Refused
 from fleetd.store.anchor import Reanchored, ReanchorRefused, checkReason
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.verify import JournalVerification
@@ -44,7 +43,7 @@ async def deviceKey(
     journal: AsyncJournal, inventory: IInventory | None, device: str
 ) -> str:
     """
-    The name C{device}'s entries carry; L{OwnerRefused} (C{not-found}) when neither the
+    The name C{device}'s entries carry; L{Refused} (C{not-found}) when neither the
     journal nor C{inventory} knows it (a typo must not look like a quiet
     device; a retired device is known by its history).
     """
@@ -53,16 +52,16 @@ async def deviceKey(
         return key
     found = None if inventory is None else await inventory.get(device)
     if found is None:
-        raise OwnerRefused(
+        raise Refused(
             NOT_FOUND, f"no device named {device} in the inventory or the journal"
         )
     return found.name
 
 
 async def checkRun(journal: AsyncJournal, run: str) -> None:
-    """L{OwnerRefused} (C{not-found}) unless the journal names C{run}."""
+    """L{Refused} (C{not-found}) unless the journal names C{run}."""
     if not await journal.query(run=run, limit=1):
-        raise OwnerRefused(NOT_FOUND, f"no run named {run} in the journal")
+        raise Refused(NOT_FOUND, f"no run named {run} in the journal")
 
 
 class JournalVerifyResource(Endpoint):

@@ -88,18 +88,6 @@ def lineOf(refused: Refused) -> str:
     return refused.detail
 
 
-class OwnerRefused(Refused):
-    """
-    A L{Refused} of the owner's side that knows the status it is answered
-    with (L{statusOf}), so a caller holding one (the provisioner's, a
-    test) need not look it up.
-    """
-
-    @property
-    def code(self) -> int:
-        return statusOf(self)
-
-
 def ownerRefusal(error: Exception) -> tuple[int, str] | None:
     """A L{Refused}, or a change the store could not record (L{None}: a bug)."""
     if isinstance(error, Refused):

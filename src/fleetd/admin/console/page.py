@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlencode
 from twisted.web import http
 from twisted.web.iweb import IRequest
 
-from fleetd.admin.refusals import OwnerRefused, lineOf, statusOf
+from fleetd.admin.refusals import lineOf, statusOf
 from fleetd.pki.owners import OWNER
 from fleetd.refused import MALFORMED, TOO_LARGE, Refused
 from fleetd.web.refusals import readRefusal, storeRefusal
@@ -194,7 +194,7 @@ def formBody(request: IRequest) -> dict[str, list[str]]:
     """
     The fields of C{request}'s C{application/x-www-form-urlencoded} body,
     parsed strictly (never the query string, which Twisted merges into
-    C{request.args}); L{OwnerRefused} (400) when malformed or not UTF-8, 413
+    C{request.args}); L{Refused} (400) when malformed or not UTF-8, 413
     past L{MAX_FORM} bytes.
     """
     cached = getattr(request, _BODY_ATTRIBUTE, None)
@@ -208,7 +208,7 @@ def formBody(request: IRequest) -> dict[str, list[str]]:
         raw = content.read(MAX_FORM + 1)
         content.seek(0)
     if len(raw) > MAX_FORM:
-        raise OwnerRefused(TOO_LARGE, "the form is too large")
+        raise Refused(TOO_LARGE, "the form is too large")
     try:
         parsed = parse_qs(
             raw.decode("ascii"),
@@ -219,7 +219,7 @@ def formBody(request: IRequest) -> dict[str, list[str]]:
             max_num_fields=100,
         )
     except (UnicodeDecodeError, ValueError):
-        raise OwnerRefused(MALFORMED, "the form is malformed") from None
+        raise Refused(MALFORMED, "the form is malformed") from None
     setattr(request, _BODY_ATTRIBUTE, parsed)
     return parsed
 
@@ -227,7 +227,7 @@ def formBody(request: IRequest) -> dict[str, list[str]]:
 def formValues(request: IRequest, name: str) -> list[str]:
     """
     Every value of field C{name} (from the form body only for a change,
-    as L{formValue}); L{OwnerRefused} (400) when one is not UTF-8.
+    as L{formValue}); L{Refused} (400) when one is not UTF-8.
     """
     if request.method not in (b"GET", b"HEAD"):
         return list(formBody(request).get(name, []))
@@ -235,7 +235,7 @@ def formValues(request: IRequest, name: str) -> list[str]:
     try:
         return [v.decode("utf-8") for v in values]
     except UnicodeDecodeError:
-        raise OwnerRefused(MALFORMED, f"the field {name} is not UTF-8") from None
+        raise Refused(MALFORMED, f"the field {name} is not UTF-8") from None
 
 
 def formValue(request: IRequest, name: str, default: str | None = None) -> str | None:
@@ -243,11 +243,11 @@ def formValue(request: IRequest, name: str, default: str | None = None) -> str |
     The single value of field C{name} as text: of the query string for a
     read (GET, HEAD), of the form body only for a change (L{formBody}), so
     a change never takes a field (the CSRF token above all) from its URL.
-    L{OwnerRefused} (400) when it is repeated or not UTF-8.
+    L{Refused} (400) when it is repeated or not UTF-8.
     """
     values = formValues(request, name)
     if not values:
         return default
     if len(values) > 1:
-        raise OwnerRefused(MALFORMED, f"the field {name} is repeated")
+        raise Refused(MALFORMED, f"the field {name} is repeated")
     return values[0]
