@@ -13,8 +13,9 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.config import KubernetesSettings
+from fleetd.fleet.retire import retireService
 from fleetd.fleet.status import StatusService
-from fleetd.kube.service import KubeService, retireService
+from fleetd.kube.service import KubeService
 from fleetd.kube.status import KubeStatus
 from fleetd.kube.store import TokenRecord, getToken, kubelet
 from fleetd.runs.render import NodeFacts
@@ -77,7 +78,6 @@ class KubeFleet(Fleet):
             clock=self.clock,
             inventory=self.inventory,
             journal=self.journal,
-            runner=self.runner,
             runs=self.registry,
         )
 

@@ -270,7 +270,7 @@ class FleetdService(MultiService):
         admin = adminSite(
             prepared, reactor=self.reactor, registry=self.registry,
             readiness=self.readiness, journal=self.journal, chain=self.chain,
-            runner=self.runner, inventory=self.inventory, runs=self.runs,
+            inventory=self.inventory, runs=self.runs,
             alerts=self.alerts, status=self.status, trust=self.trust,
             disks=self.disks, refusals=self.refusals, deviceFlow=self.deviceFlow,
             kube=self.kube, objects=self.objects,

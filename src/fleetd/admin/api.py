@@ -19,10 +19,10 @@ from fleetd.admin.status import StatusResource
 from fleetd.admin.trust import BindingsResource, DisksAdminResource, EvidenceResource
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.fleet.provision import Provisioner
+from fleetd.fleet.retire import RetireService
 from fleetd.fleet.status import StatusService
 from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import IInventory
-from fleetd.kube.retire import RetireService
 from fleetd.kube.service import KubeService
 from fleetd.store.journal import AsyncJournal
 from fleetd.trust.disks import DiskService

@@ -43,9 +43,9 @@ from fleetd.admin.refusals import (
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.deviceflow.model import RequestView
 from fleetd.fleet.provision import Provisioner
+from fleetd.fleet.retire import RetireService
 from fleetd.fleet.status import DeviceReport, StatusService
 from fleetd.inventory.model import InventoryError, validateName
-from fleetd.kube.retire import RetireService
 from fleetd.refused import CONFLICT, NOT_FOUND, STALE, UNCONFIRMED, Refused
 from fleetd.statuswords import (
     RETIRE_ADVICE,

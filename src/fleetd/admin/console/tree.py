@@ -23,10 +23,10 @@ from fleetd.admin.journal import Verify
 from fleetd.admin.readers import ReaderRefusals
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.fleet.provision import Provisioner
+from fleetd.fleet.retire import RetireService
 from fleetd.fleet.status import StatusService
 from fleetd.fleet.view import FleetView
 from fleetd.inventory.model import IInventory
-from fleetd.kube.retire import RetireService
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry
 from fleetd.store.chain import ChainMonitor
