@@ -155,8 +155,9 @@ def renderPageAsync(
     refusal: Callable[[Exception], tuple[int, str] | None] | None = None,
 ) -> int:
     """
-    Await C{work} and render the page it returns. A L{Refused}, and what
-    C{refusal} maps to C{(code, line)}, are an error page; so is the
+    Await C{work} and render the page it returns. What C{refusal} maps to
+    C{(code, line)} (first: a page's own words for its family, as the
+    device-flow hints), and any other L{Refused}, are an error page; so is the
     inventory or the database down (503: L{readRefusal} for a read,
     L{storeRefusal} for a change, as the owner API answers); anything
     else is logged as a bug and is a 500 page. Nothing is written after the
@@ -168,9 +169,9 @@ def renderPageAsync(
         return done.code, done
 
     def refused(e: Exception) -> tuple[int, str] | None:
-        if isinstance(e, Refused):
-            return statusOf(e), lineOf(e)
         answer = None if refusal is None else refusal(e)
+        if answer is None and isinstance(e, Refused):
+            answer = statusOf(e), lineOf(e)
         if answer is None:
             reading = request.method in (b"GET", b"HEAD")
             answer = (readRefusal if reading else storeRefusal)(e)

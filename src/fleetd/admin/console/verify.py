@@ -51,7 +51,7 @@ from fleetd.admin.console.page import (
     viewerOf,
 )
 from fleetd.admin.readers import readerLookup
-from fleetd.admin.refusals import STATUS_OF_REASON
+from fleetd.admin.refusals import lineOf, statusOf
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.deviceflow.model import DeviceFlowError, RequestView, differences
 from fleetd.inventory.model import Device, IInventory, InventoryError, validateMAC
@@ -150,8 +150,7 @@ def comparison(view: RequestView, record: Device | None) -> list[Row]:
 def _refusal(e: Exception) -> tuple[int, str] | None:
     if isinstance(e, DeviceFlowError):
         hint = HINTS.get(e.kind)
-        line = f"{e.kind}: {e}" + ("" if hint is None else f" ({hint})")
-        return STATUS_OF_REASON[e.kind], line
+        return statusOf(e), lineOf(e) + ("" if hint is None else f" ({hint})")
     return None
 
 
