@@ -28,8 +28,8 @@ from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
 from fleetd.admin.console.page import Page, formValue, query, renderPageAsync
-from fleetd.admin.journal import UNREADABLE, checkRun, deviceKey
 from fleetd.admin.refusals import journalRefusal
+from fleetd.fleet.journal import UNREADABLE, checkRun, deviceKey
 from fleetd.inventory.model import IInventory
 from fleetd.refused import MALFORMED, UNAVAILABLE, Refused
 from fleetd.store.chain import ChainMonitor

@@ -19,9 +19,9 @@ from fleetd.admin.console.journal import JournalView
 from fleetd.admin.console.login import Login
 from fleetd.admin.console.sessions import ConsoleSessions
 from fleetd.admin.console.verify import verifyPage
-from fleetd.admin.journal import Verify
 from fleetd.admin.readers import ReaderRefusals
 from fleetd.deviceflow.flow import DeviceFlow
+from fleetd.fleet.journal import Verify
 from fleetd.fleet.provision import Provisioner
 from fleetd.fleet.retire import RetireService
 from fleetd.fleet.status import StatusService
