@@ -77,6 +77,8 @@ class IRetirementPart(Protocol):
 
 @dataclass(frozen=True)
 class Retirement:
+    """What a retirement did and could not do, as the owner is told."""
+
     device: str
     node_deleted: bool | None  # None: no cluster configured
     tokens: list[str]
