@@ -9,7 +9,7 @@ a few active or failed, retires a few (their latest run superseded),
 opens alert series for some (as their nodes' requests would) and leaves
 a few device-flow requests pending. Then it renders fleet pages through
 the real console resource (the gate, L{fleetd.admin.console.fleet.Fleet},
-L{fleetd.fleetview.FleetView}, Jinja2) R times each, in turn:
+L{fleetd.fleet.view.FleetView}, Jinja2) R times each, in turn:
 
   - the first page (C{/}),
   - a filtered page (C{/?status=planned&cluster=folly}),
@@ -178,7 +178,7 @@ async def measure(service: Any, reactor: Any, rounds: int, size: int) -> None:
 
     from fleetd.admin.console.page import renderPage
     from fleetd.admin.console.tree import consoleTree, fleetView
-    from fleetd.fleetview import fleetQuery, select
+    from fleetd.fleet.view import fleetQuery, select
 
     tree = consoleTree(
         service.console, service.consoleSessions, reactor, owner=lambda _: "bench"

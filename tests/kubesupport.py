@@ -13,11 +13,12 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.config import KubernetesSettings
-from fleetd.kube.service import KubeService, retireService
+from fleetd.fleet.retire import retireService
+from fleetd.fleet.status import StatusService
+from fleetd.kube.service import KubeService
 from fleetd.kube.status import KubeStatus
 from fleetd.kube.store import TokenRecord, getToken, kubelet
 from fleetd.runs.render import NodeFacts
-from fleetd.status import StatusService
 from fleetd.testing.kube import FakeKube, csrPEM
 from tests.faultsupport import Faults
 from tests.fleetsupport import RENDERER, Fleet, device
@@ -77,7 +78,6 @@ class KubeFleet(Fleet):
             clock=self.clock,
             inventory=self.inventory,
             journal=self.journal,
-            runner=self.runner,
             runs=self.registry,
         )
 

@@ -30,10 +30,10 @@ from fleetd.attest.results import AttestResults
 from fleetd.attest.service import AttestationService
 from fleetd.attest.throttle import ANONYMOUS_EVERY, CLAIMED_BURST, NAMED_EVERY
 from fleetd.attest.tpm import ekDigest, spkiOf
+from fleetd.fleet.status import StatusService
 from fleetd.nodes import Refused
 from fleetd.runs.identities import IdentityIndex
 from fleetd.runs.registry import RunRegistry
-from fleetd.status import StatusService
 from fleetd.statuswords import CLONE_STEP, statusLines
 from fleetd.trust.bindings import serialsForEK
 from fleetd.trust.model import evidence

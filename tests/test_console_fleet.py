@@ -18,7 +18,7 @@ from twisted.internet.defer import fail
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from fleetd.fleetview import PAGE_SIZE, FleetQueryError, Search, fleetQuery
+from fleetd.fleet.view import PAGE_SIZE, FleetQueryError, Search, fleetQuery
 from fleetd.inventory.model import DeviceStatus, InventoryError, validateDevice
 from fleetd.runs.alerts import (
     ALERT_NAMES,

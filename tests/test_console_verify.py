@@ -239,6 +239,20 @@ class VerifyPageTests(DeviceFlowNodeCase):
         self.assertIn("already-decided", text(body))
         await self.show(f"/device?user_code={grant['user_code']}", code=409)
 
+    async def test_refusal_pageSaysTheOwnerAPIsLine_thenItsHint(self) -> None:
+        """
+        A refused decision's page shows the owner API's line for it (its
+        kind first: a device-flow refusal is a reason-coded Refused) and
+        then the console's hint, in one line.
+        """
+        await self.setUpDevice()
+        grant = await self.requestCode()
+        form = {"user_code": grant["user_code"], "device": "w1", "action": "deny"}
+        await self.decide(form)
+        body = text(await self.decide(form, 409))
+        self.assertIn("already-decided: ", body)
+        self.assertIn(" (a request is decided once)", body)
+
     async def test_unknownCodes_spendTheBudget(self) -> None:
         """
         RFC 8628 5.1: each unknown (or malformed) code looked up counts;

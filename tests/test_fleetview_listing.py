@@ -14,7 +14,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.fleetview import FleetQuery, FleetView
+from fleetd.fleet.view import FleetQuery, FleetView
 from fleetd.inventory.model import InventoryError, validateDevice
 
 UUID = "4c4c4544-0042-3510-8050-b4c04f4d32{:02d}"

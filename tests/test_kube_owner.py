@@ -13,11 +13,11 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from fleetd.fleet.status import DeviceReport
 from fleetd.inventory.model import DeviceStatus
 from fleetd.k8s.client import KubeUnavailable
 from fleetd.kube.cluster import ClusterTokenError
 from fleetd.kube.rbac import NODECLIENT_ROLE, RBACCheck
-from fleetd.status import DeviceReport
 from fleetd.testing.kube import FakeKube
 from tests.kubesupport import KubeFleet, device, secretData
 

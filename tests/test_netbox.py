@@ -17,7 +17,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from fleetd.admin.provision import ProvisionResource
-from fleetd.admin.refusals import OwnerRefused as Refused
+from fleetd.admin.refusals import statusOf
 from fleetd.inventory.model import DeviceStatus, InventoryError, ServedRecord
 from fleetd.netbox.client import NetBoxClient, NetBoxError
 from fleetd.netbox.devices import CUSTOM_FIELD_TYPES, findBySerial
@@ -25,6 +25,7 @@ from fleetd.netbox.inventory import NetBoxInventory, digestOf
 from fleetd.netbox.mirror import carries, codeSpan
 from fleetd.netbox.outbox import pendingCount
 from fleetd.netbox.service import NetBoxService
+from fleetd.refused import Refused
 from fleetd.runs.machine import Outcome
 from fleetd.store.db import StoreError
 from fleetd.store.entries import Entry
@@ -666,7 +667,7 @@ class ProvisionTests(SynchronousTestCase):
             Deferred.fromCoroutine(resource.provisioner.provision(["w1"], "owner:ann")),
             Refused,
         )
-        self.assertEqual(failure.value.code, 409)
+        self.assertEqual(statusOf(failure.value), 409)
         self.assertIn("decommissioning", str(failure.value))
         self.assertEqual(_events(rig, "w1"), ["provision.refused"])
 

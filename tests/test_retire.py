@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.trial.unittest import SynchronousTestCase
 
+from fleetd.fleet.retire import RetireService, retireService
 from fleetd.inventory.model import DeviceStatus
 from fleetd.k8s.errors import KubeUnavailable
-from fleetd.kube.retire import RetireService
-from fleetd.kube.service import retireService
 from fleetd.runs.machine import Outcome
 from fleetd.runs.provision import RETIRED
 from fleetd.runs.vaultnames import codeName, configName, servedName
@@ -29,7 +28,6 @@ def _retirer(fleet: Fleet) -> RetireService:
         clock=fleet.clock,
         inventory=fleet.inventory,
         journal=fleet.journal,
-        runner=fleet.runner,
         runs=fleet.registry,
     )
 
@@ -235,3 +233,122 @@ class RetireHTTPTests(SynchronousTestCase):
         self.assertEqual(body.count("\n"), 1, body)
         self.assertIn("nothing changed", body)
         self.assertEqual(fleet.status("w1"), DeviceStatus.INVENTORY)
+
+
+class Part:
+    """An L{IRetirementPart} that journals its intent and remembers each call."""
+
+    def __init__(self, key: str, view: dict[str, Any] | None) -> None:
+        self.answerKey = key
+        self._view = view
+        self.refusal: Exception | None = None
+        self.calls: list[tuple[str, Any]] = []
+
+    def recordRetirement(
+        self, db: Any, journal: Any, device: str, actor: str, at: float
+    ) -> Any:
+        if self.refusal is not None:
+            raise self.refusal
+        journal(
+            "part.recorded", actor=actor, device=device, fields={"part": self.answerKey}
+        )
+        self.calls.append(("recorded", device))
+        return (self.answerKey, device, at)
+
+    def committed(self, recorded: Any) -> None:
+        self.calls.append(("committed", recorded))
+
+    def settled(self, devices: Any) -> Deferred[Any]:
+        self.calls.append(("settled", list(devices)))
+        return succeed(None)
+
+    def view(self, device: str) -> dict[str, Any] | None:
+        self.calls.append(("view", device))
+        return self._view
+
+
+class RetirementPartTests(SynchronousTestCase):
+    """
+    [R1] [J1] Each L{IRetirementPart} joins the retirement's one
+    transaction, follows after its commit, and is told in the answer.
+    """
+
+    def setUp(self) -> None:
+        self.fleet = Fleet(self)
+        self.fleet.add(device("w1", "SER1"))
+        (self.first,) = self.fleet.provision(device("w1", "SER1"))
+        self.keys = Part("keys", {"destroyed": True})
+        self.quiet = Part("quiet", None)
+
+    def retire(self) -> Deferred[Any]:
+        retirer = retireService(
+            None,
+            clock=self.fleet.clock,
+            inventory=self.fleet.inventory,
+            journal=self.fleet.journal,
+            runs=self.fleet.registry,
+            parts=[self.keys, self.quiet],
+        )
+        return Deferred.fromCoroutine(retirer.retire("w1", "owner:t"))
+
+    def test_parts_inTheTransaction_thenCommitted_thenAnswered(self) -> None:
+        """
+        Each part records in the retirement's transaction (its entries
+        with device.retired, after what cannot be revoked, in the parts'
+        order), hears committed with what it recorded, is settled, and its
+        view is the answer's under its key (none when it has nothing).
+        """
+        retired = self.successResultOf(self.retire())
+        entries = self.successResultOf(self.fleet.journal.query(device="w1"))
+        start = [e.event for e in entries].index("run.superseded")
+        inTransaction = entries[start:]
+        self.assertEqual({e.at for e in inTransaction}, {entries[-1].at})
+        self.assertEqual(
+            [(e.event, e.fields.get("part")) for e in inTransaction],
+            [
+                ("run.superseded", None),
+                ("device.retired", None),
+                ("kube.unrevocable", None),
+                ("kube.unrevocable", None),
+                ("part.recorded", "keys"),
+                ("part.recorded", "quiet"),
+            ],
+        )
+        at = entries[-1].at
+        self.assertEqual(
+            self.keys.calls,
+            [
+                ("recorded", "w1"),
+                ("committed", ("keys", "w1", at)),
+                ("settled", ["w1"]),
+                ("view", "w1"),
+            ],
+        )
+        answer = retired.toJSON()
+        self.assertEqual(answer["keys"], {"destroyed": True})
+        self.assertNotIn("quiet", answer)
+        self.assertEqual(list(answer)[:2], ["keys", "device"])
+
+    def test_partRefuses_nothingChanged(self) -> None:
+        """
+        [J1] A part that cannot record its intent refuses the retirement:
+        the run stays ready, the device keeps its status, nothing is
+        journaled, and no part hears committed.
+        """
+        self.quiet.refusal = StoreError("the key store is down")
+        self.failureResultOf(self.retire(), StoreError)
+        self.assertEqual(self.fleet.registry.readyRun("w1"), self.first.run)
+        self.assertEqual(self.fleet.status("w1"), DeviceStatus.PLANNED)
+        self.assertNotIn("device.retired", self.fleet.events("w1"))
+        self.assertNotIn("part.recorded", self.fleet.events("w1"))
+        self.assertEqual(self.keys.calls, [("recorded", "w1")])
+        self.assertEqual(self.quiet.calls, [])
+
+    def test_journalFails_partsNotCommitted(self) -> None:
+        """[J1] The transaction fails: the parts recorded nothing that stands."""
+        faults = Faults(self.fleet)
+        faults.inject("journal")
+        self.failureResultOf(self.retire(), StoreError)
+        faults.clear()
+        self.assertNotIn(("committed",), [c[:1] for c in self.keys.calls])
+        self.assertEqual(self.fleet.registry.readyRun("w1"), self.first.run)

@@ -575,7 +575,7 @@ class DuplicateNameTests(SynchronousTestCase):
     def test_parseProvision_caseVariantsAreOneDevice(self) -> None:
         """A device named twice, in any case, is refused before anything starts."""
         from fleetd.admin.provision import parseProvision
-        from fleetd.admin.refusals import OwnerRefused as Refused
+        from fleetd.refused import Refused
 
         self.assertRaises(Refused, parseProvision, b'{"devices": ["w1", "W1"]}')
         self.assertEqual(parseProvision(b'{"devices": ["W1"]}')[0], ["w1"])

@@ -10,9 +10,9 @@ import json
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from fleetd.fleet.status import DeviceReport, StatusService
 from fleetd.inventory.model import DeviceStatus
 from fleetd.runs.alerts import DEFAULT_HOLD
-from fleetd.status import DeviceReport, StatusService
 from tests.daemonsupport import DaemonTestMixin, DeliveryMixin, configPath
 from tests.fleetctlsupport import fleetctlAgainst, ownerConfig
 from tests.fleetsupport import Fleet, device

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
+from fleetd.fleet.status import StatusService
 from fleetd.runs.alerts import HOOKOS
-from fleetd.status import StatusService
 from fleetd.tink.boot import BootEffects, BootMachine
 from fleetd.tink.completion import BootTracker
 from fleetd.tink.observe import (

@@ -16,7 +16,8 @@ from unittest import mock
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.admin.refusals import OwnerRefused as Refused
+from fleetd.admin.refusals import statusOf
+from fleetd.refused import Refused
 from fleetd.store.db import StoreError
 from fleetd.tinkerbell.service import Refusal, TinkerbellService
 from fleetd.tinkerbell.store import CREATE
@@ -166,7 +167,7 @@ class ProvisionTests(SynchronousTestCase):
         the Hardware is not touched."""
         hand = self.fleet.fake.addHardware(NS, "w1", [self.w1.macs[0]])
         error = self.failureResultOf(self.fleet.provisionAsOwner(self.w1), Refused)
-        self.assertEqual(error.value.code, 409)
+        self.assertEqual(statusOf(error.value), 409)
         self.assertIn(f"Hardware {NS}/w1", str(error.value))
         self.assertIn("nothing was provisioned", str(error.value))
         self.assertIsNone(self.fleet.registry.readyRun("w1"))
@@ -239,7 +240,7 @@ class KubernetesDownTests(SynchronousTestCase):
         no intent, nothing to retry."""
         self.fleet.fake.reachable = False
         error = self.failureResultOf(self.fleet.provisionAsOwner(self.w1), Refused)
-        self.assertEqual(error.value.code, 503)
+        self.assertEqual(statusOf(error.value), 503)
         self.assertIsNone(self.fleet.registry.readyRun("w1"))
         self.assertEqual(self.fleet.rows("w1"), [])
         self.fleet.fake.reachable = True

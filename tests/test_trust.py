@@ -387,8 +387,8 @@ class StatusTests(SynchronousTestCase):
 
     def test_report_showsBindingEvidenceAndDisks(self) -> None:
         """[T1] [D1] The status report carries the binding state and disk report."""
+        from fleetd.fleet.status import StatusService
         from fleetd.nodes import NodeIdentity
-        from fleetd.status import StatusService
         from fleetd.statuswords import diskLines, trustLines
         from fleetd.trust.disk_report import Disk
         from fleetd.trust.disks import DiskService

@@ -11,11 +11,11 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
-from fleetd.admin.provision import Provisioner
 from fleetd.config.tinkerbell import TinkerbellClass, TinkerbellSettings
+from fleetd.fleet.provision import Provisioner
+from fleetd.fleet.retire import retireService
+from fleetd.fleet.status import StatusService
 from fleetd.inventory.model import Device, validateDevice
-from fleetd.kube.service import retireService
-from fleetd.status import StatusService
 from fleetd.tink.wfstate import WorkflowStateWatch
 from fleetd.tinkerbell.service import TinkerbellService
 from fleetd.tinkerbell.store import WorkflowRecord, workflowsOf
@@ -84,9 +84,8 @@ class ObjectsFleet(KubeFleet):
             clock=self.clock,
             inventory=self.inventory,
             journal=self.journal,
-            runner=self.runner,
             runs=self.registry,
-            objects=self.objects,
+            parts=[self.objects],
         )
         self.fake.flush()
 

@@ -25,13 +25,15 @@ from fleetd.admin.console.gate import consoleAPI
 from fleetd.admin.console.sessions import ConsoleSessions
 from fleetd.admin.console.tree import ConsoleServices, consoleTree
 from fleetd.admin.deviceflow import followAdminPort
-from fleetd.admin.provision import Provisioner
 from fleetd.admin.resource import adminRoot
 from fleetd.config import NetBoxSettings, Settings
 from fleetd.deviceflow.flow import DeviceFlow
+from fleetd.fleet.provision import Provisioner
+from fleetd.fleet.retire import retireService
+from fleetd.fleet.status import StatusService
 from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import IInventory
-from fleetd.kube.service import KubeService, retireService
+from fleetd.kube.service import KubeService
 from fleetd.prepare import Prepared
 from fleetd.reactors import IFleetdReactor
 from fleetd.readiness import Readiness
@@ -40,7 +42,6 @@ from fleetd.runs.placeholders import DevValues
 from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import TemplateRenderer
 from fleetd.runs.vaultnames import configName
-from fleetd.status import StatusService
 from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.runner import IRunner
@@ -149,7 +150,6 @@ def adminSite(
     readiness: Readiness,
     journal: AsyncJournal,
     chain: ChainMonitor,
-    runner: IRunner,
     inventory: IInventory,
     runs: RunRegistry,
     alerts: AlertTracker,
@@ -173,14 +173,13 @@ def adminSite(
         pool = reactor.getThreadPool()
         return deferToThreadPool(reactor, pool, work, data)
 
-    retire = retireService(
+    retire = retireService(  # with or without [kubernetes]
         kube,
         clock=reactor,
         inventory=inventory,
         journal=journal,
-        runner=runner,
         runs=runs,
-        objects=None if objects is None else objects.service,
+        parts=() if objects is None else (objects.service,),
     )
     renderer = TemplateRenderer(
         s.provision.templates,

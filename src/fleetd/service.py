@@ -34,6 +34,7 @@ from fleetd.config import ConfigError, NetBoxSettings
 from fleetd.device.resource import deviceFace
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.dns.service import DNSService
+from fleetd.fleet.status import StatusService
 from fleetd.heap import ICollector, pauseForStartup, tune
 from fleetd.inventory.census import LOCAL_INTERVAL, REMOTE_INTERVAL, Census
 from fleetd.inventory.model import IInventory
@@ -54,7 +55,6 @@ from fleetd.reactors import IFleetdReactor
 from fleetd.readiness import Readiness, notifySystemd
 from fleetd.runs.alerts import AlertTracker
 from fleetd.runs.registry import RunRegistry
-from fleetd.status import StatusService
 from fleetd.store.chain import ChainMonitor
 from fleetd.store.journal import AsyncJournal, Journal
 from fleetd.store.keys import deriveKey
@@ -270,7 +270,7 @@ class FleetdService(MultiService):
         admin = adminSite(
             prepared, reactor=self.reactor, registry=self.registry,
             readiness=self.readiness, journal=self.journal, chain=self.chain,
-            runner=self.runner, inventory=self.inventory, runs=self.runs,
+            inventory=self.inventory, runs=self.runs,
             alerts=self.alerts, status=self.status, trust=self.trust,
             disks=self.disks, refusals=self.refusals, deviceFlow=self.deviceFlow,
             kube=self.kube, objects=self.objects,

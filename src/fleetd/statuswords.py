@@ -2,7 +2,7 @@
 The words of C{fleetctl status NAME}, for fleetctl and the owner console.
 
 A device's status report (the JSON of C{GET /v1/admin/status/NAME},
-L{fleetd.status.DeviceReport.toJSON}) becomes a headline and labelled
+L{fleetd.fleet.status.DeviceReport.toJSON}) becomes a headline and labelled
 L{Row}s here, once: fleetctl prints them as lines, the console's device
 page as a definition list, so both say the same thing in the same words.
 Pure functions over JSON values; nothing of fleetd is imported, so both

@@ -14,15 +14,16 @@ from fleetd.admin.backup import BackupResource
 from fleetd.admin.deviceflow import deviceFlowAdminResource
 from fleetd.admin.devices import Offload, devicesResource
 from fleetd.admin.kube import clusterTokenResource, retireResource
-from fleetd.admin.provision import ProvisionEndpoint, Provisioner
+from fleetd.admin.provision import ProvisionEndpoint
 from fleetd.admin.status import StatusResource
 from fleetd.admin.trust import BindingsResource, DisksAdminResource, EvidenceResource
 from fleetd.deviceflow.flow import DeviceFlow
+from fleetd.fleet.provision import Provisioner
+from fleetd.fleet.retire import RetireService
+from fleetd.fleet.status import StatusService
 from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import IInventory
-from fleetd.kube.retire import RetireService
 from fleetd.kube.service import KubeService
-from fleetd.status import StatusService
 from fleetd.store.journal import AsyncJournal
 from fleetd.trust.disks import DiskService
 from fleetd.trust.service import TrustService

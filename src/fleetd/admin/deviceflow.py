@@ -18,8 +18,8 @@ mismatch, 410 expired, 429 too many failed attempts, 503 not recorded
 C{/device} is the C{verification_uri} Talos shows [F3], the owner
 console's verification page (L{fleetd.admin.console.verify}), which
 decides through the same L{DeviceFlow} calls as this API and answers its
-refusals with the statuses of L{STATUS_OF_REASON}. L{verificationURI}
-derives its address from the admin listener's bound port.
+refusals alike (L{fleetd.admin.refusals}). L{verificationURI} derives its
+address from the admin listener's bound port.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
 from fleetd import jsonbody
-from fleetd.admin.refusals import STATUS_OF_REASON, decisionRefusal
+from fleetd.admin.refusals import decisionRefusal, lineOf, statusOf
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.deviceflow.model import COMPARED, DeviceFlowError, RequestView
 from fleetd.jsonbody import JSONBodyError
@@ -161,7 +161,7 @@ class _Decision(Endpoint):
             else:
                 body = _jsonBody(request, ("user_code",))
         except DeviceFlowError as e:
-            return textResponse(request, STATUS_OF_REASON[e.kind], f"{e.kind}: {e}")
+            return textResponse(request, statusOf(e), lineOf(e))
 
         async def work() -> tuple[int, Any]:
             if self._approve:

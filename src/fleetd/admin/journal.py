@@ -10,59 +10,25 @@ The journal's chain in the owner API (issue 19 item 5).
     400 without a reason. Only owners get here (the owner gate); the
     owner is the entry's actor.
 
-And what C{GET /v1/admin/journal} and the console's journal view share:
-the device and run a query names must be ones fleetd knew (L{deviceKey},
-L{checkRun}), else a 404 (L{journalRefusal}).
+What C{GET /v1/admin/journal} and the console's journal view share (the
+device and run a query names must be ones fleetd knew, else a 404) is
+L{fleetd.fleet.journal}.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from twisted.web import http
 from twisted.web.iweb import IRequest
 
-from fleetd.admin.refusals import OwnerRefused
-from fleetd.inventory.model import IInventory
-from fleetd.refused import NOT_FOUND
+from fleetd.fleet.journal import UNREADABLE, Verify
 from fleetd.store.anchor import Reanchored, ReanchorRefused, checkReason
 from fleetd.store.journal import AsyncJournal
-from fleetd.store.verify import JournalVerification
 from fleetd.web.owner import ownerOf
 from fleetd.web.refusals import storeRefusal
 from fleetd.web.resources import Endpoint, renderAsync, textResponse
-
-Verify = Callable[[], Awaitable[JournalVerification | None]]
-"""Verify the chain now and record the verdict (L{ChainMonitor.verify})."""
-
-UNREADABLE = "the journal could not be read; see fleetd's log"
-
-
-async def deviceKey(
-    journal: AsyncJournal, inventory: IInventory | None, device: str
-) -> str:
-    """
-    The name C{device}'s entries carry; L{OwnerRefused} (C{not-found}) when neither the
-    journal nor C{inventory} knows it (a typo must not look like a quiet
-    device; a retired device is known by its history).
-    """
-    key = device.lower()  # as the inventory keys names
-    if await journal.query(device=key, limit=1):
-        return key
-    found = None if inventory is None else await inventory.get(device)
-    if found is None:
-        raise OwnerRefused(
-            NOT_FOUND, f"no device named {device} in the inventory or the journal"
-        )
-    return found.name
-
-
-async def checkRun(journal: AsyncJournal, run: str) -> None:
-    """L{OwnerRefused} (C{not-found}) unless the journal names C{run}."""
-    if not await journal.query(run=run, limit=1):
-        raise OwnerRefused(NOT_FOUND, f"no run named {run} in the journal")
 
 
 class JournalVerifyResource(Endpoint):

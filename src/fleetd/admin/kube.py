@@ -28,9 +28,9 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import Resource
 
 from fleetd.admin.refusals import kubeRefusal
+from fleetd.fleet.retire import RetireService
 from fleetd.inventory.model import InventoryError, validateName
 from fleetd.kube.cluster import ClusterTokenError, ClusterTokens
-from fleetd.kube.retire import RetireService
 from fleetd.web.owner import OwnerOf, ownerOf
 from fleetd.web.resources import Endpoint, notFound, renderAsync, textResponse
 

@@ -1,66 +1,36 @@
 """
-C{POST /v1/admin/provision}: the owner starts runs, one per device.
+C{POST /v1/admin/provision}: the owner starts runs, one per device, through
+the one L{Provisioner} (L{fleetd.fleet.provision}, which the console's
+device page uses too).
 
 Body: C{{"devices": ["w1", ...], "desired_action": null | "netboot"}}.
 Answer 201 with C{{"runs": [{"run", "code", "device"}, ...]}}; the codes
-appear in this response and nowhere else. All devices are checked before
-any run starts: unknown devices, refused classes [T2], a serial NetBox
-holds more than once (design.md, State), a broken template or a full vault
-refuse the whole request, and nothing changes [J1]. A template that cannot
-be rendered (an unfilled placeholder included, issue 27) is a 409 naming
-the device and its cluster, journaled as C{provision.refused} (reason
-C{template}) like the other refusals; it is checked before any bootstrap
-token, vault file or run is made. While the inventory
-cannot be asked (NetBox down, or refusing fleetd's token) the answer is
-503 C{busy: ...} with Retry-After: a device is never provisioned from a
-cache (issue 17 items 11 and 12).
+appear in this response and nowhere else. A refusal is the provisioner's
+L{Refused}, answered with its reason's status (L{fleetd.admin.refusals}):
+an unknown device 404; a refused class [T2], an ambiguous serial, a
+template that cannot be rendered (naming the device and its cluster), a
+retired device, a run that moved on or Tinkerbell's objects in the way
+409; the inventory that cannot be asked 503 C{busy: ...}, a full vault or
+an unreachable cluster 503, with Retry-After; nothing changes [J1].
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Callable
 from typing import Any
 
 from twisted.web import http
 from twisted.web.iweb import IRequest
 
-from fleetd.admin.refusals import OwnerRefused, lineOf, ownerRefusal
-from fleetd.inventory.model import (
-    REFUSED_CLASSES,
-    Device,
-    DeviceStatus,
-    IInventory,
-    InventoryError,
-    validateName,
-)
-from fleetd.k8s.client import KubeError
-from fleetd.refused import (
-    BUSY,
-    CLASS_REFUSED,
-    CONFLICT,
-    DECOMMISSIONING,
-    MALFORMED,
-    NOT_FOUND,
-    SERIAL_AMBIGUOUS,
-    STALE,
-    TEMPLATE,
-    UNAVAILABLE,
-)
-from fleetd.runs.provision import (
-    Decommissioning,
-    ICredentials,
-    NotReady,
-    Provisioned,
-    RunMoved,
-)
+from fleetd.admin.refusals import lineOf, ownerRefusal, statusOf
+from fleetd.fleet.provision import Provisioner
+from fleetd.inventory.model import IInventory, InventoryError, validateName
+from fleetd.refused import MALFORMED, Refused
+from fleetd.runs.provision import ICredentials
 from fleetd.runs.registry import RunRegistry
-from fleetd.runs.render import NodeFacts, RenderError, TemplateRenderer
-from fleetd.store.fields import MAX_STRING
+from fleetd.runs.render import TemplateRenderer
 from fleetd.store.journal import AsyncJournal
-from fleetd.tinkerbell.service import Refusal, TinkerbellService
-from fleetd.vault import VaultError
 from fleetd.web.owner import ownerOf
 from fleetd.web.refusals import Answer, withRetryAfter
 from fleetd.web.resources import Endpoint, renderAsync, textResponse
@@ -69,32 +39,18 @@ DESIRED_ACTIONS = frozenset({"netboot"})
 MAX_DEVICES = 1000
 
 
-class _TemplateFailed(Exception):
-    """C{device}'s template could not be rendered (C{error} says why)."""
-
-    def __init__(self, device: Device, cluster: str, error: RenderError) -> None:
-        super().__init__(str(error))
-        self.device = device
-        self.cluster = cluster
-
-
 def _answer(request: IRequest) -> Answer:
     """L{ownerRefusal}, with C{Retry-After} on a 503 (busy: retry later)."""
     return withRetryAfter(request, ownerRefusal)
-
-
-def _busy(error: InventoryError) -> OwnerRefused:
-    """NetBox cannot be asked: busy, with why (the token, when it is refused)."""
-    return OwnerRefused(BUSY, f"{error}; nothing was provisioned")
 
 
 def parseProvision(body: bytes) -> tuple[list[str], str | None]:
     try:
         doc = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
-        raise OwnerRefused(MALFORMED, "body is not JSON") from e
+        raise Refused(MALFORMED, "body is not JSON") from e
     if not isinstance(doc, dict) or set(doc) - {"devices", "desired_action"}:
-        raise OwnerRefused(MALFORMED, "expected {devices, desired_action}")
+        raise Refused(MALFORMED, "expected {devices, desired_action}")
     names = doc.get("devices")
     if (
         not isinstance(names, list)
@@ -102,244 +58,17 @@ def parseProvision(body: bytes) -> tuple[list[str], str | None]:
         or len(names) > MAX_DEVICES
         or not all(isinstance(n, str) and n for n in names)
     ):
-        raise OwnerRefused(MALFORMED, f"devices: 1 to {MAX_DEVICES} device names")
+        raise Refused(MALFORMED, f"devices: 1 to {MAX_DEVICES} device names")
     try:
         names = [validateName(n) for n in names]  # as the inventory keys them
     except InventoryError as e:
-        raise OwnerRefused(MALFORMED, f"devices: {e}") from e
+        raise Refused(MALFORMED, f"devices: {e}") from e
     if len(set(names)) != len(names):
-        raise OwnerRefused(MALFORMED, "devices: a device is named twice")
+        raise Refused(MALFORMED, "devices: a device is named twice")
     action = doc.get("desired_action")
     if action is not None and action not in DESIRED_ACTIONS:
-        raise OwnerRefused(
-            MALFORMED, f"desired_action: one of {sorted(DESIRED_ACTIONS)}"
-        )
+        raise Refused(MALFORMED, f"desired_action: one of {sorted(DESIRED_ACTIONS)}")
     return names, action
-
-
-class Provisioner:
-    """
-    The owner's provision, free of HTTP: every check and refusal of
-    C{POST /v1/admin/provision}, for the owner API and the console's
-    device page alike.
-    """
-
-    def __init__(
-        self,
-        registry: RunRegistry,
-        inventory: IInventory,
-        renderer: TemplateRenderer,
-        journal: AsyncJournal,
-        credentials: ICredentials | None = None,
-        objects: TinkerbellService | None = None,
-    ) -> None:
-        """
-        @param objects: with C{[tinkerbell]}, each device's Hardware and
-            its run's Workflow (checked before any run is made, recorded
-            with the runs, made after; the answer waits for their first
-            try and tells it).
-        """
-        self._credentials = credentials
-        self._objects = objects
-        self._registry = registry
-        self._inventory = inventory
-        self._renderer = renderer
-        self._journal = journal
-
-    async def provision(
-        self,
-        names: list[str],
-        actor: str,
-        desiredAction: str | None = None,
-        via: str | None = None,
-        supersedes: Mapping[str, str | None] | None = None,
-    ) -> list[Provisioned]:
-        """
-        Start one run per device of C{names} (checked names, as
-        L{parseProvision} gives them), all or none.
-
-        @param via: where the owner asked (C{console}), journaled when given.
-        @param supersedes: per device, the run id its latest run must be
-            (L{None}: it has none), compared in the transaction that starts
-            the runs: a confirmation submitted twice starts one run, and
-            the second is refused (409) with nothing changed.
-        @raise OwnerRefused: the one line saying why nothing was provisioned
-            (store failures raise the store's own errors: L{ownerRefusal}).
-        """
-        devices: list[Device] = []
-        for name in names:
-            try:
-                device = await self._inventory.get(name)
-                if device is not None:
-                    await self._serialIsOne(device, actor)
-            except InventoryError as e:
-                if e.kind != "unavailable":
-                    raise
-                raise _busy(e) from e
-            if device is None:
-                raise OwnerRefused(NOT_FOUND, f"unknown device {name}")
-            if device.status is DeviceStatus.DECOMMISSIONING:
-                raise await self._decommissioning(name, actor)
-            if device.device_class in REFUSED_CLASSES:
-                await self._journal.append(
-                    "provision.refused",
-                    actor=actor,
-                    device=name,
-                    fields={"reason": "class-refused", "class": device.device_class},
-                )
-                raise OwnerRefused(
-                    CLASS_REFUSED,
-                    f"{name} is of class {device.device_class},"
-                    " which cannot install through fleetd",
-                )
-            devices.append(device)
-        for device in devices:  # before any token, file or run is made
-            try:
-                self._renderer.check(device.cluster)
-            except RenderError as e:
-                cluster = device.cluster or self._renderer.defaultCluster
-                failed = _TemplateFailed(device, cluster, e)
-                raise await self._templateFailed(failed, actor) from e
-        if self._objects is not None:
-            await self._preflight(self._objects, devices, actor)
-        try:
-            started = await self._provisionRuns(
-                devices, desiredAction, actor, via, supersedes
-            )
-        except RunMoved as e:
-            raise OwnerRefused(
-                STALE, f"{e}: confirm again; nothing was provisioned"
-            ) from e
-        except NotReady as e:
-            raise OwnerRefused(UNAVAILABLE, str(e)) from e
-        except Decommissioning as e:  # retired while this request ran [R1]
-            raise await self._decommissioning(e.device, actor) from e
-        except _TemplateFailed as e:  # rendered once each, before any run is stored
-            raise await self._templateFailed(e, actor) from e
-        except VaultError as e:
-            raise OwnerRefused(
-                UNAVAILABLE, f"vault: {e}; nothing was provisioned"
-            ) from e
-        except KubeError as e:  # the bootstrap token's Secret [K1]
-            raise OwnerRefused(
-                UNAVAILABLE,
-                f"kubernetes: {e}; nothing was provisioned",
-            ) from e
-        if self._objects is None:
-            return started
-        # The runs stand; their objects' calls are retried until made.
-        await self._objects.settled([p.device for p in started])
-        return [replace(p, objects=self._objects.view(p.device)) for p in started]
-
-    async def _preflight(
-        self, objects: TinkerbellService, devices: list[Device], actor: str
-    ) -> None:
-        """
-        Tinkerbell's objects can be fleetd's (issue 28): no Hardware or
-        live Workflow fleetd did not make stands in the way; else the
-        refusal names it, journaled, and nothing is provisioned.
-        """
-        try:
-            await objects.preflight(devices)
-        except Refusal as e:
-            if e.busy:
-                raise OwnerRefused(UNAVAILABLE, f"{e}; nothing was provisioned") from e
-            await self._journal.append(
-                "provision.refused",
-                actor=actor,
-                device=e.device,
-                fields={"reason": e.reason, "problem": str(e)[:MAX_STRING]},
-            )
-            raise OwnerRefused(CONFLICT, f"{e}; nothing was provisioned") from e
-
-    async def _serialIsOne(self, device: Device, actor: str) -> None:
-        """
-        design.md, NetBox: C{device}'s serial names it alone (compared without regard
-        to case, as NetBox's C{?serial=}); several devices are refused,
-        journaled, before anything changes (issue 17 item 12).
-        """
-        try:
-            found = await self._inventory.bySerial(device.serial)
-            if found is not None and found.name == device.name:
-                return
-            line = (
-                f"serial {device.serial} of {device.name}"
-                " now finds another device; nothing was provisioned"
-            )
-        except InventoryError as e:
-            if e.kind != "duplicate":
-                raise
-            line = f"{e}; nothing was provisioned"
-        await self._journal.append(
-            "provision.refused",
-            actor=actor,
-            device=device.name,
-            fields={"reason": "serial-ambiguous", "serial": device.serial},
-        )
-        raise OwnerRefused(SERIAL_AMBIGUOUS, line)
-
-    async def _templateFailed(
-        self, failed: _TemplateFailed, actor: str
-    ) -> OwnerRefused:
-        """The refusal of a provision whose template failed, journaled."""
-        name = failed.device.name
-        await self._journal.append(
-            "provision.refused",
-            actor=actor,
-            device=name,
-            fields={
-                "reason": "template",
-                "cluster": failed.cluster,
-                "problem": str(failed)[:MAX_STRING],
-            },
-        )
-        return OwnerRefused(
-            TEMPLATE,
-            f"{name} (cluster {failed.cluster}): {failed}; nothing was provisioned",
-        )
-
-    async def _decommissioning(self, name: str, actor: str) -> OwnerRefused:
-        await self._journal.append(
-            "provision.refused",
-            actor=actor,
-            device=name,
-            fields={"reason": "decommissioning"},
-        )
-        return OwnerRefused(
-            DECOMMISSIONING,
-            f"{name} is retired and cannot be provisioned",
-        )
-
-    async def _provisionRuns(
-        self,
-        rendered: list[Device],
-        action: str | None,
-        actor: str,
-        via: str | None,
-        supersedes: Mapping[str, str | None] | None,
-    ) -> list[Provisioned]:
-        renderer = self._renderer
-
-        def render(device: Device, run: str, token: str | None = None) -> bytes:
-            facts = NodeFacts(
-                device.name, device.device_class, run=run, bootstrap_token=token
-            )
-            try:
-                return renderer.render(device.cluster, facts)
-            except RenderError as e:
-                cluster = device.cluster or renderer.defaultCluster
-                raise _TemplateFailed(device, cluster, e) from e
-
-        return await self._registry.provision(
-            rendered,
-            actor=actor,
-            desiredAction=action,
-            render=render,
-            credentials=self._credentials,
-            via=via,
-            supersedes=supersedes,
-            objects=self._objects,
-        )
 
 
 class ProvisionEndpoint(Endpoint):
@@ -361,8 +90,8 @@ class ProvisionEndpoint(Endpoint):
         actor = f"owner:{self._ownerName(request)}"
         try:
             names, action = parseProvision(body)
-        except OwnerRefused as e:
-            return textResponse(request, e.code, lineOf(e))
+        except Refused as e:
+            return textResponse(request, statusOf(e), lineOf(e))
 
         async def work() -> tuple[int, Any]:
             runs = await self.provisioner.provision(names, actor, action)

@@ -1,13 +1,18 @@
 """
 How the admin listener answers an owner's refusal, in the owner API and in
-the console alike: the HTTP status of each reason code (L{fleetd.refused})
-and of each subsystem's error kind, in one table, and the one line.
+the console alike: the HTTP status of each reason code, in one table, and
+the one line. A refusal is a L{Refused} (L{fleetd.refused}): the owner's
+reason codes, and the subsystems' refusals that are L{Refused} with their
+kind as the reason (trust's L{TrustError}, the device flow's
+L{DeviceFlowError}, the cluster tokens' L{ClusterTokenError}).
 
 An owner's line is the refusal's detail; the reasons in L{NAMED} begin it
 with their code, as the owner API always answered them (C{busy: ...},
-C{class-refused: ...}). Each C{*Refusal} below maps what one family of
-commands can meet to C{(status, line)}, or L{None} for a bug; the console
-shows the same line the API answers.
+C{class-refused: ...}), and so does every refusal of the device flow and
+of the cluster tokens (L{NAMED_KINDS}: C{expired: ...}, C{no-cluster:
+...}). Each C{*Refusal} below maps what one family of commands can meet
+to C{(status, line)}, or L{None} for a bug; the console shows the same
+line the API answers.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ STATUS_OF_REASON: dict[str, int] = {
     CONFLICT: http.CONFLICT,
     BUSY: http.SERVICE_UNAVAILABLE,
     UNAVAILABLE: http.SERVICE_UNAVAILABLE,
-    # kinds of DeviceFlowError, ClusterTokenError and TrustError
+    # the kinds of DeviceFlowError, ClusterTokenError and TrustError
     "invalid": http.BAD_REQUEST,
     "unknown-user-code": http.NOT_FOUND,
     "unknown-device": http.NOT_FOUND,
@@ -74,6 +79,8 @@ STATUS_OF_REASON: dict[str, int] = {
 
 # The reasons an owner's line begins with.
 NAMED = frozenset({BUSY, CLASS_REFUSED, SERIAL_AMBIGUOUS, TEMPLATE, DECOMMISSIONING})
+# The refusals whose every line begins with its reason (their kind).
+NAMED_KINDS = (DeviceFlowError, ClusterTokenError)
 
 
 def statusOf(refused: Refused) -> int:
@@ -83,21 +90,9 @@ def statusOf(refused: Refused) -> int:
 
 def lineOf(refused: Refused) -> str:
     """The one line the owner is shown for C{refused}."""
-    if refused.reason in NAMED:
+    if refused.reason in NAMED or isinstance(refused, NAMED_KINDS):
         return f"{refused.reason}: {refused.detail}"
     return refused.detail
-
-
-class OwnerRefused(Refused):
-    """
-    A L{Refused} of the owner's side that knows the status it is answered
-    with (L{statusOf}), so a caller holding one (the provisioner's, a
-    test) need not look it up.
-    """
-
-    @property
-    def code(self) -> int:
-        return statusOf(self)
 
 
 def ownerRefusal(error: Exception) -> tuple[int, str] | None:
@@ -108,10 +103,10 @@ def ownerRefusal(error: Exception) -> tuple[int, str] | None:
 
 
 def kubeRefusal(error: Exception) -> tuple[int, str] | None:
-    """A refused Kubernetes credential command or retirement."""
-    if isinstance(error, ClusterTokenError):
-        status = STATUS_OF_REASON.get(error.kind, http.BAD_REQUEST)
-        return status, f"{error.kind}: {error}"
+    """
+    A refused Kubernetes credential command or retirement (a
+    L{ClusterTokenError} is a L{Refused}, answered by L{ownerRefusal}).
+    """
     if isinstance(error, KubeError):
         return http.SERVICE_UNAVAILABLE, f"kubernetes: {error}; nothing changed"
     if isinstance(error, NotReady):  # a retirement right after a start
@@ -125,7 +120,7 @@ def trustRefusal(error: Exception) -> tuple[int, str] | None:
     """A refused trust change (logged)."""
     if isinstance(error, TrustError):
         log.warn("trust.refused {kind} {reason}", kind=error.kind, reason=str(error))
-        return STATUS_OF_REASON[error.kind], str(error)
+        return statusOf(error), lineOf(error)
     if isinstance(error, InventoryError) and error.kind == "invalid":
         return http.BAD_REQUEST, str(error)
     return ownerRefusal(error)
@@ -134,7 +129,7 @@ def trustRefusal(error: Exception) -> tuple[int, str] | None:
 def decisionRefusal(error: Exception) -> tuple[int, str] | None:
     """A refused device-flow decision."""
     if isinstance(error, DeviceFlowError):
-        return STATUS_OF_REASON[error.kind], f"{error.kind}: {error}"
+        return statusOf(error), lineOf(error)
     return None
 
 

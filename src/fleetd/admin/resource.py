@@ -24,15 +24,10 @@ from twisted.web.iweb import IRequest
 
 from fleetd import jsonbody
 from fleetd.admin.console.tree import ConsoleTree
-from fleetd.admin.journal import (
-    JournalVerifyResource,
-    ReanchorResource,
-    Verify,
-    checkRun,
-    deviceKey,
-)
+from fleetd.admin.journal import JournalVerifyResource, ReanchorResource
 from fleetd.admin.readers import READER_API_POSTS, ReaderRefusals
 from fleetd.admin.refusals import journalRefusal
+from fleetd.fleet.journal import Verify, checkRun, deviceKey
 from fleetd.inventory.model import IInventory
 from fleetd.jsonbody import JSONBodyError
 from fleetd.logs import ThrottledLog

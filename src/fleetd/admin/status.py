@@ -1,4 +1,4 @@
-"""C{GET /v1/admin/status/NAME}: L{fleetd.status.StatusService} as JSON."""
+"""C{GET /v1/admin/status/NAME}: L{fleetd.fleet.status.StatusService} as JSON."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
+from fleetd.fleet.status import StatusService
 from fleetd.inventory.model import InventoryError
-from fleetd.status import StatusService
 from fleetd.web.refusals import inventoryRefusal
 from fleetd.web.resources import Endpoint, notFound, renderAsync
 

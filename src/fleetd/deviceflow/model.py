@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from fleetd.refused import Refused
+
 ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"
 USER_CODE_LENGTH = 8
 GRANT_TYPE = "urn:ietf:params:oauth:grant-type:device_code"
@@ -102,9 +104,10 @@ class RequestView:
         return "code" in self.reported
 
 
-class DeviceFlowError(Exception):
+class DeviceFlowError(Refused):
     """
-    An owner's approval or denial was refused.
+    An owner's approval or denial was refused: a L{Refused} whose reason
+    is its C{kind}, and whose line (C{str}) is its detail.
 
     @ivar kind: C{"invalid"}, C{"unknown-user-code"}, C{"expired"},
         C{"already-decided"}, C{"being-decided"}, C{"no-ready-run"},
@@ -113,8 +116,11 @@ class DeviceFlowError(Exception):
     """
 
     def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
+        super().__init__(kind, message)
         self.kind = kind
+
+    def __str__(self) -> str:
+        return self.detail
 
 
 def normaliseUserCode(text: str) -> str | None:

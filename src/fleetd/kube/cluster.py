@@ -38,17 +38,25 @@ from fleetd.k8s.client import KubeClient
 from fleetd.kube.book import TokenBook
 from fleetd.kube.store import TokenRecord, insertToken, sealedToken, setDeleteAt
 from fleetd.kube.tokens import CLUSTER_GROUP, Sealer, Token, mintToken, tokenSecret
+from fleetd.refused import Refused
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
 
 
-class ClusterTokenError(Exception):
-    """A refusal; C{kind} is C{not-found}, C{conflict} or C{invalid}."""
+class ClusterTokenError(Refused):
+    """
+    A refusal: a L{Refused} whose reason is its C{kind} (C{not-found},
+    C{conflict}, C{invalid} or C{no-cluster}), whose line (C{str}) is its
+    detail.
+    """
 
     def __init__(self, message: str, kind: str = "invalid") -> None:
-        super().__init__(message)
+        super().__init__(kind, message)
         self.kind = kind
+
+    def __str__(self) -> str:
+        return self.detail
 
 
 @dataclass(frozen=True)

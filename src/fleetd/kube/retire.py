@@ -1,71 +1,57 @@
 """
-Retirement [R1]: C{fleetctl retire NAME}.
+The cluster's side of a retirement [R1]: what C{fleetctl retire NAME}
+does to the device's credentials. L{fleetd.fleet.retire} owns the order
+of the steps and the one transaction; L{ClusterRetirement} does the
+cluster's steps when asked:
 
-In this order:
+  - L{ClusterRetirement.held}: one device at a time, the device's tokens
+    are revoked in memory and its renewals refused (L{IApprovals.hold})
+    before any API call, and the retirement waits for the approvals
+    already in flight for it; an approval's own transaction re-checks
+    C{retired_at}, so one the API made before and fleetd records after
+    (late) is journaled C{kube.csr-approved-after-retirement} and never
+    clears it;
+  - L{ClusterRetirement.deleteNode}: when a cluster is configured, the
+    Node's deletion, journaled C{kube.node-delete-requested} in its own
+    transaction before the API is asked; a failure refuses the retirement
+    and nothing else changes. L{ClusterRetirement.undone} journals
+    C{kube.node-deleted} when the Node went but the retirement's
+    transaction then failed (when the journal can);
+  - L{ClusterRetirement.recordRetirement}, in the retirement's
+    transaction [J1]: the kubelet record is marked retired (later renewal
+    CSRs are refused, L{fleetd.kube.approver}), the device's live tokens
+    get a deletion deadline of now; L{ClusterRetirement.recordUnrevocable}
+    journals what cannot be revoked: the kubelet client certificate (with
+    its notAfter when fleetd saw it issued) and C{machine.token}, the
+    trustd token every Talos configuration carries and nothing rotates;
+  - L{ClusterRetirement.committed}, after the commit: the tokens are
+    deleted (retried while the API is down; their persisted deadline
+    re-arms after a restart).
 
-  1. delete the Node (when a cluster is configured): first journal
-     C{kube.node-delete-requested} in its own transaction, then ask the
-     API. A failure refuses the retirement and nothing else changes: the
-     owner runs it again. Should the transaction below fail after the
-     Node went, C{kube.node-deleted} records that (when the journal can);
-  2. one transaction [J1]: the device becomes C{decommissioning}, its
-     current run ends (C{run.superseded} by C{retired}: its code stops
-     working, L{fleetd.runs.registry.RunRegistry.retire}), its kubelet
-     record is marked retired (later renewal CSRs are refused,
-     L{fleetd.kube.approver}), its live tokens get a deletion deadline of
-     now, and the journal records the retirement and what cannot be
-     revoked: the kubelet client certificate (with its notAfter when
-     fleetd saw it issued) and C{machine.token}, the trustd token every
-     Talos configuration carries and nothing rotates;
-  3. after the commit, the run's files leave the vault and the tokens are
-     deleted (retried while the API is down; their persisted deadline
-     re-arms after a restart); with C{[tinkerbell]}, the deletion of the
-     device's Workflows and network boot off on its Hardware, recorded in
-     the transaction of step 2 (L{IRetiringObjects}), are asked of the
-     API, and the answer waits for that first try (retried from the
-     record, after a restart too, when it fails).
-
-One device at a time [R1]: before step 1 the device's tokens are
-revoked in memory and its renewals refused (L{IApprovals.hold}), and the
-retirement waits for the approvals already in flight for it; an
-approval's own transaction re-checks C{retired_at}, so one the API made
-before and fleetd records after (late) is journaled
-C{kube.csr-approved-after-retirement} and never clears it.
-
-A decommissioning device cannot be provisioned (the provision checks it
-in its own transaction). Deleting the Node does not stop a machine whose
-kubelet still holds a valid certificate from registering it again when it
+Without C{[kubernetes]} there is no client, token book or approver: no
+Node is deleted, and the kubelet and token tables are empty (or hold what
+a cluster configured before left there, which the retirement still marks
+and reports). Deleting the Node does not stop a machine whose kubelet
+still holds a valid certificate from registering it again when it
 restarts: wipe or power off the machine (docs/operations.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from fleetd.inventory.model import DeviceStatus, IInventory, InventoryError
 from fleetd.k8s.client import KubeClient
 from fleetd.kube.book import TokenBook
 from fleetd.kube.store import kubelet, liveTokens, noteRetired, setDeleteAt
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder
-from fleetd.store.runner import IRunner
 
 _T = TypeVar("_T")
-
-
-class IRetiringRuns(Protocol):
-    """The run registry's part (L{fleetd.runs.registry.RunRegistry.retire})."""
-
-    async def retire(
-        self, device: str, actor: str, work: Callable[[Database, Recorder], _T]
-    ) -> _T:
-        "End C{device}'s current run in C{work}'s transaction; memory after."
 
 
 class IApprovals(Protocol):
@@ -81,24 +67,6 @@ class IApprovals(Protocol):
         "Fires once the approvals in flight for C{device} have ended."
 
 
-class IRetiringObjects(Protocol):
-    """Tinkerbell's objects of a retired device (L{fleetd.tinkerbell.service})."""
-
-    def recordRetirement(
-        self, db: Database, journal: Recorder, device: str, actor: str, at: float
-    ) -> Any:
-        "Record the retirement's intents in its transaction [J1]."
-
-    def committed(self, recorded: Any) -> None:
-        "The retirement committed: memory follows, the calls start."
-
-    def settled(self, devices: Sequence[str]) -> Deferred[Any]:
-        "Fires once the calls for C{devices} had their first try."
-
-    def view(self, device: str) -> dict[str, Any] | None:
-        "C{device}'s objects now."
-
-
 UNROTATED_TRUSTD = (
     "machine.token (the cluster's trustd token) is in every Talos configuration;"
     " nothing rotates it, and a copy on disk can still obtain Talos API certificates"
@@ -106,61 +74,70 @@ UNROTATED_TRUSTD = (
 
 
 @dataclass(frozen=True)
-class Retirement:
-    device: str
-    node_deleted: bool | None  # None: no cluster configured
-    tokens: list[str]
-    not_after: float | None
-    unrevocable: list[str] = field(default_factory=list)
-    objects: dict[str, Any] | None = None  # [tinkerbell]: after the first try
+class Revoked:
+    """What the retirement's transaction found and did to the credentials."""
 
-    def toJSON(self) -> dict[str, Any]:
-        found = {} if self.objects is None else {"tinkerbell": self.objects}
-        return found | {
-            "device": self.device,
-            "status": DeviceStatus.DECOMMISSIONING.value,
-            "node_deleted": self.node_deleted,
-            "tokens_deleted": self.tokens,
-            "kubelet_not_after": self.not_after,
-            "unrevocable": self.unrevocable,
-        }
+    tokens: list[str]  # the device's live bootstrap tokens, deleted now
+    csr: str | None  # the kubelet's last CSR fleetd approved
+    not_after: float | None  # its certificate's notAfter, when fleetd saw it
+
+    def unrevocable(self) -> list[str]:
+        """What the owner is told cannot be revoked."""
+        notAfter = self.not_after
+        return [
+            "kubelet client certificate"
+            + (
+                f" (valid until notAfter {notAfter:.0f})"
+                if notAfter is not None
+                else " (notAfter unknown: fleetd did not see it issued)"
+            ),
+            UNROTATED_TRUSTD,
+        ]
 
 
-class RetireService:
-    """Retire a device: Node, tokens, status, and the journal of what remains."""
+class ClusterRetirement:
+    """
+    The cluster's steps of a retirement (the module's docstring); with
+    no cluster configured (no C{client}), its records only.
+    """
 
     log = Logger()
 
     def __init__(
         self,
-        *,
-        clock: IReactorTime,
-        inventory: IInventory,
         journal: AsyncJournal,
-        runner: IRunner,
-        client: KubeClient | None,
-        book: TokenBook | None,
-        runs: IRetiringRuns | None,
+        client: KubeClient | None = None,
+        book: TokenBook | None = None,
         approvals: IApprovals | None = None,
-        objects: IRetiringObjects | None = None,
     ) -> None:
-        self.clock = clock
-        self.objects = objects
-        self.approvals = approvals
-        self.runs = runs
-        self.inventory = inventory
         self.journal = journal
-        self.runner = runner
         self.client = client
         self.book = book
+        self.approvals = approvals
 
-    async def _deleteNode(self, client: KubeClient, name: str, actor: str) -> bool:
+    async def held(self, device: str, work: Callable[[], Awaitable[_T]]) -> _T:
+        """C{work}, with C{device}'s approvals held and drained first [R1]."""
+        approvals = self.approvals
+        if approvals is None:
+            return await work()
+        approvals.hold(device)  # before any API call [R1]
+        try:
+            await approvals.drained(device)
+            return await work()
+        finally:
+            approvals.release(device)
+
+    async def deleteNode(self, name: str, actor: str) -> bool | None:
         """
-        Journal the deletion before asking for it, in its own transaction
-        (a failure here refuses the retirement before anything changed),
-        so a retirement whose commit then fails never leaves a deletion
-        the journal does not know of [J1].
+        Delete the Node (L{None}: no cluster configured). Journal the
+        deletion before asking for it, in its own transaction (a failure
+        here refuses the retirement before anything changed), so a
+        retirement whose commit then fails never leaves a deletion the
+        journal does not know of [J1].
         """
+        client = self.client
+        if client is None:
+            return None
         await self.journal.append(
             "kube.node-delete-requested",
             actor=actor,
@@ -177,14 +154,16 @@ class RetireService:
             )
             raise
 
-    async def _nodeOutcome(self, name: str, actor: str, deleted: bool) -> None:
+    async def undone(self, name: str, actor: str, nodeDeleted: bool | None) -> None:
         """The retirement did not commit: journal what the API did, if we can."""
+        if not nodeDeleted:
+            return
         try:
             await self.journal.append(
                 "kube.node-deleted",
                 actor=actor,
                 device=name,
-                fields={"node_deleted": deleted, "retired": False},
+                fields={"node_deleted": nodeDeleted, "retired": False},
             )
         except Exception as e:
             self.log.error(
@@ -193,107 +172,45 @@ class RetireService:
                 reason=str(e),
             )
 
-    async def retire(self, name: str, actor: str, via: str | None = None) -> Retirement:
+    def recordRetirement(self, db: Database, name: str, at: float) -> Revoked:
         """
-        @param via: where the owner asked (C{console}), journaled when given.
-        @raise InventoryError: C{not-found}, or the inventory is unavailable.
-        @raise KubeError: the Node could not be deleted; nothing changed.
+        In the retirement's transaction: the device's live tokens are to
+        be deleted at C{at}, its kubelet record is retired (renewals
+        refused).
         """
-        device = await self.inventory.get(name)
-        if device is None:
-            raise InventoryError(f"no device named {name}", "not-found")
-        name = device.name
-        approvals = self.approvals
-        if approvals is None:
-            return await self._retire(name, actor, via)
-        approvals.hold(name)  # before any API call [R1]
-        try:
-            await approvals.drained(name)
-            return await self._retire(name, actor, via)
-        finally:
-            approvals.release(name)
+        record = kubelet(db, name)
+        tokens = [t.id for t in liveTokens(db) if t.kind == "node" and t.device == name]
+        for token in tokens:
+            setDeleteAt(db, token, at)
+        noteRetired(db, name, at)
+        if record is None:
+            return Revoked(tokens, None, None)
+        return Revoked(tokens, record.last_csr, record.not_after)
 
-    async def _retire(self, name: str, actor: str, via: str | None) -> Retirement:
-        nodeDeleted = None
-        if self.client is not None:
-            nodeDeleted = await self._deleteNode(self.client, name, actor)
-        now = self.clock.seconds()
-        holder: dict[str, Any] = {}
+    def recordUnrevocable(
+        self, journal: Recorder, name: str, actor: str, revoked: Revoked
+    ) -> None:
+        """In the retirement's transaction: journal what cannot be revoked."""
+        journal(
+            "kube.unrevocable",
+            actor=actor,
+            device=name,
+            fields={
+                "credential": "kubelet client certificate",
+                "csr": revoked.csr,
+                "not_after": revoked.not_after,
+                "note": "Kubernetes cannot revoke it; it stays valid until"
+                " notAfter and can register the Node again",
+            },
+        )
+        journal(
+            "kube.unrevocable",
+            actor=actor,
+            device=name,
+            fields={"credential": "machine.token", "note": UNROTATED_TRUSTD},
+        )
 
-        def change(db: Database, journal: Recorder) -> None:
-            record = kubelet(db, name)
-            tokens = [
-                t.id for t in liveTokens(db) if t.kind == "node" and t.device == name
-            ]
-            for token in tokens:
-                setDeleteAt(db, token, now)
-            self.inventory.setStatusIn(db, name, DeviceStatus.DECOMMISSIONING)
-            noteRetired(db, name, now)
-            notAfter = None if record is None else record.not_after
-            holder["tokens"], holder["not_after"] = tokens, notAfter
-            journal(
-                "device.retired",
-                actor=actor,
-                device=name,
-                fields={
-                    "node_deleted": nodeDeleted,
-                    "bootstrap_ids": ",".join(tokens),
-                }
-                | ({} if via is None else {"via": via}),
-            )
-            journal(
-                "kube.unrevocable",
-                actor=actor,
-                device=name,
-                fields={
-                    "credential": "kubelet client certificate",
-                    "csr": None if record is None else record.last_csr,
-                    "not_after": notAfter,
-                    "note": "Kubernetes cannot revoke it; it stays valid until"
-                    " notAfter and can register the Node again",
-                },
-            )
-            journal(
-                "kube.unrevocable",
-                actor=actor,
-                device=name,
-                fields={"credential": "machine.token", "note": UNROTATED_TRUSTD},
-            )
-            if self.objects is not None:
-                holder["objects"] = self.objects.recordRetirement(
-                    db, journal, name, actor, now
-                )
-
-        try:
-            if self.runs is not None:
-                await self.runs.retire(name, actor, change)
-            else:
-                await self.journal.change(change)
-        except Exception:
-            if nodeDeleted:
-                await self._nodeOutcome(name, actor, nodeDeleted)
-            raise
+    def committed(self, name: str) -> None:
+        """The retirement committed: the device's tokens go now."""
         if self.book is not None:
             self.book.revokeDevice(name)
-        objects = None
-        if self.objects is not None:
-            self.objects.committed(holder["objects"])
-            await self.objects.settled([name])
-            objects = self.objects.view(name)
-        notAfter = holder["not_after"]
-        return Retirement(
-            device=name,
-            node_deleted=nodeDeleted,
-            tokens=holder["tokens"],
-            not_after=notAfter,
-            unrevocable=[
-                "kubelet client certificate"
-                + (
-                    f" (valid until notAfter {notAfter:.0f})"
-                    if notAfter is not None
-                    else " (notAfter unknown: fleetd did not see it issued)"
-                ),
-                UNROTATED_TRUSTD,
-            ],
-            objects=objects,
-        )

@@ -29,7 +29,6 @@ from fleetd.kube.book import TokenBook
 from fleetd.kube.cluster import ClusterTokens
 from fleetd.kube.csrwatcher import CSRWatcher
 from fleetd.kube.rbac import RBACCheck
-from fleetd.kube.retire import IRetiringObjects, IRetiringRuns, RetireService
 from fleetd.kube.tokens import Sealer
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.runner import IRunner
@@ -143,30 +142,3 @@ class KubeService(Service):
             return self.client.close()
 
         return DeferredList(pending, consumeErrors=True).addCallback(close)
-
-
-def retireService(
-    kube: KubeService | None,
-    *,
-    clock: IReactorTime,
-    inventory: IInventory,
-    journal: AsyncJournal,
-    runner: IRunner,
-    runs: IRetiringRuns | None,
-    objects: IRetiringObjects | None = None,
-) -> RetireService:
-    """
-    The retirement over C{kube}'s client, token book and approvals; with no
-    cluster configured (C{kube} is L{None}) it revokes nothing in a cluster.
-    """
-    return RetireService(
-        clock=clock,
-        inventory=inventory,
-        journal=journal,
-        runner=runner,
-        client=None if kube is None else kube.client,
-        book=None if kube is None else kube.book,
-        runs=runs,
-        approvals=None if kube is None else kube.approver.flights,
-        objects=objects,
-    )

@@ -50,7 +50,7 @@ class Credentials:
 
 
 class KubeStatus:
-    """Credential facts per device, for L{fleetd.status.StatusService}."""
+    """Credential facts per device, for L{fleetd.fleet.status.StatusService}."""
 
     def __init__(self, runner: IRunner, clock: IReactorTime) -> None:
         self._runner = runner

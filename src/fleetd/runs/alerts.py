@@ -78,7 +78,7 @@ ALERT_WORDS = {
         " disk; fix the boot order and power-cycle it"
     ),
     # Raised fleet-wide from fleetd_attest_results_total; the console shows
-    # it on the devices whose refusal stands (issue 27, fleetd.fleetview).
+    # it on the devices whose refusal stands (issue 27, fleetd.fleet.view).
     "FleetAttestationRefused": "its attestation was refused",
     WORKFLOW_LOST: (
         "its Workflow was deleted or changed by someone else before it ran,"

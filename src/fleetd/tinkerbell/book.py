@@ -7,7 +7,7 @@ A provision records, in the transaction that starts its runs
 C{[tinkerbell.classes]}, the Hardware to apply and the run's Workflow to
 create; the device's earlier Workflows still made or to be made are to
 be deleted first (C{superseded}). A retirement records, in its own
-transaction (L{fleetd.kube.retire.IRetiringObjects}), the deletion of the
+transaction (L{fleetd.fleet.retire.IRetirementPart}), the deletion of the
 device's Workflows and network boot off on its Hardware. Every intent is
 journaled (C{tinkerbell.*-requested}) with the change; memory follows the
 commit; the API calls come after (L{fleetd.tinkerbell.worker}).

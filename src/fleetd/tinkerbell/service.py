@@ -76,6 +76,9 @@ class TinkerbellService(Service):
     """The book, its workers and the watch's reports."""
 
     log = Logger()
+    # A part of each retirement (fleetd.fleet.retire.IRetirementPart):
+    # its view is the retirement answer's "tinkerbell".
+    answerKey = "tinkerbell"
 
     def __init__(
         self,

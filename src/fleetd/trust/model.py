@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleetd.inventory.model import InventoryError, validateSerial
+from fleetd.refused import Refused
 
 ErrorKind = Literal["invalid", "not-found", "refused", "unavailable"]
 
@@ -25,26 +26,30 @@ _DIGEST = re.compile(r"[0-9a-fA-F]{64}")
 _EMPTY = hashlib.sha256(b"").hexdigest()
 
 
-class TrustError(Exception):
+class TrustError(Refused):
     """
     A trust change was refused or could not be made; one line.
+
+    A L{Refused} whose reason is its C{kind}, so the admin listener
+    answers it from the one table (L{fleetd.admin.refusals}); its line
+    (C{str}) is its detail, as it always was.
 
     @ivar kind: C{"invalid"} (bad input), C{"not-found"}, C{"refused"}
         (the rules say no: see C{code}) or C{"unavailable"}.
     @ivar code: a stable reason code for C{"refused"} (e.g.
-        C{evidence-insufficient}), else L{None}.
+        C{evidence-insufficient}), else L{None}; it begins the line.
     """
 
     def __init__(
         self, message: str, kind: ErrorKind = "invalid", code: str | None = None
     ) -> None:
-        super().__init__(message)
+        super().__init__(kind, f"{code}: {message}" if code else message)
         self.kind: ErrorKind = kind
         self.code = code
         self.message = message
 
     def __str__(self) -> str:
-        return f"{self.code}: {self.message}" if self.code else self.message
+        return self.detail
 
 
 class EvidenceKind(enum.StrEnum):

@@ -27,8 +27,8 @@ from fleetd.admin.console.deviceactions import (
     pendingFor,
 )
 from fleetd.admin.console.page import Page, errorPage, renderPageAsync
+from fleetd.fleet.status import DeviceReport
 from fleetd.inventory.model import REFUSED_CLASSES, DeviceStatus
-from fleetd.status import DeviceReport
 from fleetd.statuswords import entryParts, headline, statusRows
 from fleetd.trust.model import TrustError
 from fleetd.web.resources import Endpoint

@@ -33,10 +33,8 @@ from fleetd.admin.console.page import (
     renderPageAsync,
     viewerOf,
 )
-from fleetd.admin.provision import Provisioner
 from fleetd.admin.readers import readerPage
 from fleetd.admin.refusals import (
-    OwnerRefused,
     decisionRefusal,
     kubeRefusal,
     ownerRefusal,
@@ -44,10 +42,11 @@ from fleetd.admin.refusals import (
 )
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.deviceflow.model import RequestView
+from fleetd.fleet.provision import Provisioner
+from fleetd.fleet.retire import RetireService
+from fleetd.fleet.status import DeviceReport, StatusService
 from fleetd.inventory.model import InventoryError, validateName
-from fleetd.kube.retire import RetireService
-from fleetd.refused import CONFLICT, NOT_FOUND, STALE, UNCONFIRMED
-from fleetd.status import DeviceReport, StatusService
+from fleetd.refused import CONFLICT, NOT_FOUND, STALE, UNCONFIRMED, Refused
 from fleetd.statuswords import (
     RETIRE_ADVICE,
     approvalLine,
@@ -81,14 +80,14 @@ class DeviceServices(Protocol):
 
 
 async def deviceReport(services: DeviceServices, name: str) -> DeviceReport:
-    """C{name}'s status report; L{OwnerRefused} (404) when there is no such device."""
+    """C{name}'s status report; L{Refused} (404) when there is no such device."""
     try:
         wanted = validateName(name)
     except InventoryError:
-        raise OwnerRefused(NOT_FOUND, f"no device named {name[:MAX_ECHO]}") from None
+        raise Refused(NOT_FOUND, f"no device named {name[:MAX_ECHO]}") from None
     report = await services.status.report(wanted)
     if report is None:
-        raise OwnerRefused(NOT_FOUND, f"no device named {wanted}")
+        raise Refused(NOT_FOUND, f"no device named {wanted}")
     return report
 
 
@@ -176,7 +175,7 @@ class Provision(_Action):
         seen = formValue(request, "run", "") or ""
         current = "" if report.run is None else report.run.record.id
         if seen != current:
-            raise OwnerRefused(
+            raise Refused(
                 STALE,
                 f"{name}'s latest run is {current or 'none'} now, not"
                 f" {seen[:MAX_ECHO] or 'none'}: confirm again; nothing was provisioned",
@@ -201,7 +200,7 @@ class ApproveBinding(_Action):
         serial = report.device.serial
         decision = await self._services.trust.decision(serial)
         if decision.code is not None:
-            raise OwnerRefused(CONFLICT, decision.reason)
+            raise Refused(CONFLICT, decision.reason)
         trust = None if report.trust is None else report.trust.toJSON()
         return Page(
             "device-binding.html",
@@ -237,7 +236,7 @@ class DenyRequest(_Action):
         for view in pendingFor(self._services, name):
             if view.id == wanted:
                 return view
-        raise OwnerRefused(
+        raise Refused(
             NOT_FOUND,
             f"no pending device-flow request {wanted[:MAX_ECHO] or '(none named)'}"
             f" for {name}: it was decided or has expired",
@@ -292,7 +291,7 @@ class Retire(_Action):
         name = report.device.name
         typed = (formValue(request, "confirm_name") or "").strip()
         if typed.lower() != name:  # as fleetctl retire asks at a terminal
-            raise OwnerRefused(
+            raise Refused(
                 UNCONFIRMED,
                 f"retire: not confirmed ({typed[:MAX_ECHO] or 'nothing'} typed,"
                 f" not {name}); nothing changed",

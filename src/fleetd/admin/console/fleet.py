@@ -6,7 +6,7 @@ state as the run machine names it, and its open alerts in words; the
 device-flow requests waiting for the owner. Filters (C{status},
 C{cluster}), a search (C{q}: name, serial or MAC) and the page number
 (C{page}) come in the query string; the rows come from
-L{fleetd.fleetview.FleetView}, which the admin API's services feed.
+L{fleetd.fleet.view.FleetView}, which the admin API's services feed.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ from twisted.web import http
 from twisted.web.iweb import IRequest
 
 from fleetd.admin.console.page import Page, formValue, renderPageAsync
-from fleetd.admin.refusals import OwnerRefused
-from fleetd.fleetview import FleetQueryError, FleetView, fleetQuery
+from fleetd.fleet.view import FleetQueryError, FleetView, fleetQuery
 from fleetd.inventory.model import DeviceStatus, InventoryError
-from fleetd.refused import MALFORMED
+from fleetd.refused import MALFORMED, Refused
 from fleetd.web.resources import Endpoint
 
 # The page reloads itself this often while a device-flow request waits
@@ -55,7 +54,7 @@ class Fleet(Endpoint):
                     formValue(request, "page"),
                 )
             except FleetQueryError as e:
-                raise OwnerRefused(MALFORMED, str(e)) from None
+                raise Refused(MALFORMED, str(e)) from None
             fleet = await self._view.page(query)
             return Page(
                 "fleet.html",

@@ -28,10 +28,10 @@ from twisted.web import http, resource
 from twisted.web.iweb import IRequest
 
 from fleetd.admin.console.page import Page, formValue, query, renderPageAsync
-from fleetd.admin.journal import UNREADABLE, checkRun, deviceKey
-from fleetd.admin.refusals import OwnerRefused, journalRefusal
+from fleetd.admin.refusals import journalRefusal
+from fleetd.fleet.journal import UNREADABLE, checkRun, deviceKey
 from fleetd.inventory.model import IInventory
-from fleetd.refused import MALFORMED, UNAVAILABLE
+from fleetd.refused import MALFORMED, UNAVAILABLE, Refused
 from fleetd.store.chain import ChainMonitor
 from fleetd.store.entries import JournalEntry
 from fleetd.store.journal import AsyncJournal
@@ -63,12 +63,12 @@ def shown(entry: JournalEntry) -> Shown:
 
 
 def _seq(request: IRequest, name: str) -> int | None:
-    """Query field C{name} as a seq, or L{None}; L{OwnerRefused} (400) if not one."""
+    """Query field C{name} as a seq, or L{None}; L{Refused} (400) if not one."""
     raw = formValue(request, name)
     if raw is None or raw == "":
         return None
     if not raw.isdigit() or len(raw) > 18:
-        raise OwnerRefused(MALFORMED, f"{name} must be a journal seq (0 or more)")
+        raise Refused(MALFORMED, f"{name} must be a journal seq (0 or more)")
     return int(raw)
 
 
@@ -227,7 +227,7 @@ class VerifyNow(Endpoint):
             )
             result = await self._verify()
             if result is None:
-                raise OwnerRefused(UNAVAILABLE, UNREADABLE)
+                raise Refused(UNAVAILABLE, UNREADABLE)
             request.setHeader(b"location", back.encode("utf-8"))
             return Page(
                 "verified.html", {"verdict": result, "back": back}, http.SEE_OTHER

@@ -28,8 +28,7 @@ from fleetd.admin.console.page import (
     renderPageAsync,
     setSecurityHeaders,
 )
-from fleetd.admin.refusals import OwnerRefused
-from fleetd.refused import UNAVAILABLE
+from fleetd.refused import UNAVAILABLE, Refused
 from fleetd.store.journal import AsyncJournal
 from fleetd.web.resources import Endpoint
 
@@ -55,7 +54,7 @@ class Login(Endpoint):
     def _token(request: IRequest) -> str:
         try:
             return formValue(request, "token") or ""
-        except OwnerRefused:
+        except Refused:
             return ""
 
     def render_GET(self, request: IRequest) -> bytes:
@@ -86,7 +85,7 @@ class Login(Endpoint):
             except Exception as e:
                 self._sessions.end(sessionID)
                 log.error("console.session-not-recorded {reason}", reason=str(e)[:200])
-                raise OwnerRefused(
+                raise Refused(
                     UNAVAILABLE,
                     "the journal did not record the sign-in, so no session was"
                     " opened: run fleetctl console for a new link",

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlencode
 from twisted.web import http
 from twisted.web.iweb import IRequest
 
-from fleetd.admin.refusals import OwnerRefused, lineOf, statusOf
+from fleetd.admin.refusals import lineOf, statusOf
 from fleetd.pki.owners import OWNER
 from fleetd.refused import MALFORMED, TOO_LARGE, Refused
 from fleetd.web.refusals import readRefusal, storeRefusal
@@ -155,8 +155,9 @@ def renderPageAsync(
     refusal: Callable[[Exception], tuple[int, str] | None] | None = None,
 ) -> int:
     """
-    Await C{work} and render the page it returns. A L{Refused}, and what
-    C{refusal} maps to C{(code, line)}, are an error page; so is the
+    Await C{work} and render the page it returns. What C{refusal} maps to
+    C{(code, line)} (first: a page's own words for its family, as the
+    device-flow hints), and any other L{Refused}, are an error page; so is the
     inventory or the database down (503: L{readRefusal} for a read,
     L{storeRefusal} for a change, as the owner API answers); anything
     else is logged as a bug and is a 500 page. Nothing is written after the
@@ -168,9 +169,9 @@ def renderPageAsync(
         return done.code, done
 
     def refused(e: Exception) -> tuple[int, str] | None:
-        if isinstance(e, Refused):
-            return statusOf(e), lineOf(e)
         answer = None if refusal is None else refusal(e)
+        if answer is None and isinstance(e, Refused):
+            answer = statusOf(e), lineOf(e)
         if answer is None:
             reading = request.method in (b"GET", b"HEAD")
             answer = (readRefusal if reading else storeRefusal)(e)
@@ -194,7 +195,7 @@ def formBody(request: IRequest) -> dict[str, list[str]]:
     """
     The fields of C{request}'s C{application/x-www-form-urlencoded} body,
     parsed strictly (never the query string, which Twisted merges into
-    C{request.args}); L{OwnerRefused} (400) when malformed or not UTF-8, 413
+    C{request.args}); L{Refused} (400) when malformed or not UTF-8, 413
     past L{MAX_FORM} bytes.
     """
     cached = getattr(request, _BODY_ATTRIBUTE, None)
@@ -208,7 +209,7 @@ def formBody(request: IRequest) -> dict[str, list[str]]:
         raw = content.read(MAX_FORM + 1)
         content.seek(0)
     if len(raw) > MAX_FORM:
-        raise OwnerRefused(TOO_LARGE, "the form is too large")
+        raise Refused(TOO_LARGE, "the form is too large")
     try:
         parsed = parse_qs(
             raw.decode("ascii"),
@@ -219,7 +220,7 @@ def formBody(request: IRequest) -> dict[str, list[str]]:
             max_num_fields=100,
         )
     except (UnicodeDecodeError, ValueError):
-        raise OwnerRefused(MALFORMED, "the form is malformed") from None
+        raise Refused(MALFORMED, "the form is malformed") from None
     setattr(request, _BODY_ATTRIBUTE, parsed)
     return parsed
 
@@ -227,7 +228,7 @@ def formBody(request: IRequest) -> dict[str, list[str]]:
 def formValues(request: IRequest, name: str) -> list[str]:
     """
     Every value of field C{name} (from the form body only for a change,
-    as L{formValue}); L{OwnerRefused} (400) when one is not UTF-8.
+    as L{formValue}); L{Refused} (400) when one is not UTF-8.
     """
     if request.method not in (b"GET", b"HEAD"):
         return list(formBody(request).get(name, []))
@@ -235,7 +236,7 @@ def formValues(request: IRequest, name: str) -> list[str]:
     try:
         return [v.decode("utf-8") for v in values]
     except UnicodeDecodeError:
-        raise OwnerRefused(MALFORMED, f"the field {name} is not UTF-8") from None
+        raise Refused(MALFORMED, f"the field {name} is not UTF-8") from None
 
 
 def formValue(request: IRequest, name: str, default: str | None = None) -> str | None:
@@ -243,11 +244,11 @@ def formValue(request: IRequest, name: str, default: str | None = None) -> str |
     The single value of field C{name} as text: of the query string for a
     read (GET, HEAD), of the form body only for a change (L{formBody}), so
     a change never takes a field (the CSRF token above all) from its URL.
-    L{OwnerRefused} (400) when it is repeated or not UTF-8.
+    L{Refused} (400) when it is repeated or not UTF-8.
     """
     values = formValues(request, name)
     if not values:
         return default
     if len(values) > 1:
-        raise OwnerRefused(MALFORMED, f"the field {name} is repeated")
+        raise Refused(MALFORMED, f"the field {name} is repeated")
     return values[0]

@@ -51,11 +51,11 @@ from fleetd.admin.console.page import (
     viewerOf,
 )
 from fleetd.admin.readers import readerLookup
-from fleetd.admin.refusals import STATUS_OF_REASON, OwnerRefused
+from fleetd.admin.refusals import lineOf, statusOf
 from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.deviceflow.model import DeviceFlowError, RequestView, differences
 from fleetd.inventory.model import Device, IInventory, InventoryError, validateMAC
-from fleetd.refused import FORBIDDEN, MALFORMED
+from fleetd.refused import FORBIDDEN, MALFORMED, Refused
 from fleetd.web.resources import Endpoint
 
 VIA = "console"
@@ -150,8 +150,7 @@ def comparison(view: RequestView, record: Device | None) -> list[Row]:
 def _refusal(e: Exception) -> tuple[int, str] | None:
     if isinstance(e, DeviceFlowError):
         hint = HINTS.get(e.kind)
-        line = f"{e.kind}: {e}" + ("" if hint is None else f" ({hint})")
-        return STATUS_OF_REASON[e.kind], line
+        return statusOf(e), lineOf(e) + ("" if hint is None else f" ({hint})")
     return None
 
 
@@ -181,10 +180,10 @@ class VerifyPage(Endpoint):
             return Page("verify.html", self._landing())
         viewer = viewerOf(request)
         if not viewer.canChange:  # a lookup spends the owners' attempt budget
-            raise OwnerRefused(FORBIDDEN, readerLookup(viewer.owner))
+            raise Refused(FORBIDDEN, readerLookup(viewer.owner))
         site = request.getHeader(b"sec-fetch-site")
         if (b"" if site is None else bytes(site)).decode("latin-1") not in LOOKUP_SITES:
-            raise OwnerRefused(
+            raise Refused(
                 FORBIDDEN,
                 "a lookup opened from another site is refused: type the user"
                 " code on this page, or open the node's link directly",
@@ -231,17 +230,15 @@ class VerifyPage(Endpoint):
         action = formValue(request, "action")
         userCode = formValue(request, "user_code", "") or ""
         if action not in ("approve", "deny"):
-            raise OwnerRefused(MALFORMED, "action: approve or deny")
+            raise Refused(MALFORMED, "action: approve or deny")
         if not userCode.strip():
-            raise OwnerRefused(MALFORMED, "user_code: type the node's user code")
+            raise Refused(MALFORMED, "user_code: type the node's user code")
         if action == "deny":
             view = await self._flow.deny(userCode, owner, via=VIA)
             return Page("verify_done.html", {"view": view, "forced": ()})
         name = (formValue(request, "device", "") or "").strip()
         if not name:
-            raise OwnerRefused(
-                MALFORMED, "device: name the inventory device to approve as"
-            )
+            raise Refused(MALFORMED, "device: name the inventory device to approve as")
         view = self._flow.lookup(userCode, owner)
         record = await self._inventory.get(name)
         if record is None:
