@@ -113,17 +113,23 @@ class Retirement:
     not_after: float | None
     unrevocable: list[str] = field(default_factory=list)
     objects: dict[str, Any] | None = None  # [tinkerbell]: after the first try
+    # Other participants' views, by name (disk_keys: issue 30).
+    views: dict[str, dict[str, Any] | None] = field(default_factory=dict)
 
     def toJSON(self) -> dict[str, Any]:
         found = {} if self.objects is None else {"tinkerbell": self.objects}
-        return found | {
-            "device": self.device,
-            "status": DeviceStatus.DECOMMISSIONING.value,
-            "node_deleted": self.node_deleted,
-            "tokens_deleted": self.tokens,
-            "kubelet_not_after": self.not_after,
-            "unrevocable": self.unrevocable,
-        }
+        return (
+            found
+            | self.views
+            | {
+                "device": self.device,
+                "status": DeviceStatus.DECOMMISSIONING.value,
+                "node_deleted": self.node_deleted,
+                "tokens_deleted": self.tokens,
+                "kubelet_not_after": self.not_after,
+                "unrevocable": self.unrevocable,
+            }
+        )
 
 
 class RetireService:
@@ -143,9 +149,17 @@ class RetireService:
         runs: IRetiringRuns | None,
         approvals: IApprovals | None = None,
         objects: IRetiringObjects | None = None,
+        participants: Sequence[tuple[str, IRetiringObjects]] = (),
     ) -> None:
+        """
+        @param participants: more parts that record their share of a
+            retirement in its transaction, by name (C{disk_keys}: the
+            node's disk keys are destroyed there [E3]); their views show
+            under that name.
+        """
         self.clock = clock
         self.objects = objects
+        self.participants = tuple(participants)
         self.approvals = approvals
         self.runs = runs
         self.inventory = inventory
@@ -263,6 +277,10 @@ class RetireService:
                 holder["objects"] = self.objects.recordRetirement(
                     db, journal, name, actor, now
                 )
+            holder["parts"] = [
+                part.recordRetirement(db, journal, name, actor, now)
+                for _, part in self.participants
+            ]
 
         try:
             if self.runs is not None:
@@ -280,6 +298,13 @@ class RetireService:
             self.objects.committed(holder["objects"])
             await self.objects.settled([name])
             objects = self.objects.view(name)
+        views: dict[str, dict[str, Any] | None] = {}
+        for (label, part), recorded in zip(
+            self.participants, holder["parts"], strict=True
+        ):
+            part.committed(recorded)
+            await part.settled([name])
+            views[label] = part.view(name)
         notAfter = holder["not_after"]
         return Retirement(
             device=name,
@@ -296,4 +321,5 @@ class RetireService:
                 UNROTATED_TRUSTD,
             ],
             objects=objects,
+            views=views,
         )

@@ -12,6 +12,7 @@ watch and the calls in flight.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -154,6 +155,7 @@ def retireService(
     runner: IRunner,
     runs: IRetiringRuns | None,
     objects: IRetiringObjects | None = None,
+    participants: Sequence[tuple[str, IRetiringObjects]] = (),
 ) -> RetireService:
     """
     The retirement over C{kube}'s client, token book and approvals; with no
@@ -169,4 +171,5 @@ def retireService(
         runs=runs,
         approvals=None if kube is None else kube.approver.flights,
         objects=objects,
+        participants=participants,
     )

@@ -315,6 +315,28 @@ CREATE TABLE cluster_token_requests (
         ) STRICT;
         """,
     ),
+    (
+        15,
+        # Disk keys (fleetd.kms, issue 30; 14 is left to the inventory's
+        # address of issue 30's classes work): one row per key-encryption
+        # key, wrapped by the KMS master key; a destroyed key keeps its row
+        # (the record) and loses its material (wrapped becomes NULL).
+        """
+        CREATE TABLE kms_keys (
+            id TEXT PRIMARY KEY,
+            device TEXT NOT NULL,
+            uuid TEXT NOT NULL,
+            generation TEXT NOT NULL,
+            wrapped BLOB,
+            created_at REAL NOT NULL,
+            destroyed_at REAL,
+            destroyed_why TEXT,
+            CHECK ((wrapped IS NULL) = (destroyed_at IS NOT NULL))
+        ) STRICT;
+        CREATE INDEX kms_keys_by_device ON kms_keys (device, created_at);
+        CREATE INDEX kms_keys_live ON kms_keys (device) WHERE wrapped IS NOT NULL;
+        """,
+    ),
     # New migrations go here as (N, "..."), with a number reserved for
     # the subsystem, in ascending order: never edit or renumber one that
     # has shipped.
