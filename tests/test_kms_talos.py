@@ -11,12 +11,15 @@ import os
 from pathlib import Path
 
 import grpc
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
 from fleetd.kms import store
+from fleetd.readiness import State
 from tests.daemonsupport import UUID1, UUID2
-from tests.kmssupport import KMSDaemonMixin, luksFormat, luksOpens
+from tests.kmssupport import KMS, KMSDaemonMixin, luksFormat, luksOpens
 
 
 class TalosUnlockTests(KMSDaemonMixin, TestCase):
@@ -128,3 +131,40 @@ class TalosUnlockTests(KMSDaemonMixin, TestCase):
         self.assertTrue(message.startswith("ek-binding-not-approved: "), message)
         rows = await service.runner.run(lambda db: store.keysOf(db, "w1"))
         self.assertEqual(rows, [])
+
+
+class KMSListenerTests(KMSDaemonMixin, TestCase):
+    """The kms listener is one of fleetd's listeners: served with [kms]
+    only, part of the TLS self-check that readiness waits for."""
+
+    async def test_readyOnlyOnceKmsListenerPassesSelfCheck(self) -> None:
+        """With C{[kms]}, fleetd is ready once a TLS handshake with ALPN h2
+        succeeded on the kms listener too; its gauge says so."""
+        await self.startLoaded(KMS)
+        for _ in range(500):
+            if self.service.readiness.state is State.READY:
+                break
+            await deferLater(reactor, 0.02, lambda: None)
+        self.assertIs(self.service.readiness.state, State.READY)
+        _, _, body = await self.get(self.service, "admin", "/metrics")
+        self.assertIn(b'fleetd_listener_selfcheck_ok{listener="kms"} 1.0', body)
+
+    async def test_withoutKmsTable_noListener(self) -> None:
+        """Without C{[kms]} nothing listens on C{listen.kms}, and no key is
+        ever made."""
+        await self.startLoaded({"listen": {"kms": "tcp:0:interface=127.0.0.1"}})
+        self.assertNotIn("kms", self.service.listeners)
+        self.assertIsNone(self.service.diskKeys)
+
+    async def test_otherMethod_unimplemented(self) -> None:
+        """A call to any other method of the kms listener is answered
+        UNIMPLEMENTED, with no data."""
+        await self.startLoaded(KMS)
+        _, channel = self.kms()
+        call = channel.unary_unary(
+            "/sidero.kms.KMSService/Erase",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        code, _ = await self.refused(lambda u, d: call(d, timeout=10), UUID1, b"")
+        self.assertEqual(code, grpc.StatusCode.UNIMPLEMENTED)
