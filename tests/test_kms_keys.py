@@ -159,7 +159,7 @@ class KeyLifeTests(KMSDaemonMixin, TestCase):
         runner = FaultyRunner(service.journal._runner)
         runner.failing = sqlite3.OperationalError("disk I/O error")
         original = service.journal._runner
-        service.journal._runner = runner  # type: ignore[assignment]
+        service.journal._runner = runner
         try:
             code, _ = await self.refused(client.seal, UUID1, passphrase)
         finally:
