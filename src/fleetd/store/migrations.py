@@ -315,6 +315,17 @@ CREATE TABLE cluster_token_requests (
         ) STRICT;
         """,
     ),
+    (
+        14,
+        # The inventory's optional device address (fleetd.inventory, issue
+        # 30): the node's own IPv4 or IPv6 address, unique while a device
+        # holds it (NULLs are distinct in a UNIQUE index); forgetting a
+        # retired device's identity frees it.
+        """
+        ALTER TABLE devices ADD COLUMN address TEXT;
+        CREATE UNIQUE INDEX devices_by_address ON devices (address);
+        """,
+    ),
     # New migrations go here as (N, "..."), with a number reserved for
     # the subsystem, in ascending order: never edit or renumber one that
     # has shipped.
