@@ -316,9 +316,19 @@ CREATE TABLE cluster_token_requests (
         """,
     ),
     (
+        14,
+        # The inventory's optional device address (fleetd.inventory, issue
+        # 30): the node's own IPv4 or IPv6 address, unique while a device
+        # holds it (NULLs are distinct in a UNIQUE index); forgetting a
+        # retired device's identity frees it.
+        """
+        ALTER TABLE devices ADD COLUMN address TEXT;
+        CREATE UNIQUE INDEX devices_by_address ON devices (address);
+        """,
+    ),
+    (
         15,
-        # Disk keys (fleetd.kms, issue 30; 14 is left to the inventory's
-        # address of issue 30's classes work): one row per key-encryption
+        # Disk keys (fleetd.kms, issue 30): one row per key-encryption
         # key, wrapped by the KMS master key; a destroyed key keeps its row
         # (the record) and loses its material (wrapped becomes NULL).
         """
