@@ -121,6 +121,26 @@ class TalosUnlockTests(KMSDaemonMixin, TestCase):
         rows = await service.runner.run(lambda db: store.keysOf(db, "w1"))
         self.assertEqual(rows, [])
 
+    async def test_inventoryAddress_answeredFromIt(self) -> None:
+        """
+        [E1] The node's own address is also its inventory address: with the
+        configuration delivered to 127.0.0.2 and the inventory holding
+        127.0.0.1 for w1 (set in its row: the API refuses a loopback
+        address), a Seal from 127.0.0.1 is answered and its blob opens.
+        """
+        service = await self.startNode(source="127.0.0.2")
+        client, _ = self.kms()
+        code, _ = await self.refused(client.seal, UUID1, os.urandom(32))
+        self.assertEqual(code, grpc.StatusCode.PERMISSION_DENIED)
+        await service.runner.run(
+            lambda db: db.execute(
+                "UPDATE devices SET address = '127.0.0.1' WHERE name = 'w1'"
+            )
+        )
+        passphrase = os.urandom(32)
+        sealed = await self.seal(client, UUID1, passphrase)
+        self.assertEqual(await self.unseal(client, UUID1, sealed), passphrase)
+
     async def test_bindingNotApproved_refused(self) -> None:
         """[E1] Without an approved EK binding, Seal is refused
         FAILED_PRECONDITION and nothing is stored."""
