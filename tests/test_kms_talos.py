@@ -20,6 +20,7 @@ from fleetd.kms import store
 from fleetd.readiness import State
 from tests.daemonsupport import UUID1, UUID2
 from tests.kmssupport import KMS, KMSDaemonMixin, luksFormat, luksOpens
+from tests.support import REPO
 
 
 class TalosUnlockTests(KMSDaemonMixin, TestCase):
@@ -168,6 +169,26 @@ class KMSListenerTests(KMSDaemonMixin, TestCase):
         self.assertIs(self.service.readiness.state, State.READY)
         _, _, body = await self.get(self.service, "admin", "/metrics")
         self.assertIn(b'fleetd_listener_selfcheck_ok{listener="kms"} 1.0', body)
+
+    async def test_alertRules_useExposedKmsMetrics(self) -> None:
+        """Every fleetd_kms_ metric an alert rule uses is one fleetd
+        exposes with C{[kms]} (FleetDiskUnlockRefused)."""
+        import re
+
+        import yaml
+
+        await self.startLoaded(KMS)
+        _, _, body = await self.get(self.service, "admin", "/metrics")
+        exposed = set(re.findall(r"^# HELP (\w+)", body.decode(), re.MULTILINE))
+        rules = yaml.safe_load((REPO / "conf" / "alerts.yml").read_text())
+        used = {
+            name
+            for group in rules["groups"]
+            for rule in group["rules"]
+            for name in re.findall(r"\bfleetd_kms_\w+", rule["expr"])
+        }
+        self.assertEqual(used, {"fleetd_kms_refusals_total"})
+        self.assertEqual(used - exposed, set())
 
     async def test_withoutKmsTable_noListener(self) -> None:
         """Without C{[kms]} nothing listens on C{listen.kms}, and no key is
