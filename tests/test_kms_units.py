@@ -7,15 +7,19 @@ request's decoding.
 from __future__ import annotations
 
 import os
+from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
+from twisted.logger import Logger
 from twisted.trial.unittest import SynchronousTestCase
 
+from fleetd.h2.grpcwire import GRPCStatus
 from fleetd.kms import blob
 from fleetd.kms.access import normalHost, normalUUID
 from fleetd.kms.proto import kms_pb2
 from fleetd.kms.throttle import REFUSAL_EVERY, SourceThrottle
-from fleetd.kmsgrpc.call import PATHS, frame, readRequest
+from fleetd.kmsgrpc.call import PATHS, KMSCall, frame, readRequest
 from fleetd.refused import Refused
 
 UUID = "4c4c4544-0042-3510-8050-b4c04f4d3232"
@@ -133,3 +137,104 @@ class RequestTests(SynchronousTestCase):
             with self.assertRaises(Refused) as caught:
                 readRequest(bad)
             self.assertEqual(caught.exception.reason, "malformed")
+
+
+class Responder:
+    """What a L{KMSCall} sends, recorded."""
+
+    peerHost = "10.0.0.9"
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Any]] = []
+        self.log = Logger()
+
+    def trailersOnly(self, status: GRPCStatus, message: str = "") -> None:
+        self.sent.append(("status", (status, message)))
+
+    def sendHeaders(self, headers: object, endStream: bool = False) -> None:
+        self.sent.append(("headers", headers))
+
+    def sendData(self, data: bytes) -> None:
+        self.sent.append(("data", data))
+
+    def sendTrailers(self, trailers: object) -> None:
+        self.sent.append(("trailers", trailers))
+
+
+class Keys:
+    """A KMS whose answers the test gives."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str, bytes, str]] = []
+        self.pending: list[Deferred[bytes]] = []
+
+    def _ask(self, method: str, uuid: str, data: bytes, peer: str) -> Deferred[bytes]:
+        self.asked.append((method, uuid, data, peer))
+        d: Deferred[bytes] = Deferred()
+        self.pending.append(d)
+        return d
+
+    def seal(self, uuid: str, data: bytes, peer: str) -> Deferred[bytes]:
+        return self._ask("seal", uuid, data, peer)
+
+    def unseal(self, uuid: str, data: bytes, peer: str) -> Deferred[bytes]:
+        return self._ask("unseal", uuid, data, peer)
+
+
+class CallTests(SynchronousTestCase):
+    """One unary call on the kms listener: answered once, in time."""
+
+    def call(self, path: bytes = b"/sidero.kms.KMSService/Unseal") -> None:
+        self.clock, self.responder, self.keys = Clock(), Responder(), Keys()
+        self.handler = KMSCall(self.responder, self.keys, self.clock, 5.0)  # type: ignore[arg-type]
+        self.handler.headersReceived([(b":path", path)])
+        body = frame(
+            kms_pb2.Request(node_uuid=UUID, data=b"b" * 60).SerializeToString()
+        )
+        self.handler.dataReceived(body[:3])
+        self.handler.dataReceived(body[3:])
+        self.handler.endReceived()
+
+    def test_answer_dataThenStatusZero(self) -> None:
+        """The KMS's answer goes out as one Response and grpc-status 0; the
+        KMS was given the connection's source address."""
+        self.call()
+        self.assertEqual(self.keys.asked, [("unseal", UUID, b"b" * 60, "10.0.0.9")])
+        self.keys.pending[0].callback(b"p" * 32)
+        kinds = [kind for kind, _ in self.responder.sent]
+        self.assertEqual(kinds, ["headers", "data", "trailers"])
+        data = self.responder.sent[1][1]
+        assert isinstance(data, bytes)
+        self.assertEqual(kms_pb2.Response.FromString(data[5:]).data, b"p" * 32)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_refused_statusOfItsReason(self) -> None:
+        """[E1] A refusal is the gRPC status of its reason, its line first."""
+        self.call()
+        self.keys.pending[0].errback(Refused("retired", "this node is retired"))
+        [(kind, (status, message))] = self.responder.sent
+        self.assertEqual((kind, status), ("status", GRPCStatus.PERMISSION_DENIED))
+        self.assertEqual(message, "retired: this node is retired")
+
+    def test_late_unavailableOnce(self) -> None:
+        """A KMS that does not answer within kms.call_timeout: UNAVAILABLE,
+        and its late answer is dropped."""
+        self.call()
+        self.clock.advance(5.0)
+        self.keys.pending[0].callback(b"p" * 32)
+        [(kind, (status, _))] = self.responder.sent
+        self.assertEqual((kind, status), ("status", GRPCStatus.UNAVAILABLE))
+
+    def test_reset_nothingSent(self) -> None:
+        """A call the client reset is never answered."""
+        self.call()
+        self.handler.reset(8)
+        self.keys.pending[0].callback(b"p" * 32)
+        self.assertEqual(self.responder.sent, [])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_otherPath_unimplemented_kmsNotAsked(self) -> None:
+        self.call(b"/sidero.kms.KMSService/Other")
+        self.assertEqual(self.keys.asked, [])
+        [(kind, (status, _))] = self.responder.sent
+        self.assertEqual((kind, status), ("status", GRPCStatus.UNIMPLEMENTED))
