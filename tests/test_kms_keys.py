@@ -60,6 +60,8 @@ class KeyLifeTests(KMSDaemonMixin, TestCase):
         code, message = await self.refused(client.unseal, UUID1, sealed)
         self.assertEqual(code, grpc.StatusCode.PERMISSION_DENIED, message)
         self.assertEqual([r.live for r in await self.keys(service)], [False])
+        state = await service.runner.run(lambda db: store.keyState(db, "w1"))
+        self.assertEqual(state, "destroyed")
 
     async def test_restoredOlderBackup_keyDestroyedAtStart(self) -> None:
         """
@@ -127,6 +129,8 @@ class KeyLifeTests(KMSDaemonMixin, TestCase):
         self.assertEqual(await self.unseal(client, UUID1, newBlob), new)
         rows = await self.keys(service)
         self.assertEqual([r.live for r in rows], [False, True])
+        state = await service.runner.run(lambda db: store.keyState(db, "w1"))
+        self.assertEqual(state, "sealed")
         self.assertNotEqual(rows[0].generation, rows[1].generation)
         events = [e["event"] for e in await self.journal()]
         self.assertEqual(events.count("kms.key-created"), 2)
@@ -156,6 +160,8 @@ class KeyLifeTests(KMSDaemonMixin, TestCase):
         self.assertEqual(code, grpc.StatusCode.UNAVAILABLE)
         self.assertTrue(message.startswith("busy: "), message)
         self.assertEqual(await self.keys(service), [])
+        state = await service.runner.run(lambda db: store.keyState(db, "w1"))
+        self.assertEqual(state, "none")
         runner = FaultyRunner(service.journal._runner)
         runner.failing = sqlite3.OperationalError("disk I/O error")
         original = service.journal._runner

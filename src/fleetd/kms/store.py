@@ -138,3 +138,13 @@ def lastDelivery(db: Database, device: str) -> tuple[str, str] | None:
     if not isinstance(peer, str) or run is None:
         return None
     return str(run), peer
+
+
+def keyState(db: Database, device: str) -> str:
+    """C{device}'s disk key as C{fleetctl status} will say it: C{"sealed"}
+    (a live key), C{"destroyed"} (keys, none live) or C{"none"}."""
+    row = db.execute(
+        "SELECT count(*), count(wrapped) FROM kms_keys WHERE device = ?", (device,)
+    ).fetchone()
+    total, live = int(row[0]), int(row[1])
+    return "sealed" if live else "destroyed" if total else "none"
