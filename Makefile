@@ -13,9 +13,12 @@ APT_BUILD := libtss2-dev pkg-config gcc
 # trusts the dev public CA; fonts-dejavu-core: the same text in screenshots.
 # systemd (systemd-analyze) and libseccomp2: the unit checked, and its
 # hardening imposed on the daemon (tests/test_hardening.py).
+# cryptsetup-bin: LUKS2 volumes on files, formatted and opened with what the
+# kms listener seals and unseals (tests/test_kms_talos.py).
 APT_TEST := swtpm swtpm-tools tpm2-tools prometheus bind9-dnsutils openssl curl \
 	tpm2-openssl tpm2-abrmd libtss2-tcti-tabrmd0 dbus-daemon dbus-bin fdisk \
-	chromium chromium-driver libnss3-tools fonts-dejavu-core systemd libseccomp2
+	chromium chromium-driver libnss3-tools fonts-dejavu-core systemd libseccomp2 \
+	cryptsetup-bin
 # What `make agent-demo` runs beside fleetd: swtpm and its EK CA tools,
 # tpm2-abrmd on a private D-Bus, OpenSSL (the EK digest) and its tpm2
 # provider, sfdisk.

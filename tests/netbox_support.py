@@ -58,7 +58,15 @@ def seedFake(fake: FakeNetBox, device: Device) -> int:
         deviceClass=device.device_class,
         cluster=device.cluster,
         macs=(*macs, ("bmc", BMC_MAC, True)),
+        primary=primaryOf(device),
     )
+
+
+def primaryOf(device: Device) -> tuple[str, ...]:
+    """The device's address as NetBox holds an IP address: with its prefix."""
+    if device.address is None:
+        return ()
+    return (device.address + ("/64" if ":" in device.address else "/24"),)
 
 
 class NetBoxRig:

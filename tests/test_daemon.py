@@ -129,7 +129,10 @@ class DaemonTests(DaemonTestMixin, TestCase):
             # The staged time only with [kubernetes]: tests/test_grafana.py's
             # daemon has it (and its dashboard shows it).
             # Tinkerbell's only with [tinkerbell]: test_tinkerbell_wiring.
-            if not name.startswith(("fleetd_netbox_", "fleetd_tinkerbell_"))
+            # The KMS's only with [kms]: test_kms_talos.
+            if not name.startswith(
+                ("fleetd_netbox_", "fleetd_tinkerbell_", "fleetd_kms_")
+            )
             and name != "fleetd_staged_longest_seconds"
         }
         self.assertTrue(used)

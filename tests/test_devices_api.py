@@ -444,6 +444,33 @@ class DeviceCommandTests(DaemonTestMixin, TestCase):
         code, out, _ = await self.fleetctl("--json journal --device w1")
         self.assertEqual([e["event"] for e in json.loads(out)], ["device.added"])
 
+    async def test_device_address(self) -> None:
+        """
+        Issue 30: fleetctl device add --address stores the node's address
+        (canonical), show prints it after the MACs, fleetctl status names
+        it in the headline; a bad one is refused locally, one line.
+        """
+        self.start()
+        code, _, err = await self.fleetctl(
+            f"device add w1 --serial SN-1 --uuid {UUID1} --class worker-g3"
+            " --address 2001:DB8::0:7"
+        )
+        self.assertEqual((code, err), (0, ""))
+        code, out, _ = await self.fleetctl("device show w1")
+        self.assertEqual(out.splitlines()[3:5], ["macs: -", "address: 2001:db8::7"])
+        code, out, _ = await self.fleetctl("status w1")
+        self.assertTrue(out.splitlines()[0].endswith("  address 2001:db8::7"), out)
+        code, out, err = await self.fleetctl(
+            f"device add w2 --serial SN-2 --uuid {UUID2} --class worker-g3"
+            " --address 10.0.0.0/8"
+        )
+        self.assertEqual((code, out), (1, ""))
+        self.assertEqual(
+            err,
+            "fleetctl: device add: address: '10.0.0.0/8' has a prefix length;"
+            " give the address alone\n",
+        )
+
     async def test_device_import(self) -> None:
         """
         fleetctl device import: a bad file is refused locally with its line

@@ -20,7 +20,7 @@ from tests.support import REPO
 from tests.test_runbooks import sections
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
-TAG = re.compile(r"\[([ABCDFJKORTV][0-9])\]")
+TAG = re.compile(r"\[([ABCDEFJKORTV][0-9])\]")
 DEFINED = re.compile(r"^- \*\*\[([A-Z][0-9])\]\*\*", re.MULTILINE)
 # A path of the clone named in prose: src/..., fleetd/..., tests/..., ...
 PATH = re.compile(r"(?<![\w./-])((?:src|fleetd|tests|bench|conf|docs)/[\w.*/-]*[\w*])")

@@ -10,6 +10,7 @@ NetBox fake runs the same mixin).
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -107,6 +108,19 @@ class InventoryContractMixin(_Base):
             [(d.name, d.uuid, d.serial) for d in self.ok(self.inventory.list())],
         )
         self.assertEqual(len(identities), 3)
+
+    def test_address_readBack(self) -> None:
+        """
+        Issue 30: a device's address comes back from get, bySerial and list
+        as it was entered; a device without one has none.
+        """
+        placed = replace(W2, address="2001:db8::2")
+        self.seed(W1, placed)
+        self.assertEqual(self.ok(self.inventory.get("w2")), placed)
+        self.assertEqual(self.ok(self.inventory.bySerial("SN-0002")), placed)
+        self.assertEqual(self.ok(self.inventory.list()), [W1, placed])
+        plain = self.ok(self.inventory.get("w1"))
+        self.assertEqual((plain, plain and plain.address), (W1, None))
 
     def test_list_empty(self) -> None:
         """An empty inventory lists nothing."""
@@ -294,6 +308,28 @@ class InventoryAddContractMixin(InventoryContractMixin):
         other = device("w9", "SN-9", UUID2, ("52-54-00-00-00-09", "525400000001"))
         self.assertDuplicate(other, "mac")
 
+    def test_add_duplicateAddress(self) -> None:
+        """Issue 30: an address another device holds is refused, naming it."""
+        self.ok(self.inventory.add(replace(W1, address="192.0.2.10"), journal=()))
+        error = self.refused(
+            self.inventory.add(replace(W2, address="192.0.2.10"), journal=()),
+            "duplicate",
+        )
+        self.assertEqual(str(error), "address 192.0.2.10 already belongs to device w1")
+        self.assertEqual([d.name for d in self.ok(self.inventory.list())], ["w1"])
+        # Devices without an address do not share "none".
+        self.ok(self.inventory.importDevices([W2, W3], journal=()))
+
+    def test_import_duplicateAddressAgainstExisting(self) -> None:
+        """Issue 30: an import whose device takes a held address adds nothing."""
+        self.ok(self.inventory.add(replace(W1, address="2001:db8::1"), journal=()))
+        clash = replace(W3, address="2001:db8::1")
+        error = self.refused(
+            self.inventory.importDevices([W2, clash], journal=()), "duplicate"
+        )
+        self.assertIn("device w3: address 2001:db8::1", str(error))
+        self.assertEqual([d.name for d in self.ok(self.inventory.list())], ["w1"])
+
     def test_import_addsAll(self) -> None:
         """importDevices adds every device and fires with the count."""
         self.assertEqual(
@@ -428,6 +464,11 @@ class ValidateDeviceTests(SynchronousTestCase):
             ({"cluster": "folly"}, "cluster", "folly"),
             ({"desired_action": "netboot"}, "desired_action", "netboot"),
             ({"status": "planned"}, "status", DeviceStatus.PLANNED),
+            ({"address": "192.0.2.7"}, "address", "192.0.2.7"),
+            ({"address": "10.20.30.40"}, "address", "10.20.30.40"),
+            ({"address": "2001:DB8:0:0::7"}, "address", "2001:db8::7"),
+            ({"address": "::ffff:192.0.2.7"}, "address", "192.0.2.7"),
+            ({"address": None}, "address", None),
         ]
         for changes, field, expected in cases:
             result = validateDevice(**self.base(**changes))
@@ -467,6 +508,25 @@ class ValidateDeviceTests(SynchronousTestCase):
             ({"cluster": "fol ly"}, "cluster:"),
             ({"status": "exploded"}, "status:"),
             ({"desired_action": "net_boot"}, "desired_action:"),
+            ({"address": ""}, "address: must not be empty"),
+            ({"address": 7}, "address: must be a string"),
+            ({"address": "192.0.2.7/24"}, "prefix length"),
+            ({"address": "fe80::1%eth0"}, "zone"),
+            ({"address": "192.0.2"}, "not an IPv4 or IPv6"),
+            ({"address": "010.0.0.1"}, "not an IPv4 or IPv6"),
+            ({"address": " 192.0.2.7"}, "not an IPv4 or IPv6"),
+            ({"address": "w1.example"}, "not an IPv4 or IPv6"),
+            ({"address": "0.0.0.0"}, "unspecified"),
+            ({"address": "::"}, "unspecified"),
+            ({"address": "127.0.0.1"}, "loopback"),
+            ({"address": "::1"}, "loopback"),
+            ({"address": "::ffff:127.0.0.1"}, "127.0.0.1 is a loopback"),
+            ({"address": "224.0.0.1"}, "multicast"),
+            ({"address": "ff02::1"}, "multicast"),
+            ({"address": "169.254.1.1"}, "link-local"),
+            ({"address": "fe80::1"}, "link-local"),
+            ({"address": "255.255.255.255"}, "reserved"),
+            ({"address": "240.0.0.1"}, "reserved"),
         ]
         for changes, fragment in cases:
             with self.assertRaises(InventoryError, msg=repr(changes)) as caught:
@@ -475,6 +535,15 @@ class ValidateDeviceTests(SynchronousTestCase):
             self.assertEqual(error.kind, "invalid")
             self.assertIn(fragment, str(error), changes)
             self.assertNotIn("\n", str(error))
+
+    def test_toJSON_address_onlyWhenSet(self) -> None:
+        """
+        Issue 30: C{address} is in the device's JSON only when it has one,
+        so answers for devices without one are as before.
+        """
+        self.assertNotIn("address", W2.toJSON())
+        placed = replace(W2, address="192.0.2.2")
+        self.assertEqual(placed.toJSON(), {**W2.toJSON(), "address": "192.0.2.2"})
 
     def test_toJSON_keys(self) -> None:
         """toJSON names the fields as the admin API does (class, macs list)."""

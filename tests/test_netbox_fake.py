@@ -96,6 +96,42 @@ class NetBoxAPIContractMixin(_Base):
         _, page, _ = await self.request("GET", "api/dcim/devices/?serial=Ser1")
         self.assertEqual([d["name"] for d in page["results"]], ["w1", "w9"])
 
+    async def test_primaryIPs_nestedAsDeviceSerializerDoes(self) -> None:
+        """
+        A device carries primary_ip4, primary_ip6 and the read-only
+        primary_ip, each a nested IP address (its brief fields plus
+        dns_name, nat_inside, nat_outside; the address with its prefix),
+        null when unset; primary_ip is the IPv6 one unless PREFER_IPV4
+        (C{Device.primary_ip}, NetBox 4.6.8).
+        """
+        ident = self.fake.addDevice("w1", "S1", primary=("192.0.2.5/24",))
+        self.fake.addDevice("w2", "S2")
+        _, page, _ = await self.request("GET", "api/dcim/devices/")
+        w1, w2 = page["results"]
+        four = w1["primary_ip4"]
+        self.assertEqual(
+            sorted(four),
+            sorted(
+                "id url display family address description dns_name"
+                " nat_inside nat_outside".split()
+            ),
+        )
+        self.assertEqual(
+            (four["address"], four["display"], four["family"]),
+            ("192.0.2.5/24", "192.0.2.5/24", {"value": 4, "label": "IPv4"}),
+        )
+        self.assertEqual((w1["primary_ip"], w1["primary_ip6"]), (four, None))
+        self.assertEqual(
+            (w2["primary_ip"], w2["primary_ip4"], w2["primary_ip6"]), (None,) * 3
+        )
+        self.fake.setPrimaryIP(ident, "2001:db8::5/64")
+        _, w1, _ = await self.request("GET", f"api/dcim/devices/{ident}/")
+        self.assertEqual(w1["primary_ip"]["address"], "2001:db8::5/64")
+        self.assertEqual(w1["primary_ip6"]["family"]["value"], 6)
+        self.fake.preferIPv4 = True
+        _, w1, _ = await self.request("GET", f"api/dcim/devices/{ident}/")
+        self.assertEqual(w1["primary_ip"]["address"], "192.0.2.5/24")
+
     async def test_unknownFilter_ignored(self) -> None:
         """A filter NetBox does not know is ignored (so clients check answers)."""
         self.fake.addDevice("w1", "S1")

@@ -33,6 +33,10 @@ from fleetd.fleet.retire import retireService
 from fleetd.fleet.status import StatusService
 from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import IInventory
+from fleetd.kms.reasons import KMSMetrics
+from fleetd.kms.retire import KeyRetirement, SweepService
+from fleetd.kms.service import DiskKeys
+from fleetd.kmsgrpc.listener import KMSListener, kmsFactory
 from fleetd.kube.service import KubeService
 from fleetd.prepare import Prepared
 from fleetd.reactors import IFleetdReactor
@@ -43,12 +47,14 @@ from fleetd.runs.registry import RunRegistry
 from fleetd.runs.render import TemplateRenderer
 from fleetd.runs.vaultnames import configName
 from fleetd.store.chain import ChainMonitor
+from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.runner import IRunner
 from fleetd.tink.service import TinkProxy
 from fleetd.tink.wfstate import IWorkflowObserver
 from fleetd.tink.workflows import REFRESH_FLOOR
 from fleetd.tinkerbell.service import TinkerbellService
+from fleetd.trust.bindings import bindingForSerial
 from fleetd.trust.disks import DiskService
 from fleetd.trust.refusals import AttestRefusals
 from fleetd.trust.service import TrustService
@@ -132,6 +138,55 @@ def tinkerbellObjects(
 
 
 @dataclass(frozen=True)
+class DiskKeyParts:
+    """fleetd as the site's Talos KMS (C{[kms]}, issue 30)."""
+
+    keys: DiskKeys
+    sweep: SweepService  # the start-up sweep; the KMS answers after it
+    retirement: KeyRetirement  # the retirement's participant [E3]
+    listener: KMSListener  # the kms listener's service is its child
+
+
+def bindingApproved(db: Database, serial: str) -> bool:
+    """[E1] Whether C{serial}'s EK binding is approved and holds now."""
+    view = bindingForSerial(db.connection, serial)
+    return view is not None and view.state == "approved"
+
+
+def diskKeys(
+    prepared: Prepared,
+    *,
+    reactor: IFleetdReactor,
+    registry: CollectorRegistry,
+    runner: IRunner,
+    journal: AsyncJournal,
+    inventory: IInventory,
+    runs: RunRegistry,
+    parent: IServiceCollection,
+) -> DiskKeyParts | None:
+    """With C{[kms]}, the KMS and its services under C{parent} (the kms
+    listener is the caller's to add, to C{listener}); else L{None}."""
+    s = prepared.settings
+    if s.kms is None or prepared.kmsKey is None:
+        return None
+    metrics = KMSMetrics(registry)
+    keys = DiskKeys(
+        clock=reactor, runner=runner, journal=journal, inventory=inventory,
+        uuids=runs.index, approved=bindingApproved, masterKey=prepared.kmsKey,
+        metrics=metrics,
+    )  # fmt: skip
+    sweep = SweepService(keys, inventory, journal, reactor)
+    sweep.setServiceParent(parent)
+    factory = kmsFactory(
+        reactor, keys, s.kms, s.tink, idleTimeout=s.limits.idle_timeout,
+        registry=registry,
+    )  # fmt: skip
+    listener = KMSListener(factory)
+    listener.setServiceParent(parent)
+    return DiskKeyParts(keys, sweep, KeyRetirement(metrics), listener)
+
+
+@dataclass(frozen=True)
 class AdminSite:
     """The admin listener's site, and what the daemon keeps of it."""
 
@@ -160,6 +215,7 @@ def adminSite(
     deviceFlow: DeviceFlow,
     kube: KubeService | None,
     objects: Objects | None,
+    diskKeys: DiskKeyParts | None = None,
 ) -> AdminSite:
     """
     The admin listener's tree (owner API, console, C{/healthz},
@@ -179,7 +235,14 @@ def adminSite(
         inventory=inventory,
         journal=journal,
         runs=runs,
-        parts=() if objects is None else (objects.service,),
+        parts=tuple(
+            part
+            for part in (
+                None if objects is None else objects.service,
+                None if diskKeys is None else diskKeys.retirement,
+            )
+            if part is not None
+        ),
     )
     renderer = TemplateRenderer(
         s.provision.templates,

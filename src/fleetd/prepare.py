@@ -21,7 +21,7 @@ from fleetd.listen.tls import loadCertificates, loadTLSOptions
 from fleetd.pki.dev import ensureDevPKI
 from fleetd.pki.ldevid import Issuer, TrustBundle
 from fleetd.runs.render import RenderError, TemplateRenderer
-from fleetd.store.db import Database
+from fleetd.store.db import Database, StoreError
 from fleetd.store.keys import loadOrCreateKey
 from fleetd.vault import DirectoryVault, IClosableVault, VaultError
 
@@ -44,6 +44,8 @@ class Prepared:
     # Certificates read once, for fleetd_certificate_not_after_seconds (the
     # listeners' own are read from them at each scrape).
     certificates: tuple[Watched, ...] = ()
+    # [kms]'s master key (kms.master_key), which wraps every disk key.
+    kmsKey: bytes | None = None
 
 
 def prepare(settings: Settings) -> Prepared:
@@ -92,6 +94,7 @@ def prepare(settings: Settings) -> Prepared:
         settings.state.mkdir(mode=0o700, parents=True, exist_ok=True)
         database = Database.open(settings.state / "fleetd.sqlite3")
         masterKey = loadOrCreateKey(settings.state / "master.key")
+        kmsKey = kmsMasterKey(settings)
     except (OSError, Exception) as e:
         vault.close()
         if isinstance(e, ConfigError):
@@ -108,6 +111,7 @@ def prepare(settings: Settings) -> Prepared:
         upstreamCA=upstreamCA,
         uncheckedVault=vault,
         certificates=readAtStart(settings, issuer),
+        kmsKey=kmsKey,
     )
 
 
@@ -233,3 +237,14 @@ def checkOwnerCA(settings: Settings) -> None:
                     "was issued by the owner CA; owners need a CA that issues "
                     "nothing else",
                 )
+
+
+def kmsMasterKey(settings: Settings) -> bytes | None:
+    """With C{[kms]}, its master key: read, or made on the first start
+    (32 random bytes, mode 0600; docs/decisions.md, issue 30)."""
+    if settings.kms is None:
+        return None
+    try:
+        return loadOrCreateKey(settings.kms.masterKeyPath(settings.state))
+    except StoreError as e:
+        raise ConfigError("kms.master_key", str(e)) from e

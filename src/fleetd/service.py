@@ -27,7 +27,13 @@ from twisted.web.resource import Resource
 
 from fleetd import __version__
 from fleetd.admin.deviceflow import verificationURI
-from fleetd.assembly import adminSite, netboxInventory, tinkerbellObjects, tinkProxy
+from fleetd.assembly import (
+    adminSite,
+    diskKeys,
+    netboxInventory,
+    tinkerbellObjects,
+    tinkProxy,
+)
 from fleetd.attest.wiring import buildAttestation
 from fleetd.boot.face import bootFace
 from fleetd.config import ConfigError, NetBoxSettings
@@ -153,6 +159,11 @@ class FleetdService(MultiService):
             runner=self.runner, runs=self.runs, registry=self.registry,
             parent=self.database,
         )  # fmt: skip
+        self.diskKeys = diskKeys(  # [kms]: fleetd as the site's Talos KMS
+            prepared, reactor=reactor, registry=self.registry, runner=self.runner,
+            journal=self.journal, inventory=self.inventory, runs=self.runs,
+            parent=self.database,
+        )  # fmt: skip
         self.trust = TrustService(self.runner, self.journal, self.inventory, reactor)
         self.disks = DiskService(self.runner, self.journal, reactor)
         attestation = buildAttestation(
@@ -273,7 +284,7 @@ class FleetdService(MultiService):
             inventory=self.inventory, runs=self.runs,
             alerts=self.alerts, status=self.status, trust=self.trust,
             disks=self.disks, refusals=self.refusals, deviceFlow=self.deviceFlow,
-            kube=self.kube, objects=self.objects,
+            kube=self.kube, objects=self.objects, diskKeys=self.diskKeys,
         )  # fmt: skip
         self.console, self.consoleSessions = admin.console, admin.sessions
         self._web("admin", admin.root, onListening=admin.follow)
@@ -297,6 +308,13 @@ class FleetdService(MultiService):
             idleTimeout=max(s.limits.idle_timeout, s.tink.stream_timeout),
         )
         tink.setServiceParent(self.tink)  # which drains it before it stops
+        if self.diskKeys is not None:  # the kms listener, drained the same way
+            policy = listenerPolicy(s, "kms")
+            kms = self._listeners.add(
+                "kms", s.listen.kms, policy.tlsOptions(s.tls),
+                self.diskKeys.listener.factory, protocol=policy.clientProtocol,
+            )  # fmt: skip
+            kms.setServiceParent(self.diskKeys.listener)
         self.dns = DNSService.fromSettings(self.reactor, s, self.registry)
         self.dns.setServiceParent(self.database)
 
@@ -340,6 +358,8 @@ class FleetdService(MultiService):
     async def _load(self) -> None:
         await self.runs.load(self._checkVault)
         await self.tink.load()  # boot completion needs the runs [B1]
+        if self.diskKeys is not None:  # the KMS answers once every uuid is known
+            await self.diskKeys.sweep.begin()
 
     def _checkVault(self) -> None:
         """The vault's entries, listed in prepare(), looked at and put right."""

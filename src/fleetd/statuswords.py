@@ -73,11 +73,16 @@ def formatEntry(entry: dict[str, Any]) -> str:
 
 
 def headline(doc: dict[str, Any]) -> str:
-    """The report's first line: the device's name, status, class, serial, uuid."""
+    """
+    The report's first line: the device's name, status, class, serial,
+    uuid, and its address when it has one.
+    """
     device = doc["device"]
+    address = device.get("address")
     return (
         f"{device['name']}  {device['status']}  class {device['class']}"
         f"  serial {device['serial']}  uuid {device['uuid']}"
+        + ("" if address is None else f"  address {address}")
     )
 
 

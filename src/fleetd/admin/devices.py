@@ -2,8 +2,8 @@
 The inventory's part of the admin API, under C{/v1/admin/devices}.
 
   - C{POST /v1/admin/devices}: a JSON object with C{name}, C{serial},
-    C{uuid}, C{class} and optionally C{macs} (a list) and C{cluster};
-    201 with the device.
+    C{uuid}, C{class} and optionally C{macs} (a list), C{cluster} and
+    C{address} (the node's IPv4 or IPv6 address); 201 with the device.
   - C{GET /v1/admin/devices}: C{{"devices": [...]}}, ordered by name.
   - C{GET /v1/admin/devices/NAME}: the device, or a 404 line.
   - C{POST /v1/admin/devices/import}: the body is a device CSV
@@ -49,6 +49,7 @@ _FIELDS = {
     "class": (str, True),
     "macs": (list, False),
     "cluster": (str, False),
+    "address": (str, False),
 }
 
 Outcome = tuple[int, Any]
@@ -107,7 +108,7 @@ def parseDeviceJSON(text: str) -> Device:
                 raise InventoryError(f"{key}: missing")
             continue
         value = document[key]
-        if key == "cluster" and value is None:
+        if key in ("cluster", "address") and value is None:
             continue
         if not isinstance(value, kind):
             raise InventoryError(f"{key}: must be a JSON {kind.__name__}")
@@ -122,6 +123,7 @@ def parseDeviceJSON(text: str) -> Device:
         macs=macs,
         device_class=document["class"],
         cluster=document.get("cluster"),
+        address=document.get("address"),
     )
 
 
@@ -236,8 +238,9 @@ class DeviceResource(Endpoint):
 class ForgetIdentityResource(DeviceResource):
     """
     C{POST /v1/admin/devices/NAME/forget-identity} C{{"reason": "..."}}: a
-    retired device's serial, uuid and MACs are freed for a new record (the
-    machine comes back under a new name); journaled with what they were.
+    retired device's serial, uuid, MACs and address are freed for a new
+    record (the machine comes back under a new name); journaled with what
+    they were.
     """
 
     def __init__(self, inventory: IInventory, name: str, journal: AsyncJournal) -> None:
@@ -252,16 +255,18 @@ class ForgetIdentityResource(DeviceResource):
             device = await self._inventory.get(self._name)
             if device is None:
                 raise InventoryError(f"no device named {self._name}", "not-found")
+            fields: dict[str, FieldValue] = {
+                "serial": device.serial,
+                "uuid": device.uuid,
+                "macs": " ".join(device.macs),
+            }
+            if device.address is not None:
+                fields["address"] = device.address
             entry = Entry(
                 "device.identity-forgotten",
                 actor=actor,
                 device=device.name,
-                fields={
-                    "serial": device.serial,
-                    "uuid": device.uuid,
-                    "macs": " ".join(device.macs),
-                    "reason": reason,
-                },
+                fields={**fields, "reason": reason},
             )
             forgotten = await self._inventory.forgetIdentity(
                 device.name, journal=[entry]

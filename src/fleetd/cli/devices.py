@@ -23,7 +23,7 @@ from fleetd.inventory.model import InventoryError, validateDevice
 
 DEVICES = "/v1/admin/devices"
 LIST_COLUMNS = ("name", "serial", "class", "cluster", "status")
-SHOW_KEYS = ("name", "serial", "uuid", "macs", "class", "cluster", "status")
+SHOW_KEYS = ("name", "serial", "uuid", "macs", "address", "class", "cluster", "status")
 MAX_CSV_BYTES = 16 << 20
 
 
@@ -44,8 +44,9 @@ def formatTable(devices: list[dict[str, Any]]) -> list[str]:
 
 
 def formatDevice(device: dict[str, Any]) -> list[str]:
-    """One device as C{key: value} lines."""
-    keys = [*SHOW_KEYS, "desired_action"]
+    """One device as C{key: value} lines (C{address} when it has one)."""
+    keys = [k for k in SHOW_KEYS if k != "address" or "address" in device]
+    keys.append("desired_action")
     return [f"{key}: {_cell(device.get(key))}" for key in keys]
 
 
@@ -58,6 +59,7 @@ def cmdAdd(settings: Settings, args: argparse.Namespace, out: IO[str]) -> int:
             macs=args.mac or (),
             device_class=args.device_class,
             cluster=args.cluster,
+            address=args.address,
         )
     except InventoryError as e:
         raise CLIError(f"device add: {e}") from None
@@ -105,7 +107,7 @@ def cmdForgetIdentity(
     body = {"reason": args.reason}
     device = AdminClient(settings).request("POST", path, body=body)
     line = (
-        f"forgot {device['name']}'s serial, uuid and MACs; the machine can be"
+        f"forgot {device['name']}'s serial, uuid, MACs and address; the machine can be"
         " added again under a new name (the record and its journal stay)"
     )
     emit(out, args, device, [line])
@@ -128,6 +130,11 @@ def addCommands(commands: Any) -> None:
     )
     add.add_argument("--class", dest="device_class", required=True, help="device class")
     add.add_argument("--cluster", help="cluster the device joins")
+    add.add_argument(
+        "--address",
+        help="the node's own IPv4 or IPv6 address (the disk-key service may"
+        " check requests against it)",
+    )
     add.set_defaults(handler=cmdAdd)
 
     listing = actions.add_parser("list", help="list every device")
@@ -139,13 +146,15 @@ def addCommands(commands: Any) -> None:
 
     load = actions.add_parser("import", help="import devices from a CSV file")
     load.add_argument(
-        "file", help="CSV with a header naming name,serial,uuid,mac,class,cluster"
+        "file",
+        help="CSV with a header naming name,serial,uuid,mac,class,cluster"
+        " (and optionally address)",
     )
     load.set_defaults(handler=cmdImport)
 
     forget = actions.add_parser(
         "forget-identity",
-        help="free a retired device's serial, uuid and MACs for a new record",
+        help="free a retired device's serial, uuid, MACs and address for a new record",
     )
     forget.add_argument("name")
     forget.add_argument("--reason", required=True, help="why (journaled)")

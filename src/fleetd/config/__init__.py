@@ -8,6 +8,7 @@ reads them through L{fleetd.config.table.Table}, which names every problem
 by its dotted key and refuses keys nothing reads.
 """
 
+from fleetd.config.kms import KMSSettings
 from fleetd.config.load import loadSettings, parseSettings
 from fleetd.config.settings import (
     BootLimits,
@@ -38,6 +39,7 @@ __all__ = [
     "BootLimits",
     "ConfigError",
     "DNSRateLimit",
+    "KMSSettings",
     "KubernetesSettings",
     "Limits",
     "Listen",

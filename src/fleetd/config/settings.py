@@ -19,6 +19,7 @@ from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.ssl import Certificate, optionsForClientTLS
 
+from fleetd.config.kms import DEFAULT_LISTEN, KMSSettings, readKMS, readKMSListen
 from fleetd.config.reader import readSection, setting, toml
 from fleetd.config.table import Table
 from fleetd.config.tinkerbell import TinkerbellSettings, readTinkerbell
@@ -85,6 +86,7 @@ class Listen:
     tink: str = field(metadata=ENDPOINT)
     dns_port: int
     dns_interface: str
+    kms: str = field(default=DEFAULT_LISTEN, metadata=toml(read=readKMSListen))
 
 
 def _listen(parent: Table, name: str) -> Listen:
@@ -392,3 +394,4 @@ class Settings:
         default=None, metadata=toml(read=readTinkerbell)
     )
     netbox: NetBoxSettings | None = None
+    kms: KMSSettings | None = field(default=None, metadata=toml(read=readKMS))

@@ -58,6 +58,7 @@ class H2ServerProtocol(TimedProtocol):
 
     log: Logger | ThrottledLog = Logger()
     connectionId = 0  # numbered by the listener's factory
+    peerHost = ""  # the client's address, once connected
 
     def __init__(
         self,
@@ -123,7 +124,7 @@ class H2ServerProtocol(TimedProtocol):
             opened(self)
         noDelay(self.transport)
         peer = self.transport.getPeer() if self.transport is not None else None
-        source = str(getattr(peer, "host", ""))
+        source = self.peerHost = str(getattr(peer, "host", ""))
         self.guard = ConnectionGuard(self._limits, self._clock, source, self.sources)
         # The source the per-source limits count (rate-limited as all lines).
         self.log.info("tink.connected {source}", source=source)

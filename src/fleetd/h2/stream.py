@@ -60,6 +60,7 @@ class IStreamConnection(TypingProtocol):
     h2: H2Connection
     streams: dict[int, StreamResponder]  # the live streams, by id
     connectionId: int
+    peerHost: str  # the client's address
     maxMessageBytes: int
     log: Logger | ThrottledLog
     guard: ConnectionGuard | None  # its C{paused} holds responses back
@@ -212,6 +213,11 @@ class StreamResponder:
         """Which downstream connection this stream is on (a new one after
         an agent restarts)."""
         return self._connection.connectionId
+
+    @property
+    def peerHost(self) -> str:
+        """The address of the client that opened this stream."""
+        return self._connection.peerHost
 
     @property
     def log(self) -> Logger | ThrottledLog:

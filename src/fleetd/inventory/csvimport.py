@@ -2,9 +2,10 @@
 Parse the device CSV of C{fleetctl device import}.
 
 The first non-blank row is the header: column names from
-C{name,serial,uuid,mac,class,cluster} in any order (C{name}, C{serial},
-C{uuid} and C{class} required).  A C{mac} cell holds several addresses
-separated by spaces.  Blank lines are ignored; a leading byte order mark
+C{name,serial,uuid,mac,class,cluster,address} in any order (C{name},
+C{serial}, C{uuid} and C{class} required).  A C{mac} cell holds several
+addresses separated by spaces; an C{address} cell the node's one IPv4 or
+IPv6 address, or nothing.  Blank lines are ignored; a leading byte order mark
 is tolerated.  One bad row rejects the whole file, with the physical line
 number (the first line of the file is line 1) of the row.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 from fleetd.csvrows import CSVLineError, csvRows
 from fleetd.inventory.model import Device, InventoryError, validateDevice
 
-COLUMNS = ("name", "serial", "uuid", "mac", "class", "cluster")
+COLUMNS = ("name", "serial", "uuid", "mac", "class", "cluster", "address")
 REQUIRED = ("name", "serial", "uuid", "class")
 
 _BOM = "\ufeff"
@@ -54,6 +55,7 @@ def _device(columns: list[str], cells: list[str], line: int) -> Device:
             macs=row.get("mac", "").split(),
             device_class=row["class"],
             cluster=cluster,
+            address=row.get("address") or None,
         )
     except InventoryError as e:
         raise _lineError(line, str(e)) from None
@@ -72,6 +74,8 @@ class _Seen:
             ("uuid", device.uuid),
         ]
         keys += [("mac", mac) for mac in device.macs]
+        if device.address is not None:
+            keys.append(("address", device.address))
         for field, value in keys:
             first = self._lines.get((field, value))
             if first is not None:

@@ -3,7 +3,7 @@ The inventory's values and the interface every backend implements.
 
 A L{Device} is always valid and normalised: it is built by
 L{validateDevice}, which turns operator input (fleetctl, CSV, the admin
-API) into canonical names, UUIDs and MAC addresses or raises an
+API) into canonical names, UUIDs, MAC and IP addresses or raises an
 L{InventoryError} naming the field.  L{IInventory} is the contract of the
 embedded SQLite inventory and of the NetBox backend alike.
 """
@@ -15,15 +15,19 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from twisted.internet.defer import Deferred
+
+from fleetd.inventory.errors import ErrorKind as ErrorKind
+from fleetd.inventory.errors import InventoryError as InventoryError
+from fleetd.inventory.errors import nonEmptyString, shown
+from fleetd.inventory.netaddr import validateAddress
+from fleetd.inventory.netaddr import validateMAC as validateMAC
 
 if TYPE_CHECKING:
     from fleetd.store.db import Database
     from fleetd.store.entries import Entry
-
-ErrorKind = Literal["invalid", "duplicate", "not-found", "unavailable"]
 
 MAX_SERIAL = 64
 MAX_RUN = 128
@@ -35,9 +39,6 @@ _LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _TOKEN = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
 _SERIAL = re.compile(rf"[\x21-\x7e]{{1,{MAX_SERIAL}}}")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-_MAC = re.compile(
-    r"[0-9a-f]{12}|[0-9a-f]{2}(:[0-9a-f]{2}){5}|[0-9a-f]{2}(-[0-9a-f]{2}){5}"
-)
 _NO_UUIDS = {
     "0" * 8 + "-0000-0000-0000-" + "0" * 12,
     "f" * 8 + "-ffff-ffff-ffff-" + "f" * 12,
@@ -54,24 +55,6 @@ class DeviceStatus(enum.StrEnum):
     FAILED = "failed"
     INVENTORY = "inventory"
     DECOMMISSIONING = "decommissioning"
-
-
-class InventoryError(Exception):
-    """
-    The inventory refused or could not do what was asked.
-
-    @ivar kind: C{"invalid"} (bad input), C{"duplicate"} (a name, serial,
-        UUID or MAC already taken), C{"not-found"} or C{"unavailable"}
-        (the backend cannot be reached; worth retrying).
-    """
-
-    def __init__(self, message: str, kind: ErrorKind = "invalid") -> None:
-        super().__init__(message)
-        self.kind: ErrorKind = kind
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 def releasedBefore(run: str, device: str, owner: str | None) -> bool:
@@ -100,10 +83,15 @@ class Device:
     cluster: str | None
     status: DeviceStatus = DeviceStatus.INVENTORY
     desired_action: str | None = None
+    # The node's own IPv4 or IPv6 address (L{validateAddress}), if known.
+    address: str | None = None
 
     def toJSON(self) -> dict[str, Any]:
-        """The device as the admin API and C{fleetctl --json} show it."""
-        return {
+        """
+        The device as the admin API and C{fleetctl --json} show it; the
+        C{address} key only when the device has one (issue 30).
+        """
+        doc = {
             "name": self.name,
             "serial": self.serial,
             "uuid": self.uuid,
@@ -113,6 +101,7 @@ class Device:
             "status": self.status.value,
             "desired_action": self.desired_action,
         }
+        return doc if self.address is None else {**doc, "address": self.address}
 
 
 @dataclass(frozen=True)
@@ -129,26 +118,12 @@ class ServedRecord:
     peer: str
 
 
-def _show(value: object) -> str:
-    """A short, printable rendering of a rejected value for a message."""
-    text = repr(value)
-    return text if len(text) <= 70 else text[:67] + "..."
-
-
-def _string(field: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise InventoryError(f"{field}: must be a string, not {_show(value)}")
-    if not value:
-        raise InventoryError(f"{field}: must not be empty")
-    return value
-
-
 def validateName(value: object) -> str:
     """A device name: one hostname label, lower-cased."""
-    name = _string("name", value).lower()
+    name = nonEmptyString("name", value).lower()
     if _LABEL.fullmatch(name) is None:
         raise InventoryError(
-            f"name: {_show(value)} is not a hostname label"
+            f"name: {shown(value)} is not a hostname label"
             " (a-z, 0-9 and inner '-', at most 63 characters)"
         )
     return name
@@ -156,10 +131,10 @@ def validateName(value: object) -> str:
 
 def validateSerial(value: object) -> str:
     """A chassis serial: 1..64 printable ASCII characters, no spaces."""
-    serial = _string("serial", value)
+    serial = nonEmptyString("serial", value)
     if _SERIAL.fullmatch(serial) is None:
         raise InventoryError(
-            f"serial: {_show(value)} must be 1 to {MAX_SERIAL} printable"
+            f"serial: {shown(value)} must be 1 to {MAX_SERIAL} printable"
             " ASCII characters without spaces"
         )
     return serial
@@ -167,38 +142,21 @@ def validateSerial(value: object) -> str:
 
 def validateUUID(value: object) -> str:
     """An SMBIOS system UUID in canonical lowercase 8-4-4-4-12 form."""
-    uuid = _string("uuid", value).lower()
+    uuid = nonEmptyString("uuid", value).lower()
     if _UUID.fullmatch(uuid) is None:
-        raise InventoryError(f"uuid: {_show(value)} is not an 8-4-4-4-12 hex UUID")
+        raise InventoryError(f"uuid: {shown(value)} is not an 8-4-4-4-12 hex UUID")
     if uuid in _NO_UUIDS:
         # SMBIOS: all zeros = not set, all ones = not present.
         raise InventoryError(f"uuid: {uuid} means the firmware has no UUID")
     return uuid
 
 
-def validateMAC(value: object) -> str:
-    """A unicast MAC address, in lowercase colon form."""
-    text = _string("mac", value).lower()
-    if _MAC.fullmatch(text) is None:
-        raise InventoryError(
-            f"mac: {_show(value)} is not a MAC address"
-            " (aa:bb:cc:dd:ee:ff, aa-bb-cc-dd-ee-ff or aabbccddeeff)"
-        )
-    digits = text.replace(":", "").replace("-", "")
-    mac = ":".join(digits[i : i + 2] for i in range(0, 12, 2))
-    if int(digits[:2], 16) & 1:
-        raise InventoryError(f"mac: {mac} is a multicast address, not a NIC's")
-    if digits == "0" * 12:
-        raise InventoryError(f"mac: {mac} is the all-zero address")
-    return mac
-
-
 def validateToken(field: str, value: object) -> str:
     """A class, cluster or desired action: a short lowercase token."""
-    token = _string(field, value).lower()
+    token = nonEmptyString(field, value).lower()
     if _TOKEN.fullmatch(token) is None:
         raise InventoryError(
-            f"{field}: {_show(value)} must be a-z, 0-9 and '-',"
+            f"{field}: {shown(value)} must be a-z, 0-9 and '-',"
             " starting with a letter or digit, at most 32 characters"
         )
     return token
@@ -212,7 +170,7 @@ def validateStatus(value: object) -> DeviceStatus:
         return DeviceStatus(value)
     except ValueError:
         known = ", ".join(s.value for s in DeviceStatus)
-        raise InventoryError(f"status: {_show(value)} is not one of {known}") from None
+        raise InventoryError(f"status: {shown(value)} is not one of {known}") from None
 
 
 def validateDevice(
@@ -225,6 +183,7 @@ def validateDevice(
     cluster: object = None,
     status: object = DeviceStatus.INVENTORY,
     desired_action: object = None,
+    address: object = None,
 ) -> Device:
     """
     Check and normalise operator input into a L{Device}.
@@ -252,21 +211,22 @@ def validateDevice(
             if desired_action is None
             else validateToken("desired_action", desired_action)
         ),
+        address=None if address is None else validateAddress(address),
     )
 
 
 def validateServedRecord(record: ServedRecord) -> ServedRecord:
     """Check a served-config record before it is made durable."""
     device = validateName(record.device)
-    run = _string("run", record.run)
+    run = nonEmptyString("run", record.run)
     if len(run) > MAX_RUN or not run.isprintable() or not run.isascii():
-        raise InventoryError(f"run: {_show(run)} is not a run id")
+        raise InventoryError(f"run: {shown(run)} is not a run id")
     at = record.served_at
     if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
-        raise InventoryError(f"served_at: {_show(record.served_at)} is not a time")
+        raise InventoryError(f"served_at: {shown(record.served_at)} is not a time")
     peer = record.peer
     if not isinstance(peer, str) or len(peer) > MAX_PEER or not peer.isprintable():
-        raise InventoryError(f"peer: {_show(peer)} is not a peer address")
+        raise InventoryError(f"peer: {shown(peer)} is not a peer address")
     return ServedRecord(run=run, device=device, served_at=float(at), peer=peer)
 
 
@@ -292,7 +252,7 @@ class IInventory(Protocol):
     def add(self, device: Device, *, journal: Sequence[Entry]) -> Deferred[Device]:
         """
         Add one device; fire with it as stored.  A name, serial (compared
-        case-insensitively), UUID or MAC already taken fails with
+        case-insensitively), UUID, MAC or address already taken fails with
         C{"duplicate"}, naming the field and the device holding it. The
         NetBox backend refuses (C{"invalid"}): devices are created in NetBox.
         """
@@ -362,11 +322,11 @@ class IInventory(Protocol):
         self, name: str, *, journal: Sequence[Entry]
     ) -> Deferred[Device]:
         """
-        Free a retired (C{decommissioning}) device's serial, uuid and MACs,
-        so that the machine can come back as a new device record; the
-        record, its runs' records and its journal stay. Another status
-        fails with C{"invalid"}; the NetBox backend refuses (the identity
-        is NetBox's to change).
+        Free a retired (C{decommissioning}) device's serial, uuid, MACs and
+        address, so that the machine (or its address) can come back in a
+        new device record; the record, its runs' records and its journal
+        stay. Another status fails with C{"invalid"}; the NetBox backend
+        refuses (the identity is NetBox's to change).
         """
 
     def setStatusIn(self, db: Database, name: str, status: DeviceStatus) -> None:

@@ -1,7 +1,8 @@
 """
 The embedded inventory's device rows: SQL over tables C{devices} and
-C{device_macs} (migration 2), run on the database thread inside the
-caller's transaction (L{fleetd.inventory.sqlite} runs them).
+C{device_macs} (migration 2; C{devices.address} from migration 14), run on
+the database thread inside the caller's transaction
+(L{fleetd.inventory.sqlite} runs them).
 """
 
 from __future__ import annotations
@@ -31,15 +32,22 @@ __all__ = [
 ]
 
 SELECT_DEVICE = (
-    "SELECT name, serial, uuid, class, cluster, status, desired_action FROM devices"
+    "SELECT name, serial, uuid, class, cluster, status, desired_action, address"
+    " FROM devices"
 )
 INSERT_DEVICE = (
-    "INSERT INTO devices (name, serial, uuid, class, cluster, status, desired_action)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO devices"
+    " (name, serial, uuid, class, cluster, status, desired_action, address)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 INSERT_MAC = "INSERT INTO device_macs (mac, device, position) VALUES (?, ?, ?)"
 BY_SERIAL = "SELECT name FROM devices WHERE serial = ?"
-UNIQUE_COLUMNS = (("name", "name"), ("serial", "serial"), ("uuid", "uuid"))
+UNIQUE_COLUMNS = (
+    ("name", "name"),
+    ("serial", "serial"),
+    ("uuid", "uuid"),
+    ("address", "address"),
+)
 
 
 def normalised(device: Device) -> Device:
@@ -55,6 +63,7 @@ def normalised(device: Device) -> Device:
         cluster=device.cluster,
         status=device.status,
         desired_action=device.desired_action,
+        address=device.address,
     )
 
 
@@ -62,6 +71,8 @@ def insertDevice(conn: sqlite3.Connection, device: Device) -> None:
     """Insert one device, naming the first unique field already taken."""
     for column, field in UNIQUE_COLUMNS:
         value = getattr(device, field)
+        if value is None:
+            continue  # no address: nothing to share
         # Constant column names only; serial compares with NOCASE.
         row = conn.execute(
             f"SELECT name FROM devices WHERE {column} = ?",  # noqa: S608
@@ -93,6 +104,7 @@ def insertDevice(conn: sqlite3.Connection, device: Device) -> None:
             device.cluster,
             device.status.value,
             device.desired_action,
+            device.address,
         ),
     )
     for position, mac in enumerate(device.macs):
@@ -100,7 +112,7 @@ def insertDevice(conn: sqlite3.Connection, device: Device) -> None:
 
 
 def deviceFromRow(row: Sequence[object], macs: Sequence[str]) -> Device:
-    name, serial, uuid, deviceClass, cluster, status, action = row
+    name, serial, uuid, deviceClass, cluster, status, action, address = row
     return Device(
         name=str(name),
         serial=str(serial),
@@ -110,6 +122,7 @@ def deviceFromRow(row: Sequence[object], macs: Sequence[str]) -> Device:
         cluster=None if cluster is None else str(cluster),
         status=DeviceStatus(str(status)),
         desired_action=None if action is None else str(action),
+        address=None if address is None else str(address),
     )
 
 
@@ -216,7 +229,8 @@ FORGOTTEN = "forgotten:"
 def forgetDeviceIdentity(db: Database, name: str) -> Device:
     """
     L{IInventory.forgetIdentity} in the caller's transaction: the serial
-    and uuid become C{forgotten:NAME}, the MACs go; only a retired device.
+    and uuid become C{forgotten:NAME}, the MACs and the address go; only a
+    retired device.
     """
     with db.transaction() as conn:
         device = readDevice(conn, name)
@@ -230,7 +244,7 @@ def forgetDeviceIdentity(db: Database, name: str) -> Device:
         if device.serial.startswith(FORGOTTEN):
             raise InventoryError(f"{name}'s identity is already forgotten")
         conn.execute(
-            "UPDATE devices SET serial = ?, uuid = ? WHERE name = ?",
+            "UPDATE devices SET serial = ?, uuid = ?, address = NULL WHERE name = ?",
             (FORGOTTEN + name, FORGOTTEN + name, name),
         )
         conn.execute("DELETE FROM device_macs WHERE device = ?", (name,))

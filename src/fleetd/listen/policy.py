@@ -19,6 +19,9 @@ pins it, so changing who is trusted where is a visible change.
     most 64 KiB, decided at header time [O2].
   - C{tink}: HTTP/2 only, no client certificate; the proxy bounds its own
     streams and messages (C{[tink]}), so no body limit here.
+  - C{kms} (with C{[kms]}): as C{tink}; Talos's KMS client checks the
+    certificate and presents none, and the KMS bounds its own messages
+    (C{kms.max_message_bytes}).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from twisted.internet import ssl
 from fleetd.config import Settings, TLSFiles
 from fleetd.listen.tls import loadTLSOptions
 
-ListenerName = Literal["boot", "device", "admin", "tink"]
+ListenerName = Literal["boot", "device", "admin", "tink", "kms"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,6 @@ def listenerPolicy(settings: Settings, name: ListenerName) -> ListenerPolicy:
             clientCAKey="owner.client_ca",
             largeBodiesForOwnersOnly=True,
         )
-    if name == "tink":
+    if name in ("tink", "kms"):
         return ListenerPolicy(name, None, alpn=(b"h2",))
     raise ValueError(f"no listener named {name!r}")

@@ -7,6 +7,8 @@ How a fleetd device maps onto NetBox's C{dcim.device} (design.md, State,
     status    C{status.value}
     cluster   the assigned cluster's name
     macs      MACs of the device's interfaces that are not management-only
+    address   C{primary_ip} (NetBox's preferred of C{primary_ip4} and
+              C{primary_ip6}, by its C{PREFER_IPV4}), without the prefix length
     uuid      custom field C{fleetd_uuid} (text, the SMBIOS UUID)
     class     custom field C{fleetd_class} (text)
     release   custom field C{fleetd_release} (JSON: run, served_at, digest)
@@ -79,6 +81,20 @@ def remote(data: dict[str, Any]) -> RemoteDevice:
     )
 
 
+def primaryAddress(data: dict[str, Any]) -> str | None:
+    """
+    The device's primary IP as NetBox gives it (C{"10.0.0.5/24"}), without
+    its prefix length; L{None} when it has none. NetBox 4 sends
+    C{primary_ip} (read-only, its preferred family) beside C{primary_ip4}
+    and C{primary_ip6}; the first present is taken.
+    """
+    for key in ("primary_ip", "primary_ip4", "primary_ip6"):
+        nested = data.get(key)
+        if isinstance(nested, dict) and isinstance(nested.get("address"), str):
+            return str(nested["address"]).partition("/")[0]
+    return None
+
+
 def toDevice(data: dict[str, Any], interfaces: list[dict[str, Any]]) -> Device:
     """
     The fleetd L{Device} a NetBox device describes.
@@ -103,6 +119,7 @@ def toDevice(data: dict[str, Any], interfaces: list[dict[str, Any]]) -> Device:
             device_class=fields.get(CF_CLASS),
             cluster=cluster.get("name") if isinstance(cluster, dict) else None,
             status=status.get("value") if isinstance(status, dict) else status,
+            address=primaryAddress(data),
         )
     except InventoryError as e:
         raise InventoryError(f"NetBox device {name!r}: {e}", "invalid") from None

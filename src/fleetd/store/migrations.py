@@ -315,6 +315,38 @@ CREATE TABLE cluster_token_requests (
         ) STRICT;
         """,
     ),
+    (
+        14,
+        # The inventory's optional device address (fleetd.inventory, issue
+        # 30): the node's own IPv4 or IPv6 address, unique while a device
+        # holds it (NULLs are distinct in a UNIQUE index); forgetting a
+        # retired device's identity frees it.
+        """
+        ALTER TABLE devices ADD COLUMN address TEXT;
+        CREATE UNIQUE INDEX devices_by_address ON devices (address);
+        """,
+    ),
+    (
+        15,
+        # Disk keys (fleetd.kms, issue 30): one row per key-encryption
+        # key, wrapped by the KMS master key; a destroyed key keeps its row
+        # (the record) and loses its material (wrapped becomes NULL).
+        """
+        CREATE TABLE kms_keys (
+            id TEXT PRIMARY KEY,
+            device TEXT NOT NULL,
+            uuid TEXT NOT NULL,
+            generation TEXT NOT NULL,
+            wrapped BLOB,
+            created_at REAL NOT NULL,
+            destroyed_at REAL,
+            destroyed_why TEXT,
+            CHECK ((wrapped IS NULL) = (destroyed_at IS NOT NULL))
+        ) STRICT;
+        CREATE INDEX kms_keys_by_device ON kms_keys (device, created_at);
+        CREATE INDEX kms_keys_live ON kms_keys (device) WHERE wrapped IS NOT NULL;
+        """,
+    ),
     # New migrations go here as (N, "..."), with a number reserved for
     # the subsystem, in ascending order: never edit or renumber one that
     # has shipped.

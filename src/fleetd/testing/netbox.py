@@ -18,6 +18,13 @@ NetBox source (v4.6.8) document it:
     C{assigned_object_type}, C{assigned_object_id} and C{q} (a substring
     search of the comments, case-insensitive). Unknown filters are
     ignored, as django-filter does;
+  - a device's C{primary_ip4}, C{primary_ip6} and the read-only
+    C{primary_ip} (C{primary_ip6} first unless C{PREFER_IPV4}, as
+    C{Device.primary_ip} in C{dcim/models/devices.py}), each an IP address
+    nested as C{DeviceSerializer} nests it (the brief fields C{id},
+    C{url}, C{display}, C{family}, C{address}, C{description}, and
+    C{dns_name}, C{nat_inside}, C{nat_outside}; the address with its
+    prefix length);
   - detail endpoints with a trailing slash only; a weak C{ETag} on device
     details, and 412 for a PATCH whose C{If-Match} no longer matches
     (NetBox 4.6);
@@ -98,6 +105,8 @@ class FakeNetBox(Resource):
         self.statuses = list(STATUSES)
         self.devices: dict[int, dict[str, Any]] = {}
         self.interfaces: dict[int, dict[str, Any]] = {}
+        self.addresses: dict[int, dict[str, Any]] = {}
+        self.preferIPv4 = False  # NetBox's PREFER_IPV4 (default False)
         self.journal: dict[int, dict[str, Any]] = {}
         self.versions: dict[int, int] = {}
         self._ids = 0
@@ -126,8 +135,13 @@ class FakeNetBox(Resource):
         deviceClass: str | None = None,
         cluster: str | None = None,
         macs: tuple[tuple[str, str | None, bool], ...] = (),
+        primary: tuple[str, ...] = (),
     ) -> int:
-        """Add a device; C{macs} are (interface, MAC or None, mgmt_only)."""
+        """
+        Add a device; C{macs} are (interface, MAC or None, mgmt_only);
+        C{primary} its primary IP addresses (with their prefix length, at
+        most one per family, L{setPrimaryIP}).
+        """
         ident = self._id()
         fields: dict[str, Any] = {name: None for name in self.customFields}
         if uuid is not None:
@@ -141,8 +155,12 @@ class FakeNetBox(Resource):
             "status": status,
             "cluster": None if cluster is None else {"id": 1, "name": cluster},
             "custom_fields": fields,
+            "primary_ip4": None,
+            "primary_ip6": None,
         }
         self.versions[ident] = 1
+        for address in primary:
+            self.setPrimaryIP(ident, address)
         for interface, mac, mgmt in macs:
             iid = self._id()
             self.interfaces[iid] = {
@@ -153,6 +171,19 @@ class FakeNetBox(Resource):
                 "mac_address": mac,
             }
         return ident
+
+    def setPrimaryIP(self, ident: int, address: str | None, family: int = 4) -> None:
+        """
+        An operator's edit: a new IP address object (C{"10.0.0.5/24"})
+        made the device's primary of its family, or (L{None}) the primary
+        of C{family} cleared.
+        """
+        iid: int | None = None
+        if address is not None:
+            family = 6 if ":" in address else 4
+            iid = self._id()
+            self.addresses[iid] = {"id": iid, "family": family, "address": address}
+        self.edit(ident, **{f"primary_ip{family}": iid})
 
     def edit(self, ident: int, **changes: Any) -> None:
         """An operator's edit: the device's ETag changes."""
@@ -173,8 +204,26 @@ class FakeNetBox(Resource):
 
     # Serialisation
 
+    def _ip(self, iid: int | None) -> dict[str, Any] | None:
+        if iid is None:
+            return None
+        ip = self.addresses[iid]
+        return {
+            "id": iid,
+            "url": f"{self.basePath}api/ipam/ip-addresses/{iid}/",
+            "display": ip["address"],
+            "family": {"value": ip["family"], "label": f"IPv{ip['family']}"},
+            "address": ip["address"],
+            "description": "",
+            "dns_name": "",
+            "nat_inside": None,
+            "nat_outside": [],
+        }
+
     def _device(self, d: dict[str, Any]) -> dict[str, Any]:
         url = f"{self.basePath}api/dcim/devices/{d['id']}/"
+        v4, v6 = d["primary_ip4"], d["primary_ip6"]
+        preferred = v4 if self.preferIPv4 and v4 is not None else v6 or v4
         return {
             "id": d["id"],
             "url": url,
@@ -182,6 +231,9 @@ class FakeNetBox(Resource):
             "name": d["name"],
             "serial": d["serial"],
             "status": {"value": d["status"], "label": d["status"].title()},
+            "primary_ip": self._ip(preferred),
+            "primary_ip4": self._ip(v4),
+            "primary_ip6": self._ip(v6),
             "cluster": d["cluster"],
             "custom_fields": dict(d["custom_fields"]),
         }

@@ -1,0 +1,150 @@
+"""
+The disk keys' rows (C{kms_keys}, migration 15) and what a Seal or Unseal
+reads besides them, inside the caller's transaction on the database
+thread [J1].
+
+A key is made for a device and a generation: the run whose delivery the
+node's install fetched (C{""} when fleetd delivered none). Destroying a
+key sets its material to NULL and keeps the row as the record of when
+and why; the connection deletes securely (C{PRAGMA secure_delete}), so
+the material's bytes are zeroed in the database file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fleetd.store.db import Database
+
+_SELECT = (
+    "SELECT id, device, uuid, generation, wrapped, created_at, destroyed_at"
+    " FROM kms_keys"
+)
+DELIVERED = "run.delivered"
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    id: str
+    device: str
+    uuid: str
+    generation: str
+    wrapped: bytes | None  # None: destroyed
+    created_at: float
+    destroyed_at: float | None
+
+    @property
+    def live(self) -> bool:
+        return self.wrapped is not None
+
+
+def _row(row: tuple[Any, ...]) -> KeyRow:
+    id_, device, uuid, generation, wrapped, created, destroyed = row
+    return KeyRow(
+        str(id_),
+        str(device),
+        str(uuid),
+        str(generation),
+        None if wrapped is None else bytes(wrapped),
+        float(created),
+        None if destroyed is None else float(destroyed),
+    )
+
+
+def secureDelete(db: Database) -> None:
+    """Zero what is deleted or overwritten, where that costs no extra I/O."""
+    db.execute("PRAGMA secure_delete = FAST")
+
+
+def keyById(db: Database, keyId: str) -> KeyRow | None:
+    row = db.execute(f"{_SELECT} WHERE id = ?", (keyId,))
+    found = row.fetchone()
+    return None if found is None else _row(found)
+
+
+def liveKeys(db: Database, device: str) -> list[KeyRow]:
+    """C{device}'s keys that still have their material, oldest first."""
+    rows = db.execute(
+        f"{_SELECT} WHERE device = ? AND wrapped IS NOT NULL ORDER BY created_at, id",
+        (device,),
+    ).fetchall()
+    return [_row(r) for r in rows]
+
+
+def keysOf(db: Database, device: str) -> list[KeyRow]:
+    """Every key row of C{device}, oldest first."""
+    rows = db.execute(
+        f"{_SELECT} WHERE device = ? ORDER BY created_at, id",
+        (device,),
+    ).fetchall()
+    return [_row(r) for r in rows]
+
+
+def insertKey(
+    db: Database,
+    *,
+    keyId: str,
+    device: str,
+    uuid: str,
+    generation: str,
+    wrapped: bytes,
+    at: float,
+) -> None:
+    db.execute(
+        "INSERT INTO kms_keys (id, device, uuid, generation, wrapped, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (keyId, device, uuid, generation, wrapped, at),
+    )
+
+
+def destroyKey(db: Database, keyId: str, at: float, why: str) -> None:
+    """The key's material goes; its row stays as the record."""
+    db.execute(
+        "UPDATE kms_keys SET wrapped = NULL, destroyed_at = ?, destroyed_why = ?"
+        " WHERE id = ? AND wrapped IS NOT NULL",
+        (at, why, keyId),
+    )
+
+
+def devicesWithLiveKeys(db: Database) -> list[str]:
+    rows = db.execute(
+        "SELECT DISTINCT device FROM kms_keys WHERE wrapped IS NOT NULL ORDER BY device"
+    ).fetchall()
+    return [str(device) for (device,) in rows]
+
+
+def lastDelivery(db: Database, device: str) -> tuple[str, str] | None:
+    """
+    C{(run, peer)} of C{device}'s last delivery, from the journal's
+    C{run.delivered} entry (written by the runs' releaser with either
+    inventory back end): the address the node fetched its configuration
+    from, and the run that configuration belongs to.
+    """
+    row = db.execute(
+        "SELECT run, fields FROM journal WHERE device = ? AND event = ?"
+        " ORDER BY seq DESC LIMIT 1",
+        (device, DELIVERED),
+    ).fetchone()
+    if row is None:
+        return None
+    run, text = row
+    try:
+        fields = json.loads(text)
+    except ValueError:
+        return None
+    peer = fields.get("peer") if isinstance(fields, dict) else None
+    if not isinstance(peer, str) or run is None:
+        return None
+    return str(run), peer
+
+
+def keyState(db: Database, device: str) -> str:
+    """C{device}'s disk key as C{fleetctl status} will say it: C{"sealed"}
+    (a live key), C{"destroyed"} (keys, none live) or C{"none"}."""
+    row = db.execute(
+        "SELECT count(*), count(wrapped) FROM kms_keys WHERE device = ?", (device,)
+    ).fetchone()
+    total, live = int(row[0]), int(row[1])
+    return "sealed" if live else "destroyed" if total else "none"
