@@ -1,5 +1,5 @@
 """
-C{[kms]}: fleetd as the site's Talos KMS (issue 30; design.md section 10).
+C{[kms]}: fleetd as the site's Talos KMS (issue 30; design.md, "Disk keys").
 The C{kms} listener (C{listen.kms}, C{tcp:4050} by default) is served only
 when this table is present.
 

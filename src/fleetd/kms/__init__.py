@@ -1,5 +1,5 @@
 """
-Disk keys: fleetd as the site's Talos KMS (issue 30; design.md section 10).
+Disk keys: fleetd as the site's Talos KMS (issue 30; design.md, "Disk keys").
 
 The keys and their bytes (L{blob}), their rows (L{store}), who may ask
 (L{access}), Seal and Unseal (L{service}), why a call is refused and what
