@@ -354,8 +354,11 @@ class DaemonCensusTests(DeliveryMixin, TestCase):
             for group in rules["groups"]
             for rule in group["rules"]
             for name in re.findall(r"\bfleetd_\w+", rule["expr"])
-            # Tinkerbell's only with [tinkerbell]: test_tinkerbell_wiring.
-            if not name.startswith(("fleetd_netbox_", "fleetd_tinkerbell_"))
+            # Tinkerbell's only with [tinkerbell]: test_tinkerbell_wiring;
+            # the KMS's only with [kms]: test_kms_talos.
+            if not name.startswith(
+                ("fleetd_netbox_", "fleetd_tinkerbell_", "fleetd_kms_")
+            )
         }
         self.assertIn("fleetd_staged_longest_seconds", used)
         self.assertEqual(used - exposed, set())
