@@ -32,7 +32,7 @@ from fleetd.deviceflow.flow import DeviceFlow
 from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import IInventory
 from fleetd.kube.service import KubeService, retireService
-from fleetd.prepare import Prepared
+from fleetd.prepare import Prepared, diskEncryptionOf
 from fleetd.reactors import IFleetdReactor
 from fleetd.readiness import Readiness
 from fleetd.runs.alerts import AlertTracker
@@ -186,6 +186,7 @@ def adminSite(
         s.provision.templates,
         s.provision.default_cluster,
         values=DevValues(prepared.masterKey) if s.dev_values else None,
+        diskEncryption=diskEncryptionOf(s),
     )
     defined = None  # NetBox refuses additions: its devices are made there
     if s.netbox is None:

@@ -9,6 +9,7 @@ by its dotted key and refuses keys nothing reads.
 """
 
 from fleetd.config.load import loadSettings, parseSettings
+from fleetd.config.provision import ProvisionClass, ProvisionSettings
 from fleetd.config.settings import (
     BootLimits,
     DNSRateLimit,
@@ -18,7 +19,6 @@ from fleetd.config.settings import (
     NetBoxSettings,
     OwnerFiles,
     PKIFiles,
-    ProvisionSettings,
     Settings,
     TinkSettings,
     TLSFiles,
@@ -44,6 +44,7 @@ __all__ = [
     "NetBoxSettings",
     "OwnerFiles",
     "PKIFiles",
+    "ProvisionClass",
     "ProvisionSettings",
     "Settings",
     "TLSFiles",

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fleetd.config.provision import kmsPort
 from fleetd.config.reader import readSection
 from fleetd.config.settings import KubernetesSettings, Settings
 from fleetd.config.table import Table, checkUnknownKeys
@@ -94,7 +95,20 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
             '"kubernetes" reads Workflows through [kubernetes], which is absent',
         )
     _checkTinkerbell(settings)
+    kmsPort(settings.provision, kmsListen(settings))
     return settings
+
+
+def kmsListen(settings: Settings) -> str | None:
+    """
+    C{listen.kms} when the C{[kms]} table is present (fleetd is the site's
+    KMS; C{tcp:4050} unless set), else L{None}. C{Settings.kms} and
+    C{Listen.kms} come with the KMS listener (issue 30, item 2), hence
+    C{getattr} until both are in one tree.
+    """
+    if getattr(settings, "kms", None) is None:
+        return None
+    return str(getattr(settings.listen, "kms", "tcp:4050"))
 
 
 def _checkTinkerbell(settings: Settings) -> None:
