@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import grpc
+import yaml
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
@@ -18,8 +19,8 @@ from twisted.trial.unittest import TestCase
 
 from fleetd.kms import store
 from fleetd.readiness import State
-from tests.daemonsupport import UUID1, UUID2
-from tests.kmssupport import KMS, KMSDaemonMixin, luksFormat, luksOpens
+from tests.daemonsupport import UUID1, UUID2, configPath
+from tests.kmssupport import KMS, KMSDaemonMixin, fetchFrom, luksFormat, luksOpens
 from tests.support import REPO
 
 
@@ -152,6 +153,41 @@ class TalosUnlockTests(KMSDaemonMixin, TestCase):
         self.assertTrue(message.startswith("ek-binding-not-approved: "), message)
         rows = await service.runner.run(lambda db: store.keysOf(db, "w1"))
         self.assertEqual(rows, [])
+
+
+class OptingClassTests(KMSDaemonMixin, TestCase):
+    """[E4] The configuration of a class that opts in names the KMS."""
+
+    async def test_delivered_namesTheBoundKmsPort_andItAnswers(self) -> None:
+        """
+        With C{[provision.class.worker] disk_encryption = "kms"} and the kms
+        listener on C{tcp:0}, w1's delivered configuration carries STATE
+        and EPHEMERAL keys whose endpoint is the enrollment name and the
+        port the listener is bound to, and a Seal at that port answers.
+        """
+        optIn = {"class.worker.disk_encryption": "kms"}  # a dotted key
+        await self.startLoaded({**KMS, "provision": optIn})
+        await self.addDevice("w1", "SN-1", UUID1)
+        await self.approveBinding("SN-1")
+        code = (await self.provision("w1"))["w1"]
+        status, body = await deferToThread(
+            fetchFrom,
+            self.port(self.service, "boot"),
+            configPath(code, UUID1, "SN-1"),
+            self.pki.public_ca,
+            "127.0.0.1",
+        )
+        self.assertEqual(status, 200, body)
+        machine = yaml.safe_load(body)["machine"]
+        port = self.port(self.service, "kms")
+        endpoint = f"https://{self.settings.topology.enrollment_name}:{port}"
+        for partition in ("state", "ephemeral"):
+            (key,) = machine["systemDiskEncryption"][partition]["keys"]
+            self.assertEqual(key["kms"]["endpoint"], endpoint)
+        await self.events("run.delivered")
+        client, _ = self.kms()
+        sealed = await self.seal(client, UUID1, os.urandom(32))
+        self.assertTrue(sealed)
 
 
 class KMSListenerTests(KMSDaemonMixin, TestCase):

@@ -38,7 +38,7 @@ from fleetd.kms.retire import KeyRetirement, SweepService
 from fleetd.kms.service import DiskKeys
 from fleetd.kmsgrpc.listener import KMSListener, kmsFactory
 from fleetd.kube.service import KubeService
-from fleetd.prepare import Prepared
+from fleetd.prepare import Prepared, diskEncryptionOf
 from fleetd.reactors import IFleetdReactor
 from fleetd.readiness import Readiness
 from fleetd.runs.alerts import AlertTracker
@@ -195,6 +195,8 @@ class AdminSite:
     sessions: ConsoleSessions
     # Once the listener is bound: the device flow's and the console's links.
     follow: Callable[[IListeningPort], None]
+    # Once the kms listener is bound: the endpoint written into configurations.
+    followKMS: Callable[[IListeningPort], None]
 
 
 def adminSite(
@@ -244,10 +246,12 @@ def adminSite(
             if part is not None
         ),
     )
+    encryption = diskEncryptionOf(s)
     renderer = TemplateRenderer(
         s.provision.templates,
         s.provision.default_cluster,
         values=DevValues(prepared.masterKey) if s.dev_values else None,
+        diskEncryption=encryption,
     )
     defined = None  # NetBox refuses additions: its devices are made there
     if s.netbox is None:
@@ -311,7 +315,8 @@ def adminSite(
         sessions.setBase,
         consoleHost=s.owner.console_host,
     )
-    return AdminSite(root, console, sessions, follow)
+    followKMS = (lambda port: None) if encryption is None else encryption.bound
+    return AdminSite(root, console, sessions, follow, followKMS)
 
 
 def tinkProxy(

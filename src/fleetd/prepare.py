@@ -17,9 +17,13 @@ from OpenSSL import crypto
 from fleetd.attest.ekroots import EKRoots
 from fleetd.certexpiry import Watched, readCertificates
 from fleetd.config import ConfigError, Settings
+from fleetd.config.load import kmsListen
+from fleetd.config.provision import kmsPort
 from fleetd.listen.tls import loadCertificates, loadTLSOptions
 from fleetd.pki.dev import ensureDevPKI
 from fleetd.pki.ldevid import Issuer, TrustBundle
+from fleetd.runs.diskencryption import DiskEncryption
+from fleetd.runs.placeholders import DevValues
 from fleetd.runs.render import RenderError, TemplateRenderer
 from fleetd.store.db import Database, StoreError
 from fleetd.store.keys import loadOrCreateKey
@@ -115,18 +119,39 @@ def prepare(settings: Settings) -> Prepared:
     )
 
 
+def diskEncryptionOf(settings: Settings) -> DiskEncryption | None:
+    """
+    The classes whose configurations carry fleetd's KMS key and where
+    nodes reach it (the enrollment name, C{listen.kms}'s port); L{None}
+    when no class opts in (issue 30).
+    """
+    port = kmsPort(settings.provision, kmsListen(settings))
+    if port is None:
+        return None
+    classes = settings.provision.diskEncryptionClasses()
+    return DiskEncryption(classes, settings.topology.enrollment_name, port)
+
+
 def checkTemplates(settings: Settings) -> None:
     """
     Every cluster's template can be rendered; without C{[dev]
-    generate_values}, none holds an unfilled placeholder (issue 27).
+    generate_values}, none holds an unfilled placeholder (issue 27); when
+    a class opts in to disk encryption, each has the place for it (issue
+    30), whatever the dev values.
 
     @raise ConfigError: naming C{provision.templates}, the file, the line
-        and the placeholder.
+        and the reason.
     """
-    if settings.dev_values:
+    encryption = diskEncryptionOf(settings)
+    if settings.dev_values and encryption is None:
         return  # filled from generated values when rendered
+    # Dev values stand in for placeholders only; they render nothing here.
+    values = DevValues(bytes(32)) if settings.dev_values else None
+    renderer = TemplateRenderer(
+        settings.provision.templates, values=values, diskEncryption=encryption
+    )
     try:
-        TemplateRenderer(settings.provision.templates).checkAll()
+        renderer.checkAll()
     except RenderError as e:
         raise ConfigError("provision.templates", str(e)) from None
 

@@ -138,9 +138,8 @@ class FleetdService(MultiService):
             codeKey=deriveKey(key, "codes"),
             metrics=self.registry,
         )
-        # Kubernetes credentials [K1]-[K7] [R1]; without [kubernetes] fleetd
-        # makes no cluster calls (retirement still journals what it cannot
-        # revoke).
+        # Kubernetes credentials [K1]-[K7] [R1]; without [kubernetes] no
+        # cluster calls (retirement still journals what it cannot revoke).
         self.kube: KubeService | None = None
         if s.kubernetes is not None:
             self.kube = KubeService(
@@ -313,6 +312,7 @@ class FleetdService(MultiService):
             kms = self._listeners.add(
                 "kms", s.listen.kms, policy.tlsOptions(s.tls),
                 self.diskKeys.listener.factory, protocol=policy.clientProtocol,
+                onListening=admin.followKMS,  # the endpoint configurations name
             )  # fmt: skip
             kms.setServiceParent(self.diskKeys.listener)
         self.dns = DNSService.fromSettings(self.reactor, s, self.registry)

@@ -10,6 +10,7 @@ by its dotted key and refuses keys nothing reads.
 
 from fleetd.config.kms import KMSSettings
 from fleetd.config.load import loadSettings, parseSettings
+from fleetd.config.provision import ProvisionClass, ProvisionSettings
 from fleetd.config.settings import (
     BootLimits,
     DNSRateLimit,
@@ -19,7 +20,6 @@ from fleetd.config.settings import (
     NetBoxSettings,
     OwnerFiles,
     PKIFiles,
-    ProvisionSettings,
     Settings,
     TinkSettings,
     TLSFiles,
@@ -46,6 +46,7 @@ __all__ = [
     "NetBoxSettings",
     "OwnerFiles",
     "PKIFiles",
+    "ProvisionClass",
     "ProvisionSettings",
     "Settings",
     "TLSFiles",

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fleetd.config.provision import kmsPort
 from fleetd.config.reader import readSection
 from fleetd.config.settings import KubernetesSettings, Settings
 from fleetd.config.table import Table, checkUnknownKeys
@@ -94,7 +95,16 @@ def parseSettings(data: Mapping[str, Any], source: Path) -> Settings:
             '"kubernetes" reads Workflows through [kubernetes], which is absent',
         )
     _checkTinkerbell(settings)
+    kmsPort(settings.provision, kmsListen(settings))
     return settings
+
+
+def kmsListen(settings: Settings) -> str | None:
+    """
+    C{listen.kms} when the C{[kms]} table is present (fleetd is the site's
+    KMS; C{tcp:4050} unless set), else L{None}.
+    """
+    return None if settings.kms is None else settings.listen.kms
 
 
 def _checkTinkerbell(settings: Settings) -> None:

@@ -20,6 +20,7 @@ from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.ssl import Certificate, optionsForClientTLS
 
 from fleetd.config.kms import DEFAULT_LISTEN, KMSSettings, readKMS, readKMSListen
+from fleetd.config.provision import ProvisionSettings
 from fleetd.config.reader import readSection, setting, toml
 from fleetd.config.table import Table
 from fleetd.config.tinkerbell import TinkerbellSettings, readTinkerbell
@@ -212,42 +213,6 @@ class NetBoxSettings:
     url: str = field(metadata=toml(read=_netboxURL))
     token_file: Path
     ca: Path | None = None  # system roots when absent
-
-
-TEMPLATES = Path("templates")
-_CLASS = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
-
-
-def _classes(table: Table, name: str) -> tuple[str, ...]:
-    """
-    The device classes the site defines: what C{device add} and
-    C{device import} accept (issue 19 item 4). Absent, none is defined.
-    """
-    classes = tuple(c.lower() for c in table.strings(name))
-    for c in classes:
-        if _CLASS.fullmatch(c) is None:
-            raise ConfigError(
-                table.key(name),
-                f"{c!r} is not a class name (a-z, 0-9 and '-', at most 32)",
-            )
-    if len(set(classes)) != len(classes):
-        raise ConfigError(table.key(name), "names a class twice")
-    return classes
-
-
-@dataclass(frozen=True)
-class ProvisionSettings:
-    """
-    Where templates live, which device classes the site defines and how
-    long alert series stay up.
-    """
-
-    templates: Path = field(default=TEMPLATES, metadata=toml())
-    classes: tuple[str, ...] = field(
-        default_factory=tuple, metadata=toml(read=_classes)
-    )
-    default_cluster: str = setting("default")
-    alert_hold: float = setting(7200.0, 1.0, 7 * 86400.0)
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,7 @@ class Provisioner:
             devices.append(device)
         for device in devices:  # before any token, file or run is made
             try:
-                self._renderer.check(device.cluster)
+                self._renderer.check(device.cluster, device.device_class)
             except RenderError as e:
                 cluster = device.cluster or self._renderer.defaultCluster
                 failed = _TemplateFailed(device, cluster, e)

@@ -6,6 +6,8 @@ document of C{version: v1alpha1} is patched per node, other documents
 (HostnameConfig, network documents, ...) pass through unchanged. A
 template holding an unfilled placeholder (L{fleetd.runs.placeholders}) is
 refused, unless the renderer was given development values to fill them.
+A device of a class that opts in to disk encryption by fleetd's KMS gets
+the section where the template's marker is (L{fleetd.runs.diskencryption}).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from fleetd.runs.diskencryption import DiskEncryption, Place, place, placeOf
+from fleetd.runs.diskencryption import problemLine as _problemLine
 from fleetd.runs.placeholders import DevValues, findPlaceholder
 
 # libyaml when PyYAML was built with it: ~10x faster on large documents.
@@ -85,7 +89,8 @@ class TemplateRenderer:
     """
     Render configurations from the templates in C{directory}; with
     C{values} (development only), placeholders are filled from them
-    instead of refused.
+    instead of refused; with C{diskEncryption}, devices of the classes
+    it names get fleetd's KMS section where the template's marker is.
     """
 
     def __init__(
@@ -93,14 +98,17 @@ class TemplateRenderer:
         directory: Path,
         defaultCluster: str = "default",
         values: DevValues | None = None,
+        diskEncryption: DiskEncryption | None = None,
     ) -> None:
         self.directory = directory
         self.defaultCluster = defaultCluster
         self._values = values
-        # Parsed templates by path, kept while the file's mtime and size hold.
-        self._cache: dict[Path, tuple[tuple[int, int], list[Any]]] = {}
+        self.diskEncryption = diskEncryption
+        # Parsed templates by path, kept while the file's mtime and size
+        # hold, with where they can take the disk-encryption section.
+        self._cache: dict[Path, tuple[tuple[int, int], list[Any], Place]] = {}
 
-    def _parsed(self, path: Path) -> list[Any]:
+    def _parsed(self, path: Path) -> tuple[list[Any], Place]:
         """C{path}'s documents, parsed and checked once per change of the file."""
         try:
             st = path.stat()
@@ -109,12 +117,23 @@ class TemplateRenderer:
         stamp = (st.st_mtime_ns, st.st_size)
         cached = self._cache.get(path)
         if cached is None or cached[0] != stamp:
-            cached = (stamp, _documents(path, self._values))
+            docs = _documents(path, self._values)
+            cached = (stamp, docs, placeOf(docs))
             self._cache[path] = cached
-        return cached[1]
+        return cached[1], cached[2]
 
-    def _template(self, path: Path) -> list[Any]:
-        return copy.deepcopy(self._parsed(path))
+    def _placeFor(self, path: Path, known: Place, classes: list[str]) -> None:
+        """@raise RenderError: C{classes} opt in and the template has no place."""
+        if known.refuses(classes):
+            raise RenderError(_problemLine(path, known, _Loader, classes))
+
+    def _opting(self, deviceClass: str | None) -> list[str]:
+        """The classes to check a template for: C{deviceClass}'s, or all."""
+        if self.diskEncryption is None:
+            return []
+        if deviceClass is None:
+            return sorted(self.diskEncryption.classes)
+        return [deviceClass] if self.diskEncryption.optsIn(deviceClass) else []
 
     def templatePath(self, cluster: str | None) -> Path:
         name = cluster or self.defaultCluster
@@ -133,15 +152,18 @@ class TemplateRenderer:
             return []
         return sorted(p.stem for p in paths if _CLUSTER.match(p.stem) and p.is_file())
 
-    def check(self, cluster: str | None) -> None:
+    def check(self, cluster: str | None, deviceClass: str | None = None) -> None:
         """
         Whether C{cluster}'s template can be rendered: read, YAML, not
-        empty, no unfilled placeholder (a provision asks before it starts
-        anything).
+        empty, no unfilled placeholder, and, for a C{deviceClass} that
+        opts in to disk encryption (L{None}: for any class that does), a
+        place for the section (a provision asks before it starts anything).
 
         @raise RenderError: the one line saying why not.
         """
-        self._parsed(self.templatePath(cluster))
+        path = self.templatePath(cluster)
+        _, known = self._parsed(path)
+        self._placeFor(path, known, self._opting(deviceClass))
 
     def checkAll(self) -> None:
         """L{check} every cluster's template (at start). @raise RenderError."""
@@ -151,8 +173,13 @@ class TemplateRenderer:
     def render(self, cluster: str | None, node: NodeFacts) -> bytes:
         """The node's configuration as multi-document YAML bytes."""
         path = self.templatePath(cluster)
-        docs = self._template(path)
+        parsed, known = self._parsed(path)
+        opting = self._opting(node.device_class)
+        self._placeFor(path, known, opting)
+        docs = copy.deepcopy(parsed)
         machine = _machineDocument(docs, path.name)
+        encryption = self.diskEncryption
+        place(machine, known, encryption.section() if opting and encryption else None)
         _table(machine, "machine", "network")["hostname"] = node.name
         if node.install_disk is not None:
             _table(machine, "machine", "install")["disk"] = node.install_disk
