@@ -91,7 +91,7 @@ class RenderTests(SynchronousTestCase):
 
     def test_optingClass_sectionForStateAndEphemeral(self) -> None:
         """
-        A device of an opting-in class: machine.systemDiskEncryption is
+        [E4] A device of an opting-in class: machine.systemDiskEncryption is
         LUKS2 for STATE and EPHEMERAL, one KMS key in slot 0 whose
         endpoint is exactly https://<enrollment name>:<kms port>; written
         out without YAML anchors; the rest of the machine is the template's.

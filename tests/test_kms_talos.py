@@ -160,7 +160,7 @@ class OptingClassTests(KMSDaemonMixin, TestCase):
 
     async def test_delivered_namesTheBoundKmsPort_andItAnswers(self) -> None:
         """
-        With C{[provision.class.worker] disk_encryption = "kms"} and the kms
+        [E4] With C{[provision.class.worker] disk_encryption = "kms"} and the kms
         listener on C{tcp:0}, w1's delivered configuration carries STATE
         and EPHEMERAL keys whose endpoint is the enrollment name and the
         port the listener is bound to, and a Seal at that port answers.
