@@ -260,8 +260,11 @@ class DiskKeys:
         return answer
 
     async def view(self, device: str) -> dict[str, Any]:
-        """(Issue 30, item 6) C{device}'s disk key for its status report: the state (none,
-        sealed, destroyed) and since when, its last unlock and refusals."""
+        """
+        C{device}'s disk key for its status report (issue 30, item 6):
+        the state (none, sealed, destroyed) and since when, its last
+        unlock and its refusals.
+        """
         key = await self.runner.run(lambda db: store.lastKey(db, device))
         return self.watch.view(device, key)
 
