@@ -63,13 +63,15 @@ class KeyLifeTests(KMSDaemonMixin, TestCase):
         state = await service.runner.run(lambda db: store.keyState(db, "w1"))
         self.assertEqual(state, "destroyed")
 
-    async def test_restoredOlderBackup_keyDestroyedAtStart(self) -> None:
+    async def test_restoredOlderBackup_recordLost_sweptByStatus(self) -> None:
         """
         [E3] A backup taken while w1's key was live is restored after w1
-        was retired; the inventory of record still holds w1 as
+        was retired, without the destruction record (a new host where it
+        was not kept); the inventory of record still holds w1 as
         decommissioning (NetBox's, here its row in the restored file). At
         start fleetd destroys the key again, journals it, and the blob
         stays refused; the restored key's bytes are gone from the row.
+        (With the record, tests/test_kms_restore.py.)
         """
         service = await self.startNode()
         client, _ = self.kms()
@@ -83,6 +85,7 @@ class KeyLifeTests(KMSDaemonMixin, TestCase):
         await service.stopService()
         for suffix in ("", "-wal", "-shm"):
             (state / f"fleetd.sqlite3{suffix}").unlink(missing_ok=True)
+        (state / "kms-destroyed-keys").unlink()
         shutil.copyfile(backup.path, state / "fleetd.sqlite3")
         restored = Database.open(state / "fleetd.sqlite3")
         try:

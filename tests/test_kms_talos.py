@@ -208,7 +208,8 @@ class KMSListenerTests(KMSDaemonMixin, TestCase):
 
     async def test_alertRules_useExposedKmsMetrics(self) -> None:
         """Every fleetd_kms_ metric an alert rule uses is one fleetd
-        exposes with C{[kms]} (FleetDiskUnlockRefused)."""
+        exposes with C{[kms]} (FleetDiskUnlockRefused,
+        FleetDiskKeyDestructionUnrecorded)."""
         import re
 
         import yaml
@@ -223,7 +224,9 @@ class KMSListenerTests(KMSDaemonMixin, TestCase):
             for rule in group["rules"]
             for name in re.findall(r"\bfleetd_kms_\w+", rule["expr"])
         }
-        self.assertEqual(used, {"fleetd_kms_refusals_total"})
+        self.assertEqual(
+            used, {"fleetd_kms_refusals_total", "fleetd_kms_destructions_unrecorded"}
+        )
         self.assertEqual(used - exposed, set())
 
     async def test_withoutKmsTable_noListener(self) -> None:

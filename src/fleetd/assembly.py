@@ -34,6 +34,7 @@ from fleetd.fleet.status import StatusService
 from fleetd.inventory.defined import SiteDefinitions
 from fleetd.inventory.model import IInventory
 from fleetd.kms.reasons import KMSMetrics
+from fleetd.kms.record import DestructionRecord
 from fleetd.kms.retire import KeyRetirement, SweepService
 from fleetd.kms.service import DiskKeys
 from fleetd.kmsgrpc.listener import KMSListener, kmsFactory
@@ -167,13 +168,14 @@ def diskKeys(
     """With C{[kms]}, the KMS and its services under C{parent} (the kms
     listener is the caller's to add, to C{listener}); else L{None}."""
     s = prepared.settings
-    if s.kms is None or prepared.kmsKey is None:
+    if s.kms is None or prepared.kmsKey is None or prepared.kmsRecord is None:
         return None
     metrics = KMSMetrics(registry)
+    record = DestructionRecord(prepared.kmsRecord, clock=reactor, metrics=metrics)
     keys = DiskKeys(
         clock=reactor, runner=runner, journal=journal, inventory=inventory,
         uuids=runs.index, approved=bindingApproved, masterKey=prepared.kmsKey,
-        metrics=metrics,
+        metrics=metrics, record=record,
     )  # fmt: skip
     sweep = SweepService(keys, inventory, journal, reactor)
     sweep.setServiceParent(parent)
@@ -183,7 +185,7 @@ def diskKeys(
     )  # fmt: skip
     listener = KMSListener(factory)
     listener.setServiceParent(parent)
-    return DiskKeyParts(keys, sweep, KeyRetirement(metrics), listener)
+    return DiskKeyParts(keys, sweep, KeyRetirement(keys), listener)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from fleetd.certexpiry import Watched, readCertificates
 from fleetd.config import ConfigError, Settings
 from fleetd.config.load import kmsListen
 from fleetd.config.provision import kmsPort
+from fleetd.kms.record import LoadedRecord, RecordError, loadRecord
 from fleetd.listen.tls import loadCertificates, loadTLSOptions
 from fleetd.pki.dev import ensureDevPKI
 from fleetd.pki.ldevid import Issuer, TrustBundle
@@ -50,6 +51,8 @@ class Prepared:
     certificates: tuple[Watched, ...] = ()
     # [kms]'s master key (kms.master_key), which wraps every disk key.
     kmsKey: bytes | None = None
+    # [kms]'s destruction record (kms.destroyed_keys), as read at start.
+    kmsRecord: LoadedRecord | None = None
 
 
 def prepare(settings: Settings) -> Prepared:
@@ -94,13 +97,17 @@ def prepare(settings: Settings) -> Prepared:
         )
     except VaultError as e:
         raise ConfigError("paths.vault", str(e)) from e
+    database: Database | None = None
     try:
         settings.state.mkdir(mode=0o700, parents=True, exist_ok=True)
         database = Database.open(settings.state / "fleetd.sqlite3")
         masterKey = loadOrCreateKey(settings.state / "master.key")
         kmsKey = kmsMasterKey(settings)
+        kmsRecord = kmsDestroyedKeys(settings)
     except (OSError, Exception) as e:
         vault.close()
+        if database is not None:
+            database.close()
         if isinstance(e, ConfigError):
             raise
         raise ConfigError("paths.state", str(e)) from e
@@ -116,6 +123,7 @@ def prepare(settings: Settings) -> Prepared:
         uncheckedVault=vault,
         certificates=readAtStart(settings, issuer),
         kmsKey=kmsKey,
+        kmsRecord=kmsRecord,
     )
 
 
@@ -273,3 +281,14 @@ def kmsMasterKey(settings: Settings) -> bytes | None:
         return loadOrCreateKey(settings.kms.masterKeyPath(settings.state))
     except StoreError as e:
         raise ConfigError("kms.master_key", str(e)) from e
+
+
+def kmsDestroyedKeys(settings: Settings) -> LoadedRecord | None:
+    """With C{[kms]}, its destruction record: read (made when missing); a
+    malformed one stops start-up (docs/decisions.md, issue 30)."""
+    if settings.kms is None:
+        return None
+    try:
+        return loadRecord(settings.kms.destroyedKeysPath(settings.state))
+    except RecordError as e:
+        raise ConfigError("kms.destroyed_keys", str(e)) from e

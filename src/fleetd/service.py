@@ -184,18 +184,15 @@ class FleetdService(MultiService):
         self.ldevids, self.lookups = attestation.ldevids, attestation.lookups
         self.refusals = AttestRefusals(self.runner, self.journal)  # issue 27
         self.status = StatusService(
-            self.inventory,
-            self.runs,
-            self.alerts,
-            self.journal,
-            trust=self.trust,
-            disks=self.disks,
+            self.inventory, self.runs, self.alerts, self.journal,
+            trust=self.trust, disks=self.disks,
             credentials=KubeStatus(self.runner, reactor),
             ldevid=self.ldevids.status,
             kubernetes=self.kube is not None,
             refusals=self.refusals,
             objects=None if self.objects is None else self.objects.view,
-        )
+            diskKey=None if self.diskKeys is None else self.diskKeys.keys.view,
+        )  # fmt: skip
         # fleetd_devices and the longest-staged node, counted in the background
         self.census = Census(
             reactor, self.inventory, self.registry,

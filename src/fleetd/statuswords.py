@@ -5,46 +5,20 @@ A device's status report (the JSON of C{GET /v1/admin/status/NAME},
 L{fleetd.fleet.status.DeviceReport.toJSON}) becomes a headline and labelled
 L{Row}s here, once: fleetctl prints them as lines, the console's device
 page as a definition list, so both say the same thing in the same words.
-Pure functions over JSON values; nothing of fleetd is imported, so both
-the command-line client and the daemon's pages may use them.
+Pure functions over JSON values; nothing of fleetd but its rows
+(L{fleetd.textrows}) is imported, so both the command-line client and the
+daemon's pages may use them.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-LABEL_WIDTH = 10  # "recovery: " is the widest label
-
-
-@dataclass(frozen=True)
-class Row:
-    """
-    One labelled row: C{label} and its C{text} on one line, then C{items}
-    (evidence records, journal entries), one per line beneath it.
-    """
-
-    label: str
-    text: str
-    items: tuple[str, ...] = ()
-
-    def lines(self) -> list[str]:
-        """The row as fleetctl prints it: the label padded, items indented."""
-        if self.items and not self.text:
-            head = f"{self.label}:"
-        else:
-            head = f"{self.label + ':':<{LABEL_WIDTH}}{self.text}"
-        return [head] + [f"  {item}" for item in self.items]
-
-
-def when(at: float | None) -> str:
-    """A POSIX time as UTC ISO 8601 to the second, or C{-} for none."""
-    if at is None:
-        return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+from fleetd.textrows import LABEL_WIDTH as LABEL_WIDTH
+from fleetd.textrows import Row as Row
+from fleetd.textrows import when as when
 
 
 def entryParts(entry: dict[str, Any]) -> list[str]:
@@ -90,8 +64,9 @@ def statusRows(doc: dict[str, Any], journal: bool = True) -> list[Row]:
     """
     Everything after the headline: run, state, LDevID, the standing
     refused attestation (when there is one), alerts, recovery, binding and
-    evidence, disks, token and kubelet certificate, and (with
-    C{journal}) the last journal entries.
+    evidence, disks, token and kubelet certificate, Tinkerbell's objects
+    and the disk key (with their tables), and (with C{journal}) the last
+    journal entries.
     """
     run = doc["run"]
     rows = [
@@ -105,6 +80,7 @@ def statusRows(doc: dict[str, Any], journal: bool = True) -> list[Row]:
         diskRow(doc.get("disks")),
         *credentialRows(doc.get("kubernetes")),
         *objectRows(doc.get("tinkerbell")),
+        *diskKeyRows(doc.get("disk_key")),
     ]
     if journal and doc["journal"]:
         rows.append(Row("journal", "", tuple(formatEntry(e) for e in doc["journal"])))
@@ -322,6 +298,33 @@ def objectRows(objects: dict[str, Any] | None) -> list[Row]:
     if objects.get("waiting"):
         rows.append(Row("waiting", f"retrying: {objects['waiting']}"))
     return rows
+
+
+def diskKeyRows(key: dict[str, Any] | None) -> list[Row]:
+    """
+    Its disk key, with C{[kms]} (issue 30, item 6): none, sealed or
+    destroyed and since when (and why), its last unlock, and the Seal and
+    Unseal calls refused since fleetd started.
+    """
+    if key is None:
+        return []
+    if key["state"] == "none":
+        text = "none: its node has not sealed one"
+    else:
+        why = f" ({key['why']})" if key.get("why") else ""
+        text = f"{key['state']} {when(key['at'])}{why}"
+    if key.get("last_unlock") is not None:
+        text += f"  last unlock {when(key['last_unlock'])}"
+    elif key["state"] == "sealed":
+        text += "  not unlocked since fleetd started"
+    refused = key.get("refused")
+    items: tuple[str, ...] = ()
+    if refused:
+        items = (
+            f"refused {refused['count']} since fleetd started;"
+            f" last {when(refused['at'])}: {refused['reason']}",
+        )
+    return [Row("disk key", text, items)]
 
 
 # What fleetd did with a Tinkerbell object, in words (fleetd.tinkerbell.store).

@@ -3,14 +3,14 @@ What state is this machine in, and what do I do? (C{fleetctl status NAME})
 
 L{StatusService} gathers a device's record, its latest run and that run's
 state, the alerts that concern it, its standing refused attestation (issue
-27) and its last journal entries, and derives the recovery step, if one is
-needed. It knows nothing of HTTP, so
-the admin API, the owner console and the rack simulator share it.
+27), its disk key with C{[kms]} (issue 30) and its last journal entries,
+and derives the recovery step, if one is needed. It knows nothing of
+HTTP, so the admin API, the owner console and the rack simulator share it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,12 +53,15 @@ class DeviceReport:
     ldevid: dict[str, Any] | None = None
     refusal: dict[str, Any] | None = None  # AttestRefusals.standing's
     tinkerbell: dict[str, Any] | None = None  # its Hardware and Workflow
+    diskKey: dict[str, Any] | None = None  # with [kms]: DiskKeys.view's
 
     def toJSON(self) -> dict[str, Any]:
         run = None
         if self.run is not None:
             run = {**self.run.record.toJSON(), "state": self.run.state}
-        return {
+        # Without [kms] the report is as it was: no disk_key at all.
+        key = {} if self.diskKey is None else {"disk_key": self.diskKey}
+        return key | {
             "device": self.device.toJSON(),
             "trust": None if self.trust is None else self.trust.toJSON(),
             "disks": None if self.disks is None else self.disks.toJSON(),
@@ -210,6 +213,7 @@ class StatusService:
         kubernetes: bool = True,
         refusals: AttestRefusals | None = None,
         objects: Callable[[str], dict[str, Any] | None] | None = None,
+        diskKey: Callable[[str], Awaitable[dict[str, Any]]] | None = None,
     ) -> None:
         """
         @param ldevid: the current LDevID record of a chassis serial [T4]
@@ -217,7 +221,9 @@ class StatusService:
         @param kubernetes: whether fleetd has C{[kubernetes]} (L{assess}).
         @param refusals: devices' standing refused attestations (issue 27).
         @param objects: a device's Tinkerbell objects (C{[tinkerbell]}).
+        @param diskKey: a device's disk key (C{[kms]}, issue 30, item 6).
         """
+        self._diskKey = diskKey
         self._objects = objects
         self._kubernetes = kubernetes
         self._refusals = refusals
@@ -278,4 +284,5 @@ class StatusService:
             ldevid=None if self._ldevid is None else self._ldevid(device.serial),
             refusal=refusal,
             tinkerbell=objects,
+            diskKey=None if self._diskKey is None else await self._diskKey(device.name),
         )

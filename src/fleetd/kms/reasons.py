@@ -11,7 +11,7 @@ of series.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fleetd.refused import BUSY, MALFORMED
 
@@ -42,6 +42,8 @@ STATUS: dict[str, str] = {
 REASONS = tuple(STATUS)
 
 SEAL, UNSEAL = "seal", "unseal"
+# A device's disk key as fleetctl status says it (fleetd.kms.store.keyState).
+NONE, SEALED, DESTROYED = "none", "sealed", "destroyed"
 
 
 class KMSMetrics:
@@ -72,6 +74,26 @@ class KMSMetrics:
             ["why"],
             registry=registry,
         )
+        self.keys = Gauge(
+            "fleetd_kms_keys",
+            "Devices by the state of their disk key: sealed (a live key) or"
+            " destroyed (keys, none live); a device never sealed is not counted.",
+            ["state"],
+            registry=registry,
+        )
+        self.unrecorded = Gauge(
+            "fleetd_kms_destructions_unrecorded",
+            "Disk keys destroyed in the database and not yet appended to the"
+            " destruction record (kms.destroyed_keys) [E3].",
+            registry=registry,
+        )
+        self.recordFailures = Counter(
+            "fleetd_kms_destruction_record_failures_total",
+            "Appends to the destruction record that failed (each is retried).",
+            registry=registry,
+        )
+        for state in (SEALED, DESTROYED):
+            self.keys.labels(state)
         for reason in REASONS:
             self.refusals.labels(reason)
         for method in (SEAL, UNSEAL):

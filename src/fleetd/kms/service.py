@@ -22,7 +22,8 @@ C{starting}.
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -37,13 +38,16 @@ from fleetd.kms.reasons import (
     KEY_DESTROYED,
     RETIRED,
     SEAL,
+    SEALED,
     STARTING,
     UNKNOWN_KEY,
     UNKNOWN_NODE,
     UNSEAL,
     KMSMetrics,
 )
+from fleetd.kms.record import Destroyed, DestructionRecord, destroyedRow
 from fleetd.kms.throttle import REFUSAL_EVERY, SourceThrottle
+from fleetd.kms.watch import KeyWatch
 from fleetd.refused import BUSY, MALFORMED, Refused
 from fleetd.sources import sourceKey
 from fleetd.store.db import Database
@@ -55,6 +59,16 @@ __all__ = ["REFUSAL_EVERY", "DiskKeys", "IUUIDs"]
 
 SUPERSEDED = "superseded"
 _T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class _Key:
+    """A Seal's key, and what its transaction did."""
+
+    keyId: bytes
+    kek: bytes
+    created: bool = False
+    superseded: list[Destroyed] = field(default_factory=list)
 
 
 class IUUIDs(Protocol):
@@ -80,7 +94,13 @@ class DiskKeys:
         approved: Approved,
         masterKey: bytes,
         metrics: KMSMetrics,
+        record: DestructionRecord,
     ) -> None:
+        """
+        @param record: the destruction record outside the database, where
+            the keys a new install supersedes are appended after their
+            commit [E3].
+        """
         self.clock = clock
         self.runner = runner
         self.journal = journal
@@ -89,6 +109,8 @@ class DiskKeys:
         self.approved = approved
         self._wrapping = deriveKey(masterKey, blob.WRAP_PURPOSE)
         self.metrics = metrics
+        self.record = record
+        self.watch = KeyWatch(metrics)  # last unlocks, refusals, key states
         self.throttle = SourceThrottle(clock)
         self.ready = False  # set once the start-up sweep ran
 
@@ -119,6 +141,10 @@ class DiskKeys:
             uuid = normalUUID(uuid)
             node = await self._device(uuid)
             device = node.name
+            if node.status is DeviceStatus.DECOMMISSIONING:
+                raise Refused(
+                    RETIRED, "this node is retired; its disk key is destroyed"
+                )
             if method == SEAL:
                 answer = await self._seal(node, data, host)
             else:
@@ -139,8 +165,6 @@ class DiskKeys:
             raise
         if device is None or device.uuid != uuid:
             raise Refused(UNKNOWN_NODE, "no device of the inventory has this uuid")
-        if device.status is DeviceStatus.DECOMMISSIONING:
-            raise Refused(RETIRED, "this node is retired; its disk key is destroyed")
         return device
 
     async def _seal(self, device: Device, data: bytes, peer: str) -> bytes:
@@ -151,16 +175,21 @@ class DiskKeys:
             )
         at = self.clock.seconds()
 
-        def work(db: Database, record: Recorder) -> tuple[bytes, bytes]:
+        def work(db: Database, record: Recorder) -> _Key:
             node = allowed(db, device, peer, self.approved)
             return self._keyFor(db, record, node, peer, at)
 
-        keyId, kek = await self._database(self.journal.change(work))
-        return blob.seal(kek, keyId, device.uuid, data)
+        key = await self._database(self.journal.change(work))
+        if key.created:
+            self.watch.state(device.name, SEALED)
+        if key.superseded:  # after their commit, outside the database [E3]
+            self.metrics.destroyed.labels(SUPERSEDED).inc(len(key.superseded))
+            self.record.add(key.superseded)
+        return blob.seal(key.kek, key.keyId, device.uuid, data)
 
     def _keyFor(
         self, db: Database, record: Recorder, node: Allowed, peer: str, at: float
-    ) -> tuple[bytes, bytes]:
+    ) -> _Key:
         """The node's key for its generation, made if it has none; the
         older generations' keys destroyed with it [E3]."""
         live = store.liveKeys(db, node.device)
@@ -168,7 +197,7 @@ class DiskKeys:
             if row.generation == node.generation and row.uuid == node.uuid:
                 keyId = bytes.fromhex(row.id)
                 assert row.wrapped is not None
-                return keyId, self._unwrap(keyId, row)
+                return _Key(keyId, self._unwrap(keyId, row))
         keyId, kek = blob.newKeyId(), blob.newKey()
         name = keyId.hex()
         store.insertKey(
@@ -196,7 +225,8 @@ class DiskKeys:
                 run=old.generation or None,
                 fields={"kek_id": old.id, "why": SUPERSEDED, "by_kek": name},
             )
-        return keyId, kek
+        superseded = [destroyedRow(old, SUPERSEDED, at) for old in live]
+        return _Key(keyId, kek, created=True, superseded=superseded)
 
     def _unwrap(self, keyId: bytes, row: store.KeyRow) -> bytes:
         assert row.wrapped is not None
@@ -223,9 +253,20 @@ class DiskKeys:
             raise Refused(KEY_DESTROYED, "this node's disk key was destroyed")
         kek = self._unwrap(header.keyId, row)
         try:
-            return blob.unseal(kek, device.uuid, data)
+            answer = blob.unseal(kek, device.uuid, data)
         except blob.BlobError as e:
             raise Refused(BLOB_REJECTED, str(e)) from None
+        self.watch.unlocked(device.name, self.clock.seconds())
+        return answer
+
+    async def view(self, device: str) -> dict[str, Any]:
+        """
+        C{device}'s disk key for its status report (issue 30, item 6):
+        the state (none, sealed, destroyed) and since when, its last
+        unlock and its refusals.
+        """
+        key = await self.runner.run(lambda db: store.lastKey(db, device))
+        return self.watch.view(device, key)
 
     async def _database(self, d: Deferred[_T]) -> _T:
         """Await database work; a refusal decided there passes, any other
@@ -242,6 +283,8 @@ class DiskKeys:
         self, method: str, refused: Refused, peer: str, device: str | None, uuid: str
     ) -> None:
         self.metrics.refusals.labels(refused.reason).inc()
+        if device is not None:
+            self.watch.refused(device, refused.reason, self.clock.seconds())
         skipped = self.throttle.admit(sourceKey(peer), refused.reason)
         if skipped is None:
             return

@@ -19,8 +19,8 @@ from typing import Any
 from fleetd.store.db import Database
 
 _SELECT = (
-    "SELECT id, device, uuid, generation, wrapped, created_at, destroyed_at"
-    " FROM kms_keys"
+    "SELECT id, device, uuid, generation, wrapped, created_at, destroyed_at,"
+    " destroyed_why FROM kms_keys"
 )
 DELIVERED = "run.delivered"
 
@@ -34,6 +34,7 @@ class KeyRow:
     wrapped: bytes | None  # None: destroyed
     created_at: float
     destroyed_at: float | None
+    destroyed_why: str | None = None
 
     @property
     def live(self) -> bool:
@@ -41,7 +42,7 @@ class KeyRow:
 
 
 def _row(row: tuple[Any, ...]) -> KeyRow:
-    id_, device, uuid, generation, wrapped, created, destroyed = row
+    id_, device, uuid, generation, wrapped, created, destroyed, why = row
     return KeyRow(
         str(id_),
         str(device),
@@ -50,6 +51,7 @@ def _row(row: tuple[Any, ...]) -> KeyRow:
         None if wrapped is None else bytes(wrapped),
         float(created),
         None if destroyed is None else float(destroyed),
+        None if why is None else str(why),
     )
 
 
@@ -138,6 +140,36 @@ def lastDelivery(db: Database, device: str) -> tuple[str, str] | None:
     if not isinstance(peer, str) or run is None:
         return None
     return str(run), peer
+
+
+def liveKeysAmong(db: Database, ids: frozenset[str]) -> list[KeyRow]:
+    """The live keys whose id is one of C{ids} (the destruction record's)."""
+    rows = db.execute(f"{_SELECT} WHERE wrapped IS NOT NULL ORDER BY device, id")
+    return [_row(r) for r in rows if str(r[0]) in ids]
+
+
+def destroyedKeysNotIn(db: Database, ids: frozenset[str]) -> list[KeyRow]:
+    """The destroyed keys whose id is not one of C{ids}, oldest first."""
+    rows = db.execute(f"{_SELECT} WHERE wrapped IS NULL ORDER BY destroyed_at, id")
+    return [_row(r) for r in rows if str(r[0]) not in ids]
+
+
+def keyStates(db: Database) -> dict[str, str]:
+    """Each device with keys: C{"sealed"} (a live one) or C{"destroyed"}."""
+    rows = db.execute(
+        "SELECT device, count(wrapped) FROM kms_keys GROUP BY device"
+    ).fetchall()
+    return {str(d): "sealed" if live else "destroyed" for d, live in rows}
+
+
+def lastKey(db: Database, device: str) -> KeyRow | None:
+    """C{device}'s live key, else the key it lost last; L{None}: no key."""
+    row = db.execute(
+        f"{_SELECT} WHERE device = ? ORDER BY wrapped IS NOT NULL DESC,"
+        " coalesce(destroyed_at, created_at) DESC, created_at DESC LIMIT 1",
+        (device,),
+    ).fetchone()
+    return None if row is None else _row(row)
 
 
 def keyState(db: Database, device: str) -> str:
