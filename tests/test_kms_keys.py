@@ -139,6 +139,30 @@ class KeyLifeTests(KMSDaemonMixin, TestCase):
         self.assertEqual(events.count("kms.key-created"), 2)
         self.assertEqual(events.count("kms.key-destroyed"), 1)
 
+    async def test_retiredWhileSealing_noKeyMade(self) -> None:
+        """
+        [E3] [R1] A retirement that commits after a Seal read the device's
+        status (still provisioned) but before the Seal's transaction: the
+        transaction sees it, the Seal is refused C{retired}, and no key is
+        ever made for the retired node.
+        """
+        service = await self.startNode()
+        client, _ = self.kms()
+        keys: Any = service.diskKeys.keys if service.diskKeys else None
+        found = keys._device
+
+        async def thenRetired(uuid: str) -> Any:
+            device = await found(uuid)  # the status as the Seal saw it
+            status, doc = await self.admin("POST", "/v1/admin/retire", {"device": "w1"})
+            self.assertEqual(status, 200, doc)
+            return device
+
+        keys._device = thenRetired
+        code, message = await self.refused(client.seal, UUID1, os.urandom(32))
+        self.assertEqual(code, grpc.StatusCode.PERMISSION_DENIED, message)
+        self.assertTrue(message.startswith("retired: "), message)
+        self.assertEqual(await self.keys(service), [])
+
     async def test_sealWhileJournalOrDatabaseFails_refusedNothingStored(self) -> None:
         """
         [J1] [E2] A Seal whose key cannot be journaled (the journal refuses)

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleetd.inventory.model import Device, InventoryError, validateUUID
-from fleetd.kms.reasons import NO_ADDRESS, NOT_APPROVED, WRONG_ADDRESS
-from fleetd.kms.store import lastDelivery
+from fleetd.kms.reasons import NO_ADDRESS, NOT_APPROVED, RETIRED, WRONG_ADDRESS
+from fleetd.kms.store import lastDelivery, retiredSince
 from fleetd.refused import MALFORMED, Refused
 from fleetd.store.db import Database
 
@@ -70,9 +70,12 @@ def allowed(db: Database, device: Device, peer: str, approved: Approved) -> Allo
     [E1] the address and the binding, for a device the caller found by
     uuid and not retired.
 
-    @raise Refused: C{no-address}, C{wrong-address} or
-        C{ek-binding-not-approved}.
+    @raise Refused: C{retired} (a retirement that committed since the
+        caller read the device's status), C{no-address}, C{wrong-address}
+        or C{ek-binding-not-approved}.
     """
+    if retiredSince(db, device.name):
+        raise Refused(RETIRED, "this node is retired; its disk key is destroyed")
     delivery = lastDelivery(db, device.name)
     addresses = set()
     if delivery is not None:

@@ -23,6 +23,8 @@ _SELECT = (
     " destroyed_why FROM kms_keys"
 )
 DELIVERED = "run.delivered"
+# The entries that begin or end a device's life as fleetd sees it.
+_LIFE = ("device.added", DELIVERED, "device.retired")
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,23 @@ def lastDelivery(db: Database, device: str) -> tuple[str, str] | None:
     if not isinstance(peer, str) or run is None:
         return None
     return str(run), peer
+
+
+def retiredSince(db: Database, device: str) -> bool:
+    """
+    Whether C{device}'s latest entry among its addition, its deliveries and
+    its retirement is the retirement: read inside a Seal's or Unseal's own
+    transaction, so a retirement that commits after the call checked the
+    inventory's status is still seen, and a key is never made for a device
+    retired meanwhile [E3]. A device added or delivered again since (a new
+    life after C{forget-identity}) is not retired.
+    """
+    row = db.execute(
+        "SELECT event FROM journal WHERE device = ? AND event IN (?, ?, ?)"
+        " ORDER BY seq DESC LIMIT 1",
+        (device, *_LIFE),
+    ).fetchone()
+    return row is not None and row[0] == _LIFE[2]
 
 
 def liveKeysAmong(db: Database, ids: frozenset[str]) -> list[KeyRow]:
