@@ -261,3 +261,37 @@ class StandAloneTests(SynchronousTestCase):
         self.assertEqual(missing, [])
         vault = next(line for line in index.splitlines() if "The vault" in line)
         self.assertIn("why tmpfs", vault)
+
+
+# The two fakes of remote servers (docs/architecture.md, testing/): each
+# is one server's contract in one place, and they are not fleetd.
+LONG_FAKES = {"testing/kube.py", "testing/netbox.py"}
+MAX_LINES = 400
+
+
+def longModules(root: Path) -> list[str]:
+    """Modules under C{root} longer than L{MAX_LINES}, generated code aside."""
+    return sorted(
+        f"{path.relative_to(root)}: {lines}"
+        for path in root.rglob("*.py")
+        if not path.name.endswith("_pb2.py")
+        and str(path.relative_to(root)) not in LONG_FAKES
+        and (lines := len(path.read_text().splitlines())) > MAX_LINES
+    )
+
+
+class HousePlanTests(SynchronousTestCase):
+    """The rooms stay small enough to read (issue 29)."""
+
+    def test_noModuleOver400Lines(self) -> None:
+        """No module of src/fleetd/ but the two fakes is over 400 lines."""
+        self.assertEqual(longModules(REPO / "src" / "fleetd"), [])
+
+    def test_longModule_seen(self) -> None:
+        root = Path(self.mktemp())
+        (root / "testing").mkdir(parents=True)
+        (root / "big.py").write_text("x = 1\n" * 401)
+        (root / "small.py").write_text("x = 1\n" * 400)
+        (root / "testing" / "kube.py").write_text("x = 1\n" * 900)
+        (root / "gen_pb2.py").write_text("x = 1\n" * 900)
+        self.assertEqual(longModules(root), ["big.py: 401"])
