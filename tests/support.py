@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,30 @@ from fleetd.pki.dev import devConfigTables
 from tests.inventorysupport import CLASSES
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Metrics that exist only with their optional table ([netbox], [tinkerbell],
+# [kms]): test_netbox_daemon, test_tinkerbell_wiring and test_kms_talos
+# check those against the rules on a daemon that has the table.
+OPTIONAL_METRICS = ("fleetd_netbox_", "fleetd_tinkerbell_", "fleetd_kms_")
+
+
+def exposedMetrics(text: str) -> set[str]:
+    """The metric families a C{/metrics} page (text format) names."""
+    return set(re.findall(r"^# HELP (\w+)", text, re.MULTILINE))
+
+
+def ruleMetrics(prefix: str = "fleetd_") -> set[str]:
+    """The metrics starting with C{prefix} that conf/alerts.yml's rules use."""
+    import yaml
+
+    rules = yaml.safe_load((REPO / "conf" / "alerts.yml").read_text())
+    return {
+        name
+        for group in rules["groups"]
+        for rule in group["rules"]
+        for name in re.findall(rf"\b{prefix}\w+", rule["expr"])
+    }
+
 
 TOPOLOGY = {
     "SPORE_IP": "10.20.0.5",

@@ -7,12 +7,10 @@ no scrape lists the inventory.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import reactor
@@ -30,7 +28,12 @@ from fleetd.testing.kube import FakeKube
 from tests.daemonsupport import DeliveryMixin, configPath
 from tests.inventorysupport import UUID1, UUID2, UUID3, FailingRunner, device
 from tests.netbox_support import NetBoxRig, seedFake
-from tests.support import REPO, inventoryOver
+from tests.support import (
+    OPTIONAL_METRICS,
+    exposedMetrics,
+    inventoryOver,
+    ruleMetrics,
+)
 from tests.test_kube_tls import selfSigned
 
 HOUR = 3600.0
@@ -347,18 +350,7 @@ class DaemonCensusTests(DeliveryMixin, TestCase):
         ]
         self.assertGreaterEqual(waited, 0.0)
         self.assertLess(waited, 60.0)
-        exposed = set(re.findall(r"^# HELP (\w+)", text, re.MULTILINE))
-        rules = yaml.safe_load((REPO / "conf" / "alerts.yml").read_text())
-        used = {
-            name
-            for group in rules["groups"]
-            for rule in group["rules"]
-            for name in re.findall(r"\bfleetd_\w+", rule["expr"])
-            # Tinkerbell's only with [tinkerbell]: test_tinkerbell_wiring;
-            # the KMS's only with [kms]: test_kms_talos.
-            if not name.startswith(
-                ("fleetd_netbox_", "fleetd_tinkerbell_", "fleetd_kms_")
-            )
-        }
+        exposed = exposedMetrics(text)
+        used = {n for n in ruleMetrics() if not n.startswith(OPTIONAL_METRICS)}
         self.assertIn("fleetd_staged_longest_seconds", used)
         self.assertEqual(used - exposed, set())

@@ -34,7 +34,7 @@ from fleetd.readiness import notifySystemd
 from fleetd.service import FleetdService, StartupError, prepare
 from fleetd.vault import VaultError
 from tests.daemonsupport import DaemonTestMixin, httpsGet
-from tests.support import REPO
+from tests.support import OPTIONAL_METRICS, exposedMetrics, ruleMetrics
 
 
 def peerCertificate(
@@ -108,9 +108,6 @@ class DaemonTests(DaemonTestMixin, TestCase):
 
     async def test_alertRules_useExposedMetrics(self) -> None:
         """Every fleetd metric an alert rule uses is one fleetd exposes."""
-        import re
-
-        import yaml
 
         service = self.startDaemon()
         # The journal's series appear with its first verification, which
@@ -118,21 +115,13 @@ class DaemonTests(DaemonTestMixin, TestCase):
         await service.loading.whenReady()
         await service.chain.verify()
         _, _, body = await self.get(service, "admin", "/metrics")
-        exposed = set(re.findall(r"^# HELP (\w+)", body.decode(), re.MULTILINE))
-        rules = yaml.safe_load((REPO / "conf" / "alerts.yml").read_text())
+        exposed = exposedMetrics(body.decode())
         used = {
             name
-            for group in rules["groups"]
-            for rule in group["rules"]
-            for name in re.findall(r"\bfleetd_\w+", rule["expr"])
-            # NetBox's exist only with [netbox]: test_netbox_daemon checks them.
+            for name in ruleMetrics()
+            if not name.startswith(OPTIONAL_METRICS)
             # The staged time only with [kubernetes]: tests/test_grafana.py's
             # daemon has it (and its dashboard shows it).
-            # Tinkerbell's only with [tinkerbell]: test_tinkerbell_wiring.
-            # The KMS's only with [kms]: test_kms_talos.
-            if not name.startswith(
-                ("fleetd_netbox_", "fleetd_tinkerbell_", "fleetd_kms_")
-            )
             and name != "fleetd_staged_longest_seconds"
         }
         self.assertTrue(used)

@@ -21,7 +21,7 @@ from fleetd.kms import store
 from fleetd.readiness import State
 from tests.daemonsupport import UUID1, UUID2, configPath
 from tests.kmssupport import KMS, KMSDaemonMixin, fetchFrom, luksFormat, luksOpens
-from tests.support import REPO
+from tests.support import exposedMetrics, ruleMetrics
 
 
 class TalosUnlockTests(KMSDaemonMixin, TestCase):
@@ -210,20 +210,10 @@ class KMSListenerTests(KMSDaemonMixin, TestCase):
         """Every fleetd_kms_ metric an alert rule uses is one fleetd
         exposes with C{[kms]} (FleetDiskUnlockRefused,
         FleetDiskKeyDestructionUnrecorded)."""
-        import re
-
-        import yaml
-
         await self.startLoaded(KMS)
         _, _, body = await self.get(self.service, "admin", "/metrics")
-        exposed = set(re.findall(r"^# HELP (\w+)", body.decode(), re.MULTILINE))
-        rules = yaml.safe_load((REPO / "conf" / "alerts.yml").read_text())
-        used = {
-            name
-            for group in rules["groups"]
-            for rule in group["rules"]
-            for name in re.findall(r"\bfleetd_kms_\w+", rule["expr"])
-        }
+        exposed = exposedMetrics(body.decode())
+        used = ruleMetrics("fleetd_kms_")
         self.assertEqual(
             used, {"fleetd_kms_refusals_total", "fleetd_kms_destructions_unrecorded"}
         )

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
-import yaml
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ServerEndpoint
@@ -20,7 +18,7 @@ from fleetd.prepare import prepare
 from fleetd.testing.netbox import FakeNetBox
 from tests.daemonsupport import DaemonTestMixin
 from tests.netbox_support import TOKEN
-from tests.support import REPO, writeConfig
+from tests.support import exposedMetrics, ruleMetrics, writeConfig
 
 
 class NetBoxDaemonTests(DaemonTestMixin, TestCase):
@@ -49,14 +47,8 @@ class NetBoxDaemonTests(DaemonTestMixin, TestCase):
         self.assertIn(("GET", "/nb/api/extras/custom-fields/"), fake.requests)
         # Every NetBox metric an alert rule uses is exposed (item 11).
         _, _, body = await self.get(service, "admin", "/metrics")
-        exposed = set(re.findall(r"^# HELP (\w+)", body.decode(), re.MULTILINE))
-        rules = yaml.safe_load((REPO / "conf" / "alerts.yml").read_text())
-        used = {
-            name
-            for group in rules["groups"]
-            for rule in group["rules"]
-            for name in re.findall(r"\bfleetd_netbox_\w+", rule["expr"])
-        }
+        exposed = exposedMetrics(body.decode())
+        used = ruleMetrics("fleetd_netbox_")
         self.assertIn("fleetd_netbox_lookups_failed_total", used)
         self.assertEqual(used - exposed, set())
         stopping: Deferred[Any] | None = self.stopDaemon(service)

@@ -21,7 +21,7 @@ from fleetd.testing.kube import FakeKube
 from fleetd.tink.service import TinkProxy
 from fleetd.tinkerbell.service import TinkerbellService
 from tests.kubesupport import KubeFleet
-from tests.support import writeConfig
+from tests.support import exposedMetrics, ruleMetrics, writeConfig
 from tests.test_tinkerbell_config import CLASS, tables
 from tests.tinksupport import MAC, Site
 
@@ -127,12 +127,8 @@ class AssemblyTests(SynchronousTestCase):
         """Every C{fleetd_tinkerbell_} metric an alert rule names is on the
         registry once [tinkerbell] is set (the daemons of test_daemon and
         test_census run without it, and leave these out)."""
-        import re
 
-        import yaml
         from prometheus_client import generate_latest
-
-        from tests.support import REPO
 
         fleet = KubeFleet(self)
         self.addCleanup(fleet.stopKube)
@@ -151,13 +147,7 @@ class AssemblyTests(SynchronousTestCase):
             parent=MultiService(),
         )
         text = generate_latest(registry).decode()
-        exposed = set(re.findall(r"^# HELP (\w+)", text, re.MULTILINE))
-        rules = yaml.safe_load((REPO / "conf" / "alerts.yml").read_text())
-        used = {
-            name
-            for group in rules["groups"]
-            for rule in group["rules"]
-            for name in re.findall(r"\bfleetd_tinkerbell_\w+", rule["expr"])
-        }
+        exposed = exposedMetrics(text)
+        used = ruleMetrics("fleetd_tinkerbell_")
         self.assertTrue(used)
         self.assertEqual(used - exposed, set())
