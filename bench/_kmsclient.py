@@ -96,6 +96,7 @@ class KMSConnection:
         while not ended:
             chunk = await self.reader.read(65536)
             if not chunk:
+                text = text or "the connection closed before the answer"
                 break
             for event in self.h2.receive_data(chunk):
                 if isinstance(
@@ -110,10 +111,13 @@ class KMSConnection:
                     self.h2.acknowledge_received_data(
                         event.flow_controlled_length, event.stream_id
                     )
-                elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
+                elif isinstance(event, h2.events.StreamEnded):
                     ended = event.stream_id == stream
+                elif isinstance(event, h2.events.StreamReset):
+                    ended = event.stream_id == stream
+                    text = text or f"RST_STREAM {event.error_code!r}"
                 elif isinstance(event, h2.events.ConnectionTerminated):
-                    ended = True
+                    ended, text = True, text or f"GOAWAY {event.error_code!r}"
             self.writer.write(self.h2.data_to_send())
         data = b""
         if status == 0 and len(body) >= 5:
@@ -148,9 +152,10 @@ async def oneCall(
 
 async def fetchConfig(
     port: int, context: ssl.SSLContext, name: str, source: str, path: str
-) -> tuple[int, float]:
+) -> Answer:
     """Talos's C{GET path} on the boot listener over a new TLS connection
-    from C{source}: the HTTP status (0: no answer) and the seconds."""
+    from C{source}: the HTTP status (-1: no answer, C{message} says why)
+    and the seconds."""
     started = time.monotonic()
     try:
         reader, writer = await asyncio.wait_for(
@@ -165,7 +170,8 @@ async def fetchConfig(
         )
         raw = await asyncio.wait_for(reader.read(), 30)
         writer.close()
-        status = int(raw.split(b" ", 2)[1]) if raw.startswith(b"HTTP/") else 0
-    except (OSError, ssl.SSLError, TimeoutError, ValueError, IndexError):
-        status = 0
-    return status, time.monotonic() - started
+        status = int(raw.split(b" ", 2)[1]) if raw.startswith(b"HTTP/") else -1
+        message = "" if status != -1 else f"no HTTP answer: {raw[:40]!r}"
+    except (OSError, ssl.SSLError, TimeoutError, ValueError, IndexError) as e:
+        status, message = -1, f"{type(e).__name__}: {e}"
+    return Answer(status, message, b"", time.monotonic() - started)
