@@ -21,9 +21,10 @@ APT_TEST := swtpm swtpm-tools tpm2-tools prometheus bind9-dnsutils openssl curl 
 	cryptsetup-bin
 # What `make agent-demo` runs beside fleetd: swtpm and its EK CA tools,
 # tpm2-abrmd on a private D-Bus, OpenSSL (the EK digest) and its tpm2
-# provider, sfdisk.
+# provider, sfdisk; cryptsetup-bin: `fleetd-sim --disk-encryption`'s LUKS2
+# volumes on files.
 APT_DEMO := swtpm swtpm-tools openssl tpm2-openssl tpm2-abrmd \
-	libtss2-tcti-tabrmd0 dbus-daemon dbus-bin fdisk
+	libtss2-tcti-tabrmd0 dbus-daemon dbus-bin fdisk cryptsetup-bin
 STAMP := $(VENV)/.installed
 
 .PHONY: run test demo lint imports types unit rules system-build system-test system-demo devpki clean bench agent-demo dist

@@ -64,6 +64,7 @@ class SimTests(SynchronousTestCase):
             self.assertTrue(all(s >= 0 for s in node["phases"].values()))
             self.assertEqual(node["alerts"], [])
         summary = document["summary"]
+        self.assertNotIn("disk", summary)  # only with --disk-encryption
         self.assertEqual(summary["nodes"], nodes)
         self.assertEqual(summary["as_expected"], nodes)
         self.assertEqual(summary["unexpected"], [])

@@ -25,9 +25,9 @@ class ParseTests(SynchronousTestCase):
             "own": Fault("own", "planned", _same, ownFleetd=True),  # type: ignore[arg-type]
         }
         self.patch(faults, "FAULTS", known)
-        from fleetd.sim import command
+        from fleetd.sim import args
 
-        self.patch(command, "FAULTS", known)
+        self.patch(args, "FAULTS", known)
 
     def test_namesAndCounts_onePerNode(self) -> None:
         self.assertEqual(parseFaults("a, own:2"), ["a", "own", "own"])

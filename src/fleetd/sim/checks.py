@@ -4,7 +4,8 @@ API (C{fleetctl journal --device}), never from the sim's own beliefs:
 a clean node got exactly one delivery [C2], and with a cluster its first
 kubelet certificate approved once [K2] and its bootstrap token deleted
 after it [K4] (the deletion is awaited: it comes C{delete_after} later);
-with the device flow, the owner's approval and the token issued once each.
+with the device flow, the owner's approval and the token issued once each;
+with C{--disk-encryption}, its disk keys (L{keysRecorded}).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from twisted.internet.task import deferLater
 
 from fleetd.sim import hookos
+from fleetd.sim.luks import NONE, UNLOCKED
 from fleetd.sim.node import Node
 
 DELETION_POLLS = 20  # a deletion is looked for this many times...
@@ -117,3 +119,59 @@ async def mirrored(node: Node, status: str) -> str | None:
     ):
         return "netbox: no fleetd_release for the delivered configuration"
     return None
+
+
+KEY_POLLS = 20  # a refusal's kms.refused entry is appended after the answer:
+KEY_GAP = 0.25  # looked for this many times, this many seconds apart
+
+
+async def keysRecorded(node: Node, state: str, reason: str | None) -> str | None:
+    """
+    With C{--disk-encryption}: what fleetd should have journaled of the
+    node's disk keys and did not (one line), or L{None}. A node whose
+    disk was sealed got one key (its one install; STATE and EPHEMERAL
+    share it) [E2]; unlocked, no refusal naming it and no key destroyed;
+    refused, the refusal with its reason, from the node's address for its
+    uuid (the entry names no device: whoever asks may not be the node),
+    and for C{retired} its key destroyed with the retirement [E3]; never
+    sealed, no key.
+    """
+    seen = await events(node)
+    created = seen["kms.key-created"]
+    if state == NONE:
+        return None if created == 0 else f"journal: {created} kms.key-created, not 0"
+    if created != 1:
+        return f"journal: {created} kms.key-created, not 1"
+    if state == UNLOCKED:
+        for event in ("kms.refused", "kms.key-destroyed"):
+            if seen[event]:
+                return f"journal: {seen[event]} {event} for a node that unlocked"
+        return None
+    for _ in range(KEY_POLLS):
+        problem = await refusalsOf(node, str(reason))
+        if problem is None:
+            break
+        await deferLater(node.rack.clock, KEY_GAP, lambda: None)
+    if problem is not None or reason != "retired":
+        return problem
+    entries = json.loads(
+        await node.fleetctl("--json", "journal", "--device", node.name)
+    )
+    why = [e["fields"].get("why") for e in entries if e["event"] == "kms.key-destroyed"]
+    return None if why == ["retired"] else f"journal: kms.key-destroyed {why}"
+
+
+async def refusalsOf(node: Node, expected: str) -> str | None:
+    """Whether fleetd journaled the refusals of the node's calls (the
+    whole journal's, for its uuid from its address) all for C{expected}."""
+    entries = json.loads(await node.fleetctl("--json", "journal"))
+    reasons = {
+        str(e["fields"].get("reason"))
+        for e in entries
+        if e["event"] == "kms.refused"
+        and e["fields"].get("node_uuid") == node.uuid
+        and e["fields"].get("peer") == node.address
+    }
+    if reasons == {expected}:
+        return None
+    return f"journal: kms.refused {sorted(reasons)}, not [{expected!r}]"

@@ -1,9 +1,10 @@
 """
 C{fleetd-sim [--config FILE] --nodes N [--faults NAME[:COUNT],...]
 [--parallel P] [--time-scale X] [--fetch code|device-flow]
-[--inventory sqlite|netbox] [--json]}: a rack of virtual nodes enrolled
-end to end (docs/design.md, the rack simulator's faults), some with a
-fault (L{fleetd.sim.faults}).
+[--inventory sqlite|netbox] [--disk-encryption] [--json]}: a rack of
+virtual nodes enrolled end to end (docs/design.md, the rack simulator's
+faults), some with a fault (L{fleetd.sim.faults}); the command line is
+L{fleetd.sim.args}'s.
 
 Without C{--config} it starts everything itself on a temporary directory:
 the grpcio tink-server stand-in, a fleetd whose Tink upstream it is, and
@@ -12,7 +13,9 @@ swtpm and tpm2-abrmd. Whatever it started is stopped on every way out
 (the end, a failure, SIGINT or SIGTERM), and the directory removed.
 
 Each node's final C{state} is what fleetd says: the device's inventory
-status through the owner API (C{fleetctl status}), with its open alerts.
+status through the owner API (C{fleetctl status}), with its open alerts;
+with C{--disk-encryption}, its disk's end too (L{fleetd.sim.luks}): the
+sim's own fleetd then has C{[kms]}, and a fleetd of C{--config} must.
 Exit 0 when every node ended as expected, 1 otherwise, 2 when the rack
 could not start, 128+N when signal N stopped it (after stopping all it
 started). With C{--json}, stdout holds one object and nothing else.
@@ -39,8 +42,9 @@ from twisted.internet.interfaces import IReactorThreads
 from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
 
-from fleetd.sim import hookos
-from fleetd.sim.checks import mirrored, unrecorded
+from fleetd.sim import hookos, luks
+from fleetd.sim.args import parseArgs
+from fleetd.sim.checks import keysRecorded, mirrored, unrecorded
 from fleetd.sim.daemon import (
     DaemonFailed,
     Fleetd,
@@ -49,7 +53,7 @@ from fleetd.sim.daemon import (
     healthy,
     startFleetd,
 )
-from fleetd.sim.faults import FAULTS, FaultSpecError, parseFaults
+from fleetd.sim.faults import FAULTS
 from fleetd.sim.faults.boot import REBOOTING
 from fleetd.sim.kubelet import serveFake
 from fleetd.sim.netbox import serveNetBox
@@ -65,63 +69,6 @@ from fleetd.testing.tinkserver import FakeTinkServer, Workflows
 # approved; a rack against a fleetd of --config has no Kubernetes fake, so
 # no kubelet phase. A fault says its own (fleetd.sim.faults.model.Fault).
 CLEAN = ("active", "staged")
-
-
-def parseArgs(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="fleetd-sim", description="A rack of virtual nodes against fleetd."
-    )
-    parser.add_argument(
-        "--config",
-        type=Path,
-        help="a running fleetd's config (default: start one of its own)",
-    )
-    parser.add_argument("--nodes", type=int, required=True, help="how many nodes")
-    parser.add_argument(
-        "--parallel", type=int, default=4, help="nodes on their way at once"
-    )
-    parser.add_argument(
-        "--time-scale",
-        type=float,
-        default=60.0,
-        help="Talos's retry gaps divided by this (default 60)",
-    )
-    parser.add_argument(
-        "--faults",
-        metavar="NAME[:COUNT],...",
-        help="faults for the rack's first nodes (" + ", ".join(sorted(FAULTS)) + ")",
-    )
-    parser.add_argument(
-        "--fetch",
-        choices=("code", "device-flow"),
-        default="code",
-        help="how each node's Talos fetches its configuration: its one-time"
-        " code (default) or RFC 8628's device flow, approved by the sim as owner",
-    )
-    parser.add_argument(
-        "--inventory",
-        choices=("sqlite", "netbox"),
-        default="sqlite",
-        help="the sim's own fleetd's inventory: its embedded one (default) or"
-        " the NetBox fake, where the sim enters each node as an operator would",
-    )
-    parser.add_argument("--json", action="store_true", help="one JSON object")
-    args = parser.parse_args(argv)
-    if not 1 <= args.nodes <= 60000 or args.parallel < 1 or args.time_scale <= 0:
-        parser.error("--nodes 1..60000, --parallel >= 1, --time-scale > 0")
-    try:
-        args.faultNames = parseFaults(args.faults)
-    except FaultSpecError as e:
-        parser.error(str(e))
-    if len(args.faultNames) > args.nodes:
-        parser.error(f"--faults: {len(args.faultNames)} faults for {args.nodes} nodes")
-    if args.config is not None:
-        own = sorted({n for n in args.faultNames if FAULTS[n].ownFleetd})
-        if own:
-            parser.error(f"--faults: {', '.join(own)} only on the sim's own fleetd")
-        if args.inventory != "sqlite":
-            parser.error("--inventory: only on the sim's own fleetd")
-    return args
 
 
 class Console:
@@ -176,9 +123,16 @@ async def finalState(node: Node) -> Outcome:
         node.error = await (unrecorded(node) if fault is None else fault.check(node))
     if node.error is None and node.reason is None and node.rack.netbox is not None:
         node.error = await mirrored(node, state)
+    disk, expectedDisk = None, None
+    if node.encrypted is not None:
+        disk = node.encrypted.state
+        expectedDisk = (luks.UNLOCKED, None) if fault is None else fault.expectedDisk()
+        node.error = node.error or disk.error
+        if node.error is None and (disk.state, disk.reason) == expectedDisk:
+            node.error = await keysRecorded(node, *expectedDisk)
     return Outcome(
         node.name, node.fault, state, node.reason, node.phases, alerts,
-        expected, node.error,
+        expected, node.error, disk, expectedDisk,
     )  # fmt: skip
 
 
@@ -245,6 +199,11 @@ async def setUp(
     """
     if args.config is not None:
         fleetd = Fleetd.fromConfig(args.config.resolve())
+        if args.disk_encryption and fleetd.kms is None:
+            raise DaemonFailed(
+                f"--disk-encryption: {args.config} has no [kms] table: fleetd"
+                " is no KMS there (conf/fleetd.dev.toml has one)"
+            )
         if not await deferToThread(healthy, fleetd):
             raise DaemonFailed(
                 f"fleetd does not answer on {fleetd.admin}/healthz: start it"
@@ -288,8 +247,11 @@ async def setUp(
         console.say(f"NetBox fake on {table['url']}")
     hookos.applyTemplate(fake)  # [tinkerbell]: fleetd makes the Workflows
     fleetd = await deferToThread(
-        startFleetd, work, tink.port, started, kubernetes, table, hookos.tables()
-    )
+        lambda: startFleetd(
+            work, tink.port, started, kubernetes, table, hookos.tables(),
+            kms=args.disk_encryption,
+        )
+    )  # fmt: skip
     console.say(f"fleetd on {fleetd.admin} (state in {work})")
     return fleetd, tink, Cluster(port, pki.public_ca, fake), netbox
 
@@ -321,6 +283,7 @@ async def rackOf(
         fetch=args.fetch,
         netbox=netbox,
         workflows=fake is not None,
+        diskEncryption=args.disk_encryption,
     )
     return await runRack(reactor, args, rack, console)
 
@@ -349,10 +312,14 @@ def simulate(
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, onSignal)
 
+    def begin() -> None:
+        # Once running: a set-up that fails at once must still stop it.
+        d = Deferred.fromCoroutine(rackOf(reactor, args, work, started, console))
+        d.addCallbacks(result.append, failure.append)
+        d.addBoth(stop)
+
     reactor.callWhenRunning(handleSignals)
-    d = Deferred.fromCoroutine(rackOf(reactor, args, work, started, console))
-    d.addCallbacks(result.append, failure.append)
-    d.addBoth(stop)
+    reactor.callWhenRunning(begin)
     reactor.run()
     if failure:
         failure[0].raiseException()
@@ -376,6 +343,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             " OpenSSL's tpm2 provider (make demo installs them)"
         )
         return 2
+    if args.disk_encryption and not luks.AVAILABLE:
+        console.say(
+            "fleetd-sim: --disk-encryption needs cryptsetup (Debian"
+            " cryptsetup-bin; make demo installs it)"
+        )
+        return 2
     signal.signal(signal.SIGTERM, exitOnSignal)
     started = Started()
     with ExitStack() as stack:
@@ -397,3 +370,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         table(result.outcomes, total, sys.stdout)
     return 0 if all(o.ok for o in result.outcomes) else 1
+
+
+__all__ = ["Console", "main", "parseArgs", "simulate"]

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetd.config import TinkSettings
+from fleetd.config.kms import DEFAULT_LISTEN
 from fleetd.pki.dev import DevPKIPaths, devConfigTables, ensureDevPKI
 
 BIN = Path(sys.executable).parent  # the venv's console scripts
@@ -60,6 +61,8 @@ cluster:
   ca: {crt: c2ltLWNsdXN0ZXItY2E=, key: ""}
 """
 
+
+DEFAULT_KMS_PORT = int(DEFAULT_LISTEN.split(":")[1])  # listen.kms's default
 
 PidOf = Callable[[], int | None]
 
@@ -127,6 +130,8 @@ class Fleetd:
     # tink.min_reboot: how long after a workflow's end a node's return to
     # HookOS counts as a boot [B2]; the pxe-first faults wait that long.
     minReboot: float = TinkSettings.min_reboot
+    # The kms listener's port, when the config has [kms] (issue 30).
+    kms: int | None = None
 
     @classmethod
     def fromConfig(cls, config: Path) -> Fleetd:
@@ -139,6 +144,9 @@ class Fleetd:
             return int(str(tables["listen"][name]).split(":")[1])
 
         ekRoots = (base / tables["attest"]["ek_roots"]).resolve()
+        kms = None
+        if "kms" in tables:  # listen.kms, tcp:4050 when not named
+            kms = port("kms") if "kms" in tables["listen"] else DEFAULT_KMS_PORT
         return cls(
             config=config,
             pki=DevPKIPaths.inside(ekRoots.parent),
@@ -149,6 +157,7 @@ class Fleetd:
             # tcp:HOST:PORT, the tink-server the proxy forwards to
             upstream=int(str(tables["tink"]["upstream"]).rsplit(":", 1)[1]),
             minReboot=float(tables["tink"].get("min_reboot", TinkSettings.min_reboot)),
+            kms=kms,
         )
 
 
@@ -171,12 +180,15 @@ def writeConfig(
     kubernetes: dict[str, Any] | None = None,
     netbox: dict[str, Any] | None = None,
     extra: dict[str, dict[str, Any]] | None = None,
+    *,
+    kms: bool = False,
 ) -> Path:
     """A dev config in C{directory}: every listener on a free loopback
     port, the dev PKI under C{pki/}, the vault on any filesystem; with
     C{kubernetes}, that C{[kubernetes]} table; with C{netbox}, that
-    C{[netbox]} table (NetBox is then the inventory); C{extra} tables
-    (C{[tinkerbell]}'s) as given."""
+    C{[netbox]} table (NetBox is then the inventory); with C{kms}, a
+    C{[kms]} table and its listener; C{extra} tables (C{[tinkerbell]}'s)
+    as given."""
     (directory / "templates").mkdir(parents=True)
     (directory / "templates" / "default.yaml").write_text(TEMPLATE)
     (directory / "topology.json").write_text(json.dumps(TOPOLOGY))
@@ -198,6 +210,9 @@ def writeConfig(
     }
     if kubernetes is not None:
         tables["kubernetes"] = kubernetes
+    if kms:
+        tables["listen"]["kms"] = listen.format(freePort())
+        tables["kms"] = {}
     if netbox is not None:
         tables["netbox"] = netbox
     tables.update(extra or {})
@@ -241,10 +256,15 @@ def startFleetd(
     kubernetes: dict[str, Any] | None = None,
     netbox: dict[str, Any] | None = None,
     extra: dict[str, dict[str, Any]] | None = None,
+    *,
+    kms: bool = False,
 ) -> Fleetd:
-    """Our own fleetd (C{twistd -n fleetd}) on C{work}, in C{started}."""
+    """Our own fleetd (C{twistd -n fleetd}) on C{work}, in C{started}
+    (with C{kms}, a C{[kms]} table and its listener)."""
     devPKI(work)
-    config = writeConfig(work / "fleetd", tinkUpstream, kubernetes, netbox, extra)
+    config = writeConfig(
+        work / "fleetd", tinkUpstream, kubernetes, netbox, extra, kms=kms
+    )
     return launchFleetd(work, config, started)
 
 

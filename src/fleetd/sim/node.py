@@ -14,9 +14,14 @@ worker):
               or (C{--fetch device-flow}) RFC 8628: the node asks for a
               user code, the owner approves it (C{fleetctl approve}), the
               node polls for its token and fetches with it
+    seal      (C{--disk-encryption}) Talos makes STATE and EPHEMERAL, each
+              with 32 random bytes fleetd's kms listener seals
+              (L{fleetd.sim.luks})
     kubelet   its first client CSR, filed with the bootstrap token of the
               delivered configuration against the Kubernetes fake, until
               fleetd's approver approves it (when the rack has a cluster)
+    unlock    (C{--disk-encryption}) a reboot: each volume's sealed blob
+              unsealed by fleetd, the answer opening it
 
 Each phase is a method of L{Node} run in order by L{Node.run}, a fault
 altering the path; a step fleetd refuses ends it with its reason code.
@@ -49,6 +54,7 @@ from fleetd.sim.deviceflow import (
 )
 from fleetd.sim.hookos import ACTIONS, serveWorkflow
 from fleetd.sim.kubelet import bootstrapToken, fileAndAwait
+from fleetd.sim.luks import EncryptedDisk
 from fleetd.sim.netbox import enterDevice
 from fleetd.sim.rack import Cluster, Rack, Refused, Step, StepFailed
 from fleetd.sim.relay import Relay, relayedChannel, tinkRelay
@@ -60,6 +66,10 @@ PHASES = (
     "tpm", "enroll", "provision", "attest", "disks", "plan", "install", "config",
     "kubelet",
 )  # fmt: skip
+# The phases of an encrypted disk (--disk-encryption), and every phase a
+# node may be timed in, in the order of its path.
+DISK_PHASES = ("seal", "unlock")
+TIMED = (*PHASES[: PHASES.index("kubelet")], "seal", "kubelet", "unlock")
 DISK_BYTES = 16 * 1024**3
 # fleetd-agent's refusal lines: "refused: CODE: ..." (attest, plan),
 # "fleetd refused (409): CODE: ..." (disks).
@@ -104,6 +114,11 @@ class Node:
         self.relay: Relay | None = None
         self.run_: str | None = None  # its latest run, as provisioned
         self.served = ""  # the workflow id tink-server served it
+        self.encrypted: EncryptedDisk | None = None  # its STATE and EPHEMERAL
+        if self.rack.diskEncryption:
+            self.encrypted = EncryptedDisk(
+                self.rack, self.directory, self.address, self.uuid
+            )
 
     def steps(self) -> list[Step]:
         """The clean path."""
@@ -114,8 +129,12 @@ class Node:
             Step(None, self.workflow),  # attest, disks, plan, install: timed there
             Step("config", self.fetchConfig),
         ]
+        if self.encrypted is not None:
+            steps.append(Step("seal", self.encrypted.seal))
         if self.rack.cluster is not None:
             steps.append(Step("kubelet", self.kubelet))
+        if self.encrypted is not None:
+            steps.append(Step("unlock", self.encrypted.unlock))  # a reboot
         return steps
 
     async def run(self) -> None:
@@ -358,7 +377,9 @@ def _pid(process: subprocess.Popen[bytes] | None) -> int | None:
 
 __all__ = [
     "ACTIONS",
+    "DISK_PHASES",
     "PHASES",
+    "TIMED",
     "Cluster",
     "Node",
     "Rack",

@@ -73,3 +73,5 @@ class Rack:
     netbox: FakeNetBox | None = None  # NetBox is the inventory (--inventory)
     # fleetd makes the Workflows ([tinkerbell]) in the cluster's fake.
     workflows: bool = False
+    # STATE and EPHEMERAL encrypted with fleetd as the KMS (fleetd.sim.luks).
+    diskEncryption: bool = False

@@ -57,7 +57,8 @@ from fleetd.sim.alerts import alertsOf
 from fleetd.sim.checks import events, unrecorded
 from fleetd.sim.daemon import launchFleetd
 from fleetd.sim.faults.model import Fault
-from fleetd.sim.node import Node, Step, StepFailed
+from fleetd.sim.luks import NONE
+from fleetd.sim.node import DISK_PHASES, Node, Step, StepFailed
 from fleetd.sim.talos import fetchConfig
 from fleetd.testing.tinkagent import getAction
 
@@ -147,7 +148,7 @@ def counted(seen: dict[str, int], expected: dict[str, int]) -> str | None:
 
 def pxeFirst(node: Node, steps: list[Step]) -> list[Step]:
     """Its workflow, then HookOS again, never the disk."""
-    until = [s for s in steps if s.phase not in ("config", "kubelet")]
+    until = [s for s in steps if s.phase not in ("config", "kubelet", *DISK_PHASES)]
     return [*until, Step(None, lambda: bootHookOS(node))]
 
 
@@ -197,8 +198,8 @@ def sawNetboot(node: Node) -> bool:
 
 def powerLoss(node: Node, steps: list[Step]) -> list[Step]:
     """Its configuration read, then the next boot asks again with the
-    consumed code; no STATE, so no kubelet."""
-    until = [s for s in steps if s.phase != "kubelet"]
+    consumed code; no STATE, so no kubelet (and nothing sealed)."""
+    until = [s for s in steps if s.phase not in ("kubelet", *DISK_PHASES)]
     return [*until, Step(None, lambda: refused(node, node.code, "consumed"))]
 
 
@@ -277,14 +278,15 @@ async def workflowThroughReboot(node: Node) -> None:
 
 def sporeReboot(node: Node, steps: list[Step]) -> list[Step]:
     """Its workflow through a spore reboot; then Talos asks for the
-    configuration fleetd no longer holds (410 lost); no kubelet."""
+    configuration fleetd no longer holds (410 lost); no kubelet, no
+    disk."""
     changed = []
     for step in steps:
         if step.phase is None:
             step = Step(None, lambda: workflowThroughReboot(node))
         elif step.phase == "config":
             step = Step("config", lambda: refused(node, node.code, "lost"))
-        elif step.phase == "kubelet":
+        elif step.phase in ("kubelet", *DISK_PHASES):
             continue
         changed.append(step)
     return changed
@@ -306,7 +308,7 @@ async def missingOnce(node: Node) -> str | None:
 REBOOTING = frozenset({"pxe-first", "pxe-first-netboot"})
 
 FAULTS: tuple[Fault, ...] = (
-    Fault("pxe-first", "planned", pxeFirst, returnedOnce),
+    Fault("pxe-first", "planned", pxeFirst, returnedOnce, disk=NONE),
     Fault(
         "pxe-first-netboot",
         "active",
@@ -314,6 +316,14 @@ FAULTS: tuple[Fault, ...] = (
         netbootSilent,
         stateWithout="staged",
     ),
-    Fault("power-loss-after-read", "staged", powerLoss, refetchedThenRecovered),
-    Fault("spore-reboot", "planned", sporeReboot, missingOnce, ownFleetd=True),
+    Fault(
+        "power-loss-after-read",
+        "staged",
+        powerLoss,
+        refetchedThenRecovered,
+        disk=NONE,
+    ),
+    Fault(
+        "spore-reboot", "planned", sporeReboot, missingOnce, ownFleetd=True, disk=NONE
+    ),
 )

@@ -1,6 +1,7 @@
 """
 Faults of the kube part of the table (docs/design.md, the rack simulator's
-faults), on the sim's own fleetd (they need its Kubernetes fake):
+faults), on the sim's own fleetd with its Kubernetes fake (C{retire} also
+on any fleetd):
 
   - C{wrong-node-csr}: before its own CSR, the node files one with its
     bootstrap token for ANOTHER node's name. fleetd's approver leaves it
@@ -12,7 +13,12 @@ faults), on the sim's own fleetd (they need its Kubernetes fake):
     (C{fleetctl retire NAME --yes}); fleetd deletes the Node and the
     device's bootstrap tokens, the device ends C{decommissioning}, and a
     renewal CSR the node then files with its client certificate is left
-    pending and journaled (C{renewal-device-retired}) [R1].
+    pending and journaled (C{renewal-device-retired}) [R1]. Without a
+    cluster (a rack against C{--config}), the node is retired once its
+    configuration is delivered, and fleetd's journal must hold the
+    retirement. With C{--disk-encryption}, the node then reboots: its
+    Unseal is refused C{retired} and its key was destroyed with the
+    retirement [E3] (L{fleetd.sim.checks.keysRecorded}).
 
 Each check reads fleetd (its journal through the owner API, its metrics
 on the admin listener) and the Kubernetes fake (what the cluster holds),
@@ -36,6 +42,7 @@ from fleetd.sim.checks import unrecorded
 from fleetd.sim.faults.model import Fault
 from fleetd.sim.hookos import NAMESPACE
 from fleetd.sim.kubelet import fileCSR, registerNode
+from fleetd.sim.luks import REFUSED
 from fleetd.sim.node import Cluster, Node, Step
 from fleetd.testing.kube import FakeKube
 
@@ -171,8 +178,15 @@ async def checkWrongNodeCSR(node: Node) -> str | None:
 # retire [R1]
 
 
+def _hasFake(node: Node) -> bool:
+    cluster = node.rack.cluster
+    return cluster is not None and cluster.fake is not None
+
+
 def retire(node: Node, steps: list[Step]) -> list[Step]:
-    """Once active: register the Node, be retired, file a renewal."""
+    """Once active: register the Node, be retired, file a renewal (with a
+    cluster; without one, only the retirement); then, with an encrypted
+    disk, reboot: the next Unseal."""
     credential: list[str] = []
 
     async def register() -> None:
@@ -195,10 +209,29 @@ def retire(node: Node, steps: list[Step]) -> list[Step]:
         _filed[node.name] = await _fileCSR(node, credential[0], node.name)
 
     after: list[Callable[[], Any]] = [register, retired, renew]
-    return [*steps, *(Step(None, run) for run in after)]
+    if not _hasFake(node):
+        after = [retired]
+    extra = [Step(None, run) for run in after]
+    if node.encrypted is not None:
+        extra.append(Step("unlock", node.encrypted.unlock))
+    return [*steps, *extra]
+
+
+async def retirementOf(node: Node) -> str | None:
+    """Without a cluster: one delivery, then one retirement journaled
+    (its Node deleted only where fleetd has a cluster: never refused)."""
+    clean = await unrecorded(node)
+    if clean is not None:
+        return clean
+    retirements = [e for e in await journal(node) if e["event"] == "device.retired"]
+    if len(retirements) != 1 or retirements[0]["fields"].get("node_deleted") is False:
+        return f"journal: retirements {[e['fields'] for e in retirements]}"
+    return None
 
 
 async def checkRetire(node: Node) -> str | None:
+    if not _hasFake(node):
+        return await retirementOf(node)
     fake = _fake(node)
     clean = await unrecorded(node)  # waits for the token's deletion
     if clean is not None:
@@ -261,6 +294,7 @@ FAULTS: tuple[Fault, ...] = (
         state="decommissioning",
         alter=retire,
         check=checkRetire,
-        ownFleetd=True,
+        disk=REFUSED,
+        diskReason="retired",
     ),
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from fleetd.sim.luks import NONE, UNLOCKED
 from fleetd.sim.node import Node, Step
 
 # The node's path with the fault in it, from the clean path's steps.
@@ -34,6 +35,10 @@ class Fault:
     @ivar reason: the refusal's reason code, for a refused node.
     @ivar ownFleetd: only when the sim started fleetd itself (it must
         restart it or empty its vault).
+    @ivar disk: with C{--disk-encryption}, how the node's disk ends
+        (L{fleetd.sim.luks.DiskState}'s C{state}), with C{diskReason} for
+        a refusal; by default C{unlocked}, or C{none} for a node refused
+        before its install (L{expectedDisk}).
     """
 
     name: str
@@ -43,6 +48,14 @@ class Fault:
     reason: str | None = None
     stateWithout: str | None = None
     ownFleetd: bool = False
+    disk: str | None = None
+    diskReason: str | None = None
+
+    def expectedDisk(self) -> tuple[str, str | None]:
+        """The disk's end state and refusal reason (C{--disk-encryption})."""
+        if self.disk is not None:
+            return self.disk, self.diskReason
+        return (NONE, None) if self.state == "refused" else (UNLOCKED, None)
 
     def expected(self, cluster: bool) -> str:
         if cluster or self.stateWithout is None:

@@ -28,7 +28,8 @@ from fleetd.sim.faults.boot import agentChannel, alertFor
 from fleetd.sim.faults.kube import journal
 from fleetd.sim.faults.model import Fault
 from fleetd.sim.hookos import NAMESPACE, fleetdsWorkflow
-from fleetd.sim.node import Node, Step, StepFailed
+from fleetd.sim.luks import NONE
+from fleetd.sim.node import DISK_PHASES, Node, Step, StepFailed
 from fleetd.testing.kube import FakeKube
 from fleetd.testing.tinkagent import getAction
 
@@ -75,7 +76,8 @@ def deleted(node: Node, steps: list[Step]) -> list[Step]:
         if not all("NOT_FOUND" in answer for answer in answers):
             raise StepFailed(f"hookos: tink-server answered {answers}")
 
-    kept = [s for s in steps if s.phase not in ("provision", None, "config", "kubelet")]
+    gone = ("provision", None, "config", "kubelet", *DISK_PHASES)
+    kept = [s for s in steps if s.phase not in gone]
     return [*kept, Step("provision", provision), Step(None, hookos)]
 
 
@@ -117,5 +119,6 @@ FAULTS: tuple[Fault, ...] = (
         alter=deleted,
         check=checkDeleted,
         ownFleetd=True,
+        disk=NONE,
     ),
 )
