@@ -11,6 +11,7 @@ L{fleetd.listen.connections}.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,28 @@ class ServerConnections:
         self.options = options
 
 
+def _bioLength() -> tuple[Callable[[Any, Any], int], Any] | None:
+    """
+    How to ask a memory BIO how many bytes it holds (C{BIO_get_mem_data},
+    through pyOpenSSL's bindings, with a null pointer), checked on a new
+    connection's outgoing BIO; L{None} where this pyOpenSSL does not let
+    us (then Twisted's own flush is used).
+    """
+    try:
+        from OpenSSL._util import ffi, lib
+
+        probe = SSL.Connection(SSL.Context(SSL.TLS_METHOD), None)
+        length: Callable[[Any, Any], int] = lib.BIO_get_mem_data
+        if length(probe._from_ssl, ffi.NULL) != 0:
+            return None
+    except (ImportError, AttributeError, TypeError):
+        return None
+    return length, ffi.NULL
+
+
+_BIO_LENGTH = _bioLength()
+
+
 class _TLSProtocol(TLSMemoryBIOProtocol):
     """
     Twisted's TLS protocol, with its "provides what the transport provides"
@@ -148,6 +171,7 @@ class _TLSProtocol(TLSMemoryBIOProtocol):
     declares it once per interface and once more for all of them, on every
     connection (zope builds a declaration each time): some tens of µs of a
     boot storm's connection. The rest is Twisted's makeConnection as it is.
+    Its flush of the outgoing BIO reads only what is there (L{_flushSendBIO}).
     """
 
     def makeConnection(self, transport: Any) -> None:
@@ -162,6 +186,23 @@ class _TLSProtocol(TLSMemoryBIOProtocol):
             self.factory.registerProtocol(self)
             self.wrappedProtocol.makeConnection(self)
         self._checkHandshakeStatus()
+
+    def _flushSendBIO(self) -> None:
+        """
+        Twisted's, without reading an empty BIO: Twisted reads up to 32 KiB
+        and catches the C{WantReadError} pyOpenSSL raises when nothing is
+        there, some five times a connection. Here the BIO is asked how much
+        it holds, and all of it is written at once.
+        """
+        if _BIO_LENGTH is None:
+            super()._flushSendBIO()
+            return
+        length, null = _BIO_LENGTH
+        connection = self._tlsConnection
+        held = length(connection._from_ssl, null)
+        if held > 0:
+            transport: Any = self.transport
+            transport.write(connection.bio_read(held))
 
 
 class _TLSFactory(TLSMemoryBIOFactory):
