@@ -408,6 +408,68 @@ class HeadAndLoggingTests(SynchronousTestCase):
             self.assertNotIn(b"server:", out.value().lower())
             self.assertNotIn(b"twisted", out.value().lower())
 
+    def test_headAndBody_oneWrite(self) -> None:
+        """
+        A response's head and its body reach the transport in one write
+        (one TLS record, not two), byte for byte as before: a 200, a 404
+        and a chunked answer, and each of two keep-alive requests.
+        """
+
+        class Writes(StringTransport):
+            def __init__(self) -> None:
+                super().__init__()
+                self.writes: list[bytes] = []
+
+            def write(self, data: bytes) -> None:
+                self.writes.append(data)
+                super().write(data)
+
+            def writeSequence(self, data: Any) -> None:
+                self.writes.append(b"".join(data))
+                super().writeSequence(data)
+
+        class Chunked(Endpoint):
+            isLeaf = True
+
+            def render_GET(self, request: IRequest) -> int:
+                request.write(b"chunk one\n")
+                request.write(b"chunk two\n")
+                request.finish()
+                return 1  # NOT_DONE_YET
+
+        root = Router()
+        root.putChild(b"hello", Hello())
+        root.putChild(b"chunked", Chunked())
+        site = BoundedSite(
+            root, maxHeaderBytes=1024, maxHeaders=10, maxBodyBytes=10,
+            idleTimeout=30, clock=Clock(),
+        )  # fmt: skip
+        for path, ending in [
+            (b"/hello", b'{"hello": "world"}\n'),
+            (b"/nope", b"not found\n"),
+        ]:
+            channel = site.buildProtocol(None)
+            transport = Writes()
+            channel.makeConnection(transport)
+            ask = b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+            channel.dataReceived(ask)
+            channel.dataReceived(ask)
+            self.addCleanup(channel.connectionLost, None)
+            first, second = transport.writes
+            self.assertEqual(first, second)
+            self.assertTrue(first.startswith(b"HTTP/1.1 "), first)
+            self.assertTrue(first.endswith(b"\r\n\r\n" + ending), first)
+        channel = site.buildProtocol(None)
+        transport = Writes()
+        channel.makeConnection(transport)
+        channel.dataReceived(b"GET /chunked HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.addCleanup(channel.connectionLost, None)
+        head, second, last = transport.writes
+        self.assertIn(b"Transfer-Encoding: chunked", head)
+        self.assertTrue(head.endswith(b"\r\n\r\na\r\nchunk one\n\r\n"), head)
+        self.assertEqual(second, b"a\r\nchunk two\n\r\n")
+        self.assertEqual(last, b"0\r\n\r\n")
+
     def test_oversizedBodies_warningsRateLimited(self) -> None:
         """
         A flood of oversized bodies writes at most 10 warnings per 10 s and

@@ -1,6 +1,7 @@
 """
 The HTTP/1.1 channel of L{fleetd.web.site.BoundedSite}: each request must
-arrive whole before its deadline, kept by the site's one sweep.
+arrive whole before its deadline, kept by the site's one sweep, and a
+response's head leaves with its first body bytes, in one write.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import Any, Protocol
 
 from twisted.python.failure import Failure
 from twisted.web import http
+from twisted.web.http_headers import Headers
 
 from fleetd.config import Limits
 from fleetd.logs import ThrottledLog
@@ -40,6 +42,50 @@ class BoundedChannel(http.HTTPChannel):
 
     requestTimeout = Limits.request_timeout
     site: DeadlineSite
+    _held: list[bytes] | None = None
+
+    def hold(self) -> None:
+        """
+        Hold what is written from now on (a response's head and its first
+        body bytes) until L{release}: Twisted writes the head and the body
+        separately, which TLS would send as two records.
+        """
+        self._held = []
+
+    def release(self, send: bool = True) -> None:
+        """Hand what was held to the transport in one write (unless not C{send})."""
+        held, self._held = self._held, None
+        if send and held:
+            transport: Any = self.transport
+            transport.write(b"".join(held))
+
+    def writeHeaders(
+        self, version: bytes, code: bytes, reason: bytes, headers: Any
+    ) -> None:
+        held = self._held
+        if held is None or not isinstance(headers, Headers):
+            super().writeHeaders(version, code, reason, headers)
+            return
+        # HTTPChannel.writeHeaders' head, into the held pieces.
+        held += (version, b" ", code, b" ", reason, b"\r\n")
+        for name, values in headers.getAllRawHeaders():
+            for value in values:
+                held += (name, b": ", value, b"\r\n")
+        held.append(b"\r\n")
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is None:
+            super().write(data)
+        else:
+            held.append(data)
+
+    def writeSequence(self, iovec: Any) -> None:
+        held = self._held
+        if held is None:
+            super().writeSequence(iovec)
+        else:
+            held.extend(iovec)
 
     def connectionMade(self) -> None:
         super().connectionMade()

@@ -103,6 +103,23 @@ class BoundedRequest(server.Request):
         self.write(b"")
         self.finish()
 
+    def write(self, data: bytes) -> None:
+        """
+        The first write with a body goes out with the response's head in
+        one piece (L{BoundedChannel.hold}): one TLS record, not two.
+        """
+        channel = self.channel
+        if self.startedWriting or not data or not isinstance(channel, BoundedChannel):
+            super().write(data)
+            return
+        channel.hold()
+        try:
+            super().write(data)
+        except BaseException:
+            channel.release(send=False)
+            raise
+        channel.release()
+
     def handleContentChunk(self, data: bytes) -> None:
         if self._refused:
             return
