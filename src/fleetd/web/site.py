@@ -11,8 +11,10 @@ client can cause once per request are rate-limited.
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote_to_bytes as unquote
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -30,6 +32,21 @@ from fleetd.web.resources import TEXT, textResponse
 
 # Bodies up to this size are held in memory, never spooled to a temp file.
 IN_MEMORY_BODY = 1 << 20
+
+
+_date: list[Any] = [None, b""]
+
+
+def httpDate() -> bytes:
+    """
+    Now as an HTTP C{Date} (Twisted's L{http.datetimeToString}), made once
+    per second of the clock Twisted reads, not once per response.
+    """
+    second = int(time.time())
+    if second != _date[0]:
+        _date[:] = [second, http.datetimeToString(second)]
+    date: bytes = _date[1]
+    return date
 
 
 class BoundedRequest(server.Request):
@@ -79,7 +96,7 @@ class BoundedRequest(server.Request):
         # Only a six-letter name can be "server": the rest skip the lower().
         if len(name) == 6 and name.lower() in (b"server", "server"):
             return
-        super().setHeader(name, value)
+        self.responseHeaders.setRawHeaders(name, [value])  # http.Request's, inline
 
     def render(self, resrc: resource.IResource) -> None:
         """
@@ -144,10 +161,33 @@ class BoundedRequest(server.Request):
         self.channel.loseConnection()
 
     def process(self) -> None:
+        """
+        Twisted's L{server.Request.process} with fleetd's headers set once:
+        C{X-Content-Type-Options: nosniff}, then C{Date}, whose text is made
+        once a second (L{httpDate}); no C{Server} header is set (Twisted's
+        was set and then dropped by L{setHeader}). The rest is Twisted's.
+        """
         if self._refused:
             return
-        self.setHeader(b"x-content-type-options", b"nosniff")
-        super().process()
+        headers = self.responseHeaders
+        headers.setRawHeaders(b"X-Content-Type-Options", [b"nosniff"])
+        headers.setRawHeaders(b"Date", [httpDate()])
+        channel: Any = self.channel
+        site = self.site = channel.site
+        self.prepath = []
+        self.postpath = list(map(unquote, self.path[1:].split(b"/")))
+        if self.path == b"*":
+            self._handleStar()
+            return
+        try:
+            found = site.getResourceFor(self)
+            if resource._IEncodingResource.providedBy(found):
+                encoder = found.getEncoder(self)
+                if encoder is not None:
+                    self._encoder = encoder
+            self.render(found)
+        except BaseException:
+            self.processingFailed(Failure())
 
     def processingFailed(self, reason: Failure) -> None:
         self._throttled().failure("http.request.failed", failure=reason)
