@@ -410,6 +410,43 @@ class TLSOptionsTests(SynchronousTestCase):
         self.assertEqual(empty, [])
         limited.connectionLost(None)
 
+    def test_tlsLayer_waitsForTheClientsHello(self) -> None:
+        """
+        fleetd's (server) TLS layer takes no handshake step before the
+        client's hello (OpenSSL could only say it wants to read), and
+        answers that hello with its own flight.
+        """
+        from OpenSSL import SSL
+
+        factory = tlsFactory(
+            loadTLSOptions(self.files()),
+            Factory.forProtocol(Protocol),
+            name="t",
+            clock=Clock(),
+            maxConnections=10,
+            idleTimeout=30.0,
+        )
+        steps: list[int] = []
+        original = SSL.Connection.do_handshake
+
+        def counted(connection: SSL.Connection) -> None:
+            steps.append(1)
+            original(connection)
+
+        self.patch(SSL.Connection, "do_handshake", counted)
+        limited: Any = factory.buildProtocol(ADDR)
+        transport = StringTransport()
+        limited.makeConnection(transport)
+        self.assertEqual((steps, transport.value()), ([], b""))
+        client = SSL.Connection(SSL.Context(SSL.TLS_CLIENT_METHOD), None)
+        client.set_connect_state()
+        with self.assertRaises(SSL.WantReadError):
+            original(client)
+        limited.dataReceived(client.bio_read(65536))
+        self.assertEqual(len(steps), 1)
+        self.assertEqual(transport.value()[:1], b"\x16")  # a handshake record
+        limited.connectionLost(None)
+
     def test_load_alpnAndClientCA(self) -> None:
         """ALPN and an owner CA for client certificates are accepted options."""
         options = loadTLSOptions(self.files(), alpn=[b"h2"], clientCA=self.pki.owner_ca)

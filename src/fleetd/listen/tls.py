@@ -170,8 +170,10 @@ class _TLSProtocol(TLSMemoryBIOProtocol):
     declaration built once per kind of transport. Twisted's makeConnection
     declares it once per interface and once more for all of them, on every
     connection (zope builds a declaration each time): some tens of µs of a
-    boot storm's connection. The rest is Twisted's makeConnection as it is.
-    Its flush of the outgoing BIO reads only what is there (L{_flushSendBIO}).
+    boot storm's connection. The rest is Twisted's makeConnection as it is,
+    but for the server side only: no handshake step before the client has
+    said anything. Its flush of the outgoing BIO reads only what is there
+    (L{_flushSendBIO}).
     """
 
     def makeConnection(self, transport: Any) -> None:
@@ -185,7 +187,11 @@ class _TLSProtocol(TLSMemoryBIOProtocol):
             Protocol.makeConnection(self, transport)
             self.factory.registerProtocol(self)
             self.wrappedProtocol.makeConnection(self)
-        self._checkHandshakeStatus()
+        # Twisted steps the handshake here, which for a client sends its
+        # hello; a server (fleetd's listeners are servers) has nothing to
+        # say before the client's hello arrives, and OpenSSL only answers
+        # "want read" (an exception through pyOpenSSL): the first
+        # dataReceived steps it instead.
 
     def _flushSendBIO(self) -> None:
         """
