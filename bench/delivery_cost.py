@@ -19,11 +19,17 @@ the minimal server's, is fleetd's own work per connection on top of the
 twisted.web floor; what TLS adds on top of that is the same for both.
 
     .venv/bin/python bench/delivery_cost.py [--nodes 2000] [--rounds 5]
-        [--profile FILE]
+        [--profile FILE] [--tls]
 
 fleetd and the minimal server are pinned to CPU 0, wrk to CPU 1.
 C{--profile FILE} writes a cProfile of fleetd's reactor thread during
-the last round (slows it; for shares, not for figures).
+the last round (slows it; for shares, not for figures; its count of
+Python calls is the same from run to run within about 0.2 %), and
+C{FILE.db}, one of the database thread timed by that thread's CPU.
+C{--tls} sends the workload to fleetd's own TLS boot listener instead
+(the real one: limit wrapper, TLS, site) and to the minimal server over
+TLS with the same kind of certificate: every connection a full TLS 1.3
+handshake, as in the boot storm, for the TLS layer's share.
 """
 
 from __future__ import annotations
@@ -68,7 +74,8 @@ from bench.boot_storm import (
 def serveFleetd(config: Path, log: Path, profile: Path | None) -> None:
     """
     fleetd's service in this process, plus a plain-TCP listener in front of
-    the boot site; print the plain port and the admin port once loaded.
+    the boot site; print the plain port (the TLS boot listener's with
+    C{DELIVERY_TLS}) and the admin port once loaded.
     """
     from twisted.internet import reactor
     from twisted.internet.task import LoopingCall
@@ -90,6 +97,8 @@ def serveFleetd(config: Path, log: Path, profile: Path | None) -> None:
         "collector" in inspect.signature(FleetdService).parameters
     ):
         options["collector"] = gc
+    if profile is not None:
+        _profileDatabaseThread(Path(f"{profile}.db"))
     service = FleetdService(prepare(settings), r, logOutput=out, **options)
     service.privilegedStartService()
     service.startService()
@@ -105,6 +114,8 @@ def serveFleetd(config: Path, log: Path, profile: Path | None) -> None:
     )
     port = r.listenTCP(0, plain, backlog=BACKLOG, interface="127.0.0.1")
     admin: Any = service.listeners["admin"].port
+    if os.environ.get("DELIVERY_TLS"):
+        port = service.listeners["boot"].port
 
     def loaded() -> None:
         if service.runs.loaded:
@@ -148,22 +159,65 @@ def _gcTimes() -> None:
     signal.signal(signal.SIGUSR2, report)
 
 
+_DATABASE_PROFILE: dict[str, Any] = {"on": False, "runner": None}
+
+
+def _profileDatabaseThread(path: Path) -> None:
+    """
+    Between the reactor thread's SIGUSR1 and SIGUSR2 (L{_profileOnSignal}),
+    profile the database thread's batches too, timed by that thread's CPU
+    (waits for the disk or the GIL excluded), and write it to C{path}.
+    """
+    import cProfile
+
+    from fleetd.store.runner import DatabaseRunner
+
+    profiler = cProfile.Profile(time.thread_time)
+
+    def loop(runner: Any) -> None:
+        _DATABASE_PROFILE["runner"] = runner
+        enabled = False
+        while (work := runner._work.get()) is not None:
+            if _DATABASE_PROFILE["on"] and not enabled:
+                profiler.enable()
+                enabled = True
+            elif enabled and not _DATABASE_PROFILE["on"]:
+                profiler.disable()
+                enabled = False
+                profiler.dump_stats(str(path))
+            work()
+
+    DatabaseRunner._loop = loop  # type: ignore[method-assign,assignment]
+
+
 def _profileOnSignal(path: Path) -> None:
     """SIGUSR1 starts a cProfile of the reactor thread, SIGUSR2 writes it."""
     import cProfile
 
     profiler = cProfile.Profile()
-    signal.signal(signal.SIGUSR1, lambda *_: profiler.enable())
+
+    def start(*_: object) -> None:
+        _DATABASE_PROFILE["on"] = True
+        profiler.enable()
+
+    signal.signal(signal.SIGUSR1, start)
 
     def dump(*_: object) -> None:
         profiler.disable()
         profiler.dump_stats(str(path))
+        _DATABASE_PROFILE["on"] = False
+        runner = _DATABASE_PROFILE["runner"]
+        if runner is not None:  # one more turn of its loop writes its profile
+            runner._work.put(lambda: None)
 
     signal.signal(signal.SIGUSR2, dump)
 
 
 def serveMinimal() -> None:
-    """twisted.web over plain TCP, a 2 KiB body at C{/config}, no access log."""
+    """
+    twisted.web over plain TCP (over TLS with C{DELIVERY_TLS}, a dev
+    certificate as fleetd's), a 2 KiB body at C{/config}, no access log.
+    """
     from twisted.internet import reactor
     from twisted.web import resource, server, static
 
@@ -172,7 +226,25 @@ def serveMinimal() -> None:
     site = server.Site(root)
     site.log = lambda request: None  # type: ignore[method-assign]
     r: Any = reactor
-    port = r.listenTCP(0, site, backlog=BACKLOG, interface="127.0.0.1")
+    if os.environ.get("DELIVERY_TLS"):
+        from OpenSSL import crypto
+        from twisted.internet import ssl
+
+        from fleetd.pki.dev import ensureDevPKI
+
+        pki = ensureDevPKI(Path(os.environ["DELIVERY_TLS"]), "enroll.lolwtf.ca")
+        options = ssl.CertificateOptions(
+            privateKey=crypto.load_privatekey(
+                crypto.FILETYPE_PEM, pki.public_key.read_bytes()
+            ),
+            certificate=crypto.load_certificate(
+                crypto.FILETYPE_PEM, pki.public_cert.read_bytes()
+            ),
+            raiseMinimumTo=ssl.TLSVersion.TLSv1_2,
+        )
+        port = r.listenSSL(0, site, options, backlog=BACKLOG, interface="127.0.0.1")
+    else:
+        port = r.listenTCP(0, site, backlog=BACKLOG, interface="127.0.0.1")
     print(port.getHost().port, flush=True)
     r.run()
 
@@ -207,6 +279,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--profile", type=Path)
     parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="through fleetd's TLS boot listener (and the minimal server over TLS)",
+    )
+    parser.add_argument(
         "--baseline",
         type=Path,
         help="a checkout of other fleetd code, run beside this one round by round",
@@ -230,6 +307,10 @@ def main() -> None:
     overrides = {k: dict(v) for k, v in STORM_OVERRIDES.items()}
     if args.profile is not None:
         os.environ["DELIVERY_PROFILE"] = str(args.profile)
+    scheme = "http"
+    if args.tls:
+        os.environ["DELIVERY_TLS"] = str(work / "minimal-pki")
+        scheme = "https"
     servers: dict[str, tuple[Any, subprocess.Popen[str], int]] = {}
     trees = {"fleetd": None}
     if args.baseline is not None:
@@ -265,7 +346,7 @@ def main() -> None:
                 switches = contextSwitches(process.pid)
                 run = runWrk(
                     name, work, plain, requests, expect, args.concurrency,
-                    process.pid, "1", scheme="http",
+                    process.pid, "1", scheme=scheme,
                 )  # fmt: skip
                 switches = contextSwitches(process.pid) - switches
                 print(
@@ -283,7 +364,7 @@ def main() -> None:
                 figures.append(run)
             peer = runWrk(
                 "minimal", work, minimalPort, requests, None, args.concurrency,
-                minimal.pid, "1", scheme="http",
+                minimal.pid, "1", scheme=scheme,
             )  # fmt: skip
             runs["minimal"].append(peer)
             for name, run in zip(servers, figures, strict=True):

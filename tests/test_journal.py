@@ -627,6 +627,45 @@ class DigestPartsTests(SynchronousTestCase):
         )
 
     @given(
+        fields=st.dictionaries(
+            st.from_regex(r"[A-Za-z0-9_.-]{1,12}", fullmatch=True),
+            st.text(max_size=30)
+            | st.booleans()
+            | st.none()
+            | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+            | st.floats(allow_nan=False, allow_infinity=False),
+            max_size=6,
+        ),
+        plain=st.booleans(),
+    )
+    def test_fieldsJSON_isCanonical(
+        self, fields: dict[str, FieldValue], plain: bool
+    ) -> None:
+        """[J2] The fields' JSON written out directly is the canonical JSON."""
+        from fleetd.store.append import fieldsJSON
+        from fleetd.store.entries import canonicalJSON
+
+        if plain:  # strings, bools and None only: the direct path
+            fields = {
+                k: v
+                for k, v in fields.items()
+                if v is None or isinstance(v, str | bool)
+            }
+        self.assertEqual(fieldsJSON(fields), canonicalJSON(fields))
+
+    def test_refusedFieldName_refusedEachTime(self) -> None:
+        """A field name refused once is refused again (only good names are kept)."""
+        from fleetd.store.fields import checkFields
+
+        checkFields({"peer": "10.0.0.1"})
+        for _ in range(2):
+            with self.assertRaises(ValueError):
+                checkFields({"peer_token": "x"})
+            with self.assertRaises(ValueError):
+                checkFields({"bad name": "x"})
+        self.assertEqual(checkFields({"peer": "10.0.0.2"}), {"peer": "10.0.0.2"})
+
+    @given(
         key=st.binary(min_size=32, max_size=200),
         message=st.binary(max_size=600),
     )

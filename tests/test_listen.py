@@ -342,6 +342,111 @@ class TLSOptionsTests(SynchronousTestCase):
         for layer in layers:
             layer.transport.connectionLost(None)
 
+    def test_tlsLayer_readsOnlyWhatTheBIOHolds(self) -> None:
+        """
+        fleetd's TLS layer hands its transport every byte OpenSSL wrote (a
+        client completes the handshake and reads a 100,000-byte answer
+        whole), and never reads its outgoing memory BIO when it is empty
+        (where pyOpenSSL raises, and Twisted's own layer catches that some
+        five times a connection).
+        """
+        from OpenSSL import SSL
+
+        from fleetd.listen.tls import _BIO_LENGTH
+
+        self.assertIsNotNone(_BIO_LENGTH, "this pyOpenSSL hides the BIO's length")
+        answer = bytes(range(256)) * 390 + b"end"
+
+        class Answer(Protocol):
+            def dataReceived(self, data: bytes) -> None:
+                self.transport.write(answer)  # type: ignore[union-attr]
+
+        factory = tlsFactory(
+            loadTLSOptions(self.files()),
+            Factory.forProtocol(Answer),
+            name="t",
+            clock=Clock(),
+            maxConnections=10,
+            idleTimeout=30.0,
+        )
+        limited: Any = factory.buildProtocol(ADDR)
+        transport = StringTransport()
+        limited.makeConnection(transport)
+        connection = limited.wrappedProtocol._tlsConnection
+        read, empty = connection.bio_read, []
+
+        def spy(size: int) -> bytes:
+            try:
+                return cast(bytes, read(size))
+            except SSL.WantReadError:
+                empty.append(size)
+                raise
+
+        connection.bio_read = spy
+        client = SSL.Connection(SSL.Context(SSL.TLS_CLIENT_METHOD), None)
+        client.set_connect_state()
+
+        def exchange() -> None:
+            while True:
+                try:
+                    limited.dataReceived(client.bio_read(65536))
+                except SSL.WantReadError:
+                    break
+            client.bio_write(transport.value())
+            transport.clear()
+
+        for _ in range(3):
+            try:
+                client.do_handshake()
+                break
+            except SSL.WantReadError:
+                exchange()
+        client.send(b"ask")
+        exchange()
+        received = b""
+        while len(received) < len(answer):
+            received += client.recv(65536)
+        self.assertEqual(received, answer)
+        self.assertEqual(empty, [])
+        limited.connectionLost(None)
+
+    def test_tlsLayer_waitsForTheClientsHello(self) -> None:
+        """
+        fleetd's (server) TLS layer takes no handshake step before the
+        client's hello (OpenSSL could only say it wants to read), and
+        answers that hello with its own flight.
+        """
+        from OpenSSL import SSL
+
+        factory = tlsFactory(
+            loadTLSOptions(self.files()),
+            Factory.forProtocol(Protocol),
+            name="t",
+            clock=Clock(),
+            maxConnections=10,
+            idleTimeout=30.0,
+        )
+        steps: list[int] = []
+        original = SSL.Connection.do_handshake
+
+        def counted(connection: SSL.Connection) -> None:
+            steps.append(1)
+            original(connection)
+
+        self.patch(SSL.Connection, "do_handshake", counted)
+        limited: Any = factory.buildProtocol(ADDR)
+        transport = StringTransport()
+        limited.makeConnection(transport)
+        self.assertEqual((steps, transport.value()), ([], b""))
+        client = SSL.Connection(SSL.Context(SSL.TLS_CLIENT_METHOD), None)
+        client.set_connect_state()
+        with self.assertRaises(SSL.WantReadError):
+            original(client)
+        limited.dataReceived(client.bio_read(65536))
+        self.assertEqual(len(steps), 1)
+        self.assertEqual(transport.value()[:1], b"\x16")  # a handshake record
+        limited.connectionLost(None)
+
     def test_load_alpnAndClientCA(self) -> None:
         """ALPN and an owner CA for client certificates are accepted options."""
         options = loadTLSOptions(self.files(), alpn=[b"h2"], clientCA=self.pki.owner_ca)

@@ -408,6 +408,135 @@ class HeadAndLoggingTests(SynchronousTestCase):
             self.assertNotIn(b"server:", out.value().lower())
             self.assertNotIn(b"twisted", out.value().lower())
 
+    def test_headAndBody_oneWrite(self) -> None:
+        """
+        A response's head and its body reach the transport in one write
+        (one TLS record, not two), byte for byte as before: a 200, a 404
+        and a chunked answer, and each of two keep-alive requests.
+        """
+
+        class Writes(StringTransport):
+            def __init__(self) -> None:
+                super().__init__()
+                self.writes: list[bytes] = []
+
+            def write(self, data: bytes) -> None:
+                self.writes.append(data)
+                super().write(data)
+
+            def writeSequence(self, data: Any) -> None:
+                self.writes.append(b"".join(data))
+                super().writeSequence(data)
+
+        class Chunked(Endpoint):
+            isLeaf = True
+
+            def render_GET(self, request: IRequest) -> int:
+                request.write(b"chunk one\n")
+                request.write(b"chunk two\n")
+                request.finish()
+                return 1  # NOT_DONE_YET
+
+        root = Router()
+        root.putChild(b"hello", Hello())
+        root.putChild(b"chunked", Chunked())
+        site = BoundedSite(
+            root, maxHeaderBytes=1024, maxHeaders=10, maxBodyBytes=10,
+            idleTimeout=30, clock=Clock(),
+        )  # fmt: skip
+        for path, ending in [
+            (b"/hello", b'{"hello": "world"}\n'),
+            (b"/nope", b"not found\n"),
+        ]:
+            channel = site.buildProtocol(None)
+            transport = Writes()
+            channel.makeConnection(transport)
+            ask = b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+            channel.dataReceived(ask)
+            channel.dataReceived(ask)
+            self.addCleanup(channel.connectionLost, None)
+            first, second = transport.writes
+            self.assertEqual(first, second)
+            self.assertTrue(first.startswith(b"HTTP/1.1 "), first)
+            self.assertTrue(first.endswith(b"\r\n\r\n" + ending), first)
+        channel = site.buildProtocol(None)
+        transport = Writes()
+        channel.makeConnection(transport)
+        channel.dataReceived(b"GET /chunked HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.addCleanup(channel.connectionLost, None)
+        head, second, last = transport.writes
+        self.assertIn(b"Transfer-Encoding: chunked", head)
+        self.assertTrue(head.endswith(b"\r\n\r\na\r\nchunk one\n\r\n"), head)
+        self.assertEqual(second, b"a\r\nchunk two\n\r\n")
+        self.assertEqual(last, b"0\r\n\r\n")
+
+    def test_process_asTwistedsWithoutServer(self) -> None:
+        """
+        fleetd's request processing answers as Twisted's own does on the
+        same resources (status, headers in order, body; an C{OPTIONS *},
+        a gzip-encoded resource), plus C{X-Content-Type-Options} first and
+        minus the C{Server} header.
+        """
+        from twisted.web.resource import EncodingResourceWrapper
+        from twisted.web.server import GzipEncoderFactory, Site
+
+        root = Router()
+        root.putChild(b"hello", Hello())
+        root.putChild(
+            b"zipped", EncodingResourceWrapper(Hello(), [GzipEncoderFactory()])
+        )
+        ours = BoundedSite(
+            root, maxHeaderBytes=1024, maxHeaders=10, maxBodyBytes=10,
+            idleTimeout=30, clock=Clock(),
+        )  # fmt: skip
+        stock = Site(root)
+
+        def answer(site: Any, request: bytes) -> tuple[list[bytes], bytes]:
+            out = self.exchange(request + b"\r\nHost: x\r\n\r\n", site).value()
+            head, _, body = out.partition(b"\r\n\r\n")
+            lines = [
+                b"Date: (now)" if line.startswith(b"Date: ") else line
+                for line in head.split(b"\r\n")
+                if not line.startswith(b"Server: ")
+            ]
+            return lines, body
+
+        for request in [
+            b"GET /hello HTTP/1.1",
+            b"GET /nope HTTP/1.1",
+            b"OPTIONS * HTTP/1.1",
+            b"DELETE * HTTP/1.1",
+            b"GET /zipped HTTP/1.1\r\nAccept-Encoding: gzip",
+        ]:
+            (status, *headers), body = answer(ours, request)
+            (stockStatus, *stockHeaders), stockBody = answer(stock, request)
+            self.assertEqual(status, stockStatus, request)
+            self.assertEqual(headers[0], b"X-Content-Type-Options: nosniff")
+            self.assertEqual(headers[1:], stockHeaders, request)
+            self.assertEqual(body, stockBody, request)
+
+    def test_httpDate_onceASecond(self) -> None:
+        """The Date header is Twisted's text of the current second."""
+        from twisted.web.http import datetimeToString
+
+        import fleetd.web.site as site
+
+        now = [1_000_000_000.2]
+
+        class Clock:
+            @staticmethod
+            def time() -> float:
+                return now[0]
+
+        self.patch(site, "time", Clock)
+        self.assertEqual(site.httpDate(), datetimeToString(1_000_000_000))
+        now[0] = 1_000_000_000.9
+        self.assertEqual(site.httpDate(), datetimeToString(1_000_000_000))
+        now[0] = 1_000_000_001.0
+        self.assertEqual(site.httpDate(), datetimeToString(1_000_000_001))
+        now[0] = 999_999_000.0  # a clock stepped back
+        self.assertEqual(site.httpDate(), datetimeToString(999_999_000))
+
     def test_oversizedBodies_warningsRateLimited(self) -> None:
         """
         A flood of oversized bodies writes at most 10 warnings per 10 s and

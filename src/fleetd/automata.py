@@ -58,12 +58,14 @@ def indexed(machine: _M) -> _M:
     """Return C{machine} (an automat C{TypeMachine}) with indexed transitions."""
     automaton: Any = getattr(machine, "__automat_automaton__")  # noqa: B009
     scan = automaton.outputForInput
-    table: dict[tuple[Any, str], tuple[Any, tuple[Any, ...]]] = {}
+    # Keyed by the state's identity: a state is one object for the machine's
+    # life, and hashing it (a frozen dataclass) is a Python call per input.
+    table: dict[tuple[int, str], tuple[Any, tuple[Any, ...]]] = {}
     for inState, inputSymbol, outState, outputs in automaton._transitions:
-        table[(inState, inputSymbol)] = (outState, tuple(outputs))
+        table[(id(inState), inputSymbol)] = (outState, tuple(outputs))
 
     def outputForInput(inState: Any, inputSymbol: str) -> tuple[Any, Sequence[Any]]:
-        found = table.get((inState, inputSymbol))
+        found = table.get((id(inState), inputSymbol))
         if found is None:
             return scan(inState, inputSymbol)  # type: ignore[no-any-return]
         return found[0], list(found[1])

@@ -227,6 +227,8 @@ def validateServedRecord(record: ServedRecord) -> ServedRecord:
     peer = record.peer
     if not isinstance(peer, str) or len(peer) > MAX_PEER or not peer.isprintable():
         raise InventoryError(f"peer: {shown(peer)} is not a peer address")
+    if device == record.device and at.__class__ is float:
+        return record  # already as it would be rebuilt (it is frozen)
     return ServedRecord(run=run, device=device, served_at=float(at), peer=peer)
 
 

@@ -11,6 +11,7 @@ L{fleetd.listen.connections}.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -141,13 +142,38 @@ class ServerConnections:
         self.options = options
 
 
+def _bioLength() -> tuple[Callable[[Any, Any], int], Any] | None:
+    """
+    How to ask a memory BIO how many bytes it holds (C{BIO_get_mem_data},
+    through pyOpenSSL's bindings, with a null pointer), checked on a new
+    connection's outgoing BIO; L{None} where this pyOpenSSL does not let
+    us (then Twisted's own flush is used).
+    """
+    try:
+        from OpenSSL._util import ffi, lib
+
+        probe = SSL.Connection(SSL.Context(SSL.TLS_METHOD), None)
+        length: Callable[[Any, Any], int] = lib.BIO_get_mem_data
+        if length(probe._from_ssl, ffi.NULL) != 0:
+            return None
+    except (ImportError, AttributeError, TypeError):
+        return None
+    return length, ffi.NULL
+
+
+_BIO_LENGTH = _bioLength()
+
+
 class _TLSProtocol(TLSMemoryBIOProtocol):
     """
     Twisted's TLS protocol, with its "provides what the transport provides"
     declaration built once per kind of transport. Twisted's makeConnection
     declares it once per interface and once more for all of them, on every
     connection (zope builds a declaration each time): some tens of µs of a
-    boot storm's connection. The rest is Twisted's makeConnection as it is.
+    boot storm's connection. The rest is Twisted's makeConnection as it is,
+    but for the server side only: no handshake step before the client has
+    said anything. Its flush of the outgoing BIO reads only what is there
+    (L{_flushSendBIO}).
     """
 
     def makeConnection(self, transport: Any) -> None:
@@ -161,7 +187,28 @@ class _TLSProtocol(TLSMemoryBIOProtocol):
             Protocol.makeConnection(self, transport)
             self.factory.registerProtocol(self)
             self.wrappedProtocol.makeConnection(self)
-        self._checkHandshakeStatus()
+        # Twisted steps the handshake here, which for a client sends its
+        # hello; a server (fleetd's listeners are servers) has nothing to
+        # say before the client's hello arrives, and OpenSSL only answers
+        # "want read" (an exception through pyOpenSSL): the first
+        # dataReceived steps it instead.
+
+    def _flushSendBIO(self) -> None:
+        """
+        Twisted's, without reading an empty BIO: Twisted reads up to 32 KiB
+        and catches the C{WantReadError} pyOpenSSL raises when nothing is
+        there, some five times a connection. Here the BIO is asked how much
+        it holds, and all of it is written at once.
+        """
+        if _BIO_LENGTH is None:
+            super()._flushSendBIO()
+            return
+        length, null = _BIO_LENGTH
+        connection = self._tlsConnection
+        held = length(connection._from_ssl, null)
+        if held > 0:
+            transport: Any = self.transport
+            transport.write(connection.bio_read(held))
 
 
 class _TLSFactory(TLSMemoryBIOFactory):

@@ -18,9 +18,9 @@ import math
 import re
 import sqlite3
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
 from types import MappingProxyType
+from typing import NamedTuple
 
 from fleetd.keyed import KeyedHMAC
 from fleetd.store.db import Database, StoreError
@@ -51,9 +51,32 @@ def _optional(value: str | None) -> str:
     return "null" if value is None else _string(value)
 
 
-@dataclass(frozen=True)
-class PreparedEntry:
-    """An entry checked by L{prepare}, waiting for its seq."""
+_WORDS: dict[object, str] = {True: "true", False: "false", None: "null"}
+
+
+def fieldsJSON(fields: dict[str, FieldValue]) -> str:
+    """
+    L{canonicalJSON} of checked C{fields}, written out directly when every
+    value is a string, a bool or None (a delivery's entry is): the same
+    text, keys sorted; any other value goes through the encoder.
+    """
+    parts = []
+    for name in sorted(fields):
+        value = fields[name]
+        if value.__class__ is str:
+            parts.append(f"{_string(name)}:{_string(value)}")
+        elif value is True or value is False or value is None:
+            parts.append(f"{_string(name)}:{_WORDS[value]}")
+        else:
+            return canonicalJSON(fields)
+    return "{" + ",".join(parts) + "}"
+
+
+class PreparedEntry(NamedTuple):
+    """
+    An entry checked by L{prepare}, waiting for its seq. Immutable; a named
+    tuple because one is made per journal entry (one per delivery).
+    """
 
     event: str
     actor: str
@@ -95,7 +118,7 @@ def prepare(
         at = float(at)
         if not math.isfinite(at):
             raise JournalRefused("journal time is not finite")
-    return PreparedEntry(event, actor, device, run, checked, canonicalJSON(checked), at)
+    return PreparedEntry(event, actor, device, run, checked, fieldsJSON(checked), at)
 
 
 class ChainKey:

@@ -83,7 +83,9 @@ class DirectoryVault:
         self._names: set[str] = set()
         self._unchecked: list[str] = []  # listed, not yet inspected
         self._fsync = fsync
+        self._syncs = True  # False where fsync is a no-op (tmpfs): not called
         self._write = write
+        self._open = True
         self._closer = weakref.finalize(self, os.close, dirFd)
         # Created files get FILE_MODE less the umask: only an umask that
         # takes bits of FILE_MODE away calls for a chmod after each create.
@@ -139,17 +141,19 @@ class DirectoryVault:
             # more durable (a fleetd crash keeps their pages, a reboot
             # loses them either way), so skip its syscalls.
             self._fsync = _noSync
+            self._syncs = False
 
     @property
     def closed(self) -> bool:
-        return not self._closer.alive
+        return not self._open
 
     def close(self) -> None:
         """Close the directory descriptor; later writes raise L{VaultError}."""
+        self._open = False
         self._closer()
 
     def _dirFd(self) -> int:
-        if self.closed:
+        if not self._open:
             raise VaultError(f"vault {self.path} is closed")
         return self._fd
 
@@ -310,7 +314,8 @@ class DirectoryVault:
                 raise
             # The new file is now what a restart (and get) sees.
             self._names.add(name)
-            self._fsync(dirFd)
+            if self._syncs:
+                self._fsync(dirFd)
         except OSError as e:
             raise VaultWriteError("write", name, e) from e
 
@@ -322,7 +327,8 @@ class DirectoryVault:
             view = memoryview(data)
             while view:
                 view = view[self._write(fd, view) :]
-            self._fsync(fd)
+            if self._syncs:
+                self._fsync(fd)
         except BaseException:
             os.close(fd)
             _unlinkQuietly(temp, dirFd)
@@ -336,7 +342,9 @@ class DirectoryVault:
         ours, is L{None} and logged: only fleetd and root can touch the
         directory.
         """
-        if checkName(name) not in self._names:
+        # Only valid names are held: the name check is for the others.
+        if not (isinstance(name, str) and name in self._names):
+            checkName(name)
             return None
         reason = "not a regular file of ours"
         try:
@@ -353,7 +361,8 @@ class DirectoryVault:
 
     def delete(self, name: str) -> None:
         """Unlink the file durably, then forget C{name}."""
-        checkName(name)
+        if not (isinstance(name, str) and name in self._names):
+            checkName(name)  # only valid names are held
         dirFd = self._dirFd()
         try:
             try:
@@ -363,7 +372,8 @@ class DirectoryVault:
                 return
             # The file is gone from what a restart sees; memory follows.
             self._names.discard(name)
-            self._fsync(dirFd)
+            if self._syncs:
+                self._fsync(dirFd)
         except OSError as e:
             raise VaultWriteError("delete", name, e) from e
 

@@ -11,8 +11,10 @@ client can cause once per request are rate-limited.
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote_to_bytes as unquote
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -24,11 +26,27 @@ from twisted.web.iweb import IRequest
 from fleetd.config import Limits
 from fleetd.listen.policy import ListenerPolicy
 from fleetd.logs import ThrottledLog, describeRequest
+from fleetd.web.channel import BoundedChannel
 from fleetd.web.owner import isOwner
 from fleetd.web.resources import TEXT, textResponse
 
 # Bodies up to this size are held in memory, never spooled to a temp file.
 IN_MEMORY_BODY = 1 << 20
+
+
+_date: list[Any] = [None, b""]
+
+
+def httpDate() -> bytes:
+    """
+    Now as an HTTP C{Date} (Twisted's L{http.datetimeToString}), made once
+    per second of the clock Twisted reads, not once per response.
+    """
+    second = int(time.time())
+    if second != _date[0]:
+        _date[:] = [second, http.datetimeToString(second)]
+    date: bytes = _date[1]
+    return date
 
 
 class BoundedRequest(server.Request):
@@ -78,7 +96,7 @@ class BoundedRequest(server.Request):
         # Only a six-letter name can be "server": the rest skip the lower().
         if len(name) == 6 and name.lower() in (b"server", "server"):
             return
-        super().setHeader(name, value)
+        self.responseHeaders.setRawHeaders(name, [value])  # http.Request's, inline
 
     def render(self, resrc: resource.IResource) -> None:
         """
@@ -101,6 +119,23 @@ class BoundedRequest(server.Request):
         self.setHeader(b"content-length", b"%d" % (len(body),))
         self.write(b"")
         self.finish()
+
+    def write(self, data: bytes) -> None:
+        """
+        The first write with a body goes out with the response's head in
+        one piece (L{BoundedChannel.hold}): one TLS record, not two.
+        """
+        channel = self.channel
+        if self.startedWriting or not data or not isinstance(channel, BoundedChannel):
+            super().write(data)
+            return
+        channel.hold()
+        try:
+            super().write(data)
+        except BaseException:
+            channel.release(send=False)
+            raise
+        channel.release()
 
     def handleContentChunk(self, data: bytes) -> None:
         if self._refused:
@@ -126,10 +161,33 @@ class BoundedRequest(server.Request):
         self.channel.loseConnection()
 
     def process(self) -> None:
+        """
+        Twisted's L{server.Request.process} with fleetd's headers set once:
+        C{X-Content-Type-Options: nosniff}, then C{Date}, whose text is made
+        once a second (L{httpDate}); no C{Server} header is set (Twisted's
+        was set and then dropped by L{setHeader}). The rest is Twisted's.
+        """
         if self._refused:
             return
-        self.setHeader(b"x-content-type-options", b"nosniff")
-        super().process()
+        headers = self.responseHeaders
+        headers.setRawHeaders(b"X-Content-Type-Options", [b"nosniff"])
+        headers.setRawHeaders(b"Date", [httpDate()])
+        channel: Any = self.channel
+        site = self.site = channel.site
+        self.prepath = []
+        self.postpath = list(map(unquote, self.path[1:].split(b"/")))
+        if self.path == b"*":
+            self._handleStar()
+            return
+        try:
+            found = site.getResourceFor(self)
+            if resource._IEncodingResource.providedBy(found):
+                encoder = found.getEncoder(self)
+                if encoder is not None:
+                    self._encoder = encoder
+            self.render(found)
+        except BaseException:
+            self.processingFailed(Failure())
 
     def processingFailed(self, reason: Failure) -> None:
         self._throttled().failure("http.request.failed", failure=reason)
@@ -141,66 +199,6 @@ class BoundedRequest(server.Request):
         self.setHeader(b"content-length", b"%d" % (len(body),))
         self.write(body)
         self.finish()
-
-
-class BoundedChannel(http.HTTPChannel):
-    """
-    HTTP/1.1 with a deadline for each request to arrive whole.
-
-    The idle timeout alone lets a client trickle one byte at a time forever;
-    here the request line, headers and body must all arrive within
-    C{requestTimeout} seconds of the connection (or of the previous
-    response), else the connection is closed. The deadlines are kept by
-    the site (L{BoundedSite.awaitRequest}): one timer per site, not one
-    per connection.
-    """
-
-    requestTimeout = Limits.request_timeout
-    site: BoundedSite
-
-    def connectionMade(self) -> None:
-        super().connectionMade()
-        self.site.awaitRequest(self)
-
-    def _tooSlow(self) -> None:
-        self.site.throttledLog.info(
-            "http.request-timeout {limit}", limit=self.requestTimeout
-        )
-        transport: Any = self.transport
-        transport.abortConnection()
-
-    def timeoutConnection(self) -> None:
-        """Idle: as Twisted does, but with a rate-limited log line."""
-        self.site.throttledLog.info("http.idle-timeout")
-        if self.abortTimeout is not None:
-            self._abortingCall = self.callLater(
-                self.abortTimeout, self.forceAbortClient
-            )
-        self.loseConnection()
-
-    def forceAbortClient(self) -> None:
-        self._abortingCall = None
-        transport: Any = self.transport
-        transport.abortConnection()
-
-    def allContentReceived(self) -> None:
-        self.site.requestArrived(self)
-        super().allContentReceived()
-
-    def requestDone(self, request: Any) -> None:
-        super().requestDone(request)
-        # Keep-alive: the next request has a deadline too, unless a
-        # pipelined one is already being answered (it arrived whole).
-        if (
-            self.persistent
-            and not self.requests
-            and not getattr(self.transport, "disconnecting", False)
-        ):
-            self.site.awaitRequest(self)
-
-    def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
-        self.site.requestArrived(self)
-        super().connectionLost(reason)
 
 
 class BoundedSite(server.Site):
