@@ -2,12 +2,16 @@
 C{fleetd-sim --disk-encryption} (issue 30, item 8; docs/design.md, the
 rack simulator): each node seals STATE and EPHEMERAL at install through
 fleetd's kms listener and unseals them at a reboot, and the fault
-C{retire} shows the node's next Unseal refused. One rack of 8 on the
-sim's own fleetd (the acceptance's 7 unlocked, 1 refused), one small rack
-against a fleetd the test started with C{[kms]} (C{--config}: the kms
-endpoint read from its config, the retirement without a cluster), and
-the parts on their own: the LUKS2 volumes as Talos keeps them, the
-retries, the report. A plain run stays as it was: tests/test_sim.py's
+C{retire} shows the node's next Unseal refused. Each node reaches the KMS
+its delivered configuration names (C{machine.systemDiskEncryption}), as
+Talos does: the sim's own fleetd opts the rack's class in. One rack of 8
+on the sim's own fleetd (the acceptance's 7 unlocked, 1 refused), one
+small rack against a fleetd the test started with C{[kms]} and the class
+opted in (C{--config}: the retirement without a cluster), one node
+against a fleetd whose class does not opt in (its disk not encrypted,
+not as expected), and the parts on their own: the endpoint read from a
+configuration and the port a node then calls, the LUKS2 volumes as Talos
+keeps them, the retries, the report. A plain run stays as it was: tests/test_sim.py's
 racks check its object has no C{disk} (L{tests.test_sim.SimTests.assertRack}).
 """
 
@@ -20,16 +24,34 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
-from twisted.trial.unittest import SynchronousTestCase
+import yaml
+from twisted.internet import reactor
+from twisted.internet.protocol import Protocol, ServerFactory
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from fleetd.config import loadSettings
+from fleetd.pki.dev import ensureDevPKI
+from fleetd.runs.diskencryption import DiskEncryption
 from fleetd.sim import luks
 from fleetd.sim.args import parseArgs
-from fleetd.sim.daemon import BIN, Fleetd, Started, freePort, startFleetd, writeConfig
+from fleetd.sim.daemon import (
+    BIN,
+    ENROLLMENT,
+    TEMPLATE,
+    Fleetd,
+    Started,
+    freePort,
+    startFleetd,
+    writeConfig,
+)
+from fleetd.sim.diskconfig import UNENCRYPTED, ConfigProblem, Endpoint, kmsEndpoints
 from fleetd.sim.faults import FAULTS
 from fleetd.sim.node import PHASES, TIMED
+from fleetd.sim.rack import StepFailed
 from fleetd.sim.report import Outcome, summary, table
 from fleetd.sim.tpm import RM_AVAILABLE
 from tests.support import missingPeer
@@ -105,16 +127,16 @@ class ConfigDiskRackTests(SynchronousTestCase):
 
     def test_configsKMS_retiredWithoutCluster_refused(self) -> None:
         """
-        The kms endpoint comes from the config; C{retire} runs without a
-        cluster (the retirement journaled, no Node to delete): the retired
-        node's next Unseal is refused C{retired}, the clean node is
-        C{staged} and unlocked.
+        The class opts in: the kms endpoint comes from each node's
+        configuration; C{retire} runs without a cluster (the retirement
+        journaled, no Node to delete): the retired node's next Unseal is
+        refused C{retired}, the clean node is C{staged} and unlocked.
         """
         work = Path(tempfile.mkdtemp(dir=Path(self.mktemp()).parent))
         started = Started()
         self.addCleanup(started.stopAll)
         fleetd = startFleetd(work, freePort(), started, kms=True)
-        self.assertIsNotNone(fleetd.kms)
+        self.assertTrue(fleetd.kms)
         code, document, stderr = runSim(
             "--config", str(fleetd.config), "--nodes", "2", "--disk-encryption",
             "--faults", "retire",
@@ -130,6 +152,31 @@ class ConfigDiskRackTests(SynchronousTestCase):
         )
         phases = [p for p in TIMED if p != "kubelet"]
         self.assertEqual(list(document["nodes"][1]["phases"]), phases)
+
+    def test_classNotOptedIn_diskNotEncrypted_saysWhy(self) -> None:
+        """
+        fleetd has C{[kms]} but the nodes' class does not opt in: the
+        delivered configuration has no C{systemDiskEncryption}, so Talos
+        encrypts nothing; the node goes on (C{staged}), its disk ends
+        C{none} where C{unlocked} was expected, and the report says why.
+        Exit 1.
+        """
+        work = Path(tempfile.mkdtemp(dir=Path(self.mktemp()).parent))
+        started = Started()
+        self.addCleanup(started.stopAll)
+        fleetd = startFleetd(work, freePort(), started, kms=True, encrypted=())
+        self.assertEqual(loadSettings(fleetd.config).provision.per_class, {})
+        done = subprocess.run(
+            [str(BIN / "fleetd-sim"), "--config", str(fleetd.config),
+             "--nodes", "1", "--disk-encryption"],
+            capture_output=True, text=True, timeout=240, check=False,
+        )  # fmt: skip
+        self.assertEqual(done.returncode, 1, done.stdout + done.stderr[-3000:])
+        row = done.stdout.splitlines()[1]
+        self.assertIn(" staged ", row)
+        self.assertIn("none (expected unlocked)", row)
+        self.assertTrue(row.endswith(UNENCRYPTED), row)
+        self.assertIn("disks: 1 none\n", done.stdout)
 
     def test_configWithoutKMS_exit2OneLine(self) -> None:
         """A config without C{[kms]}: exit 2 before anything starts, one
@@ -147,19 +194,26 @@ class ConfigDiskRackTests(SynchronousTestCase):
 
 
 class ConfigTests(SynchronousTestCase):
-    def test_kmsListener_fromConfig(self) -> None:
-        """The sim's own fleetd gets C{[kms]} and a kms listener with the
-        flag only; a config with C{[kms]} and no C{listen.kms} is served
-        on C{tcp:4050}."""
-        plain = Fleetd.fromConfig(writeConfig(Path(self.mktemp()), 1))
-        self.assertIsNone(plain.kms)
+    def test_kms_classOptedIn_withTheFlagOnly(self) -> None:
+        """
+        The sim's own fleetd gets C{[kms]}, a kms listener and the rack's
+        class (C{worker}) opted in with the flag only, as fleetd reads its
+        config; its template has the place for the section (a plain class
+        loses the line). The sim reads the enrollment name from the
+        topology: what a node's endpoint must name.
+        """
+        plain = writeConfig(Path(self.mktemp()), 1)
+        self.assertFalse(Fleetd.fromConfig(plain).kms)
+        self.assertEqual(loadSettings(plain).provision.diskEncryptionClasses(), ())
         path = writeConfig(Path(self.mktemp()), 1, kms=True)
-        text = path.read_text()
-        self.assertIn("[kms]", text)
-        port = Fleetd.fromConfig(path).kms
-        self.assertIn(f'kms = "tcp:{port}:interface=127.0.0.1"', text)
-        path.write_text("\n".join(x for x in text.splitlines() if "kms = " not in x))
-        self.assertEqual(Fleetd.fromConfig(path).kms, 4050)
+        settings = loadSettings(path)
+        self.assertEqual(settings.provision.diskEncryptionClasses(), ("worker",))
+        self.assertIsNotNone(settings.kms)
+        self.assertTrue(Fleetd.fromConfig(path).kms)
+        self.assertEqual(Fleetd.fromConfig(path).enrollment, ENROLLMENT)
+        self.assertIn("  systemDiskEncryption: FLEETD-KMS\n", TEMPLATE)
+        none = writeConfig(Path(self.mktemp()), 1, kms=True, encrypted=())
+        self.assertEqual(loadSettings(none).provision.diskEncryptionClasses(), ())
 
     def test_flag_defaultOff(self) -> None:
         self.assertFalse(parseArgs(["--nodes", "1"]).disk_encryption)
@@ -299,3 +353,140 @@ class VolumeTests(SynchronousTestCase):
         self.assertTrue(luks.opens(volume, raw))
         self.assertFalse(luks.opens(volume, os.urandom(32)))
         self.assertLessEqual(volume.stat().st_size, luks.VOLUME_BYTES)
+
+
+def _configuration(section: Any) -> bytes:
+    """The sim's template as delivered, with C{section} as its
+    C{machine.systemDiskEncryption} (L{None}: the line gone)."""
+    docs = yaml.safe_load(TEMPLATE)
+    docs["machine"].pop("systemDiskEncryption")
+    if section is not None:
+        docs["machine"]["systemDiskEncryption"] = section
+    return yaml.safe_dump(docs).encode()
+
+
+class EndpointTests(SynchronousTestCase):
+    """What a node reads of its configuration (L{fleetd.sim.diskconfig})."""
+
+    def test_renderedSection_endpointPerVolume(self) -> None:
+        """The section fleetd renders for a class that opts in names, for
+        STATE and EPHEMERAL, C{https://<enrollment name>:<kms port>}."""
+        section = DiskEncryption(["worker"], ENROLLMENT, 4321).section()
+        url = f"https://{ENROLLMENT}:4321"
+        self.assertEqual(
+            kmsEndpoints(_configuration(section), ENROLLMENT),
+            {v: Endpoint(url, ENROLLMENT, 4321) for v in ("STATE", "EPHEMERAL")},
+        )
+
+    def test_eachVolume_itsOwnKey(self) -> None:
+        """Each volume's key is read from its own partition."""
+        section = DiskEncryption(["worker"], ENROLLMENT, 4321).section()
+        section["ephemeral"]["keys"][0]["kms"]["endpoint"] = f"https://{ENROLLMENT}:99"
+        found = kmsEndpoints(_configuration(section), ENROLLMENT)
+        assert found is not None
+        self.assertEqual((found["STATE"].port, found["EPHEMERAL"].port), (4321, 99))
+
+    def test_noSection_none(self) -> None:
+        self.assertIsNone(kmsEndpoints(_configuration(None), ENROLLMENT))
+
+    def test_notTheEnrollmentEndpoint_problem(self) -> None:
+        """Not C{https}, another name, no port, a path, or no kms key for
+        a volume: one line naming the volume."""
+        for url in ("http://enroll.lolwtf.ca:4050", "https://127.0.0.1:4050",
+                    "https://enroll.lolwtf.ca", "https://enroll.lolwtf.ca:4050/x",
+                    "https://enroll.lolwtf.ca:port"):  # fmt: skip
+            section = DiskEncryption(["worker"], ENROLLMENT, 4050).section()
+            section["state"]["keys"][0]["kms"]["endpoint"] = url
+            with self.assertRaises(ConfigProblem, msg=url) as caught:
+                kmsEndpoints(_configuration(section), ENROLLMENT)
+            self.assertIn(f"STATE: machine.systemDiskEncryption.state: {url!r}",
+                          str(caught.exception))  # fmt: skip
+        section = DiskEncryption(["worker"], ENROLLMENT, 4050).section()
+        section["ephemeral"]["keys"] = [{"slot": 0, "static": {"passphrase": "x"}}]
+        with self.assertRaises(ConfigProblem) as caught:
+            kmsEndpoints(_configuration(section), ENROLLMENT)
+        self.assertEqual(
+            str(caught.exception),
+            "EPHEMERAL: machine.systemDiskEncryption.ephemeral has no kms key",
+        )
+
+
+class _HangUp(Protocol):
+    def __init__(self, peers: list[str]) -> None:
+        self.peers = peers
+
+    def connectionMade(self) -> None:
+        assert self.transport is not None
+        self.peers.append(str(getattr(self.transport.getPeer(), "host", "")))
+        self.transport.loseConnection()
+
+
+class _Listener(ServerFactory):
+    """Records where each connection came from, and hangs up."""
+
+    def __init__(self) -> None:
+        self.peers: list[str] = []
+
+    def buildProtocol(self, addr: Any) -> Protocol:
+        return _HangUp(self.peers)
+
+
+class EndpointUsedTests(TestCase):
+    """The port a node calls is the one its configuration names."""
+
+    def setUp(self) -> None:
+        base = Path(self.mktemp())
+        base.mkdir()
+        self.directory = base / "node"
+        self.directory.mkdir()
+        pki = ensureDevPKI(base / "pki", ENROLLMENT)
+        # Only what a disk reads of its rack: no kms port of fleetd's.
+        fleetd = SimpleNamespace(pki=pki, enrollment=ENROLLMENT)
+        self.rack = SimpleNamespace(clock=reactor, fleetd=fleetd, timeScale=1e4)
+
+    def disk(self) -> luks.EncryptedDisk:
+        return luks.EncryptedDisk(
+            self.rack,  # type: ignore[arg-type]
+            self.directory, "127.0.0.77", "uuid-1",
+        )  # fmt: skip
+
+    async def test_seal_callsTheConfiguredPort_fromItsAddress(self) -> None:
+        """
+        A listener on the configured port (not fleetd: it hangs up) gets
+        the node's connections, from the node's own address; the seal
+        then ends UNAVAILABLE, and the node's path with it.
+        """
+        factory = _Listener()
+        port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        number: int = port.getHost().port  # type: ignore[attr-defined]
+        section = DiskEncryption(["worker"], ENROLLMENT, number).section()
+        disk = self.disk()
+        disk.configured(_configuration(section))
+        with self.assertRaises(StepFailed):
+            await disk.seal()
+        self.assertEqual((disk.state.state, disk.state.status),
+                         ("refused", "UNAVAILABLE"))  # fmt: skip
+        self.assertTrue(factory.peers)
+        self.assertEqual(set(factory.peers), {"127.0.0.77"})
+
+    async def test_noSection_plainVolumes_pathGoesOn(self) -> None:
+        """No section: nothing sealed or asked, no step fails; the disk
+        ends C{none} with the reason the report gives."""
+        disk = self.disk()
+        disk.configured(_configuration(None))
+        await disk.seal()
+        await disk.unlock()
+        self.assertEqual(disk.state, luks.DiskState("none", error=UNENCRYPTED))
+        self.assertEqual(list(self.directory.iterdir()), [])
+
+    async def test_badEndpoint_sealFails(self) -> None:
+        """A section whose endpoint is not the enrollment name's: the
+        seal fails (Talos cannot make STATE) with the line."""
+        section = DiskEncryption(["worker"], "elsewhere.example", 4050).section()
+        disk = self.disk()
+        disk.configured(_configuration(section))
+        with self.assertRaises(StepFailed):
+            await disk.seal()
+        self.assertEqual(disk.state.state, "failed")
+        self.assertIn("is not https://enroll.lolwtf.ca:PORT", str(disk.state.error))

@@ -53,8 +53,9 @@ def parseArgs(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--disk-encryption",
         action="store_true",
-        help="STATE and EPHEMERAL encrypted with fleetd as the KMS: each node"
-        " seals at install and unseals at a reboot (fleetd needs [kms])",
+        help="STATE and EPHEMERAL encrypted with fleetd as the KMS its"
+        " configuration names: each node seals at install and unseals at a"
+        " reboot (fleetd needs [kms] and the nodes' class, worker, opted in)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object")
     args = parser.parse_args(argv)

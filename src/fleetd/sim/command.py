@@ -15,7 +15,9 @@ swtpm and tpm2-abrmd. Whatever it started is stopped on every way out
 Each node's final C{state} is what fleetd says: the device's inventory
 status through the owner API (C{fleetctl status}), with its open alerts;
 with C{--disk-encryption}, its disk's end too (L{fleetd.sim.luks}): the
-sim's own fleetd then has C{[kms]}, and a fleetd of C{--config} must.
+sim's own fleetd then has C{[kms]} and opts the nodes' class in, a fleetd
+of C{--config} must have C{[kms]}, and each node encrypts as its
+delivered configuration says (a class not opted in: not as expected).
 Exit 0 when every node ended as expected, 1 otherwise, 2 when the rack
 could not start, 128+N when signal N stopped it (after stopping all it
 started). With C{--json}, stdout holds one object and nothing else.
@@ -62,6 +64,7 @@ from fleetd.sim.report import Outcome, progressLine, summary, table
 from fleetd.sim.tpm import RM_AVAILABLE, SessionBus
 from fleetd.testing.netbox import FakeNetBox
 from fleetd.testing.tinkserver import FakeTinkServer, Workflows
+from fleetd.topology import ConfigError
 
 # What fleetd should say of a clean node at the end, with a cluster and
 # without one. A clean node is released ("staged") once its configuration
@@ -198,8 +201,11 @@ async def setUp(
     with C{--inventory netbox} the NetBox fake.
     """
     if args.config is not None:
-        fleetd = Fleetd.fromConfig(args.config.resolve())
-        if args.disk_encryption and fleetd.kms is None:
+        try:
+            fleetd = Fleetd.fromConfig(args.config.resolve())
+        except ConfigError as e:
+            raise DaemonFailed(f"{args.config}: {e}") from None
+        if args.disk_encryption and not fleetd.kms:
             raise DaemonFailed(
                 f"--disk-encryption: {args.config} has no [kms] table: fleetd"
                 " is no KMS there (conf/fleetd.dev.toml has one)"

@@ -21,14 +21,15 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fleetd.config import TinkSettings
-from fleetd.config.kms import DEFAULT_LISTEN
 from fleetd.pki.dev import DevPKIPaths, devConfigTables, ensureDevPKI
+from fleetd.sim.hookos import CLASS
+from fleetd.topology import loadTopology
 
 BIN = Path(sys.executable).parent  # the venv's console scripts
 ENROLLMENT = "enroll.lolwtf.ca"
@@ -42,7 +43,9 @@ TOPOLOGY = {
     ],
 }
 # A Talos worker template (conf/templates/default.yaml's shape): fleetd
-# patches the node's hostname, install disk and labels into it.
+# patches the node's hostname, install disk and labels into it, and its
+# KMS's systemDiskEncryption where the marker is for a class that opts in
+# (fleetd.runs.diskencryption; the line goes for any other).
 TEMPLATE = """\
 version: v1alpha1
 debug: false
@@ -54,15 +57,13 @@ machine:
   network: {}
   install: {disk: /dev/sda, image: "ghcr.io/siderolabs/installer:v1.9.0"}
   nodeLabels: {}
+  systemDiskEncryption: FLEETD-KMS
 cluster:
   controlPlane: {endpoint: "https://127.0.0.1:6443"}
   clusterName: sim
   token: sim.bootstraptoken
   ca: {crt: c2ltLWNsdXN0ZXItY2E=, key: ""}
 """
-
-
-DEFAULT_KMS_PORT = int(DEFAULT_LISTEN.split(":")[1])  # listen.kms's default
 
 PidOf = Callable[[], int | None]
 
@@ -130,8 +131,11 @@ class Fleetd:
     # tink.min_reboot: how long after a workflow's end a node's return to
     # HookOS counts as a boot [B2]; the pxe-first faults wait that long.
     minReboot: float = TinkSettings.min_reboot
-    # The kms listener's port, when the config has [kms] (issue 30).
-    kms: int | None = None
+    # The config has [kms]: fleetd is the site's KMS (issue 30). Where a
+    # node reaches it is what its delivered configuration says.
+    kms: bool = False
+    # topology's enrollment_name: what a node's KMS endpoint must name.
+    enrollment: str = ENROLLMENT
 
     @classmethod
     def fromConfig(cls, config: Path) -> Fleetd:
@@ -144,9 +148,7 @@ class Fleetd:
             return int(str(tables["listen"][name]).split(":")[1])
 
         ekRoots = (base / tables["attest"]["ek_roots"]).resolve()
-        kms = None
-        if "kms" in tables:  # listen.kms, tcp:4050 when not named
-            kms = port("kms") if "kms" in tables["listen"] else DEFAULT_KMS_PORT
+        topology = loadTopology(base / str(tables["site"]["topology"]))
         return cls(
             config=config,
             pki=DevPKIPaths.inside(ekRoots.parent),
@@ -157,7 +159,8 @@ class Fleetd:
             # tcp:HOST:PORT, the tink-server the proxy forwards to
             upstream=int(str(tables["tink"]["upstream"]).rsplit(":", 1)[1]),
             minReboot=float(tables["tink"].get("min_reboot", TinkSettings.min_reboot)),
-            kms=kms,
+            kms="kms" in tables,
+            enrollment=topology.enrollment_name,
         )
 
 
@@ -182,13 +185,16 @@ def writeConfig(
     extra: dict[str, dict[str, Any]] | None = None,
     *,
     kms: bool = False,
+    encrypted: Sequence[str] | None = None,
 ) -> Path:
     """A dev config in C{directory}: every listener on a free loopback
     port, the dev PKI under C{pki/}, the vault on any filesystem; with
     C{kubernetes}, that C{[kubernetes]} table; with C{netbox}, that
     C{[netbox]} table (NetBox is then the inventory); with C{kms}, a
-    C{[kms]} table and its listener; C{extra} tables (C{[tinkerbell]}'s)
-    as given."""
+    C{[kms]} table and its listener, and the C{encrypted} classes (by
+    default the rack's, L{CLASS}) opted in to disk encryption
+    (C{[provision.class.NAME] disk_encryption = "kms"}); C{extra} tables
+    (C{[tinkerbell]}'s) as given."""
     (directory / "templates").mkdir(parents=True)
     (directory / "templates" / "default.yaml").write_text(TEMPLATE)
     (directory / "topology.json").write_text(json.dumps(TOPOLOGY))
@@ -213,6 +219,8 @@ def writeConfig(
     if kms:
         tables["listen"]["kms"] = listen.format(freePort())
         tables["kms"] = {}
+        for name in (CLASS,) if encrypted is None else encrypted:
+            tables[f"provision.class.{name}"] = {"disk_encryption": "kms"}
     if netbox is not None:
         tables["netbox"] = netbox
     tables.update(extra or {})
@@ -258,13 +266,16 @@ def startFleetd(
     extra: dict[str, dict[str, Any]] | None = None,
     *,
     kms: bool = False,
+    encrypted: Sequence[str] | None = None,
 ) -> Fleetd:
     """Our own fleetd (C{twistd -n fleetd}) on C{work}, in C{started}
-    (with C{kms}, a C{[kms]} table and its listener)."""
+    (with C{kms}, a C{[kms]} table and its listener, and the C{encrypted}
+    classes opted in: L{writeConfig})."""
     devPKI(work)
     config = writeConfig(
-        work / "fleetd", tinkUpstream, kubernetes, netbox, extra, kms=kms
-    )
+        work / "fleetd", tinkUpstream, kubernetes, netbox, extra,
+        kms=kms, encrypted=encrypted,
+    )  # fmt: skip
     return launchFleetd(work, config, started)
 
 

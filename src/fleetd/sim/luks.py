@@ -2,10 +2,15 @@
 A node's encrypted STATE and EPHEMERAL with fleetd as its KMS
 (C{fleetd-sim --disk-encryption}; docs/design.md, "Disk keys"), as
 Talos's KMS key handler does it (docs/decisions.md, "Disk keys: the
-protocol as Talos speaks it"):
+protocol as Talos speaks it"), as its delivered configuration says:
 
+    config  C{machine.systemDiskEncryption}'s C{state} and C{ephemeral}
+            each name a KMS key, C{https://<enrollment name>:<port>}
+            (L{fleetd.sim.diskconfig}); without the section Talos
+            encrypts nothing: the disk stays C{none}, its reason
+            C{UNENCRYPTED} (with C{--disk-encryption}, not as expected)
     seal    at install, once its configuration is fetched, for each
-            volume: 32 random bytes sealed by fleetd's kms listener
+            volume: 32 random bytes sealed by its endpoint's KMS
             (C{Seal}); a LUKS2 volume on a file formatted with base64 of
             them (C{cryptsetup}); the sealed blob kept in its header as
             Talos keeps it, a C{sideroKMS} token whose C{sealedData} is
@@ -17,10 +22,13 @@ protocol as Talos speaks it"):
             starts the gRPC status's message), or the answer opens nothing.
 
 Every call goes from the node's own address, through a relay of its own
-(L{fleetd.sim.relay}, as its tink agent's), over TLS to the kms listener,
-each step on a new connection. C{UNAVAILABLE} (fleetd starting, busy or
-not there) is retried as Talos retries, every 30 s divided by the time
-scale, a few times; any other status ends the step.
+(L{fleetd.sim.relay}, as its tink agent's), to the volume's endpoint: its
+name resolves to fleetd's loopback address (L{FLEETD_ADDRESS}, as the
+anchors' DNS answers spore's), its port is the endpoint's, and TLS
+verifies the name, each step on a new connection. C{UNAVAILABLE}
+(fleetd starting, busy or not there) is retried as Talos retries, every
+30 s divided by the time scale, a few times; any other status ends the
+step.
 
 Blocking parts (grpcio, cryptsetup) run in threads.
 """
@@ -34,7 +42,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,11 +50,17 @@ from typing import Any
 import grpc
 from twisted.internet.threads import deferToThread
 
+from fleetd.sim.diskconfig import (
+    UNENCRYPTED,
+    VOLUMES,
+    ConfigProblem,
+    Endpoint,
+    kmsEndpoints,
+)
 from fleetd.sim.rack import Rack, StepFailed
 from fleetd.sim.relay import Relay, relayedChannel
 from fleetd.testing.kmsclient import KMSClient
 
-VOLUMES = ("STATE", "EPHEMERAL")
 PASSPHRASE_BYTES = 32  # what Talos seals (kms-client's PassphraseSize)
 TOKEN_TYPE = "sideroKMS"  # noqa: S105 (the LUKS2 token type Talos keeps blobs in)
 CALL_TIMEOUT = 10.0  # seconds Talos gives each call
@@ -57,6 +71,7 @@ VOLUME_BYTES = 2 << 20  # a small LUKS2 header and 1 MiB of data space
 CRYPTSETUP = shutil.which("cryptsetup") or "/usr/sbin/cryptsetup"
 AVAILABLE = os.access(CRYPTSETUP, os.X_OK)
 REASON = re.compile(r"^([a-z0-9-]+): ")
+FLEETD_ADDRESS = "127.0.0.1"  # what the enrollment name resolves to, for a node
 
 # How a node's disk ends (DiskState.state).
 NONE, SEALED, UNLOCKED, REFUSED, FAILED = (
@@ -200,30 +215,31 @@ def called(
 
 
 def sealVolumes(
-    client: KMSClient, uuid: str, directory: Path, gap: float,
+    clients: Mapping[str, KMSClient], uuid: str, directory: Path, gap: float,
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:  # fmt: skip
-    """Install: each volume's bytes sealed, the volume formatted with them."""
+    """Install: each volume's bytes sealed by its endpoint's client, the
+    volume formatted with them."""
     for name in VOLUMES:
         raw = os.urandom(PASSPHRASE_BYTES)
-        sealed = called(client.seal, uuid, raw, gap, sleep)
+        sealed = called(clients[name].seal, uuid, raw, gap, sleep)
         formatVolume(directory / f"{name}.luks", raw, sealed)
 
 
 def unlockVolumes(
-    client: KMSClient, uuid: str, directory: Path, gap: float,
+    clients: Mapping[str, KMSClient], uuid: str, directory: Path, gap: float,
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:  # fmt: skip
     """A boot: each volume's blob unsealed, the answer opening it."""
     for name in VOLUMES:
         volume = directory / f"{name}.luks"
         sealed = sealedBlob(volume)
-        raw = called(client.unseal, uuid, sealed, gap, sleep)
+        raw = called(clients[name].unseal, uuid, sealed, gap, sleep)
         if not opens(volume, raw):
             raise VolumeFailed(f"{name}: the unsealed passphrase does not open it")
 
 
-Blocking = Callable[[KMSClient, str, Path, float], None]
+Blocking = Callable[[Mapping[str, KMSClient], str, Path, float], None]
 
 
 class EncryptedDisk:
@@ -235,10 +251,32 @@ class EncryptedDisk:
         self.address = address
         self.uuid = uuid
         self.state = DiskState()
+        # Each volume's KMS endpoint, as its configuration names it
+        # (configured), or why there is none.
+        self.endpoints: dict[str, Endpoint] = {}
+        self.unusable: str | None = "no configuration delivered"
+
+    def configured(self, config: bytes) -> None:
+        """What the delivered C{config} says of the disks (read as it
+        arrives; the configuration itself is not kept)."""
+        try:
+            endpoints = kmsEndpoints(config, self.rack.fleetd.enrollment)
+        except ConfigProblem as e:
+            self.endpoints, self.unusable = {}, str(e)
+        else:
+            self.endpoints = endpoints or {}
+            self.unusable = UNENCRYPTED if endpoints is None else None
 
     async def seal(self) -> None:
         """At install. A refusal ends the node's path: Talos cannot make
-        STATE, so it never gets further."""
+        STATE, so it never gets further. A configuration without the
+        section: Talos makes plain volumes, and the path goes on."""
+        if self.unusable == UNENCRYPTED:
+            self.state = DiskState(NONE, error=UNENCRYPTED)
+            return
+        if self.unusable is not None:
+            self.state = DiskState(FAILED, error=self.unusable)
+            raise StepFailed(f"seal: {self.unusable}")
         try:
             await self._call(sealVolumes)
         except KMSRefused as e:
@@ -252,6 +290,8 @@ class EncryptedDisk:
     async def unlock(self) -> None:
         """At a reboot; its outcome is the disk's state (a refusal does not
         end the path: what follows a reboot is the fault's)."""
+        if self.state.error == UNENCRYPTED:
+            return  # plain volumes: nothing to ask
         if self.state.state == NONE:
             raise StepFailed("unlock: nothing was sealed")
         try:
@@ -264,25 +304,41 @@ class EncryptedDisk:
             self.state = DiskState(UNLOCKED)
 
     async def _call(self, blocking: Blocking) -> None:
-        """C{blocking} in a thread with a client on a new connection from
-        the node's address."""
-        fleetd = self.rack.fleetd
-        if fleetd.kms is None:
-            raise StepFailed("disk encryption: fleetd has no kms listener ([kms])")
-        relay = Relay(
-            self.rack.clock,
-            self.directory / "kms.sock",
-            lambda: ("127.0.0.1", self.rack.fleetd.kms or 0),
-            self.address,
-        )
-        relay.start()
-        channel = relayedChannel(relay, fleetd, [("grpc.use_local_subchannel_pool", 1)])
-        client = KMSClient(channel, timeout=CALL_TIMEOUT)
+        """C{blocking} in a thread with a client per endpoint of the
+        volumes, each on a new connection from the node's address."""
+        relays: list[Relay] = []
+        channels: list[grpc.Channel] = []
+        byURL: dict[str, KMSClient] = {}
         try:
+            for endpoint in self.endpoints.values():
+                if endpoint.url in byURL:
+                    continue
+                n = len(relays)
+                relay = Relay(
+                    self.rack.clock,
+                    self.directory / (f"kms-{n}.sock" if n else "kms.sock"),
+                    _resolved(endpoint.port),
+                    self.address,
+                )
+                relay.start()
+                relays.append(relay)
+                options = [("grpc.use_local_subchannel_pool", 1)]
+                channels.append(
+                    relayedChannel(relay, self.rack.fleetd, options, endpoint.host)
+                )
+                byURL[endpoint.url] = KMSClient(channels[-1], timeout=CALL_TIMEOUT)
+            clients = {name: byURL[e.url] for name, e in self.endpoints.items()}
             await deferToThread(
-                blocking, client, self.uuid, self.directory,
+                blocking, clients, self.uuid, self.directory,
                 RETRY_GAP / self.rack.timeScale,
             )  # fmt: skip
         finally:
-            channel.close()
-            await relay.stop()
+            for channel in channels:
+                channel.close()
+            for relay in relays:
+                await relay.stop()
+
+
+def _resolved(port: int) -> Callable[[], tuple[str, int]]:
+    """An endpoint's name as the node resolves it (fleetd), and its port."""
+    return lambda: (FLEETD_ADDRESS, port)

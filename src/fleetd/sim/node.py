@@ -15,8 +15,8 @@ worker):
               user code, the owner approves it (C{fleetctl approve}), the
               node polls for its token and fetches with it
     seal      (C{--disk-encryption}) Talos makes STATE and EPHEMERAL, each
-              with 32 random bytes fleetd's kms listener seals
-              (L{fleetd.sim.luks})
+              with 32 random bytes sealed by the KMS its configuration
+              names (fleetd's kms listener; L{fleetd.sim.luks})
     kubelet   its first client CSR, filed with the bootstrap token of the
               delivered configuration against the Kubernetes fake, until
               fleetd's approver approves it (when the rack has a cluster)
@@ -321,6 +321,8 @@ class Node:
         )
         if status != 200:
             raise StepFailed(f"config: HTTP {status}")
+        if self.encrypted is not None:  # Talos reads its disks' encryption
+            self.encrypted.configured(body)
         if self.rack.cluster is not None:
             self.token = bootstrapToken(body)
 

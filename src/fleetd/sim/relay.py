@@ -97,14 +97,18 @@ def tinkRelay(rack: Any, directory: Path, source: str) -> Relay:
 
 
 def relayedChannel(
-    relay: Relay, fleetd: Fleetd, extra: Sequence[tuple[str, Any]] = ()
+    relay: Relay,
+    fleetd: Fleetd,
+    extra: Sequence[tuple[str, Any]] = (),
+    name: str = ENROLLMENT,
 ) -> grpc.Channel:
     """
     A TLS channel through C{relay} verifying C{fleetd}'s certificate for
-    its enrollment name; C{extra}: more channel arguments.
+    C{name} (by default the sim's enrollment name); C{extra}: more channel
+    arguments.
     """
     credentials = grpc.ssl_channel_credentials(
         root_certificates=fleetd.pki.public_ca.read_bytes()
     )
-    arguments = [*OPTIONS, ("grpc.ssl_target_name_override", ENROLLMENT), *extra]
+    arguments = [*OPTIONS, ("grpc.ssl_target_name_override", name), *extra]
     return grpc.secure_channel(relay.target, credentials, options=arguments)
