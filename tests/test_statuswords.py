@@ -326,6 +326,33 @@ class StatusWordsTests(SynchronousTestCase):
             ],
         )
 
+    def test_retirementLines_diskKeys(self) -> None:
+        """
+        [E3] With C{[kms]} the answer's C{disk_keys} is a row: how many keys
+        the retirement destroyed (or none sealed), and a line while their ids
+        are not yet in the destruction record; without it, no row.
+        """
+        doc: dict[str, Any] = {
+            "device": "w1",
+            "status": "decommissioning",
+            "node_deleted": None,
+            "tokens_deleted": [],
+            "unrevocable": [],
+        }
+        keys = {"state": "destroyed", "destroyed": ["a1", "b2"], "recorded": True}
+        self.assertIn(
+            "disk key: destroyed (2): no copy of its disk opens again",
+            retirementLines({**doc, "disk_keys": keys}),
+        )
+        late = retirementLines({**doc, "disk_keys": {**keys, "recorded": False}})
+        index = late.index("disk key: destroyed (2): no copy of its disk opens again")
+        self.assertEqual(
+            late[index + 1], "  - not yet in the destruction record (retried)"
+        )
+        none = retirementLines({**doc, "disk_keys": {"destroyed": []}})
+        self.assertIn("disk key: none sealed", none)
+        self.assertFalse(any("disk key" in line for line in retirementLines(doc)))
+
     def test_approvalLine(self) -> None:
         result = {"changed": True, "serial": "S", "device": "w1", "ek_sha256": "e"}
         self.assertEqual(

@@ -1,13 +1,11 @@
 """
 The words of C{fleetctl status NAME}, for fleetctl and the owner console.
 
-A device's status report (the JSON of C{GET /v1/admin/status/NAME},
-L{fleetd.fleet.status.DeviceReport.toJSON}) becomes a headline and labelled
-L{Row}s here, once: fleetctl prints them as lines, the console's device
-page as a definition list, so both say the same thing in the same words.
-Pure functions over JSON values; nothing of fleetd but its rows
-(L{fleetd.textrows}) is imported, so both the command-line client and the
-daemon's pages may use them.
+A device's status report (L{fleetd.fleet.status.DeviceReport.toJSON})
+becomes a headline and labelled L{Row}s here, once: fleetctl prints them
+as lines, the console's device page as a definition list. Pure functions
+over JSON (nothing of fleetd but L{fleetd.textrows}): client and daemon
+may both use them.
 """
 
 from __future__ import annotations
@@ -381,8 +379,18 @@ def retirementRows(doc: dict[str, Any]) -> list[Row]:
         Row("node", NODE_OUTCOME[doc["node_deleted"]]),
         Row("tokens", f"{tokens} (deleted now, retried until done)"),
         *objectRows(doc.get("tinkerbell")),
+        *retiredKeys(doc.get("disk_keys")),
         Row("cannot be revoked", "", tuple(f"- {i}" for i in doc["unrevocable"])),
     ]
+
+
+def retiredKeys(keys: dict[str, Any] | None) -> list[Row]:
+    """With C{[kms]}: what the retirement did to the node's disk keys [E3]."""
+    n = len(keys.get("destroyed") or ()) if keys is not None else 0
+    text = f"destroyed ({n}): no copy of its disk opens again" if n else "none sealed"
+    late: tuple[str, ...] = ("- not yet in the destruction record (retried)",)
+    late = late if keys is not None and keys.get("recorded") is False else ()
+    return [] if keys is None else [Row("disk key", text, late)]
 
 
 def retirementLines(doc: dict[str, Any]) -> list[str]:
