@@ -228,8 +228,12 @@ class KMSListenerTests(KMSDaemonMixin, TestCase):
 
     async def test_otherMethod_unimplemented(self) -> None:
         """A call to any other method of the kms listener is answered
-        UNIMPLEMENTED, with no data."""
+        UNIMPLEMENTED, with no data; its lines name the kms listener, not
+        the tink listener whose HTTP/2 server it shares."""
+        logged = self.captureLogs()
         await self.startLoaded(KMS)
+        await self.service.readiness.whenReady()
+        before = len(logged)
         _, channel = self.kms()
         call = channel.unary_unary(
             "/sidero.kms.KMSService/Erase",
@@ -238,3 +242,6 @@ class KMSListenerTests(KMSDaemonMixin, TestCase):
         )
         code, _ = await self.refused(lambda u, d: call(d, timeout=10), UUID1, b"")
         self.assertEqual(code, grpc.StatusCode.UNIMPLEMENTED)
+        formats = [str(e.get("log_format", "")) for e in logged[before:]]
+        self.assertIn("kms.connected {source}", formats)
+        self.assertEqual([f for f in formats if f.startswith("tink.")], [])

@@ -9,6 +9,7 @@ port (as the tink proxy's).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
@@ -48,7 +49,7 @@ def kmsFactory(
     return TinkListenerFactory(
         clock,
         handlerFactory=handler,
-        log=ThrottledLog(clock),
+        log=KMSLog(clock),
         maxConcurrentStreams=tink.max_concurrent_streams,
         maxHeaderListSize=tink.max_header_list_size,
         maxMessageBytes=settings.max_message_bytes,
@@ -61,6 +62,22 @@ def kmsFactory(
         sourceStreamBurst=tink.source_stream_burst,
         countAbuse=lambda kind: abuse.labels(kind).inc(),
     )
+
+
+TINK = "tink."
+
+
+class KMSLog(ThrottledLog):
+    """
+    The shared HTTP/2 server's lines (named for the tink listener, whose
+    server it is) named for the kms listener instead: an operator reading
+    C{kms.connected} or C{kms.h2.idle-timeout} knows which port it was.
+    """
+
+    def _emit(self, method: Callable[..., None], format: str, fields: Any) -> None:
+        if format.startswith(TINK):
+            format = "kms." + format[len(TINK) :]
+        super()._emit(method, format, fields)
 
 
 class KMSListener(MultiService):
