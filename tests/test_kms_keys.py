@@ -142,19 +142,28 @@ class KeyLifeTests(KMSDaemonMixin, TestCase):
     async def test_retiredWhileSealing_noKeyMade(self) -> None:
         """
         [E3] [R1] A retirement that commits after a Seal read the device's
-        status (still provisioned) but before the Seal's transaction: the
-        transaction sees it, the Seal is refused C{retired}, and no key is
-        ever made for the retired node.
+        status (still provisioned) but before the Seal's transaction, even
+        followed by a late C{run.delivered}: the transaction sees it, the
+        Seal is refused C{retired}, and no key is ever made for the retired
+        node.
         """
         service = await self.startNode()
         client, _ = self.kms()
         keys: Any = service.diskKeys.keys if service.diskKeys else None
         found = keys._device
+        delivered = await service.runner.run(lambda db: store.lastDelivery(db, "w1"))
+        run = delivered[0] if delivered else None
 
         async def thenRetired(uuid: str) -> Any:
             device = await found(uuid)  # the status as the Seal saw it
             status, doc = await self.admin("POST", "/v1/admin/retire", {"device": "w1"})
             self.assertEqual(status, 200, doc)
+            # A delivery served before the retirement, recorded after it by
+            # the releaser, begins no new life.
+            await service.journal.append(
+                "run.delivered", actor="fleetd", device="w1", run=run,
+                fields={"peer": "127.0.0.1"},
+            )  # fmt: skip
             return device
 
         keys._device = thenRetired

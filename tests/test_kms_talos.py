@@ -143,6 +143,23 @@ class TalosUnlockTests(KMSDaemonMixin, TestCase):
         sealed = await self.seal(client, UUID1, passphrase)
         self.assertEqual(await self.unseal(client, UUID1, sealed), passphrase)
 
+    async def test_noDeliveryNoAddress_refusedNamingNoDevice(self) -> None:
+        """
+        [E1] A provisioned device with neither a delivery nor an inventory
+        address has no
+        address to be answered from: refused FAILED_PRECONDITION (no-address)
+        with a line that does not name the device to whoever asked.
+        """
+        await self.startLoaded(KMS)
+        await self.addDevice("w1", "SN-1", UUID1)
+        await self.approveBinding("SN-1")
+        await self.provision("w1")  # a run, not yet delivered
+        client, _ = self.kms()
+        code, message = await self.refused(client.seal, UUID1, os.urandom(32))
+        self.assertEqual(code, grpc.StatusCode.FAILED_PRECONDITION, message)
+        self.assertTrue(message.startswith("no-address: "), message)
+        self.assertNotIn("w1", message)
+
     async def test_bindingNotApproved_refused(self) -> None:
         """[E1] Without an approved EK binding, Seal is refused
         FAILED_PRECONDITION and nothing is stored."""

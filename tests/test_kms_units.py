@@ -233,6 +233,25 @@ class CallTests(SynchronousTestCase):
         self.assertEqual(self.responder.sent, [])
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
+    def test_messagesWithoutEnd_refusedNotBuffered(self) -> None:
+        """
+        A stream that keeps sending messages (each within the server's
+        per-message bound) and never half-closes is refused INVALID_ARGUMENT
+        once its body passes one message, and nothing more is kept.
+        """
+        self.clock, self.responder, self.keys = Clock(), Responder(), Keys()
+        handler = KMSCall(self.responder, self.keys, self.clock, 5.0, 64)  # type: ignore[arg-type]
+        handler.headersReceived([(b":path", b"/sidero.kms.KMSService/Seal")])
+        message = frame(b"x" * 60)
+        for _ in range(1000):
+            handler.dataReceived(message)
+        [(kind, (status, line))] = self.responder.sent
+        self.assertEqual((kind, status), ("status", GRPCStatus.INVALID_ARGUMENT))
+        self.assertTrue(line.startswith("malformed: "), line)
+        self.assertEqual(len(handler._body), 0)
+        handler.endReceived()
+        self.assertEqual(self.keys.asked, [])
+
     def test_otherPath_unimplemented_kmsNotAsked(self) -> None:
         self.call(b"/sidero.kms.KMSService/Other")
         self.assertEqual(self.keys.asked, [])

@@ -86,7 +86,8 @@ def allowed(db: Database, device: Device, peer: str, approved: Approved) -> Allo
     if not addresses:
         raise Refused(
             NO_ADDRESS,
-            f"{device.name} has no delivery and no inventory address to ask from",
+            # The line names no device: the caller may be anyone.
+            "this node has no delivery and no inventory address to ask from",
         )
     if normalHost(peer) not in addresses:
         # The line names no device: the caller may be anyone.

@@ -23,8 +23,10 @@ _SELECT = (
     " destroyed_why FROM kms_keys"
 )
 DELIVERED = "run.delivered"
-# The entries that begin or end a device's life as fleetd sees it.
-_LIFE = ("device.added", DELIVERED, "device.retired")
+# The entries that begin or end a device's life as fleetd sees it: a
+# provision (refused while decommissioning) begins one, a delivery does not
+# (the releaser may record one served before a retirement after it).
+_LIFE = ("device.added", "run.provisioned", "device.retired")
 
 
 @dataclass(frozen=True)
@@ -146,12 +148,12 @@ def lastDelivery(db: Database, device: str) -> tuple[str, str] | None:
 
 def retiredSince(db: Database, device: str) -> bool:
     """
-    Whether C{device}'s latest entry among its addition, its deliveries and
+    Whether C{device}'s latest entry among its addition, its provisions and
     its retirement is the retirement: read inside a Seal's or Unseal's own
     transaction, so a retirement that commits after the call checked the
     inventory's status is still seen, and a key is never made for a device
-    retired meanwhile [E3]. A device added or delivered again since (a new
-    life after C{forget-identity}) is not retired.
+    retired meanwhile [E3]. A device added or provisioned again since (a
+    new life after C{forget-identity}) is not retired.
     """
     row = db.execute(
         "SELECT event FROM journal WHERE device = ? AND event IN (?, ?, ?)"

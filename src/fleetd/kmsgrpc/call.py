@@ -78,7 +78,14 @@ class KMSCall:
         keys: IKeys,
         clock: IReactorTime,
         timeout: float,
+        maxMessage: int = 4096,
     ) -> None:
+        """
+        @param maxMessage: C{kms.max_message_bytes}: the server bounds each
+            message, this call the body (one message and its prefix), so a
+            stream that keeps sending messages is refused, not buffered.
+        """
+        self._maxBody = 5 + maxMessage
         self._responder = responder
         self._keys = keys
         self._clock = clock
@@ -99,8 +106,13 @@ class KMSCall:
             )
 
     def dataReceived(self, data: bytes) -> None:
-        if not self._over:
-            self._body += data  # bounded by the server's kms.max_message_bytes
+        if self._over:
+            return
+        if len(self._body) + len(data) > self._maxBody:
+            self._body.clear()
+            self._refused(Refused(MALFORMED, "a unary call carries one gRPC message"))
+            return
+        self._body += data
 
     def endReceived(self) -> None:
         if self._over or self._method is None:

@@ -44,7 +44,9 @@ def kmsFactory(
     )
 
     def handler(responder: StreamResponder) -> IStreamHandler:
-        return KMSCall(responder, keys, clock, settings.call_timeout)
+        return KMSCall(
+            responder, keys, clock, settings.call_timeout, settings.max_message_bytes
+        )
 
     return TinkListenerFactory(
         clock,
