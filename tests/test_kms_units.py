@@ -18,7 +18,7 @@ from fleetd.h2.grpcwire import GRPCStatus
 from fleetd.kms import blob
 from fleetd.kms.access import normalHost, normalUUID
 from fleetd.kms.proto import kms_pb2
-from fleetd.kms.throttle import REFUSAL_EVERY, SourceThrottle
+from fleetd.kms.throttle import JOURNALED, KEYS, REFUSAL_EVERY, SourceThrottle
 from fleetd.kmsgrpc.call import PATHS, KMSCall, frame, readRequest
 from fleetd.refused import Refused
 
@@ -115,6 +115,30 @@ class ThrottleTests(SynchronousTestCase):
         self.assertEqual(throttle.admit("10.0.0.2", "unknown-node"), 0)
         clock.advance(REFUSAL_EVERY)
         self.assertEqual(throttle.admit("10.0.0.1", "unknown-node"), 2)
+
+    def test_manySources_journalBudget_andBoundedKeys(self) -> None:
+        """
+        Refusals from ever new sources (twice refused each): at most
+        JOURNALED entries per period across all of them, the rest only
+        counted (and told by their key's next entry); the keys held never
+        exceed 2 x KEYS, however many sources there were.
+        """
+        clock = Clock()
+        throttle = SourceThrottle(clock)
+        journaled = 0
+        for n in range(3 * KEYS):
+            source = f"2001:db8:{n >> 16:x}:{n & 0xFFFF:x}::/64"
+            for _ in range(2):
+                journaled += throttle.admit(source, "unknown-node") is not None
+            self.assertLessEqual(len(throttle), 2 * KEYS)
+            if n % 500 == 499:
+                clock.advance(REFUSAL_EVERY)
+        periods = 3 * KEYS // 500 + 1
+        self.assertLessEqual(journaled, JOURNALED * periods)
+        self.assertGreater(journaled, 0)
+        clock.advance(REFUSAL_EVERY)
+        last = f"2001:db8:0:{3 * KEYS - 1:x}::/64"
+        self.assertEqual(throttle.admit(last, "unknown-node"), 2)
 
 
 class RequestTests(SynchronousTestCase):

@@ -6,6 +6,11 @@ refusals must not become a flood of journal entries: one entry per source
 (an IPv4 address, an IPv6 /64: L{fleetd.sources.sourceKey}) and reason
 every L{REFUSAL_EVERY} seconds; the next entry of that key says how many
 were only counted (C{not_journaled}). Every refusal is counted.
+
+Many sources (an IPv6 /48 holds 65,536 /64s) could still write an entry
+each: at most L{JOURNALED} entries are written per period across all
+sources, the rest only counted; and at most twice L{KEYS} keys are held,
+the oldest dropped (a dropped key's next refusal is journaled again).
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ from __future__ import annotations
 from twisted.internet.interfaces import IReactorTime
 
 REFUSAL_EVERY = 10.0
-# Past this many keys, the ones with nothing left to tell are pruned.
+# Past twice this many keys, only the newest this many are kept.
 KEYS = 4096
+# Entries per period across every source.
+JOURNALED = 100
 
 
 class SourceThrottle:
@@ -25,6 +32,7 @@ class SourceThrottle:
         self._every = every
         # (source, reason) -> (last journaled at, skipped since)
         self._keys: dict[tuple[str, str], tuple[float, int]] = {}
+        self._period = (-every, 0)  # (start, entries journaled in it)
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -38,10 +46,18 @@ class SourceThrottle:
         if last is not None and now - last < self._every:
             self._keys[key] = (last, skipped + 1)
             return None
-        self._keys[key] = (now, 0)
-        if len(self._keys) > KEYS:
-            horizon = now - self._every
-            for old, (at, count) in list(self._keys.items()):
-                if at <= horizon and not count:
-                    del self._keys[old]
+        start, journaled = self._period
+        if now - start >= self._every:
+            start, journaled = now, 0
+        if journaled >= JOURNALED:  # the period's budget is spent: counted
+            self._hold(key, (now if last is None else last, skipped + 1))
+            return None
+        self._period = (start, journaled + 1)
+        self._hold(key, (now, 0))
         return skipped
+
+    def _hold(self, key: tuple[str, str], value: tuple[float, int]) -> None:
+        self._keys[key] = value
+        if len(self._keys) > 2 * KEYS:
+            newest = sorted(self._keys.items(), key=lambda kv: kv[1][0])[-KEYS:]
+            self._keys = dict(newest)
