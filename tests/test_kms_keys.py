@@ -15,7 +15,9 @@ import grpc
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
+from fleetd.config import ConfigError
 from fleetd.kms import store
+from fleetd.prepare import prepare
 from fleetd.service import FleetdService
 from fleetd.store.backup import copyDatabase
 from fleetd.store.db import Database, StoreError
@@ -171,6 +173,25 @@ class KeyLifeTests(KMSDaemonMixin, TestCase):
         self.assertEqual(code, grpc.StatusCode.PERMISSION_DENIED, message)
         self.assertTrue(message.startswith("retired: "), message)
         self.assertEqual(await self.keys(service), [])
+
+    async def test_masterKeyMissing_withLiveKeys_startRefused(self) -> None:
+        """
+        [E2] The master key file gone while the database holds keys it
+        wrapped (a new host without it): start stops with one line naming
+        kms.master_key, and no new master key is made over the old one's
+        place.
+        """
+        service = await self.startNode()
+        client, _ = self.kms()
+        await self.seal(client, UUID1, os.urandom(32))
+        await service.stopService()
+        assert self.settings.kms is not None
+        path = self.settings.kms.masterKeyPath(self.settings.state)
+        path.unlink()
+        error = self.assertRaises(ConfigError, prepare, self.settings)
+        self.assertEqual(error.key, "kms.master_key")
+        self.assertIn("live disk keys", str(error))
+        self.assertFalse(path.exists())
 
     async def test_sealWhileJournalOrDatabaseFails_refusedNothingStored(self) -> None:
         """

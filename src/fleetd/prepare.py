@@ -20,6 +20,7 @@ from fleetd.config import ConfigError, Settings
 from fleetd.config.load import kmsListen
 from fleetd.config.provision import kmsPort
 from fleetd.kms.record import LoadedRecord, RecordError, loadRecord
+from fleetd.kms.store import devicesWithLiveKeys
 from fleetd.listen.tls import loadCertificates, loadTLSOptions
 from fleetd.pki.dev import ensureDevPKI
 from fleetd.pki.ldevid import Issuer, TrustBundle
@@ -102,7 +103,7 @@ def prepare(settings: Settings) -> Prepared:
         settings.state.mkdir(mode=0o700, parents=True, exist_ok=True)
         database = Database.open(settings.state / "fleetd.sqlite3")
         masterKey = loadOrCreateKey(settings.state / "master.key")
-        kmsKey = kmsMasterKey(settings)
+        kmsKey = kmsMasterKey(settings, database)
         kmsRecord = kmsDestroyedKeys(settings)
     except (OSError, Exception) as e:
         vault.close()
@@ -272,13 +273,23 @@ def checkOwnerCA(settings: Settings) -> None:
                 )
 
 
-def kmsMasterKey(settings: Settings) -> bytes | None:
+def kmsMasterKey(settings: Settings, database: Database) -> bytes | None:
     """With C{[kms]}, its master key: read, or made on the first start
-    (32 random bytes, mode 0600; docs/decisions.md, issue 30)."""
+    (32 random bytes, mode 0600; docs/decisions.md, issue 30). Missing while
+    the database holds live keys it wrapped, it is not made again: a new one
+    would open none of them, and every node's disk would stay shut."""
     if settings.kms is None:
         return None
+    path = settings.kms.masterKeyPath(settings.state)
+    if not path.exists() and devicesWithLiveKeys(database):
+        raise ConfigError(
+            "kms.master_key",
+            f"{path} is missing, and the state database holds live disk keys"
+            " it wrapped: put the master key file back (docs/operations.md,"
+            ' "Disk keys"); a new one would open none of them',
+        )
     try:
-        return loadOrCreateKey(settings.kms.masterKeyPath(settings.state))
+        return loadOrCreateKey(path)
     except StoreError as e:
         raise ConfigError("kms.master_key", str(e)) from e
 
