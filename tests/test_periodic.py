@@ -12,7 +12,7 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from fleetd.periodic import PeriodicAfter
+from fleetd.periodic import MAX_RETRY, BackedOffStart, PeriodicAfter
 
 
 class PeriodicAfterTests(SynchronousTestCase):
@@ -108,3 +108,49 @@ class PeriodicAfterTests(SynchronousTestCase):
         job.start(10.0)
         self.assertEqual([f.getErrorMessage() for f in failures], ["no"])
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class BackedOffStartTests(SynchronousTestCase):
+    """A start tried until it works, backing off on the clock."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.tries = 0
+        self.works = False
+        self.told: list[float] = []
+
+        async def start() -> None:
+            self.tries += 1
+            if not self.works:
+                raise RuntimeError("database down")
+
+        def failed(f: Failure, delay: float) -> None:
+            self.assertTrue(f.check(RuntimeError))
+            self.told.append(delay)
+
+        self.starting = BackedOffStart(self.clock, start, failed)
+
+    def test_failures_retriedDoublingToTheMost_thenWorks(self) -> None:
+        self.starting.begin()
+        for _ in range(8):
+            self.clock.advance(self.told[-1])
+        self.assertEqual(self.told, [1, 2, 4, 8, 16, 32, 60, 60, 60])
+        self.assertEqual(self.told[-1], MAX_RETRY)
+        self.works = True
+        self.clock.advance(MAX_RETRY)
+        self.assertEqual((self.tries, len(self.told)), (10, 9))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_stop_noMoreTries_failureNotTold(self) -> None:
+        self.starting.begin()
+        self.assertEqual(self.starting.stop(), self.starting.starting)
+        self.clock.advance(100)
+        self.assertEqual((self.tries, self.told), (1, [1]))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_beginAgain_fromTheFirstDelay(self) -> None:
+        self.starting.begin()
+        self.clock.advance(1)
+        self.starting.stop()
+        self.starting.begin()
+        self.assertEqual(self.told, [1, 2, 1])

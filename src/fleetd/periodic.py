@@ -4,13 +4,16 @@ the inventory and the journal chain's verification are two. L{PeriodicAfter}
 runs the job every C{interval} seconds on the given clock, the first time
 as soon as it begins; it begins when C{after} calls back (fleetd passes
 L{fleetd.readiness.Readiness.whenSettled}), or at once without C{after}.
+L{BackedOffStart} tries a start until it works, backing off.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 
@@ -71,3 +74,56 @@ class PeriodicAfter:
         if self.loop is not None and self.loop.running:
             self.loop.stop()
         self.loop = None
+
+
+FIRST_RETRY = 1.0
+MAX_RETRY = 60.0
+
+
+class BackedOffStart:
+    """
+    A start that is tried until it works: C{start} (a coroutine function)
+    runs at L{begin}; when it fails, C{failed} hears the failure and the
+    delay before the next try, which begins at L{FIRST_RETRY} seconds and
+    doubles to L{MAX_RETRY}, on C{clock}. After L{stop} nothing is tried
+    and a failure is not told. The Kubernetes service and Tinkerbell's
+    objects start this way (the database or the API may be down).
+    """
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        start: Callable[[], Coroutine[Any, Any, None]],
+        failed: Callable[[Failure, float], None],
+    ) -> None:
+        self._clock = clock
+        self._start = start
+        self._failedWith = failed
+        self._delay = FIRST_RETRY
+        self._retry: IDelayedCall | None = None
+        self._stopped = False
+        self.starting: Deferred[None] | None = None  # the try in flight
+
+    def begin(self) -> None:
+        self._stopped, self._delay = False, FIRST_RETRY
+        self._attempt()
+
+    def _attempt(self) -> None:
+        self._retry = None
+        self.starting = Deferred.fromCoroutine(self._start())
+        self.starting.addErrback(self._failed)
+
+    def _failed(self, f: Failure) -> None:
+        if self._stopped:
+            return
+        self._failedWith(f, self._delay)
+        self._retry = self._clock.callLater(self._delay, self._attempt)
+        self._delay = min(self._delay * 2, MAX_RETRY)
+
+    def stop(self) -> Deferred[None] | None:
+        """No more tries; the try in flight, if any, to wait for."""
+        self._stopped = True
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self._retry = None
+        return self.starting

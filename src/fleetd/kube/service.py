@@ -17,7 +17,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -30,11 +30,9 @@ from fleetd.kube.cluster import ClusterTokens
 from fleetd.kube.csrwatcher import CSRWatcher
 from fleetd.kube.rbac import RBACCheck
 from fleetd.kube.tokens import Sealer
+from fleetd.periodic import BackedOffStart
 from fleetd.store.journal import AsyncJournal
 from fleetd.store.runner import IRunner
-
-FIRST_RETRY = 1.0
-MAX_RETRY = 60.0
 
 
 class KubeService(Service):
@@ -86,20 +84,12 @@ class KubeService(Service):
         )
         self.watcher = CSRWatcher(clock, client, self.approver.seen, registry=metrics)
         self.rbac = RBACCheck(clock, client, metrics, settings.rbac_check_interval)
-        self._starting: Deferred[None] | None = None
-        self._retry: IDelayedCall | None = None
-        self._delay = FIRST_RETRY
+        self._starting = BackedOffStart(self.clock, self._start, self._failed)
         self._bookLoaded = False
 
     def startService(self) -> None:
         super().startService()
-        self._delay = FIRST_RETRY
-        self._attempt()
-
-    def _attempt(self) -> None:
-        self._retry = None
-        self._starting = Deferred.fromCoroutine(self._start())
-        self._starting.addErrback(self._failed)
+        self._starting.begin()
 
     async def _start(self) -> None:
         if not self._bookLoaded:  # loaded once: it arms the tokens' timers
@@ -112,22 +102,14 @@ class KubeService(Service):
         self.watcher.start()
         self.log.info("kube.started {api}", api=self.client.api)
 
-    def _failed(self, f: Failure) -> None:
-        if not self.running:
-            return
+    def _failed(self, f: Failure, delay: float) -> None:
         # The database was unavailable (say): without the watch no CSR is
         # ever approved, so try again, backing off, on the injected clock.
-        self.log.failure(
-            "kube.start.failed, retrying in {delay}s", f, delay=self._delay
-        )
-        self._retry = self.clock.callLater(self._delay, self._attempt)
-        self._delay = min(self._delay * 2, MAX_RETRY)
+        self.log.failure("kube.start.failed, retrying in {delay}s", f, delay=delay)
 
     def stopService(self) -> Deferred[Any]:
         super().stopService()
-        if self._retry is not None and self._retry.active():
-            self._retry.cancel()
-        self._retry = None
+        starting = self._starting.stop()
         self.rbac.stop()
         self.approver.stop()
         self.book.stop()
@@ -135,8 +117,8 @@ class KubeService(Service):
         loop = self.watcher.stop()
         if loop is not None:
             pending.append(loop)
-        if self._starting is not None:
-            pending.append(self._starting)
+        if starting is not None:
+            pending.append(starting)
 
         def close(_: object) -> Deferred[None] | None:
             return self.client.close()

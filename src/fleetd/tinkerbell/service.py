@@ -34,13 +34,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from fleetd.config.tinkerbell import TinkerbellSettings
 from fleetd.inventory.model import Device
 from fleetd.k8s.client import KubeClient, KubeError
+from fleetd.periodic import BackedOffStart
 from fleetd.store.db import Database
 from fleetd.store.journal import AsyncJournal, Recorder
 from fleetd.store.runner import IRunner
@@ -51,8 +52,6 @@ from fleetd.tinkerbell.store import loadRows
 from fleetd.tinkerbell.watching import Reports, ended
 from fleetd.tinkerbell.worker import Workers
 
-FIRST_RETRY = 1.0
-MAX_RETRY = 60.0
 HOWS = ("deleted", "changed", "disowned", "removed")
 
 
@@ -125,20 +124,13 @@ class TinkerbellService(Service):
         ).set_function(self.book.pendingCount)
         self.workers = Workers(clock, self.api, self.book, failures)
         self.reports = Reports(clock, self.api, self.book, lost)
-        self._starting: Deferred[None] | None = None
-        self._retry: IDelayedCall | None = None
-        self._delay = FIRST_RETRY
+        self._starting = BackedOffStart(clock, self._load, self._loadFailed)
 
     # The service
 
     def startService(self) -> None:
         super().startService()
-        self._attempt()
-
-    def _attempt(self) -> None:
-        self._retry = None
-        self._starting = Deferred.fromCoroutine(self._load())
-        self._starting.addErrback(self._loadFailed)
+        self._starting.begin()
 
     async def _load(self) -> None:
         loaded = await self.runner.run(loadRows)
@@ -153,23 +145,16 @@ class TinkerbellService(Service):
         )
         self.workers.kick(pending)
 
-    def _loadFailed(self, f: Failure) -> None:
-        if not self.running:
-            return
-        self.log.failure("tinkerbell.load.failed, retrying in {delay}s", f,
-                         delay=self._delay)  # fmt: skip
-        self._retry = self.clock.callLater(self._delay, self._attempt)
-        self._delay = min(self._delay * 2, MAX_RETRY)
+    def _loadFailed(self, f: Failure, delay: float) -> None:
+        self.log.failure("tinkerbell.load.failed, retrying in {delay}s", f, delay=delay)
 
     def stopService(self) -> Deferred[Any]:
         super().stopService()
-        if self._retry is not None and self._retry.active():
-            self._retry.cancel()
-        self._retry = None
+        starting = self._starting.stop()
         self.reports.stop()
         pending: list[Deferred[Any]] = [self.workers.stop()]
-        if self._starting is not None:
-            pending.append(self._starting)
+        if starting is not None:
+            pending.append(starting)
         return DeferredList(pending, consumeErrors=True)
 
     # The provision (fleetd.admin.provision, fleetd.runs.provision.IRunObjects)
